@@ -1,0 +1,1 @@
+"""The on-device side of meancache: semantic cache, CLI and (later) the chat app."""

@@ -1,0 +1,73 @@
+"""What the cache's operations return."""
+
+from dataclasses import dataclass
+
+from client.cache.entry import Source
+
+
+@dataclass(frozen=True)
+class Hit:
+    """A cached answer served for ``query``; pass it to ``reject`` if it was wrong."""
+
+    query: str
+    answer: str
+    matched_query: str
+    similarity: float
+    entry_id: str
+    source: Source
+    hit_id: str
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class Miss:
+    query: str
+    reason: str
+    best_similarity: float | None = None
+    truncated: bool = False
+
+
+@dataclass(frozen=True)
+class ThresholdChange:
+    """The outcome of a re-tune: ``old == new`` when nothing changed, and ``reason`` says why."""
+
+    old: float
+    new: float
+    positives: int
+    negatives: int
+    reason: str
+
+    @property
+    def changed(self) -> bool:
+        return self.old != self.new
+
+    def __str__(self) -> str:
+        if self.changed:
+            return f"threshold {self.old:.3f} -> {self.new:.3f} ({self.reason})"
+        return f"threshold stays {self.old:.3f} ({self.reason})"
+
+
+@dataclass(frozen=True)
+class CacheStats:
+    entries: int
+    bytes: int
+    stale_entries: int
+    hits: int
+    misses: int
+    rejections: int
+    evictions: int
+    tokens_saved: int
+    threshold: float
+    global_threshold: float
+    local_threshold: float | None
+    labelled_positives: int
+    labelled_negatives: int
+    encoder_version: str
+    encoder_backend: str
+    embedding_dim: int
+    bytes_per_embedding: int
+
+    @property
+    def hit_rate(self) -> float:
+        asked = self.hits + self.misses
+        return self.hits / asked if asked else 0.0

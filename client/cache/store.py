@@ -1,0 +1,204 @@
+"""The persistent side of the cache: entries, labelled pairs and settings in DiskCache.
+
+DiskCache keeps everything in one SQLite database (WAL mode), so every write below is a
+transaction: a process killed mid-insert leaves the previous state intact, and several
+processes may share one store. A ``generation`` counter, bumped by every write, tells a
+process cheaply whether someone else changed the store since it last looked.
+"""
+
+import logging
+import os
+import shutil
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import diskcache
+
+from client.cache.entry import Entry
+from client.cache.errors import (
+    CacheAccessError,
+    CacheCorruptError,
+    CacheVersionError,
+    EntryNotFoundError,
+)
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+_ENTRY = "entry"
+_PAIR = "pair"
+_META = "meta"
+
+
+def _entry_key(entry_id: str) -> tuple[str, str]:
+    return (_ENTRY, entry_id)
+
+
+class EntryStore:
+    """Entries, labelled pairs and metadata of one cache directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self._check_directory()
+        try:
+            self._db = diskcache.Cache(
+                str(self.directory), eviction_policy="none", size_limit=2**62,
+                cull_limit=0, statistics=False, timeout=30,
+            )
+            self._check_schema()
+        except sqlite3.DatabaseError as exc:
+            raise CacheCorruptError(
+                f"the cache database in {self.directory} is damaged ({exc}); run "
+                "`meancache cache repair` to move it aside and salvage its entries"
+            ) from None
+        except PermissionError as exc:
+            raise CacheAccessError(f"cannot open the cache in {self.directory}: {exc}") from None
+
+    def _check_directory(self) -> None:
+        path = self.directory
+        if path.exists() and not path.is_dir():
+            raise CacheAccessError(f"cache path {path} exists and is not a directory")
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise CacheAccessError(f"cannot create the cache directory {path}: {exc}") from None
+        if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+            raise CacheAccessError(
+                f"the cache directory {path} is not readable and writable by this user"
+            )
+
+    def _check_schema(self) -> None:
+        found = self._db.get((_META, "schema"))
+        if found is None:
+            self._db.add((_META, "schema"), SCHEMA_VERSION)
+            self._db.add((_META, "created"), time.time())
+        elif not isinstance(found, int) or found > SCHEMA_VERSION:
+            raise CacheVersionError(
+                f"the cache in {self.directory} has format {found!r}, newer than this "
+                f"meancache understands ({SCHEMA_VERSION}); upgrade meancache or point "
+                "MEANCACHE_DATA_DIR at another directory"
+            )
+
+    def close(self) -> None:
+        self._db.close()
+
+    # metadata -----------------------------------------------------------------------
+    def get_meta(self, name: str, default: Any = None) -> Any:
+        return self._db.get((_META, name), default)
+
+    def set_meta(self, name: str, value: Any) -> None:
+        with self._db.transact():
+            self._db.set((_META, name), value)
+            self._bump()
+
+    def add_to_counter(self, name: str, delta: int = 1) -> int:
+        return int(self._db.incr((_META, "count:" + name), delta, default=0))
+
+    def counter(self, name: str) -> int:
+        return int(self._db.get((_META, "count:" + name), 0))
+
+    @property
+    def generation(self) -> int:
+        return int(self._db.get((_META, "generation"), 0))
+
+    def _bump(self) -> int:
+        return int(self._db.incr((_META, "generation"), 1, default=0))
+
+    # entries ------------------------------------------------------------------------
+    def put(self, entry: Entry) -> int:
+        """Write (or overwrite) an entry; returns the generation after the write."""
+        with self._db.transact():
+            self._db.set(_entry_key(entry.id), entry.to_record())
+            return self._bump()
+
+    def put_many(self, entries: list[Entry]) -> int:
+        with self._db.transact():
+            for entry in entries:
+                self._db.set(_entry_key(entry.id), entry.to_record())
+            return self._bump()
+
+    def touch(self, entry: Entry) -> None:
+        """Rewrite usage fields (hits, rejections) without a generation bump: vectors and
+        membership are unchanged, so other processes need not reload."""
+        self._db.set(_entry_key(entry.id), entry.to_record())
+
+    def record_hit(self, entry: Entry, pair_id: str, pair: dict[str, Any]) -> None:
+        """The served entry's new usage and the hit's (weakly positive) pair, in one transaction."""
+        with self._db.transact():
+            self.touch(entry)
+            self.put_pair(pair_id, pair)
+
+    def get(self, entry_id: str) -> Entry:
+        record = self._db.get(_entry_key(entry_id))
+        if record is None:
+            raise EntryNotFoundError(f"no cache entry {entry_id!r}")
+        return Entry.from_record(record)
+
+    def delete(self, entry_ids: list[str]) -> int:
+        with self._db.transact():
+            for entry_id in entry_ids:
+                self._db.delete(_entry_key(entry_id))
+            return self._bump()
+
+    def entries(self) -> Iterator[Entry]:
+        """Every readable entry; one that cannot be decoded is logged and skipped, not lost."""
+        for key in self._db.iterkeys():
+            if not (isinstance(key, tuple) and key[0] == _ENTRY):
+                continue
+            try:
+                record = self._db.get(key)
+                if record is not None:
+                    yield Entry.from_record(record)
+            except Exception as exc:  # one damaged record must not hide the others
+                log.warning("skipping unreadable cache entry %s: %s", key[1], exc)
+
+    def clear_entries(self) -> int:
+        keys = [k for k in self._db.iterkeys() if isinstance(k, tuple) and k[0] == _ENTRY]
+        with self._db.transact():
+            for key in keys:
+                self._db.delete(key)
+            self._bump()
+        return len(keys)
+
+    # labelled pairs (feedback) --------------------------------------------------------
+    def put_pair(self, pair_id: str, pair: dict[str, Any]) -> None:
+        self._db.set((_PAIR, pair_id), pair)
+
+    def get_pair(self, pair_id: str) -> dict[str, Any] | None:
+        return self._db.get((_PAIR, pair_id))
+
+    def pairs(self) -> list[dict[str, Any]]:
+        keys = [k for k in self._db.iterkeys() if isinstance(k, tuple) and k[0] == _PAIR]
+        return [p for p in (self._db.get(k) for k in keys) if p is not None]
+
+
+def repair(directory: Path) -> tuple[Path, int, int]:
+    """Move a damaged cache aside and copy every entry that can still be read into a new one.
+
+    Returns (where the old one now lies, entries salvaged, entries lost). Nothing is
+    deleted: what could not be read stays in the moved-aside directory.
+    """
+    directory = Path(directory)
+    aside = directory.with_name(f"{directory.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+    shutil.move(str(directory), str(aside))
+    salvaged: list[Entry] = []
+    lost = 0
+    try:
+        old = diskcache.Cache(str(aside), eviction_policy="none", size_limit=2**62)
+        for key in list(old.iterkeys()):
+            if isinstance(key, tuple) and key[0] == _ENTRY:
+                try:
+                    salvaged.append(Entry.from_record(old[key]))
+                except Exception:  # the damaged ones stay in ``aside``
+                    lost += 1
+        old.close()
+    except sqlite3.DatabaseError as exc:
+        log.warning("nothing could be salvaged from %s: %s", aside, exc)
+    store = EntryStore(directory)
+    if salvaged:
+        store.put_many(salvaged)
+    store.close()
+    return aside, len(salvaged), lost

@@ -1,0 +1,1 @@
+"""Flower ServerApp: FedAvg of embedding weights and thresholds (see issue: federated learning)."""

@@ -1,0 +1,1 @@
+"""Code that the client, the FL server and the upstream must agree on."""

@@ -1,0 +1,88 @@
+"""Export the embedding pipeline to ONNX once, check it against PyTorch, and run it.
+
+onnxruntime is what makes a lookup cheap (a few ms per query on 2 CPU cores). The export
+uses torch's dynamo exporter: the legacy TorchScript tracer bakes the example's sequence
+length into transformers 5.x attention masks and gives wrong embeddings for other lengths.
+"""
+
+import contextlib
+import io
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from shared.encoder.pipeline import EmbeddingPipeline
+
+log = logging.getLogger(__name__)
+
+PARITY_MIN_COSINE = 0.999
+PARITY_QUERIES = (
+    "What is the capital of France?",
+    "hi",
+    "How do I reverse a linked list in Python without using extra memory?",
+    "Quelle est la meilleure façon d'apprendre une langue étrangère rapidement ?",
+    "Explain, step by step and with examples, how public key cryptography lets two "
+    "strangers agree on a secret over an open channel that an attacker can read.",
+)
+
+
+class OnnxBackendError(RuntimeError):
+    """Export, loading or the parity check failed; the caller falls back to PyTorch."""
+
+
+def export_pipeline(pipeline: EmbeddingPipeline, tokenizer: object, path: Path) -> None:
+    """Export to ``path`` atomically (a crash leaves no half-written model behind)."""
+    sample = tokenizer(["hello world", "a b c"], padding=True, return_tensors="pt")
+    batch = torch.export.Dim("batch")
+    seq = torch.export.Dim("seq", max=4096)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            pipeline.eval(),
+            (sample["input_ids"], sample["attention_mask"]),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["unit_embedding"],
+            dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}),
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
+        program.save(str(tmp))
+    tmp.replace(path)
+
+
+class OnnxEmbedder:
+    """Runs an exported pipeline with onnxruntime on the CPU."""
+
+    def __init__(self, path: Path) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = min(4, os.cpu_count() or 1)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        self.path = path
+        self._session = ort.InferenceSession(
+            str(path), options, providers=["CPUExecutionProvider"]
+        )
+
+    def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        (out,) = self._session.run(
+            None,
+            {"input_ids": input_ids.astype(np.int64),
+             "attention_mask": attention_mask.astype(np.int64)},
+        )
+        return out
+
+
+def min_parity_cosine(onnx: np.ndarray, reference: np.ndarray) -> float:
+    """Smallest cosine between matching rows of two embedding batches."""
+    a = onnx / np.linalg.norm(onnx, axis=1, keepdims=True)
+    b = reference / np.linalg.norm(reference, axis=1, keepdims=True)
+    return float((a * b).sum(1).min())

@@ -1,0 +1,208 @@
+"""The sentence encoder: a local sentence-transformers model, optional PCA, and a version id."""
+
+import hashlib
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from shared.encoder._fingerprint import model_fingerprint  # noqa: E402
+from shared.encoder._locate import locate_model  # noqa: E402
+from shared.encoder._onnx import (  # noqa: E402
+    PARITY_MIN_COSINE,
+    PARITY_QUERIES,
+    OnnxBackendError,
+    OnnxEmbedder,
+    export_pipeline,
+    min_parity_cosine,
+)
+from shared.encoder.pca import PCAProjection  # noqa: E402
+from shared.encoder.pipeline import EmbeddingPipeline  # noqa: E402
+from shared.errors import EncoderError  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    input_ids: np.ndarray
+    attention_mask: np.ndarray
+    truncated: list[bool]
+
+
+class Encoder:
+    """Embeds query texts into unit vectors; ``version`` names the exact vector space.
+
+    The version hashes the model's weights and the PCA layer, so two processes (or a
+    process before and after an FL round) agree on whether stored vectors are comparable.
+    """
+
+    def __init__(
+        self,
+        model_dir: Path,
+        model: "SentenceTransformer",  # noqa: F821
+        base_version: str,
+        pca: PCAProjection | None = None,
+        backend: str = "onnx",
+        cache_dir: Path | None = None,
+    ) -> None:
+        self.model_dir = model_dir
+        self._model = model
+        self.base_version = base_version
+        self.pca = pca
+        self.cache_dir = cache_dir
+        self.pipeline = EmbeddingPipeline(model, pca).eval()
+        self.max_tokens = int(model.max_seq_length or model.tokenizer.model_max_length)
+        self.backend = "torch"
+        self.fallback_reason: str | None = None
+        self._onnx: OnnxEmbedder | None = None
+        if backend == "onnx":
+            self._start_onnx()
+        elif backend != "torch":
+            raise EncoderError(f"unknown encoder backend {backend!r} (use 'onnx' or 'torch')")
+
+    # construction -------------------------------------------------------------------
+    @classmethod
+    def load(
+        cls,
+        model: str | os.PathLike[str] | None = None,
+        *,
+        pca: PCAProjection | None = None,
+        backend: str = "onnx",
+        cache_dir: Path | None = None,
+    ) -> "Encoder":
+        """Load a local sentence-transformers model (default: the packaged MiniLM)."""
+        from sentence_transformers import SentenceTransformer
+
+        model_dir = locate_model(model)
+        try:
+            st = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+        except Exception as exc:  # the library raises many types for a broken directory
+            raise EncoderError(f"could not load the embedding model in {model_dir}: {exc}") from exc
+        memo = cache_dir / "fingerprints.json" if cache_dir else None
+        return cls(model_dir, st, model_fingerprint(model_dir, memo), pca, backend, cache_dir)
+
+    def with_pca(self, pca: PCAProjection | None) -> "Encoder":
+        """The same model with another PCA layer (shares the loaded weights)."""
+        wanted = "onnx" if self.backend == "onnx" or self.fallback_reason is None else "torch"
+        return Encoder(
+            self.model_dir, self._model, self.base_version, pca, wanted, self.cache_dir
+        )
+
+    # identity -----------------------------------------------------------------------
+    @property
+    def version(self) -> str:
+        parts = f"{self.base_version}|{self.pca.version if self.pca else 'full'}"
+        return hashlib.sha256(parts.encode()).hexdigest()[:16]
+
+    @property
+    def dim(self) -> int:
+        if self.pca is not None:
+            return self.pca.out_dim
+        return int(self._model.get_embedding_dimension())
+
+    @property
+    def full_dim(self) -> int:
+        return int(self._model.get_embedding_dimension())
+
+    @property
+    def sentence_transformer(self) -> "SentenceTransformer":  # noqa: F821
+        return self._model
+
+    # tokens -------------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str]) -> Tokenized:
+        tok = self._model.tokenizer
+        full_lengths = [len(ids) for ids in tok(list(texts), truncation=False)["input_ids"]]
+        batch = tok(
+            list(texts), padding=True, truncation=True, max_length=self.max_tokens,
+            return_tensors="np",
+        )
+        return Tokenized(
+            batch["input_ids"], batch["attention_mask"],
+            [n > self.max_tokens for n in full_lengths],
+        )
+
+    def count_tokens(self, text: str) -> int:
+        return len(self._model.tokenizer(text, truncation=False)["input_ids"])
+
+    # embedding ----------------------------------------------------------------------
+    def encode(
+        self, texts: Sequence[str], batch_size: int = 64, progress: Progress | None = None
+    ) -> np.ndarray:
+        """Unit vectors (n, dim) float32 in this encoder's space (with PCA when fitted)."""
+        return self._encode(texts, batch_size, progress, full=False)
+
+    def encode_full(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """Unit vectors before PCA: what a PCA layer is fitted on."""
+        return self._encode(texts, batch_size, None, full=True)
+
+    def _encode(
+        self, texts: Sequence[str], batch_size: int, progress: Progress | None, full: bool
+    ) -> np.ndarray:
+        texts = list(texts)
+        out = np.empty((len(texts), self.full_dim if full else self.dim), dtype=np.float32)
+        # Sorting by length keeps padding (wasted compute) small within each batch.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        for start in range(0, len(texts), batch_size):
+            idx = order[start:start + batch_size]
+            tokens = self.tokenize([texts[i] for i in idx])
+            out[idx] = self._run(tokens.input_ids, tokens.attention_mask, full)
+            if progress is not None:
+                progress(min(start + batch_size, len(texts)), len(texts))
+        return out
+
+    def _run(self, input_ids: np.ndarray, attention_mask: np.ndarray, full: bool) -> np.ndarray:
+        if self._onnx is not None and not full:
+            return self._onnx(input_ids, attention_mask)
+        pipeline = self.pipeline if not full else EmbeddingPipeline(self._model, None)
+        with torch.inference_mode():
+            return pipeline(
+                torch.from_numpy(input_ids.astype(np.int64)),
+                torch.from_numpy(attention_mask.astype(np.int64)),
+            ).numpy()
+
+    # onnx ---------------------------------------------------------------------------
+    def _start_onnx(self) -> None:
+        if self.cache_dir is None:
+            self._fall_back("no cache directory to keep the exported model in")
+            return
+        path = self.cache_dir / "onnx" / f"{self.version}.onnx"
+        try:
+            fresh = not path.is_file()
+            if fresh:
+                log.info("exporting encoder %s to ONNX at %s", self.version, path)
+                export_pipeline(self.pipeline, self._model.tokenizer, path)
+            embedder = OnnxEmbedder(path)
+            tokens = self.tokenize(PARITY_QUERIES)
+            with torch.inference_mode():
+                reference = self.pipeline(
+                    torch.from_numpy(tokens.input_ids.astype(np.int64)),
+                    torch.from_numpy(tokens.attention_mask.astype(np.int64)),
+                ).numpy()
+            cosine = min_parity_cosine(embedder(tokens.input_ids, tokens.attention_mask), reference)
+            if cosine < PARITY_MIN_COSINE:
+                raise OnnxBackendError(
+                    f"ONNX parity check failed: cosine {cosine:.5f} < {PARITY_MIN_COSINE}"
+                )
+            if fresh:
+                log.info("ONNX parity with PyTorch: min cosine %.6f", cosine)
+        except Exception as exc:  # export can fail in many ways; PyTorch always works
+            path.unlink(missing_ok=True)  # the next start tries a fresh export
+            self._fall_back(f"{type(exc).__name__}: {exc}")
+            return
+        self._onnx = embedder
+        self.backend = "onnx"
+
+    def _fall_back(self, reason: str) -> None:
+        self.fallback_reason = reason
+        self.backend = "torch"
+        log.warning("encoder runs on PyTorch instead of onnxruntime: %s", reason)

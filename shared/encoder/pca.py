@@ -1,0 +1,72 @@
+"""PCA compression of embeddings, as an extra projection layer of the encoder (MeanCache).
+
+Fitted with scikit-learn on the user's own cached query embeddings; stored as
+safetensors so that it can travel with a model (FL) and be hashed into a version id.
+"""
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.numpy import load_file, save_file
+from torch import nn
+
+DEFAULT_PCA_DIMS = 64
+
+
+class PCAProjection(nn.Module):
+    """y = (x - mean) @ components.T: the top principal directions of the fitted embeddings."""
+
+    def __init__(self, components: np.ndarray, mean: np.ndarray) -> None:
+        super().__init__()
+        if components.ndim != 2 or mean.shape != (components.shape[1],):
+            raise ValueError("PCA components must be (k, d) and mean (d,)")
+        self.register_buffer("components", torch.from_numpy(components.astype(np.float32)))
+        self.register_buffer("mean", torch.from_numpy(mean.astype(np.float32)))
+
+    @property
+    def in_dim(self) -> int:
+        return int(self.components.shape[1])
+
+    @property
+    def out_dim(self) -> int:
+        return int(self.components.shape[0])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) @ self.components.T
+
+    def project(self, x: np.ndarray) -> np.ndarray:
+        """The same projection in NumPy (for vectors that are already embedded)."""
+        return (x - self.mean.numpy()) @ self.components.numpy().T
+
+    @property
+    def version(self) -> str:
+        digest = hashlib.sha256()
+        digest.update(self.components.numpy().tobytes())
+        digest.update(self.mean.numpy().tobytes())
+        return digest.hexdigest()[:16]
+
+    @classmethod
+    def fit(cls, embeddings: np.ndarray, dims: int = DEFAULT_PCA_DIMS) -> "PCAProjection":
+        """Fit on (n, d) embeddings; needs at least ``dims`` of them."""
+        from sklearn.decomposition import PCA
+
+        n, d = embeddings.shape
+        if n < dims or d < dims:
+            raise ValueError(f"PCA to {dims} dimensions needs at least {dims} embeddings of "
+                             f"at least {dims} dimensions, got {n} of {d}")
+        pca = PCA(n_components=dims, svd_solver="full", random_state=0)
+        pca.fit(embeddings.astype(np.float64))
+        return cls(pca.components_.astype(np.float32), pca.mean_.astype(np.float32))
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        save_file({"components": self.components.numpy(), "mean": self.mean.numpy()}, str(tmp))
+        tmp.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "PCAProjection":
+        tensors = load_file(str(path))
+        return cls(tensors["components"], tensors["mean"])

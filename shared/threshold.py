@@ -1,0 +1,98 @@
+"""Threshold math: scores of a similarity threshold on labelled pairs, and the best one.
+
+MeanCache picks tau by maximising F-beta with beta = 0.5, because a false hit (a wrong
+answer served from cache) costs the user more than a miss (a slower, correct answer).
+"""
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+BETA = 0.5
+
+# Best F0.5 threshold of the packaged all-MiniLM-L6-v2 (full 384-d embeddings) on the
+# train split of ../shared/data/qqp/pairs.jsonl; see benchmarks/match_quality.py.
+DEFAULT_THRESHOLD = 0.83
+
+
+@dataclass(frozen=True)
+class MatchScores:
+    """Quality of the decision "similarity >= threshold means duplicate"."""
+
+    threshold: float
+    precision: float
+    recall: float
+    f1: float
+    f05: float
+    accuracy: float
+    pairs: int
+
+    def as_dict(self) -> dict[str, float | int]:
+        return asdict(self)
+
+
+def _fbeta(precision: np.ndarray, recall: np.ndarray, beta: float) -> np.ndarray:
+    b2 = beta * beta
+    denom = b2 * precision + recall
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(denom > 0, (1 + b2) * precision * recall / denom, 0.0)
+
+
+def score_thresholds(
+    similarities: np.ndarray, labels: np.ndarray, thresholds: np.ndarray
+) -> list[MatchScores]:
+    """Scores of each threshold on the pairs (label 1 = duplicate)."""
+    sims = np.asarray(similarities, dtype=np.float64)
+    labs = np.asarray(labels).astype(bool)
+    ths = np.asarray(thresholds, dtype=np.float64)
+    if sims.shape != labs.shape:
+        raise ValueError("similarities and labels differ in length")
+    predicted = sims[None, :] >= ths[:, None]
+    tp = (predicted & labs).sum(1)
+    fp = (predicted & ~labs).sum(1)
+    fn = (~predicted & labs).sum(1)
+    tn = (~predicted & ~labs).sum(1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        precision = np.where(tp + fp > 0, tp / (tp + fp), 0.0)
+        recall = np.where(tp + fn > 0, tp / (tp + fn), 0.0)
+    f1 = _fbeta(precision, recall, 1.0)
+    f05 = _fbeta(precision, recall, BETA)
+    n = len(sims)
+    accuracy = (tp + tn) / n if n else np.zeros_like(ths)
+    return [
+        MatchScores(float(t), float(p), float(r), float(a), float(b), float(c), n)
+        for t, p, r, a, b, c in zip(ths, precision, recall, f1, f05, accuracy, strict=True)
+    ]
+
+
+def best_threshold(
+    similarities: np.ndarray, labels: np.ndarray, beta: float = BETA
+) -> MatchScores:
+    """The threshold that maximises F-beta over the pairs (ties go to the higher one).
+
+    Candidates are midpoints between consecutive distinct similarities, so the chosen
+    threshold separates the observed pairs instead of sitting exactly on one of them.
+    One sort and two cumulative sums: fine for the 64K-pair QQP file.
+    """
+    sims = np.asarray(similarities, dtype=np.float64)
+    labs = np.asarray(labels).astype(bool)
+    if sims.size == 0:
+        raise ValueError("no pairs to tune a threshold on")
+    order = np.argsort(-sims, kind="stable")
+    s, lab = sims[order], labs[order]
+    # Cut after each run of equal similarities: predicting "duplicate" for s[: k + 1].
+    last_of_run = np.r_[s[1:] != s[:-1], True]
+    tp = np.cumsum(lab)[last_of_run]
+    fp = np.cumsum(~lab)[last_of_run]
+    cut_sims = s[last_of_run]
+    below = np.r_[cut_sims[1:], cut_sims[-1] - 2e-6]
+    thresholds = np.r_[cut_sims[0] + 1e-6, (cut_sims + below) / 2]
+    tp = np.r_[0, tp]
+    fp = np.r_[0, fp]
+    positives = labs.sum()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        precision = np.where(tp + fp > 0, tp / (tp + fp), 0.0)
+        recall = tp / positives if positives else np.zeros_like(tp, dtype=np.float64)
+    f = _fbeta(precision, recall, beta)
+    best = int(np.flatnonzero(f == f.max())[0])  # thresholds descend: first = highest
+    return score_thresholds(sims, labs, np.array([thresholds[best]]))[0]

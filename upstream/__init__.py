@@ -1,0 +1,1 @@
+"""LLM server with Prompt Cache module reuse (see issue: upstream)."""
