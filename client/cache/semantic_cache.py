@@ -19,8 +19,9 @@ from client.cache.index import VectorIndex
 from client.cache.results import CacheStats, Hit, Miss, ThresholdChange
 from client.cache.store import EntryStore
 from shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
+from shared.encoder.pca import neighbour_similarities
 from shared.query import clean_query
-from shared.threshold import DEFAULT_THRESHOLD, best_threshold
+from shared.threshold import DEFAULT_THRESHOLD, best_threshold, transfer_threshold
 
 log = logging.getLogger(__name__)
 
@@ -324,11 +325,22 @@ class SemanticCache:
                 full = base.encode([self.store.get(i).query for i in self._index.ids])
             pca = PCAProjection.fit(full, self.settings.pca_dims)
             pca.save(self._pca_dir / f"{pca.version}.safetensors")
+            self._carry_thresholds(full, pca)
             self.store.set_meta("pca", {"version": pca.version,
                                         "base_version": base.base_version})
             log.info("fitted PCA-%d on %d cached queries", pca.out_dim, len(full))
             self.set_encoder(base.with_pca(pca), progress)
             return pca
+
+    def _carry_thresholds(self, full: np.ndarray, pca: PCAProjection) -> None:
+        """Similarities shrink or grow under PCA; move tau so it separates the same pairs."""
+        sims_full, sims_pca = neighbour_similarities(full, pca)
+        for name in ("threshold.global", "threshold.local"):
+            old = self.store.get_meta(name)
+            if old is not None:
+                new = round(transfer_threshold(float(old), sims_full, sims_pca), 4)
+                self.store.set_meta(name, new)
+                log.info("%s carried into PCA space: %.4f -> %.4f", name, old, new)
 
     # feedback -----------------------------------------------------------------------
     def reject(self, hit: Hit) -> ThresholdChange:

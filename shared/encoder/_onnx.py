@@ -41,6 +41,9 @@ def export_pipeline(pipeline: EmbeddingPipeline, tokenizer: object, path: Path) 
     seq = torch.export.Dim("seq", max=4096)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)  # it warns about torchvision ops we do not use
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
@@ -54,6 +57,7 @@ def export_pipeline(pipeline: EmbeddingPipeline, tokenizer: object, path: Path) 
             verbose=False,
         )
         program.save(str(tmp))
+    exporter_log.setLevel(level)
     tmp.replace(path)
 
 

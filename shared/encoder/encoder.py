@@ -82,7 +82,9 @@ class Encoder:
     ) -> "Encoder":
         """Load a local sentence-transformers model (default: the packaged MiniLM)."""
         from sentence_transformers import SentenceTransformer
+        from transformers.utils import logging as transformers_logging
 
+        transformers_logging.disable_progress_bar()  # never draw on the user's terminal
         model_dir = locate_model(model)
         try:
             st = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)

@@ -70,3 +70,24 @@ class PCAProjection(nn.Module):
     def load(cls, path: Path) -> "PCAProjection":
         tensors = load_file(str(path))
         return cls(tensors["components"], tensors["mean"])
+
+
+def neighbour_similarities(
+    full: np.ndarray, pca: PCAProjection, k: int = 5, sample: int = 2000
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cosines of each vector's k nearest neighbours, before and after the projection.
+
+    These pairs are what a threshold separates, so they are what a threshold is carried
+    across the projection with (see shared.threshold.transfer_threshold).
+    """
+    rng = np.random.default_rng(0)
+    rows = full if len(full) <= sample else full[rng.choice(len(full), sample, replace=False)]
+    k = min(k, len(rows) - 1)
+    sims = rows @ rows.T
+    np.fill_diagonal(sims, -np.inf)
+    neighbours = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+    i = np.repeat(np.arange(len(rows)), k)
+    j = neighbours.ravel()
+    reduced = pca.project(rows)
+    reduced /= np.linalg.norm(reduced, axis=1, keepdims=True)
+    return sims[i, j], (reduced[i] * reduced[j]).sum(1)

@@ -1,0 +1,216 @@
+"""The `meancache` command line: `cache ...` to inspect and manage the semantic cache,
+`eval pairs` to measure its match decision on labelled pairs."""
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from client.cache import SemanticCache, repair
+from client.config import Settings, load_settings
+from client.logs import setup_logging
+from client.progress import ProgressBar
+from shared.errors import MeanCacheError
+
+out = Console()
+err = Console(stderr=True)
+
+Handler = Callable[[argparse.Namespace, Settings], int]
+
+
+def open_cache(settings: Settings, directory: Path | None = None) -> SemanticCache:
+    from shared.encoder import Encoder
+
+    with err.status("loading the embedding model (the first start exports it to ONNX)"):
+        encoder = Encoder.load(settings.encoder_model, backend=settings.encoder_backend,
+                               cache_dir=settings.encoder_dir)
+    with ProgressBar("re-embedding cached queries", err) as progress:
+        return SemanticCache(directory or settings.cache_dir, encoder,
+                             settings.cache_settings(), progress)
+
+
+# cache -------------------------------------------------------------------------------
+def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
+    with open_cache(settings) as cache:
+        stats = cache.stats()
+    if args.json:
+        out.print_json(data=dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate})
+        return 0
+    table = Table("statistic", "value", title=f"cache in {settings.cache_dir}")
+    for key, value in dataclasses.asdict(stats).items():
+        table.add_row(key.replace("_", " "), "-" if value is None else str(value))
+    table.add_row("hit rate", f"{stats.hit_rate:.1%}")
+    out.print(table)
+    return 0
+
+
+def _entry_row(entry: object) -> dict[str, object]:
+    record = dict(entry.to_record())  # type: ignore[attr-defined]
+    record.pop("embedding")
+    record.pop("context_embedding")
+    return record
+
+
+def cmd_cache_list(args: argparse.Namespace, settings: Settings) -> int:
+    with open_cache(settings) as cache:
+        entries = cache.entries()[-args.limit:] if args.limit else cache.entries()
+    if args.json:
+        for entry in entries:
+            out.print_json(data=_entry_row(entry))
+        return 0
+    table = Table("id", "created", "hits", "source", "turn", "query")
+    from datetime import datetime
+
+    for entry in entries:
+        table.add_row(entry.id[:8], datetime.fromtimestamp(entry.created).strftime("%F %T"),
+                      str(entry.hits), str(entry.source), str(entry.turn), entry.query[:80])
+    out.print(table)
+    return 0
+
+
+def cmd_cache_clear(args: argparse.Namespace, settings: Settings) -> int:
+    if not args.yes:
+        if not sys.stdin.isatty():
+            raise MeanCacheError("refusing to clear the cache without --yes")
+        if input(f"Delete every entry in {settings.cache_dir}? [y/N] ").strip().lower() != "y":
+            err.print("nothing deleted")
+            return 1
+    with open_cache(settings) as cache:
+        removed = cache.clear()
+    out.print(f"deleted {removed} entries")
+    return 0
+
+
+def cmd_cache_export(args: argparse.Namespace, settings: Settings) -> int:
+    with open_cache(settings) as cache:
+        rows = [json.dumps(_entry_row(e), ensure_ascii=False) for e in cache.entries()]
+    text = "".join(row + "\n" for row in rows)
+    if args.file in (None, "-"):
+        sys.stdout.write(text)
+    else:
+        path = Path(args.file)
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            tmp.write_text(text, encoding="utf-8")
+            tmp.replace(path)
+        except OSError as exc:
+            raise MeanCacheError(f"cannot write {path}: {exc.strerror}") from None
+        err.print(f"exported {len(rows)} entries to {path}")
+    return 0
+
+
+def cmd_cache_repair(args: argparse.Namespace, settings: Settings) -> int:
+    if not settings.cache_dir.exists():
+        raise MeanCacheError(f"there is no cache in {settings.cache_dir}")
+    aside, salvaged, lost = repair(settings.cache_dir)
+    out.print(f"moved the damaged cache to {aside}; salvaged {salvaged} entries"
+              + (f"; {lost} could not be read and stay there" if lost else ""))
+    return 0
+
+
+def cmd_cache_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from client.demo import run_demo
+
+    with open_cache(settings, settings.data_dir / "demo-cache") as cache:
+        run_demo(cache, out)
+    return 0
+
+
+# eval --------------------------------------------------------------------------------
+def cmd_eval_pairs(args: argparse.Namespace, settings: Settings) -> int:
+    from client.eval_pairs import evaluate_pairs, read_pairs
+
+    pairs = read_pairs(Path(args.file), split=args.split, limit=args.limit)
+    start, stop, step = args.sweep
+    if not (0 <= start < stop <= 1 and step > 0):
+        raise MeanCacheError("--sweep takes START STOP STEP with 0 <= START < STOP <= 1")
+    sweep = np.round(np.arange(start, stop + step / 2, step), 6)
+    with open_cache(settings) as cache:
+        threshold = args.threshold if args.threshold is not None else cache.threshold
+        with ProgressBar(f"embedding {len(pairs)} pairs", err) as progress:
+            report = evaluate_pairs(pairs, cache.encoder, threshold, sweep, progress)
+    if args.json:
+        out.print_json(data=report.current.as_dict() | {
+            "encoder_version": cache.encoder.version,
+            "sweep": [s.as_dict() for s in report.sweep],
+        })
+        return 0
+    table = Table("threshold", "precision", "recall", "F1", "F0.5", "accuracy",
+                  title=f"{len(pairs)} pairs from {args.file}")
+    for scores in [report.current, *report.sweep]:
+        style = "bold" if scores is report.current else None
+        table.add_row(f"{scores.threshold:.3f}" + (" (current)" if style else ""),
+                      *(f"{v:.4f}" for v in (scores.precision, scores.recall, scores.f1,
+                                              scores.f05, scores.accuracy)), style=style)
+    out.print(table)
+    return 0
+
+
+# parser ------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="meancache", description=__doc__)
+    parser.add_argument("--config-dir", type=Path, help="where config.toml lives")
+    parser.add_argument("--data-dir", type=Path, help="where the cache, models and logs live")
+    parser.add_argument("--encoder", metavar="PATH",
+                        help="a local sentence-transformers model directory (default: MiniLM)")
+    parser.add_argument("--backend", choices=("onnx", "torch"), help="encoder runtime")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    cache = commands.add_parser("cache", help="inspect and manage the semantic cache")
+    cache_commands = cache.add_subparsers(dest="cache_command", required=True)
+    stats = cache_commands.add_parser("stats", help="hit rate, entries, threshold, encoder")
+    stats.add_argument("--json", action="store_true")
+    stats.set_defaults(handler=cmd_cache_stats)
+    listing = cache_commands.add_parser("list", help="list cached entries, oldest first")
+    listing.add_argument("--limit", type=int, default=50, help="the newest N (0: all)")
+    listing.add_argument("--json", action="store_true", help="one JSON object a line")
+    listing.set_defaults(handler=cmd_cache_list)
+    clear = cache_commands.add_parser("clear", help="delete every entry")
+    clear.add_argument("--yes", action="store_true", help="do not ask")
+    clear.set_defaults(handler=cmd_cache_clear)
+    export = cache_commands.add_parser("export", help="write entries as JSON lines")
+    export.add_argument("file", nargs="?", help="output file (default: stdout)")
+    export.set_defaults(handler=cmd_cache_export)
+    fix = cache_commands.add_parser("repair", help="move a damaged cache aside and salvage it")
+    fix.set_defaults(handler=cmd_cache_repair)
+    demo = cache_commands.add_parser("demo", help="run the cache end to end on a few questions")
+    demo.set_defaults(handler=cmd_cache_demo)
+
+    evaluate = commands.add_parser("eval", help="measure the cache's match decision")
+    eval_commands = evaluate.add_subparsers(dest="eval_command", required=True)
+    pairs = eval_commands.add_parser("pairs", help="precision/recall on labelled query pairs")
+    pairs.add_argument("file", help="JSONL with q1, q2, label (0/1)")
+    pairs.add_argument("--split", help="keep rows whose 'split' field equals this")
+    pairs.add_argument("--limit", type=int, help="use at most N pairs")
+    pairs.add_argument("--threshold", type=float, help="instead of the cache's current tau")
+    pairs.add_argument("--sweep", type=float, nargs=3, default=(0.5, 0.95, 0.05),
+                       metavar=("START", "STOP", "STEP"), help="thresholds to report too")
+    pairs.add_argument("--json", action="store_true", help="one JSON object for scripts")
+    pairs.set_defaults(handler=cmd_eval_pairs)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings(args.config_dir, args.data_dir, encoder_model=args.encoder,
+                                 encoder_backend=args.backend)
+        try:
+            setup_logging(settings.log_file, settings.log_level)
+        except OSError as exc:
+            raise MeanCacheError(f"cannot write the log file {settings.log_file}: "
+                                 f"{exc.strerror}") from None
+        handler: Handler = args.handler
+        return handler(args, settings)
+    except MeanCacheError as exc:
+        err.print(f"[red]error:[/] {exc}", highlight=False)
+        return 2
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return 130

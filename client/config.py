@@ -1,0 +1,148 @@
+"""Settings: defaults < config.toml < MEANCACHE_* environment variables < command-line flags.
+
+The TOML file lives in the platform's user config dir (``MEANCACHE_CONFIG_DIR`` or
+``--config-dir`` moves it); data (cache, encoder state, logs) under the user data dir
+(``data_dir`` in the file, ``MEANCACHE_DATA_DIR`` or ``--data-dir``).
+"""
+
+import os
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from client.cache import CacheSettings
+from shared.encoder import DEFAULT_PCA_DIMS
+from shared.errors import MeanCacheError
+from shared.threshold import DEFAULT_THRESHOLD
+
+APP_NAME = "meancache"
+ENV_PREFIX = "MEANCACHE_"
+
+
+class ConfigError(MeanCacheError):
+    """A setting has an unknown name or a value of the wrong kind."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    config_dir: Path
+    data_dir: Path
+    encoder_model: str | None = None  # a local sentence-transformers directory; None = MiniLM
+    encoder_backend: str = "onnx"
+    threshold: float = DEFAULT_THRESHOLD  # the global tau until the FL server sends one
+    context_aware: bool = True
+    max_entries: int = 100_000
+    max_bytes: int = 512 * 1024 * 1024
+    pca_dims: int = DEFAULT_PCA_DIMS
+    pca_min_entries: int = 1000
+    tune_min_per_class: int = 5
+    log_level: str = "INFO"
+
+    @property
+    def config_file(self) -> Path:
+        return self.config_dir / "config.toml"
+
+    @property
+    def cache_dir(self) -> Path:
+        return self.data_dir / "cache"
+
+    @property
+    def encoder_dir(self) -> Path:
+        """Exported ONNX models and model fingerprints."""
+        return self.data_dir / "encoder"
+
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "logs" / "meancache.log"
+
+    def cache_settings(self) -> CacheSettings:
+        return CacheSettings(
+            global_threshold=self.threshold,
+            max_entries=self.max_entries,
+            max_bytes=self.max_bytes,
+            context_aware=self.context_aware,
+            pca_dims=self.pca_dims,
+            pca_min_entries=self.pca_min_entries,
+            tune_min_per_class=self.tune_min_per_class,
+        )
+
+
+_DIR_FIELDS = {"config_dir", "data_dir"}
+
+
+def _coerce(name: str, value: Any, where: str) -> Any:
+    """Convert a TOML or environment value to the type of setting ``name``."""
+    kind = {f.name: f.type for f in fields(Settings)}[name]
+    text = isinstance(value, str)
+    try:
+        if kind in ("bool", bool):
+            if text:
+                lowered = value.strip().lower()
+                if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
+                    raise ValueError(value)
+                return lowered in {"1", "true", "yes", "on"}
+            if not isinstance(value, bool):
+                raise ValueError(value)
+            return value
+        if kind in ("int", int):
+            if isinstance(value, bool) or not (text or isinstance(value, int)):
+                raise ValueError(value)
+            return int(value)
+        if kind in ("float", float):
+            if isinstance(value, bool) or not (text or isinstance(value, int | float)):
+                raise ValueError(value)
+            return float(value)
+        if name in _DIR_FIELDS:
+            return Path(str(value)).expanduser()
+        if not text:
+            raise ValueError(value)
+        return value
+    except ValueError:
+        raise ConfigError(f"{where}: {name} = {value!r} is not a valid {kind}") from None
+
+
+def load_settings(
+    config_dir: Path | None = None,
+    data_dir: Path | None = None,
+    environ: dict[str, str] | None = None,
+    **overrides: Any,
+) -> Settings:
+    """Resolve every setting; flags (``overrides`` that are not None) win."""
+    env = dict(os.environ if environ is None else environ)
+    config_dir = Path(
+        config_dir or env.get(ENV_PREFIX + "CONFIG_DIR") or platformdirs.user_config_dir(APP_NAME)
+    ).expanduser()
+    values: dict[str, Any] = {}
+    config_file = config_dir / "config.toml"
+    if config_file.is_file():
+        try:
+            table = tomllib.loads(config_file.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{config_file} is not valid TOML: {exc}") from None
+        known = {f.name for f in fields(Settings)} - {"config_dir"}
+        for key, value in table.items():
+            if key not in known:
+                raise ConfigError(
+                    f"{config_file}: unknown setting {key!r} (known: {', '.join(sorted(known))})"
+                )
+            values[key] = _coerce(key, value, str(config_file))
+    for f in fields(Settings):
+        if f.name != "config_dir" and ENV_PREFIX + f.name.upper() in env:
+            var = ENV_PREFIX + f.name.upper()
+            values[f.name] = _coerce(f.name, env[var], f"environment variable {var}")
+    for key, value in overrides.items():
+        if value is not None:
+            values[key] = value
+    if data_dir is not None:
+        values["data_dir"] = Path(data_dir).expanduser()
+    values.setdefault("data_dir", Path(platformdirs.user_data_dir(APP_NAME)))
+    settings = replace(Settings(config_dir=config_dir, data_dir=values.pop("data_dir")), **values)
+    if settings.encoder_backend not in ("onnx", "torch"):
+        raise ConfigError(f"encoder_backend must be 'onnx' or 'torch', not "
+                          f"{settings.encoder_backend!r}")
+    if not 0.0 < settings.threshold <= 1.0:
+        raise ConfigError(f"threshold must lie in (0, 1], not {settings.threshold}")
+    return settings
