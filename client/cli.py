@@ -24,6 +24,11 @@ err = Console(stderr=True)
 Handler = Callable[[argparse.Namespace, Settings], int]
 
 
+def print_json(data: object) -> None:
+    """Plain JSON on stdout for scripts: no colour, no wrapping."""
+    sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
+
+
 def open_cache(settings: Settings, directory: Path | None = None) -> SemanticCache:
     from shared.encoder import Encoder
 
@@ -40,7 +45,7 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
     with open_cache(settings) as cache:
         stats = cache.stats()
     if args.json:
-        out.print_json(data=dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate})
+        print_json(dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate})
         return 0
     table = Table("statistic", "value", title=f"cache in {settings.cache_dir}")
     for key, value in dataclasses.asdict(stats).items():
@@ -62,7 +67,7 @@ def cmd_cache_list(args: argparse.Namespace, settings: Settings) -> int:
         entries = cache.entries()[-args.limit:] if args.limit else cache.entries()
     if args.json:
         for entry in entries:
-            out.print_json(data=_entry_row(entry))
+            print_json(_entry_row(entry))
         return 0
     table = Table("id", "created", "hits", "source", "turn", "query")
     from datetime import datetime
@@ -136,7 +141,7 @@ def cmd_eval_pairs(args: argparse.Namespace, settings: Settings) -> int:
         with ProgressBar(f"embedding {len(pairs)} pairs", err) as progress:
             report = evaluate_pairs(pairs, cache.encoder, threshold, sweep, progress)
     if args.json:
-        out.print_json(data=report.current.as_dict() | {
+        print_json(report.current.as_dict() | {
             "encoder_version": cache.encoder.version,
             "sweep": [s.as_dict() for s in report.sweep],
         })

@@ -118,7 +118,8 @@ class SemanticCache:
             self._index = index
 
     def _index_entry(self, entry: Entry, index: VectorIndex | None = None) -> None:
-        (index or self._index).add(entry.id, entry.embedding.astype(np.float32))
+        target = self._index if index is None else index  # an empty index is falsy
+        target.add(entry.id, entry.embedding.astype(np.float32))
         if entry.context_embedding is not None:
             self._context_vectors[entry.id] = entry.context_embedding.astype(np.float32)
         self._usage[entry.id] = (entry.last_used, entry.nbytes)

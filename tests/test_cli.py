@@ -1,0 +1,195 @@
+"""The `meancache` command line, run in-process against a real cache in a temp data dir."""
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from client.cache import SemanticCache
+from client.cli import main
+from client.config import load_settings
+from shared.encoder import Encoder
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An encoder cache dir with the ONNX export done once for the whole module."""
+    path = tmp_path_factory.mktemp("encoder")
+    Encoder.load(cache_dir=path)
+    return path
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, encoder_dir: Path, monkeypatch: pytest.MonkeyPatch
+             ) -> Iterator[Path]:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "encoder").symlink_to(encoder_dir, target_is_directory=True)
+    monkeypatch.setenv("MEANCACHE_DATA_DIR", str(data))
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "config"))
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield data
+    for handler in list(root.handlers):  # the CLI points logging at its file; undo that
+        root.removeHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+def dev_pairs(n: int) -> list[dict[str, object]]:
+    rows = []
+    with (DATA / "qqp" / "pairs.jsonl").open() as fh:
+        for line in fh:
+            row = json.loads(line)
+            if row["split"] == "dev":
+                rows.append(row)
+                if len(rows) == n:
+                    break
+    return rows
+
+
+def test_eval_pairs_json_matches_an_independent_computation(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    dev = dev_pairs(40)
+    train = [{"q1": "train only", "q2": "never counted", "label": 1, "split": "train"}]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in dev + train))
+
+    assert main(["eval", "pairs", str(path), "--split", "dev", "--json",
+                 "--threshold", "0.8"]) == 0
+    report = json.loads(capsys.readouterr().out)
+
+    encoder = Encoder.load(cache_dir=data_dir / "encoder")
+    a = encoder.encode([r["q1"] for r in dev])
+    b = encoder.encode([r["q2"] for r in dev])
+    predicted = (a * b).sum(1) >= 0.8
+    labels = np.array([r["label"] for r in dev]).astype(bool)
+    tp = int((predicted & labels).sum())
+    assert report["pairs"] == len(dev)
+    assert report["threshold"] == pytest.approx(0.8)
+    assert report["precision"] == pytest.approx(tp / max(predicted.sum(), 1), abs=1e-9)
+    assert report["recall"] == pytest.approx(tp / labels.sum(), abs=1e-9)
+    assert report["accuracy"] == pytest.approx((predicted == labels).mean(), abs=1e-9)
+    for key in ("f1", "f05"):
+        assert 0.0 <= report[key] <= 1.0
+    assert [s["threshold"] for s in report["sweep"]][:2] == pytest.approx([0.5, 0.55])
+
+
+def test_eval_pairs_uses_the_cache_threshold_by_default(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in dev_pairs(5)))
+    monkeypatch.setenv("MEANCACHE_THRESHOLD", "0.77")
+    assert main(["eval", "pairs", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["threshold"] == pytest.approx(0.77)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ('{"q1": "a", "q2": "b", "label": 1}\n{"q1": "a", "label": 0}\n', ":2: 'q2'"),
+        ('{"q1": "a", "q2": "b", "label": 3}\n', "'label' must be 0 or 1"),
+        ("not json\n", ":1: not valid JSON"),
+        ('{"q1": "a", "q2": "b", "label": 1, "split": "train"}\n', "no pairs with split 'dev'"),
+    ],
+)
+def test_eval_pairs_bad_file_is_a_clear_error(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str,
+    message: str,
+) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    assert main(["eval", "pairs", str(path), "--split", "dev"]) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err.replace("\n", " ")
+    assert "Traceback" not in captured.err
+
+
+def test_missing_pairs_file(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["eval", "pairs", "/nonexistent/pairs.jsonl"]) == 2
+    assert "cannot read /nonexistent/pairs.jsonl" in capsys.readouterr().err
+
+
+def test_unknown_model_name_says_nothing_is_downloaded(
+    data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--encoder", "all-mpnet-base-v2", "cache", "stats"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "never downloads models" in err
+    assert "--encoder" in err
+
+
+def fill_cache(data_dir: Path, questions: list[str]) -> None:
+    settings = load_settings()
+    encoder = Encoder.load(cache_dir=data_dir / "encoder")
+    with SemanticCache(settings.cache_dir, encoder, settings.cache_settings()) as cache:
+        for question in questions:
+            cache.insert(question, f"answer to {question}")
+        cache.lookup(questions[0])
+
+
+def test_stats_list_export_clear(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    questions = ["What is the capital of France?", "How do I boil an egg?"]
+    fill_cache(data_dir, questions)
+
+    assert main(["cache", "stats", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert (stats["entries"], stats["hits"], stats["misses"]) == (2, 1, 0)
+    assert stats["hit_rate"] == 1.0
+
+    assert main(["cache", "list", "--json"]) == 0
+    listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [row["query"] for row in listed] == questions
+    assert "embedding" not in listed[0]
+
+    out = tmp_path / "export.jsonl"
+    assert main(["cache", "export", str(out)]) == 0
+    exported = [json.loads(line) for line in out.read_text().splitlines()]
+    assert {row["answer"] for row in exported} == {f"answer to {q}" for q in questions}
+
+    assert main(["cache", "clear"]) == 2  # no terminal to confirm on, and no --yes
+    assert "without --yes" in capsys.readouterr().err
+    assert main(["cache", "clear", "--yes"]) == 0
+    assert main(["cache", "stats", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.splitlines()[-1])["entries"] == 0
+
+
+def test_demo_shows_hits_and_misses(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cache", "demo"]) == 0
+    out = capsys.readouterr().out
+    assert "hit" in out and "miss" in out
+    assert "another context" in " ".join(out.split())
+    assert (data_dir / "demo-cache").is_dir()
+    assert not (data_dir / "cache").exists()  # the demo never touches the real cache
+
+
+def test_logs_go_to_the_data_dir(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["cache", "stats"]) == 0
+    assert (data_dir / "logs" / "meancache.log").is_file()
+    assert "INFO" not in capsys.readouterr().err
+
+
+def test_repair_moves_a_damaged_cache_aside(
+    data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fill_cache(data_dir, ["one question", "another question"])
+    db = data_dir / "cache" / "cache.db"
+    db.write_bytes(b"this is not a database" * 100)
+    assert main(["cache", "stats"]) == 2
+    assert "meancache cache repair" in " ".join(capsys.readouterr().err.split())
+    assert main(["cache", "repair"]) == 0
+    assert "moved the damaged cache" in capsys.readouterr().out
+    aside = [p for p in data_dir.iterdir() if p.name.startswith("cache.broken-")]
+    assert len(aside) == 1 and (aside[0] / "cache.db").is_file()
+    assert main(["cache", "stats", "--json"]) == 0

@@ -1,0 +1,70 @@
+"""Settings precedence: defaults < config.toml < MEANCACHE_* < flags; clear errors."""
+
+from pathlib import Path
+
+import pytest
+
+from client.config import ConfigError, load_settings
+from shared.threshold import DEFAULT_THRESHOLD
+
+
+def write_config(config_dir: Path, text: str) -> None:
+    config_dir.mkdir(parents=True, exist_ok=True)
+    (config_dir / "config.toml").write_text(text)
+
+
+def test_defaults_use_platform_dirs_when_nothing_is_set(tmp_path: Path) -> None:
+    settings = load_settings(config_dir=tmp_path, environ={})
+    assert settings.threshold == DEFAULT_THRESHOLD
+    assert settings.encoder_backend == "onnx"
+    assert "meancache" in str(settings.data_dir)
+    assert settings.log_file == settings.data_dir / "logs" / "meancache.log"
+
+
+def test_toml_then_environment_then_flags(tmp_path: Path) -> None:
+    write_config(tmp_path, f'threshold = 0.9\nmax_entries = 7\ndata_dir = "{tmp_path / "d1"}"\n')
+    settings = load_settings(config_dir=tmp_path, environ={})
+    assert (settings.threshold, settings.max_entries) == (0.9, 7)
+    assert settings.data_dir == tmp_path / "d1"
+
+    env = {"MEANCACHE_THRESHOLD": "0.8", "MEANCACHE_CONTEXT_AWARE": "off",
+           "MEANCACHE_DATA_DIR": str(tmp_path / "d2")}
+    settings = load_settings(config_dir=tmp_path, environ=env)
+    assert settings.threshold == 0.8
+    assert settings.context_aware is False
+    assert settings.max_entries == 7
+    assert settings.data_dir == tmp_path / "d2"
+
+    settings = load_settings(config_dir=tmp_path, data_dir=tmp_path / "d3", environ=env,
+                             threshold=0.75)
+    assert settings.threshold == 0.75
+    assert settings.data_dir == tmp_path / "d3"
+
+
+def test_config_dir_from_environment(tmp_path: Path) -> None:
+    write_config(tmp_path / "cfg", "pca_dims = 32\n")
+    settings = load_settings(environ={"MEANCACHE_CONFIG_DIR": str(tmp_path / "cfg")})
+    assert settings.pca_dims == 32
+    assert settings.config_file == tmp_path / "cfg" / "config.toml"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("treshold = 0.9\n", "unknown setting 'treshold'"),
+        ('max_entries = "many"\n', "max_entries"),
+        ("threshold = 1.5\n", "threshold must lie in (0, 1]"),
+        ("threshold = = 1\n", "not valid TOML"),
+        ('encoder_backend = "tensorflow"\n', "encoder_backend"),
+    ],
+)
+def test_bad_config_names_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
+    write_config(tmp_path, text)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")
+                       .replace("[", r"\[").replace("]", r"\]")):
+        load_settings(config_dir=tmp_path, environ={})
+
+
+def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="MEANCACHE_CONTEXT_AWARE"):
+        load_settings(config_dir=tmp_path, environ={"MEANCACHE_CONTEXT_AWARE": "maybe"})
