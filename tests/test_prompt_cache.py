@@ -1,0 +1,245 @@
+"""Prompt Cache exactness: reused module states give the logits a full forward pass gives.
+
+References are computed without any cache: one forward pass over every token at its
+position, with the block attention mask that independent module encoding implies.
+"""
+
+import pytest
+import torch
+
+from upstream.model_loading import LoadedModel, load_model
+from upstream.prompt_cache.engine import Delta, Finish, PreparedPrompt, PromptCacheEngine
+from upstream.prompt_cache.layout import LEADING
+from upstream.prompt_cache.states import additive_mask
+from upstream.sampling import SamplingParams
+
+TOLERANCE = 1e-4
+
+SCHEMA = """<schema name="travel">
+  <system>You are a helpful travel assistant.</system>
+  <module name="city">Facts about <param name="name" len="12"/>, a city worth seeing.
+    <module name="history">It was founded long ago and grew along a river.</module>
+  </module>
+  <union>
+    <module name="short">Plan a short trip of two days.</module>
+    <module name="long">Plan a long trip of two weeks, with many museums and parks.</module>
+  </union>
+  <module name="budget">Keep the budget small.</module>
+</schema>"""
+
+PROMPT = """<prompt schema="travel"><city name="Lyon"><history/></city><long/>
+  <user>What should I see first?</user></prompt>"""
+
+
+@pytest.fixture(scope="module", params=["builtin:tiny", "builtin:tiny-gpt2"])
+def engine(request: pytest.FixtureRequest) -> PromptCacheEngine:
+    engine = PromptCacheEngine(load_model(request.param, device="cpu"))
+    engine.add_schema(SCHEMA)
+    return engine
+
+
+def reference_logits(engine: PromptCacheEngine, prepared: PreparedPrompt,
+                     extra: list[int] = ()) -> torch.Tensor:  # type: ignore[assignment]
+    """One uncached forward pass with the equivalent block mask; logits of the new tokens
+    (and of ``extra`` tokens decoded after them)."""
+    layout = engine.layouts["travel"]
+    ids: list[int] = []
+    positions: list[int] = []
+    block: list[str] = []
+    for _, key in prepared.cached:
+        segment = layout.segments[key]
+        ids += segment.token_ids
+        positions += segment.positions
+        block += [key] * len(segment)
+    n_cached = len(ids)
+    ids += list(prepared.new_ids)
+    positions += list(prepared.new_positions)
+    last = max(prepared.new_positions)
+    for offset, token in enumerate(extra, 1):
+        ids.append(token)
+        positions.append(last + offset)
+    n = len(ids)
+    pos = torch.tensor(positions)
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    for q in range(n_cached):  # a segment sees the leading tokens and its own earlier ones
+        for k in range(n_cached):
+            same = block[k] == block[q] and k <= q
+            allowed[q, k] = same or (block[k] == LEADING and block[q] != LEADING)
+    allowed[n_cached:, :n_cached] = pos[:n_cached][None, :] < pos[n_cached:][:, None]
+    allowed[n_cached:, n_cached:] = pos[None, n_cached:] <= pos[n_cached:, None]
+    model = engine.model
+    with torch.inference_mode():
+        out = model(input_ids=torch.tensor([ids]), position_ids=pos[None],
+                    attention_mask=additive_mask(allowed, model.dtype))
+    return out.logits[0, n_cached:]
+
+
+def prefill_logits(engine: PromptCacheEngine, prepared: PreparedPrompt) -> torch.Tensor:
+    """All new tokens' logits from the cached path (the engine keeps only the last)."""
+    states = [engine._states(key) for key in prepared.cached]
+    from upstream.prompt_cache.states import concatenate
+
+    cache, cached_positions = concatenate(states)
+    positions = torch.tensor(prepared.new_positions)
+    allowed = torch.cat([cached_positions[None, :] < positions[:, None],
+                         positions[None, :] <= positions[:, None]], dim=1)
+    with torch.inference_mode():
+        out = engine.model(input_ids=torch.tensor([prepared.new_ids]),
+                           position_ids=positions[None],
+                           attention_mask=additive_mask(allowed, engine.model.dtype),
+                           past_key_values=cache, use_cache=True)
+    return out.logits[0]
+
+
+def test_layout_gives_unions_a_shared_start_and_params_reserved_positions(
+    engine: PromptCacheEngine,
+) -> None:
+    layout = engine.layouts["travel"]
+    short, long = layout.segments["short"], layout.segments["long"]
+    assert short.positions[0] == long.positions[0]
+    budget = layout.segments["budget"]
+    assert budget.positions[0] == long.positions[-1] + 1  # the union takes its longest member
+    slot = layout.params[("city", "name")]
+    city = layout.segments["city"].positions
+    assert slot.start not in city and slot.start + slot.length - 1 not in city
+    assert slot.start + slot.length in city  # the module's text resumes after the slot
+
+
+def test_gaps_and_independent_modules_equal_the_block_masked_reference(
+    engine: PromptCacheEngine,
+) -> None:
+    prepared = engine.prepare_messages([{"role": "user", "content": PROMPT}])
+    keys = [key for _, key in prepared.cached]
+    assert keys == [LEADING, "", "city", "history", "long"]  # short and budget left out
+    assert len(prepared.new_positions) > len("Lyon")
+    cached = prefill_logits(engine, prepared)
+    reference = reference_logits(engine, prepared)
+    assert (cached - reference).abs().max().item() <= TOLERANCE
+    logits, _, _ = engine.prefill(prepared)
+    assert (logits - reference[-1]).abs().max().item() <= TOLERANCE
+
+
+def test_a_decode_step_after_a_gap_equals_its_reference(engine: PromptCacheEngine) -> None:
+    prepared = engine.prepare_messages([{"role": "user", "content": PROMPT}])
+    logits, seen, cache = engine.prefill(prepared)
+    token = int(logits.argmax())
+    last = max(prepared.new_positions)
+    allowed = torch.ones(1, seen.numel() + 1, dtype=torch.bool)
+    with torch.inference_mode():
+        step = engine.model(input_ids=torch.tensor([[token]]),
+                            position_ids=torch.tensor([[last + 1]]),
+                            attention_mask=additive_mask(allowed, engine.model.dtype),
+                            past_key_values=cache, use_cache=True).logits[0, -1]
+    reference = reference_logits(engine, prepared, [token])[-1]
+    assert (step - reference).abs().max().item() <= TOLERANCE
+
+
+def test_a_contiguous_prefix_equals_a_full_prefill_and_greedy_text_matches(
+    engine: PromptCacheEngine,
+) -> None:
+    engine.add_schema('<schema name="doc"><module name="text">'
+                      + "A document about rivers, bridges and the towns between them. " * 4
+                      + "</module></schema>")
+    prepared = engine.prepare_messages(
+        [{"role": "user", "content": '<prompt schema="doc"><text/>Summarise it.</prompt>'}]
+    )
+    layout = engine.layouts["doc"]
+    full_ids = layout.segments[LEADING].token_ids + layout.segments["text"].token_ids
+    full_ids += list(prepared.new_ids)
+    assert list(prepared.new_positions)[0] == len(full_ids) - len(prepared.new_ids)
+
+    with torch.inference_mode():  # plain causal prefill, no cache, no mask, default positions
+        full = engine.model(input_ids=torch.tensor([full_ids])).logits[0]
+    cached = prefill_logits(engine, prepared)
+    assert (cached - full[-len(prepared.new_ids):]).abs().max().item() <= TOLERANCE
+
+    params = SamplingParams(max_tokens=12, temperature=0.0)
+    events = list(engine.generate(prepared, params))
+    text = "".join(e.text for e in events if isinstance(e, Delta))
+    ids = list(full_ids)
+    generated: list[int] = []
+    with torch.inference_mode():
+        for _ in range(params.max_tokens):
+            token = int(engine.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            if token in engine._eos:
+                break
+            generated.append(token)
+            ids.append(token)
+    assert text == engine.tokenizer.decode(generated, skip_special_tokens=True)
+    finish = events[-1]
+    assert isinstance(finish, Finish)
+    assert finish.cached_tokens == len(full_ids) - len(prepared.new_ids)
+    assert finish.prompt_tokens == len(full_ids)
+
+
+def test_serving_does_not_mutate_module_states(engine: PromptCacheEngine) -> None:
+    """DynamicCache grows in place during a forward pass; modules must not."""
+    prepared = engine.prepare_messages([{"role": "user", "content": PROMPT}])
+    before = {key: engine._states(key).keys[0].clone() for key in prepared.cached}
+    first, _, _ = engine.prefill(prepared)
+    list(engine.generate(prepared, SamplingParams(max_tokens=5, temperature=0.0)))
+    second, _, _ = engine.prefill(prepared)
+    assert torch.equal(first, second)
+    for key, keys in before.items():
+        assert torch.equal(engine._states(key).keys[0], keys)
+
+
+def test_position_jumps_need_the_explicit_mask(engine: PromptCacheEngine) -> None:
+    """Without a cache or a 4D mask, transformers 5.x reads a jump in position_ids as
+    packed sequences and cuts attention at the jump: the reason every pass here has a mask."""
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+    positions = torch.tensor([[0, 1, 2, 10, 11, 12]])
+    causal = torch.ones(6, 6, dtype=torch.bool).tril()
+    with torch.inference_mode():
+        masked = engine.model(input_ids=ids, position_ids=positions,
+                              attention_mask=additive_mask(causal, engine.model.dtype)).logits
+        naive = engine.model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        alone = engine.model(input_ids=ids[:, 3:], position_ids=positions[:, 3:] - 10,
+                             use_cache=False).logits
+    assert (masked[0, 3:] - naive[0, 3:]).abs().max().item() > 1e-3
+    if engine.loaded.architecture == "llama":  # rotary: relative positions only
+        assert (naive[0, 3:] - alone[0]).abs().max().item() <= TOLERANCE
+
+
+def test_memory_per_token_matches_the_formula(engine: PromptCacheEngine) -> None:
+    config = engine.model.config
+    layers = getattr(config, "num_hidden_layers", None) or config.n_layer
+    heads = getattr(config, "num_attention_heads", None) or config.n_head
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    hidden = getattr(config, "hidden_size", None) or config.n_embd
+    expected = 2 * layers * kv_heads * (hidden // heads) * 4
+    states = engine._states(("travel", "city"))
+    assert states.nbytes == expected * states.tokens
+    assert engine.bytes_per_token == expected
+
+
+def test_evicted_modules_are_encoded_again_with_the_same_result() -> None:
+    engine = PromptCacheEngine(load_model("builtin:tiny", device="cpu"),
+                               module_budget_bytes=1)
+    engine.add_schema(SCHEMA)
+    prepared = engine.prepare_messages([{"role": "user", "content": PROMPT}])
+    other = engine.prepare_messages([{"role": "user", "content":
+                                      '<prompt schema="travel"><short/><budget/>Go</prompt>'}])
+    assert engine.modules.evictions > 0
+    first, _, _ = engine.prefill(prepared)
+    engine.prefill(other)  # its modules push out the first prompt's
+    assert ("travel", "long") not in engine.modules
+    encodings = engine.modules.encodings
+    second, _, _ = engine.prefill(prepared)
+    assert engine.modules.encodings > encodings
+    assert torch.equal(first, second)
+
+
+def test_prompt_too_long_is_refused(engine: PromptCacheEngine) -> None:
+    from upstream.errors import PromptTooLongError
+
+    prepared = engine.prepare_messages([{"role": "user", "content": "hi"}])
+    with pytest.raises(PromptTooLongError, match="context holds"):
+        list(engine.generate(prepared, SamplingParams(
+            max_tokens=engine.loaded.context_length)))
+
+
+def test_loaded_model_is_reported_untrained(engine: PromptCacheEngine) -> None:
+    loaded: LoadedModel = engine.loaded
+    assert loaded.untrained
+    assert loaded.name.startswith("builtin:")

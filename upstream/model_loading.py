@@ -1,0 +1,99 @@
+"""Load the causal LM the server runs: a local Hugging Face directory or a built-in one."""
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+from upstream.builtin import BUILTIN_MODELS, CHAT_TEMPLATE, builtin_model, builtin_tokenizer  # noqa: E402
+from upstream.errors import ModelLoadError, UnsupportedModelError  # noqa: E402
+
+log = logging.getLogger(__name__)
+
+# Architectures whose position handling (rotary or learned absolute) Prompt Cache supports.
+SUPPORTED_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "gpt2"})
+DEFAULT_MODEL = "builtin:tiny"
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    name: str
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    architecture: str
+    untrained: bool  # a built-in random-init model: its text is meaningless
+
+    @property
+    def context_length(self) -> int:
+        config = self.model.config
+        return int(getattr(config, "max_position_embeddings", None)
+                   or getattr(config, "n_positions", 2048))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def load_model(spec: str = DEFAULT_MODEL, device: str | None = None) -> LoadedModel:
+    """``builtin:NAME`` (tiny, tiny-gpt2, base) or a local model directory."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if spec.startswith("builtin:"):
+        name = spec.removeprefix("builtin:")
+        if name not in BUILTIN_MODELS:
+            raise ModelLoadError(
+                f"unknown built-in model {name!r}; choose one of "
+                + ", ".join(f"builtin:{n}" for n in BUILTIN_MODELS)
+            )
+        model = builtin_model(name).to(device)
+        loaded = LoadedModel(spec, model, builtin_tokenizer(), model.config.model_type, True)
+        log.warning("serving %s: a randomly initialised %s model with %.1fM parameters; "
+                    "its text is meaningless (an untrained demo model)",
+                    spec, loaded.architecture, loaded.parameters / 1e6)
+        return loaded
+    return _load_directory(Path(spec).expanduser(), device)
+
+
+def _load_directory(path: Path, device: str) -> LoadedModel:
+    if not path.is_dir():
+        raise ModelLoadError(
+            f"model {str(path)!r} is not a local directory; the server never downloads "
+            "models. Pass a directory holding config.json and the weights, or builtin:tiny"
+        )
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"{path} holds no usable model config: {exc}") from None
+    if config.model_type not in SUPPORTED_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{path} is a {config.model_type!r} model; Prompt Cache supports "
+            + ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+        )
+    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+        log.warning("%s uses sliding-window attention; module states are kept in full", path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            path, local_files_only=True, dtype=torch.float32
+        ).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"could not load the model in {path}: {exc}") from None
+    if tokenizer.chat_template is None:
+        log.warning("%s has no chat template; role tags use meancache's plain one", path)
+        tokenizer.chat_template = CHAT_TEMPLATE
+    return LoadedModel(str(path), model, tokenizer, config.model_type, False)

@@ -1,0 +1,1 @@
+"""Prompt Cache (Gim et al.): modules' attention states computed once and reused."""

@@ -1,0 +1,250 @@
+"""Serving with Prompt Cache: imported modules' states are reused, only new tokens are
+computed, and decoding continues from the highest position + 1."""
+
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from shared.pml import Import, Prompt, Role, SchemaRegistry, Text, parse_prompt, parse_schema
+from upstream.errors import PromptTooLongError, UpstreamError
+from upstream.model_loading import LoadedModel
+from upstream.prompt_cache.layout import LEADING, SCHEMA_TEXT, SchemaLayout, lay_out
+from upstream.prompt_cache.module_store import Key, ModuleStore
+from upstream.prompt_cache.roles import role_template
+from upstream.prompt_cache.states import (
+    SegmentStates,
+    additive_mask,
+    bytes_per_token,
+    concatenate,
+    encode_segment,
+)
+from upstream.sampling import SamplingParams, TextStream, next_token
+
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class SchemaInfo:
+    name: str
+    modules: tuple[str, ...]
+    cached_tokens: int
+    positions: int
+    nbytes: int
+    encode_seconds: float
+
+
+@dataclass(frozen=True)
+class PreparedPrompt:
+    """What a request asks the model to read: reused segments and new tokens."""
+
+    cached: tuple[Key, ...]
+    new_ids: tuple[int, ...]
+    new_positions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: str  # "stop", "length" or "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    ttft_seconds: float
+
+
+class PromptCacheEngine:
+    """One model, its schemas and their module states. Not re-entrant: the server runs
+    one request at a time through it (see upstream.server.worker)."""
+
+    def __init__(self, loaded: LoadedModel, module_budget_bytes: int = 2 << 30) -> None:
+        self.loaded = loaded
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.roles = role_template(self.tokenizer)
+        self.registry = SchemaRegistry()
+        self.layouts: dict[str, SchemaLayout] = {}
+        self.modules = ModuleStore(module_budget_bytes)
+        self.bytes_per_token = bytes_per_token(self.model)
+        eos = {self.tokenizer.eos_token_id, *self._generation_eos()}
+        self._eos = {i for i in eos if i is not None}
+
+    def _generation_eos(self) -> list[int]:
+        config = getattr(self.model, "generation_config", None)
+        value = getattr(config, "eos_token_id", None)
+        return value if isinstance(value, list) else [value] if value is not None else []
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    # schemas ------------------------------------------------------------------------
+    def add_schema(self, source: str) -> SchemaInfo:
+        """Parse, lay out and encode every segment of a schema (replacing one of that name)."""
+        schema = parse_schema(source)
+        layout = lay_out(schema, self.tokenizer, self.roles)
+        if layout.end >= self.loaded.context_length:
+            raise PromptTooLongError(
+                f"schema '{schema.name}' takes {layout.end} positions; the model's context "
+                f"holds {self.loaded.context_length}"
+            )
+        self.registry.add(schema, replace=True)
+        self.modules.drop_schema(schema.name)
+        self.layouts[schema.name] = layout
+        start = time.perf_counter()
+        for key, segment in layout.segments.items():
+            if len(segment):
+                self._states((schema.name, key))
+        return self.schema_info(schema.name, time.perf_counter() - start)
+
+    def remove_schema(self, name: str) -> None:
+        self.registry.remove(name)
+        self.layouts.pop(name, None)
+        self.modules.drop_schema(name)
+
+    def schema_info(self, name: str, encode_seconds: float = 0.0) -> SchemaInfo:
+        layout = self.layouts[self.registry.get(name).name]
+        return SchemaInfo(
+            name, tuple(layout.schema.modules()), layout.cached_tokens, layout.end,
+            layout.cached_tokens * self.bytes_per_token, encode_seconds,
+        )
+
+    def _states(self, key: Key, pinned: frozenset[Key] = frozenset()) -> SegmentStates:
+        layout = self.layouts[key[0]]
+        segment = layout.segments[key[1]]
+
+        def encode() -> SegmentStates:
+            leading = None
+            if key[1] != LEADING and len(layout.segments[LEADING]):
+                leading = self._states((key[0], LEADING), pinned | {key})
+            return encode_segment(self.model, segment.token_ids, segment.positions, leading)
+
+        return self.modules.get(key, encode, pinned)
+
+    # prompts ------------------------------------------------------------------------
+    def prepare_messages(self, messages: list[Message]) -> PreparedPrompt:
+        """A chat request. If the last message is a PML ``<prompt>``, its modules are reused
+        and the earlier messages become role-tagged text before the prompt's own text;
+        otherwise the conversation is rendered with the chat template and nothing is reused."""
+        if not messages:
+            raise UpstreamError("messages must not be empty")
+        last = messages[-1].get("content", "")
+        if last.lstrip().startswith("<prompt"):
+            return self.prepare_pml(parse_prompt(last), messages[:-1])
+        ids = self.tokenizer.apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=True, return_dict=False
+        )
+        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return PreparedPrompt((), tuple(ids), tuple(range(len(ids))))
+
+    def prepare_pml(self, prompt: Prompt, history: list[Message] = ()) -> PreparedPrompt:  # type: ignore[assignment]
+        schema = self.registry.resolve(prompt, self.count_tokens)
+        layout = self.layouts[schema.name]
+        imports: list[Import] = []
+        pending = list(prompt.imports())
+        while pending:
+            item = pending.pop(0)
+            imports.append(item)
+            pending.extend(item.children)
+        imported = {i.name for i in imports}
+        cached = [(schema.name, key) for key, segment in layout.segments.items()
+                  if len(segment) and (key in (LEADING, SCHEMA_TEXT) or key in imported)]
+        ids: list[int] = []
+        positions: list[int] = []
+        for item in imports:  # arguments at their parameters' reserved positions
+            for name, arg in item.args.items():
+                slot = layout.params[(item.name, name)]
+                arg_ids = self.tokenizer.encode(arg, add_special_tokens=False)[: slot.length]
+                ids.extend(arg_ids)
+                positions.extend(range(slot.start, slot.start + len(arg_ids)))
+        text = "".join(
+            self.roles.prefix[m["role"]] + m["content"] + self.roles.suffix[m["role"]]
+            for m in history
+        )
+        for node in prompt.children:
+            if isinstance(node, Text):
+                text += node.text
+            elif isinstance(node, Role):
+                inner = "".join(child.text for child in node.children)
+                text += self.roles.prefix[node.role] + inner + self.roles.suffix[node.role]
+        text += self.roles.generation_prefix
+        new = self.tokenizer.encode(text, add_special_tokens=False)
+        ids.extend(new)
+        positions.extend(range(layout.end, layout.end + len(new)))
+        return PreparedPrompt(tuple(cached), tuple(ids), tuple(positions))
+
+    # generation ---------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, prepared: PreparedPrompt) -> tuple[torch.Tensor, "torch.Tensor", object]:
+        """Logits after the prompt, the positions read so far, and the filled cache."""
+        if not prepared.new_ids:
+            raise UpstreamError("the prompt adds no text after its modules")
+        pinned = frozenset(prepared.cached)
+        states = [self._states(key, pinned) for key in prepared.cached]
+        cache, cached_positions = concatenate(states)
+        device = self.loaded.device
+        ids = torch.tensor([prepared.new_ids], device=device)
+        positions = torch.tensor(prepared.new_positions, device=device)
+        # A new token sees the cached tokens before it, and the new tokens up to itself.
+        sees_cached = cached_positions.to(device)[None, :] < positions[:, None]
+        sees_new = positions[None, :] <= positions[:, None]
+        allowed = torch.cat([sees_cached, sees_new], dim=1)
+        out = self.model(input_ids=ids, position_ids=positions[None],
+                         attention_mask=additive_mask(allowed, self.model.dtype),
+                         past_key_values=cache, use_cache=True)
+        return out.logits[0, -1], torch.cat([cached_positions.to(device), positions]), cache
+
+    @torch.inference_mode()
+    def generate(self, prepared: PreparedPrompt, params: SamplingParams,
+                 cancel: threading.Event | None = None) -> Iterator[Delta | Finish]:
+        start = time.perf_counter()
+        cached_tokens = sum(self._states(k).tokens for k in prepared.cached)
+        prompt_tokens = cached_tokens + len(prepared.new_ids)
+        last = max(prepared.new_positions, default=0)
+        if last + params.max_tokens >= self.loaded.context_length:
+            raise PromptTooLongError(
+                f"the prompt reaches position {last} and asks for {params.max_tokens} more "
+                f"tokens; the model's context holds {self.loaded.context_length}"
+            )
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(device=self.loaded.device).manual_seed(params.seed)
+        logits, seen, cache = self.prefill(prepared)
+        stream = TextStream(self.tokenizer, params.stop)
+        token = next_token(logits, params, generator)
+        ttft = time.perf_counter() - start
+        produced, reason = 0, "length"
+        device = self.loaded.device
+        while True:
+            if cancel is not None and cancel.is_set():
+                reason = "cancelled"
+                break
+            produced += 1
+            if token in self._eos:
+                reason = "stop"
+                break
+            text = stream.push(token)
+            if text:
+                yield Delta(text)
+            if stream.stopped:
+                reason = "stop"
+                break
+            if produced >= params.max_tokens:
+                break
+            last += 1
+            allowed = torch.ones(1, seen.numel() + 1, dtype=torch.bool, device=device)
+            out = self.model(input_ids=torch.tensor([[token]], device=device),
+                             position_ids=torch.tensor([[last]], device=device),
+                             attention_mask=additive_mask(allowed, self.model.dtype),
+                             past_key_values=cache, use_cache=True)
+            seen = torch.cat([seen, torch.tensor([last], device=device)])
+            token = next_token(out.logits[0, -1], params, generator)
+        tail = stream.flush()
+        if tail:
+            yield Delta(tail)
+        yield Finish(reason, prompt_tokens, produced, cached_tokens, ttft)

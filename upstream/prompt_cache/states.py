@@ -1,0 +1,83 @@
+"""Attention (key/value) states of one segment, computed at its own position IDs.
+
+transformers 5.x notes, each covered by a test:
+- there is no ``cache_position``: positions are passed as ``position_ids`` every time;
+- a jump in ``position_ids`` without a cache or a 4D mask is taken for packed sequences,
+  so every forward pass here gets an explicit 4D additive mask;
+- a ``DynamicCache`` grows in place during a forward pass, so a request never runs on a
+  module's own tensors: serving concatenates them into a fresh cache.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(q, kv) booleans -> (1, 1, q, kv) mask of 0 where allowed, the dtype's minimum elsewhere.
+
+    Additive masks work with eager and SDPA attention alike.
+    """
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+@dataclass(frozen=True)
+class SegmentStates:
+    keys: tuple[torch.Tensor, ...]  # per layer: (1, kv_heads, tokens, head_dim)
+    values: tuple[torch.Tensor, ...]
+    positions: torch.Tensor  # (tokens,)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.positions.numel())
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+
+@torch.inference_mode()
+def encode_segment(model: PreTrainedModel, token_ids: list[int], positions: list[int],
+                   leading: SegmentStates | None = None) -> SegmentStates:
+    """One forward pass over the segment (causal within it) at its positions, attending
+    also to the ``leading`` states; only the segment's own states are returned."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([token_ids], device=device)
+    pos = torch.tensor([positions], device=device)
+    n = len(token_ids)
+    cache, _ = concatenate([leading] if leading is not None else [])
+    before = leading.tokens if leading is not None else 0
+    allowed = torch.cat([torch.ones(n, before, dtype=torch.bool, device=device),
+                         torch.ones(n, n, dtype=torch.bool, device=device).tril()], dim=1)
+    model(input_ids=ids, position_ids=pos, attention_mask=additive_mask(allowed, model.dtype),
+          past_key_values=cache, use_cache=True)
+    return SegmentStates(
+        tuple(layer.keys[:, :, before:] for layer in cache.layers),
+        tuple(layer.values[:, :, before:] for layer in cache.layers),
+        pos[0].clone(),
+    )
+
+
+def concatenate(states: list[SegmentStates]) -> tuple[DynamicCache, torch.Tensor]:
+    """A fresh cache holding the segments side by side, and their positions."""
+    cache = DynamicCache()
+    if not states:
+        return cache, torch.empty(0, dtype=torch.long)
+    for layer in range(len(states[0].keys)):
+        cache.update(torch.cat([s.keys[layer] for s in states], dim=2),
+                     torch.cat([s.values[layer] for s in states], dim=2), layer)
+    return cache, torch.cat([s.positions for s in states])
+
+
+def bytes_per_token(model: PreTrainedModel) -> int:
+    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+    config = model.config
+    layers = getattr(config, "num_hidden_layers", None) or config.n_layer
+    heads = getattr(config, "num_attention_heads", None) or config.n_head
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    hidden = getattr(config, "hidden_size", None) or config.n_embd
+    head_dim = getattr(config, "head_dim", None) or hidden // heads
+    return 2 * layers * kv_heads * head_dim * torch.finfo(model.dtype).bits // 8
