@@ -1,5 +1,6 @@
 """The `meancache` command line: `cache ...` to inspect and manage the semantic cache,
-`eval pairs` to measure its match decision on labelled pairs."""
+`eval pairs` to measure its match decision on labelled pairs, `upstream serve` to run the
+LLM server."""
 
 import argparse
 import dataclasses
@@ -198,6 +199,10 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar=("START", "STOP", "STEP"), help="thresholds to report too")
     pairs.add_argument("--json", action="store_true", help="one JSON object for scripts")
     pairs.set_defaults(handler=cmd_eval_pairs)
+
+    from upstream.cli import add_commands as add_upstream_commands
+
+    add_upstream_commands(commands)
     return parser
 
 

@@ -40,6 +40,8 @@ class Settings:
     pca_min_entries: int = 1000
     tune_min_per_class: int = 5
     log_level: str = "INFO"
+    upstream_model: str = "builtin:tiny"  # what `meancache upstream serve` runs
+    upstream_api_key: str | None = None  # the bearer key the upstream asks for / is sent
 
     @property
     def config_file(self) -> Path:

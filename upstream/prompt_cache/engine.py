@@ -199,18 +199,23 @@ class PromptCacheEngine:
                          past_key_values=cache, use_cache=True)
         return out.logits[0, -1], torch.cat([cached_positions.to(device), positions]), cache
 
-    @torch.inference_mode()
-    def generate(self, prepared: PreparedPrompt, params: SamplingParams,
-                 cancel: threading.Event | None = None) -> Iterator[Delta | Finish]:
-        start = time.perf_counter()
-        cached_tokens = sum(self._states(k).tokens for k in prepared.cached)
-        prompt_tokens = cached_tokens + len(prepared.new_ids)
+    def check_fits(self, prepared: PreparedPrompt, params: SamplingParams) -> None:
+        """Raise PromptTooLongError if the prompt plus max_tokens passes the context."""
         last = max(prepared.new_positions, default=0)
         if last + params.max_tokens >= self.loaded.context_length:
             raise PromptTooLongError(
                 f"the prompt reaches position {last} and asks for {params.max_tokens} more "
                 f"tokens; the model's context holds {self.loaded.context_length}"
             )
+
+    @torch.inference_mode()
+    def generate(self, prepared: PreparedPrompt, params: SamplingParams,
+                 cancel: threading.Event | None = None) -> Iterator[Delta | Finish]:
+        start = time.perf_counter()
+        self.check_fits(prepared, params)
+        cached_tokens = sum(self._states(k).tokens for k in prepared.cached)
+        prompt_tokens = cached_tokens + len(prepared.new_ids)
+        last = max(prepared.new_positions, default=0)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.loaded.device).manual_seed(params.seed)

@@ -1,0 +1,41 @@
+"""`meancache upstream ...` commands."""
+
+import argparse
+from typing import Any
+
+from upstream.server.app import ServerSettings
+
+
+def add_commands(commands: Any) -> None:
+    """Register `upstream serve` on the top-level `meancache` parser."""
+    upstream = commands.add_parser("upstream", help="the LLM server with Prompt Cache")
+    sub = upstream.add_subparsers(dest="upstream_command", required=True)
+    serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API")
+    serve.add_argument("--model", help="a local Hugging Face model directory, or builtin:tiny "
+                       "(default), builtin:tiny-gpt2, builtin:base (~113M, for benchmarks)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' "
+                       "(or set MEANCACHE_UPSTREAM_API_KEY)")
+    serve.add_argument("--module-budget-mb", type=int, default=2048,
+                       help="memory for cached module states")
+    serve.add_argument("--max-body-kb", type=int, default=4096, help="largest request body")
+    serve.add_argument("--default-max-tokens", type=int, default=256)
+    serve.set_defaults(handler=run_serve)
+
+
+def run_serve(args: argparse.Namespace, settings: Any) -> int:
+    from upstream.server.serve import serve
+
+    serve(
+        model=args.model or settings.upstream_model,
+        host=args.host,
+        port=args.port,
+        settings=ServerSettings(
+            api_key=args.api_key or settings.upstream_api_key,
+            max_body_bytes=args.max_body_kb * 1024,
+            default_max_tokens=args.default_max_tokens,
+        ),
+        module_budget_bytes=args.module_budget_mb * 1024 * 1024,
+    )
+    return 0

@@ -1,0 +1,1 @@
+"""The upstream's HTTP API: OpenAI-compatible chat completions plus PML schemas."""

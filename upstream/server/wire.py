@@ -1,0 +1,123 @@
+"""The OpenAI chat-completions wire format: request validation and response objects."""
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from upstream.errors import UpstreamError
+from upstream.prompt_cache.engine import Finish
+from upstream.sampling import SamplingParams
+
+ROLES = ("system", "user", "assistant")
+
+
+class BadRequest(UpstreamError):
+    """A request that does not follow the API; answered with 400 and this message."""
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: list[dict[str, str]]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+
+
+def parse_chat_request(body: Any, default_max_tokens: int) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    clean: list[dict[str, str]] = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ROLES:
+            raise BadRequest(f"messages[{i}] needs a 'role' of {', '.join(ROLES)}")
+        content = message.get("content")
+        if isinstance(content, list):  # the structured form: a list of text parts
+            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+                raise BadRequest(f"messages[{i}].content: only text parts are supported")
+            content = "".join(str(p.get("text", "")) for p in content)
+        if not isinstance(content, str):
+            raise BadRequest(f"messages[{i}].content must be a string")
+        clean.append({"role": message["role"], "content": content})
+    stop = body.get("stop") or ()
+    if isinstance(stop, str):
+        stop = (stop,)
+    if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
+        raise BadRequest("'stop' must be a string or a list of strings")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", default_max_tokens))
+    options = body.get("stream_options") or {}
+    try:
+        params = SamplingParams(
+            max_tokens=_number(max_tokens, "max_tokens", int),
+            temperature=_number(body.get("temperature", 1.0), "temperature", float),
+            top_p=_number(body.get("top_p", 1.0), "top_p", float),
+            stop=tuple(stop),
+            seed=None if body.get("seed") is None else _number(body["seed"], "seed", int),
+        )
+    except ValueError as exc:
+        raise BadRequest(str(exc)) from None
+    return ChatRequest(clean, params, bool(body.get("stream", False)),
+                       bool(isinstance(options, dict) and options.get("include_usage")))
+
+
+def _number(value: Any, name: str, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+        kind is int and not float(value).is_integer()
+    ):
+        raise BadRequest(f"'{name}' must be a number" + (" (an integer)" if kind is int else ""))
+    return kind(value)
+
+
+def usage(finish: Finish) -> dict[str, Any]:
+    return {
+        "prompt_tokens": finish.prompt_tokens,
+        "completion_tokens": finish.completion_tokens,
+        "total_tokens": finish.prompt_tokens + finish.completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": finish.cached_tokens},
+    }
+
+
+def finish_reason(finish: Finish) -> str:
+    return "stop" if finish.reason in ("stop", "cancelled") else "length"
+
+
+class Completion:
+    """Builds the response objects of one completion, streamed or whole."""
+
+    def __init__(self, model: str) -> None:
+        self.id = f"chatcmpl-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+
+    def whole(self, text: str, finish: Finish) -> dict[str, Any]:
+        return {
+            "id": self.id, "object": "chat.completion", "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish_reason(finish)}],
+            "usage": usage(finish),
+            "meancache": {"ttft_ms": round(finish.ttft_seconds * 1000, 3)},
+        }
+
+    def chunk(self, delta: dict[str, str], finish: Finish | None = None) -> dict[str, Any]:
+        chunk: dict[str, Any] = {
+            "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta,
+                         "finish_reason": finish_reason(finish) if finish else None}],
+        }
+        if finish is not None:
+            chunk["meancache"] = {"ttft_ms": round(finish.ttft_seconds * 1000, 3),
+                                  "cached_tokens": finish.cached_tokens}
+        return chunk
+
+    def usage_chunk(self, finish: Finish) -> dict[str, Any]:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                "model": self.model, "choices": [], "usage": usage(finish)}
+
+
+def error_body(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "code": code}}
