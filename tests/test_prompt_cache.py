@@ -4,6 +4,8 @@ References are computed without any cache: one forward pass over every token at 
 position, with the block attention mask that independent module encoding implies.
 """
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -31,9 +33,33 @@ PROMPT = """<prompt schema="travel"><city name="Lyon"><history/></city><long/>
   <user>What should I see first?</user></prompt>"""
 
 
-@pytest.fixture(scope="module", params=["builtin:tiny", "builtin:tiny-gpt2"])
-def engine(request: pytest.FixtureRequest) -> PromptCacheEngine:
-    engine = PromptCacheEngine(load_model(request.param, device="cpu"))
+def saved_model_dir(architecture: str, directory: Path) -> Path:
+    """A random-init model of another Llama-family architecture, saved as a local directory
+    (what a user's downloaded model looks like), with the built-in tokenizer."""
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from upstream.builtin import VOCAB_SIZE, builtin_tokenizer
+
+    config_class, model_class = {"mistral": (MistralConfig, MistralForCausalLM),
+                                 "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[architecture]
+    torch.manual_seed(0)
+    config = config_class(vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=128,
+                          num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=4096, bos_token_id=256, eos_token_id=257)
+    model_class(config).save_pretrained(directory)
+    builtin_tokenizer().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module",
+                params=["builtin:tiny", "builtin:tiny-gpt2", "dir:mistral", "dir:qwen2"])
+def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+           ) -> PromptCacheEngine:
+    spec = request.param
+    if spec.startswith("dir:"):
+        architecture = spec.removeprefix("dir:")
+        spec = str(saved_model_dir(architecture, tmp_path_factory.mktemp(architecture)))
+    engine = PromptCacheEngine(load_model(spec, device="cpu"))
     engine.add_schema(SCHEMA)
     return engine
 
@@ -239,7 +265,24 @@ def test_prompt_too_long_is_refused(engine: PromptCacheEngine) -> None:
             max_tokens=engine.loaded.context_length)))
 
 
-def test_loaded_model_is_reported_untrained(engine: PromptCacheEngine) -> None:
+def test_builtin_models_are_reported_untrained_and_local_ones_not(
+    engine: PromptCacheEngine,
+) -> None:
     loaded: LoadedModel = engine.loaded
-    assert loaded.untrained
-    assert loaded.name.startswith("builtin:")
+    assert loaded.untrained == loaded.name.startswith("builtin:")
+    assert loaded.architecture in {"llama", "gpt2", "mistral", "qwen2"}
+
+
+def test_other_architectures_are_refused_with_a_clear_message(tmp_path: Path) -> None:
+    from transformers import BertConfig
+
+    from upstream.errors import ModelLoadError, UnsupportedModelError
+
+    BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
+               num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path)
+    with pytest.raises(UnsupportedModelError, match="'bert' model; Prompt Cache supports"):
+        load_model(str(tmp_path))
+    with pytest.raises(ModelLoadError, match="never downloads"):
+        load_model("meta-llama/Llama-3-8B")
+    with pytest.raises(ModelLoadError, match="builtin:tiny"):
+        load_model("builtin:huge")

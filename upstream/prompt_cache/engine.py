@@ -142,6 +142,9 @@ class PromptCacheEngine:
         ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
         return PreparedPrompt((), tuple(ids), tuple(range(len(ids))))
 
+    def prepare_pml_source(self, source: str) -> PreparedPrompt:
+        return self.prepare_pml(parse_prompt(source))
+
     def prepare_pml(self, prompt: Prompt, history: list[Message] = ()) -> PreparedPrompt:  # type: ignore[assignment]
         schema = self.registry.resolve(prompt, self.count_tokens)
         layout = self.layouts[schema.name]
