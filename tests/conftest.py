@@ -1,0 +1,117 @@
+"""Shared fixtures: the real MiniLM encoder (loaded once per session), small data samples,
+and a factory for caches on disk under tmp_path."""
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from client.cache import CacheSettings, SemanticCache
+from shared.encoder import Encoder, PCAProjection
+
+DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+CacheFactory = Callable[..., SemanticCache]
+
+
+@pytest.fixture(scope="session")
+def shared_data_dir() -> Path:
+    """The read-only evaluation data shared by the project (never copied into it)."""
+    assert DATA_DIR.is_dir(), f"missing shared data in {DATA_DIR}"
+    return DATA_DIR
+
+
+@pytest.fixture(scope="session")
+def encoder_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the session's encoders keep their ONNX exports (exported once per session)."""
+    return tmp_path_factory.mktemp("encoder-cache")
+
+
+@pytest.fixture(scope="session")
+def encoder(encoder_cache_dir: Path) -> Encoder:
+    """The packaged all-MiniLM-L6-v2 on onnxruntime, as the client uses it."""
+    return Encoder.load(cache_dir=encoder_cache_dir)
+
+
+@pytest.fixture(scope="session")
+def torch_encoder() -> Encoder:
+    """The same model on PyTorch, with no cache dir: a PCA layer on it never exports ONNX."""
+    return Encoder.load(backend="torch")
+
+
+@pytest.fixture(scope="session")
+def qqp_dev(shared_data_dir: Path) -> list[dict[str, Any]]:
+    """The first 400 dev rows of the QQP pairs file (enough for every test here)."""
+    rows: list[dict[str, Any]] = []
+    with (shared_data_dir / "qqp" / "pairs.jsonl").open(encoding="utf-8") as fh:
+        for line in fh:
+            row = json.loads(line)
+            if row["split"] == "dev":
+                rows.append(row)
+                if len(rows) == 400:
+                    break
+    return rows
+
+
+@pytest.fixture(scope="session")
+def distinct_questions(qqp_dev: list[dict[str, Any]]) -> list[str]:
+    """Distinct QQP questions (first question of each dev row, case-insensitively unique)."""
+    seen: set[str] = set()
+    out: list[str] = []
+    for row in qqp_dev:
+        key = row["q1"].strip().lower()
+        if key not in seen:
+            seen.add(key)
+            out.append(row["q1"].strip())
+    return out
+
+
+@pytest.fixture(scope="session")
+def pca16(torch_encoder: Encoder, distinct_questions: list[str]) -> PCAProjection:
+    """A 16-d PCA layer fitted on 100 real MiniLM embeddings."""
+    return PCAProjection.fit(torch_encoder.encode_full(distinct_questions[:100]), dims=16)
+
+
+@pytest.fixture(scope="session")
+def paraphrase_pair(encoder: Encoder, qqp_dev: list[dict[str, Any]]) -> tuple[str, str]:
+    """A QQP dev duplicate pair (different wording) that MiniLM scores well above tau."""
+    dups = [r for r in qqp_dev[:200] if r["label"] == 1
+            and r["q1"].strip().lower() != r["q2"].strip().lower()]
+    a = encoder.encode([r["q1"] for r in dups])
+    b = encoder.encode([r["q2"] for r in dups])
+    sims = (a * b).sum(1)
+    best = int(np.argmax(sims))
+    assert sims[best] >= 0.9, "the sample holds no clearly similar duplicate pair"
+    return dups[best]["q1"], dups[best]["q2"]
+
+
+@pytest.fixture(scope="session")
+def conversations(shared_data_dir: Path) -> list[dict[str, str]]:
+    """The first 20 main-query / follow-up conversations of the contextual set."""
+    path = shared_data_dir / "contextual" / "contextual_queries.json"
+    return json.loads(path.read_text(encoding="utf-8"))[:20]
+
+
+@pytest.fixture
+def make_cache(tmp_path: Path, encoder: Encoder) -> Iterator[CacheFactory]:
+    """Open SemanticCaches on disk (default: tmp_path/'cache', the ONNX encoder); all are
+    closed at teardown."""
+    opened: list[SemanticCache] = []
+
+    def factory(
+        directory: Path | None = None,
+        enc: Encoder | None = None,
+        settings: CacheSettings | None = None,
+        **kwargs: Any,
+    ) -> SemanticCache:
+        cache = SemanticCache(directory or tmp_path / "cache", enc or encoder,
+                              settings or CacheSettings(), **kwargs)
+        opened.append(cache)
+        return cache
+
+    yield factory
+    for cache in opened:
+        cache.close()

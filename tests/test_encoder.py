@@ -1,0 +1,264 @@
+"""The encoder: packaged MiniLM, ONNX backend and its fallback, versions, PCA, truncation."""
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import shared.encoder.encoder as encoder_module
+from shared.encoder import Encoder, PCAProjection, locate_model, packaged_minilm_dir
+from shared.encoder._fingerprint import model_fingerprint
+from shared.errors import EncoderError, ModelNotFoundError
+
+QUERIES = [
+    "What is the capital of France?",
+    "hi",
+    "How do I reverse a linked list in Python without using extra memory?",
+    "¿Cuál es la mejor manera de aprender a programar?",
+    "Explain, step by step, how public key cryptography lets two strangers agree on a "
+    "secret over an open channel that an attacker can read, and why it is hard to break.",
+]
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cosine similarity."""
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return (a * b).sum(1)
+
+
+# loading ---------------------------------------------------------------------------------
+def test_default_is_the_packaged_minilm(encoder: Encoder) -> None:
+    assert encoder.model_dir == packaged_minilm_dir()
+    assert encoder.dim == encoder.full_dim == 384
+    assert encoder.max_tokens == 256
+    vectors = encoder.encode(QUERIES[:3])
+    assert vectors.shape == (3, 384)
+    assert vectors.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "name", [None, "", "default", "all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"]
+)
+def test_default_names_resolve_to_the_packaged_model(name: str | None) -> None:
+    assert locate_model(name) == packaged_minilm_dir()
+
+
+def test_a_paraphrase_is_closer_than_an_unrelated_sentence(encoder: Encoder) -> None:
+    base, paraphrase, unrelated = encoder.encode([
+        "What is the capital of France?",
+        "Which city is the capital of France?",
+        "How do I bake sourdough bread at home?",
+    ])
+    assert base @ paraphrase > 0.83  # the default threshold
+    assert base @ unrelated < 0.5
+    assert base @ paraphrase > base @ unrelated
+
+
+def test_a_remote_model_name_is_not_downloaded(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # so the name cannot resolve to a directory by accident
+    with pytest.raises(ModelNotFoundError) as info:
+        Encoder.load("sentence-transformers/all-mpnet-base-v2")
+    message = str(info.value)
+    assert "all-mpnet-base-v2" in message
+    assert "not a local directory" in message
+    assert "never downloads" in message
+    assert "pass that path" in message  # how to point at a local copy
+
+
+def test_a_directory_without_a_model_is_rejected(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text("not a model")
+    with pytest.raises(ModelNotFoundError, match="no sentence-transformers model") as info:
+        Encoder.load(tmp_path)
+    assert str(tmp_path) in str(info.value)
+
+
+def test_a_broken_model_directory_raises_encoder_error(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{ this is not json")
+    with pytest.raises(EncoderError, match="could not load") as info:
+        Encoder.load(tmp_path, backend="torch")
+    assert not isinstance(info.value, ModelNotFoundError)
+
+
+def test_unknown_backend_is_rejected() -> None:
+    with pytest.raises(EncoderError, match="unknown encoder backend"):
+        Encoder.load(backend="tensorflow")
+
+
+# ONNX backend ----------------------------------------------------------------------------
+def test_onnx_backend_is_active(encoder: Encoder, encoder_cache_dir: Path) -> None:
+    assert encoder.backend == "onnx"
+    assert encoder.fallback_reason is None
+    assert (encoder_cache_dir / "onnx" / f"{encoder.version}.onnx").is_file()
+
+
+def test_onnx_matches_torch(encoder: Encoder, torch_encoder: Encoder) -> None:
+    assert torch_encoder.backend == "torch"
+    assert cosines(encoder.encode(QUERIES), torch_encoder.encode(QUERIES)).min() >= 0.999
+
+
+def test_batching_and_padding_do_not_change_embeddings(encoder: Encoder) -> None:
+    """Texts are sorted by length and padded per batch; each row must still be its own text's
+    embedding, whatever else shares the batch."""
+    together = encoder.encode(QUERIES, batch_size=2)
+    alone = np.vstack([encoder.encode([q]) for q in QUERIES])
+    assert cosines(together, alone).min() >= 0.9999
+    assert cosines(together[[0]], together[[2]])[0] < 0.9  # rows are not mixed up
+
+
+def test_encode_reports_progress(encoder: Encoder) -> None:
+    calls: list[tuple[int, int]] = []
+    out = encoder.encode(QUERIES, batch_size=2, progress=lambda d, t: calls.append((d, t)))
+    assert out.shape == (5, 384)
+    assert calls == [(2, 5), (4, 5), (5, 5)]
+
+
+def test_encode_of_nothing_is_empty(encoder: Encoder) -> None:
+    assert encoder.encode([]).shape == (0, 384)
+
+
+def test_no_cache_dir_falls_back_to_torch() -> None:
+    enc = Encoder.load()
+    assert enc.backend == "torch"
+    assert "cache directory" in (enc.fallback_reason or "")
+
+
+def test_failed_export_falls_back_to_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           encoder: Encoder) -> None:
+    def broken_export(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("exporter exploded")
+
+    monkeypatch.setattr(encoder_module, "export_pipeline", broken_export)
+    enc = Encoder.load(cache_dir=tmp_path)
+    assert enc.backend == "torch"
+    assert enc.fallback_reason is not None
+    assert "RuntimeError" in enc.fallback_reason and "exporter exploded" in enc.fallback_reason
+    assert cosines(enc.encode(QUERIES), encoder.encode(QUERIES)).min() >= 0.999
+
+
+def test_cache_dir_that_is_a_file_falls_back_to_torch(tmp_path: Path, encoder: Encoder) -> None:
+    not_a_dir = tmp_path / "cache-dir"
+    not_a_dir.write_text("a regular file where the encoder cache should be")
+    enc = Encoder.load(cache_dir=not_a_dir)
+    assert enc.backend == "torch"
+    assert enc.fallback_reason is not None and str(not_a_dir) in enc.fallback_reason
+    assert cosines(enc.encode(QUERIES[:2]), encoder.encode(QUERIES[:2])).min() >= 0.999
+
+
+def test_failed_parity_check_falls_back_and_discards_the_export(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoder: Encoder, encoder_cache_dir: Path
+) -> None:
+    exported = tmp_path / "onnx" / f"{encoder.version}.onnx"
+    exported.parent.mkdir()
+    shutil.copy(encoder_cache_dir / "onnx" / exported.name, exported)
+    monkeypatch.setattr(encoder_module, "PARITY_MIN_COSINE", 1.5)  # no export can pass
+    enc = Encoder.load(cache_dir=tmp_path)
+    assert enc.backend == "torch"
+    assert "parity" in (enc.fallback_reason or "")
+    assert not exported.exists()  # the next start tries a fresh export
+
+
+def test_with_pca_keeps_an_explicit_torch_backend(encoder_cache_dir: Path) -> None:
+    """An encoder asked for PyTorch (e.g. for training) must stay on PyTorch."""
+    enc = Encoder.load(backend="torch", cache_dir=encoder_cache_dir)
+    assert enc.with_pca(None).backend == "torch"
+
+
+# versions --------------------------------------------------------------------------------
+def test_version_is_stable_across_loads_and_backends(
+    encoder: Encoder, torch_encoder: Encoder
+) -> None:
+    again = Encoder.load(backend="torch")
+    assert again.version == encoder.version == torch_encoder.version
+    assert again.base_version == encoder.base_version
+    assert len(encoder.version) == 16 and int(encoder.version, 16) >= 0
+
+
+def test_version_changes_with_a_pca_layer(
+    torch_encoder: Encoder, pca16: PCAProjection
+) -> None:
+    with_pca = torch_encoder.with_pca(pca16)
+    assert with_pca.version != torch_encoder.version
+    assert with_pca.base_version == torch_encoder.base_version
+    same = PCAProjection(np.array(pca16.components.numpy(), order="C"),
+                         pca16.mean.numpy().copy())  # equal values, another object
+    assert torch_encoder.with_pca(same).version == with_pca.version
+    other = PCAProjection(pca16.components.numpy()[::-1].copy(), pca16.mean.numpy().copy())
+    assert torch_encoder.with_pca(other).version != with_pca.version
+    assert with_pca.with_pca(None).version == torch_encoder.version
+
+
+def test_fingerprint_follows_file_contents(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"model_type": "bert"}')
+    (model / "model.safetensors").write_bytes(b"weights-1")
+    memo = tmp_path / "memo" / "fingerprints.json"
+    first = model_fingerprint(model, memo)
+    assert memo.is_file()
+    assert model_fingerprint(model, memo) == first == model_fingerprint(model)
+    (model / "model.safetensors").write_bytes(b"weights-2 (longer)")
+    assert model_fingerprint(model, memo) != first
+
+
+# PCA -------------------------------------------------------------------------------------
+def test_pca_fit_shapes(pca16: PCAProjection) -> None:
+    assert (pca16.in_dim, pca16.out_dim) == (384, 16)
+    rows = pca16.components.numpy()
+    np.testing.assert_allclose(rows @ rows.T, np.eye(16), atol=1e-4)  # orthonormal directions
+
+
+def test_pca_encoder_gives_projected_unit_vectors(
+    torch_encoder: Encoder, pca16: PCAProjection
+) -> None:
+    enc = torch_encoder.with_pca(pca16)
+    assert enc.dim == 16 and enc.full_dim == 384
+    out = enc.encode(QUERIES)
+    assert out.shape == (5, 16)
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-5)
+    full = enc.encode_full(QUERIES)
+    assert full.shape == (5, 384)
+    expected = pca16.project(full)
+    assert cosines(out, expected).min() >= 0.999
+
+
+def test_pca_save_load_round_trip(pca16: PCAProjection, tmp_path: Path) -> None:
+    path = tmp_path / "sub" / "pca.safetensors"
+    pca16.save(path)
+    loaded = PCAProjection.load(path)
+    assert loaded.version == pca16.version
+    np.testing.assert_array_equal(loaded.components.numpy(), pca16.components.numpy())
+    np.testing.assert_array_equal(loaded.mean.numpy(), pca16.mean.numpy())
+
+
+def test_pca_needs_enough_embeddings() -> None:
+    with pytest.raises(ValueError, match="at least 16"):
+        PCAProjection.fit(np.random.default_rng(0).normal(size=(10, 384)), dims=16)
+
+
+def test_pca_rejects_mismatched_shapes() -> None:
+    with pytest.raises(ValueError):
+        PCAProjection(np.zeros((4, 8), dtype=np.float32), np.zeros(7, dtype=np.float32))
+
+
+def test_onnx_with_pca_matches_torch(
+    encoder: Encoder, torch_encoder: Encoder, pca16: PCAProjection
+) -> None:
+    onnx = encoder.with_pca(pca16)
+    assert onnx.backend == "onnx" and onnx.dim == 16
+    reference = torch_encoder.with_pca(pca16).encode(QUERIES)
+    assert cosines(onnx.encode(QUERIES), reference).min() >= 0.999
+
+
+# long input ------------------------------------------------------------------------------
+def test_long_input_is_flagged_truncated(encoder: Encoder) -> None:
+    long_text = "tell me more about the history of the roman empire " * 40
+    assert encoder.count_tokens(long_text) > encoder.max_tokens
+    tokens = encoder.tokenize([long_text, "short question"])
+    assert tokens.truncated == [True, False]
+    assert tokens.input_ids.shape[1] == encoder.max_tokens
+    vector = encoder.encode([long_text])
+    assert vector.shape == (1, 384) and np.isfinite(vector).all()

@@ -1,0 +1,114 @@
+"""Feedback: rejected hits become negative pairs and re-tune the local threshold."""
+
+import math
+from collections.abc import Callable
+
+import pytest
+
+from client.cache import CacheSettings, Hit, Miss, SemanticCache
+from shared.threshold import DEFAULT_THRESHOLD
+
+CacheFactory = Callable[..., SemanticCache]
+
+FRANCE = "What is the capital of France?"
+# Same question, other words: served correctly.
+POSITIVES = ["What is the capital of France?", "what's the capital city of france"]
+# Related but different questions: with a low tau they hit FRANCE, and the user rejects them.
+NEGATIVES = ["What is the capital of Germany?", "What is the population of France?"]
+
+
+def hit(result: Hit | Miss) -> Hit:
+    """The result, asserted to be a hit."""
+    assert isinstance(result, Hit), f"expected a hit, got {result}"
+    return result
+
+
+def test_reject_records_a_negative_and_waits_for_enough_pairs(make_cache: CacheFactory) -> None:
+    cache = make_cache(settings=CacheSettings(global_threshold=0.3, tune_min_per_class=2))
+    entry = cache.insert(FRANCE, "Paris.")
+    hit(cache.lookup(POSITIVES[0]))
+    wrong = hit(cache.lookup(NEGATIVES[0]))
+    assert cache.stats().labelled_positives == 2  # every hit is a (weak) positive
+    change = cache.reject(wrong)
+    assert not change.changed and change.old == change.new == 0.3
+    assert (change.positives, change.negatives) == (1, 1)
+    assert "needs 2" in change.reason
+    stats = cache.stats()
+    assert (stats.labelled_positives, stats.labelled_negatives) == (1, 1)
+    assert stats.rejections == 1
+    assert stats.local_threshold is None and cache.threshold == 0.3
+    assert cache.store.get(entry.id).rejections == 1
+    assert "stays" in str(change)
+
+
+def test_enough_feedback_moves_tau_above_the_false_hits(make_cache: CacheFactory) -> None:
+    cache = make_cache(settings=CacheSettings(global_threshold=0.3, tune_min_per_class=2))
+    cache.insert(FRANCE, "Paris.")
+    good = [hit(cache.lookup(q)) for q in POSITIVES]
+    bad = [hit(cache.lookup(q)) for q in NEGATIVES]
+    # The data must allow a clean cut: every correct hit above every wrong one.
+    assert min(h.similarity for h in good) > max(h.similarity for h in bad) + 0.05
+
+    first = cache.reject(bad[0])
+    assert not first.changed
+    change = cache.reject(bad[1])
+    assert change.changed
+    assert (change.old, change.positives, change.negatives) == (0.3, 2, 2)
+    assert max(h.similarity for h in bad) < change.new <= min(h.similarity for h in good)
+    assert cache.threshold == change.new
+    stats = cache.stats()
+    assert stats.local_threshold == change.new and stats.threshold == change.new
+    assert stats.global_threshold == 0.3
+    assert stats.labelled_negatives == 2 and stats.rejections == 2
+    assert "->" in str(change)
+
+    for question in NEGATIVES:
+        assert isinstance(cache.lookup(question), Miss)
+    assert hit(cache.lookup(POSITIVES[1])).matched_query == FRANCE
+    cache.close()
+    assert make_cache().threshold == change.new  # the local threshold is persisted
+
+
+def test_rejecting_a_hit_on_a_deleted_entry_still_counts(make_cache: CacheFactory) -> None:
+    cache = make_cache(settings=CacheSettings(global_threshold=0.3))
+    entry = cache.insert(FRANCE, "Paris.")
+    wrong = hit(cache.lookup(NEGATIVES[0]))
+    cache.delete(entry.id)
+    change = cache.reject(wrong)
+    assert not change.changed
+    assert cache.stats().labelled_negatives == 1
+
+
+@pytest.mark.parametrize("value", [0.0, -0.1, 1.5, math.nan])
+def test_set_global_threshold_validates_its_range(make_cache: CacheFactory, value: float) -> None:
+    cache = make_cache()
+    with pytest.raises(ValueError):
+        cache.set_global_threshold(value)
+    assert cache.global_threshold == DEFAULT_THRESHOLD
+
+
+def test_global_threshold_is_used_until_a_local_one_exists(make_cache: CacheFactory) -> None:
+    cache = make_cache(settings=CacheSettings(tune_min_per_class=2))
+    cache.insert(FRANCE, "Paris.")
+    paraphrase = hit(cache.lookup(POSITIVES[1]))
+    assert paraphrase.similarity < 0.95
+
+    cache.set_global_threshold(0.95)
+    assert cache.threshold == cache.global_threshold == 0.95
+    assert isinstance(cache.lookup(POSITIVES[1]), Miss)
+    cache.set_global_threshold(1.0)  # the upper bound is allowed
+    cache.set_global_threshold(0.3)
+    assert hit(cache.lookup(POSITIVES[1])).similarity == pytest.approx(paraphrase.similarity)
+    cache.close()
+    cache = make_cache(settings=CacheSettings(tune_min_per_class=2))
+    assert cache.global_threshold == 0.3  # persisted, and wins over the settings' default
+
+    for question in POSITIVES:
+        hit(cache.lookup(question))
+    for question in NEGATIVES:
+        cache.reject(hit(cache.lookup(question)))
+    local = cache.stats().local_threshold
+    assert local is not None and local > 0.3
+    cache.set_global_threshold(0.5)
+    assert cache.global_threshold == 0.5
+    assert cache.threshold == local  # the device's own tuning takes precedence
