@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from client.cache import SemanticCache, repair
@@ -219,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         handler: Handler = args.handler
         return handler(args, settings)
     except MeanCacheError as exc:
-        err.print(f"[red]error:[/] {exc}", highlight=False)
+        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -104,13 +104,12 @@ def transfer_threshold(threshold: float, sims_from: np.ndarray, sims_to: np.ndar
     ``sims_from`` and ``sims_to`` are the similarities of the same query pairs in the two
     spaces (near neighbours, so that many lie close to the threshold). A least-squares
     line through the pairs near the threshold maps it across; unlabelled data suffices.
+    With fewer than 20 pairs near the threshold it stays as it is.
     """
     sims_from = np.asarray(sims_from, dtype=np.float64)
     sims_to = np.asarray(sims_to, dtype=np.float64)
     near = np.abs(sims_from - threshold) <= 0.15
-    if near.sum() < 20:
-        near = np.ones_like(sims_from, dtype=bool)
-    if near.sum() < 2 or np.ptp(sims_from[near]) == 0:
-        return threshold
+    if near.sum() < 20 or np.ptp(sims_from[near]) == 0:
+        return threshold  # too few pairs near tau to say how the space moved it
     slope, intercept = np.polyfit(sims_from[near], sims_to[near], 1)
-    return float(np.clip(slope * threshold + intercept, 0.0, 1.0))
+    return float(np.clip(slope * threshold + intercept, 0.0, 0.999))

@@ -58,7 +58,7 @@ class SemanticCache:
         self.store = EntryStore(Path(directory))
         self._pca_dir = Path(directory) / "pca"
         self._lock = threading.RLock()
-        self._query_vectors: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._query_vectors: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self.encoder = self._with_stored_pca(encoder)
         if self.store.get_meta("threshold.global") is None:
             self.store.set_meta("threshold.global", self.settings.global_threshold)
@@ -111,7 +111,8 @@ class SemanticCache:
             self._stale: list[str] = []
             for entry in self.store.entries():
                 self._usage[entry.id] = (entry.last_used, entry.nbytes)
-                if entry.encoder_version != self.encoder.version:
+                if entry.encoder_version != self.encoder.version or \
+                        entry.embedding.shape != (self.encoder.dim,):
                     self._stale.append(entry.id)
                     continue
                 self._index_entry(entry, index)
@@ -125,8 +126,15 @@ class SemanticCache:
         self._usage[entry.id] = (entry.last_used, entry.nbytes)
 
     def _sync(self) -> None:
-        if self.store.generation != self._generation:
-            self._load()
+        if self.store.generation == self._generation:
+            return
+        stored = self.store.get_meta("pca")
+        current = self.encoder.pca.version if self.encoder.pca is not None else None
+        if stored and stored.get("version") != current and self.settings.pca_dims:
+            # Another process fitted a PCA layer (and re-embedded): adopt it.
+            base = self.encoder.with_pca(None) if self.encoder.pca is not None else self.encoder
+            self.encoder = self._with_stored_pca(base)
+        self._load()
 
     def _wrote(self, generation: int) -> bool:
         """After our own write: True if nobody else wrote in between (the view is current)."""
@@ -139,14 +147,15 @@ class SemanticCache:
     # embedding ----------------------------------------------------------------------
     def _embed(self, text: str) -> np.ndarray:
         """Embed one text, remembering the last few (a follow-up's context was the last query)."""
-        vector = self._query_vectors.get(text)
+        key = (self.encoder.version, text)
+        vector = self._query_vectors.get(key)
         if vector is None:
             vector = self.encoder.encode([text])[0]
-            self._query_vectors[text] = vector
+            self._query_vectors[key] = vector
             if len(self._query_vectors) > 64:
                 self._query_vectors.popitem(last=False)
         else:
-            self._query_vectors.move_to_end(text)
+            self._query_vectors.move_to_end(key)
         return vector
 
     # lookup -------------------------------------------------------------------------
@@ -243,6 +252,7 @@ class SemanticCache:
 
     def delete(self, entry_id: str) -> bool:
         with self._lock:
+            self._sync()
             existed = entry_id in self._usage
             if self._wrote(self.store.delete([entry_id])):
                 self._forget(entry_id)
@@ -326,20 +336,25 @@ class SemanticCache:
                 full = base.encode([self.store.get(i).query for i in self._index.ids])
             pca = PCAProjection.fit(full, self.settings.pca_dims)
             pca.save(self._pca_dir / f"{pca.version}.safetensors")
-            self._carry_thresholds(full, pca)
+            reduced = pca.project(full)
+            reduced /= np.linalg.norm(reduced, axis=1, keepdims=True)
+            self._carry_thresholds(self._index.vectors(), reduced)
             self.store.set_meta("pca", {"version": pca.version,
                                         "base_version": base.base_version})
             log.info("fitted PCA-%d on %d cached queries", pca.out_dim, len(full))
             self.set_encoder(base.with_pca(pca), progress)
             return pca
 
-    def _carry_thresholds(self, full: np.ndarray, pca: PCAProjection) -> None:
-        """Similarities shrink or grow under PCA; move tau so it separates the same pairs."""
-        sims_full, sims_pca = neighbour_similarities(full, pca)
+    def _carry_thresholds(self, before: np.ndarray, after: np.ndarray) -> None:
+        """Similarities shrink or grow under PCA; move tau so it separates the same pairs.
+
+        ``before`` holds the cached queries in the current space, ``after`` in the new one.
+        """
+        sims_before, sims_after = neighbour_similarities(before, after)
         for name in ("threshold.global", "threshold.local"):
             old = self.store.get_meta(name)
             if old is not None:
-                new = round(transfer_threshold(float(old), sims_full, sims_pca), 4)
+                new = round(transfer_threshold(float(old), sims_before, sims_after), 4)
                 self.store.set_meta(name, new)
                 log.info("%s carried into PCA space: %.4f -> %.4f", name, old, new)
 

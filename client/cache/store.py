@@ -59,9 +59,9 @@ class EntryStore:
 
     def _check_directory(self) -> None:
         path = self.directory
-        if path.exists() and not path.is_dir():
-            raise CacheAccessError(f"cache path {path} exists and is not a directory")
         try:
+            if path.exists() and not path.is_dir():
+                raise CacheAccessError(f"cache path {path} exists and is not a directory")
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise CacheAccessError(f"cannot create the cache directory {path}: {exc}") from None
@@ -182,7 +182,12 @@ def repair(directory: Path) -> tuple[Path, int, int]:
     deleted: what could not be read stays in the moved-aside directory.
     """
     directory = Path(directory)
-    aside = directory.with_name(f"{directory.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    aside = directory.with_name(f"{directory.name}.broken-{stamp}")
+    suffix = 1
+    while aside.exists():  # two repairs within one second
+        suffix += 1
+        aside = directory.with_name(f"{directory.name}.broken-{stamp}-{suffix}")
     shutil.move(str(directory), str(aside))
     salvaged: list[Entry] = []
     lost = 0

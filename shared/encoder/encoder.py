@@ -1,5 +1,6 @@
 """The sentence encoder: a local sentence-transformers model, optional PCA, and a version id."""
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -62,6 +63,7 @@ class Encoder:
         self.cache_dir = cache_dir
         self.pipeline = EmbeddingPipeline(model, pca).eval()
         self.max_tokens = int(model.max_seq_length or model.tokenizer.model_max_length)
+        self.requested_backend = backend
         self.backend = "torch"
         self.fallback_reason: str | None = None
         self._onnx: OnnxEmbedder | None = None
@@ -95,9 +97,9 @@ class Encoder:
 
     def with_pca(self, pca: PCAProjection | None) -> "Encoder":
         """The same model with another PCA layer (shares the loaded weights)."""
-        wanted = "onnx" if self.backend == "onnx" or self.fallback_reason is None else "torch"
         return Encoder(
-            self.model_dir, self._model, self.base_version, pca, wanted, self.cache_dir
+            self.model_dir, self._model, self.base_version, pca, self.requested_backend,
+            self.cache_dir,
         )
 
     # identity -----------------------------------------------------------------------
@@ -198,7 +200,8 @@ class Encoder:
             if fresh:
                 log.info("ONNX parity with PyTorch: min cosine %.6f", cosine)
         except Exception as exc:  # export can fail in many ways; PyTorch always works
-            path.unlink(missing_ok=True)  # the next start tries a fresh export
+            with contextlib.suppress(OSError):  # the next start tries a fresh export
+                path.unlink()
             self._fall_back(f"{type(exc).__name__}: {exc}")
             return
         self._onnx = embedder

@@ -22,8 +22,12 @@ class PCAProjection(nn.Module):
         super().__init__()
         if components.ndim != 2 or mean.shape != (components.shape[1],):
             raise ValueError("PCA components must be (k, d) and mean (d,)")
-        self.register_buffer("components", torch.from_numpy(components.astype(np.float32)))
-        self.register_buffer("mean", torch.from_numpy(mean.astype(np.float32)))
+        # sklearn's components_ are column-major: make them C-ordered, or save_file would
+        # write the raw buffer in the wrong order.
+        self.register_buffer(
+            "components", torch.from_numpy(np.ascontiguousarray(components, dtype=np.float32))
+        )
+        self.register_buffer("mean", torch.from_numpy(np.ascontiguousarray(mean, np.float32)))
 
     @property
     def in_dim(self) -> int:
@@ -73,21 +77,22 @@ class PCAProjection(nn.Module):
 
 
 def neighbour_similarities(
-    full: np.ndarray, pca: PCAProjection, k: int = 5, sample: int = 2000
+    before: np.ndarray, after: np.ndarray, k: int = 5, sample: int = 2000
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Cosines of each vector's k nearest neighbours, before and after the projection.
+    """Cosines of each vector's k nearest neighbours in two spaces (same rows, unit vectors).
 
     These pairs are what a threshold separates, so they are what a threshold is carried
-    across the projection with (see shared.threshold.transfer_threshold).
+    from one space to the other with (see shared.threshold.transfer_threshold).
     """
     rng = np.random.default_rng(0)
-    rows = full if len(full) <= sample else full[rng.choice(len(full), sample, replace=False)]
+    rows = np.arange(len(before))
+    if len(rows) > sample:
+        rows = rng.choice(len(rows), sample, replace=False)
+    a, b = before[rows], after[rows]
     k = min(k, len(rows) - 1)
-    sims = rows @ rows.T
+    sims = a @ a.T
     np.fill_diagonal(sims, -np.inf)
     neighbours = np.argpartition(-sims, k - 1, axis=1)[:, :k]
     i = np.repeat(np.arange(len(rows)), k)
     j = neighbours.ravel()
-    reduced = pca.project(rows)
-    reduced /= np.linalg.norm(reduced, axis=1, keepdims=True)
-    return sims[i, j], (reduced[i] * reduced[j]).sum(1)
+    return sims[i, j], (b[i] * b[j]).sum(1)
