@@ -1,25 +1,75 @@
-"""`meancache upstream serve`: load the model and run the API with uvicorn."""
+"""Running the API: in the foreground (`meancache upstream serve`) or on a background
+thread on loopback (the chat app's embedded upstream, and the tests)."""
 
 import logging
+import socket
 import sys
+import threading
+import time
 
 import uvicorn
 
-from upstream.model_loading import load_model
+from upstream.model_loading import LoadedModel, load_model
 from upstream.prompt_cache.engine import PromptCacheEngine
 from upstream.server.app import ServerSettings, create_app
 
 log = logging.getLogger(__name__)
 
 
+def describe(loaded: LoadedModel) -> str:
+    kind = "an untrained random-init demo model" if loaded.untrained else loaded.architecture
+    return f"{loaded.name} ({kind}, {loaded.parameters / 1e6:.1f}M parameters)"
+
+
 def serve(model: str, host: str, port: int, settings: ServerSettings,
           module_budget_bytes: int) -> None:
     loaded = load_model(model)
-    engine = PromptCacheEngine(loaded, module_budget_bytes)
-    app = create_app(engine, settings)
-    kind = "an untrained random-init demo model" if loaded.untrained else loaded.architecture
+    app = create_app(PromptCacheEngine(loaded, module_budget_bytes), settings)
     log.info("serving %s on http://%s:%d", loaded.name, host, port)
-    print(f"meancache upstream: serving {loaded.name} ({kind}, "
-          f"{loaded.parameters / 1e6:.1f}M parameters) on http://{host}:{port}",
+    print(f"meancache upstream: serving {describe(loaded)} on http://{host}:{port}",
           file=sys.stderr, flush=True)
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class BackgroundServer:
+    """The upstream on a daemon thread, on a free loopback port, until ``stop``."""
+
+    def __init__(self, model: str = "builtin:tiny", settings: ServerSettings | None = None,
+                 module_budget_bytes: int = 512 << 20) -> None:
+        self.loaded = load_model(model)
+        app = create_app(PromptCacheEngine(self.loaded, module_budget_bytes), settings)
+        self.port = free_port()
+        self._server = uvicorn.Server(uvicorn.Config(
+            app, host="127.0.0.1", port=self.port, log_config=None, access_log=False))
+        self._thread = threading.Thread(target=self._server.run, name="upstream",
+                                        daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> "BackgroundServer":
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the embedded upstream server did not start")
+            time.sleep(0.02)
+        log.info("embedded upstream %s at %s", self.loaded.name, self.url)
+        return self
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> "BackgroundServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
