@@ -16,20 +16,13 @@ from shared.encoder import Encoder
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 
-@pytest.fixture(scope="module")
-def encoder_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An encoder cache dir with the ONNX export done once for the whole module."""
-    path = tmp_path_factory.mktemp("encoder")
-    Encoder.load(cache_dir=path)
-    return path
-
-
 @pytest.fixture
-def data_dir(tmp_path: Path, encoder_dir: Path, monkeypatch: pytest.MonkeyPatch
-             ) -> Iterator[Path]:
+def data_dir(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path,
+             monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh data dir whose encoder/ is the session's (so ONNX is exported only once)."""
     data = tmp_path / "data"
     data.mkdir()
-    (data / "encoder").symlink_to(encoder_dir, target_is_directory=True)
+    (data / "encoder").symlink_to(encoder_cache_dir, target_is_directory=True)
     monkeypatch.setenv("MEANCACHE_DATA_DIR", str(data))
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "config"))
     root = logging.getLogger()
