@@ -129,6 +129,34 @@ def cmd_cache_demo(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+# ask ---------------------------------------------------------------------------------
+def _chat_settings(args: argparse.Namespace, settings: Settings) -> Settings:
+    return dataclasses.replace(
+        settings,
+        upstream_url=args.upstream or settings.upstream_url,
+        upstream_api_key=args.api_key or settings.upstream_api_key,
+    )
+
+
+def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
+    from client.ask import run_ask
+    from client.chat.session import ChatSession
+
+    settings = _chat_settings(args, settings)
+    with err.status("loading the cache and the upstream"):
+        with ProgressBar("re-embedding cached queries", err) as progress:
+            session = ChatSession.open(settings, progress)
+    run_ask(session, " ".join(args.question), args.conversation, args.json)
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
+    from client.tui.app import MeanCacheApp
+
+    MeanCacheApp(_chat_settings(args, settings)).run()
+    return 0
+
+
 # eval --------------------------------------------------------------------------------
 def cmd_eval_pairs(args: argparse.Namespace, settings: Settings) -> int:
     from client.eval_pairs import evaluate_pairs, read_pairs
@@ -188,6 +216,21 @@ def build_parser() -> argparse.ArgumentParser:
     fix.set_defaults(handler=cmd_cache_repair)
     demo = cache_commands.add_parser("demo", help="run the cache end to end on a few questions")
     demo.set_defaults(handler=cmd_cache_demo)
+
+    chat = commands.add_parser("chat", help="the chat app (terminal UI)")
+    chat.add_argument("--upstream", metavar="URL",
+                      help="an OpenAI-compatible server (default: start the embedded one)")
+    chat.add_argument("--api-key", help="bearer key for --upstream")
+    chat.set_defaults(handler=cmd_chat)
+
+    ask = commands.add_parser("ask", help="answer one question (cache, then upstream)")
+    ask.add_argument("question", nargs="+")
+    ask.add_argument("--conversation", help="continue this conversation (its id)")
+    ask.add_argument("--upstream", metavar="URL",
+                     help="an OpenAI-compatible server (default: start the embedded one)")
+    ask.add_argument("--api-key", help="bearer key for --upstream")
+    ask.add_argument("--json", action="store_true", help="one JSON object for scripts")
+    ask.set_defaults(handler=cmd_ask)
 
     evaluate = commands.add_parser("eval", help="measure the cache's match decision")
     eval_commands = evaluate.add_subparsers(dest="eval_command", required=True)

@@ -7,7 +7,7 @@ The TOML file lives in the platform's user config dir (``MEANCACHE_CONFIG_DIR`` 
 
 import os
 import tomllib
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +40,12 @@ class Settings:
     pca_min_entries: int = 1000
     tune_min_per_class: int = 5
     log_level: str = "INFO"
-    upstream_model: str = "builtin:tiny"  # what `meancache upstream serve` runs
+    upstream_url: str | None = None  # None: the chat starts an embedded upstream
+    upstream_model: str = "builtin:tiny"  # what `upstream serve` and the embedded one run
     upstream_api_key: str | None = None  # the bearer key the upstream asks for / is sent
+    answer_max_tokens: int = 512
+    temperature: float = 0.7
+    keymap: dict[str, str] = field(default_factory=dict)  # chat binding id -> keys
 
     @property
     def config_file(self) -> Path:
@@ -55,6 +59,10 @@ class Settings:
     def encoder_dir(self) -> Path:
         """Exported ONNX models and model fingerprints."""
         return self.data_dir / "encoder"
+
+    @property
+    def conversations_dir(self) -> Path:
+        return self.data_dir / "conversations"
 
     @property
     def log_file(self) -> Path:
@@ -79,6 +87,8 @@ def _coerce(name: str, value: Any, where: str) -> Any:
     """Convert a TOML or environment value to the type of setting ``name``."""
     kind = {f.name: f.type for f in fields(Settings)}[name]
     text = isinstance(value, str)
+    if name == "keymap":
+        return _keymap(value, where)
     try:
         if kind in ("bool", bool):
             if text:
@@ -104,6 +114,20 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         return value
     except ValueError:
         raise ConfigError(f"{where}: {name} = {value!r} is not a valid {kind}") from None
+
+
+def _keymap(value: Any, where: str) -> dict[str, str]:
+    """A TOML table ``[keymap]`` or, from the environment, ``"reject=ctrl+x,stats=f5"``."""
+    if isinstance(value, str):
+        pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ConfigError(f"{where}: keymap must look like 'reject=ctrl+x,stats=f5'")
+        value = {k.strip(): v.strip() for k, v in pairs}
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise ConfigError(f"{where}: keymap must map binding ids to keys")
+    return dict(value)
 
 
 def load_settings(

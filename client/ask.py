@@ -1,0 +1,57 @@
+"""`meancache ask "question"`: the chat's answer path without the TUI, for scripts."""
+
+import asyncio
+import json
+import sys
+
+from client.chat.conversations import Conversation, Turn
+from client.chat.session import ChatSession
+from client.tui.text import printable
+
+
+def describe_source(turn: Turn) -> str:
+    """The badge the chat shows, as one line of text."""
+    if turn.source == "cache":
+        return (f"cache (similarity {turn.similarity:.3f}, matched "
+                f"{turn.matched_query!r})")
+    ttft = f"{turn.ttft_seconds * 1000:.0f} ms" if turn.ttft_seconds is not None else "?"
+    return f"upstream (time to first token {ttft}, {turn.cached_tokens} prompt tokens reused)"
+
+
+async def ask(session: ChatSession, question: str, conversation_id: str | None,
+              as_json: bool) -> Turn:
+    store = session.conversations
+    conversation = store.load(conversation_id) if conversation_id else Conversation(
+        title=question[:60])
+
+    async def show(text: str) -> None:
+        if not as_json:
+            sys.stdout.write(printable(text))
+            sys.stdout.flush()
+
+    turn = await session.answers.answer(conversation, question, on_delta=show)
+    conversation.turns.append(turn)
+    store.save(conversation)
+    if as_json:
+        print(json.dumps({
+            "answer": turn.answer, "source": turn.source, "similarity": turn.similarity,
+            "matched_query": turn.matched_query, "conversation": conversation.id,
+            "ttft_ms": None if turn.ttft_seconds is None else turn.ttft_seconds * 1000,
+            "cached_tokens": turn.cached_tokens,
+        }, ensure_ascii=False))
+    else:
+        if turn.source == "cache":
+            sys.stdout.write(printable(turn.answer))
+        sys.stdout.write(f"\n\n[{describe_source(turn)}; conversation {conversation.id}]\n")
+    return turn
+
+
+def run_ask(session: ChatSession, question: str, conversation_id: str | None,
+            as_json: bool) -> Turn:
+    async def main() -> Turn:
+        try:
+            return await ask(session, question, conversation_id, as_json)
+        finally:
+            await session.aclose()
+
+    return asyncio.run(main())

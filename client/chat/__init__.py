@@ -1,0 +1,1 @@
+"""Chat: conversations, the answer path (pack -> semantic cache -> upstream), documents."""

@@ -1,0 +1,123 @@
+"""The answer path: semantic cache first, then the upstream (streamed and stored).
+
+Nothing half-written is ever cached: an answer is stored only once the upstream has
+sent all of it, so a cancelled or broken stream leaves the cache as it was.
+"""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from client.cache import Context, Hit, SemanticCache, Source, ThresholdChange
+from client.chat.conversations import Conversation, Document, Turn
+from client.chat.documents import chat_schema, document_prompt, read_document
+from client.upstream_client import Completed, Delta, UpstreamClient
+from shared.query import clean_query
+
+OnDelta = Callable[[str], Awaitable[None]]  # awaited per streamed piece of the answer
+
+
+@dataclass(frozen=True)
+class Correction:
+    """What rejecting a cached answer did."""
+
+    turn: Turn
+    threshold: ThresholdChange
+
+
+class AnswerService:
+    def __init__(self, cache: SemanticCache, upstream: UpstreamClient, max_tokens: int = 512,
+                 temperature: float = 0.7) -> None:
+        self.cache = cache
+        self.upstream = upstream
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+
+    @staticmethod
+    def context(conversation: Conversation, before: int | None = None) -> Context:
+        """The cache context of the next question (or of turn ``before``)."""
+        turns = conversation.turns[:before]
+        if not turns:
+            return Context(conversation.id, 0)
+        last = turns[-1]
+        return Context(conversation.id, len(turns), last.entry_id, last.question)
+
+    async def answer(self, conversation: Conversation, question: str,
+                     on_delta: OnDelta | None = None) -> Turn:
+        """Answer ``question`` as the next turn of ``conversation`` (not appended)."""
+        question = clean_query(question)
+        # An answer about attached documents depends on them: it is neither served from
+        # nor stored in the semantic cache.
+        if not conversation.documents:
+            result = await asyncio.to_thread(self.cache.lookup, question,
+                                             self.context(conversation))
+            if isinstance(result, Hit):
+                return Turn(question, result.answer, "cache", result.similarity,
+                            result.matched_query, result.entry_id, result.hit_id,
+                            truncated=result.truncated)
+            turn = await self._ask_upstream(conversation, len(conversation.turns), question,
+                                            on_delta, Source.UPSTREAM)
+            return replace(turn, truncated=result.truncated)
+        return await self._ask_upstream(conversation, len(conversation.turns), question,
+                                        on_delta, Source.UPSTREAM)
+
+    async def _ask_upstream(self, conversation: Conversation, turn_index: int, question: str,
+                            on_delta: OnDelta | None, source: Source) -> Turn:
+        history = conversation.turns[:turn_index]
+        messages = Conversation(turns=history).messages()
+        if conversation.documents:
+            messages.append({"role": "user",
+                             "content": document_prompt(conversation.documents, question)})
+        else:
+            messages.append({"role": "user", "content": question})
+        completed: Completed | None = None
+        async for event in self.upstream.stream_chat(messages, self.max_tokens,
+                                                     self.temperature):
+            if isinstance(event, Delta):
+                if on_delta is not None:
+                    await on_delta(event.text)
+            else:
+                completed = event
+        assert completed is not None  # stream_chat always ends with Completed or raises
+        turn = Turn(question, completed.text, "upstream", ttft_seconds=completed.ttft_seconds,
+                    cached_tokens=completed.cached_tokens,
+                    prompt_tokens=completed.prompt_tokens,
+                    completion_tokens=completed.completion_tokens)
+        if not conversation.documents and completed.text.strip():
+            entry = await asyncio.to_thread(
+                self.cache.insert, question, completed.text,
+                self.context(conversation, turn_index), source,
+                completed.prompt_tokens, completed.completion_tokens,
+            )
+            turn = replace(turn, entry_id=entry.id)
+        return turn
+
+    async def reject(self, conversation: Conversation, turn_index: int,
+                     on_delta: OnDelta | None = None) -> Correction:
+        """The cached answer of turn ``turn_index`` was wrong: record it, re-tune tau, and
+        fetch a fresh answer from the upstream, bypassing the caches."""
+        turn = conversation.turns[turn_index]
+        if turn.source not in ("cache", "pack") or turn.hit_id is None:
+            raise ValueError("only answers served from a cache can be rejected")
+        hit = Hit(turn.question, turn.answer, turn.matched_query or "", turn.similarity or 0.0,
+                  turn.entry_id or "", Source.UPSTREAM, turn.hit_id)
+        change = await asyncio.to_thread(self.cache.reject, hit)
+        fresh = await self._ask_upstream(conversation, turn_index, turn.question, on_delta,
+                                         Source.USER_CORRECTED)
+        return Correction(replace(fresh, replaced=turn.answer), change)
+
+    async def attach(self, conversation: Conversation, path: Path) -> Document:
+        """Register the conversation's documents plus ``path`` as a schema on the upstream."""
+        text = await asyncio.to_thread(read_document, path)
+        previous = [await asyncio.to_thread(read_document, Path(d.path))
+                    for d in conversation.documents]
+        document = Document(str(path.expanduser().resolve()), "", 0)
+        trial = replace(conversation, documents=[*conversation.documents, document])
+        name, pml = chat_schema(trial, [*previous, text])
+        info = await self.upstream.add_schema(pml)
+        document = replace(document, schema=name, tokens=int(info.get("cached_tokens", 0)))
+        for doc in conversation.documents:
+            doc.schema = name
+        conversation.documents.append(document)
+        return document

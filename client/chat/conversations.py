@@ -1,0 +1,126 @@
+"""Conversations persist as one JSON file each, written atomically (a crash mid-save
+leaves the previous version)."""
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shared.errors import MeanCacheError
+
+log = logging.getLogger(__name__)
+
+
+class ConversationNotFoundError(MeanCacheError, KeyError):
+    """No conversation with that id."""
+
+
+@dataclass
+class Turn:
+    question: str
+    answer: str
+    source: str  # "cache", "pack" or "upstream"
+    similarity: float | None = None
+    matched_query: str | None = None
+    entry_id: str | None = None  # the cache entry that holds (or served) this answer
+    hit_id: str | None = None  # set when served from cache: what "reject" refers to
+    ttft_seconds: float | None = None
+    cached_tokens: int = 0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    replaced: str | None = None  # the rejected answer this one replaced
+    truncated: bool = False  # the question was longer than the embedding model's window
+    created: float = field(default_factory=time.time)
+
+
+@dataclass
+class Document:
+    """A file attached to a conversation as a Prompt Cache module on the upstream."""
+
+    path: str
+    schema: str
+    tokens: int
+
+
+@dataclass
+class Conversation:
+    id: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    title: str = "New chat"
+    created: float = field(default_factory=time.time)
+    turns: list[Turn] = field(default_factory=list)
+    documents: list[Document] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Conversation":
+        return cls(
+            id=data["id"], title=data.get("title", "Chat"), created=data["created"],
+            turns=[Turn(**t) for t in data.get("turns", [])],
+            documents=[Document(**d) for d in data.get("documents", [])],
+        )
+
+    def messages(self) -> list[dict[str, str]]:
+        """The history as chat messages, for the upstream."""
+        out: list[dict[str, str]] = []
+        for turn in self.turns:
+            out += [{"role": "user", "content": turn.question},
+                    {"role": "assistant", "content": turn.answer}]
+        return out
+
+    def to_markdown(self) -> str:
+        lines = [f"# {self.title}", ""]
+        for doc in self.documents:
+            lines.append(f"_Attached: {doc.path} ({doc.tokens} tokens)_")
+        for turn in self.turns:
+            badge = turn.source
+            if turn.source == "cache" and turn.similarity is not None:
+                badge += f", similarity {turn.similarity:.2f}"
+            lines += ["", f"**You:** {turn.question}", "", f"**Answer** ({badge}):", "",
+                      turn.answer]
+        return "\n".join(lines) + "\n"
+
+
+class ConversationStore:
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def _path(self, conversation_id: str) -> Path:
+        if not conversation_id.isalnum():
+            raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+        return self.directory / f"{conversation_id}.json"
+
+    def save(self, conversation: Conversation) -> None:
+        path = self._path(conversation.id)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(conversation.to_json(), ensure_ascii=False), encoding="utf-8")
+        tmp.replace(path)
+
+    def load(self, conversation_id: str) -> Conversation:
+        path = self._path(conversation_id)
+        try:
+            return Conversation.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            raise ConversationNotFoundError(f"no conversation {conversation_id!r}") from None
+
+    def list(self) -> list[Conversation]:
+        """Every readable conversation, newest first; unreadable files are logged, kept."""
+        found = []
+        for path in self.directory.glob("*.json"):
+            try:
+                found.append(Conversation.from_json(json.loads(path.read_text("utf-8"))))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                log.warning("skipping unreadable conversation %s: %s", path, exc)
+        return sorted(found, key=lambda c: c.created, reverse=True)
+
+    def delete(self, conversation_id: str) -> None:
+        try:
+            self._path(conversation_id).unlink()
+        except FileNotFoundError:
+            raise ConversationNotFoundError(f"no conversation {conversation_id!r}") from None

@@ -1,0 +1,58 @@
+"""Documents attached to a chat become one PML schema on the upstream, a module each; the
+chat's questions import them, so the upstream computes only the question's tokens."""
+
+import hashlib
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+from client.chat.conversations import Conversation, Document
+from shared.errors import MeanCacheError
+
+MAX_DOCUMENT_BYTES = 2 * 1024 * 1024
+
+
+class DocumentError(MeanCacheError):
+    """A file that cannot be attached."""
+
+
+def read_document(path: Path) -> str:
+    path = path.expanduser()
+    try:
+        if path.stat().st_size > MAX_DOCUMENT_BYTES:
+            raise DocumentError(f"{path} is larger than {MAX_DOCUMENT_BYTES // 1024} KiB")
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DocumentError(f"no file {path}") from None
+    except IsADirectoryError:
+        raise DocumentError(f"{path} is a directory, not a file") from None
+    except UnicodeDecodeError:
+        raise DocumentError(f"{path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise DocumentError(f"cannot read {path}: {exc.strerror}") from None
+    if not text.strip():
+        raise DocumentError(f"{path} is empty")
+    return text
+
+
+def module_name(index: int) -> str:
+    return f"doc{index}"
+
+
+def chat_schema(conversation: Conversation, texts: list[str]) -> tuple[str, str]:
+    """(schema name, PML) for the conversation's documents, one module each."""
+    digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:10]
+    name = f"chat-{conversation.id}-{digest}"
+    modules = "".join(
+        f'<module name="{module_name(i)}">{escape(Path(doc.path).name)}:\n{escape(text)}\n'
+        "</module>"
+        for i, (doc, text) in enumerate(zip(conversation.documents, texts, strict=True))
+    )
+    return name, f'<schema name="{name}"><system>Answer using the documents.</system>' \
+                 f"{modules}</schema>"
+
+
+def document_prompt(documents: list[Document], question: str) -> str:
+    """A PML prompt that imports every document module and asks ``question``."""
+    schema = documents[-1].schema
+    imports = "".join(f"<{module_name(i)}/>" for i in range(len(documents)))
+    return f'<prompt schema="{schema}">{imports}<user>{escape(question)}</user></prompt>'

@@ -1,0 +1,1 @@
+"""`meancache chat`: the Textual chat app."""

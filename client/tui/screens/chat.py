@@ -1,0 +1,234 @@
+"""The chat: questions, streamed answers with their source, and every action on them."""
+
+import asyncio
+from pathlib import Path
+
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import VerticalScroll
+from textual.events import Paste
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Markdown, Static
+
+from client.chat.conversations import Conversation
+from client.tui.text import printable
+from client.tui.widgets import AnswerView, QuestionView
+from client.upstream_client import UpstreamError
+from shared.errors import MeanCacheError
+
+# Every action, with a binding id (remappable through `keymap` in config.toml) and the
+# help the command palette shows.
+CHAT_BINDINGS = [
+    Binding("ctrl+r", "reject", "Wrong answer", id="reject",
+            tooltip="Re-ask the upstream, replace this cached answer and re-tune the threshold"),
+    Binding("escape", "cancel", "Stop", id="cancel", tooltip="Stop the answer being streamed"),
+    Binding("ctrl+n", "new_chat", "New chat", id="new_chat", tooltip="Start a new chat"),
+    Binding("ctrl+o", "conversations", "Chats", id="conversations",
+            tooltip="Open, delete or export past chats"),
+    Binding("ctrl+l", "attach", "Attach", id="attach",
+            tooltip="Attach a text file as a Prompt Cache module"),
+    Binding("ctrl+s", "export", "Export", id="export",
+            tooltip="Export this chat as Markdown"),
+    Binding("ctrl+t", "stats", "Stats", id="stats", tooltip="Hit rate, thresholds, sizes"),
+]
+
+
+class QuestionInput(Input):
+    """An input that keeps every line of a multi-line paste (joined by spaces)."""
+
+    def _on_paste(self, event: Paste) -> None:
+        if event.text:
+            self.insert_text_at_cursor(" ".join(event.text.split()))
+        event.stop()
+
+
+class ChatScreen(Screen[None]):
+    BINDINGS = CHAT_BINDINGS
+    DEFAULT_CSS = """
+    #messages { height: 1fr; padding: 0 1; }
+    #status { height: 1; color: $text-muted; padding: 0 1; }
+    #question { dock: bottom; }
+    .notice { color: $text-muted; margin: 1 0 0 0; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conversation = Conversation()
+        self.busy = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield VerticalScroll(id="messages")
+        yield Static("loading the cache and the upstream…", id="status", markup=False)
+        yield QuestionInput(placeholder="Ask anything (enter to send)", id="question",
+                            disabled=True)
+        yield Footer()
+
+    # state --------------------------------------------------------------------------
+    @property
+    def session(self):  # type: ignore[no-untyped-def]  # the app's ChatSession, or None
+        return self.app.session  # type: ignore[attr-defined]
+
+    def ready(self, status: str) -> None:
+        self.query_one("#status", Static).update(status)
+        question = self.query_one("#question", Input)
+        question.disabled = False
+        question.focus()
+
+    def set_busy(self, busy: bool) -> None:
+        self.busy = busy
+        self.refresh_bindings()
+
+    def last_answer(self) -> AnswerView | None:
+        views = list(self.query(AnswerView))
+        return views[-1] if views else None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "reject":
+            turns = self.conversation.turns
+            cached = bool(turns) and turns[-1].source in ("cache", "pack")
+            return True if cached and not self.busy and self.session else None
+        if action == "cancel":
+            return True if self.busy else None
+        if action in ("attach", "stats", "export", "new_chat", "conversations"):
+            return True if self.session else None
+        return True
+
+    def show_conversation(self, conversation: Conversation) -> None:
+        self.conversation = conversation
+        messages = self.query_one("#messages", VerticalScroll)
+        messages.remove_children()
+        for doc in conversation.documents:
+            messages.mount(self._notice(f"attached {doc.path}"))
+        for turn in conversation.turns:
+            messages.mount(QuestionView(turn.question))
+            messages.mount(AnswerView(turn))
+        messages.scroll_end(animate=False)
+        self.sub_title = printable(conversation.title)
+        self.refresh_bindings()
+
+    def _notice(self, text: str) -> Static:
+        return Static(printable(text), classes="notice", markup=False)
+
+    # asking -------------------------------------------------------------------------
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        question = event.value.strip()
+        if not question or self.busy or self.session is None:
+            return
+        event.input.value = ""
+        self.ask(question)
+
+    @work(exclusive=True, group="answer")
+    async def ask(self, question: str) -> None:
+        messages = self.query_one("#messages", VerticalScroll)
+        view = AnswerView()
+        await messages.mount(QuestionView(question))
+        await messages.mount(view)
+        messages.scroll_end(animate=False)
+        stream = Markdown.get_stream(view.markdown)
+        self.set_busy(True)
+
+        async def show(text: str) -> None:
+            await stream.write(printable(text))
+            messages.scroll_end(animate=False)
+
+        try:
+            turn = await self.session.answers.answer(self.conversation, question, show)
+        except asyncio.CancelledError:
+            view.fail("stopped: nothing was cached")
+            raise
+        except UpstreamError as exc:
+            view.fail(f"no answer: {exc}")
+            self.notify(str(exc), title="Upstream unavailable", severity="error")
+            return
+        except MeanCacheError as exc:
+            view.fail(str(exc))
+            self.notify(str(exc), severity="error")
+            return
+        finally:
+            await stream.stop()
+            self.set_busy(False)
+        if not self.conversation.turns:
+            self.conversation.title = question[:60]
+            self.sub_title = printable(self.conversation.title)
+        self.conversation.turns.append(turn)
+        self.session.conversations.save(self.conversation)
+        view.show(turn)
+        if turn.truncated:
+            self.notify("The question is longer than the embedding model's window: only its "
+                        "beginning was used to match cached questions.", severity="warning")
+        self.refresh_bindings()
+
+    def action_cancel(self) -> None:
+        self.workers.cancel_group(self, "answer")
+
+    @work(exclusive=True, group="answer")
+    async def action_reject(self) -> None:
+        view = self.last_answer()
+        index = len(self.conversation.turns) - 1
+        if view is None or index < 0:
+            return
+        view.markdown.update("")
+        view.badge.update("wrong answer noted; asking the upstream…")
+        stream = Markdown.get_stream(view.markdown)
+        self.set_busy(True)
+        try:
+            correction = await self.session.answers.reject(self.conversation, index,
+                                                           lambda t: stream.write(printable(t)))
+        except UpstreamError as exc:
+            view.fail(f"the upstream could not answer: {exc}")
+            self.notify(str(exc), title="Upstream unavailable", severity="error")
+            return
+        finally:
+            await stream.stop()
+            self.set_busy(False)
+        self.conversation.turns[index] = correction.turn
+        self.session.conversations.save(self.conversation)
+        view.show(correction.turn)
+        self.notify(str(correction.threshold), title="Threshold")
+        self.refresh_bindings()
+
+    # other actions ------------------------------------------------------------------
+    def action_new_chat(self) -> None:
+        self.workers.cancel_group(self, "answer")
+        self.show_conversation(Conversation())
+
+    def action_conversations(self) -> None:
+        self.app.action_conversations()  # type: ignore[attr-defined]
+
+    def action_stats(self) -> None:
+        self.app.action_stats()  # type: ignore[attr-defined]
+
+    def action_export(self) -> None:
+        if not self.conversation.turns:
+            self.notify("Nothing to export yet.", severity="warning")
+            return
+        path = self.app.export_conversation(self.conversation)  # type: ignore[attr-defined]
+        self.notify(f"Exported to {path}", title="Export")
+
+    def action_attach(self) -> None:
+        from client.tui.screens.attach import AttachScreen
+
+        def attach(path: str | None) -> None:
+            if path:
+                self.attach(Path(path))
+
+        self.app.push_screen(AttachScreen(), attach)
+
+    @work(exclusive=True, group="attach")
+    async def attach(self, path: Path) -> None:
+        status = self.query_one("#status", Static)
+        status.update(f"attaching {path}…")
+        try:
+            document = await self.session.answers.attach(self.conversation, path)
+        except MeanCacheError as exc:
+            self.notify(str(exc), title="Cannot attach", severity="error")
+            return
+        finally:
+            status.update(self.session.upstream_label)
+        self.session.conversations.save(self.conversation)
+        await self.query_one("#messages", VerticalScroll).mount(
+            self._notice(f"attached {document.path}: {document.tokens} tokens cached as "
+                         "modules on the upstream; this chat's answers reuse them"))
+        self.notify(f"{path.name} attached ({document.tokens} tokens)", title="Attached")

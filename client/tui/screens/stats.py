@@ -1,0 +1,54 @@
+"""What the caches have done: hit rate, false hits, tokens saved, thresholds, sizes."""
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Footer, Label
+
+from client.cache import CacheStats
+
+
+def stats_rows(stats: CacheStats, pack_version: str | None) -> list[tuple[str, str]]:
+    local = "-" if stats.local_threshold is None else f"{stats.local_threshold:.3f}"
+    return [
+        ("hit rate", f"{stats.hit_rate:.1%} ({stats.hits} hits, {stats.misses} misses)"),
+        ("false hits (rejected)", str(stats.rejections)),
+        ("tokens saved", str(stats.tokens_saved)),
+        ("threshold in use", f"{stats.threshold:.3f}"),
+        ("local threshold", local),
+        ("global threshold", f"{stats.global_threshold:.3f}"),
+        ("labelled pairs", f"{stats.labelled_positives} accepted, "
+                           f"{stats.labelled_negatives} rejected"),
+        ("entries", str(stats.entries)),
+        ("bytes", f"{stats.bytes:,}"),
+        ("encoder version", f"{stats.encoder_version} ({stats.encoder_backend}, "
+                            f"{stats.embedding_dim} dims)"),
+        ("pack version", pack_version or "no instruction pack"),
+    ]
+
+
+class StatsScreen(ModalScreen[None]):
+    DEFAULT_CSS = """
+    StatsScreen { align: center middle; }
+    StatsScreen > Vertical { width: 80; height: auto; border: round $accent;
+                             background: $surface; padding: 1; }
+    StatsScreen DataTable { height: auto; }
+    """
+    BINDINGS = [Binding("escape", "close", "Close", id="stats.close")]
+
+    def __init__(self, rows: list[tuple[str, str]]) -> None:
+        super().__init__()
+        self.rows = rows
+
+    def compose(self) -> ComposeResult:
+        with Vertical():
+            yield Label("Cache statistics")
+            table: DataTable[str] = DataTable(show_cursor=False, id="stats-table")
+            table.add_columns("", "")
+            table.add_rows(self.rows)
+            yield table
+            yield Footer()
+
+    def action_close(self) -> None:
+        self.dismiss(None)

@@ -1,0 +1,241 @@
+"""The chat app driven by Textual's Pilot against a real upstream on loopback."""
+
+import asyncio
+import dataclasses
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+
+from client.cache import SemanticCache
+from client.config import Settings, load_settings
+from client.tui.app import MeanCacheApp
+from client.tui.widgets import AnswerView
+from shared.encoder import Encoder
+from tests.upstream_server import free_port, running_upstream
+
+
+@pytest.fixture(scope="module")
+def upstream_url() -> Iterator[str]:
+    with running_upstream() as url:
+        yield url
+
+
+@pytest.fixture
+def settings(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path,
+             upstream_url: str) -> Settings:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "encoder").symlink_to(encoder_cache_dir, target_is_directory=True)
+    base = load_settings(config_dir=tmp_path / "config", data_dir=data, environ={})
+    return dataclasses.replace(base, upstream_url=upstream_url, answer_max_tokens=24,
+                               tune_min_per_class=1)
+
+
+async def wait_for(pilot: Pilot, condition: Callable[[], bool], seconds: float = 30) -> None:
+    for _ in range(int(seconds * 20)):
+        if condition():
+            return
+        await pilot.pause(0.05)
+    raise AssertionError("timed out waiting for the app")
+
+
+async def started(pilot: Pilot) -> MeanCacheApp:
+    app = pilot.app
+    assert isinstance(app, MeanCacheApp)
+    await wait_for(pilot, lambda: app.session is not None)
+    return app
+
+
+async def ask(pilot: Pilot, question: str) -> None:
+    app = pilot.app
+    assert isinstance(app, MeanCacheApp)
+    count = len(app.chat.conversation.turns)
+    pilot.app.chat.query_one("#question").value = question  # type: ignore[attr-defined]
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: len(app.chat.conversation.turns) > count
+                   or ("no answer" in str(app.chat.last_answer().badge.render())
+                       if app.chat.last_answer() else False))
+    await wait_for(pilot, lambda: not app.chat.busy)
+
+
+def badge(app: MeanCacheApp) -> str:
+    view = app.chat.last_answer()
+    assert view is not None
+    return str(view.badge.render())
+
+
+def test_miss_then_repeat_then_paraphrase(settings: Settings) -> None:
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await ask(pilot, "How do I reverse a list in Python?")
+            first = app.chat.conversation.turns[-1]
+            assert first.source == "upstream" and first.answer
+            assert badge(app).startswith("upstream · first token")
+            shown = app.chat.last_answer()
+            assert shown is not None and shown.markdown.source  # streamed text is on screen
+
+            await ask(pilot, "How do I reverse a list in Python?")
+            repeat = app.chat.conversation.turns[-1]
+            assert repeat.source == "cache" and repeat.answer == first.answer
+            assert "cache · similarity 1.00" in badge(app)
+
+            await ask(pilot, "How can I reverse a Python list?")
+            paraphrase = app.chat.conversation.turns[-1]
+            assert paraphrase.source == "cache"
+            assert paraphrase.matched_query == "How do I reverse a list in Python?"
+            assert "matched “How do I reverse a list in Python?”" in badge(app)
+        stored = app.session.conversations.list() if app.session else []
+        assert stored and len(stored[0].turns) == 3
+
+    asyncio.run(run())
+
+
+def test_reject_requeries_and_retunes(settings: Settings) -> None:
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            assert app.chat.check_action("reject", ()) is None  # nothing cached to reject
+            await ask(pilot, "What is the capital of France?")
+            await ask(pilot, "What is the capital of France?")  # a hit: a weak positive
+            await ask(pilot, "what's the capital city of france")
+            wrong = app.chat.conversation.turns[-1]
+            assert wrong.source == "cache"
+            assert app.chat.check_action("reject", ()) is True
+            notices: list[str] = []
+            app.notify = lambda message, **kw: notices.append(str(message))  # type: ignore
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: app.chat.conversation.turns[-1].source == "upstream")
+            await wait_for(pilot, lambda: not app.chat.busy)
+            fixed = app.chat.conversation.turns[-1]
+            assert fixed.replaced == wrong.answer
+            assert "replaced a rejected cached answer" in badge(app)
+            assert app.session is not None
+            threshold = app.session.cache.threshold
+            assert threshold > (wrong.similarity or 0)  # the false hit would now miss
+            assert any("->" in n for n in notices), notices
+            assert app.session.cache.stats().rejections == 1
+
+    asyncio.run(run())
+
+
+def test_follow_up_in_another_context_is_not_served_from_cache(settings: Settings) -> None:
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await ask(pilot, "What is the capital of France?")
+            await ask(pilot, "What famous landmark can you find there?")
+            await pilot.press("ctrl+n")
+            await ask(pilot, "What is the capital of Italy?")
+            await ask(pilot, "What famous landmark can you find there?")
+            assert app.chat.conversation.turns[-1].source == "upstream"
+            await pilot.press("ctrl+n")
+            await ask(pilot, "What is the capital of France?")
+            await ask(pilot, "What famous landmark can you find there?")
+            assert app.chat.conversation.turns[-1].source == "cache"  # same context: a hit
+
+    asyncio.run(run())
+
+
+def test_upstream_down_still_serves_cached_answers(settings: Settings, encoder: Encoder
+                                                   ) -> None:
+    with SemanticCache(settings.cache_dir, encoder, settings.cache_settings()) as cache:
+        cache.insert("How do I boil an egg?", "Simmer it for nine minutes.")
+    down = dataclasses.replace(settings, upstream_url=f"http://127.0.0.1:{free_port()}")
+
+    async def run() -> None:
+        app = MeanCacheApp(down)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            app.session.answers.upstream.backoff_seconds = 0.05  # type: ignore[union-attr]
+            await ask(pilot, "How do I boil an egg?")
+            assert app.chat.conversation.turns[-1].answer == "Simmer it for nine minutes."
+            await ask(pilot, "Who painted the Mona Lisa?")
+            assert "no answer: cannot reach the upstream" in badge(app)
+            assert len(app.chat.conversation.turns) == 1  # the failed question left no turn
+
+    asyncio.run(run())
+
+
+def test_attached_document_reports_reused_tokens(settings: Settings, tmp_path: Path) -> None:
+    document = tmp_path / "manual.txt"
+    document.write_text("To fit the saddle, loosen the clamp with a 5 mm hex key.\n" * 5)
+
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await pilot.press("ctrl+l")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "AttachScreen")
+            app.screen.query_one("#attach-path").value = str(document)  # type: ignore
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: bool(app.chat.conversation.documents))
+            await ask(pilot, "Which key fits the saddle?")
+            turn = app.chat.conversation.turns[-1]
+            assert turn.source == "upstream"
+            assert turn.cached_tokens >= len(document.read_text()) // 2
+            assert f"{turn.cached_tokens} prompt tokens reused" in badge(app)
+
+    asyncio.run(run())
+
+
+def test_without_an_upstream_it_starts_the_embedded_one(settings: Settings) -> None:
+    async def run() -> None:
+        app = MeanCacheApp(dataclasses.replace(settings, upstream_url=None))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            status = str(app.chat.query_one("#status").render())
+            assert "embedded upstream: builtin:tiny (untrained demo model)" in status
+            await ask(pilot, "hello")
+            assert app.chat.conversation.turns[-1].source == "upstream"
+
+    asyncio.run(run())
+
+
+def test_stats_conversations_and_export(settings: Settings) -> None:
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await ask(pilot, "How far is the moon?")
+            await pilot.press("ctrl+t")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "StatsScreen")
+            rows = dict(app.screen.rows)  # type: ignore[attr-defined]
+            assert rows["entries"] == "1"
+            assert rows["threshold in use"] == f"{settings.threshold:.3f}"
+            await pilot.press("escape")
+            await pilot.press("ctrl+s")
+            exported = settings.data_dir / "exports" / f"chat-{app.chat.conversation.id}.md"
+            await wait_for(pilot, exported.exists)
+            assert "How far is the moon?" in exported.read_text()
+            first_id = app.chat.conversation.id
+            await pilot.press("ctrl+n")
+            await pilot.press("ctrl+o")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
+                           "ConversationsScreen")
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.chat.conversation.id == first_id)
+            assert len(list(app.chat.query(AnswerView))) == 1
+            await pilot.press("ctrl+o")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
+                           "ConversationsScreen")
+            await pilot.press("d")
+            await wait_for(pilot, lambda: not app.session.conversations.list())  # type: ignore
+
+    asyncio.run(run())
+
+
+def test_keymap_remaps_a_binding_by_id(settings: Settings) -> None:
+    async def run() -> None:
+        app = MeanCacheApp(dataclasses.replace(settings, keymap={"stats": "f5"}))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await pilot.press("f5")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "StatsScreen")
+
+    asyncio.run(run())
