@@ -8,6 +8,7 @@ from pathlib import Path
 from textual import work
 from textual.app import App, SystemCommand
 from textual.screen import Screen
+from textual.widgets import Static
 
 from client.chat.conversations import Conversation, ConversationNotFoundError
 from client.chat.session import ChatSession
@@ -54,7 +55,7 @@ class MeanCacheApp(App[None]):
                         title="Embedded upstream")
 
     def _failed(self, message: str) -> None:
-        self.chat.query_one("#status").update(f"cannot start: {message}")  # type: ignore[attr-defined]
+        self.chat.query_one("#status", Static).update(f"cannot start: {message}")
         self.notify(message, title="Cannot start", severity="error", timeout=30)
 
     async def on_unmount(self) -> None:

@@ -2,6 +2,7 @@
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from textual import work
 from textual.app import ComposeResult
@@ -16,6 +17,10 @@ from client.tui.text import printable
 from client.tui.widgets import AnswerView, QuestionView
 from client.upstream_client import UpstreamError
 from shared.errors import MeanCacheError
+
+if TYPE_CHECKING:
+    from client.chat.session import ChatSession
+    from client.tui.app import MeanCacheApp
 
 # Every action, with a binding id (remappable through `keymap` in config.toml) and the
 # help the command palette shows.
@@ -67,8 +72,13 @@ class ChatScreen(Screen[None]):
 
     # state --------------------------------------------------------------------------
     @property
-    def session(self):  # type: ignore[no-untyped-def]  # the app's ChatSession, or None
-        return self.app.session  # type: ignore[attr-defined]
+    def meancache(self) -> "MeanCacheApp":
+        return cast("MeanCacheApp", self.app)
+
+    @property
+    def session(self) -> "ChatSession":
+        """The app's chat session; actions that use it are disabled until it is open."""
+        return cast("ChatSession", self.meancache.session)
 
     def ready(self, status: str) -> None:
         self.query_one("#status", Static).update(status)
@@ -88,11 +98,11 @@ class ChatScreen(Screen[None]):
         if action == "reject":
             turns = self.conversation.turns
             cached = bool(turns) and turns[-1].source in ("cache", "pack")
-            return True if cached and not self.busy and self.session else None
+            return True if cached and not self.busy and self.meancache.session else None
         if action == "cancel":
             return True if self.busy else None
         if action in ("attach", "stats", "export", "new_chat", "conversations"):
-            return True if self.session else None
+            return True if self.meancache.session else None
         return True
 
     def show_conversation(self, conversation: Conversation) -> None:
@@ -114,7 +124,7 @@ class ChatScreen(Screen[None]):
     # asking -------------------------------------------------------------------------
     def on_input_submitted(self, event: Input.Submitted) -> None:
         question = event.value.strip()
-        if not question or self.busy or self.session is None:
+        if not question or self.busy or self.meancache.session is None:
             return
         event.input.value = ""
         self.ask(question)
@@ -195,16 +205,16 @@ class ChatScreen(Screen[None]):
         self.show_conversation(Conversation())
 
     def action_conversations(self) -> None:
-        self.app.action_conversations()  # type: ignore[attr-defined]
+        self.meancache.action_conversations()
 
     def action_stats(self) -> None:
-        self.app.action_stats()  # type: ignore[attr-defined]
+        self.meancache.action_stats()
 
     def action_export(self) -> None:
         if not self.conversation.turns:
             self.notify("Nothing to export yet.", severity="warning")
             return
-        path = self.app.export_conversation(self.conversation)  # type: ignore[attr-defined]
+        path = self.meancache.export_conversation(self.conversation)
         self.notify(f"Exported to {path}", title="Export")
 
     def action_attach(self) -> None:
