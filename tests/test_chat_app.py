@@ -239,3 +239,26 @@ def test_keymap_remaps_a_binding_by_id(settings: Settings) -> None:
             await wait_for(pilot, lambda: app.screen.__class__.__name__ == "StatsScreen")
 
     asyncio.run(run())
+
+
+def test_multi_line_paste_and_an_over_long_question(settings: Settings) -> None:
+    from textual.events import Paste
+
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await started(pilot)
+            box = app.chat.query_one("#question")
+            box.post_message(Paste("first line\nsecond line\n\nthird"))
+            await wait_for(pilot, lambda: bool(box.value))  # type: ignore[attr-defined]
+            assert box.value == "first line second line third"  # type: ignore[attr-defined]
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: len(app.chat.conversation.turns) == 1)
+            await pilot.resize_terminal(50, 20)
+            long_question = "why " * 400  # past MiniLM's 256-token window
+            await ask(pilot, long_question)
+            turn = app.chat.conversation.turns[-1]
+            assert turn.truncated
+            assert "question truncated for matching" in badge(app)
+
+    asyncio.run(run())

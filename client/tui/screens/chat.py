@@ -45,6 +45,7 @@ class QuestionInput(Input):
     def _on_paste(self, event: Paste) -> None:
         if event.text:
             self.insert_text_at_cursor(" ".join(event.text.split()))
+        event.prevent_default()  # Input's own handler would paste the first line again
         event.stop()
 
 
