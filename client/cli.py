@@ -32,11 +32,10 @@ def print_json(data: object) -> None:
 
 
 def open_cache(settings: Settings, directory: Path | None = None) -> SemanticCache:
-    from shared.encoder import Encoder
+    from client.fl.device import DeviceState
 
     with err.status("loading the embedding model (the first start exports it to ONNX)"):
-        encoder = Encoder.load(settings.encoder_model, backend=settings.encoder_backend,
-                               cache_dir=settings.encoder_dir)
+        encoder = DeviceState(settings).encoder()
     with ProgressBar("re-embedding cached queries", err) as progress:
         return SemanticCache(directory or settings.cache_dir, encoder,
                              settings.cache_settings(), progress)
@@ -244,9 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
     pairs.add_argument("--json", action="store_true", help="one JSON object for scripts")
     pairs.set_defaults(handler=cmd_eval_pairs)
 
+    from fl_server.cli import add_commands as add_fl_server_commands
     from upstream.cli import add_commands as add_upstream_commands
 
     add_upstream_commands(commands)
+    fl = commands.add_parser("fl", help="federated learning of the encoder and threshold")
+    fl_commands = fl.add_subparsers(dest="fl_command", required=True)
+    add_fl_server_commands(fl_commands)
     return parser
 
 

@@ -61,6 +61,11 @@ class Settings:
         return self.data_dir / "encoder"
 
     @property
+    def global_model_dir(self) -> Path:
+        """Global models from federated learning (shared.fl.checkpoint layout)."""
+        return self.data_dir / "fl" / "global"
+
+    @property
     def conversations_dir(self) -> Path:
         return self.data_dir / "conversations"
 

@@ -10,8 +10,8 @@ from client.cache import SemanticCache
 from client.chat.answering import AnswerService
 from client.chat.conversations import ConversationStore
 from client.config import Settings
+from client.fl.device import DeviceState
 from client.upstream_client import UpstreamClient
-from shared.encoder import Encoder
 
 if TYPE_CHECKING:
     from upstream.server.serve import BackgroundServer
@@ -36,8 +36,7 @@ class ChatSession:
         Blocking (seconds on the first run, which exports the encoder to ONNX): call it
         from a worker thread in the app.
         """
-        encoder = Encoder.load(settings.encoder_model, backend=settings.encoder_backend,
-                               cache_dir=settings.encoder_dir)
+        encoder = DeviceState(settings).encoder()
         cache = SemanticCache(settings.cache_dir, encoder, settings.cache_settings(), progress)
         embedded = None
         if settings.upstream_url:

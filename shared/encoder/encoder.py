@@ -81,8 +81,13 @@ class Encoder:
         pca: PCAProjection | None = None,
         backend: str = "onnx",
         cache_dir: Path | None = None,
+        global_weights: Path | None = None,
     ) -> "Encoder":
-        """Load a local sentence-transformers model (default: the packaged MiniLM)."""
+        """Load a local sentence-transformers model (default: the packaged MiniLM).
+
+        ``global_weights`` is an FL checkpoint directory (shared.fl.checkpoint) whose
+        weights are loaded over the base model's; the version covers both.
+        """
         from sentence_transformers import SentenceTransformer
         from transformers.utils import logging as transformers_logging
 
@@ -93,7 +98,10 @@ class Encoder:
         except Exception as exc:  # the library raises many types for a broken directory
             raise EncoderError(f"could not load the embedding model in {model_dir}: {exc}") from exc
         memo = cache_dir / "fingerprints.json" if cache_dir else None
-        return cls(model_dir, st, model_fingerprint(model_dir, memo), pca, backend, cache_dir)
+        version = model_fingerprint(model_dir, memo)
+        if global_weights is not None:
+            version = _apply_global_weights(st, version, global_weights)
+        return cls(model_dir, st, version, pca, backend, cache_dir)
 
     def with_pca(self, pca: PCAProjection | None) -> "Encoder":
         """The same model with another PCA layer (shares the loaded weights)."""
@@ -211,3 +219,22 @@ class Encoder:
         self.fallback_reason = reason
         self.backend = "torch"
         log.warning("encoder runs on PyTorch instead of onnxruntime: %s", reason)
+
+
+def _apply_global_weights(model: "SentenceTransformer", base_version: str,  # noqa: F821
+                          checkpoint: Path) -> str:
+    """Load FL global weights over the base model; returns the combined version id."""
+    from shared.fl.checkpoint import load_checkpoint
+    from shared.fl.weights import load_federated_state
+
+    meta, state = load_checkpoint(checkpoint)
+    if meta.base_model != base_version:
+        raise EncoderError(
+            f"the global model in {checkpoint} was trained from base model {meta.base_model}, "
+            f"not from this one ({base_version})"
+        )
+    try:
+        load_federated_state(model, state)
+    except ValueError as exc:
+        raise EncoderError(str(exc)) from None
+    return hashlib.sha256(f"{base_version}|{meta.sha256}".encode()).hexdigest()[:16]

@@ -1,0 +1,200 @@
+"""The Flower ClientApp: train the encoder on this device's pairs, reply with weights,
+the local threshold and counts.
+
+Run config (all optional): encoder-model, top-layers, epochs, batch-size, learning-rate,
+data-source ("device" or "qqp"), qqp-path, partitioning ("iid" or "topic"),
+pairs-per-client, min-pairs, seed, cache-dir. Node config: data-dir (the user's
+meancache data dir) on a real device; partition-id and num-partitions in simulation.
+"""
+
+import logging
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.clientapp.mod import fixedclipping_mod
+from sentence_transformers import SentenceTransformer
+
+from client.fl.data import Pair, partition, read_train_pairs, split
+from client.fl.device import DeviceState
+from client.fl.train import TrainConfig, local_threshold, pair_similarities, train_locally
+from shared.encoder import locate_model
+from shared.fl.weights import federated_names, federated_state, load_federated_state
+from shared.threshold import score_thresholds
+
+log = logging.getLogger(__name__)
+
+# What a reply may contain: anything else is refused before it leaves the device.
+ALLOWED_METRICS = frozenset({"num-examples", "threshold", "train-loss", "skipped",
+                             "precision", "recall", "f1", "f05"})
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    encoder_model: str | None
+    train: TrainConfig
+    data_source: str
+    qqp_path: Path | None
+    partitioning: str
+    pairs_per_client: int
+    min_pairs: int
+    cache_dir: Path | None
+
+    @classmethod
+    def from_run_config(cls, config: dict[str, Any]) -> "ClientConfig":
+        return cls(
+            encoder_model=str(config.get("encoder-model") or "") or None,
+            train=TrainConfig(
+                epochs=int(config.get("epochs", 1)),
+                batch_size=int(config.get("batch-size", 16)),
+                learning_rate=float(config.get("learning-rate", 2e-5)),
+                top_layers=int(config.get("top-layers", 0)),
+                seed=int(config.get("seed", 0)),
+            ),
+            data_source=str(config.get("data-source", "device")),
+            qqp_path=Path(str(config["qqp-path"])) if config.get("qqp-path") else None,
+            partitioning=str(config.get("partitioning", "iid")),
+            pairs_per_client=int(config.get("pairs-per-client", 200)),
+            min_pairs=int(config.get("min-pairs", 20)),
+            cache_dir=Path(str(config["cache-dir"])) if config.get("cache-dir") else None,
+        )
+
+
+@cache
+def _base_model(model: str | None) -> SentenceTransformer:
+    """One base model per process (simulation reuses processes across clients); every
+    message overwrites its federated weights before use."""
+    return SentenceTransformer(str(locate_model(model)), device="cpu", local_files_only=True)
+
+
+@cache
+def _qqp(path: Path) -> list[Pair]:
+    return read_train_pairs(path)
+
+
+def local_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
+    if config.data_source == "qqp":
+        if config.qqp_path is None:
+            raise ValueError("data-source 'qqp' needs qqp-path in the run config")
+        return partition(_qqp(config.qqp_path), int(node["partition-id"]),
+                         int(node["num-partitions"]), config.pairs_per_client,
+                         config.partitioning, config.train.seed, config.cache_dir)
+    return DeviceState(Path(str(node["data-dir"]))).pairs()
+
+
+def _reply(msg: Message, arrays: ArrayRecord, metrics: dict[str, float]) -> Message:
+    return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)}),
+                   reply_to=msg)
+
+
+def wire_audit_mod(msg: Message, context: Context, call_next: Any) -> Message:
+    """Refuse to send anything but weights and the allowed metrics (no text, no config)."""
+    reply = call_next(msg, context)
+    if reply.has_error():
+        return reply
+    content = reply.content
+    extra = set(content.config_records) or {
+        key for record in content.metric_records.values() for key in record
+        if key not in ALLOWED_METRICS}
+    if extra:
+        log.error("refused to send %s to the server", sorted(extra))
+        raise PermissionError(f"reply holds fields that may not leave the device: {extra}")
+    return reply
+
+
+def clip_when_asked_mod(msg: Message, context: Context, call_next: Any) -> Message:
+    """Flower's fixed clipping, when the server runs central DP (it sends clipping_norm)."""
+    config = next(iter(msg.content.config_records.values()), {})
+    if "clipping_norm" in config:
+        return fixedclipping_mod(msg, context, call_next)
+    return call_next(msg, context)
+
+
+@dataclass(frozen=True)
+class Received:
+    config: ClientConfig
+    node: dict[str, Any]
+    model: SentenceTransformer  # with the global weights loaded
+    arrays: ArrayRecord
+    threshold: float
+
+
+def receive(msg: Message, run_config: dict[str, Any], node: dict[str, Any], keep_round: int
+            ) -> Received:
+    """Load the global weights; on a real device also keep them (and the threshold)."""
+    config = ClientConfig.from_run_config(run_config)
+    model = _base_model(config.encoder_model)
+    arrays = msg.content["arrays"]
+    state = arrays.to_torch_state_dict()
+    load_federated_state(model, state)
+    threshold = float(msg.content["config"]["threshold"])
+    if "data-dir" in node:
+        DeviceState(Path(str(node["data-dir"]))).keep_global(
+            state, threshold, keep_round, config.encoder_model, config.train.top_layers)
+    return Received(config, node, model, arrays, threshold)
+
+
+def _server_round(msg: Message) -> int:
+    return int(msg.content["config"].get("server-round", 1))
+
+
+def train_reply(msg: Message, got: Received) -> Message:
+    pairs = local_pairs(got.config, got.node)
+    if len(pairs) < got.config.min_pairs:
+        log.info("only %d labelled pairs (< %d): not training this round", len(pairs),
+                 got.config.min_pairs)
+        return _reply(msg, got.arrays, {"num-examples": 0, "threshold": got.threshold,
+                                        "train-loss": 0.0, "skipped": 1})
+    train_pairs, validation = split(pairs, seed=got.config.train.seed)
+    loss = train_locally(got.model, train_pairs, got.config.train)
+    tuned = local_threshold(got.model, validation)
+    names = federated_names(got.model, got.config.train.top_layers)
+    return _reply(msg, ArrayRecord(federated_state(got.model, names)), {
+        "num-examples": len(train_pairs),
+        "threshold": got.threshold if tuned is None else tuned,
+        "train-loss": loss, "skipped": 0,
+    })
+
+
+def evaluate_reply(msg: Message, got: Received) -> Message:
+    _, validation = split(local_pairs(got.config, got.node), seed=got.config.train.seed)
+    metrics: dict[str, float] = {"num-examples": len(validation)}
+    if validation:
+        sims = pair_similarities(got.model, validation)
+        scores = score_thresholds(sims, np.array([p.label for p in validation]),
+                                  np.array([got.threshold]))[0]
+        metrics |= {"precision": scores.precision, "recall": scores.recall,
+                    "f1": scores.f1, "f05": scores.f05}
+    return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
+
+
+def build_client_app(defaults: dict[str, Any] | None = None) -> ClientApp:
+    """A ClientApp whose run config is ``defaults`` overridden by the run's own (the
+    simulation engine gives none, so `meancache fl simulate` passes its settings here)."""
+    client_app = ClientApp(mods=[wire_audit_mod])
+
+    def run_config(context: Context) -> dict[str, Any]:
+        return {**(defaults or {}), **dict(context.run_config)}
+
+    @client_app.train(mods=[clip_when_asked_mod])
+    def train(msg: Message, context: Context) -> Message:
+        # A round starts from the global model after the previous round.
+        got = receive(msg, run_config(context), dict(context.node_config),
+                      keep_round=_server_round(msg) - 1)
+        return train_reply(msg, got)
+
+    @client_app.evaluate()
+    def evaluate(msg: Message, context: Context) -> Message:
+        """Keep the new global model on a device; score it on the local validation pairs."""
+        got = receive(msg, run_config(context), dict(context.node_config),
+                      keep_round=_server_round(msg))
+        return evaluate_reply(msg, got)
+
+    return client_app
+
+
+app = build_client_app()

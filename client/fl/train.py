@@ -1,0 +1,85 @@
+"""Local training, as in MeanCache: multiple-negatives ranking loss on duplicate pairs
+plus a contrastive loss on all labelled pairs, then the F0.5-best local threshold."""
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from sentence_transformers import SentenceTransformer, losses
+
+from client.fl.data import Pair
+from shared.fl.weights import federated_names, freeze_all_but
+from shared.threshold import best_threshold
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    epochs: int = 1
+    batch_size: int = 16
+    learning_rate: float = 2e-5
+    top_layers: int = 0  # 0: train (and send) every layer
+    seed: int = 0
+
+
+def _features(model: SentenceTransformer, texts: list[str]) -> dict[str, object]:
+    """Model inputs for the texts (tensors moved to the model's device, other keys kept)."""
+    features = model.preprocess(texts)
+    return {k: v.to(model.device) if isinstance(v, torch.Tensor) else v
+            for k, v in features.items()}
+
+
+def train_locally(model: SentenceTransformer, pairs: list[Pair], config: TrainConfig
+                  ) -> float:
+    """Fine-tune the federated parameters in place; returns the mean loss."""
+    freeze_all_but(model, federated_names(model, config.top_layers))
+    ranking = losses.MultipleNegativesRankingLoss(model)
+    contrastive = losses.ContrastiveLoss(model)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=config.learning_rate)
+    rng = random.Random(config.seed)
+    duplicates = [p for p in pairs if p.label == 1]
+    total, steps = 0.0, 0
+    model.train()
+    try:
+        for _ in range(config.epochs):
+            order = list(pairs)
+            rng.shuffle(order)
+            rng.shuffle(duplicates)
+            for start in range(0, len(order), config.batch_size):
+                batch = order[start:start + config.batch_size]
+                loss = contrastive(
+                    [_features(model, [p.q1 for p in batch]),
+                     _features(model, [p.q2 for p in batch])],
+                    torch.tensor([p.label for p in batch], dtype=torch.float32,
+                                 device=model.device),
+                )
+                dup = duplicates[start:start + config.batch_size]
+                if len(dup) >= 2:  # in-batch negatives need at least two pairs
+                    loss = loss + ranking(
+                        [_features(model, [p.q1 for p in dup]),
+                         _features(model, [p.q2 for p in dup])], torch.empty(0))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                total += float(loss.detach())
+                steps += 1
+    finally:
+        model.eval()
+        for param in model.parameters():
+            param.requires_grad_(True)
+    return total / max(steps, 1)
+
+
+def pair_similarities(model: SentenceTransformer, pairs: list[Pair]) -> np.ndarray:
+    a = model.encode([p.q1 for p in pairs], normalize_embeddings=True, batch_size=64)
+    b = model.encode([p.q2 for p in pairs], normalize_embeddings=True, batch_size=64)
+    return (a * b).sum(1)
+
+
+def local_threshold(model: SentenceTransformer, validation: list[Pair]) -> float | None:
+    """The F0.5-best threshold on the validation pairs; None without both classes."""
+    labels = np.array([p.label for p in validation])
+    if labels.size == 0 or labels.min() == labels.max():
+        return None
+    return best_threshold(pair_similarities(model, validation), labels).threshold

@@ -1,0 +1,83 @@
+"""After every round: checkpoint the global model (versioned, with its threshold and a
+sha256), append a line to history.jsonl, and optionally score it on held-out pairs."""
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from flwr.app import ArrayRecord, MetricRecord
+from sentence_transformers import SentenceTransformer
+
+from fl_server.strategy import ThresholdFedAvg
+from shared.fl.checkpoint import save_checkpoint
+from shared.fl.weights import load_federated_state
+from shared.threshold import best_threshold, score_thresholds
+
+log = logging.getLogger(__name__)
+
+HISTORY = "history.jsonl"
+# Called with each round's metrics by a ServerApp running in this process (simulation).
+ROUND_LISTENERS: list[Callable[[dict[str, float]], None]] = []
+
+
+@dataclass
+class HeldOut:
+    """Labelled pairs the server scores each global model on (simulation only: a real
+    server holds no user data)."""
+
+    model: SentenceTransformer
+    q1: list[str]
+    q2: list[str]
+    labels: np.ndarray
+
+    def score(self, arrays: ArrayRecord, threshold: float) -> dict[str, float]:
+        load_federated_state(self.model, arrays.to_torch_state_dict())
+        a = self.model.encode(self.q1, normalize_embeddings=True, batch_size=64)
+        b = self.model.encode(self.q2, normalize_embeddings=True, batch_size=64)
+        sims = (a * b).sum(1)
+        at = score_thresholds(sims, self.labels, np.array([threshold]))[0]
+        best = best_threshold(sims, self.labels)
+        return {"f05": at.f05, "f1": at.f1, "precision": at.precision, "recall": at.recall,
+                "best_threshold": best.threshold, "best_f05": best.f05}
+
+
+@dataclass
+class RoundRecorder:
+    """Used as FedAvg's ``evaluate_fn``: called with the final (post-DP) global weights
+    at round 0 and after every round."""
+
+    strategy: ThresholdFedAvg
+    checkpoint_dir: Path
+    base_model: str
+    top_layers: int
+    round_offset: int = 0  # rounds of an earlier run this one continues from
+    held_out: HeldOut | None = None
+    started: float = field(default_factory=time.time)
+
+    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        metrics: dict[str, float] = {"round": server_round + self.round_offset,
+                                     "threshold": self.strategy.threshold,
+                                     "seconds": time.time() - self.started}
+        received = self.strategy.bytes_received.get(server_round, {})
+        if received:
+            metrics["bytes_per_client"] = sum(received.values()) / len(received)
+            metrics["clients"] = len(received)
+        if self.held_out is not None:
+            metrics |= self.held_out.score(arrays, self.strategy.threshold)
+        if server_round > 0:
+            state = arrays.to_torch_state_dict()
+            save_checkpoint(self.checkpoint_dir, server_round + self.round_offset, state,
+                            self.strategy.threshold, self.base_model, self.top_layers,
+                            metrics)
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        with (self.checkpoint_dir / HISTORY).open("a") as fh:
+            fh.write(json.dumps(metrics) + "\n")
+        log.info("round %d: %s", server_round, metrics)
+        for listener in ROUND_LISTENERS:
+            listener(metrics)
+        self.started = time.time()
+        return MetricRecord(metrics)

@@ -1,0 +1,103 @@
+"""Global-model checkpoints: ``<root>/round-NNNN/`` with ``weights.safetensors`` (the
+federated weights), ``meta.json`` (round, threshold, metrics, sha256 of the weights), and
+``<root>/LATEST`` naming the newest. Written to a temporary directory and renamed, so a
+crash never leaves a half checkpoint, and a download is checked against its hash."""
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from shared.errors import MeanCacheError
+
+WEIGHTS = "weights.safetensors"
+META = "meta.json"
+LATEST = "LATEST"
+
+
+class CheckpointError(MeanCacheError):
+    """A checkpoint that is missing, damaged or does not match its hash."""
+
+
+@dataclass(frozen=True)
+class GlobalModel:
+    round: int
+    threshold: float
+    sha256: str
+    base_model: str  # fingerprint of the base encoder the weights apply to
+    top_layers: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    created: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def round_dir(root: Path, round_number: int) -> Path:
+    return root / f"round-{round_number:04d}"
+
+
+def save_checkpoint(root: Path, round_number: int, state: dict[str, torch.Tensor],
+                    threshold: float, base_model: str, top_layers: int,
+                    metrics: dict[str, float] | None = None) -> GlobalModel:
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-{round_number:04d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / WEIGHTS))
+    meta = GlobalModel(round_number, float(threshold), sha256_file(tmp / WEIGHTS), base_model,
+                       top_layers, dict(metrics or {}))
+    (tmp / META).write_text(json.dumps(meta.to_json(), indent=2))
+    install_checkpoint(root, tmp, round_number)
+    return meta
+
+
+def install_checkpoint(root: Path, prepared: Path, round_number: int) -> Path:
+    """Move a complete checkpoint directory into place and point LATEST at it."""
+    target = round_dir(root, round_number)
+    if target.exists():
+        shutil.rmtree(target)
+    prepared.rename(target)
+    pointer = root / f".{LATEST}.{os.getpid()}"
+    pointer.write_text(target.name)
+    pointer.replace(root / LATEST)
+    return target
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    pointer = root / LATEST
+    if not pointer.is_file():
+        return None
+    path = root / pointer.read_text().strip()
+    return path if (path / META).is_file() else None
+
+
+def read_meta(directory: Path) -> GlobalModel:
+    try:
+        return GlobalModel(**json.loads((directory / META).read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        raise CheckpointError(f"unreadable checkpoint metadata in {directory}: {exc}") from None
+
+
+def load_checkpoint(directory: Path) -> tuple[GlobalModel, dict[str, torch.Tensor]]:
+    """Metadata and weights, after checking the weights against the recorded sha256."""
+    meta = read_meta(directory)
+    weights = directory / WEIGHTS
+    if not weights.is_file() or sha256_file(weights) != meta.sha256:
+        raise CheckpointError(f"the weights in {directory} do not match their sha256")
+    return meta, load_file(str(weights))

@@ -1,0 +1,51 @@
+"""The federated part of the encoder: every transformer weight, or only the top N layers.
+
+Sending only the top layers (and the pooler) cuts each message by the share of the frozen
+layers; the frozen ones come from the base model every device already has.
+"""
+
+import re
+
+import torch
+from sentence_transformers import SentenceTransformer
+
+_LAYER = re.compile(r"\.encoder\.layer\.(\d+)\.")
+
+
+def federated_names(model: SentenceTransformer, top_layers: int = 0) -> list[str]:
+    """Parameter names that are trained and sent; ``top_layers`` = 0 means all of them."""
+    names = [name for name, _ in model.named_parameters()]
+    if top_layers <= 0:
+        return names
+    layers = {int(m.group(1)) for name in names if (m := _LAYER.search(name))}
+    if not layers:
+        raise ValueError("this model has no numbered encoder layers to choose the top ones of")
+    first = max(layers) + 1 - top_layers
+    return [name for name in names
+            if ((m := _LAYER.search(name)) and int(m.group(1)) >= first) or ".pooler." in name]
+
+
+def federated_state(model: SentenceTransformer, names: list[str]) -> dict[str, torch.Tensor]:
+    params = dict(model.named_parameters())
+    return {name: params[name].detach().cpu().contiguous().clone() for name in names}
+
+
+def load_federated_state(model: SentenceTransformer, state: dict[str, torch.Tensor]) -> None:
+    """Overwrite the named parameters; every name must exist with the same shape."""
+    params = dict(model.named_parameters())
+    for name, value in state.items():
+        target = params.get(name)
+        if target is None or target.shape != value.shape:
+            raise ValueError(f"global weights do not fit this model: {name}")
+        with torch.no_grad():
+            target.copy_(value.to(target.device, target.dtype))
+
+
+def freeze_all_but(model: SentenceTransformer, names: list[str]) -> None:
+    keep = set(names)
+    for name, param in model.named_parameters():
+        param.requires_grad_(name in keep)
+
+
+def state_bytes(state: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in state.values())

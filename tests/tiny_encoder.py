@@ -1,0 +1,25 @@
+"""A tiny random-init sentence-transformers model (2 BERT layers, 32 dims) with MiniLM's
+tokenizer: for training and FL mechanics in tests, where real weights would be slow."""
+
+from pathlib import Path
+
+import torch
+from sentence_transformers import SentenceTransformer, models
+from transformers import AutoTokenizer, BertConfig, BertModel
+
+from shared.encoder import packaged_minilm_dir
+
+
+def make_tiny_encoder(directory: Path) -> Path:
+    torch.manual_seed(0)
+    raw = directory / "raw"
+    tokenizer = AutoTokenizer.from_pretrained(str(packaged_minilm_dir()))
+    BertModel(BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, intermediate_size=64,
+                         max_position_embeddings=128)).save_pretrained(raw)
+    tokenizer.save_pretrained(raw)
+    transformer = models.Transformer(str(raw), max_seq_length=64)
+    pooling = models.Pooling(transformer.get_word_embedding_dimension(), "mean")
+    model_dir = directory / "tiny-encoder"
+    SentenceTransformer(modules=[transformer, pooling, models.Normalize()]).save(str(model_dir))
+    return model_dir
