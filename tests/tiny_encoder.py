@@ -19,7 +19,7 @@ def make_tiny_encoder(directory: Path) -> Path:
                          max_position_embeddings=128)).save_pretrained(raw)
     tokenizer.save_pretrained(raw)
     transformer = models.Transformer(str(raw), max_seq_length=64)
-    pooling = models.Pooling(transformer.get_word_embedding_dimension(), "mean")
+    pooling = models.Pooling(transformer.get_embedding_dimension(), "mean")
     model_dir = directory / "tiny-encoder"
     SentenceTransformer(modules=[transformer, pooling, models.Normalize()]).save(str(model_dir))
     return model_dir

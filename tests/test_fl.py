@@ -1,0 +1,215 @@
+"""Federated learning: weights, checkpoints, the ClientApp on a device (privacy: what
+crosses the wire), the threshold-aware FedAvg, and a simulation on the engine (Ray)."""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from sentence_transformers import SentenceTransformer
+
+from client.cache.store import EntryStore
+from client.config import load_settings
+from client.fl.client_app import build_client_app, wire_audit_mod
+from fl_server.strategy import ThresholdFedAvg
+from shared.encoder import Encoder
+from shared.errors import EncoderError
+from shared.fl.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
+from shared.fl.weights import federated_names, federated_state, load_federated_state
+from tests.tiny_encoder import make_tiny_encoder
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir: Path) -> SentenceTransformer:
+    return SentenceTransformer(str(tiny_dir), device="cpu")
+
+
+def message(content: RecordDict, kind: str = "train", dst: int = 7) -> Message:
+    return Message(content=content, metadata=Metadata(
+        run_id=1, message_id=f"m{dst}", src_node_id=0, dst_node_id=dst, reply_to_message_id="",
+        group_id="1", created_at=time.time(), ttl=3600, message_type=kind))
+
+
+# weights and checkpoints ------------------------------------------------------------------
+def test_top_layers_select_the_last_layers_and_pooler(tiny: SentenceTransformer) -> None:
+    everything = federated_names(tiny, 0)
+    top = federated_names(tiny, 1)
+    assert set(top) < set(everything)
+    assert all(".encoder.layer.1." in n or ".pooler." in n for n in top)
+    assert any(".pooler." in n for n in top) and not any(".layer.0." in n for n in top)
+
+
+def test_checkpoints_are_verified_and_latest_moves(tmp_path: Path,
+                                                   tiny: SentenceTransformer) -> None:
+    state = federated_state(tiny, federated_names(tiny, 1))
+    save_checkpoint(tmp_path, 1, state, 0.9, "base", 1, {"f05": 0.5})
+    second = save_checkpoint(tmp_path, 2, state, 0.8, "base", 1)
+    latest = latest_checkpoint(tmp_path)
+    assert latest is not None and latest.name == "round-0002"
+    meta, loaded = load_checkpoint(latest)
+    assert meta == second and meta.threshold == 0.8
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+    weights = latest / "weights.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-4] + b"\0\0\0\0")
+    with pytest.raises(CheckpointError, match="sha256"):
+        load_checkpoint(latest)
+
+
+def test_encoder_with_global_weights_has_its_own_version(tmp_path: Path, tiny_dir: Path,
+                                                         tiny: SentenceTransformer) -> None:
+    base = Encoder.load(tiny_dir, backend="torch")
+    names = federated_names(tiny, 1)
+    changed = {k: v + 0.01 for k, v in federated_state(tiny, names).items()}
+    save_checkpoint(tmp_path, 1, changed, 0.9, base.base_version, 1)
+    tuned = Encoder.load(tiny_dir, backend="torch", global_weights=latest_checkpoint(tmp_path))
+    assert tuned.version != base.version
+    text = ["how do I learn to swim"]
+    assert not np.allclose(tuned.encode(text), base.encode(text))
+    save_checkpoint(tmp_path / "other", 1, changed, 0.9, "another-base", 1)
+    with pytest.raises(EncoderError, match="trained from base model another-base"):
+        Encoder.load(tiny_dir, backend="torch",
+                     global_weights=latest_checkpoint(tmp_path / "other"))
+
+
+# the ClientApp on a device ----------------------------------------------------------------
+def device_with_feedback(data_dir: Path, questions: list[tuple[str, str, int]]) -> None:
+    settings = load_settings(config_dir=data_dir / "cfg", data_dir=data_dir, environ={})
+    store = EntryStore(settings.cache_dir)
+    for i, (q1, q2, label) in enumerate(questions):
+        store.put_pair(f"p{i}", {"query": q1, "matched_query": q2, "similarity": 0.9,
+                                 "label": label, "weak": label == 1, "entry_id": "e",
+                                 "time": float(i)})
+    store.close()
+
+
+FEEDBACK = [
+    (f"how do I cook rice number {i}", f"best way to cook rice {i}", 1) for i in range(12)
+] + [(f"what is the capital of country {i}", f"what is the currency of country {i}", 0)
+     for i in range(12)]
+
+
+def train_message(tiny: SentenceTransformer, top_layers: int, threshold: float = 0.8
+                  ) -> Message:
+    arrays = ArrayRecord(federated_state(tiny, federated_names(tiny, top_layers)))
+    return message(RecordDict({"arrays": arrays, "config": ConfigRecord(
+        {"threshold": threshold, "server-round": 3})}))
+
+
+def test_device_training_sends_only_weights_threshold_and_counts(
+    tmp_path: Path, tiny_dir: Path, tiny: SentenceTransformer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    device_with_feedback(tmp_path, FEEDBACK)
+    app = build_client_app({"encoder-model": str(tiny_dir), "top-layers": 1, "min-pairs": 10})
+    context = Context(run_id=1, node_id=7, node_config={"data-dir": str(tmp_path)},
+                      state=RecordDict(), run_config={})
+    reply = app(train_message(tiny, 1), context)
+    assert not reply.has_error(), reply.error if reply.has_error() else ""
+    content = reply.content
+    assert set(content.array_records) == {"arrays"}
+    assert not content.config_records
+    assert set(content["metrics"]) == {"num-examples", "threshold", "train-loss", "skipped"}
+    assert content["metrics"]["num-examples"] > 0 and content["metrics"]["skipped"] == 0
+    wire = b"".join(o.deflate() for o in get_all_nested_objects(reply).values())
+    for q1, q2, _ in FEEDBACK:  # no query text crosses the wire
+        assert q1.encode() not in wire and q2.encode() not in wire
+    assert b"cook rice" not in wire and b"capital of" not in wire
+    sent = content["arrays"].to_torch_state_dict()
+    assert set(sent) == set(federated_names(tiny, 1))
+    # The device kept the global model it was sent (round 3 starts from round 2's model).
+    kept = latest_checkpoint(tmp_path / "fl" / "global")
+    assert kept is not None and kept.name == "round-0002"
+    store = EntryStore(tmp_path / "cache")
+    assert store.get_meta("threshold.global") == pytest.approx(0.8)
+    store.close()
+
+
+def test_a_device_with_too_little_data_trains_nothing_and_says_so(
+    tmp_path: Path, tiny_dir: Path, tiny: SentenceTransformer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    device_with_feedback(tmp_path, FEEDBACK[:3])
+    app = build_client_app({"encoder-model": str(tiny_dir), "top-layers": 1, "min-pairs": 10})
+    context = Context(run_id=1, node_id=7, node_config={"data-dir": str(tmp_path)},
+                      state=RecordDict(), run_config={})
+    sent = train_message(tiny, 1, threshold=0.77)
+    reply = app(sent, context)
+    metrics = reply.content["metrics"]
+    assert metrics["num-examples"] == 0 and metrics["skipped"] == 1
+    assert metrics["threshold"] == pytest.approx(0.77)
+    echoed = reply.content["arrays"].to_torch_state_dict()
+    original = sent.content["arrays"].to_torch_state_dict()
+    assert all(torch.equal(echoed[k], original[k]) for k in original)
+
+
+def test_the_wire_audit_refuses_anything_but_weights_and_counts() -> None:
+    request = message(RecordDict({"config": ConfigRecord({"threshold": 0.8})}))
+
+    def leaky(msg: Message, context: Context) -> Message:
+        return Message(RecordDict({"metrics": MetricRecord({"num-examples": 1}),
+                                   "oops": ConfigRecord({"query": "my secret question"})}),
+                       reply_to=msg)
+
+    context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+    with pytest.raises(PermissionError, match="may not leave the device"):
+        wire_audit_mod(request, context, leaky)
+
+
+# server aggregation -----------------------------------------------------------------------
+def test_fedavg_weights_thresholds_by_examples_and_ignores_idle_devices() -> None:
+    strategy = ThresholdFedAvg(0.8, min_train_nodes=1, min_available_nodes=1)
+
+    def reply(dst: int, value: float, threshold: float, examples: int) -> Message:
+        sent = message(RecordDict({"config": ConfigRecord({})}), dst=dst)
+        return Message(RecordDict({
+            "arrays": ArrayRecord({"w": torch.full((2,), value)}),
+            "metrics": MetricRecord({"num-examples": examples, "threshold": threshold,
+                                     "train-loss": 0.0, "skipped": int(examples == 0)})}),
+            reply_to=sent)
+
+    arrays, metrics = strategy.aggregate_train(1, [reply(1, 1.0, 0.90, 30),
+                                                   reply(2, 4.0, 0.70, 10),
+                                                   reply(3, 99.0, 0.10, 0)])
+    assert arrays is not None and metrics is not None
+    assert torch.allclose(arrays.to_torch_state_dict()["w"], torch.full((2,), 1.75))
+    assert strategy.threshold == pytest.approx((30 * 0.90 + 10 * 0.70) / 40)
+    assert set(strategy.bytes_received[1]) == {1, 2, 3}
+    none, _ = strategy.aggregate_train(2, [reply(4, 5.0, 0.5, 0)])
+    assert none is None and strategy.threshold == pytest.approx(0.85)
+
+
+# simulation on the engine -----------------------------------------------------------------
+def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) -> None:
+    from fl_server.simulate import SimulationConfig, simulate
+
+    rows = simulate(SimulationConfig(
+        pairs=DATA / "qqp" / "pairs.jsonl", checkpoint_dir=tmp_path / "ckpt", clients=3,
+        per_round=2, rounds=2, pairs_per_client=40, top_layers=1,
+        encoder_model=str(tiny_dir), held_out=60))
+    assert [int(r["round"]) for r in rows] == [0, 1, 2]
+    assert all(r["clients"] == 2 and r["bytes_per_client"] > 0 for r in rows[1:])
+    assert rows[1]["threshold"] != rows[0]["threshold"]  # devices' thresholds came back
+    assert all({"f05", "f1", "precision", "recall"} <= set(r) for r in rows)
+    latest = latest_checkpoint(tmp_path / "ckpt")
+    assert latest is not None
+    meta, state = load_checkpoint(latest)
+    assert meta.round == 2 and meta.threshold == pytest.approx(rows[2]["threshold"])
+    model = SentenceTransformer(str(tiny_dir), device="cpu")
+    initial = federated_state(model, federated_names(model, 1))
+    assert any(not torch.equal(state[k], initial[k]) for k in initial)  # it learned
+    load_federated_state(model, state)
