@@ -243,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     pairs.add_argument("--json", action="store_true", help="one JSON object for scripts")
     pairs.set_defaults(handler=cmd_eval_pairs)
 
+    from client.fl.commands import add_commands as add_fl_device_commands
     from fl_server.cli import add_commands as add_fl_server_commands
     from upstream.cli import add_commands as add_upstream_commands
 
@@ -250,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
     fl = commands.add_parser("fl", help="federated learning of the encoder and threshold")
     fl_commands = fl.add_subparsers(dest="fl_command", required=True)
     add_fl_server_commands(fl_commands)
+    add_fl_device_commands(fl_commands)
     return parser
 
 

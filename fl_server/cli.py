@@ -31,6 +31,64 @@ def add_commands(fl: Any) -> None:
     simulate.add_argument("--seed", type=int, default=0)
     simulate.set_defaults(handler=run_simulate)
 
+    server = fl.add_parser("server", help="the FL server: a Flower SuperLink, and the "
+                           "endpoint new users download the global model from")
+    server.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other hosts")
+    server.add_argument("--port", type=int, default=9093, help="the SuperLink's port")
+    server.add_argument("--model-port", type=int, default=9100,
+                        help="the global-model download endpoint's port")
+    server.add_argument("--certificates", type=Path,
+                        help="a directory made by deploy/make-certificates.sh (TLS)")
+    server.set_defaults(handler=run_server)
+
+    run = fl.add_parser("run", help="start federated rounds on a running FL server")
+    run.add_argument("--superlink", default="127.0.0.1:9093", metavar="HOST:PORT")
+    run.add_argument("--rounds", type=int, default=3)
+    run.add_argument("--run-config", default="",
+                     help="more settings, e.g. \"top-layers=2 min-train-nodes=4\"")
+    run.add_argument("--root-certificate", type=Path, help="the CA certificate (TLS)")
+    run.set_defaults(handler=run_rounds)
+
+
+def checkpoint_dir(settings: Any) -> Path:
+    return settings.data_dir / "fl-server" / "checkpoints"
+
+
+def run_server(args: argparse.Namespace, settings: Any) -> int:
+    import os
+    import subprocess
+
+    from fl_server.model_endpoint import serve_model
+    from fl_server.processes import superlink_command
+
+    state = settings.data_dir / "fl-server"
+    state.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "MEANCACHE_DATA_DIR": str(settings.data_dir),
+           "FLWR_TELEMETRY_ENABLED": "0"}
+    superlink = subprocess.Popen(
+        superlink_command(state, args.host, args.port, args.certificates), env=env,
+        stdout=(state / "superlink.log").open("ab"), stderr=subprocess.STDOUT)
+    print(f"meancache fl server: SuperLink on {args.host}:{args.port}, global model on "
+          f"http://{args.host}:{args.model_port}/v1/global-model; logs in {state}",
+          file=sys.stderr, flush=True)
+    try:
+        serve_model(checkpoint_dir(settings), args.host, args.model_port)
+    finally:
+        superlink.terminate()
+        superlink.wait(timeout=30)
+    return 0
+
+
+def run_rounds(args: argparse.Namespace, settings: Any) -> int:
+    from fl_server.processes import run_command, run_foreground
+
+    config = f"num-server-rounds={args.rounds} checkpoint-dir='{checkpoint_dir(settings)}'"
+    if settings.encoder_model:
+        config += f" encoder-model='{settings.encoder_model}'"
+    command, env = run_command(args.superlink, f"{config} {args.run_config}".strip(),
+                               settings.data_dir / "flwr-home", args.root_certificate)
+    return run_foreground(command, env)
+
 
 def run_simulate(args: argparse.Namespace, settings: Any) -> int:
     from rich.console import Console

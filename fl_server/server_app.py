@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import platformdirs
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping
@@ -31,7 +30,10 @@ from shared.threshold import DEFAULT_THRESHOLD
 log = logging.getLogger(__name__)
 
 def default_checkpoint_dir() -> Path:
-    return Path(platformdirs.user_data_dir("meancache")) / "fl-server" / "checkpoints"
+    """Under the meancache data dir of the process that started the SuperLink."""
+    from client.config import load_settings
+
+    return load_settings().data_dir / "fl-server" / "checkpoints"
 
 
 def _held_out(model: SentenceTransformer, path: str, limit: int, seed: int) -> HeldOut:

@@ -1,0 +1,50 @@
+"""`meancache fl join|sync`: a device's commands."""
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def add_commands(fl: Any) -> None:
+    join = fl.add_parser("join", help="take part in federated rounds: a Flower SuperNode "
+                         "that trains on this user's data (nothing else leaves the device)")
+    join.add_argument("--superlink", default="127.0.0.1:9093", metavar="HOST:PORT")
+    join.add_argument("--port", type=int, default=9094, help="the SuperNode's local port")
+    join.add_argument("--root-certificate", type=Path, help="the CA certificate (TLS)")
+    join.set_defaults(handler=run_join)
+
+    sync = fl.add_parser("sync", help="download the newest global model and threshold")
+    sync.add_argument("--server", default="http://127.0.0.1:9100", metavar="URL",
+                      help="the FL server's global-model endpoint")
+    sync.set_defaults(handler=run_sync)
+
+
+def run_join(args: argparse.Namespace, settings: Any) -> int:
+    import os
+    import sys
+
+    from fl_server.processes import run_foreground, supernode_command
+
+    print(f"meancache fl join: training on {settings.data_dir} for {args.superlink}",
+          file=sys.stderr, flush=True)
+    env = {**os.environ, "MEANCACHE_DATA_DIR": str(settings.data_dir),
+           "FLWR_TELEMETRY_ENABLED": "0"}
+    return run_foreground(supernode_command(args.superlink, args.port, settings.data_dir,
+                                            args.root_certificate), env)
+
+
+def run_sync(args: argparse.Namespace, settings: Any) -> int:
+    from rich.console import Console
+
+    from client.fl.sync import sync_global_model
+    from client.progress import ProgressBar
+
+    err = Console(stderr=True)
+    with ProgressBar("downloading the global model", err) as progress:
+        result = sync_global_model(args.server, settings, progress)
+    if result.changed:
+        print(f"installed the global model of round {result.round} (threshold "
+              f"{result.threshold:.3f}); the cache re-embeds under it when it next opens")
+    else:
+        print(f"already up to date (round {result.round})")
+    return 0

@@ -1,0 +1,274 @@
+"""Fetching the FL server's newest global model, so a device that never took part in a
+round (a new user) starts from what the federation learned.
+
+The weights are downloaded into a temporary directory inside the device's global-model
+dir, checked against the sha256 the server announced and only then installed with a
+rename and a LATEST pointer swap (shared.fl.checkpoint.install_checkpoint): a broken or
+tampered download never replaces the model the device already has. The cache's global
+threshold is updated at once; the encoder switches to the new weights the next time the
+cache opens (client.fl.device.DeviceState.encoder(), which also refuses weights trained
+from a different base model and keeps the base model then).
+
+Blocking (sync httpx): callers run it in a worker thread.
+"""
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from client.cache.store import EntryStore
+from client.config import Settings
+from shared.errors import MeanCacheError
+from shared.fl.checkpoint import (
+    META,
+    WEIGHTS,
+    CheckpointError,
+    GlobalModel,
+    install_checkpoint,
+    latest_checkpoint,
+    read_meta,
+)
+
+log = logging.getLogger(__name__)
+
+META_PATH = "/v1/global-model"
+CHUNK = 1 << 16
+Progress = Callable[[int, int], None]
+
+
+class SyncError(MeanCacheError):
+    """The FL server could not be reached, has no model, or answered something unusable."""
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    round: int
+    threshold: float
+    sha256: str
+    changed: bool  # False: the device already had exactly this global model
+    path: Path  # the installed checkpoint directory
+
+
+@dataclass(frozen=True)
+class _Remote:
+    meta: GlobalModel
+    weights_url: str
+
+
+def sync_global_model(url: str, settings: Settings, progress: Progress | None = None,
+                      timeout: float = 30.0) -> SyncResult:
+    """Install the FL server's newest global model on this device unless it has it.
+
+    ``progress(done_bytes, total_bytes)`` follows the download (total is 0 while the
+    server does not say). Raises SyncError for the server's side, CheckpointError for a
+    download that does not match its hash or cannot be stored.
+    """
+    base = url.rstrip("/")
+    root = settings.global_model_dir
+    with _client(base, timeout) as http:
+        remote = _fetch_meta(http, base)
+        installed = _installed(root)
+        if installed is not None and _same(installed[1], remote.meta):
+            path, changed = installed[0], False
+        elif installed is not None and installed[1].sha256 == remote.meta.sha256:
+            path, changed = _relabel(root, installed[0], remote.meta), True  # same weights
+        else:
+            path, changed = _download(http, base, remote, root, progress), True
+    _set_threshold(settings.cache_dir, remote.meta.threshold)
+    if changed:
+        log.info("installed global model of round %d (threshold %.4f) from %s",
+                 remote.meta.round, remote.meta.threshold, base)
+    return SyncResult(remote.meta.round, remote.meta.threshold, remote.meta.sha256, changed,
+                      path)
+
+
+# talking to the server -------------------------------------------------------------------
+def _client(base: str, timeout: float) -> httpx.Client:
+    try:
+        return httpx.Client(base_url=base, timeout=httpx.Timeout(timeout))
+    except (httpx.InvalidURL, ValueError) as exc:
+        raise SyncError(f"{base!r} is not a usable FL server URL ({exc})") from None
+
+
+def _unreachable(base: str, exc: Exception) -> SyncError:
+    return SyncError(f"cannot reach the FL server at {base} ({str(exc) or type(exc).__name__})")
+
+
+def _check_status(response: httpx.Response, base: str) -> None:
+    """Turn a non-2xx answer into a SyncError with the server's own message."""
+    if response.is_success:
+        return
+    response.read()
+    raise SyncError(f"the FL server at {base} answered {response.status_code} for "
+                    f"{response.request.url.path}: {_error_message(response)}")
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        error = response.json().get("error")
+        if isinstance(error, dict) and error.get("message"):
+            return str(error["message"])
+    except (ValueError, AttributeError):
+        pass
+    return response.text[:200] or response.reason_phrase
+
+
+def _fetch_meta(http: httpx.Client, base: str) -> _Remote:
+    try:
+        response = http.get(META_PATH)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise _unreachable(base, exc) from None
+    if response.status_code == 404:
+        raise SyncError(f"the FL server at {base} has no global model yet")
+    _check_status(response, base)
+    try:
+        body = response.json()
+    except ValueError:
+        raise SyncError(f"the FL server at {base} sent a global-model description that is "
+                        "not JSON") from None
+    return _parse_meta(body, base)
+
+
+def _parse_meta(body: Any, base: str) -> _Remote:
+    """Validate the description: its round names a directory and its hash is compared."""
+    def invalid(why: str) -> SyncError:
+        return SyncError(f"the FL server at {base} sent an invalid global-model description "
+                         f"({why})")
+
+    if not isinstance(body, dict):
+        raise invalid("not a JSON object")
+    number, threshold, sha = body.get("round"), body.get("threshold"), body.get("sha256")
+    if not isinstance(number, int) or isinstance(number, bool) or number < 0:
+        raise invalid(f"round {number!r}")
+    if not _is_threshold(threshold):
+        raise invalid(f"threshold {threshold!r}")
+    if not isinstance(sha, str) or len(sha) != 64 or set(sha) - set("0123456789abcdef"):
+        raise invalid(f"sha256 {sha!r}")
+    try:
+        meta = GlobalModel(number, float(threshold), sha, str(body["base_model"]),
+                           int(body["top_layers"]), dict(body.get("metrics") or {}),
+                           float(body.get("created") or 0.0))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise invalid(f"{type(exc).__name__}: {exc}") from None
+    weights_url = body.get("weights_url") or f"{META_PATH}/rounds/{number}/weights"
+    if not isinstance(weights_url, str):
+        raise invalid(f"weights_url {weights_url!r}")
+    return _Remote(meta, weights_url)
+
+
+def _is_threshold(value: Any) -> bool:
+    """A cosine threshold as Settings accepts it: a number in (0, 1]."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 < value <= 1.0
+
+
+# the device's side -----------------------------------------------------------------------
+def _installed(root: Path) -> tuple[Path, GlobalModel] | None:
+    """The checkpoint LATEST names, or None; a damaged one is simply replaced."""
+    directory = latest_checkpoint(root)
+    if directory is None:
+        return None
+    try:
+        return directory, read_meta(directory)
+    except CheckpointError as exc:
+        log.warning("replacing the installed global model: %s", exc)
+        return None
+
+
+def _same(installed: GlobalModel, remote: GlobalModel) -> bool:
+    """Nothing to do: the same weights of the same round with the same threshold."""
+    return (installed.sha256, installed.round, installed.threshold) == (
+        remote.sha256, remote.round, remote.threshold)
+
+
+def _staging(root: Path) -> Path:
+    """A fresh temporary directory on the same filesystem, so installing is a rename."""
+    tmp = root / f".download-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    except OSError as exc:
+        raise CheckpointError(f"cannot store a global model in {root}: {exc}") from None
+    return tmp
+
+
+def _install(root: Path, tmp: Path, meta: GlobalModel) -> Path:
+    try:
+        (tmp / META).write_text(json.dumps(meta.to_json(), indent=2))
+        return install_checkpoint(root, tmp, meta.round)
+    except OSError as exc:
+        raise CheckpointError(f"cannot install the global model in {root}: {exc}") from None
+
+
+def _relabel(root: Path, current: Path, meta: GlobalModel) -> Path:
+    """Same weights under a new round or threshold: copy them locally, download nothing."""
+    tmp = _staging(root)
+    try:
+        shutil.copyfile(current / WEIGHTS, tmp / WEIGHTS)
+        return _install(root, tmp, meta)
+    except OSError as exc:
+        raise CheckpointError(f"cannot copy the global model in {current}: {exc}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _download(http: httpx.Client, base: str, remote: _Remote, root: Path,
+              progress: Progress | None) -> Path:
+    tmp = _staging(root)
+    try:
+        digest = _fetch_weights(http, base, remote, tmp / WEIGHTS, progress)
+        if digest != remote.meta.sha256:
+            raise CheckpointError(
+                f"the global model of round {remote.meta.round} downloaded from {base} does "
+                f"not match its sha256 (expected {remote.meta.sha256}, got {digest}); the "
+                "installed model was kept")
+        return _install(root, tmp, remote.meta)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already once installed
+
+
+def _fetch_weights(http: httpx.Client, base: str, remote: _Remote, target: Path,
+                   progress: Progress | None) -> str:
+    """Stream the weights into ``target``; the sha256 of what was received."""
+    digest = hashlib.sha256()
+    try:
+        with http.stream("GET", remote.weights_url) as response:
+            _check_status(response, base)
+            total = int(response.headers.get("Content-Length") or 0)
+            done = 0
+            with target.open("wb") as fh:
+                if progress:
+                    progress(0, total)
+                for chunk in response.iter_bytes(CHUNK):
+                    fh.write(chunk)
+                    digest.update(chunk)
+                    done += len(chunk)
+                    if progress:
+                        progress(done, total)
+            if progress and not total:
+                progress(done, done)
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
+        raise SyncError(f"the download from the FL server at {base} failed "
+                        f"({str(exc) or type(exc).__name__})") from None
+    except OSError as exc:
+        raise CheckpointError(f"cannot write the global model to {target}: {exc}") from None
+    return digest.hexdigest()
+
+
+def _set_threshold(cache_dir: Path, threshold: float) -> None:
+    """The cache decides hits with the global threshold from now on (idempotent, so a
+    crash after installing is repaired by the next sync)."""
+    store = EntryStore(cache_dir)
+    try:
+        if store.get_meta("threshold.global") != float(threshold):
+            store.set_meta("threshold.global", float(threshold))
+    finally:
+        store.close()

@@ -1,0 +1,278 @@
+"""The global-model endpoint and a device syncing from it: a real uvicorn server on
+loopback, real checkpoints on disk, real httpx. Faults are injected on the server's side
+(damaged weights, a server that is down, one with no model, one that answers nonsense)."""
+
+import socket
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from client.cache.store import EntryStore
+from client.config import Settings, load_settings
+from client.fl.sync import SyncError, SyncResult, sync_global_model
+from fl_server.model_endpoint import create_model_app
+from shared.fl.checkpoint import (
+    LATEST,
+    WEIGHTS,
+    CheckpointError,
+    GlobalModel,
+    load_checkpoint,
+    round_dir,
+    save_checkpoint,
+    sha256_file,
+)
+
+
+# a server on loopback --------------------------------------------------------------------
+class CountingApp:
+    """Passes requests through and counts them per path, to tell whether a sync downloaded."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.paths: Counter[str] = Counter()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            self.paths[scope["path"]] += 1
+        await self.app(scope, receive, send)
+
+    def weights_requests(self) -> int:
+        return sum(n for path, n in self.paths.items() if path.endswith("/weights"))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def serving(app: ASGIApp) -> Iterator[str]:
+    """Run ``app`` with uvicorn on a daemon thread; yields its base URL."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
+                                           access_log=False, lifespan="off", ws="none"))
+    thread = threading.Thread(target=server.run, name="fl-model-endpoint", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+# fixtures --------------------------------------------------------------------------------
+@pytest.fixture
+def server_root(tmp_path: Path) -> Path:
+    return tmp_path / "server" / "checkpoints"
+
+
+@pytest.fixture
+def counted(server_root: Path) -> CountingApp:
+    return CountingApp(create_model_app(server_root))
+
+
+@pytest.fixture
+def url(counted: CountingApp) -> Iterator[str]:
+    with serving(counted) as base:
+        yield base
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    """A fresh device: nothing under its data dir yet."""
+    return load_settings(config_dir=tmp_path / "cfg", data_dir=tmp_path / "data", environ={})
+
+
+def publish(root: Path, round_number: int, threshold: float, seed: int | None = None
+            ) -> GlobalModel:
+    """A checkpoint as the FL server writes one after a round."""
+    generator = torch.Generator().manual_seed(round_number if seed is None else seed)
+    state = {"w": torch.randn(4, 4, generator=generator), "b": torch.randn(4, generator=generator)}
+    return save_checkpoint(root, round_number, state, threshold, base_model="base",
+                           top_layers=0, metrics={"f1": 0.5 + round_number / 100})
+
+
+def cache_threshold(settings: Settings) -> float | None:
+    store = EntryStore(settings.cache_dir)
+    try:
+        return store.get_meta("threshold.global")
+    finally:
+        store.close()
+
+
+def latest_name(settings: Settings) -> str:
+    return (settings.global_model_dir / LATEST).read_text().strip()
+
+
+def leftovers(settings: Settings) -> list[str]:
+    return [p.name for p in settings.global_model_dir.iterdir() if p.name.startswith(".")]
+
+
+# the endpoint ----------------------------------------------------------------------------
+def test_meta_is_404_before_any_round(url: str) -> None:
+    for path in ("/v1/global-model", "/v1/global-model/weights",
+                 "/v1/global-model/rounds/1/weights"):
+        response = httpx.get(url + path)
+        assert response.status_code == 404, path
+        assert response.json()["error"]["message"]
+    assert httpx.get(url + "/health").json() == {"status": "ok"}
+
+
+def test_meta_describes_the_newest_round(url: str, server_root: Path) -> None:
+    publish(server_root, 1, 0.8)
+    newest = publish(server_root, 2, 0.75)
+    body = httpx.get(url + "/v1/global-model").json()
+    assert body.pop("weights_url") == "/v1/global-model/rounds/2/weights"
+    assert body == newest.to_json()
+    assert set(body) == {"round", "threshold", "sha256", "base_model", "top_layers",
+                         "metrics", "created"}
+
+
+def test_weights_are_the_newest_file(url: str, server_root: Path) -> None:
+    publish(server_root, 1, 0.8)
+    newest = publish(server_root, 2, 0.75)
+    response = httpx.get(url + "/v1/global-model/weights")
+    assert response.status_code == 200
+    assert response.content == (round_dir(server_root, 2) / WEIGHTS).read_bytes()
+    assert response.headers["X-Meancache-Sha256"] == newest.sha256
+    assert response.headers["X-Meancache-Round"] == "2"
+    assert int(response.headers["Content-Length"]) == len(response.content)
+
+
+def test_round_specific_weights(url: str, server_root: Path) -> None:
+    first = publish(server_root, 1, 0.8)
+    publish(server_root, 2, 0.75)
+    response = httpx.get(url + "/v1/global-model/rounds/1/weights")
+    assert response.status_code == 200
+    assert response.content == (round_dir(server_root, 1) / WEIGHTS).read_bytes()
+    assert response.headers["X-Meancache-Sha256"] == first.sha256
+    assert response.headers["X-Meancache-Round"] == "1"
+    assert httpx.get(url + "/v1/global-model/rounds/7/weights").status_code == 404
+    (round_dir(server_root, 1) / WEIGHTS).unlink()  # a round the server removed
+    assert httpx.get(url + "/v1/global-model/rounds/1/weights").status_code == 404
+
+
+# syncing a device ------------------------------------------------------------------------
+def test_sync_installs_the_global_model(url: str, server_root: Path,
+                                        settings: Settings) -> None:
+    published = publish(server_root, 3, 0.77)
+    calls: list[tuple[int, int]] = []
+    result = sync_global_model(url, settings, progress=lambda done, total:
+                               calls.append((done, total)))
+    assert result == SyncResult(3, 0.77, published.sha256, True,
+                                round_dir(settings.global_model_dir, 3))
+    assert latest_name(settings) == "round-0003"
+    meta, state = load_checkpoint(result.path)  # verifies the sha256
+    assert meta == published
+    assert set(state) == {"w", "b"}
+    assert cache_threshold(settings) == pytest.approx(0.77)
+    size = (round_dir(server_root, 3) / WEIGHTS).stat().st_size
+    assert calls and calls[-1] == (size, size)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+    assert leftovers(settings) == []
+
+
+def test_second_sync_downloads_nothing(url: str, server_root: Path, settings: Settings,
+                                       counted: CountingApp) -> None:
+    publish(server_root, 1, 0.8)
+    first = sync_global_model(url, settings)
+    weights = first.path / WEIGHTS
+    mtime = weights.stat().st_mtime_ns
+    assert counted.weights_requests() == 1
+    again = sync_global_model(url, settings, progress=lambda *_: pytest.fail("downloaded"))
+    assert again.changed is False
+    assert (again.round, again.sha256, again.path) == (first.round, first.sha256, first.path)
+    assert counted.weights_requests() == 1
+    assert weights.stat().st_mtime_ns == mtime
+
+
+def test_newer_round_replaces_the_installed_one(url: str, server_root: Path,
+                                                settings: Settings) -> None:
+    publish(server_root, 1, 0.8)
+    sync_global_model(url, settings)
+    newer = publish(server_root, 2, 0.7)
+    result = sync_global_model(url, settings)
+    assert (result.round, result.changed, result.sha256) == (2, True, newer.sha256)
+    assert latest_name(settings) == "round-0002"
+    assert load_checkpoint(result.path)[0] == newer
+    assert cache_threshold(settings) == pytest.approx(0.7)
+
+
+def test_same_weights_new_threshold_is_relabelled_without_download(
+        url: str, server_root: Path, settings: Settings, counted: CountingApp) -> None:
+    first = publish(server_root, 1, 0.8, seed=5)
+    sync_global_model(url, settings)
+    second = publish(server_root, 2, 0.72, seed=5)  # same weights, so the same sha256
+    assert second.sha256 == first.sha256
+    result = sync_global_model(url, settings)
+    assert (result.round, result.changed) == (2, True)
+    assert counted.weights_requests() == 1
+    assert latest_name(settings) == "round-0002"
+    assert load_checkpoint(result.path)[0] == second
+    assert cache_threshold(settings) == pytest.approx(0.72)
+
+
+def test_corrupted_download_keeps_the_installed_model(url: str, server_root: Path,
+                                                      settings: Settings) -> None:
+    kept = publish(server_root, 1, 0.8)
+    sync_global_model(url, settings)
+    damaged = publish(server_root, 2, 0.6)
+    weights = round_dir(server_root, 2) / WEIGHTS
+    weights.write_bytes(weights.read_bytes()[:-8] + b"tampered")  # no longer its sha256
+    with pytest.raises(CheckpointError) as info:
+        sync_global_model(url, settings)
+    assert damaged.sha256 in str(info.value)
+    assert sha256_file(weights) in str(info.value)
+    assert latest_name(settings) == "round-0001"
+    assert load_checkpoint(round_dir(settings.global_model_dir, 1))[0] == kept
+    assert not round_dir(settings.global_model_dir, 2).exists()
+    assert leftovers(settings) == []
+    assert cache_threshold(settings) == pytest.approx(0.8)
+
+
+def test_server_down(settings: Settings) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    with pytest.raises(SyncError, match="cannot reach the FL server") as info:
+        sync_global_model(url, settings, timeout=2)
+    assert url in str(info.value)
+    assert not settings.global_model_dir.exists()
+
+
+def test_no_model_yet(url: str, settings: Settings) -> None:
+    with pytest.raises(SyncError, match="no global model yet"):
+        sync_global_model(url, settings)
+    assert not (settings.global_model_dir / LATEST).exists()
+
+
+def test_invalid_description(settings: Settings) -> None:
+    async def meta(request: Request) -> Response:
+        return JSONResponse({"round": "three", "threshold": 0.8, "sha256": "0" * 64})
+
+    async def broken(request: Request) -> Response:
+        return JSONResponse({"error": {"message": "disk on fire"}}, status_code=500)
+
+    app = Starlette(routes=[Route("/v1/global-model", meta),
+                            Route("/bad/v1/global-model", broken)])
+    with serving(app) as base:
+        with pytest.raises(SyncError, match="invalid global-model description"):
+            sync_global_model(base, settings)
+        with pytest.raises(SyncError, match="answered 500.*disk on fire"):
+            sync_global_model(base + "/bad", settings)
