@@ -1,0 +1,118 @@
+"""Deployment on loopback, through the real commands: `meancache fl server` (a Flower
+SuperLink), two `meancache fl join` SuperNodes, `meancache fl run` for one round, and a
+SuperNode killed mid-round; then a new user syncs the global model."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from client.config import load_settings
+from client.fl.device import DeviceState
+from shared.encoder import Encoder
+from shared.fl.checkpoint import latest_checkpoint, read_meta
+from tests.test_fl import FEEDBACK, device_with_feedback
+from tests.tiny_encoder import make_tiny_encoder
+from upstream.server.serve import free_port
+
+
+def wait_for_port(port: int, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"nothing listens on port {port}")
+
+
+class Processes:
+    """Commands in their own process groups, all killed at the end."""
+
+    def __init__(self, tmp: Path, encoder: Path) -> None:
+        self.tmp, self.encoder = tmp, encoder
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def start(self, data_dir: Path, *args: str) -> subprocess.Popen[bytes]:
+        env = {**os.environ, "MEANCACHE_DATA_DIR": str(data_dir),
+               "MEANCACHE_CONFIG_DIR": str(self.tmp / "config")}
+        log = (self.tmp / f"{data_dir.name}-{args[1]}.log").open("wb")
+        process = subprocess.Popen(
+            [sys.executable, "-m", "client", "--encoder", str(self.encoder), *args],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.started.append(process)
+        return process
+
+    def kill(self, process: subprocess.Popen[bytes]) -> None:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=30)
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                self.kill(process)
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    running = Processes(tmp_path, make_tiny_encoder(tmp_path / "models"))
+    yield running
+    running.stop_all()
+
+
+def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
+                                                      processes: Processes) -> None:
+    server, alice, bob = tmp_path / "server", tmp_path / "alice", tmp_path / "bob"
+    device_with_feedback(alice, FEEDBACK)
+    # Bob has more to learn from: his training is still running when he drops out.
+    device_with_feedback(bob, FEEDBACK * 60)
+    link, model_port = free_port(), free_port()
+    processes.start(server, "fl", "server", "--port", str(link),
+                    "--model-port", str(model_port))
+    wait_for_port(link)
+    wait_for_port(model_port)
+    processes.start(alice, "fl", "join", "--superlink", f"127.0.0.1:{link}",
+                    "--port", str(free_port()))
+    bob_node = processes.start(bob, "fl", "join", "--superlink", f"127.0.0.1:{link}",
+                               "--port", str(free_port()))
+    run = processes.start(server, "fl", "run", "--superlink", f"127.0.0.1:{link}",
+                          "--rounds", "1", "--run-config",
+                          "top-layers=1 min-pairs=10 min-available-nodes=2 min-train-nodes=1 "
+                          "fraction-evaluate=0.0 round-timeout=300.0")
+    deadline = time.monotonic() + 180
+    while latest_checkpoint(bob / "fl" / "global") is None:  # Bob received the model...
+        assert time.monotonic() < deadline, "Bob never started training"
+        assert run.poll() is None, (tmp_path / "server-run.log").read_text()
+        time.sleep(0.2)
+    processes.kill(bob_node)  # ...and vanishes mid-round
+    assert run.wait(timeout=240) == 0, (tmp_path / "server-run.log").read_text()
+
+    checkpoints = server / "fl-server" / "checkpoints"
+    latest = latest_checkpoint(checkpoints)
+    assert latest is not None and latest.name == "round-0001"
+    meta = read_meta(latest)
+    assert meta.metrics["clients"] == 1  # only Alice's weights were averaged
+    history = [json.loads(line) for line in (checkpoints / "history.jsonl").read_text()
+               .splitlines()]
+    assert [int(h["round"]) for h in history] == [0, 1]
+
+    # A new user downloads the global model and starts from it.
+    carol = tmp_path / "carol"
+    sync = processes.start(carol, "fl", "sync", "--server", f"http://127.0.0.1:{model_port}")
+    assert sync.wait(timeout=120) == 0, (tmp_path / "carol-sync.log").read_text()
+    installed = latest_checkpoint(carol / "fl" / "global")
+    assert installed is not None and read_meta(installed).sha256 == meta.sha256
+    settings = load_settings(config_dir=tmp_path / "config", data_dir=carol, environ={},
+                             encoder_model=str(processes.encoder), encoder_backend="torch")
+    base = Encoder.load(processes.encoder, backend="torch")
+    assert DeviceState(settings).encoder().version != base.version
