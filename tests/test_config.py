@@ -68,3 +68,11 @@ def test_bad_config_names_what_is_wrong(tmp_path: Path, text: str, message: str)
 def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="MEANCACHE_CONTEXT_AWARE"):
         load_settings(config_dir=tmp_path, environ={"MEANCACHE_CONTEXT_AWARE": "maybe"})
+
+
+def test_the_example_config_in_deploy_is_valid(tmp_path: Path) -> None:
+    example = Path(__file__).resolve().parents[1] / "deploy" / "config.example.toml"
+    write_config(tmp_path, example.read_text())
+    settings = load_settings(config_dir=tmp_path, environ={})
+    assert settings.upstream_url == "http://127.0.0.1:8080"
+    assert settings.keymap == {"reject": "ctrl+r", "stats": "f5"}

@@ -116,3 +116,34 @@ def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
                              encoder_model=str(processes.encoder), encoder_backend="torch")
     base = Encoder.load(processes.encoder, backend="torch")
     assert DeviceState(settings).encoder().version != base.version
+
+
+def test_supernodes_connect_over_tls_with_the_certificate_script(
+    tmp_path: Path, processes: Processes
+) -> None:
+    certificates = tmp_path / "certs"
+    script = Path(__file__).resolve().parents[1] / "deploy" / "make-certificates.sh"
+    subprocess.run(["bash", str(script), str(certificates)], check=True, capture_output=True)
+    link, model_port = free_port(), free_port()
+    processes.start(tmp_path / "server", "fl", "server", "--port", str(link),
+                    "--model-port", str(model_port), "--certificates", str(certificates))
+    wait_for_port(link)
+    processes.start(tmp_path / "alice", "fl", "join", "--superlink", f"127.0.0.1:{link}",
+                    "--port", str(free_port()), "--root-certificate",
+                    str(certificates / "ca.crt"))
+    from fl_server.processes import flower_command, write_connection
+
+    home = tmp_path / "flwr-home"
+    write_connection(home, f"127.0.0.1:{link}", certificates / "ca.crt")
+    env = {**os.environ, "FLWR_HOME": str(home)}
+    deadline = time.monotonic() + 60
+    while True:
+        listed = subprocess.run([flower_command("flwr"), "supernode", "ls", "meancache",
+                                 "--format", "json"], env=env, capture_output=True, text=True)
+        if '"online"' in listed.stdout:
+            break
+        assert time.monotonic() < deadline, listed.stdout + listed.stderr
+        time.sleep(1)
+    plain = subprocess.run(["curl", "-s", "--max-time", "5", f"http://127.0.0.1:{link}/"],
+                           capture_output=True)
+    assert plain.returncode != 0  # the port speaks TLS only
