@@ -46,6 +46,9 @@ class Settings:
     answer_max_tokens: int = 512
     temperature: float = 0.7
     keymap: dict[str, str] = field(default_factory=dict)  # chat binding id -> keys
+    fl_server_url: str | None = None  # the FL server's global-model endpoint (sync)
+    fl_superlink: str | None = None  # HOST:PORT of the SuperLink the chat may join
+    fl_root_certificate: str | None = None  # the FL CA certificate, for TLS
 
     @property
     def config_file(self) -> Path:

@@ -262,3 +262,79 @@ def test_multi_line_paste_and_an_over_long_question(settings: Settings) -> None:
             assert "question truncated for matching" in badge(app)
 
     asyncio.run(run())
+
+
+def test_fl_actions_are_off_until_configured(settings: Settings) -> None:
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            assert app.chat.check_action("fl_sync", ()) is None
+            assert app.chat.check_action("fl_join", ()) is None
+
+    asyncio.run(run())
+
+
+def test_sync_downloads_the_global_model_and_re_embeds(
+    settings: Settings, encoder: Encoder, tmp_path: Path
+) -> None:
+    import threading
+
+    import uvicorn
+
+    from fl_server.model_endpoint import create_model_app
+    from shared.fl.checkpoint import save_checkpoint
+    from shared.fl.weights import federated_names, federated_state
+
+    model = encoder.sentence_transformer
+    names = federated_names(model, 1)
+    nudged = {k: v * 1.01 for k, v in federated_state(model, names).items()}
+    save_checkpoint(tmp_path / "server", 4, nudged, 0.88, encoder.base_version, 1)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_model_app(tmp_path / "server"),
+                                           host="127.0.0.1", port=port, log_config=None))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    configured = dataclasses.replace(settings, fl_server_url=f"http://127.0.0.1:{port}",
+                                     encoder_backend="torch")
+
+    async def run() -> None:
+        app = MeanCacheApp(configured)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await ask(pilot, "How do I learn to swim?")
+            assert app.session is not None
+            before = app.session.cache.encoder.version
+            await pilot.press("f7")
+            await wait_for(pilot, lambda: app.session.cache.encoder.version != before, 120)
+            await wait_for(pilot, lambda: not app.chat.workers, 60)
+            stats = app.session.cache.stats()
+            assert stats.entries == 1 and stats.stale_entries == 0
+            assert stats.global_threshold == pytest.approx(0.88)
+            await ask(pilot, "How do I learn to swim?")
+            assert app.chat.conversation.turns[-1].source == "cache"
+
+    try:
+        asyncio.run(run())
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def test_join_runs_this_users_supernode_until_left(settings: Settings) -> None:
+    configured = dataclasses.replace(settings, fl_superlink=f"127.0.0.1:{free_port()}")
+
+    async def run() -> None:
+        app = MeanCacheApp(configured)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await pilot.press("f8")
+            node = app.chat.supernode
+            assert node is not None and node.poll() is None
+            assert "federated learning: joined" in str(app.chat.query_one("#status").render())
+            assert f"data-dir='{configured.data_dir}'" in " ".join(node.args)  # type: ignore
+            await pilot.press("f8")
+            assert app.chat.supernode is None
+            assert node.wait(timeout=30) is not None
+
+    asyncio.run(run())

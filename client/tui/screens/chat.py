@@ -1,6 +1,8 @@
 """The chat: questions, streamed answers with their source, and every action on them."""
 
 import asyncio
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -10,7 +12,7 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.events import Paste
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, Markdown, Static
+from textual.widgets import Footer, Header, Input, Markdown, ProgressBar, Static
 
 from client.chat.conversations import Conversation
 from client.tui.text import printable
@@ -36,6 +38,11 @@ CHAT_BINDINGS = [
     Binding("ctrl+s", "export", "Export", id="export",
             tooltip="Export this chat as Markdown"),
     Binding("ctrl+t", "stats", "Stats", id="stats", tooltip="Hit rate, thresholds, sizes"),
+    Binding("f7", "fl_sync", "Sync model", id="fl_sync",
+            tooltip="Download the newest federated global model (needs fl_server_url)"),
+    Binding("f8", "fl_join", "Join FL", id="fl_join",
+            tooltip="Train in federated rounds on this device's feedback (needs fl_superlink); "
+                    "press again to leave"),
 ]
 
 
@@ -55,6 +62,8 @@ class ChatScreen(Screen[None]):
     #messages { height: 1fr; padding: 0 1; }
     #status { height: 1; color: $text-muted; padding: 0 1; }
     #question { dock: bottom; }
+    #progress { display: none; height: 1; padding: 0 1; }
+    #progress.active { display: block; }
     .notice { color: $text-muted; margin: 1 0 0 0; }
     """
 
@@ -62,11 +71,14 @@ class ChatScreen(Screen[None]):
         super().__init__()
         self.conversation = Conversation()
         self.busy = False
+        self.supernode: subprocess.Popen[bytes] | None = None
+        self.known_round: int | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
         yield VerticalScroll(id="messages")
         yield Static("loading the cache and the upstream…", id="status", markup=False)
+        yield ProgressBar(id="progress", show_eta=False)
         yield QuestionInput(placeholder="Ask anything (enter to send)", id="question",
                             disabled=True)
         yield Footer()
@@ -104,6 +116,11 @@ class ChatScreen(Screen[None]):
             return True if self.busy else None
         if action in ("attach", "stats", "export", "new_chat", "conversations"):
             return True if self.meancache.session else None
+        settings = self.meancache.settings
+        if action == "fl_sync":
+            return True if self.meancache.session and settings.fl_server_url else None
+        if action == "fl_join":
+            return True if self.meancache.session and settings.fl_superlink else None
         return True
 
     def show_conversation(self, conversation: Conversation) -> None:
@@ -243,3 +260,97 @@ class ChatScreen(Screen[None]):
             self._notice(f"attached {document.path}: {document.tokens} tokens cached as "
                          "modules on the upstream; this chat's answers reuse them"))
         self.notify(f"{path.name} attached ({document.tokens} tokens)", title="Attached")
+
+    # federated learning -------------------------------------------------------------
+    def _progress(self, label: str) -> Callable[[int, int], None]:
+        """A (done, total) callback, safe to call from a worker thread."""
+        bar = self.query_one("#progress", ProgressBar)
+        status = self.query_one("#status", Static)
+
+        def update(done: int, total: int) -> None:
+            def show() -> None:
+                bar.add_class("active")
+                bar.update(total=total or None, progress=done)
+                status.update(label)
+            self.app.call_from_thread(show)
+
+        return update
+
+    def _progress_done(self) -> None:
+        self.query_one("#progress", ProgressBar).remove_class("active")
+        self.query_one("#status", Static).update(self._status_line())
+
+    def _status_line(self) -> str:
+        line = self.session.upstream_label
+        if self.supernode is not None:
+            line += f" · federated learning: joined {self.meancache.settings.fl_superlink}"
+            if self.known_round is not None:
+                line += f" (global model of round {self.known_round})"
+        return line
+
+    @work(thread=True, exclusive=True, group="fl")
+    def action_fl_sync(self) -> None:
+        from client.tui.federated import sync_and_switch
+
+        try:
+            result, reembedded = sync_and_switch(
+                self.session, self._progress("downloading the global model…"),
+                self._progress("re-embedding cached questions…"))
+        except (MeanCacheError, ValueError) as exc:
+            self.app.call_from_thread(self.notify, str(exc), title="Sync failed",
+                                      severity="error")
+            return
+        finally:
+            self.app.call_from_thread(self._progress_done)
+        message = (f"global model of round {result.round}, threshold {result.threshold:.3f}"
+                   + (f"; re-embedded {reembedded} cached questions" if reembedded else "")
+                   if result.changed else f"already up to date (round {result.round})")
+        self.app.call_from_thread(self.notify, message, title="Federated model")
+
+    def action_fl_join(self) -> None:
+        from client.tui.federated import latest_round, start_supernode
+        from upstream.server.serve import free_port
+
+        if self.supernode is not None:
+            self.supernode.terminate()
+            self.supernode = None
+            self.notify("Left federated learning.")
+        else:
+            self.supernode = start_supernode(self.session, free_port())
+            self.known_round = latest_round(self.session)
+            self.set_interval(2.0, self._watch_rounds, name="fl-rounds")
+            self.notify(f"Joined federated learning at {self.meancache.settings.fl_superlink}; "
+                        "only weights, a threshold and counts leave this device.")
+        self.query_one("#status", Static).update(self._status_line())
+
+    def _watch_rounds(self) -> None:
+        """When the SuperNode kept a newer global model, switch the cache to it."""
+        from client.tui.federated import latest_round
+
+        if self.supernode is None:
+            return
+        if self.supernode.poll() is not None:
+            self.supernode = None
+            self.notify("The federated learning node stopped; see logs/supernode.log.",
+                        severity="warning")
+            self.query_one("#status", Static).update(self._status_line())
+            return
+        current = latest_round(self.session)
+        if current is not None and current != self.known_round:
+            self.known_round = current
+            self.notify(f"Received the global model of round {current}; re-embedding.",
+                        title="Federated model")
+            self.switch_model()
+
+    @work(thread=True, exclusive=True, group="fl")
+    def switch_model(self) -> None:
+        from client.tui.federated import switch_to_latest
+
+        try:
+            switch_to_latest(self.session, self._progress("re-embedding cached questions…"))
+        finally:
+            self.app.call_from_thread(self._progress_done)
+
+    def on_unmount(self) -> None:
+        if self.supernode is not None:
+            self.supernode.terminate()
