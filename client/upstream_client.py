@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from client.http_errors import describe, error_message
 from shared.errors import MeanCacheError
 
 log = logging.getLogger(__name__)
@@ -88,13 +89,13 @@ class UpstreamClient:
             try:
                 response = await self._http.send(request, stream=stream)
             except httpx.TransportError as exc:
-                failure = f"cannot reach the upstream at {self.base_url} ({_describe(exc)})"
+                failure = f"cannot reach the upstream at {self.base_url} ({describe(exc)})"
                 continue
             if response.status_code < 400:
                 return response
             await response.aread()
             await response.aclose()
-            message = _error_message(response)
+            message = error_message(response)
             if response.status_code != 429 and response.status_code < 500:
                 raise UpstreamRejectedError(message, response.status_code)
             failure = f"the upstream answered {response.status_code}: {message}"
@@ -156,7 +157,7 @@ class UpstreamClient:
                         yield Delta(piece)
         except httpx.TransportError as exc:
             raise UpstreamUnavailableError(
-                f"the connection to the upstream broke mid-answer ({_describe(exc)})"
+                f"the connection to the upstream broke mid-answer ({describe(exc)})"
             ) from None
         details = usage.get("prompt_tokens_details") or {}
         yield Completed(
@@ -164,17 +165,3 @@ class UpstreamClient:
             int(details.get("cached_tokens") or 0),
             ttft if ttft is not None else time.perf_counter() - start, finish,
         )
-
-
-def _describe(exc: Exception) -> str:
-    return str(exc) or type(exc).__name__
-
-
-def _error_message(response: httpx.Response) -> str:
-    try:
-        error = response.json().get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-    except (ValueError, AttributeError):
-        pass
-    return response.text[:200] or response.reason_phrase

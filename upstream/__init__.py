@@ -1,1 +1,3 @@
-"""LLM server with Prompt Cache module reuse (see issue: upstream)."""
+"""LLM server with Prompt Cache module reuse."""
+
+import shared  # noqa: F401  (sets the offline environment before any Hugging Face import)

@@ -1,15 +1,11 @@
 """Load the causal LM the server runs: a local Hugging Face directory or a built-in one."""
 
 import logging
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-import torch  # noqa: E402
-from transformers import (  # noqa: E402
+import torch
+from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -17,8 +13,8 @@ from transformers import (  # noqa: E402
     PreTrainedTokenizerBase,
 )
 
-from upstream.builtin import BUILTIN_MODELS, CHAT_TEMPLATE, builtin_model, builtin_tokenizer  # noqa: E402
-from upstream.errors import ModelLoadError, UnsupportedModelError  # noqa: E402
+from upstream.builtin import BUILTIN_MODELS, CHAT_TEMPLATE, builtin_model, builtin_tokenizer
+from upstream.errors import ModelLoadError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 

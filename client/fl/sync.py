@@ -26,6 +26,7 @@ import httpx
 
 from client.cache.store import EntryStore
 from client.config import Settings
+from client.http_errors import error_message
 from shared.errors import MeanCacheError
 from shared.fl.checkpoint import (
     META,
@@ -108,17 +109,9 @@ def _check_status(response: httpx.Response, base: str) -> None:
         return
     response.read()
     raise SyncError(f"the FL server at {base} answered {response.status_code} for "
-                    f"{response.request.url.path}: {_error_message(response)}")
+                    f"{response.request.url.path}: {error_message(response)}")
 
 
-def _error_message(response: httpx.Response) -> str:
-    try:
-        error = response.json().get("error")
-        if isinstance(error, dict) and error.get("message"):
-            return str(error["message"])
-    except (ValueError, AttributeError):
-        pass
-    return response.text[:200] or response.reason_phrase
 
 
 def _fetch_meta(http: httpx.Client, base: str) -> _Remote:

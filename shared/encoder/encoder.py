@@ -8,15 +8,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-from shared.encoder._fingerprint import model_fingerprint  # noqa: E402
-from shared.encoder._locate import locate_model  # noqa: E402
-from shared.encoder._onnx import (  # noqa: E402
+from shared.encoder._fingerprint import model_fingerprint
+from shared.encoder._locate import locate_model
+from shared.encoder._onnx import (
     PARITY_MIN_COSINE,
     PARITY_QUERIES,
     OnnxBackendError,
@@ -24,9 +21,9 @@ from shared.encoder._onnx import (  # noqa: E402
     export_pipeline,
     min_parity_cosine,
 )
-from shared.encoder.pca import PCAProjection  # noqa: E402
-from shared.encoder.pipeline import EmbeddingPipeline  # noqa: E402
-from shared.errors import EncoderError  # noqa: E402
+from shared.encoder.pca import PCAProjection
+from shared.encoder.pipeline import EmbeddingPipeline
+from shared.errors import EncoderError
 
 log = logging.getLogger(__name__)
 
