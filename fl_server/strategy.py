@@ -1,6 +1,10 @@
 """FedAvg of the encoder's federated weights, plus the threshold: the global threshold
-goes out with every round, and comes back as the mean of the devices' thresholds,
-weighted by their example counts. Devices that trained nothing (weight 0) are left out."""
+goes out with every round, and is the mean of the thresholds devices sent back, weighted
+by their example counts. Devices that trained nothing (weight 0) are left out.
+
+The mean runs over all rounds so far, not just the last: a round samples a few devices
+whose small validation sets give jumpy thresholds (a per-round mean swung by +-0.03
+between rounds in benchmarks/fl_quality.py), while the model moves slowly."""
 
 import logging
 from collections.abc import Iterable
@@ -17,6 +21,7 @@ class ThresholdFedAvg(FedAvg):
     def __init__(self, threshold: float, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.threshold = threshold
+        self.threshold_examples = 0.0  # how many examples the current threshold rests on
         self.bytes_received: dict[int, dict[int, int]] = {}  # round -> node -> bytes
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
@@ -46,5 +51,9 @@ class ThresholdFedAvg(FedAvg):
             return None, None
         arrays, metrics = super().aggregate_train(server_round, useful)
         if metrics is not None and "threshold" in metrics:
-            self.threshold = float(metrics["threshold"])
+            examples = sum(self._weight(m) for m in useful if m.has_content())
+            total = self.threshold_examples + examples
+            self.threshold = (self.threshold * self.threshold_examples
+                              + float(metrics["threshold"]) * examples) / total
+            self.threshold_examples = total
         return arrays, metrics

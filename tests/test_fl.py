@@ -191,6 +191,8 @@ def test_fedavg_weights_thresholds_by_examples_and_ignores_idle_devices() -> Non
     assert set(strategy.bytes_received[1]) == {1, 2, 3}
     none, _ = strategy.aggregate_train(2, [reply(4, 5.0, 0.5, 0)])
     assert none is None and strategy.threshold == pytest.approx(0.85)
+    strategy.aggregate_train(3, [reply(5, 2.0, 0.60, 10)])  # a running mean over rounds
+    assert strategy.threshold == pytest.approx((40 * 0.85 + 10 * 0.60) / 50)
 
 
 # simulation on the engine -----------------------------------------------------------------
