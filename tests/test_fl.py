@@ -215,3 +215,19 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) 
     initial = federated_state(model, federated_names(model, 1))
     assert any(not torch.equal(state[k], initial[k]) for k in initial)  # it learned
     load_federated_state(model, state)
+
+
+def test_central_differential_privacy_option_runs(tmp_path: Path, tiny_dir: Path) -> None:
+    from fl_server.simulate import SimulationConfig, simulate
+
+    common = {"pairs": DATA / "qqp" / "pairs.jsonl", "clients": 2, "per_round": 2,
+              "rounds": 1, "pairs_per_client": 30, "top_layers": 1,
+              "encoder_model": str(tiny_dir), "held_out": 0}
+    plain = simulate(SimulationConfig(checkpoint_dir=tmp_path / "plain", **common))
+    noisy = simulate(SimulationConfig(checkpoint_dir=tmp_path / "dp", dp_noise_multiplier=5.0,
+                                      dp_clipping_norm=0.1, **common))
+    assert len(plain) == len(noisy) == 2
+    _, without = load_checkpoint(latest_checkpoint(tmp_path / "plain"))  # type: ignore[arg-type]
+    _, with_dp = load_checkpoint(latest_checkpoint(tmp_path / "dp"))  # type: ignore[arg-type]
+    differences = [float((with_dp[k] - without[k]).abs().max()) for k in without]
+    assert max(differences) > 0.01  # the clipped, noised average is not the plain one
