@@ -14,7 +14,7 @@ FOLLOW_UP = ("What famous landmark can you find there?", "The Eiffel Tower.")
 
 PROBES: list[tuple[str, str | None, str]] = [
     ("What is the capital of France?", None, "the same question"),
-    ("what's the capital city of france", None, "a paraphrase"),
+    ("what is france's capital city?", None, "a paraphrase"),
     ("How can I reverse a Python list?", None, "a paraphrase"),
     ("Who won the football world cup in 2018?", None, "an unrelated question"),
     (FOLLOW_UP[0], "What is the capital of France?", "follow-up, same context"),

@@ -27,7 +27,7 @@ CacheFactory = Callable[..., SemanticCache]
 REPO = Path(__file__).resolve().parents[1]
 
 FRANCE = "What is the capital of France?"
-FRANCE_PARAPHRASE = "what's the capital city of france"
+FRANCE_PARAPHRASE = "what is france's capital city?"
 UNRELATED = [
     "How do I bake sourdough bread at home?",
     "What is the best way to learn to play the guitar?",

@@ -102,7 +102,7 @@ def test_reject_requeries_and_retunes(settings: Settings) -> None:
             assert app.chat.check_action("reject", ()) is None  # nothing cached to reject
             await ask(pilot, "What is the capital of France?")
             await ask(pilot, "What is the capital of France?")  # a hit: a weak positive
-            await ask(pilot, "what's the capital city of france")
+            await ask(pilot, "what is france's capital city?")
             wrong = app.chat.conversation.turns[-1]
             assert wrong.source == "cache"
             assert app.chat.check_action("reject", ()) is True

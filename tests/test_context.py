@@ -104,7 +104,7 @@ def test_follow_up_is_served_after_a_paraphrased_main_query(make_cache: CacheFac
     cache.insert("What famous landmark can you find in Paris?", "The Eiffel Tower.",
                  context=Context(prev_query="What is the capital of France?"))
     result = cache.lookup("What famous landmark can you find in Paris?",
-                          Context(prev_query="what's the capital city of france"))
+                          Context(prev_query="what is france's capital city?"))
     assert hit(result).answer == "The Eiffel Tower."
 
 

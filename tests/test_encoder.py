@@ -10,6 +10,7 @@ import shared.encoder.encoder as encoder_module
 from shared.encoder import Encoder, PCAProjection, locate_model, packaged_minilm_dir
 from shared.encoder._fingerprint import model_fingerprint
 from shared.errors import EncoderError, ModelNotFoundError
+from shared.threshold import DEFAULT_THRESHOLD
 
 QUERIES = [
     "What is the capital of France?",
@@ -52,7 +53,7 @@ def test_a_paraphrase_is_closer_than_an_unrelated_sentence(encoder: Encoder) -> 
         "Which city is the capital of France?",
         "How do I bake sourdough bread at home?",
     ])
-    assert base @ paraphrase > 0.83  # the default threshold
+    assert base @ paraphrase > DEFAULT_THRESHOLD
     assert base @ unrelated < 0.5
     assert base @ paraphrase > base @ unrelated
 

@@ -12,7 +12,7 @@ CacheFactory = Callable[..., SemanticCache]
 
 FRANCE = "What is the capital of France?"
 # Same question, other words: served correctly.
-POSITIVES = ["What is the capital of France?", "what's the capital city of france"]
+POSITIVES = ["What is the capital of France?", "what is france's capital city?"]
 # Related but different questions: with a low tau they hit FRANCE, and the user rejects them.
 NEGATIVES = ["What is the capital of Germany?", "What is the population of France?"]
 
@@ -91,10 +91,10 @@ def test_global_threshold_is_used_until_a_local_one_exists(make_cache: CacheFact
     cache = make_cache(settings=CacheSettings(tune_min_per_class=2))
     cache.insert(FRANCE, "Paris.")
     paraphrase = hit(cache.lookup(POSITIVES[1]))
-    assert paraphrase.similarity < 0.95
+    assert paraphrase.similarity < 0.97
 
-    cache.set_global_threshold(0.95)
-    assert cache.threshold == cache.global_threshold == 0.95
+    cache.set_global_threshold(0.97)
+    assert cache.threshold == cache.global_threshold == 0.97
     assert isinstance(cache.lookup(POSITIVES[1]), Miss)
     cache.set_global_threshold(1.0)  # the upper bound is allowed
     cache.set_global_threshold(0.3)

@@ -15,7 +15,7 @@ def unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
 def test_empty_index_finds_nothing() -> None:
     index = VectorIndex(4)
     assert len(index) == 0
-    assert index.search(np.ones(4, dtype=np.float32)) == []
+    assert index.search(np.ones(4, dtype=np.float32)) == ([], None)
 
 
 def test_add_and_search_returns_best_first() -> None:
@@ -24,7 +24,7 @@ def test_add_and_search_returns_best_first() -> None:
     index.add("y", np.array([0, 1, 0], dtype=np.float32))
     index.add("xy", np.array([0.6, 0.8, 0], dtype=np.float32))
     query = np.array([0.8, 0.6, 0], dtype=np.float32)
-    result = index.search(query, k=3)
+    result = index.search(query, k=3)[0]
     assert [i for i, _ in result] == ["xy", "x", "y"]
     assert [s for _, s in result] == pytest.approx([0.96, 0.8, 0.6])
     assert "xy" in index and "z" not in index
@@ -38,7 +38,7 @@ def test_k_limits_the_result() -> None:
     index.add_many([f"e{i}" for i in range(50)], vectors)
     query = vectors[7]
     scores = vectors @ query
-    result = index.search(query, k=5)
+    result = index.search(query, k=5)[0]
     assert [i for i, _ in result] == [f"e{i}" for i in np.argsort(-scores)[:5]]
     assert result[0] == ("e7", pytest.approx(1.0))
 
@@ -48,8 +48,11 @@ def test_min_score_filters() -> None:
     index.add("a", np.array([1, 0], dtype=np.float32))
     index.add("b", np.array([0.6, 0.8], dtype=np.float32))
     index.add("c", np.array([-1, 0], dtype=np.float32))
-    result = index.search(np.array([1, 0], dtype=np.float32), k=10, min_score=0.5)
+    result, best = index.search(np.array([1, 0], dtype=np.float32), k=10, min_score=0.5)
     assert [i for i, _ in result] == ["a", "b"]
+    assert best == pytest.approx(1.0)
+    assert index.search(np.array([0, -1], dtype=np.float32), min_score=0.5) == (
+        [], pytest.approx(0.0))  # nothing above, but the best cosine is still reported
 
 
 def test_adding_an_existing_id_replaces_its_vector() -> None:
@@ -57,7 +60,7 @@ def test_adding_an_existing_id_replaces_its_vector() -> None:
     index.add("a", np.array([1, 0], dtype=np.float32))
     index.add("a", np.array([0, 1], dtype=np.float32))
     assert len(index) == 1
-    assert index.search(np.array([0, 1], dtype=np.float32)) == [("a", pytest.approx(1.0))]
+    assert index.search(np.array([0, 1], dtype=np.float32))[0] == [("a", pytest.approx(1.0))]
 
 
 def test_wrong_dimension_is_rejected() -> None:
@@ -75,13 +78,13 @@ def test_remove_swaps_the_last_row_into_the_hole() -> None:
     assert index.ids == ["a", "d", "c"]
     np.testing.assert_array_equal(index.vectors(), vectors[[0, 3, 2]])
     # d now lives in b's old row and is still found under its own id
-    assert index.search(vectors[3], k=1) == [("d", pytest.approx(1.0))]
+    assert index.search(vectors[3], k=1)[0] == [("d", pytest.approx(1.0))]
     assert "b" not in index
     index.remove("b")  # removing twice is harmless
     index.remove("d")
     assert index.ids == ["a", "c"]
     index.add("e", vectors[1])
-    assert index.search(vectors[1], k=1)[0][0] == "e"
+    assert index.search(vectors[1], k=1)[0][0][0] == "e"
 
 
 def test_growth_past_initial_capacity() -> None:
@@ -91,7 +94,7 @@ def test_growth_past_initial_capacity() -> None:
     index.add_many([f"e{i}" for i in range(40)], vectors)
     assert len(index) == 40
     for i in (0, 1, 2, 39):
-        assert index.search(vectors[i], k=1)[0][0] == f"e{i}"
+        assert index.search(vectors[i], k=1)[0][0][0] == f"e{i}"
     np.testing.assert_array_equal(index.vectors(), vectors)
 
 
@@ -111,7 +114,7 @@ def test_random_operations_match_a_brute_force_reference() -> None:
         assert len(index) == len(reference)
         if step % 25 == 0 and reference:
             query = unit(rng, 1, 8)[0]
-            got = index.search(query, k=len(reference))
+            got = index.search(query, k=len(reference))[0]
             want = sorted(((k, float(v @ query)) for k, v in reference.items()),
                           key=lambda kv: -kv[1])
             assert [k for k, _ in got] == [k for k, _ in want]

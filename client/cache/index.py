@@ -5,6 +5,11 @@ in a float32 matrix that grows by doubling; removal swaps the last row into the 
 """
 
 import numpy as np
+from threadpoolctl import ThreadpoolController
+
+# One BLAS thread for the matrix-vector product: on a small machine a second BLAS thread
+# fights the encoder's threads and costs more than it gains (benchmarks/lookup_latency.py).
+_BLAS = ThreadpoolController()
 
 
 class VectorIndex:
@@ -60,15 +65,16 @@ class VectorIndex:
         self._ids.pop()
 
     def search(self, query: np.ndarray, k: int = 8, min_score: float = -1.0
-               ) -> list[tuple[str, float]]:
-        """Up to k (id, cosine) pairs with cosine >= min_score, best first."""
+               ) -> tuple[list[tuple[str, float]], float | None]:
+        """Up to k (id, cosine) pairs with cosine >= min_score, best first, and the best
+        cosine of all (None when empty). Only the rows above min_score are ranked."""
         n = len(self._ids)
         if n == 0:
-            return []
-        scores = self._matrix[:n] @ query.astype(np.float32, copy=False)
-        if k < n:
-            top = np.argpartition(-scores, k - 1)[:k]
-        else:
-            top = np.arange(n)
-        top = top[np.argsort(-scores[top], kind="stable")]
-        return [(self._ids[i], float(scores[i])) for i in top if scores[i] >= min_score]
+            return [], None
+        with _BLAS.limit(limits=1, user_api="blas"):
+            scores = self._matrix[:n] @ query.astype(np.float32, copy=False)
+        above = np.flatnonzero(scores >= min_score)
+        if len(above) > k:
+            above = above[np.argpartition(-scores[above], k - 1)[:k]]
+        above = above[np.argsort(-scores[above], kind="stable")]
+        return [(self._ids[i], float(scores[i])) for i in above], float(scores.max())

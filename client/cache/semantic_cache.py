@@ -174,14 +174,12 @@ class SemanticCache:
             self._sync()
             truncated = self.encoder.count_tokens(query) > self.encoder.max_tokens
             tau = self.threshold
-            candidates = self._index.search(self._embed(query), self.settings.candidates)
-            best = candidates[0][1] if candidates else None
+            candidates, best = self._index.search(self._embed(query), self.settings.candidates,
+                                                  min_score=tau)
             context_vector = None
             if self.settings.context_aware and context is not None and context.is_follow_up:
                 context_vector = self._embed(clean_query(context.prev_query or ""))
             for entry_id, similarity in candidates:
-                if similarity < tau:
-                    break
                 if self.settings.context_aware and not context_agrees(
                     self._context_vectors.get(entry_id), context_vector, tau
                 ):

@@ -68,7 +68,10 @@ class OnnxEmbedder:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
-        options.intra_op_num_threads = min(4, os.cpu_count() or 1)
+        options.intra_op_num_threads = min(2, os.cpu_count() or 1)
+        # Spinning threads keep a core busy after each run and starve the search that
+        # follows (and everything else on a 2-core laptop).
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         options.log_severity_level = 3
         self.path = path

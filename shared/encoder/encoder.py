@@ -211,11 +211,23 @@ class Encoder:
             return
         self._onnx = embedder
         self.backend = "onnx"
+        _prune_exports(path)
 
     def _fall_back(self, reason: str) -> None:
         self.fallback_reason = reason
         self.backend = "torch"
         log.warning("encoder runs on PyTorch instead of onnxruntime: %s", reason)
+
+
+def _prune_exports(current: Path, keep: int = 3) -> None:
+    """Each encoder state (PCA refit, FL round) exports ~90 MB; keep the few most recently
+    used, so that switching back and forth stays cheap but the disk does not fill up."""
+    with contextlib.suppress(OSError):
+        current.touch()
+        exports = sorted(current.parent.glob("*.onnx"), key=lambda p: p.stat().st_mtime,
+                         reverse=True)
+        for old in exports[keep:]:
+            old.unlink()
 
 
 def _apply_global_weights(model: "SentenceTransformer", base_version: str,  # noqa: F821

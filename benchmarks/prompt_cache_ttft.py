@@ -1,0 +1,106 @@
+"""Time to first token: full prefill vs Prompt Cache module reuse.
+
+A schema holds one module of N tokens; a prompt imports it and asks a 16-token
+question. Full prefill computes all N + 16 tokens; Prompt Cache reuses the module's
+precomputed states and computes only the question. Model: the built-in random-init
+Llama-architecture `builtin:base` (~113M parameters), CPU, float32 (timing does not depend
+on weight values). Warm-up runs are excluded; medians are reported. Also the cost of
+encoding the schema once and the memory per cached token.
+
+    python benchmarks/prompt_cache_ttft.py            # 512, 1K, 2K, 4K tokens, 3 runs each
+    python benchmarks/prompt_cache_ttft.py --quick    # builtin:tiny, small sizes
+"""
+
+import statistics
+
+import torch
+from _common import (
+    apply_defaults,
+    base_parser,
+    heading,
+    machine_load,
+    make_table,
+    note,
+    print_command,
+    print_table,
+)
+
+from upstream.model_loading import load_model
+from upstream.prompt_cache.engine import Finish, PreparedPrompt, PromptCacheEngine
+from upstream.sampling import SamplingParams
+
+QUESTION_TOKENS = 16
+GREEDY_ONE_TOKEN = SamplingParams(max_tokens=1, temperature=0.0)
+
+
+def ttft(engine: PromptCacheEngine, prepared: PreparedPrompt) -> float:
+    finish = [e for e in engine.generate(prepared, GREEDY_ONE_TOKEN) if isinstance(e, Finish)]
+    return finish[0].ttft_seconds
+
+
+def module_text(tokens: int) -> str:
+    """Filler of exactly ``tokens`` tokens for the byte-level built-in tokenizer."""
+    sentence = "The river runs under seven bridges before it reaches the sea. "
+    return (sentence * (tokens // len(sentence) + 1))[:tokens]
+
+
+def main() -> None:
+    parser = base_parser(__doc__)
+    parser.add_argument("--model", help="builtin:base (default) or a local model directory")
+    parser.add_argument("--lengths", type=int, nargs="+", help="module lengths in tokens")
+    parser.add_argument("--runs", type=int, help="timed runs per cell (after one warm-up)")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    args = apply_defaults(parser.parse_args(),
+                          {"model": "builtin:base", "lengths": [512, 1024, 2048, 4096],
+                           "runs": 3},
+                          {"model": "builtin:tiny", "lengths": [128, 256], "runs": 2})
+    torch.set_num_threads(args.threads)
+    loaded = load_model(args.model, device="cpu")
+    engine = PromptCacheEngine(loaded)
+    note(f"{loaded.name}: {loaded.parameters / 1e6:.1f}M parameters, {loaded.architecture}")
+    question = "Q" * QUESTION_TOKENS  # 16 bytes = 16 tokens for the built-in tokenizer
+
+    table = make_table(["module tokens", "full prefill TTFT (ms)", "Prompt Cache TTFT (ms)",
+                        "speed-up", "schema encode (ms)", "cached tokens", "module MiB"])
+    for length in args.lengths:
+        info = engine.add_schema(f'<schema name="s{length}"><module name="doc">'
+                                 f"{module_text(length)}</module></schema>")
+        cached = engine.prepare_pml_source(
+            f'<prompt schema="s{length}"><doc/>{question}</prompt>')
+        layout = engine.layouts[f"s{length}"]
+        ids = [t for seg in layout.segments.values() for t in seg.token_ids] + list(
+            cached.new_ids)
+        full = PreparedPrompt((), tuple(ids), tuple(range(len(ids))))
+        assert len(cached.new_ids) <= QUESTION_TOKENS + 2, cached.new_ids
+        for prepared in (full, cached):  # warm-up
+            ttft(engine, prepared)
+        full_times, cached_times = [], []
+        for run in range(args.runs):
+            note(f"{length} tokens, run {run + 1}/{args.runs}")
+            full_times.append(ttft(engine, full))
+            cached_times.append(ttft(engine, cached))
+        full_ms = statistics.median(full_times) * 1000
+        cached_ms = statistics.median(cached_times) * 1000
+        table.add_row(str(length), f"{full_ms:.1f}", f"{cached_ms:.1f}",
+                      f"{full_ms / cached_ms:.1f}x", f"{info.encode_seconds * 1000:.1f}",
+                      str(info.cached_tokens), f"{info.nbytes / 2**20:.1f}")
+        engine.remove_schema(f"s{length}")
+
+    heading(f"Time to first token, {loaded.name} ({loaded.parameters / 1e6:.1f}M parameters, "
+            f"float32, CPU, {args.threads} threads), {QUESTION_TOKENS}-token question, "
+            f"median of {args.runs} runs after a warm-up")
+    print_table(table)
+    config = loaded.model.config
+    heading(
+        f"memory per cached token: {engine.bytes_per_token} bytes = 2 x "
+        f"{config.num_hidden_layers} layers x {config.num_key_value_heads} kv heads x "
+        f"{config.hidden_size // config.num_attention_heads} head dim x 4 bytes"
+        if loaded.architecture != "gpt2" else
+        f"memory per cached token: {engine.bytes_per_token} bytes"
+    )
+    print_command()
+    note(machine_load())
+
+
+if __name__ == "__main__":
+    main()
