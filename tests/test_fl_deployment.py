@@ -144,6 +144,8 @@ def test_supernodes_connect_over_tls_with_the_certificate_script(
             break
         assert time.monotonic() < deadline, listed.stdout + listed.stderr
         time.sleep(1)
-    plain = subprocess.run(["curl", "-s", "--max-time", "5", f"http://127.0.0.1:{link}/"],
-                           capture_output=True)
-    assert plain.returncode != 0  # the port speaks TLS only
+    import httpx
+
+    with pytest.raises(httpx.HTTPError) as refused:  # the port speaks TLS only
+        httpx.get(f"http://127.0.0.1:{link}/v1/fleet/register-node", timeout=5)
+    assert not isinstance(refused.value, httpx.ConnectError)  # it listens, but not plainly
