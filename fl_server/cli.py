@@ -55,16 +55,14 @@ def checkpoint_dir(settings: Any) -> Path:
 
 
 def run_server(args: argparse.Namespace, settings: Any) -> int:
-    import os
     import subprocess
 
     from fl_server.model_endpoint import serve_model
-    from fl_server.processes import superlink_command
+    from fl_server.processes import flower_environment, superlink_command
 
     state = settings.data_dir / "fl-server"
     state.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "MEANCACHE_DATA_DIR": str(settings.data_dir),
-           "FLWR_TELEMETRY_ENABLED": "0"}
+    env = flower_environment(MEANCACHE_DATA_DIR=str(settings.data_dir))
     superlink = subprocess.Popen(
         superlink_command(state, args.host, args.port, args.certificates), env=env,
         stdout=(state / "superlink.log").open("ab"), stderr=subprocess.STDOUT)

@@ -25,6 +25,16 @@ def flower_command(name: str) -> str:
     return found
 
 
+def flower_environment(**extra: str) -> dict[str, str]:
+    """The environment for Flower's processes: they start helpers (flower-superexec,
+    flwr-serverapp, flwr-clientapp) by name, so this Python's bin dir must be on PATH even
+    when the virtualenv was never activated."""
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{path}" if path else bin_dir,
+            "FLWR_TELEMETRY_ENABLED": "0", **extra}
+
+
 def superlink_command(state_dir: Path, host: str, port: int, certificates: Path | None
                       ) -> list[str]:
     """The SuperLink serves Fleet, Control and ServerApp APIs on one port (flwr 1.4x)."""
@@ -61,7 +71,7 @@ def write_connection(flwr_home: Path, superlink: str, root_certificate: Path | N
 def run_command(superlink: str, run_config: str, flwr_home: Path,
                 root_certificate: Path | None) -> tuple[list[str], dict[str, str]]:
     write_connection(flwr_home, superlink, root_certificate)
-    env = {**os.environ, "FLWR_HOME": str(flwr_home), "FLWR_TELEMETRY_ENABLED": "0"}
+    env = flower_environment(FLWR_HOME=str(flwr_home))
     command = [flower_command("flwr"), "run", str(APP_DIR), "meancache", "--stream"]
     if run_config:
         command += ["--run-config", run_config]

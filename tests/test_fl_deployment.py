@@ -131,11 +131,11 @@ def test_supernodes_connect_over_tls_with_the_certificate_script(
     processes.start(tmp_path / "alice", "fl", "join", "--superlink", f"127.0.0.1:{link}",
                     "--port", str(free_port()), "--root-certificate",
                     str(certificates / "ca.crt"))
-    from fl_server.processes import flower_command, write_connection
+    from fl_server.processes import flower_command, flower_environment, write_connection
 
     home = tmp_path / "flwr-home"
     write_connection(home, f"127.0.0.1:{link}", certificates / "ca.crt")
-    env = {**os.environ, "FLWR_HOME": str(home)}
+    env = flower_environment(FLWR_HOME=str(home))
     deadline = time.monotonic() + 60
     while True:
         listed = subprocess.run([flower_command("flwr"), "supernode", "ls", "meancache",

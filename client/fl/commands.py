@@ -20,15 +20,13 @@ def add_commands(fl: Any) -> None:
 
 
 def run_join(args: argparse.Namespace, settings: Any) -> int:
-    import os
     import sys
 
-    from fl_server.processes import run_foreground, supernode_command
+    from fl_server.processes import flower_environment, run_foreground, supernode_command
 
     print(f"meancache fl join: training on {settings.data_dir} for {args.superlink}",
           file=sys.stderr, flush=True)
-    env = {**os.environ, "MEANCACHE_DATA_DIR": str(settings.data_dir),
-           "FLWR_TELEMETRY_ENABLED": "0"}
+    env = flower_environment(MEANCACHE_DATA_DIR=str(settings.data_dir))
     return run_foreground(supernode_command(args.superlink, args.port, settings.data_dir,
                                             args.root_certificate), env)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from client.chat.session import ChatSession
 from client.fl.device import DeviceState
 from client.fl.sync import SyncResult, sync_global_model
-from fl_server.processes import supernode_command
+from fl_server.processes import flower_environment, supernode_command
 from shared.fl.checkpoint import latest_checkpoint, read_meta
 
 Progress = Callable[[int, int], None]
@@ -48,4 +48,5 @@ def start_supernode(session: ChatSession, port: int) -> "subprocess.Popen[bytes]
     with log_file.open("ab") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
             supernode_command(settings.fl_superlink, port, settings.data_dir, certificate),
+            env=flower_environment(MEANCACHE_DATA_DIR=str(settings.data_dir)),
             stdout=log, stderr=subprocess.STDOUT)
