@@ -158,7 +158,8 @@ def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
 
 # eval --------------------------------------------------------------------------------
 def cmd_eval_pairs(args: argparse.Namespace, settings: Settings) -> int:
-    from client.eval_pairs import evaluate_pairs, read_pairs
+    from client.eval_pairs import evaluate_pairs
+    from shared.pairs import read_pairs
 
     pairs = read_pairs(Path(args.file), split=args.split, limit=args.limit)
     start, stop, step = args.sweep

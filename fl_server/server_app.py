@@ -7,7 +7,6 @@ round-timeout, checkpoint-dir, encoder-model, top-layers, dp-noise-multiplier,
 dp-clipping-norm, held-out-path and held-out-pairs (server-side scoring, simulation only).
 """
 
-import json
 import logging
 import random
 from pathlib import Path
@@ -25,6 +24,7 @@ from shared.encoder import locate_model
 from shared.encoder._fingerprint import model_fingerprint
 from shared.fl.checkpoint import latest_checkpoint, load_checkpoint
 from shared.fl.weights import federated_names, federated_state
+from shared.pairs import read_pairs
 from shared.threshold import DEFAULT_THRESHOLD
 
 log = logging.getLogger(__name__)
@@ -37,12 +37,11 @@ def default_checkpoint_dir() -> Path:
 
 
 def _held_out(model: SentenceTransformer, path: str, limit: int, seed: int) -> HeldOut:
-    rows = [json.loads(line) for line in Path(path).open(encoding="utf-8")]
-    rows = [r for r in rows if r.get("split", "dev") == "dev"]
-    random.Random(seed).shuffle(rows)
-    rows = rows[:limit]
-    return HeldOut(model, [r["q1"] for r in rows], [r["q2"] for r in rows],
-                   np.array([int(r["label"]) for r in rows]))
+    pairs = read_pairs(Path(path), split="dev")
+    random.Random(seed).shuffle(pairs)
+    pairs = pairs[:limit]
+    return HeldOut(model, [p.q1 for p in pairs], [p.q2 for p in pairs],
+                   np.array([p.label for p in pairs]))
 
 
 def build_server_app(defaults: dict[str, Any] | None = None) -> ServerApp:

@@ -19,11 +19,12 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
 from sentence_transformers import SentenceTransformer
 
-from client.fl.data import Pair, partition, read_train_pairs, split
+from client.fl.data import partition, split
 from client.fl.device import DeviceState
 from client.fl.train import TrainConfig, local_threshold, pair_similarities, train_locally
 from shared.encoder import locate_model
 from shared.fl.weights import federated_names, federated_state, load_federated_state
+from shared.pairs import Pair, read_pairs
 from shared.threshold import score_thresholds
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def _base_model(model: str | None) -> SentenceTransformer:
 
 @cache
 def _qqp(path: Path) -> list[Pair]:
-    return read_train_pairs(path)
+    return read_pairs(path, split="train")
 
 
 def local_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:

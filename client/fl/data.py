@@ -2,29 +2,12 @@
 partition of the QQP train split, IID or by topic."""
 
 import hashlib
-import json
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class Pair:
-    q1: str
-    q2: str
-    label: int
-
-
-def read_train_pairs(path: Path) -> list[Pair]:
-    rows = []
-    with path.open(encoding="utf-8") as fh:
-        for line in fh:
-            row = json.loads(line)
-            if row.get("split", "train") == "train":
-                rows.append(Pair(row["q1"], row["q2"], int(row["label"])))
-    return rows
+from shared.pairs import Pair
 
 
 def partition(pairs: list[Pair], partition_id: int, num_partitions: int, per_client: int,

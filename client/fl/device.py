@@ -8,11 +8,11 @@ import torch
 
 from client.cache.store import EntryStore
 from client.config import Settings, load_settings
-from client.fl.data import Pair
 from shared.encoder import Encoder, locate_model
 from shared.encoder._fingerprint import model_fingerprint
 from shared.errors import EncoderError
 from shared.fl.checkpoint import latest_checkpoint, save_checkpoint
+from shared.pairs import Pair
 
 log = logging.getLogger(__name__)
 

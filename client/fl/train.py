@@ -8,8 +8,8 @@ import numpy as np
 import torch
 from sentence_transformers import SentenceTransformer, losses
 
-from client.fl.data import Pair
 from shared.fl.weights import federated_names, freeze_all_but
+from shared.pairs import Pair
 from shared.threshold import best_threshold
 
 

@@ -1,0 +1,63 @@
+"""Labelled query pairs (JSONL with q1, q2, label 0/1): what thresholds are tuned and
+scored on, and what the encoder is trained on in federated learning."""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from shared.errors import MeanCacheError
+
+
+class PairsFileError(MeanCacheError):
+    """A labelled-pairs file that cannot be read, with the line that is wrong."""
+
+
+@dataclass(frozen=True)
+class Pair:
+    q1: str
+    q2: str
+    label: int
+
+
+def read_pairs(path: Path, split: str | None = None, limit: int | None = None
+               ) -> list[Pair]:
+    """JSONL rows with q1, q2 and label (0/1); other fields are ignored."""
+    pairs: list[Pair] = []
+    try:
+        lines = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise PairsFileError(f"cannot read {path}: {exc.strerror}") from None
+    with lines:
+        try:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                pair = _parse(line, f"{path}:{number}")
+                if split is not None and pair[1] != split:
+                    continue
+                pairs.append(pair[0])
+                if limit is not None and len(pairs) >= limit:
+                    break
+        except UnicodeDecodeError:
+            raise PairsFileError(f"{path} is not UTF-8 text") from None
+    if not pairs:
+        raise PairsFileError(
+            f"{path} holds no pairs" + (f" with split {split!r}" if split else "")
+        )
+    return pairs
+
+
+def _parse(line: str, where: str) -> tuple[Pair, object]:
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise PairsFileError(f"{where}: not valid JSON ({exc.msg})") from None
+    if not isinstance(row, dict):
+        raise PairsFileError(f"{where}: expected a JSON object")
+    for key in ("q1", "q2"):
+        if not isinstance(row.get(key), str) or not row[key].strip():
+            raise PairsFileError(f"{where}: {key!r} must be a non-empty string")
+    label = row.get("label")
+    if label not in (0, 1) or isinstance(label, bool):
+        raise PairsFileError(f"{where}: 'label' must be 0 or 1, got {label!r}")
+    return Pair(row["q1"].strip(), row["q2"].strip(), int(label)), row.get("split")
