@@ -172,7 +172,7 @@ class SemanticCache:
         query = clean_query(query)
         with self._lock:
             self._sync()
-            truncated = self.encoder.count_tokens(query) > self.encoder.max_tokens
+            truncated = self.encoder.is_truncated(query)
             tau = self.threshold
             candidates, best = self._index.search(self._embed(query), self.settings.candidates,
                                                   min_score=tau)

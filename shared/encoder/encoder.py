@@ -34,7 +34,6 @@ Progress = Callable[[int, int], None]
 class Tokenized:
     input_ids: np.ndarray
     attention_mask: np.ndarray
-    truncated: list[bool]
 
 
 class Encoder:
@@ -129,19 +128,19 @@ class Encoder:
 
     # tokens -------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str]) -> Tokenized:
-        tok = self._model.tokenizer
-        full_lengths = [len(ids) for ids in tok(list(texts), truncation=False)["input_ids"]]
-        batch = tok(
+        """Padded model inputs, cut to the model's window (see ``is_truncated``)."""
+        batch = self._model.tokenizer(
             list(texts), padding=True, truncation=True, max_length=self.max_tokens,
             return_tensors="np",
         )
-        return Tokenized(
-            batch["input_ids"], batch["attention_mask"],
-            [n > self.max_tokens for n in full_lengths],
-        )
+        return Tokenized(batch["input_ids"], batch["attention_mask"])
 
     def count_tokens(self, text: str) -> int:
         return len(self._model.tokenizer(text, truncation=False)["input_ids"])
+
+    def is_truncated(self, text: str) -> bool:
+        """Whether embedding ``text`` sees only its beginning (it is past the window)."""
+        return self.count_tokens(text) > self.max_tokens
 
     # embedding ----------------------------------------------------------------------
     def encode(
