@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from shared.encoder import Encoder, PCAProjection
+    from meancache.shared.encoder import Encoder, PCAProjection
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # The data lives beside the project, read-only: ../shared/data relative to the repo root.
@@ -123,7 +123,7 @@ def load_encoder(backend: str, cache_dir: Path, pca: PCAProjection | None = None
     to ONNX.
     """
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # export chatter
-    from shared.encoder import Encoder
+    from meancache.shared.encoder import Encoder
 
     started = time.perf_counter()
     encoder = Encoder.load(None, pca=pca, backend=backend, cache_dir=cache_dir)

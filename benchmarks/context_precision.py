@@ -55,10 +55,9 @@ from _common import (
     print_table,
     sample,
 )
-
-from client.cache import CacheSettings, Context, Hit, SemanticCache
-from shared.encoder import Encoder
-from shared.threshold import DEFAULT_THRESHOLD
+from meancache.client.cache import CacheSettings, Context, Hit, SemanticCache
+from meancache.shared.encoder import Encoder
+from meancache.shared.threshold import DEFAULT_THRESHOLD
 
 CONVERSATION_FILES = ("contextual_queries.json", "d1.json")
 

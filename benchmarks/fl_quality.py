@@ -23,8 +23,7 @@ from _common import (
     print_command,
     print_table,
 )
-
-from fl_server.simulate import SimulationConfig, simulate
+from meancache.fl_server.simulate import SimulationConfig, simulate
 
 
 def main() -> None:

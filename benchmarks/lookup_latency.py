@@ -66,13 +66,12 @@ from _common import (
     time_each,
     unit_rows,
 )
+from meancache.client.cache import CacheSettings, Context, Entry, Hit, SemanticCache
+from meancache.client.cache.entry import STORED_DTYPE
+from meancache.client.cache.index import VectorIndex
+from meancache.shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
+from meancache.shared.threshold import DEFAULT_THRESHOLD
 from threadpoolctl import threadpool_info, threadpool_limits
-
-from client.cache import CacheSettings, Context, Entry, Hit, SemanticCache
-from client.cache.entry import STORED_DTYPE
-from client.cache.index import VectorIndex
-from shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
-from shared.threshold import DEFAULT_THRESHOLD
 
 FULL_F32_BYTES = 384 * 4  # 1,536: one full MiniLM embedding as float32
 TARGET_E2E_P50_MS = 5.0  # at 10K entries

@@ -48,10 +48,14 @@ from _common import (
     sample,
     unit_rows,
 )
-
-from client.cache import CacheSettings
-from shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
-from shared.threshold import DEFAULT_THRESHOLD, MatchScores, best_threshold, score_thresholds
+from meancache.client.cache import CacheSettings
+from meancache.shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
+from meancache.shared.threshold import (
+    DEFAULT_THRESHOLD,
+    MatchScores,
+    best_threshold,
+    score_thresholds,
+)
 
 STATIC_TAU = 0.7  # GPTCache's usual similarity threshold
 MAX_F05_LOSS = 0.01  # the target: PCA-64 may cost at most this much F0.5

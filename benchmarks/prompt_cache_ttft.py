@@ -24,10 +24,9 @@ from _common import (
     print_command,
     print_table,
 )
-
-from upstream.model_loading import load_model
-from upstream.prompt_cache.engine import Finish, PreparedPrompt, PromptCacheEngine
-from upstream.sampling import SamplingParams
+from meancache.upstream.model_loading import load_model
+from meancache.upstream.prompt_cache.engine import Finish, PreparedPrompt, PromptCacheEngine
+from meancache.upstream.sampling import SamplingParams
 
 QUESTION_TOKENS = 16
 GREEDY_ONE_TOKEN = SamplingParams(max_tokens=1, temperature=0.0)

@@ -4,9 +4,9 @@ import asyncio
 import json
 import sys
 
-from client.chat.conversations import Conversation, Turn
-from client.chat.session import ChatSession
-from client.tui.text import printable
+from meancache.client.chat.conversations import Conversation, Turn
+from meancache.client.chat.session import ChatSession
+from meancache.client.tui.text import printable
 
 
 def describe_source(turn: Turn) -> str:

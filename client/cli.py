@@ -1,29 +1,27 @@
-"""The `meancache` command line: `cache ...` to inspect and manage the semantic cache,
-`eval pairs` to measure its match decision on labelled pairs, `upstream serve` to run the
-LLM server."""
+"""The device's commands: `cache ...` to inspect and manage the semantic cache, `chat`
+and `ask` to answer questions, `eval pairs` to measure the match decision on labelled
+pairs. The `meancache` command (meancache/cli.py) mounts them beside the other sides'."""
 
 import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from meancache.client.cache import SemanticCache, repair
+from meancache.client.config import Settings
+from meancache.client.progress import ProgressBar
+from meancache.shared.errors import MeanCacheError
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
 
-from client.cache import SemanticCache, repair
-from client.config import Settings, load_settings
-from client.logs import setup_logging
-from client.progress import ProgressBar
-from shared.errors import MeanCacheError
+if TYPE_CHECKING:
+    from meancache.client.chat.session import UpstreamStarter
 
 out = Console()
 err = Console(stderr=True)
-
-Handler = Callable[[argparse.Namespace, Settings], int]
 
 
 def print_json(data: object) -> None:
@@ -32,7 +30,7 @@ def print_json(data: object) -> None:
 
 
 def open_cache(settings: Settings, directory: Path | None = None) -> SemanticCache:
-    from client.fl.device import DeviceState
+    from meancache.client.fl.device import DeviceState
 
     with err.status("loading the embedding model (the first start exports it to ONNX)"):
         encoder = DeviceState(settings).encoder()
@@ -121,7 +119,7 @@ def cmd_cache_repair(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_cache_demo(args: argparse.Namespace, settings: Settings) -> int:
-    from client.demo import run_demo
+    from meancache.client.demo import run_demo
 
     with open_cache(settings, settings.data_dir / "demo-cache") as cache:
         run_demo(cache, out)
@@ -138,28 +136,28 @@ def _chat_settings(args: argparse.Namespace, settings: Settings) -> Settings:
 
 
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
-    from client.ask import run_ask
-    from client.chat.session import ChatSession
+    from meancache.client.ask import run_ask
+    from meancache.client.chat.session import ChatSession
 
     settings = _chat_settings(args, settings)
     with err.status("loading the cache and the upstream"):
         with ProgressBar("re-embedding cached queries", err) as progress:
-            session = ChatSession.open(settings, progress)
+            session = ChatSession.open(settings, progress, args.start_upstream)
     run_ask(session, " ".join(args.question), args.conversation, args.json)
     return 0
 
 
 def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
-    from client.tui.app import MeanCacheApp
+    from meancache.client.tui.app import MeanCacheApp
 
-    MeanCacheApp(_chat_settings(args, settings)).run()
+    MeanCacheApp(_chat_settings(args, settings), args.start_upstream).run()
     return 0
 
 
 # eval --------------------------------------------------------------------------------
 def cmd_eval_pairs(args: argparse.Namespace, settings: Settings) -> int:
-    from client.eval_pairs import evaluate_pairs
-    from shared.pairs import read_pairs
+    from meancache.client.eval_pairs import evaluate_pairs
+    from meancache.shared.pairs import read_pairs
 
     pairs = read_pairs(Path(args.file), split=args.split, limit=args.limit)
     start, stop, step = args.sweep
@@ -188,15 +186,8 @@ def cmd_eval_pairs(args: argparse.Namespace, settings: Settings) -> int:
 
 
 # parser ------------------------------------------------------------------------------
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="meancache", description=__doc__)
-    parser.add_argument("--config-dir", type=Path, help="where config.toml lives")
-    parser.add_argument("--data-dir", type=Path, help="where the cache, models and logs live")
-    parser.add_argument("--encoder", metavar="PATH",
-                        help="a local sentence-transformers model directory (default: MiniLM)")
-    parser.add_argument("--backend", choices=("onnx", "torch"), help="encoder runtime")
-    commands = parser.add_subparsers(dest="command", required=True)
-
+def add_commands(commands: Any, start_upstream: "UpstreamStarter") -> None:
+    """Register the device's commands; ``start_upstream`` runs the embedded upstream."""
     cache = commands.add_parser("cache", help="inspect and manage the semantic cache")
     cache_commands = cache.add_subparsers(dest="cache_command", required=True)
     stats = cache_commands.add_parser("stats", help="hit rate, entries, threshold, encoder")
@@ -221,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--upstream", metavar="URL",
                       help="an OpenAI-compatible server (default: start the embedded one)")
     chat.add_argument("--api-key", help="bearer key for --upstream")
-    chat.set_defaults(handler=cmd_chat)
+    chat.set_defaults(handler=cmd_chat, start_upstream=start_upstream)
 
     ask = commands.add_parser("ask", help="answer one question (cache, then upstream)")
     ask.add_argument("question", nargs="+")
@@ -230,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="an OpenAI-compatible server (default: start the embedded one)")
     ask.add_argument("--api-key", help="bearer key for --upstream")
     ask.add_argument("--json", action="store_true", help="one JSON object for scripts")
-    ask.set_defaults(handler=cmd_ask)
+    ask.set_defaults(handler=cmd_ask, start_upstream=start_upstream)
 
     evaluate = commands.add_parser("eval", help="measure the cache's match decision")
     eval_commands = evaluate.add_subparsers(dest="eval_command", required=True)
@@ -243,34 +234,3 @@ def build_parser() -> argparse.ArgumentParser:
                        metavar=("START", "STOP", "STEP"), help="thresholds to report too")
     pairs.add_argument("--json", action="store_true", help="one JSON object for scripts")
     pairs.set_defaults(handler=cmd_eval_pairs)
-
-    from client.fl.commands import add_commands as add_fl_device_commands
-    from fl_server.cli import add_commands as add_fl_server_commands
-    from upstream.cli import add_commands as add_upstream_commands
-
-    add_upstream_commands(commands)
-    fl = commands.add_parser("fl", help="federated learning of the encoder and threshold")
-    fl_commands = fl.add_subparsers(dest="fl_command", required=True)
-    add_fl_server_commands(fl_commands)
-    add_fl_device_commands(fl_commands)
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        settings = load_settings(args.config_dir, args.data_dir, encoder_model=args.encoder,
-                                 encoder_backend=args.backend)
-        try:
-            setup_logging(settings.log_file, settings.log_level)
-        except OSError as exc:
-            raise MeanCacheError(f"cannot write the log file {settings.log_file}: "
-                                 f"{exc.strerror}") from None
-        handler: Handler = args.handler
-        return handler(args, settings)
-    except MeanCacheError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
-        return 2
-    except KeyboardInterrupt:
-        err.print("interrupted")
-        return 130

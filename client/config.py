@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import platformdirs
-
-from client.cache import CacheSettings
-from shared.encoder import DEFAULT_PCA_DIMS
-from shared.errors import MeanCacheError
-from shared.threshold import DEFAULT_THRESHOLD
+from meancache.client.cache import CacheSettings
+from meancache.shared.encoder import DEFAULT_PCA_DIMS
+from meancache.shared.errors import MeanCacheError
+from meancache.shared.threshold import DEFAULT_THRESHOLD
 
 APP_NAME = "meancache"
 ENV_PREFIX = "MEANCACHE_"

@@ -1,9 +1,8 @@
 """`meancache cache demo`: the cache end to end on a few questions, in a scratch directory."""
 
+from meancache.client.cache import Context, Hit, SemanticCache
 from rich.console import Console
 from rich.table import Table
-
-from client.cache import Context, Hit, SemanticCache
 
 ANSWERS = {
     "What is the capital of France?": "Paris is the capital of France.",

@@ -4,10 +4,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-
-from shared.encoder import Encoder
-from shared.pairs import Pair
-from shared.threshold import MatchScores, score_thresholds
+from meancache.shared.encoder import Encoder
+from meancache.shared.pairs import Pair
+from meancache.shared.threshold import MatchScores, score_thresholds
 
 Progress = Callable[[int, int], None]
 

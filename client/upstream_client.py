@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-
-from client.http_errors import describe, error_message
-from shared.errors import MeanCacheError
+from meancache.client.http_errors import describe, error_message
+from meancache.shared.errors import MeanCacheError
 
 log = logging.getLogger(__name__)
 

@@ -1,3 +1,3 @@
 """Flower ServerApp: FedAvg of embedding weights and thresholds, checkpoints, serving."""
 
-import shared  # noqa: F401  (sets the offline environment before any Hugging Face import)
+import meancache.shared  # noqa: F401  (sets the offline environment before any Hugging Face import)

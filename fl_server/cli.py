@@ -57,8 +57,8 @@ def checkpoint_dir(settings: Any) -> Path:
 def run_server(args: argparse.Namespace, settings: Any) -> int:
     import subprocess
 
-    from fl_server.model_endpoint import serve_model
-    from fl_server.processes import flower_environment, superlink_command
+    from meancache.fl_server.model_endpoint import serve_model
+    from meancache.fl_server.processes import flower_environment, superlink_command
 
     state = settings.data_dir / "fl-server"
     state.mkdir(parents=True, exist_ok=True)
@@ -78,7 +78,7 @@ def run_server(args: argparse.Namespace, settings: Any) -> int:
 
 
 def run_rounds(args: argparse.Namespace, settings: Any) -> int:
-    from fl_server.processes import run_command, run_foreground
+    from meancache.fl_server.processes import run_command, run_foreground
 
     config = f"num-server-rounds={args.rounds} checkpoint-dir='{checkpoint_dir(settings)}'"
     if settings.encoder_model:
@@ -89,11 +89,10 @@ def run_rounds(args: argparse.Namespace, settings: Any) -> int:
 
 
 def run_simulate(args: argparse.Namespace, settings: Any) -> int:
+    from meancache.fl_server.simulate import SimulationConfig, simulate
+    from meancache.shared.errors import MeanCacheError
     from rich.console import Console
     from rich.table import Table
-
-    from fl_server.simulate import SimulationConfig, simulate
-    from shared.errors import MeanCacheError
 
     if not args.pairs.is_file():
         raise MeanCacheError(f"no labelled pairs at {args.pairs} (pass --pairs FILE)")

@@ -14,12 +14,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
-
-from shared.fl.checkpoint import (
+from meancache.shared.fl.checkpoint import (
     WEIGHTS,
     CheckpointError,
     GlobalModel,
@@ -27,6 +22,10 @@ from shared.fl.checkpoint import (
     read_meta,
     round_dir,
 )
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
 
 log = logging.getLogger(__name__)
 

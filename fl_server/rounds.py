@@ -10,12 +10,11 @@ from pathlib import Path
 
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
+from meancache.fl_server.strategy import ThresholdFedAvg
+from meancache.shared.fl.checkpoint import save_checkpoint
+from meancache.shared.fl.weights import load_federated_state
+from meancache.shared.threshold import best_threshold, score_thresholds
 from sentence_transformers import SentenceTransformer
-
-from fl_server.strategy import ThresholdFedAvg
-from shared.fl.checkpoint import save_checkpoint
-from shared.fl.weights import load_federated_state
-from shared.threshold import best_threshold, score_thresholds
 
 log = logging.getLogger(__name__)
 

@@ -16,22 +16,21 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping
+from meancache.fl_server.rounds import HeldOut, RoundRecorder
+from meancache.fl_server.strategy import ThresholdFedAvg
+from meancache.shared.encoder import locate_model
+from meancache.shared.encoder._fingerprint import model_fingerprint
+from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
+from meancache.shared.fl.weights import federated_names, federated_state
+from meancache.shared.pairs import read_pairs
+from meancache.shared.threshold import DEFAULT_THRESHOLD
 from sentence_transformers import SentenceTransformer
-
-from fl_server.rounds import HeldOut, RoundRecorder
-from fl_server.strategy import ThresholdFedAvg
-from shared.encoder import locate_model
-from shared.encoder._fingerprint import model_fingerprint
-from shared.fl.checkpoint import latest_checkpoint, load_checkpoint
-from shared.fl.weights import federated_names, federated_state
-from shared.pairs import read_pairs
-from shared.threshold import DEFAULT_THRESHOLD
 
 log = logging.getLogger(__name__)
 
 def default_checkpoint_dir() -> Path:
     """Under the meancache data dir of the process that started the SuperLink."""
-    from client.config import load_settings
+    from meancache.client.config import load_settings
 
     return load_settings().data_dir / "fl-server" / "checkpoints"
 

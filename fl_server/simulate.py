@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from client.fl.client_app import build_client_app
-from fl_server.rounds import HISTORY, ROUND_LISTENERS
-from fl_server.server_app import build_server_app
+from meancache.client.fl.client_app import build_client_app
+from meancache.fl_server.rounds import HISTORY, ROUND_LISTENERS
+from meancache.fl_server.server_app import build_server_app
 
 log = logging.getLogger(__name__)
 

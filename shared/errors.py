@@ -19,3 +19,7 @@ class EncoderError(MeanCacheError):
 
 class ModelNotFoundError(EncoderError):
     """A model was named that is not available locally (nothing is downloaded)."""
+
+
+class FlowerCommandError(MeanCacheError):
+    """A Flower command is missing or failed."""

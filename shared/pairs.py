@@ -5,7 +5,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.errors import MeanCacheError
+from meancache.shared.errors import MeanCacheError
 
 
 class PairsFileError(MeanCacheError):

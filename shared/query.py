@@ -1,6 +1,6 @@
 """Validation of query text shared by every cache: what counts as a usable query."""
 
-from shared.errors import InvalidQueryError
+from meancache.shared.errors import InvalidQueryError
 
 
 def clean_query(text: str | bytes) -> str:

@@ -8,9 +8,8 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from client.cache import CacheSettings, SemanticCache
-from shared.encoder import Encoder, PCAProjection
+from meancache.client.cache import CacheSettings, SemanticCache
+from meancache.shared.encoder import Encoder, PCAProjection
 
 DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from client.cache import (
+from meancache.client.cache import (
     CacheSettings,
     Context,
     EntryNotFoundError,
@@ -19,8 +18,8 @@ from client.cache import (
     SemanticCache,
     Source,
 )
-from shared.encoder import Encoder, PCAProjection
-from shared.threshold import DEFAULT_THRESHOLD
+from meancache.shared.encoder import Encoder, PCAProjection
+from meancache.shared.threshold import DEFAULT_THRESHOLD
 
 CacheFactory = Callable[..., SemanticCache]
 
@@ -237,8 +236,8 @@ def test_delete_through_another_instance_reports_the_deletion(make_cache: CacheF
 INSERT_CHILD = """
 import sys
 from pathlib import Path
-from client.cache import CacheSettings, SemanticCache
-from shared.encoder import Encoder
+from meancache.client.cache import CacheSettings, SemanticCache
+from meancache.shared.encoder import Encoder
 with SemanticCache(Path(sys.argv[1]), Encoder.load(backend="torch"), CacheSettings()) as cache:
     print(cache.insert(sys.argv[2], sys.argv[3]).id)
 """

@@ -15,8 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from client.cache import (
+from meancache.client.cache import (
     CacheAccessError,
     CacheCorruptError,
     CacheVersionError,
@@ -26,7 +25,7 @@ from client.cache import (
     SemanticCache,
     repair,
 )
-from shared.errors import InvalidQueryError
+from meancache.shared.errors import InvalidQueryError
 
 CacheFactory = Callable[..., SemanticCache]
 
@@ -63,8 +62,8 @@ def test_cache_path_below_a_file(make_cache: CacheFactory, tmp_path: Path) -> No
 OPEN_AS_USER_CHILD = """
 import json, os, sys
 from pathlib import Path
-from client.cache import CacheAccessError, SemanticCache
-from shared.encoder import Encoder
+from meancache.client.cache import CacheAccessError, SemanticCache
+from meancache.shared.encoder import Encoder
 encoder = Encoder.load(backend="torch")
 if os.geteuid() == 0:  # root ignores file modes: become an ordinary user first
     os.setgid(65534)
@@ -232,8 +231,8 @@ def test_invalid_queries_are_refused(make_cache: CacheFactory, query: str | byte
 KILL_CHILD = """
 import json, sys
 from pathlib import Path
-from client.cache import CacheSettings, SemanticCache
-from shared.encoder import Encoder
+from meancache.client.cache import CacheSettings, SemanticCache
+from meancache.shared.encoder import Encoder
 questions = json.loads(Path(sys.argv[2]).read_text())
 cache = SemanticCache(Path(sys.argv[1]), Encoder.load(backend="torch"),
                       CacheSettings(pca_dims=0))

@@ -6,13 +6,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from meancache.client.cache import SemanticCache
+from meancache.client.config import Settings, load_settings
+from meancache.client.tui.app import MeanCacheApp
+from meancache.client.tui.widgets import AnswerView
+from meancache.shared.encoder import Encoder
 from textual.pilot import Pilot
 
-from client.cache import SemanticCache
-from client.config import Settings, load_settings
-from client.tui.app import MeanCacheApp
-from client.tui.widgets import AnswerView
-from shared.encoder import Encoder
+from meancache.embedded import start_embedded_upstream
 from tests.upstream_server import free_port, running_upstream
 
 
@@ -186,7 +187,8 @@ def test_attached_document_reports_reused_tokens(settings: Settings, tmp_path: P
 
 def test_without_an_upstream_it_starts_the_embedded_one(settings: Settings) -> None:
     async def run() -> None:
-        app = MeanCacheApp(dataclasses.replace(settings, upstream_url=None))
+        app = MeanCacheApp(dataclasses.replace(settings, upstream_url=None),
+                           start_embedded_upstream)
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)
             status = str(app.chat.query_one("#status").render())
@@ -281,10 +283,9 @@ def test_sync_downloads_the_global_model_and_re_embeds(
     import threading
 
     import uvicorn
-
-    from fl_server.model_endpoint import create_model_app
-    from shared.fl.checkpoint import save_checkpoint
-    from shared.fl.weights import federated_names, federated_state
+    from meancache.fl_server.model_endpoint import create_model_app
+    from meancache.shared.fl.checkpoint import save_checkpoint
+    from meancache.shared.fl.weights import federated_names, federated_state
 
     model = encoder.sentence_transformer
     names = federated_names(model, 1)

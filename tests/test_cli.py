@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from meancache.client.cache import SemanticCache
+from meancache.client.config import load_settings
+from meancache.shared.encoder import Encoder
 
-from client.cache import SemanticCache
-from client.cli import main
-from client.config import load_settings
-from shared.encoder import Encoder
+from meancache.cli import main
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

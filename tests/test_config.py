@@ -3,9 +3,8 @@
 from pathlib import Path
 
 import pytest
-
-from client.config import ConfigError, load_settings
-from shared.threshold import DEFAULT_THRESHOLD
+from meancache.client.config import ConfigError, load_settings
+from meancache.shared.threshold import DEFAULT_THRESHOLD
 
 
 def write_config(config_dir: Path, text: str) -> None:

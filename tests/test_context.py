@@ -5,10 +5,9 @@ from itertools import permutations
 
 import numpy as np
 import pytest
-
-from client.cache import CacheSettings, Context, Hit, Miss, SemanticCache
-from client.cache.context import context_agrees
-from shared.encoder import Encoder
+from meancache.client.cache import CacheSettings, Context, Hit, Miss, SemanticCache
+from meancache.client.cache.context import context_agrees
+from meancache.shared.encoder import Encoder
 
 CacheFactory = Callable[..., SemanticCache]
 Conversation = dict[str, str]

@@ -3,14 +3,13 @@
 import shutil
 from pathlib import Path
 
+import meancache.shared.encoder.encoder as encoder_module
 import numpy as np
 import pytest
-
-import shared.encoder.encoder as encoder_module
-from shared.encoder import Encoder, PCAProjection, locate_model, packaged_minilm_dir
-from shared.encoder._fingerprint import model_fingerprint
-from shared.errors import EncoderError, ModelNotFoundError
-from shared.threshold import DEFAULT_THRESHOLD
+from meancache.shared.encoder import Encoder, PCAProjection, locate_model, packaged_minilm_dir
+from meancache.shared.encoder._fingerprint import model_fingerprint
+from meancache.shared.errors import EncoderError, ModelNotFoundError
+from meancache.shared.threshold import DEFAULT_THRESHOLD
 
 QUERIES = [
     "What is the capital of France?",

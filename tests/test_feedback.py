@@ -4,9 +4,8 @@ import math
 from collections.abc import Callable
 
 import pytest
-
-from client.cache import CacheSettings, Hit, Miss, SemanticCache
-from shared.threshold import DEFAULT_THRESHOLD
+from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
+from meancache.shared.threshold import DEFAULT_THRESHOLD
 
 CacheFactory = Callable[..., SemanticCache]
 

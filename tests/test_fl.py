@@ -9,21 +9,21 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
-from sentence_transformers import SentenceTransformer
-
-from client.cache.store import EntryStore
-from client.config import load_settings
-from client.fl.client_app import build_client_app, wire_audit_mod
-from fl_server.strategy import ThresholdFedAvg
-from shared.encoder import Encoder
-from shared.errors import EncoderError
-from shared.fl.checkpoint import (
+from meancache.client.cache.store import EntryStore
+from meancache.client.config import load_settings
+from meancache.client.fl.client_app import build_client_app, wire_audit_mod
+from meancache.fl_server.strategy import ThresholdFedAvg
+from meancache.shared.encoder import Encoder
+from meancache.shared.errors import EncoderError
+from meancache.shared.fl.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
-from shared.fl.weights import federated_names, federated_state, load_federated_state
+from meancache.shared.fl.weights import federated_names, federated_state, load_federated_state
+from sentence_transformers import SentenceTransformer
+
 from tests.tiny_encoder import make_tiny_encoder
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -197,7 +197,7 @@ def test_fedavg_weights_thresholds_by_examples_and_ignores_idle_devices() -> Non
 
 # simulation on the engine -----------------------------------------------------------------
 def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) -> None:
-    from fl_server.simulate import SimulationConfig, simulate
+    from meancache.fl_server.simulate import SimulationConfig, simulate
 
     rows = simulate(SimulationConfig(
         pairs=DATA / "qqp" / "pairs.jsonl", checkpoint_dir=tmp_path / "ckpt", clients=3,
@@ -218,7 +218,7 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) 
 
 
 def test_central_differential_privacy_option_runs(tmp_path: Path, tiny_dir: Path) -> None:
-    from fl_server.simulate import SimulationConfig, simulate
+    from meancache.fl_server.simulate import SimulationConfig, simulate
 
     common = {"pairs": DATA / "qqp" / "pairs.jsonl", "clients": 2, "per_round": 2,
               "rounds": 1, "pairs_per_client": 30, "top_layers": 1,

@@ -13,14 +13,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from meancache.client.config import load_settings
+from meancache.client.fl.device import DeviceState
+from meancache.shared.encoder import Encoder
+from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
+from meancache.shared.processes import free_port
 
-from client.config import load_settings
-from client.fl.device import DeviceState
-from shared.encoder import Encoder
-from shared.fl.checkpoint import latest_checkpoint, read_meta
 from tests.test_fl import FEEDBACK, device_with_feedback
 from tests.tiny_encoder import make_tiny_encoder
-from upstream.server.serve import free_port
 
 
 def wait_for_port(port: int, seconds: float = 60) -> None:
@@ -45,7 +45,7 @@ class Processes:
                "MEANCACHE_CONFIG_DIR": str(self.tmp / "config")}
         log = (self.tmp / f"{data_dir.name}-{args[1]}.log").open("wb")
         process = subprocess.Popen(
-            [sys.executable, "-m", "client", "--encoder", str(self.encoder), *args],
+            [sys.executable, "-m", "meancache", "--encoder", str(self.encoder), *args],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.started.append(process)
         return process
@@ -131,7 +131,8 @@ def test_supernodes_connect_over_tls_with_the_certificate_script(
     processes.start(tmp_path / "alice", "fl", "join", "--superlink", f"127.0.0.1:{link}",
                     "--port", str(free_port()), "--root-certificate",
                     str(certificates / "ca.crt"))
-    from fl_server.processes import flower_command, flower_environment, write_connection
+    from meancache.fl_server.processes import write_connection
+    from meancache.shared.processes import flower_command, flower_environment
 
     home = tmp_path / "flwr-home"
     write_connection(home, f"127.0.0.1:{link}", certificates / "ca.crt")

@@ -2,7 +2,6 @@
 loopback, real checkpoints on disk, real httpx. Faults are injected on the server's side
 (damaged weights, a server that is down, one with no model, one that answers nonsense)."""
 
-import socket
 import threading
 import time
 from collections import Counter
@@ -14,17 +13,11 @@ import httpx
 import pytest
 import torch
 import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
-
-from client.cache.store import EntryStore
-from client.config import Settings, load_settings
-from client.fl.sync import SyncError, SyncResult, sync_global_model
-from fl_server.model_endpoint import create_model_app
-from shared.fl.checkpoint import (
+from meancache.client.cache.store import EntryStore
+from meancache.client.config import Settings, load_settings
+from meancache.client.fl.sync import SyncError, SyncResult, sync_global_model
+from meancache.fl_server.model_endpoint import create_model_app
+from meancache.shared.fl.checkpoint import (
     LATEST,
     WEIGHTS,
     CheckpointError,
@@ -34,6 +27,12 @@ from shared.fl.checkpoint import (
     save_checkpoint,
     sha256_file,
 )
+from meancache.shared.processes import free_port
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 
 # a server on loopback --------------------------------------------------------------------
@@ -51,12 +50,6 @@ class CountingApp:
 
     def weights_requests(self) -> int:
         return sum(n for path, n in self.paths.items() if path.endswith("/weights"))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @contextmanager

@@ -2,8 +2,7 @@
 
 import numpy as np
 import pytest
-
-from client.cache.index import VectorIndex
+from meancache.client.cache.index import VectorIndex
 
 
 def unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:

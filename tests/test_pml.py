@@ -5,9 +5,8 @@ import pickle
 from collections.abc import Callable
 
 import pytest
-
-from shared.errors import MeanCacheError
-from shared.pml import (
+from meancache.shared.errors import MeanCacheError
+from meancache.shared.pml import (
     RESERVED_NAMES,
     ArgumentTooLongError,
     DuplicateImportError,

@@ -8,12 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from upstream.model_loading import LoadedModel, load_model
-from upstream.prompt_cache.engine import Delta, Finish, PreparedPrompt, PromptCacheEngine
-from upstream.prompt_cache.layout import LEADING
-from upstream.prompt_cache.states import additive_mask
-from upstream.sampling import SamplingParams
+from meancache.upstream.model_loading import LoadedModel, load_model
+from meancache.upstream.prompt_cache.engine import Delta, Finish, PreparedPrompt, PromptCacheEngine
+from meancache.upstream.prompt_cache.layout import LEADING
+from meancache.upstream.prompt_cache.states import additive_mask
+from meancache.upstream.sampling import SamplingParams
 
 TOLERANCE = 1e-4
 
@@ -36,9 +35,8 @@ PROMPT = """<prompt schema="travel"><city name="Lyon"><history/></city><long/>
 def saved_model_dir(architecture: str, directory: Path) -> Path:
     """A random-init model of another Llama-family architecture, saved as a local directory
     (what a user's downloaded model looks like), with the built-in tokenizer."""
+    from meancache.upstream.builtin import VOCAB_SIZE, builtin_tokenizer
     from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    from upstream.builtin import VOCAB_SIZE, builtin_tokenizer
 
     config_class, model_class = {"mistral": (MistralConfig, MistralForCausalLM),
                                  "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[architecture]
@@ -103,7 +101,7 @@ def reference_logits(engine: PromptCacheEngine, prepared: PreparedPrompt,
 def prefill_logits(engine: PromptCacheEngine, prepared: PreparedPrompt) -> torch.Tensor:
     """All new tokens' logits from the cached path (the engine keeps only the last)."""
     states = [engine._states(key) for key in prepared.cached]
-    from upstream.prompt_cache.states import concatenate
+    from meancache.upstream.prompt_cache.states import concatenate
 
     cache, cached_positions = concatenate(states)
     positions = torch.tensor(prepared.new_positions)
@@ -257,7 +255,7 @@ def test_evicted_modules_are_encoded_again_with_the_same_result() -> None:
 
 
 def test_prompt_too_long_is_refused(engine: PromptCacheEngine) -> None:
-    from upstream.errors import PromptTooLongError
+    from meancache.upstream.errors import PromptTooLongError
 
     prepared = engine.prepare_messages([{"role": "user", "content": "hi"}])
     with pytest.raises(PromptTooLongError, match="context holds"):
@@ -274,9 +272,8 @@ def test_builtin_models_are_reported_untrained_and_local_ones_not(
 
 
 def test_other_architectures_are_refused_with_a_clear_message(tmp_path: Path) -> None:
+    from meancache.upstream.errors import ModelLoadError, UnsupportedModelError
     from transformers import BertConfig
-
-    from upstream.errors import ModelLoadError, UnsupportedModelError
 
     BertConfig(vocab_size=100, hidden_size=32, num_hidden_layers=1,
                num_attention_heads=2, intermediate_size=64).save_pretrained(tmp_path)

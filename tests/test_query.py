@@ -1,9 +1,8 @@
 """clean_query: what counts as a usable query."""
 
 import pytest
-
-from shared.errors import InvalidQueryError, MeanCacheError
-from shared.query import clean_query
+from meancache.shared.errors import InvalidQueryError, MeanCacheError
+from meancache.shared.query import clean_query
 
 
 def test_strips_surrounding_white_space() -> None:

@@ -4,9 +4,9 @@ import json
 import re
 from pathlib import Path
 
-from upstream.model_loading import load_model
-from upstream.prompt_cache.engine import Finish, PromptCacheEngine
-from upstream.sampling import SamplingParams
+from meancache.upstream.model_loading import load_model
+from meancache.upstream.prompt_cache.engine import Finish, PromptCacheEngine
+from meancache.upstream.sampling import SamplingParams
 
 README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
 

@@ -2,8 +2,7 @@
 
 import numpy as np
 import pytest
-
-from shared.threshold import best_threshold, score_thresholds, transfer_threshold
+from meancache.shared.threshold import best_threshold, score_thresholds, transfer_threshold
 
 
 def test_best_threshold_on_hand_made_pairs() -> None:

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from meancache.upstream.server.app import ServerSettings
 
 from tests.upstream_server import free_port, running_upstream
-from upstream.server.app import ServerSettings
 
 KEY = "test-key"
 SCHEMA = """<schema name="manual">
@@ -224,7 +224,7 @@ def test_the_serve_command_starts_a_server(tmp_path: object) -> None:
     env = {"MEANCACHE_DATA_DIR": str(tmp_path), "MEANCACHE_CONFIG_DIR": str(tmp_path),
            "PATH": "/usr/bin:/bin"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "client", "upstream", "serve", "--port", str(port)],
+        [sys.executable, "-m", "meancache", "upstream", "serve", "--port", str(port)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

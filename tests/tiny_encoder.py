@@ -4,10 +4,9 @@ tokenizer: for training and FL mechanics in tests, where real weights would be s
 from pathlib import Path
 
 import torch
+from meancache.shared.encoder import packaged_minilm_dir
 from sentence_transformers import SentenceTransformer, models
 from transformers import AutoTokenizer, BertConfig, BertModel
-
-from shared.encoder import packaged_minilm_dir
 
 
 def make_tiny_encoder(directory: Path) -> Path:

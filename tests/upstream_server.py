@@ -3,8 +3,9 @@
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from upstream.server.app import ServerSettings
-from upstream.server.serve import BackgroundServer, free_port
+from meancache.shared.processes import free_port
+from meancache.upstream.server.app import ServerSettings
+from meancache.upstream.server.serve import BackgroundServer
 
 __all__ = ["free_port", "running_upstream"]
 

@@ -1,3 +1,3 @@
 """LLM server with Prompt Cache module reuse."""
 
-import shared  # noqa: F401  (sets the offline environment before any Hugging Face import)
+import meancache.shared  # noqa: F401  (sets the offline environment before any Hugging Face import)

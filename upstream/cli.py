@@ -3,7 +3,7 @@
 import argparse
 from typing import Any
 
-from upstream.server.app import ServerSettings
+from meancache.upstream.server.app import ServerSettings
 
 
 def add_commands(commands: Any) -> None:
@@ -25,7 +25,7 @@ def add_commands(commands: Any) -> None:
 
 
 def run_serve(args: argparse.Namespace, settings: Any) -> int:
-    from upstream.server.serve import serve
+    from meancache.upstream.server.serve import serve
 
     serve(
         model=args.model or settings.upstream_model,

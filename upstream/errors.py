@@ -1,6 +1,6 @@
 """Errors of the upstream server; the HTTP layer maps each to a 4xx with its message."""
 
-from shared.errors import MeanCacheError
+from meancache.shared.errors import MeanCacheError
 
 
 class UpstreamError(MeanCacheError):

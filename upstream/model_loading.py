@@ -5,6 +5,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from meancache.upstream.builtin import (
+    BUILTIN_MODELS,
+    CHAT_TEMPLATE,
+    builtin_model,
+    builtin_tokenizer,
+)
+from meancache.upstream.errors import ModelLoadError, UnsupportedModelError
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -12,9 +19,6 @@ from transformers import (
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
-
-from upstream.builtin import BUILTIN_MODELS, CHAT_TEMPLATE, builtin_model, builtin_tokenizer
-from upstream.errors import ModelLoadError, UnsupportedModelError
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Errors of the persistent cache. All are MeanCacheError, so the CLI shows their message."""
 
-from shared.errors import MeanCacheError
+from meancache.shared.errors import MeanCacheError
 
 
 class CacheError(MeanCacheError):

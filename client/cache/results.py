@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from client.cache.entry import Source
+from meancache.client.cache.entry import Source
 
 
 @dataclass(frozen=True)

@@ -11,17 +11,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
-
-from client.cache.context import context_agrees
-from client.cache.entry import STORED_DTYPE, Context, Entry, Source
-from client.cache.errors import EntryNotFoundError
-from client.cache.index import VectorIndex
-from client.cache.results import CacheStats, Hit, Miss, ThresholdChange
-from client.cache.store import EntryStore
-from shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
-from shared.encoder.pca import neighbour_similarities
-from shared.query import clean_query
-from shared.threshold import DEFAULT_THRESHOLD, best_threshold, transfer_threshold
+from meancache.client.cache.context import context_agrees
+from meancache.client.cache.entry import STORED_DTYPE, Context, Entry, Source
+from meancache.client.cache.errors import EntryNotFoundError
+from meancache.client.cache.index import VectorIndex
+from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
+from meancache.client.cache.store import EntryStore
+from meancache.shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
+from meancache.shared.encoder.pca import neighbour_similarities
+from meancache.shared.query import clean_query
+from meancache.shared.threshold import DEFAULT_THRESHOLD, best_threshold, transfer_threshold
 
 log = logging.getLogger(__name__)
 

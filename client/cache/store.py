@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import diskcache
-
-from client.cache.entry import Entry
-from client.cache.errors import (
+from meancache.client.cache.entry import Entry
+from meancache.client.cache.errors import (
     CacheAccessError,
     CacheCorruptError,
     CacheVersionError,

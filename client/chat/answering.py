@@ -9,11 +9,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from client.cache import Context, Hit, SemanticCache, Source, ThresholdChange
-from client.chat.conversations import Conversation, Document, Turn
-from client.chat.documents import chat_schema, document_prompt, read_document
-from client.upstream_client import Completed, Delta, UpstreamClient
-from shared.query import clean_query
+from meancache.client.cache import Context, Hit, SemanticCache, Source, ThresholdChange
+from meancache.client.chat.conversations import Conversation, Document, Turn
+from meancache.client.chat.documents import chat_schema, document_prompt, read_document
+from meancache.client.upstream_client import Completed, Delta, UpstreamClient
+from meancache.shared.query import clean_query
 
 OnDelta = Callable[[str], Awaitable[None]]  # awaited per streamed piece of the answer
 

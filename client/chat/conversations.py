@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.errors import MeanCacheError
+from meancache.shared.errors import MeanCacheError
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ import hashlib
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from client.chat.conversations import Conversation, Document
-from shared.errors import MeanCacheError
+from meancache.client.chat.conversations import Conversation, Document
+from meancache.shared.errors import MeanCacheError
 
 MAX_DOCUMENT_BYTES = 2 * 1024 * 1024
 

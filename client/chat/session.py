@@ -4,19 +4,30 @@ answer path and conversation store. Shared by `meancache ask` and the chat app."
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from client.cache import SemanticCache
-from client.chat.answering import AnswerService
-from client.chat.conversations import ConversationStore
-from client.config import Settings
-from client.fl.device import DeviceState
-from client.upstream_client import UpstreamClient
-
-if TYPE_CHECKING:
-    from upstream.server.serve import BackgroundServer
+from meancache.client.cache import SemanticCache
+from meancache.client.chat.answering import AnswerService
+from meancache.client.chat.conversations import ConversationStore
+from meancache.client.config import ConfigError, Settings
+from meancache.client.fl.device import DeviceState
+from meancache.client.upstream_client import UpstreamClient
 
 log = logging.getLogger(__name__)
+
+
+class EmbeddedUpstream(Protocol):
+    """An upstream server running in this process, on loopback (see ``UpstreamStarter``)."""
+
+    url: str
+    label: str  # what the model is, for the status line
+
+    def stop(self) -> None: ...
+
+
+# Starts the embedded upstream for a model name. The client cannot import the upstream
+# (the sides never import each other): the `meancache` command joins them and passes this.
+UpstreamStarter = Callable[[str], EmbeddedUpstream]
 
 
 @dataclass
@@ -26,12 +37,12 @@ class ChatSession:
     answers: AnswerService
     conversations: ConversationStore
     upstream_label: str  # what the screen says about where answers come from
-    embedded: "BackgroundServer | None" = None  # in-process upstream when no URL is set
+    embedded: EmbeddedUpstream | None = None  # in-process upstream when no URL is set
 
     @classmethod
-    def open(cls, settings: Settings, progress: Callable[[int, int], None] | None = None
-             ) -> "ChatSession":
-        """Load the encoder and cache, and start the embedded upstream if none is set.
+    def open(cls, settings: Settings, progress: Callable[[int, int], None] | None = None,
+             start_upstream: UpstreamStarter | None = None) -> "ChatSession":
+        """Load the encoder and cache, and start the embedded upstream if no URL is set.
 
         Blocking (seconds on the first run, which exports the encoder to ONNX): call it
         from a worker thread in the app.
@@ -41,13 +52,11 @@ class ChatSession:
         embedded = None
         if settings.upstream_url:
             url, label = settings.upstream_url, f"upstream {settings.upstream_url}"
+        elif start_upstream is None:
+            raise ConfigError("no upstream_url is configured: set it, or pass --upstream URL")
         else:
-            from upstream.server.serve import BackgroundServer
-
-            embedded = BackgroundServer(settings.upstream_model).start()
-            url = embedded.url
-            kind = "untrained demo model" if embedded.loaded.untrained else "local model"
-            label = f"embedded upstream: {embedded.loaded.name} ({kind})"
+            embedded = start_upstream(settings.upstream_model)
+            url, label = embedded.url, f"embedded upstream: {embedded.label}"
         upstream = UpstreamClient(url, settings.upstream_api_key)
         answers = AnswerService(cache, upstream, settings.answer_max_tokens,
                                 settings.temperature)

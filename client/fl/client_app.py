@@ -17,15 +17,14 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
+from meancache.client.fl.data import partition, split
+from meancache.client.fl.device import DeviceState
+from meancache.client.fl.train import TrainConfig, local_threshold, pair_similarities, train_locally
+from meancache.shared.encoder import locate_model
+from meancache.shared.fl.weights import federated_names, federated_state, load_federated_state
+from meancache.shared.pairs import Pair, read_pairs
+from meancache.shared.threshold import score_thresholds
 from sentence_transformers import SentenceTransformer
-
-from client.fl.data import partition, split
-from client.fl.device import DeviceState
-from client.fl.train import TrainConfig, local_threshold, pair_similarities, train_locally
-from shared.encoder import locate_model
-from shared.fl.weights import federated_names, federated_state, load_federated_state
-from shared.pairs import Pair, read_pairs
-from shared.threshold import score_thresholds
 
 log = logging.getLogger(__name__)
 

@@ -22,20 +22,20 @@ def add_commands(fl: Any) -> None:
 def run_join(args: argparse.Namespace, settings: Any) -> int:
     import sys
 
-    from fl_server.processes import flower_environment, run_foreground, supernode_command
+    from meancache.client.fl.supernode import supernode_command, supernode_environment
+    from meancache.shared.processes import run_foreground
 
     print(f"meancache fl join: training on {settings.data_dir} for {args.superlink}",
           file=sys.stderr, flush=True)
-    env = flower_environment(MEANCACHE_DATA_DIR=str(settings.data_dir))
     return run_foreground(supernode_command(args.superlink, args.port, settings.data_dir,
-                                            args.root_certificate), env)
+                                            args.root_certificate),
+                          supernode_environment(settings.data_dir))
 
 
 def run_sync(args: argparse.Namespace, settings: Any) -> int:
+    from meancache.client.fl.sync import sync_global_model
+    from meancache.client.progress import ProgressBar
     from rich.console import Console
-
-    from client.fl.sync import sync_global_model
-    from client.progress import ProgressBar
 
     err = Console(stderr=True)
     with ProgressBar("downloading the global model", err) as progress:

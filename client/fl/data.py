@@ -6,8 +6,7 @@ import random
 from pathlib import Path
 
 import numpy as np
-
-from shared.pairs import Pair
+from meancache.shared.pairs import Pair
 
 
 def partition(pairs: list[Pair], partition_id: int, num_partitions: int, per_client: int,

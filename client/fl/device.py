@@ -5,14 +5,13 @@ import logging
 from pathlib import Path
 
 import torch
-
-from client.cache.store import EntryStore
-from client.config import Settings, load_settings
-from shared.encoder import Encoder, locate_model
-from shared.encoder._fingerprint import model_fingerprint
-from shared.errors import EncoderError
-from shared.fl.checkpoint import latest_checkpoint, save_checkpoint
-from shared.pairs import Pair
+from meancache.client.cache.store import EntryStore
+from meancache.client.config import Settings, load_settings
+from meancache.shared.encoder import Encoder, locate_model
+from meancache.shared.encoder._fingerprint import model_fingerprint
+from meancache.shared.errors import EncoderError
+from meancache.shared.fl.checkpoint import latest_checkpoint, save_checkpoint
+from meancache.shared.pairs import Pair
 
 log = logging.getLogger(__name__)
 

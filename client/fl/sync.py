@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from client.cache.store import EntryStore
-from client.config import Settings
-from client.http_errors import error_message
-from shared.errors import MeanCacheError
-from shared.fl.checkpoint import (
+from meancache.client.cache.store import EntryStore
+from meancache.client.config import Settings
+from meancache.client.http_errors import error_message
+from meancache.shared.errors import MeanCacheError
+from meancache.shared.fl.checkpoint import (
     META,
     WEIGHTS,
     CheckpointError,

@@ -6,11 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from meancache.shared.fl.weights import federated_names, freeze_all_but
+from meancache.shared.pairs import Pair
+from meancache.shared.threshold import best_threshold
 from sentence_transformers import SentenceTransformer, losses
-
-from shared.fl.weights import federated_names, freeze_all_but
-from shared.pairs import Pair
-from shared.threshold import best_threshold
 
 
 @dataclass(frozen=True)

@@ -5,18 +5,17 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
+from meancache.client.chat.conversations import Conversation, ConversationNotFoundError
+from meancache.client.chat.session import ChatSession, UpstreamStarter
+from meancache.client.config import Settings
+from meancache.client.tui.screens.chat import CHAT_BINDINGS, ChatScreen
+from meancache.client.tui.screens.conversations import ConversationChoice, ConversationsScreen
+from meancache.client.tui.screens.stats import StatsScreen, stats_rows
+from meancache.shared.errors import MeanCacheError
 from textual import work
 from textual.app import App, SystemCommand
 from textual.screen import Screen
 from textual.widgets import Static
-
-from client.chat.conversations import Conversation, ConversationNotFoundError
-from client.chat.session import ChatSession
-from client.config import Settings
-from client.tui.screens.chat import CHAT_BINDINGS, ChatScreen
-from client.tui.screens.conversations import ConversationChoice, ConversationsScreen
-from client.tui.screens.stats import StatsScreen, stats_rows
-from shared.errors import MeanCacheError
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +24,11 @@ class MeanCacheApp(App[None]):
     TITLE = "meancache"
     SUB_TITLE = "New chat"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, start_upstream: UpstreamStarter | None = None
+                 ) -> None:
         super().__init__()
         self.settings = settings
+        self.start_upstream = start_upstream
         self.session: ChatSession | None = None
         self.chat = ChatScreen()
         if settings.keymap:
@@ -41,7 +42,7 @@ class MeanCacheApp(App[None]):
     def open_session(self) -> None:
         """Loading the encoder and starting the embedded upstream takes seconds."""
         try:
-            session = ChatSession.open(self.settings)
+            session = ChatSession.open(self.settings, start_upstream=self.start_upstream)
         except MeanCacheError as exc:
             self.call_from_thread(self._failed, str(exc))
             return

@@ -5,11 +5,11 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
-from client.chat.session import ChatSession
-from client.fl.device import DeviceState
-from client.fl.sync import SyncResult, sync_global_model
-from fl_server.processes import flower_environment, supernode_command
-from shared.fl.checkpoint import latest_checkpoint, read_meta
+from meancache.client.chat.session import ChatSession
+from meancache.client.fl.device import DeviceState
+from meancache.client.fl.supernode import start_supernode as start_process
+from meancache.client.fl.sync import SyncResult, sync_global_model
+from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
 
 Progress = Callable[[int, int], None]
 
@@ -43,10 +43,5 @@ def start_supernode(session: ChatSession, port: int) -> "subprocess.Popen[bytes]
     if settings.fl_superlink is None:
         raise ValueError("fl_superlink is not configured")
     certificate = Path(settings.fl_root_certificate) if settings.fl_root_certificate else None
-    log_file = settings.data_dir / "logs" / "supernode.log"
-    log_file.parent.mkdir(parents=True, exist_ok=True)
-    with log_file.open("ab") as log:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(
-            supernode_command(settings.fl_superlink, port, settings.data_dir, certificate),
-            env=flower_environment(MEANCACHE_DATA_DIR=str(settings.data_dir)),
-            stdout=log, stderr=subprocess.STDOUT)
+    return start_process(settings.fl_superlink, port, settings.data_dir, certificate,
+                         settings.data_dir / "logs" / "supernode.log")

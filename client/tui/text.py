@@ -3,7 +3,7 @@ emits any byte), which must never reach the terminal as escape sequences."""
 
 import re
 
-from client.chat.conversations import Turn
+from meancache.client.chat.conversations import Turn
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\x80-\x9f]")
 

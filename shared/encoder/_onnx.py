@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from shared.encoder.pipeline import EmbeddingPipeline
+from meancache.shared.encoder.pipeline import EmbeddingPipeline
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from shared.encoder._fingerprint import model_fingerprint
-from shared.encoder._locate import locate_model
-from shared.encoder._onnx import (
+from meancache.shared.encoder._fingerprint import model_fingerprint
+from meancache.shared.encoder._locate import locate_model
+from meancache.shared.encoder._onnx import (
     PARITY_MIN_COSINE,
     PARITY_QUERIES,
     OnnxBackendError,
@@ -21,9 +20,9 @@ from shared.encoder._onnx import (
     export_pipeline,
     min_parity_cosine,
 )
-from shared.encoder.pca import PCAProjection
-from shared.encoder.pipeline import EmbeddingPipeline
-from shared.errors import EncoderError
+from meancache.shared.encoder.pca import PCAProjection
+from meancache.shared.encoder.pipeline import EmbeddingPipeline
+from meancache.shared.errors import EncoderError
 
 log = logging.getLogger(__name__)
 
@@ -232,8 +231,8 @@ def _prune_exports(current: Path, keep: int = 3) -> None:
 def _apply_global_weights(model: "SentenceTransformer", base_version: str,  # noqa: F821
                           checkpoint: Path) -> str:
     """Load FL global weights over the base model; returns the combined version id."""
-    from shared.fl.checkpoint import load_checkpoint
-    from shared.fl.weights import load_federated_state
+    from meancache.shared.fl.checkpoint import load_checkpoint
+    from meancache.shared.fl.weights import load_federated_state
 
     meta, state = load_checkpoint(checkpoint)
     if meta.base_model != base_version:

@@ -6,10 +6,9 @@ fallback) and be exported once to ONNX for the lookup path.
 
 import torch
 import torch.nn.functional as F
+from meancache.shared.encoder.pca import PCAProjection
 from sentence_transformers import SentenceTransformer
 from torch import nn
-
-from shared.encoder.pca import PCAProjection
 
 
 class EmbeddingPipeline(nn.Module):

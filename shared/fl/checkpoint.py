@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from meancache.shared.errors import MeanCacheError
 from safetensors.torch import load_file, save_file
-
-from shared.errors import MeanCacheError
 
 WEIGHTS = "weights.safetensors"
 META = "meta.json"

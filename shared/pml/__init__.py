@@ -22,7 +22,7 @@ Text rules:
 Every error is a :class:`PMLError` with a 1-based ``line`` and ``column``.
 """
 
-from shared.pml.errors import (
+from meancache.shared.pml.errors import (
     ArgumentTooLongError,
     DuplicateImportError,
     DuplicateSchemaError,
@@ -33,7 +33,7 @@ from shared.pml.errors import (
     UnknownModuleError,
     UnknownSchemaError,
 )
-from shared.pml.model import (
+from meancache.shared.pml.model import (
     ROLE_NAMES,
     Import,
     Module,
@@ -48,9 +48,9 @@ from shared.pml.model import (
     Text,
     Union,
 )
-from shared.pml.parser import RESERVED_NAMES, is_prompt, parse_prompt, parse_schema
-from shared.pml.registry import SchemaRegistry
-from shared.pml.validate import TokenCounter, validate_prompt
+from meancache.shared.pml.parser import RESERVED_NAMES, is_prompt, parse_prompt, parse_schema
+from meancache.shared.pml.registry import SchemaRegistry
+from meancache.shared.pml.validate import TokenCounter, validate_prompt
 
 __all__ = [
     "ROLE_NAMES",

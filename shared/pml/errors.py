@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.errors import MeanCacheError
+from meancache.shared.errors import MeanCacheError
 
 
 class PMLError(MeanCacheError):

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import cast
 from xml.parsers import expat
 
-from shared.pml.errors import MisplacedContentError, PMLError, PMLSyntaxError
-from shared.pml.model import (
+from meancache.shared.pml.errors import MisplacedContentError, PMLError, PMLSyntaxError
+from meancache.shared.pml.model import (
     ROLE_NAMES,
     Import,
     Module,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from shared.pml.errors import DuplicateSchemaError, UnknownSchemaError
-from shared.pml.model import Position, Prompt, Schema
-from shared.pml.parser import parse_schema
-from shared.pml.validate import TokenCounter, validate_prompt
+from meancache.shared.pml.errors import DuplicateSchemaError, UnknownSchemaError
+from meancache.shared.pml.model import Position, Prompt, Schema
+from meancache.shared.pml.parser import parse_schema
+from meancache.shared.pml.validate import TokenCounter, validate_prompt
 
 
 class SchemaRegistry:

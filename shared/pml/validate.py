@@ -9,14 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from shared.pml.errors import (
+from meancache.shared.pml.errors import (
     ArgumentTooLongError,
     DuplicateImportError,
     UnionConflictError,
     UnknownModuleError,
     UnknownSchemaError,
 )
-from shared.pml.model import Import, Prompt, Schema
+from meancache.shared.pml.model import Import, Prompt, Schema
 
 TokenCounter = Callable[[str], int]
 

@@ -7,21 +7,28 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-
-from shared.pml import Import, Prompt, Role, SchemaRegistry, Text, parse_prompt, parse_schema
-from upstream.errors import PromptTooLongError, UpstreamError
-from upstream.model_loading import LoadedModel
-from upstream.prompt_cache.layout import LEADING, SCHEMA_TEXT, SchemaLayout, lay_out
-from upstream.prompt_cache.module_store import Key, ModuleStore
-from upstream.prompt_cache.roles import role_template
-from upstream.prompt_cache.states import (
+from meancache.shared.pml import (
+    Import,
+    Prompt,
+    Role,
+    SchemaRegistry,
+    Text,
+    parse_prompt,
+    parse_schema,
+)
+from meancache.upstream.errors import PromptTooLongError, UpstreamError
+from meancache.upstream.model_loading import LoadedModel
+from meancache.upstream.prompt_cache.layout import LEADING, SCHEMA_TEXT, SchemaLayout, lay_out
+from meancache.upstream.prompt_cache.module_store import Key, ModuleStore
+from meancache.upstream.prompt_cache.roles import role_template
+from meancache.upstream.prompt_cache.states import (
     SegmentStates,
     additive_mask,
     bytes_per_token,
     concatenate,
     encode_segment,
 )
-from upstream.sampling import SamplingParams, TextStream, next_token
+from meancache.upstream.sampling import SamplingParams, TextStream, next_token
 
 Message = dict[str, str]
 

@@ -20,10 +20,9 @@ unimported modules) that a prompt may leave out.
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from meancache.shared.pml import Module, Param, Role, Schema, Text, Union
+from meancache.upstream.prompt_cache.roles import RoleTemplate
 from transformers import PreTrainedTokenizerBase
-
-from shared.pml import Module, Param, Role, Schema, Text, Union
-from upstream.prompt_cache.roles import RoleTemplate
 
 LEADING = "<leading>"  # the template's opening tokens (BOS), at position 0
 SCHEMA_TEXT = ""  # the segment of a schema's always-included text

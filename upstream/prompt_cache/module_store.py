@@ -8,7 +8,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
-from upstream.prompt_cache.states import SegmentStates
+from meancache.upstream.prompt_cache.states import SegmentStates
 
 Key = tuple[str, str]  # (schema, segment)
 

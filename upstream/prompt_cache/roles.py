@@ -8,9 +8,8 @@ the text before and after a message's content, and the generation prompt.
 import logging
 from dataclasses import dataclass
 
+from meancache.upstream.builtin import CHAT_TEMPLATE
 from transformers import PreTrainedTokenizerBase
-
-from upstream.builtin import CHAT_TEMPLATE
 
 log = logging.getLogger(__name__)
 

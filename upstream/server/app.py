@@ -8,17 +8,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from meancache.shared.pml import PMLError, UnknownSchemaError
+from meancache.upstream.errors import PromptTooLongError, UpstreamError
+from meancache.upstream.prompt_cache.engine import Delta, Finish, PromptCacheEngine
+from meancache.upstream.server.metrics import ServerMetrics
+from meancache.upstream.server.wire import BadRequest, Completion, error_body, parse_chat_request
+from meancache.upstream.server.worker import ModelWorker
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
-
-from shared.pml import PMLError, UnknownSchemaError
-from upstream.errors import PromptTooLongError, UpstreamError
-from upstream.prompt_cache.engine import Delta, Finish, PromptCacheEngine
-from upstream.server.metrics import ServerMetrics
-from upstream.server.wire import BadRequest, Completion, error_body, parse_chat_request
-from upstream.server.worker import ModelWorker
 
 log = logging.getLogger(__name__)
 

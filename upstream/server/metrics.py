@@ -1,5 +1,6 @@
 """Prometheus metrics of one server (its own registry, so several can share a process)."""
 
+from meancache.upstream.prompt_cache.engine import Finish, PromptCacheEngine
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -8,8 +9,6 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-
-from upstream.prompt_cache.engine import Finish, PromptCacheEngine
 
 disable_created_metrics()  # the *_created series only add noise to every counter
 

@@ -2,16 +2,15 @@
 thread on loopback (the chat app's embedded upstream, and the tests)."""
 
 import logging
-import socket
 import sys
 import threading
 import time
 
 import uvicorn
-
-from upstream.model_loading import LoadedModel, load_model
-from upstream.prompt_cache.engine import PromptCacheEngine
-from upstream.server.app import ServerSettings, create_app
+from meancache.shared.processes import free_port
+from meancache.upstream.model_loading import LoadedModel, load_model
+from meancache.upstream.prompt_cache.engine import PromptCacheEngine
+from meancache.upstream.server.app import ServerSettings, create_app
 
 log = logging.getLogger(__name__)
 
@@ -31,12 +30,6 @@ def serve(model: str, host: str, port: int, settings: ServerSettings,
     uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 class BackgroundServer:
     """The upstream on a daemon thread, on a free loopback port, until ``stop``."""
 
@@ -53,6 +46,11 @@ class BackgroundServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def label(self) -> str:
+        kind = "untrained demo model" if self.loaded.untrained else "local model"
+        return f"{self.loaded.name} ({kind})"
 
     def start(self, timeout: float = 30.0) -> "BackgroundServer":
         self._thread.start()

@@ -5,9 +5,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from upstream.errors import UpstreamError
-from upstream.prompt_cache.engine import Finish
-from upstream.sampling import SamplingParams
+from meancache.upstream.errors import UpstreamError
+from meancache.upstream.prompt_cache.engine import Finish
+from meancache.upstream.sampling import SamplingParams
 
 ROLES = ("system", "user", "assistant")
 

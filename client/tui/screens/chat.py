@@ -6,6 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
+from meancache.client.chat.conversations import Conversation
+from meancache.client.tui.text import printable
+from meancache.client.tui.widgets import AnswerView, QuestionView
+from meancache.client.upstream_client import UpstreamError
+from meancache.shared.errors import MeanCacheError
 from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -14,15 +19,9 @@ from textual.events import Paste
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Markdown, ProgressBar, Static
 
-from client.chat.conversations import Conversation
-from client.tui.text import printable
-from client.tui.widgets import AnswerView, QuestionView
-from client.upstream_client import UpstreamError
-from shared.errors import MeanCacheError
-
 if TYPE_CHECKING:
-    from client.chat.session import ChatSession
-    from client.tui.app import MeanCacheApp
+    from meancache.client.chat.session import ChatSession
+    from meancache.client.tui.app import MeanCacheApp
 
 # Every action, with a binding id (remappable through `keymap` in config.toml) and the
 # help the command palette shows.
@@ -236,7 +235,7 @@ class ChatScreen(Screen[None]):
         self.notify(f"Exported to {path}", title="Export")
 
     def action_attach(self) -> None:
-        from client.tui.screens.attach import AttachScreen
+        from meancache.client.tui.screens.attach import AttachScreen
 
         def attach(path: str | None) -> None:
             if path:
@@ -290,7 +289,7 @@ class ChatScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="fl")
     def action_fl_sync(self) -> None:
-        from client.tui.federated import sync_and_switch
+        from meancache.client.tui.federated import sync_and_switch
 
         try:
             result, reembedded = sync_and_switch(
@@ -308,8 +307,8 @@ class ChatScreen(Screen[None]):
         self.app.call_from_thread(self.notify, message, title="Federated model")
 
     def action_fl_join(self) -> None:
-        from client.tui.federated import latest_round, start_supernode
-        from upstream.server.serve import free_port
+        from meancache.client.tui.federated import latest_round, start_supernode
+        from meancache.shared.processes import free_port
 
         if self.supernode is not None:
             self.supernode.terminate()
@@ -325,7 +324,7 @@ class ChatScreen(Screen[None]):
 
     def _watch_rounds(self) -> None:
         """When the SuperNode kept a newer global model, switch the cache to it."""
-        from client.tui.federated import latest_round
+        from meancache.client.tui.federated import latest_round
 
         if self.supernode is None:
             return
@@ -344,7 +343,7 @@ class ChatScreen(Screen[None]):
 
     @work(thread=True, exclusive=True, group="fl")
     def switch_model(self) -> None:
-        from client.tui.federated import switch_to_latest
+        from meancache.client.tui.federated import switch_to_latest
 
         try:
             switch_to_latest(self.session, self._progress("re-embedding cached questions…"))

@@ -3,15 +3,14 @@
 from dataclasses import dataclass
 from datetime import datetime
 
+from meancache.client.chat.conversations import Conversation
+from meancache.client.tui.text import printable
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, OptionList
 from textual.widgets.option_list import Option
-
-from client.chat.conversations import Conversation
-from client.tui.text import printable
 
 
 @dataclass(frozen=True)

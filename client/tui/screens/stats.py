@@ -1,12 +1,11 @@
 """What the caches have done: hit rate, false hits, tokens saved, thresholds, sizes."""
 
+from meancache.client.cache import CacheStats
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import DataTable, Footer, Label
-
-from client.cache import CacheStats
 
 
 def stats_rows(stats: CacheStats, pack_version: str | None) -> list[tuple[str, str]]:

@@ -1,0 +1,47 @@
+"""Helpers every side uses to run its helper processes: free loopback ports, Flower's
+executables and their environment, and a foreground child that stops with us."""
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from meancache.shared.errors import FlowerCommandError
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def flower_command(name: str) -> str:
+    """The path of a Flower executable installed beside this Python."""
+    candidate = Path(sys.executable).with_name(name)
+    found = str(candidate) if candidate.exists() else shutil.which(name)
+    if found is None:
+        raise FlowerCommandError(f"{name} is not installed (pip install 'flwr[simulation]')")
+    return found
+
+
+def flower_environment(**extra: str) -> dict[str, str]:
+    """The environment for Flower's processes: they start helpers (flower-superexec,
+    flwr-serverapp, flwr-clientapp) by name, so this Python's bin dir must be on PATH even
+    when the virtualenv was never activated."""
+    bin_dir = str(Path(sys.executable).parent)
+    path = os.environ.get("PATH", "")
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{path}" if path else bin_dir,
+            "FLWR_TELEMETRY_ENABLED": "0", **extra}
+
+
+def run_foreground(command: list[str], env: dict[str, str] | None = None) -> int:
+    """Run until it exits or we are interrupted (then stop it too)."""
+    process = subprocess.Popen(command, env=env)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        process.terminate()
+        return process.wait(timeout=30)
