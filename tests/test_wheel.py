@@ -42,8 +42,8 @@ def test_the_wheel_holds_every_side_under_one_namespace(installed: Path) -> None
 
 
 def test_installed_commands_run_without_the_source_tree(installed: Path) -> None:
-    where = run_installed(installed, sys.executable, "-c",
-                          "import meancache.client, meancache.cli; print(meancache.client.__file__)")
+    where = run_installed(installed, sys.executable, "-c", "import meancache.client, "
+                          "meancache.cli; print(meancache.client.__file__)")
     assert where.returncode == 0, where.stderr
     assert Path(where.stdout.strip()).is_relative_to(installed)
 
