@@ -100,13 +100,16 @@ def test_reject_requeries_and_retunes(settings: Settings) -> None:
         app = MeanCacheApp(settings)
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)
-            assert app.chat.check_action("reject", ()) is None  # nothing cached to reject
             await ask(pilot, "What is the capital of France?")
+            answered = badge(app)
+            await pilot.press("ctrl+r")  # an upstream answer: nothing cached to reject
+            await pilot.pause()
+            assert not app.chat.busy and badge(app) == answered
+            assert app.chat.conversation.turns[-1].replaced is None
             await ask(pilot, "What is the capital of France?")  # a hit: a weak positive
             await ask(pilot, "what is france's capital city?")
             wrong = app.chat.conversation.turns[-1]
             assert wrong.source == "cache"
-            assert app.chat.check_action("reject", ()) is True
             notices: list[str] = []
             app.notify = lambda message, **kw: notices.append(str(message))  # type: ignore
             await pilot.press("ctrl+r")
@@ -271,8 +274,12 @@ def test_fl_actions_are_off_until_configured(settings: Settings) -> None:
         app = MeanCacheApp(settings)
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)
-            assert app.chat.check_action("fl_sync", ()) is None
-            assert app.chat.check_action("fl_join", ()) is None
+            status = str(app.chat.query_one("#status").render())
+            await pilot.press("f7", "f8")
+            await pilot.pause()
+            assert not app.chat.workers  # neither a sync nor a join started
+            assert not app.chat.federation.running
+            assert str(app.chat.query_one("#status").render()) == status
 
     asyncio.run(run())
 
@@ -322,20 +329,35 @@ def test_sync_downloads_the_global_model_and_re_embeds(
         thread.join(timeout=10)
 
 
-def test_join_runs_this_users_supernode_until_left(settings: Settings) -> None:
+def rounds_timer_running() -> bool:
+    return any(task.get_name() == "fl-rounds" and not task.done()
+               for task in asyncio.all_tasks())
+
+
+def test_join_and_leave_leave_no_process_and_no_timer(settings: Settings) -> None:
+    # Nothing listens on the SuperLink port: the SuperNode starts and keeps retrying.
     configured = dataclasses.replace(settings, fl_superlink=f"127.0.0.1:{free_port()}")
 
     async def run() -> None:
         app = MeanCacheApp(configured)
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)
+            status = app.chat.query_one("#status")
             await pilot.press("f8")
-            node = app.chat.supernode
+            await wait_for(pilot, lambda: "federated learning: joined" in str(status.render()))
+            node = app.chat.federation.process
             assert node is not None and node.poll() is None
-            assert "federated learning: joined" in str(app.chat.query_one("#status").render())
             assert f"data-dir='{configured.data_dir}'" in " ".join(node.args)  # type: ignore
+            assert rounds_timer_running()
             await pilot.press("f8")
-            assert app.chat.supernode is None
-            assert node.wait(timeout=30) is not None
+            await wait_for(pilot, lambda: "federated learning" not in str(status.render()))
+            assert node.poll() is not None  # terminated and waited for
+            await wait_for(pilot, lambda: not rounds_timer_running())
+
+            await pilot.press("f8")  # joined again, then the app quits without leaving
+            await wait_for(pilot, lambda: app.chat.federation.running)
+            node = app.chat.federation.process
+        assert node is not None and node.poll() is not None
+        assert not rounds_timer_running()
 
     asyncio.run(run())

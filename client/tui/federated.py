@@ -6,10 +6,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from meancache.client.chat.session import ChatSession
+from meancache.client.config import Settings
 from meancache.client.fl.device import DeviceState
-from meancache.client.fl.supernode import start_supernode as start_process
+from meancache.client.fl.supernode import start_supernode
 from meancache.client.fl.sync import SyncResult, sync_global_model
 from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
+from meancache.shared.processes import free_port
 
 Progress = Callable[[int, int], None]
 
@@ -32,16 +34,61 @@ def switch_to_latest(session: ChatSession, reembed: Progress) -> int:
     return session.cache.set_encoder(encoder, reembed)
 
 
-def latest_round(session: ChatSession) -> int | None:
-    checkpoint = latest_checkpoint(session.settings.global_model_dir)
+def latest_round(settings: Settings) -> int | None:
+    checkpoint = latest_checkpoint(settings.global_model_dir)
     return None if checkpoint is None else read_meta(checkpoint).round
 
 
-def start_supernode(session: ChatSession, port: int) -> "subprocess.Popen[bytes]":
-    """This user's SuperNode (what `meancache fl join` runs), logging to a file."""
-    settings = session.settings
-    if settings.fl_superlink is None:
-        raise ValueError("fl_superlink is not configured")
-    certificate = Path(settings.fl_root_certificate) if settings.fl_root_certificate else None
-    return start_process(settings.fl_superlink, port, settings.data_dir, certificate,
-                         settings.data_dir / "logs" / "supernode.log")
+class FederatedParticipation:
+    """This user's SuperNode (what `meancache fl join` runs) while the device takes part
+    in rounds, and the newest global model round it has kept.
+
+    Blocking calls (start, stop) belong in a worker; ``poll`` is cheap enough for a timer.
+    """
+
+    def __init__(self, settings: Settings, stop_timeout: float = 10.0) -> None:
+        self.settings = settings
+        self.stop_timeout = stop_timeout
+        self.process: subprocess.Popen[bytes] | None = None
+        self.known_round: int | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None
+
+    def start(self) -> None:
+        """Start the SuperNode, logging to logs/supernode.log in the data dir."""
+        settings = self.settings
+        if settings.fl_superlink is None:
+            raise ValueError("fl_superlink is not configured")
+        certificate = (Path(settings.fl_root_certificate) if settings.fl_root_certificate
+                       else None)
+        self.known_round = latest_round(settings)
+        self.process = start_supernode(settings.fl_superlink, free_port(), settings.data_dir,
+                                       certificate, settings.data_dir / "logs" / "supernode.log")
+
+    def stop(self) -> None:
+        """Terminate the SuperNode and wait for it (killing it if it will not stop)."""
+        process, self.process = self.process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=self.stop_timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def poll(self) -> int | None:
+        """The round of a global model kept since the last poll, if any; when the node
+        has exited on its own, ``running`` turns false."""
+        if self.process is None:
+            return None
+        if self.process.poll() is not None:
+            self.process = None
+            return None
+        current = latest_round(self.settings)
+        if current is None or current == self.known_round:
+            return None
+        self.known_round = current
+        return current

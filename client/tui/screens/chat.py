@@ -1,12 +1,21 @@
 """The chat: questions, streamed answers with their source, and every action on them."""
 
 import asyncio
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
-from meancache.client.chat.conversations import Conversation
+from meancache.client.chat.conversations import Conversation, ConversationNotFoundError
+from meancache.client.chat.session import ChatSession
+from meancache.client.config import Settings
+from meancache.client.tui.federated import (
+    FederatedParticipation,
+    switch_to_latest,
+    sync_and_switch,
+)
+from meancache.client.tui.screens.attach import AttachScreen
+from meancache.client.tui.screens.conversations import ConversationChoice, ConversationsScreen
+from meancache.client.tui.screens.stats import StatsScreen, stats_rows
 from meancache.client.tui.text import printable
 from meancache.client.tui.widgets import AnswerView, QuestionView
 from meancache.client.upstream_client import UpstreamError
@@ -17,11 +26,8 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.events import Paste
 from textual.screen import Screen
+from textual.timer import Timer
 from textual.widgets import Footer, Header, Input, Markdown, ProgressBar, Static
-
-if TYPE_CHECKING:
-    from meancache.client.chat.session import ChatSession
-    from meancache.client.tui.app import MeanCacheApp
 
 # Every action, with a binding id (remappable through `keymap` in config.toml) and the
 # help the command palette shows.
@@ -56,6 +62,9 @@ class QuestionInput(Input):
 
 
 class ChatScreen(Screen[None]):
+    """The chat: given the settings when built and the session once it is open (``ready``),
+    so that it needs nothing from the app that hosts it."""
+
     BINDINGS = CHAT_BINDINGS
     DEFAULT_CSS = """
     #messages { height: 1fr; padding: 0 1; }
@@ -66,12 +75,14 @@ class ChatScreen(Screen[None]):
     .notice { color: $text-muted; margin: 1 0 0 0; }
     """
 
-    def __init__(self) -> None:
+    def __init__(self, settings: Settings) -> None:
         super().__init__()
+        self.settings = settings
         self.conversation = Conversation()
         self.busy = False
-        self.supernode: subprocess.Popen[bytes] | None = None
-        self.known_round: int | None = None
+        self._session: ChatSession | None = None
+        self.federation = FederatedParticipation(settings)
+        self._rounds_timer: Timer | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -84,19 +95,20 @@ class ChatScreen(Screen[None]):
 
     # state --------------------------------------------------------------------------
     @property
-    def meancache(self) -> "MeanCacheApp":
-        return cast("MeanCacheApp", self.app)
+    def session(self) -> ChatSession:
+        """The chat session; actions that use it are disabled until it is open."""
+        return cast(ChatSession, self._session)
 
-    @property
-    def session(self) -> "ChatSession":
-        """The app's chat session; actions that use it are disabled until it is open."""
-        return cast("ChatSession", self.meancache.session)
-
-    def ready(self, status: str) -> None:
-        self.query_one("#status", Static).update(status)
+    def ready(self, session: ChatSession) -> None:
+        self._session = session
+        self.query_one("#status", Static).update(session.upstream_label)
         question = self.query_one("#question", Input)
         question.disabled = False
         question.focus()
+        self.refresh_bindings()
+
+    def failed(self, message: str) -> None:
+        self.query_one("#status", Static).update(f"cannot start: {message}")
 
     def set_busy(self, busy: bool) -> None:
         self.busy = busy
@@ -110,16 +122,15 @@ class ChatScreen(Screen[None]):
         if action == "reject":
             turns = self.conversation.turns
             cached = bool(turns) and turns[-1].source in ("cache", "pack")
-            return True if cached and not self.busy and self.meancache.session else None
+            return True if cached and not self.busy and self._session else None
         if action == "cancel":
             return True if self.busy else None
         if action in ("attach", "stats", "export", "new_chat", "conversations"):
-            return True if self.meancache.session else None
-        settings = self.meancache.settings
+            return True if self._session else None
         if action == "fl_sync":
-            return True if self.meancache.session and settings.fl_server_url else None
+            return True if self._session and self.settings.fl_server_url else None
         if action == "fl_join":
-            return True if self.meancache.session and settings.fl_superlink else None
+            return True if self._session and self.settings.fl_superlink else None
         return True
 
     def show_conversation(self, conversation: Conversation) -> None:
@@ -141,7 +152,7 @@ class ChatScreen(Screen[None]):
     # asking -------------------------------------------------------------------------
     def on_input_submitted(self, event: Input.Submitted) -> None:
         question = event.value.strip()
-        if not question or self.busy or self.meancache.session is None:
+        if not question or self.busy or self._session is None:
             return
         event.input.value = ""
         self.ask(question)
@@ -221,22 +232,50 @@ class ChatScreen(Screen[None]):
         self.workers.cancel_group(self, "answer")
         self.show_conversation(Conversation())
 
-    def action_conversations(self) -> None:
-        self.meancache.action_conversations()
-
     def action_stats(self) -> None:
-        self.meancache.action_stats()
+        self.app.push_screen(StatsScreen(stats_rows(self.session.cache.stats(), None)))
+
+    def action_conversations(self) -> None:
+        self.app.push_screen(ConversationsScreen(self.session.conversations.list()),
+                             self._conversation_chosen)
+
+    def _conversation_chosen(self, choice: ConversationChoice | None) -> None:
+        if choice is None:
+            return
+        store = self.session.conversations
+        if choice.action == "new":
+            self.action_new_chat()
+            return
+        try:
+            if choice.action == "open" and choice.conversation_id:
+                self.show_conversation(store.load(choice.conversation_id))
+            elif choice.action == "delete" and choice.conversation_id:
+                store.delete(choice.conversation_id)
+                if self.conversation.id == choice.conversation_id:
+                    self.show_conversation(Conversation())
+                self.notify("Chat deleted.")
+                self.action_conversations()
+            elif choice.action == "export" and choice.conversation_id:
+                path = self.export_conversation(store.load(choice.conversation_id))
+                self.notify(f"Exported to {path}", title="Export")
+        except ConversationNotFoundError as exc:
+            self.notify(str(exc), severity="error")
+
+    def export_conversation(self, conversation: Conversation) -> Path:
+        directory = self.settings.data_dir / "exports"
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"chat-{conversation.id}.md"
+        path.write_text(conversation.to_markdown(), encoding="utf-8")
+        return path
 
     def action_export(self) -> None:
         if not self.conversation.turns:
             self.notify("Nothing to export yet.", severity="warning")
             return
-        path = self.meancache.export_conversation(self.conversation)
+        path = self.export_conversation(self.conversation)
         self.notify(f"Exported to {path}", title="Export")
 
     def action_attach(self) -> None:
-        from meancache.client.tui.screens.attach import AttachScreen
-
         def attach(path: str | None) -> None:
             if path:
                 self.attach(Path(path))
@@ -277,20 +316,21 @@ class ChatScreen(Screen[None]):
 
     def _progress_done(self) -> None:
         self.query_one("#progress", ProgressBar).remove_class("active")
-        self.query_one("#status", Static).update(self._status_line())
+        self._show_status()
 
     def _status_line(self) -> str:
         line = self.session.upstream_label
-        if self.supernode is not None:
-            line += f" · federated learning: joined {self.meancache.settings.fl_superlink}"
-            if self.known_round is not None:
-                line += f" (global model of round {self.known_round})"
+        if self.federation.running:
+            line += f" · federated learning: joined {self.settings.fl_superlink}"
+            if self.federation.known_round is not None:
+                line += f" (global model of round {self.federation.known_round})"
         return line
+
+    def _show_status(self) -> None:
+        self.query_one("#status", Static).update(self._status_line())
 
     @work(thread=True, exclusive=True, group="fl")
     def action_fl_sync(self) -> None:
-        from meancache.client.tui.federated import sync_and_switch
-
         try:
             result, reembedded = sync_and_switch(
                 self.session, self._progress("downloading the global model…"),
@@ -306,50 +346,59 @@ class ChatScreen(Screen[None]):
                    if result.changed else f"already up to date (round {result.round})")
         self.app.call_from_thread(self.notify, message, title="Federated model")
 
+    @work(thread=True, exclusive=True, group="fl-join")
     def action_fl_join(self) -> None:
-        from meancache.client.tui.federated import latest_round, start_supernode
-        from meancache.shared.processes import free_port
+        """Join, or leave when joined; starting and stopping the SuperNode can block."""
+        if self.federation.running:
+            self.app.call_from_thread(self._stop_watching)
+            self.federation.stop()
+            self.app.call_from_thread(self._left)
+            return
+        try:
+            self.federation.start()
+        except (MeanCacheError, ValueError, OSError) as exc:
+            self.app.call_from_thread(self.notify, str(exc), title="Cannot join federated "
+                                      "learning", severity="error")
+            return
+        self.app.call_from_thread(self._joined)
 
-        if self.supernode is not None:
-            self.supernode.terminate()
-            self.supernode = None
-            self.notify("Left federated learning.")
-        else:
-            self.supernode = start_supernode(self.session, free_port())
-            self.known_round = latest_round(self.session)
-            self.set_interval(2.0, self._watch_rounds, name="fl-rounds")
-            self.notify(f"Joined federated learning at {self.meancache.settings.fl_superlink}; "
-                        "only weights, a threshold and counts leave this device.")
-        self.query_one("#status", Static).update(self._status_line())
+    def _joined(self) -> None:
+        self._rounds_timer = self.set_interval(2.0, self._watch_rounds, name="fl-rounds")
+        self.notify(f"Joined federated learning at {self.settings.fl_superlink}; "
+                    "only weights, a threshold and counts leave this device.")
+        self._show_status()
+
+    def _left(self) -> None:
+        self.notify("Left federated learning.")
+        self._show_status()
+
+    def _stop_watching(self) -> None:
+        if self._rounds_timer is not None:
+            self._rounds_timer.stop()
+            self._rounds_timer = None
 
     def _watch_rounds(self) -> None:
         """When the SuperNode kept a newer global model, switch the cache to it."""
-        from meancache.client.tui.federated import latest_round
-
-        if self.supernode is None:
-            return
-        if self.supernode.poll() is not None:
-            self.supernode = None
+        new_round = self.federation.poll()
+        if not self.federation.running:
+            self._stop_watching()
             self.notify("The federated learning node stopped; see logs/supernode.log.",
                         severity="warning")
-            self.query_one("#status", Static).update(self._status_line())
+            self._show_status()
             return
-        current = latest_round(self.session)
-        if current is not None and current != self.known_round:
-            self.known_round = current
-            self.notify(f"Received the global model of round {current}; re-embedding.",
+        if new_round is not None:
+            self.notify(f"Received the global model of round {new_round}; re-embedding.",
                         title="Federated model")
             self.switch_model()
 
     @work(thread=True, exclusive=True, group="fl")
     def switch_model(self) -> None:
-        from meancache.client.tui.federated import switch_to_latest
-
         try:
             switch_to_latest(self.session, self._progress("re-embedding cached questions…"))
         finally:
             self.app.call_from_thread(self._progress_done)
 
     def on_unmount(self) -> None:
-        if self.supernode is not None:
-            self.supernode.terminate()
+        """Never leave a SuperNode running after the app."""
+        self._stop_watching()
+        self.federation.stop()
