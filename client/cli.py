@@ -1,16 +1,23 @@
 """The device's commands: `cache ...` to inspect and manage the semantic cache, `chat`
 and `ask` to answer questions, `eval pairs` to measure the match decision on labelled
-pairs. The `meancache` command (meancache/cli.py) mounts them beside the other sides'."""
+pairs. The `meancache` command (meancache/cli.py) mounts them beside the other sides'.
+
+The encoder (torch) is imported only by the commands that embed: `cache stats` and
+`cache list` read the store, and `--help` loads no model.
+"""
 
 import argparse
 import dataclasses
 import json
 import sys
+from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from meancache.client.cache import SemanticCache, repair
+from meancache.client.cache import repair
+from meancache.client.cache.store import EntryStore
+from meancache.client.cache.summary import stored_stats
 from meancache.client.config import Settings
 from meancache.client.progress import ProgressBar
 from meancache.shared.errors import MeanCacheError
@@ -18,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
+    from meancache.client.cache import SemanticCache
     from meancache.client.chat.session import UpstreamStarter
 
 out = Console()
@@ -29,7 +37,8 @@ def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
 
 
-def open_cache(settings: Settings, directory: Path | None = None) -> SemanticCache:
+def open_cache(settings: Settings, directory: Path | None = None) -> "SemanticCache":
+    from meancache.client.cache import SemanticCache
     from meancache.client.fl.device import DeviceState
 
     with err.status("loading the embedding model (the first start exports it to ONNX)"):
@@ -41,8 +50,8 @@ def open_cache(settings: Settings, directory: Path | None = None) -> SemanticCac
 
 # cache -------------------------------------------------------------------------------
 def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
-    with open_cache(settings) as cache:
-        stats = cache.stats()
+    with closing(EntryStore(settings.cache_dir)) as store:  # no encoder: nothing to embed
+        stats = stored_stats(store, settings.threshold, settings.encoder_backend)
     if args.json:
         print_json(dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate})
         return 0
@@ -62,8 +71,9 @@ def _entry_row(entry: object) -> dict[str, object]:
 
 
 def cmd_cache_list(args: argparse.Namespace, settings: Settings) -> int:
-    with open_cache(settings) as cache:
-        entries = cache.entries()[-args.limit:] if args.limit else cache.entries()
+    with closing(EntryStore(settings.cache_dir)) as store:  # no encoder: nothing to embed
+        entries = sorted(store.entries(), key=lambda entry: entry.created)
+    entries = entries[-args.limit:] if args.limit else entries
     if args.json:
         for entry in entries:
             print_json(_entry_row(entry))

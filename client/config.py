@@ -9,13 +9,15 @@ import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import platformdirs
-from meancache.client.cache import CacheSettings
 from meancache.shared.encoder import DEFAULT_PCA_DIMS
 from meancache.shared.errors import MeanCacheError
 from meancache.shared.threshold import DEFAULT_THRESHOLD
+
+if TYPE_CHECKING:
+    from meancache.client.cache import CacheSettings
 
 APP_NAME = "meancache"
 ENV_PREFIX = "MEANCACHE_"
@@ -75,7 +77,9 @@ class Settings:
     def log_file(self) -> Path:
         return self.data_dir / "logs" / "meancache.log"
 
-    def cache_settings(self) -> CacheSettings:
+    def cache_settings(self) -> "CacheSettings":
+        from meancache.client.cache import CacheSettings  # imports torch: only when used
+
         return CacheSettings(
             global_threshold=self.threshold,
             max_entries=self.max_entries,

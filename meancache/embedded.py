@@ -2,10 +2,13 @@
 the client when no upstream URL is configured. It lives here, above both sides, because
 the client never imports the upstream."""
 
-from meancache.client.chat.session import EmbeddedUpstream
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from meancache.client.chat.session import EmbeddedUpstream
 
 
-def start_embedded_upstream(model: str) -> EmbeddedUpstream:
+def start_embedded_upstream(model: str) -> "EmbeddedUpstream":
     """Load ``model`` and serve it on a free loopback port (blocking: seconds)."""
     from meancache.upstream.server.serve import BackgroundServer
 

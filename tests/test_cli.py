@@ -115,7 +115,7 @@ def test_missing_pairs_file(data_dir: Path, capsys: pytest.CaptureFixture[str]) 
 def test_unknown_model_name_says_nothing_is_downloaded(
     data_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["--encoder", "all-mpnet-base-v2", "cache", "stats"]) == 2
+    assert main(["--encoder", "all-mpnet-base-v2", "cache", "demo"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "never downloads models" in err
     assert "--encoder" in err
@@ -131,7 +131,7 @@ def fill_cache(data_dir: Path, questions: list[str]) -> None:
 
 
 def test_stats_list_export_clear(
-    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    data_dir: Path, tmp_path: Path, encoder: Encoder, capsys: pytest.CaptureFixture[str]
 ) -> None:
     questions = ["What is the capital of France?", "How do I boil an egg?"]
     fill_cache(data_dir, questions)
@@ -140,6 +140,9 @@ def test_stats_list_export_clear(
     stats = json.loads(capsys.readouterr().out)
     assert (stats["entries"], stats["hits"], stats["misses"]) == (2, 1, 0)
     assert stats["hit_rate"] == 1.0
+    # read from the stored vectors, without loading the encoder
+    assert (stats["encoder_version"], stats["embedding_dim"]) == (encoder.version, encoder.dim)
+    assert stats["stale_entries"] == 0
 
     assert main(["cache", "list", "--json"]) == 0
     listed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]

@@ -3,8 +3,6 @@
 import argparse
 from typing import Any
 
-from meancache.upstream.server.app import ServerSettings
-
 
 def add_commands(commands: Any) -> None:
     """Register `upstream serve` on the top-level `meancache` parser."""
@@ -25,6 +23,7 @@ def add_commands(commands: Any) -> None:
 
 
 def run_serve(args: argparse.Namespace, settings: Any) -> int:
+    from meancache.upstream.server.app import ServerSettings
     from meancache.upstream.server.serve import serve
 
     serve(

@@ -1,7 +1,25 @@
-"""Sentence encoder shared by the client (lookup) and FL (training)."""
+"""Sentence encoder shared by the client (lookup) and FL (training).
+
+PCAProjection is a torch module: it is imported on first use (PEP 562), so that commands
+which need no model never wait for torch.
+"""
+
+from typing import TYPE_CHECKING
 
 from meancache.shared.encoder._locate import locate_model, packaged_minilm_dir
 from meancache.shared.encoder.encoder import Encoder
-from meancache.shared.encoder.pca import DEFAULT_PCA_DIMS, PCAProjection
+
+if TYPE_CHECKING:
+    from meancache.shared.encoder.pca import PCAProjection
+
+DEFAULT_PCA_DIMS = 64  # MeanCache's compressed embedding size
 
 __all__ = ["DEFAULT_PCA_DIMS", "Encoder", "PCAProjection", "locate_model", "packaged_minilm_dir"]
+
+
+def __getattr__(name: str) -> object:
+    if name == "PCAProjection":
+        from meancache.shared.encoder.pca import PCAProjection
+
+        return PCAProjection
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

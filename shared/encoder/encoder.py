@@ -1,4 +1,8 @@
-"""The sentence encoder: a local sentence-transformers model, optional PCA, and a version id."""
+"""The sentence encoder: a local sentence-transformers model, optional PCA, and a version id.
+
+torch, sentence-transformers and onnxruntime are imported where a model is built or run,
+so that importing this module (as every command does) stays fast.
+"""
 
 import contextlib
 import hashlib
@@ -7,22 +11,17 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 from meancache.shared.encoder._fingerprint import model_fingerprint
 from meancache.shared.encoder._locate import locate_model
-from meancache.shared.encoder._onnx import (
-    PARITY_MIN_COSINE,
-    PARITY_QUERIES,
-    OnnxBackendError,
-    OnnxEmbedder,
-    export_pipeline,
-    min_parity_cosine,
-)
-from meancache.shared.encoder.pca import PCAProjection
-from meancache.shared.encoder.pipeline import EmbeddingPipeline
 from meancache.shared.errors import EncoderError
+
+if TYPE_CHECKING:
+    from meancache.shared.encoder._onnx import OnnxEmbedder
+    from meancache.shared.encoder.pca import PCAProjection
+    from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
 
@@ -45,12 +44,14 @@ class Encoder:
     def __init__(
         self,
         model_dir: Path,
-        model: "SentenceTransformer",  # noqa: F821
+        model: "SentenceTransformer",
         base_version: str,
-        pca: PCAProjection | None = None,
+        pca: "PCAProjection | None" = None,
         backend: str = "onnx",
         cache_dir: Path | None = None,
     ) -> None:
+        from meancache.shared.encoder.pipeline import EmbeddingPipeline
+
         self.model_dir = model_dir
         self._model = model
         self.base_version = base_version
@@ -73,7 +74,7 @@ class Encoder:
         cls,
         model: str | os.PathLike[str] | None = None,
         *,
-        pca: PCAProjection | None = None,
+        pca: "PCAProjection | None" = None,
         backend: str = "onnx",
         cache_dir: Path | None = None,
         global_weights: Path | None = None,
@@ -98,7 +99,7 @@ class Encoder:
             version = _apply_global_weights(st, version, global_weights)
         return cls(model_dir, st, version, pca, backend, cache_dir)
 
-    def with_pca(self, pca: PCAProjection | None) -> "Encoder":
+    def with_pca(self, pca: "PCAProjection | None") -> "Encoder":
         """The same model with another PCA layer (shares the loaded weights)."""
         return Encoder(
             self.model_dir, self._model, self.base_version, pca, self.requested_backend,
@@ -122,7 +123,7 @@ class Encoder:
         return int(self._model.get_embedding_dimension())
 
     @property
-    def sentence_transformer(self) -> "SentenceTransformer":  # noqa: F821
+    def sentence_transformer(self) -> "SentenceTransformer":
         return self._model
 
     # tokens -------------------------------------------------------------------------
@@ -170,6 +171,9 @@ class Encoder:
     def _run(self, input_ids: np.ndarray, attention_mask: np.ndarray, full: bool) -> np.ndarray:
         if self._onnx is not None and not full:
             return self._onnx(input_ids, attention_mask)
+        import torch
+        from meancache.shared.encoder.pipeline import EmbeddingPipeline
+
         pipeline = self.pipeline if not full else EmbeddingPipeline(self._model, None)
         with torch.inference_mode():
             return pipeline(
@@ -179,6 +183,16 @@ class Encoder:
 
     # onnx ---------------------------------------------------------------------------
     def _start_onnx(self) -> None:
+        import torch
+        from meancache.shared.encoder._onnx import (
+            PARITY_MIN_COSINE,
+            PARITY_QUERIES,
+            OnnxBackendError,
+            OnnxEmbedder,
+            export_pipeline,
+            min_parity_cosine,
+        )
+
         if self.cache_dir is None:
             self._fall_back("no cache directory to keep the exported model in")
             return
@@ -228,7 +242,7 @@ def _prune_exports(current: Path, keep: int = 3) -> None:
             old.unlink()
 
 
-def _apply_global_weights(model: "SentenceTransformer", base_version: str,  # noqa: F821
+def _apply_global_weights(model: "SentenceTransformer", base_version: str,
                           checkpoint: Path) -> str:
     """Load FL global weights over the base model; returns the combined version id."""
     from meancache.shared.fl.checkpoint import load_checkpoint

@@ -9,10 +9,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from meancache.shared.encoder import DEFAULT_PCA_DIMS
 from safetensors.numpy import load_file, save_file
 from torch import nn
-
-DEFAULT_PCA_DIMS = 64
 
 
 class PCAProjection(nn.Module):

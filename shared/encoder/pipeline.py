@@ -4,15 +4,19 @@ Keeping the whole path in one module lets the same graph run in PyTorch (trainin
 fallback) and be exported once to ONNX for the lookup path.
 """
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
-from meancache.shared.encoder.pca import PCAProjection
-from sentence_transformers import SentenceTransformer
 from torch import nn
+
+if TYPE_CHECKING:
+    from meancache.shared.encoder.pca import PCAProjection
+    from sentence_transformers import SentenceTransformer
 
 
 class EmbeddingPipeline(nn.Module):
-    def __init__(self, model: SentenceTransformer, pca: PCAProjection | None) -> None:
+    def __init__(self, model: "SentenceTransformer", pca: "PCAProjection | None") -> None:
         super().__init__()
         self.model = model
         self.pca = pca

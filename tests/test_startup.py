@@ -1,0 +1,45 @@
+"""Commands that need no model start fast: they never import torch, transformers,
+sentence-transformers or onnxruntime (importing torch alone takes seconds)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HEAVY = ("torch", "transformers", "sentence_transformers", "onnxruntime")
+
+# Runs main() in a fresh interpreter, then prints the heavy modules it imported.
+PROBE = """
+import contextlib, io, sys
+from meancache.cli import main
+with contextlib.redirect_stdout(io.StringIO()):
+    try:
+        code = main(sys.argv[1:])
+    except SystemExit as exc:
+        code = exc.code
+print(code, *[name for name in {heavy!r} if name in sys.modules])
+"""
+
+
+@pytest.mark.parametrize("command", [
+    ["--help"],
+    ["cache", "stats"],
+    ["cache", "stats", "--json"],
+    ["cache", "list"],
+    ["upstream", "--help"],
+    ["upstream", "serve", "--help"],
+    ["fl", "--help"],
+    ["fl", "join", "--help"],
+    ["fl", "sync", "--help"],
+    ["fl", "simulate", "--help"],
+    ["fl", "server", "--help"],
+    ["fl", "run", "--help"],
+])
+def test_commands_without_a_model_import_no_model_library(command: list[str],
+                                                          tmp_path: Path) -> None:
+    env = {"MEANCACHE_DATA_DIR": str(tmp_path / "data"),
+           "MEANCACHE_CONFIG_DIR": str(tmp_path / "config"), "PATH": "/usr/bin:/bin"}
+    result = subprocess.run([sys.executable, "-c", PROBE.format(heavy=HEAVY), *command],
+                            env=env, capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.split() == ["0"], result.stdout + result.stderr
