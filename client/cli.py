@@ -201,17 +201,18 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter") -> None:
     cache = commands.add_parser("cache", help="inspect and manage the semantic cache")
     cache_commands = cache.add_subparsers(dest="cache_command", required=True)
     stats = cache_commands.add_parser("stats", help="hit rate, entries, threshold, encoder")
-    stats.add_argument("--json", action="store_true")
+    stats.add_argument("--json", action="store_true", help="one JSON object for scripts")
     stats.set_defaults(handler=cmd_cache_stats)
     listing = cache_commands.add_parser("list", help="list cached entries, oldest first")
-    listing.add_argument("--limit", type=int, default=50, help="the newest N (0: all)")
+    listing.add_argument("--limit", type=int, default=50,
+                         help="the newest N, 0 for all (default: %(default)s)")
     listing.add_argument("--json", action="store_true", help="one JSON object a line")
     listing.set_defaults(handler=cmd_cache_list)
     clear = cache_commands.add_parser("clear", help="delete every entry")
     clear.add_argument("--yes", action="store_true", help="do not ask")
     clear.set_defaults(handler=cmd_cache_clear)
     export = cache_commands.add_parser("export", help="write entries as JSON lines")
-    export.add_argument("file", nargs="?", help="output file (default: stdout)")
+    export.add_argument("file", nargs="?", help="output file, - for stdout (default: stdout)")
     export.set_defaults(handler=cmd_cache_export)
     fix = cache_commands.add_parser("repair", help="move a damaged cache aside and salvage it")
     fix.set_defaults(handler=cmd_cache_repair)
@@ -219,17 +220,20 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter") -> None:
     demo.set_defaults(handler=cmd_cache_demo)
 
     chat = commands.add_parser("chat", help="the chat app (terminal UI)")
-    chat.add_argument("--upstream", metavar="URL",
-                      help="an OpenAI-compatible server (default: start the embedded one)")
-    chat.add_argument("--api-key", help="bearer key for --upstream")
+    chat.add_argument("--upstream", metavar="URL", help="an OpenAI-compatible server "
+                      "(default: upstream_url in config.toml, else start the embedded one)")
+    chat.add_argument("--api-key", help="bearer key for --upstream "
+                      "(default: upstream_api_key in config.toml or MEANCACHE_UPSTREAM_API_KEY)")
     chat.set_defaults(handler=cmd_chat, start_upstream=start_upstream)
 
     ask = commands.add_parser("ask", help="answer one question (cache, then upstream)")
-    ask.add_argument("question", nargs="+")
-    ask.add_argument("--conversation", help="continue this conversation (its id)")
-    ask.add_argument("--upstream", metavar="URL",
-                     help="an OpenAI-compatible server (default: start the embedded one)")
-    ask.add_argument("--api-key", help="bearer key for --upstream")
+    ask.add_argument("question", nargs="+", help="the question (its words are joined)")
+    ask.add_argument("--conversation", metavar="ID",
+                     help="continue this conversation (default: a new one)")
+    ask.add_argument("--upstream", metavar="URL", help="an OpenAI-compatible server "
+                     "(default: upstream_url in config.toml, else start the embedded one)")
+    ask.add_argument("--api-key", help="bearer key for --upstream "
+                     "(default: upstream_api_key in config.toml or MEANCACHE_UPSTREAM_API_KEY)")
     ask.add_argument("--json", action="store_true", help="one JSON object for scripts")
     ask.set_defaults(handler=cmd_ask, start_upstream=start_upstream)
 
@@ -237,10 +241,13 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter") -> None:
     eval_commands = evaluate.add_subparsers(dest="eval_command", required=True)
     pairs = eval_commands.add_parser("pairs", help="precision/recall on labelled query pairs")
     pairs.add_argument("file", help="JSONL with q1, q2, label (0/1)")
-    pairs.add_argument("--split", help="keep rows whose 'split' field equals this")
-    pairs.add_argument("--limit", type=int, help="use at most N pairs")
-    pairs.add_argument("--threshold", type=float, help="instead of the cache's current tau")
+    pairs.add_argument("--split", help="keep rows whose 'split' field equals this "
+                       "(default: every row)")
+    pairs.add_argument("--limit", type=int, help="use at most N pairs (default: all)")
+    pairs.add_argument("--threshold", type=float,
+                       help="the threshold to score (default: the cache's current one)")
     pairs.add_argument("--sweep", type=float, nargs=3, default=(0.5, 0.95, 0.05),
-                       metavar=("START", "STOP", "STEP"), help="thresholds to report too")
+                       metavar=("START", "STOP", "STEP"),
+                       help="thresholds to report too (default: 0.5 0.95 0.05)")
     pairs.add_argument("--json", action="store_true", help="one JSON object for scripts")
     pairs.set_defaults(handler=cmd_eval_pairs)

@@ -21,17 +21,15 @@ err = Console(stderr=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="meancache", description=__doc__,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(prog="meancache", description=__doc__)
     parser.add_argument("--config-dir", type=Path,
                         help="where config.toml lives (default: the platform's config dir)")
     parser.add_argument("--data-dir", type=Path, help="where the cache, models and logs "
                         "live (default: the platform's user data dir)")
     parser.add_argument("--encoder", metavar="PATH", help="a local sentence-transformers "
                         "model directory (default: the packaged MiniLM)")
-    parser.add_argument("--backend", choices=("onnx", "torch"),
-                        help="encoder runtime (default: onnx)")
+    parser.add_argument("--backend", choices=("onnx", "torch"), help="encoder runtime "
+                        "(default: encoder_backend in config.toml, onnx)")
     commands = parser.add_subparsers(dest="command", required=True)
     device_commands.add_commands(commands, start_embedded_upstream)
     upstream_commands.add_commands(commands)

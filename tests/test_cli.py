@@ -1,5 +1,6 @@
 """The `meancache` command line, run in-process against a real cache in a temp data dir."""
 
+import argparse
 import json
 import logging
 from collections.abc import Iterator
@@ -11,7 +12,7 @@ from meancache.client.cache import SemanticCache
 from meancache.client.config import load_settings
 from meancache.shared.encoder import Encoder
 
-from meancache.cli import main
+from meancache.cli import build_parser, main
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
@@ -189,3 +190,27 @@ def test_repair_moves_a_damaged_cache_aside(
     aside = [p for p in data_dir.iterdir() if p.name.startswith("cache.broken-")]
     assert len(aside) == 1 and (aside[0] / "cache.db").is_file()
     assert main(["cache", "stats", "--json"]) == 0
+
+
+def _commands(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+              ) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    yield path, parser
+    for action in parser._actions:  # argparse exposes subcommands only this way
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _commands(sub, (*path, name))
+
+
+def test_every_device_and_upstream_option_says_its_default() -> None:
+    checked = 0
+    for path, parser in _commands(build_parser()):
+        if path[:1] not in (("cache",), ("chat",), ("ask",), ("eval",), ("upstream",)):
+            continue
+        for action in parser._actions:
+            if not action.option_strings or isinstance(
+                    action, argparse._HelpAction | argparse._StoreTrueAction):
+                continue  # flags are off unless given
+            help_text = parser.formatter_class(prog="x")._expand_help(action)
+            assert "(default: " in help_text, (path, action.option_strings)
+            checked += 1
+    assert checked >= 15

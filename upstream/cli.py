@@ -9,16 +9,22 @@ def add_commands(commands: Any) -> None:
     upstream = commands.add_parser("upstream", help="the LLM server with Prompt Cache")
     sub = upstream.add_subparsers(dest="upstream_command", required=True)
     serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API")
-    serve.add_argument("--model", help="a local Hugging Face model directory, or builtin:tiny "
-                       "(default), builtin:tiny-gpt2, builtin:base (~113M, for benchmarks)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' "
-                       "(or set MEANCACHE_UPSTREAM_API_KEY)")
+    serve.add_argument("--model", help="a local Hugging Face model directory, builtin:tiny, "
+                       "builtin:tiny-gpt2 or builtin:base (~113M, for benchmarks) "
+                       "(default: upstream_model in config.toml, builtin:tiny)")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default: %(default)s)")
+    serve.add_argument("--port", type=int, default=8080,
+                       help="port to listen on (default: %(default)s)")
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: "
+                       "upstream_api_key in config.toml or MEANCACHE_UPSTREAM_API_KEY; "
+                       "none: no key)")
     serve.add_argument("--module-budget-mb", type=int, default=2048,
-                       help="memory for cached module states")
-    serve.add_argument("--max-body-kb", type=int, default=4096, help="largest request body")
-    serve.add_argument("--default-max-tokens", type=int, default=256)
+                       help="memory for cached module states (default: %(default)s)")
+    serve.add_argument("--max-body-kb", type=int, default=4096,
+                       help="largest request body (default: %(default)s)")
+    serve.add_argument("--default-max-tokens", type=int, default=256,
+                       help="max_tokens of a request that sets none (default: %(default)s)")
     serve.set_defaults(handler=run_serve)
 
 
