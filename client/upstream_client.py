@@ -1,23 +1,20 @@
 """Talking to the upstream: any OpenAI-compatible server, plus meancache's PML schemas.
 
-Streams chat completions over SSE, retries with exponential backoff while nothing has
-been received yet (a half-streamed answer is never silently restarted), and turns every
-transport or HTTP failure into an UpstreamError subclass with a message for the user.
+Streams chat completions over SSE (httpx-sse). Only the connection is retried (httpx's
+transport retries, with backoff): nothing has been sent then, so an answer is never
+restarted. Every transport or HTTP failure becomes an UpstreamError subclass with a
+message for the user.
 """
 
-import asyncio
-import json
-import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from httpx_sse import EventSource, SSEError, aconnect_sse
 from meancache.client.http_errors import describe, error_message
 from meancache.shared.errors import MeanCacheError
-
-log = logging.getLogger(__name__)
 
 
 class UpstreamError(MeanCacheError):
@@ -54,15 +51,14 @@ class Completed:
 class UpstreamClient:
     def __init__(self, base_url: str, api_key: str | None = None, model: str | None = None,
                  connect_timeout: float = 5.0, read_timeout: float = 120.0,
-                 retries: int = 3, backoff_seconds: float = 0.5) -> None:
+                 connect_retries: int = 3) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self.model = model
-        self.retries = retries
-        self.backoff_seconds = backoff_seconds
         self._http = httpx.AsyncClient(
             base_url=self.base_url, headers=headers,
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
+            transport=httpx.AsyncHTTPTransport(retries=connect_retries),
         )
 
     async def aclose(self) -> None:
@@ -75,30 +71,29 @@ class UpstreamClient:
         await self.aclose()
 
     # requests -----------------------------------------------------------------------
-    async def _send(self, method: str, path: str, stream: bool = False, **kwargs: Any
-                    ) -> httpx.Response:
-        """Send with retries on transport errors, 429 and 5xx; a 4xx is final."""
-        failure = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                delay = self.backoff_seconds * 2 ** (attempt - 1)
-                log.warning("%s; retrying in %.1fs", failure, delay)
-                await asyncio.sleep(delay)
-            request = self._http.build_request(method, path, **kwargs)
-            try:
-                response = await self._http.send(request, stream=stream)
-            except httpx.TransportError as exc:
-                failure = f"cannot reach the upstream at {self.base_url} ({describe(exc)})"
-                continue
-            if response.status_code < 400:
-                return response
-            await response.aread()
-            await response.aclose()
-            message = error_message(response)
-            if response.status_code != 429 and response.status_code < 500:
-                raise UpstreamRejectedError(message, response.status_code)
-            failure = f"the upstream answered {response.status_code}: {message}"
-        raise UpstreamUnavailableError(failure)
+    def _unreachable(self, exc: httpx.TransportError) -> UpstreamUnavailableError:
+        return UpstreamUnavailableError(
+            f"cannot reach the upstream at {self.base_url} ({describe(exc)})")
+
+    @staticmethod
+    async def _check(response: httpx.Response) -> None:
+        """A 4xx is final (UpstreamRejectedError); a 429 or 5xx means try again later."""
+        if response.status_code < 400:
+            return
+        await response.aread()
+        message = error_message(response)
+        if response.status_code != 429 and response.status_code < 500:
+            raise UpstreamRejectedError(message, response.status_code)
+        raise UpstreamUnavailableError(
+            f"the upstream answered {response.status_code}: {message}")
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = await self._http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from None
+        await self._check(response)
+        return response
 
     async def model_name(self) -> str:
         if self.model is None:
@@ -118,30 +113,29 @@ class UpstreamClient:
                           temperature: float = 0.7) -> AsyncIterator[Delta | Completed]:
         """Yield the answer as it arrives, then one Completed with usage and timing.
 
-        Retries happen only before the answer starts; a stream that breaks midway raises.
+        A stream that breaks midway raises; it is never restarted.
         """
         body = {"model": await self.model_name(), "messages": messages, "stream": True,
                 "max_tokens": max_tokens, "temperature": temperature,
                 "stream_options": {"include_usage": True}}
         start = time.perf_counter()
-        response = await self._send("POST", "/v1/chat/completions", stream=True, json=body)
         try:
-            async for event in self._read_stream(response, start):
-                yield event
-        finally:
-            await response.aclose()
+            async with aconnect_sse(self._http, "POST", "/v1/chat/completions",
+                                    json=body) as source:
+                await self._check(source.response)
+                async for event in self._read_stream(source, start):
+                    yield event
+        except httpx.TransportError as exc:  # _read_stream reports failures once streaming
+            raise self._unreachable(exc) from None
 
-    async def _read_stream(self, response: httpx.Response, start: float
+    async def _read_stream(self, source: EventSource, start: float
                            ) -> AsyncIterator[Delta | Completed]:
         text, ttft, finish, usage = "", None, None, {}
         try:
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                payload = line.removeprefix("data:").strip()
-                if payload == "[DONE]":
+            async for sse in source.aiter_sse():
+                if sse.data == "[DONE]":
                     break
-                chunk = json.loads(payload)
+                chunk = sse.json()
                 if "error" in chunk:
                     raise UpstreamUnavailableError(
                         f"the upstream failed mid-answer: {chunk['error'].get('message')}")
@@ -154,6 +148,9 @@ class UpstreamClient:
                             ttft = time.perf_counter() - start
                         text += piece
                         yield Delta(piece)
+        except SSEError as exc:  # e.g. a server that ignores "stream": true
+            raise UpstreamUnavailableError(
+                f"the upstream did not answer with an event stream ({exc})") from None
         except httpx.TransportError as exc:
             raise UpstreamUnavailableError(
                 f"the connection to the upstream broke mid-answer ({describe(exc)})"

@@ -156,7 +156,6 @@ def test_upstream_down_still_serves_cached_answers(settings: Settings, encoder: 
         app = MeanCacheApp(down)
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)
-            app.session.answers.upstream.backoff_seconds = 0.05  # type: ignore[union-attr]
             await ask(pilot, "How do I boil an egg?")
             assert app.chat.conversation.turns[-1].answer == "Simmer it for nine minutes."
             await ask(pilot, "Who painted the Mona Lisa?")
