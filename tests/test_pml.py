@@ -1,4 +1,5 @@
-"""PML (Prompt Cache's Prompt Markup Language): parsing, positions, errors, validation."""
+"""PML (Prompt Cache's Prompt Markup Language): parsing, positions, errors, validation,
+writing."""
 
 import dataclasses
 import pickle
@@ -31,7 +32,10 @@ from meancache.shared.pml import (
     parse_prompt,
     parse_schema,
     validate_prompt,
+    write_prompt,
+    write_schema,
 )
+from meancache.shared.pml.model import UNPLACED
 
 SCHEMA = """\
 <schema name="travel">
@@ -968,3 +972,53 @@ def test_nesting_depth_is_bounded() -> None:
     prompt_error(deep, PMLSyntaxError, 1, 317, "nested more than 100 deep")
     ok = '<prompt schema="s">' + "<a>" * 99 + "</a>" * 99 + "</prompt>"
     assert len(parse_prompt(ok).imports()) == 1
+
+
+# --- writing -----------------------------------------------------------------------------
+
+
+def unplaced(value: object) -> object:
+    """``value`` with every position dropped, to compare parsed trees with built ones."""
+    if isinstance(value, tuple):
+        return tuple(unplaced(item) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, Position | type):
+        changes = {f.name: unplaced(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return dataclasses.replace(value, **(changes | {"pos": UNPLACED}))
+    return value
+
+
+AWKWARD = 'a < b && c > d, "quoted" and \'single\'\nsecond line\ttab ]]> <!-- no comment -->'
+
+
+def test_a_written_schema_reads_back_to_the_same_tree() -> None:
+    built = Schema("travel", (
+        Role("system", (Text(AWKWARD),)),
+        Module("city-info", (Text("About "), Param("city", 8), Text(" follows."),
+                             Module("city-history", (Text("history"),)))),
+        Union((Module("plan-short", (Text("short"),)),
+               Module("plan-long", (Role("user", (Text("long"),)),)))),
+        Text("after everything"),
+    ))
+    assert unplaced(parse_schema(write_schema(built))) == built
+
+
+def test_a_written_prompt_reads_back_to_the_same_tree() -> None:
+    built = Prompt("travel", (
+        Import("city-info", {"city": 'Paris & "Lyon"\n<Nice>\tCannes'},
+               (Import("city-history", {}, ()),)),
+        Text(AWKWARD),
+        Import("plan-short", {}, ()),
+        Role("user", (Text("What should I see first?"),)),
+    ))
+    assert unplaced(parse_prompt(write_prompt(built))) == built
+
+
+def test_parsed_documents_survive_writing() -> None:
+    schema, prompt = parse_schema(SCHEMA), parse_prompt(PROMPT)
+    assert unplaced(parse_schema(write_schema(schema))) == unplaced(schema)
+    assert unplaced(parse_prompt(write_prompt(prompt))) == unplaced(prompt)
+
+
+def test_whitespace_only_text_is_refused_not_lost() -> None:
+    with pytest.raises(ValueError, match="only whitespace"):
+        write_prompt(Prompt("travel", (Import("plan-short", {}, ()), Text("  \n"))))

@@ -3,10 +3,19 @@ chat's questions import them, so the upstream computes only the question's token
 
 import hashlib
 from pathlib import Path
-from xml.sax.saxutils import escape
 
 from meancache.client.chat.conversations import Conversation, Document
 from meancache.shared.errors import MeanCacheError
+from meancache.shared.pml import (
+    Import,
+    Module,
+    Prompt,
+    Role,
+    Schema,
+    Text,
+    write_prompt,
+    write_schema,
+)
 
 MAX_DOCUMENT_BYTES = 2 * 1024 * 1024
 
@@ -42,17 +51,16 @@ def chat_schema(conversation: Conversation, texts: list[str]) -> tuple[str, str]
     """(schema name, PML) for the conversation's documents, one module each."""
     digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:10]
     name = f"chat-{conversation.id}-{digest}"
-    modules = "".join(
-        f'<module name="{module_name(i)}">{escape(Path(doc.path).name)}:\n{escape(text)}\n'
-        "</module>"
+    modules = tuple(
+        Module(module_name(i), (Text(f"{Path(doc.path).name}:\n{text}\n"),))
         for i, (doc, text) in enumerate(zip(conversation.documents, texts, strict=True))
     )
-    return name, f'<schema name="{name}"><system>Answer using the documents.</system>' \
-                 f"{modules}</schema>"
+    system = Role("system", (Text("Answer using the documents."),))
+    return name, write_schema(Schema(name, (system, *modules)))
 
 
 def document_prompt(documents: list[Document], question: str) -> str:
     """A PML prompt that imports every document module and asks ``question``."""
-    schema = documents[-1].schema
-    imports = "".join(f"<{module_name(i)}/>" for i in range(len(documents)))
-    return f'<prompt schema="{schema}">{imports}<user>{escape(question)}</user></prompt>'
+    imports = tuple(Import(module_name(i), {}, ()) for i in range(len(documents)))
+    question_node = Role("user", (Text(question),))
+    return write_prompt(Prompt(documents[-1].schema, (*imports, question_node)))

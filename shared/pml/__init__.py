@@ -1,4 +1,5 @@
-"""PML, the Prompt Markup Language of Prompt Cache (Gim et al., 2023): parser and validator.
+"""PML, the Prompt Markup Language of Prompt Cache (Gim et al., 2023): parser, validator
+and writer.
 
 A ``<schema>`` declares reusable prompt modules (``<module>``, nested or grouped in
 mutually exclusive ``<union>``\\ s) with ``<param>`` slots of a fixed token length; a
@@ -51,6 +52,7 @@ from meancache.shared.pml.model import (
 from meancache.shared.pml.parser import RESERVED_NAMES, is_prompt, parse_prompt, parse_schema
 from meancache.shared.pml.registry import SchemaRegistry
 from meancache.shared.pml.validate import TokenCounter, validate_prompt
+from meancache.shared.pml.writer import write_prompt, write_schema
 
 __all__ = [
     "ROLE_NAMES",
@@ -82,4 +84,6 @@ __all__ = [
     "parse_prompt",
     "parse_schema",
     "validate_prompt",
+    "write_prompt",
+    "write_schema",
 ]

@@ -1,8 +1,8 @@
 """The PML data model: immutable trees for schemas and prompts, with source positions.
 
-Every node records where it starts in its source (1-based line and column), so that
-the validator can point at the offending tag and the server can report its own
-layout problems in the user's terms.
+Every parsed node records where it starts in its source (1-based line and column), so
+that the validator can point at the offending tag and the server can report its own
+layout problems in the user's terms; a node built in code is UNPLACED.
 """
 
 from __future__ import annotations
@@ -26,12 +26,16 @@ class Position:
         return f"line {self.line}, column {self.column}"
 
 
+#: The position of a node built in code rather than parsed (see shared.pml.writer).
+UNPLACED = Position(0, 0)
+
+
 @dataclass(frozen=True)
 class Text:
     """Literal text, entities and CDATA already resolved."""
 
     text: str
-    pos: Position
+    pos: Position = UNPLACED
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,7 @@ class Param:
 
     name: str
     length: int
-    pos: Position
+    pos: Position = UNPLACED
 
 
 @dataclass(frozen=True)
@@ -49,7 +53,7 @@ class Role:
 
     role: RoleName
     children: tuple[Node, ...]
-    pos: Position
+    pos: Position = UNPLACED
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,7 @@ class Module:
 
     name: str
     children: tuple[Node, ...]
-    pos: Position
+    pos: Position = UNPLACED
 
     def params(self) -> dict[str, Param]:
         """This module's own parameters by name (those of nested modules excluded)."""
@@ -78,7 +82,7 @@ class Union:
     """Mutually exclusive modules: a prompt imports at most one member."""
 
     members: tuple[Module, ...]
-    pos: Position
+    pos: Position = UNPLACED
 
     def names(self) -> tuple[str, ...]:
         return tuple(member.name for member in self.members)
@@ -100,7 +104,7 @@ class Schema:
 
     name: str
     children: tuple[Node, ...]
-    pos: Position
+    pos: Position = UNPLACED
 
     @cached_property
     def _index(self) -> _SchemaIndex:
@@ -150,7 +154,7 @@ class Import:
     name: str
     args: dict[str, str] = field(hash=False)
     children: tuple[Import, ...]
-    pos: Position
+    pos: Position = UNPLACED
 
 
 PromptNode: TypeAlias = Import | Text | Role
@@ -162,7 +166,7 @@ class Prompt:
 
     schema: str
     children: tuple[PromptNode, ...]
-    pos: Position
+    pos: Position = UNPLACED
 
     def imports(self) -> tuple[Import, ...]:
         """The top-level imports in order (nested ones are in each import's children)."""
