@@ -239,8 +239,12 @@ def test_keymap_remaps_a_binding_by_id(settings: Settings) -> None:
         app = MeanCacheApp(dataclasses.replace(settings, keymap={"stats": "f5"}))
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)
+            await pilot.press("ctrl+t")  # the default key no longer opens the stats
+            await pilot.pause()
+            assert app.screen is app.chat
             await pilot.press("f5")
             await wait_for(pilot, lambda: app.screen.__class__.__name__ == "StatsScreen")
+            assert dict(app.screen.rows)["entries"] == "0"  # type: ignore[attr-defined]
 
     asyncio.run(run())
 
