@@ -357,6 +357,10 @@ def test_join_and_leave_leave_no_process_and_no_timer(settings: Settings) -> Non
             assert node.poll() is not None  # terminated and waited for
             await wait_for(pilot, lambda: not rounds_timer_running())
 
+            await pilot.press("f8", "f8")  # a quick double press joins, then leaves
+            await wait_for(pilot, lambda: not app.chat.workers)
+            assert not app.chat.federation.running and not rounds_timer_running()
+
             await pilot.press("f8")  # joined again, then the app quits without leaving
             await wait_for(pilot, lambda: app.chat.federation.running)
             node = app.chat.federation.process

@@ -3,7 +3,7 @@
 import shutil
 from pathlib import Path
 
-import meancache.shared.encoder.encoder as encoder_module
+import meancache.shared.encoder._onnx as onnx_module
 import numpy as np
 import pytest
 from meancache.shared.encoder import Encoder, PCAProjection, locate_model, packaged_minilm_dir
@@ -131,7 +131,7 @@ def test_failed_export_falls_back_to_torch(tmp_path: Path, monkeypatch: pytest.M
     def broken_export(*args: object, **kwargs: object) -> None:
         raise RuntimeError("exporter exploded")
 
-    monkeypatch.setattr(encoder_module, "export_pipeline", broken_export)
+    monkeypatch.setattr(onnx_module, "export_pipeline", broken_export)
     enc = Encoder.load(cache_dir=tmp_path)
     assert enc.backend == "torch"
     assert enc.fallback_reason is not None
@@ -154,7 +154,7 @@ def test_failed_parity_check_falls_back_and_discards_the_export(
     exported = tmp_path / "onnx" / f"{encoder.version}.onnx"
     exported.parent.mkdir()
     shutil.copy(encoder_cache_dir / "onnx" / exported.name, exported)
-    monkeypatch.setattr(encoder_module, "PARITY_MIN_COSINE", 1.5)  # no export can pass
+    monkeypatch.setattr(onnx_module, "PARITY_MIN_COSINE", 1.5)  # no export can pass
     enc = Encoder.load(cache_dir=tmp_path)
     assert enc.backend == "torch"
     assert "parity" in (enc.fallback_reason or "")

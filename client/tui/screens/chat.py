@@ -1,6 +1,7 @@
 """The chat: questions, streamed answers with their source, and every action on them."""
 
 import asyncio
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
@@ -83,6 +84,7 @@ class ChatScreen(Screen[None]):
         self._session: ChatSession | None = None
         self.federation = FederatedParticipation(settings)
         self._rounds_timer: Timer | None = None
+        self._joining = threading.Lock()  # a second F8 waits for the first to finish
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -346,21 +348,22 @@ class ChatScreen(Screen[None]):
                    if result.changed else f"already up to date (round {result.round})")
         self.app.call_from_thread(self.notify, message, title="Federated model")
 
-    @work(thread=True, exclusive=True, group="fl-join")
+    @work(thread=True, group="fl-join")
     def action_fl_join(self) -> None:
         """Join, or leave when joined; starting and stopping the SuperNode can block."""
-        if self.federation.running:
-            self.app.call_from_thread(self._stop_watching)
-            self.federation.stop()
-            self.app.call_from_thread(self._left)
-            return
-        try:
-            self.federation.start()
-        except (MeanCacheError, ValueError, OSError) as exc:
-            self.app.call_from_thread(self.notify, str(exc), title="Cannot join federated "
-                                      "learning", severity="error")
-            return
-        self.app.call_from_thread(self._joined)
+        with self._joining:
+            if self.federation.running:
+                self.app.call_from_thread(self._stop_watching)
+                self.federation.stop()
+                self.app.call_from_thread(self._left)
+                return
+            try:
+                self.federation.start()
+            except (MeanCacheError, ValueError, OSError) as exc:
+                self.app.call_from_thread(self.notify, str(exc), title="Cannot join federated "
+                                          "learning", severity="error")
+                return
+            self.app.call_from_thread(self._joined)
 
     def _joined(self) -> None:
         self._rounds_timer = self.set_interval(2.0, self._watch_rounds, name="fl-rounds")
