@@ -4,7 +4,7 @@ import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,10 +23,9 @@ from meancache.shared.encoder._onnx import (
 from meancache.shared.encoder.pca import PCAProjection
 from meancache.shared.encoder.pipeline import EmbeddingPipeline
 from meancache.shared.errors import EncoderError
+from meancache.shared.progress import Progress
 
 log = logging.getLogger(__name__)
-
-Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
