@@ -1,6 +1,6 @@
 """The persistent, context-aware semantic cache (public API)."""
 
-from meancache.client.cache.entry import Context, Entry, Source
+from meancache.client.cache.entry import Context, Entry
 from meancache.client.cache.errors import (
     CacheAccessError,
     CacheCorruptError,
@@ -10,6 +10,7 @@ from meancache.client.cache.errors import (
 )
 from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
 from meancache.client.cache.semantic_cache import CacheSettings, SemanticCache
+from meancache.client.cache.source import Source
 from meancache.client.cache.store import repair
 
 __all__ = [
