@@ -176,11 +176,7 @@ class ChatScreen(Screen[None]):
         finally:
             await stream.stop()
             self.set_busy(False)
-        if not self.conversation.turns:
-            self.conversation.title = question[:60]
-            self.sub_title = printable(self.conversation.title)
-        self.conversation.turns.append(turn)
-        self.session.conversations.save(self.conversation)
+        self.sub_title = printable(self.conversation.title)
         view.show(turn)
         if turn.truncated:
             self.notify("The question is longer than the embedding model's window: only its "
@@ -210,8 +206,6 @@ class ChatScreen(Screen[None]):
         finally:
             await stream.stop()
             self.set_busy(False)
-        self.conversation.turns[index] = correction.turn
-        self.session.conversations.save(self.conversation)
         view.show(correction.turn)
         self.notify(str(correction.threshold), title="Threshold")
         self.refresh_bindings()
