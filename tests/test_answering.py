@@ -2,6 +2,7 @@
 it serves, what it caches, and that every answered or corrected turn is saved."""
 
 import asyncio
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -146,3 +147,23 @@ def test_a_failed_upstream_stores_and_saves_nothing(make_cache: CacheFactory,
         asyncio.run(answers.answer(conversation, QUESTION))
     assert len(answers.cache) == 0 and conversation.turns == []
     assert store.list() == []
+
+
+def test_conversation_files_keep_their_source_strings(store: ConversationStore) -> None:
+    """Files written before the Source enum load, and are written back unchanged."""
+    old = {"id": "abc123", "title": "Old", "created": 1.0, "turns": [
+        {"question": "q1", "answer": "a1", "source": "pack", "similarity": 0.912,
+         "matched_query": "m1", "entry_id": "e1", "hit_id": "h1", "created": 2.0},
+        {"question": "q2", "answer": "a2", "source": "upstream", "ttft_seconds": 0.25,
+         "cached_tokens": 7, "created": 3.0}]}
+    (store.directory / "abc123.json").write_text(json.dumps(old))
+    conversation = store.load("abc123")
+    pack, upstream = conversation.turns
+    assert (pack.source, upstream.source) == (Source.PACK, Source.UPSTREAM)
+    assert pack.source.from_cache and not upstream.source.from_cache
+    assert pack.badge == "pack · similarity 0.91 · matched “m1”"
+    assert upstream.badge == "upstream · first token 250 ms · 7 prompt tokens reused"
+    assert f"**Answer** ({pack.badge}):" in conversation.to_markdown()
+    store.save(conversation)
+    saved = json.loads((store.directory / "abc123.json").read_text())
+    assert [t["source"] for t in saved["turns"]] == ["pack", "upstream"]
