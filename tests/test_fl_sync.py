@@ -29,7 +29,6 @@ from meancache.shared.fl.checkpoint import (
     sha256_file,
 )
 from meancache.shared.processes import free_port
-from meancache.shared.threshold import DEFAULT_THRESHOLD
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -108,7 +107,7 @@ def publish(root: Path, round_number: int, threshold: float, seed: int | None = 
 def cache_threshold(settings: Settings) -> float:
     store = EntryStore(settings.cache_dir)
     try:
-        return ThresholdState(store, DEFAULT_THRESHOLD).global_value
+        return ThresholdState(store).global_value
     finally:
         store.close()
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from meancache.client.cache.store import EntryStore
-from meancache.shared.threshold import check_threshold, transfer_threshold
+from meancache.shared.threshold import DEFAULT_THRESHOLD, check_threshold, transfer_threshold
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ LOCAL = "threshold.local"
 class ThresholdState:
     """The thresholds kept in ``store``; ``default`` is the global tau until one is set."""
 
-    def __init__(self, store: EntryStore, default: float) -> None:
+    def __init__(self, store: EntryStore, default: float = DEFAULT_THRESHOLD) -> None:
         self.store = store
         self.default = check_threshold(default)
 
@@ -73,6 +73,6 @@ def set_global_threshold(cache_dir: Path, value: float) -> None:
     runs beside the chat, which may hold it open)."""
     store = EntryStore(cache_dir)
     try:
-        ThresholdState(store, value).set_global(value)
+        ThresholdState(store).set_global(value)
     finally:
         store.close()
