@@ -9,20 +9,10 @@ from meancache.client.chat.session import ChatSession
 from meancache.client.tui.text import printable
 
 
-def describe_source(turn: Turn) -> str:
-    """The badge the chat shows, as one line of text."""
-    if turn.source == "cache":
-        return (f"cache (similarity {turn.similarity:.3f}, matched "
-                f"{turn.matched_query!r})")
-    ttft = f"{turn.ttft_seconds * 1000:.0f} ms" if turn.ttft_seconds is not None else "?"
-    return f"upstream (time to first token {ttft}, {turn.cached_tokens} prompt tokens reused)"
-
-
 async def ask(session: ChatSession, question: str, conversation_id: str | None,
               as_json: bool) -> Turn:
-    store = session.conversations
-    conversation = store.load(conversation_id) if conversation_id else Conversation(
-        title=question[:60])
+    conversation = (session.conversations.load(conversation_id) if conversation_id
+                    else Conversation())
 
     async def show(text: str) -> None:
         if not as_json:
@@ -30,8 +20,6 @@ async def ask(session: ChatSession, question: str, conversation_id: str | None,
             sys.stdout.flush()
 
     turn = await session.answers.answer(conversation, question, on_delta=show)
-    conversation.turns.append(turn)
-    store.save(conversation)
     if as_json:
         print(json.dumps({
             "answer": turn.answer, "source": turn.source, "similarity": turn.similarity,
@@ -40,9 +28,9 @@ async def ask(session: ChatSession, question: str, conversation_id: str | None,
             "cached_tokens": turn.cached_tokens,
         }, ensure_ascii=False))
     else:
-        if turn.source == "cache":
+        if turn.source.from_cache:  # not streamed
             sys.stdout.write(printable(turn.answer))
-        sys.stdout.write(f"\n\n[{describe_source(turn)}; conversation {conversation.id}]\n")
+        sys.stdout.write(f"\n\n[{printable(turn.badge)}; conversation {conversation.id}]\n")
     return turn
 
 

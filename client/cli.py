@@ -39,10 +39,10 @@ def print_json(data: object) -> None:
 
 def open_cache(settings: Settings, directory: Path | None = None) -> "SemanticCache":
     from meancache.client.cache import SemanticCache
-    from meancache.client.fl.device import DeviceState
+    from meancache.client.encoder import load_device_encoder
 
     with err.status("loading the embedding model (the first start exports it to ONNX)"):
-        encoder = DeviceState(settings).encoder()
+        encoder = load_device_encoder(settings)
     with ProgressBar("re-embedding cached queries", err) as progress:
         return SemanticCache(directory or settings.cache_dir, encoder,
                              settings.cache_settings(), progress)

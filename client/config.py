@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import platformdirs
 from meancache.shared.encoder import DEFAULT_PCA_DIMS
 from meancache.shared.errors import MeanCacheError
-from meancache.shared.threshold import DEFAULT_THRESHOLD
+from meancache.shared.threshold import DEFAULT_THRESHOLD, check_threshold
 
 if TYPE_CHECKING:
     from meancache.client.cache import CacheSettings
@@ -180,6 +180,8 @@ def load_settings(
     if settings.encoder_backend not in ("onnx", "torch"):
         raise ConfigError(f"encoder_backend must be 'onnx' or 'torch', not "
                           f"{settings.encoder_backend!r}")
-    if not 0.0 < settings.threshold <= 1.0:
-        raise ConfigError(f"threshold must lie in (0, 1], not {settings.threshold}")
+    try:
+        check_threshold(settings.threshold)
+    except ValueError as exc:
+        raise ConfigError(f"threshold: {exc}") from None
     return settings

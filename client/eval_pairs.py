@@ -1,14 +1,12 @@
 """`meancache eval pairs`: how well the cache's match decision separates labelled pairs."""
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 from meancache.shared.encoder import Encoder
 from meancache.shared.pairs import Pair
+from meancache.shared.progress import Progress
 from meancache.shared.threshold import MatchScores, score_thresholds
-
-Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)

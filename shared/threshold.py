@@ -16,6 +16,21 @@ BETA = 0.5
 DEFAULT_THRESHOLD = 0.869
 
 
+def check_threshold(value: object) -> float:
+    """``value`` as a cosine threshold, or ValueError: only 0 < tau < 1 separates anything
+    (tau <= 0 serves every cached answer, tau >= 1 none but exact repeats)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value < 1.0:
+        raise ValueError(f"a similarity threshold must lie strictly between 0 and 1, "
+                         f"not {value!r}")
+    return float(value)
+
+
+def nearest_threshold(value: float) -> float:
+    """The valid threshold closest to a computed one (tuning or carrying tau may land on
+    or beyond 0 or 1)."""
+    return float(np.clip(value, 0.001, 0.999))
+
+
 @dataclass(frozen=True)
 class MatchScores:
     """Quality of the decision "similarity >= threshold means duplicate"."""
@@ -105,7 +120,8 @@ def transfer_threshold(threshold: float, sims_from: np.ndarray, sims_to: np.ndar
     ``sims_from`` and ``sims_to`` are the similarities of the same query pairs in the two
     spaces (near neighbours, so that many lie close to the threshold). A least-squares
     line through the pairs near the threshold maps it across; unlabelled data suffices.
-    With fewer than 20 pairs near the threshold it stays as it is.
+    With fewer than 20 pairs near the threshold it stays as it is; the result stays a
+    valid threshold (see ``check_threshold``).
     """
     sims_from = np.asarray(sims_from, dtype=np.float64)
     sims_to = np.asarray(sims_to, dtype=np.float64)
@@ -113,4 +129,4 @@ def transfer_threshold(threshold: float, sims_from: np.ndarray, sims_to: np.ndar
     if near.sum() < 20 or np.ptp(sims_from[near]) == 0:
         return threshold  # too few pairs near tau to say how the space moved it
     slope, intercept = np.polyfit(sims_from[near], sims_to[near], 1)
-    return float(np.clip(slope * threshold + intercept, 0.0, 0.999))
+    return nearest_threshold(slope * threshold + intercept)

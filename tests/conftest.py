@@ -2,6 +2,7 @@
 and a factory for caches on disk under tmp_path."""
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,35 @@ def conversations(shared_data_dir: Path) -> list[dict[str, str]]:
     """The first 20 main-query / follow-up conversations of the contextual set."""
     path = shared_data_dir / "contextual" / "contextual_queries.json"
     return json.loads(path.read_text(encoding="utf-8"))[:20]
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path,
+             monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh data dir for the `meancache` command (MEANCACHE_DATA_DIR) whose encoder/ is
+    the session's, so ONNX is exported only once."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "encoder").symlink_to(encoder_cache_dir, target_is_directory=True)
+    monkeypatch.setenv("MEANCACHE_DATA_DIR", str(data))
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "config"))
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield data
+    for handler in list(root.handlers):  # the CLI points logging at its file; undo that
+        root.removeHandler(handler)
+    for handler in handlers:
+        root.addHandler(handler)
+    root.setLevel(level)
+
+
+@pytest.fixture(scope="session")
+def upstream_url() -> Iterator[str]:
+    """A real upstream server running builtin:tiny on loopback, for the whole session."""
+    from tests.upstream_server import running_upstream
+
+    with running_upstream() as url:
+        yield url
 
 
 @pytest.fixture

@@ -2,7 +2,6 @@
 
 import argparse
 import json
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,25 +14,6 @@ from meancache.shared.encoder import Encoder
 from meancache.cli import build_parser, main
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-@pytest.fixture
-def data_dir(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path,
-             monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A fresh data dir whose encoder/ is the session's (so ONNX is exported only once)."""
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "encoder").symlink_to(encoder_cache_dir, target_is_directory=True)
-    monkeypatch.setenv("MEANCACHE_DATA_DIR", str(data))
-    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "config"))
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    yield data
-    for handler in list(root.handlers):  # the CLI points logging at its file; undo that
-        root.removeHandler(handler)
-    for handler in handlers:
-        root.addHandler(handler)
-    root.setLevel(level)
 
 
 def dev_pairs(n: int) -> list[dict[str, object]]:
@@ -164,9 +144,12 @@ def test_stats_list_export_clear(
 
 def test_demo_shows_hits_and_misses(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["cache", "demo"]) == 0
-    out = capsys.readouterr().out
-    assert "hit" in out and "miss" in out
-    assert "another context" in " ".join(out.split())
+    out = " ".join(capsys.readouterr().out.split())
+    assert "Cached 4 answers; threshold tau = 0.869" in out
+    # The same question, both paraphrases and the follow-up in its own context hit; the
+    # unrelated question and the follow-up in another context miss.
+    assert "hits 4, misses 2, entries 4," in out
+    assert "another context" in out  # the reason of the second miss (wrapped in its cell)
     assert (data_dir / "demo-cache").is_dir()
     assert not (data_dir / "cache").exists()  # the demo never touches the real cache
 

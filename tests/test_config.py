@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import platformdirs
 import pytest
 from meancache.client.config import ConfigError, load_settings
 from meancache.shared.threshold import DEFAULT_THRESHOLD
@@ -16,7 +17,8 @@ def test_defaults_use_platform_dirs_when_nothing_is_set(tmp_path: Path) -> None:
     settings = load_settings(config_dir=tmp_path, environ={})
     assert settings.threshold == DEFAULT_THRESHOLD
     assert settings.encoder_backend == "onnx"
-    assert "meancache" in str(settings.data_dir)
+    assert settings.data_dir == Path(platformdirs.user_data_dir("meancache"))
+    assert settings.config_dir == tmp_path
     assert settings.log_file == settings.data_dir / "logs" / "meancache.log"
 
 
@@ -52,7 +54,10 @@ def test_config_dir_from_environment(tmp_path: Path) -> None:
     [
         ("treshold = 0.9\n", "unknown setting 'treshold'"),
         ('max_entries = "many"\n', "max_entries"),
-        ("threshold = 1.5\n", "threshold must lie in (0, 1]"),
+        ("threshold = 1.5\n", "threshold: a similarity threshold must lie strictly between 0 "
+                               "and 1, not 1.5"),
+        ("threshold = 1.0\n", "threshold: a similarity threshold must lie strictly between 0 "
+                               "and 1, not 1.0"),
         ("threshold = = 1\n", "not valid TOML"),
         ('encoder_backend = "tensorflow"\n', "encoder_backend"),
     ],

@@ -1,17 +1,21 @@
-"""Feedback: rejected hits become negative pairs and re-tune the local threshold."""
+"""Feedback: rejected hits become negative pairs and re-tune the local threshold; the
+thresholds live in one place that checks every value."""
 
 import math
 from collections.abc import Callable
 
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
+from meancache.client.cache.feedback import device_pairs, labelled_pairs
+from meancache.client.cache.threshold import ThresholdState, set_global_threshold
+from meancache.shared.pairs import Pair
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 
 CacheFactory = Callable[..., SemanticCache]
 
 FRANCE = "What is the capital of France?"
 # Same question, other words: served correctly.
-POSITIVES = ["What is the capital of France?", "what is france's capital city?"]
+POSITIVES = ["Which city is the capital of France?", "what is france's capital city?"]
 # Related but different questions: with a low tau they hit FRANCE, and the user rejects them.
 NEGATIVES = ["What is the capital of Germany?", "What is the population of France?"]
 
@@ -78,12 +82,46 @@ def test_rejecting_a_hit_on_a_deleted_entry_still_counts(make_cache: CacheFactor
     assert cache.stats().labelled_negatives == 1
 
 
-@pytest.mark.parametrize("value", [0.0, -0.1, 1.5, math.nan])
-def test_set_global_threshold_validates_its_range(make_cache: CacheFactory, value: float) -> None:
+def test_exact_repeats_teach_nothing_unless_rejected(make_cache: CacheFactory) -> None:
+    cache = make_cache(settings=CacheSettings(global_threshold=0.3))
+    cache.insert(FRANCE, "Paris.")
+    hit(cache.lookup(FRANCE.lower()))  # an exact repeat (up to case): no pair
+    hit(cache.lookup(POSITIVES[0]))
+    repeat = hit(cache.lookup(f"  {FRANCE} "))
+    assert labelled_pairs(cache.store) == [Pair(POSITIVES[0], FRANCE, 1)]
+    cache.reject(repeat)  # the cached answer itself was wrong: that teaches
+    expected = [Pair(POSITIVES[0], FRANCE, 1), Pair(FRANCE, FRANCE, 0)]
+    assert labelled_pairs(cache.store) == expected
+    assert labelled_pairs(cache.store, newest=1) == expected[1:]
+    stats = cache.stats()
+    assert (stats.labelled_positives, stats.labelled_negatives) == (1, 1)
+    cache.close()
+    # Federated learning trains on exactly these pairs.
+    assert device_pairs(cache.store.directory) == expected
+    assert device_pairs(cache.store.directory / "missing") == []
+
+
+@pytest.mark.parametrize("value", [0.0, -0.1, 1.0, 1.5, math.nan, True, "0.5"])
+def test_every_threshold_write_checks_its_range(make_cache: CacheFactory, value: float) -> None:
     cache = make_cache()
-    with pytest.raises(ValueError):
-        cache.set_global_threshold(value)
-    assert cache.global_threshold == DEFAULT_THRESHOLD
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        cache.thresholds.set_global(value)
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        cache.thresholds.set_local(value)
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        set_global_threshold(cache.store.directory, value)
+    with pytest.raises(ValueError, match="strictly between 0 and 1"):
+        ThresholdState(cache.store, value)
+    assert cache.thresholds.global_value == DEFAULT_THRESHOLD
+    assert cache.thresholds.local_value is None
+
+
+def test_global_threshold_set_beside_an_open_cache(make_cache: CacheFactory) -> None:
+    """What FL does while the chat holds the cache open: the cache sees it at once."""
+    cache = make_cache()
+    set_global_threshold(cache.store.directory, 0.75)
+    assert cache.threshold == cache.thresholds.global_value == 0.75
+    assert cache.stats().global_threshold == 0.75
 
 
 def test_global_threshold_is_used_until_a_local_one_exists(make_cache: CacheFactory) -> None:
@@ -92,15 +130,14 @@ def test_global_threshold_is_used_until_a_local_one_exists(make_cache: CacheFact
     paraphrase = hit(cache.lookup(POSITIVES[1]))
     assert paraphrase.similarity < 0.97
 
-    cache.set_global_threshold(0.97)
-    assert cache.threshold == cache.global_threshold == 0.97
+    cache.thresholds.set_global(0.97)
+    assert cache.threshold == cache.thresholds.global_value == 0.97
     assert isinstance(cache.lookup(POSITIVES[1]), Miss)
-    cache.set_global_threshold(1.0)  # the upper bound is allowed
-    cache.set_global_threshold(0.3)
+    cache.thresholds.set_global(0.3)
     assert hit(cache.lookup(POSITIVES[1])).similarity == pytest.approx(paraphrase.similarity)
     cache.close()
     cache = make_cache(settings=CacheSettings(tune_min_per_class=2))
-    assert cache.global_threshold == 0.3  # persisted, and wins over the settings' default
+    assert cache.thresholds.global_value == 0.3  # persisted, wins over the settings' default
 
     for question in POSITIVES:
         hit(cache.lookup(question))
@@ -108,6 +145,6 @@ def test_global_threshold_is_used_until_a_local_one_exists(make_cache: CacheFact
         cache.reject(hit(cache.lookup(question)))
     local = cache.stats().local_threshold
     assert local is not None and local > 0.3
-    cache.set_global_threshold(0.5)
-    assert cache.global_threshold == 0.5
+    cache.thresholds.set_global(0.5)
+    assert cache.thresholds.global_value == 0.5
     assert cache.threshold == local  # the device's own tuning takes precedence

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from meancache.client.config import load_settings
-from meancache.client.fl.device import DeviceState
+from meancache.client.encoder import load_device_encoder
 from meancache.shared.encoder import Encoder
 from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
 from meancache.shared.processes import free_port
@@ -115,7 +115,7 @@ def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
     settings = load_settings(config_dir=tmp_path / "config", data_dir=carol, environ={},
                              encoder_model=str(processes.encoder), encoder_backend="torch")
     base = Encoder.load(processes.encoder, backend="torch")
-    assert DeviceState(settings).encoder().version != base.version
+    assert load_device_encoder(settings).version != base.version
 
 
 def test_supernodes_connect_over_tls_with_the_certificate_script(

@@ -14,6 +14,7 @@ import pytest
 import torch
 import uvicorn
 from meancache.client.cache.store import EntryStore
+from meancache.client.cache.threshold import ThresholdState
 from meancache.client.config import Settings, load_settings
 from meancache.client.fl.sync import SyncError, SyncResult, sync_global_model
 from meancache.fl_server.model_endpoint import create_model_app
@@ -103,10 +104,10 @@ def publish(root: Path, round_number: int, threshold: float, seed: int | None = 
                            top_layers=0, metrics={"f1": 0.5 + round_number / 100})
 
 
-def cache_threshold(settings: Settings) -> float | None:
+def cache_threshold(settings: Settings) -> float:
     store = EntryStore(settings.cache_dir)
     try:
-        return store.get_meta("threshold.global")
+        return ThresholdState(store).global_value
     finally:
         store.close()
 
@@ -269,3 +270,17 @@ def test_invalid_description(settings: Settings) -> None:
             sync_global_model(base, settings)
         with pytest.raises(SyncError, match="answered 500.*disk on fire"):
             sync_global_model(base + "/bad", settings)
+
+
+@pytest.mark.parametrize("threshold", [1.0, 0.0, "0.8", True])
+def test_announced_threshold_outside_0_1_is_refused(settings: Settings, threshold: object
+                                                     ) -> None:
+    async def meta(request: Request) -> Response:
+        return JSONResponse({"round": 3, "threshold": threshold, "sha256": "0" * 64,
+                             "base_model": "base", "top_layers": 0})
+
+    with serving(Starlette(routes=[Route("/v1/global-model", meta)])) as base:
+        with pytest.raises(SyncError, match="invalid global-model description .a similarity "
+                                            "threshold must lie strictly between 0 and 1"):
+            sync_global_model(base, settings)
+    assert not settings.cache_dir.exists()  # the cache's tau was not touched

@@ -6,7 +6,7 @@ the encoder's torch layers, which commands that only read the store never need.
 
 from typing import TYPE_CHECKING
 
-from meancache.client.cache.entry import Context, Entry, Source
+from meancache.client.cache.entry import Context, Entry
 from meancache.client.cache.errors import (
     CacheAccessError,
     CacheCorruptError,
@@ -15,6 +15,7 @@ from meancache.client.cache.errors import (
     EntryNotFoundError,
 )
 from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
+from meancache.client.cache.source import Source
 from meancache.client.cache.store import repair
 
 if TYPE_CHECKING:

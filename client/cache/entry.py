@@ -7,18 +7,12 @@ this module can never make an old cache unreadable.
 import time
 import uuid
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 
 import numpy as np
+from meancache.client.cache.source import Source
 
 # Stored vectors are float16: a PCA-64 vector is 128 bytes, 92% below 384 float32 values.
 STORED_DTYPE = np.float16
-
-
-class Source(StrEnum):
-    UPSTREAM = "upstream"
-    PACK = "pack"
-    USER_CORRECTED = "user-corrected"
 
 
 @dataclass(frozen=True)

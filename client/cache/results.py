@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass
 
-from meancache.client.cache.entry import Source
+from meancache.client.cache.source import Source
 
 
 @dataclass(frozen=True)

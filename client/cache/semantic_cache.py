@@ -6,25 +6,26 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
+from meancache.client.cache import feedback
 from meancache.client.cache.context import context_agrees
-from meancache.client.cache.entry import STORED_DTYPE, Context, Entry, Source
+from meancache.client.cache.entry import STORED_DTYPE, Context, Entry
 from meancache.client.cache.errors import EntryNotFoundError
 from meancache.client.cache.index import VectorIndex
 from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
+from meancache.client.cache.source import Source
 from meancache.client.cache.store import EntryStore
+from meancache.client.cache.threshold import ThresholdState
 from meancache.shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
 from meancache.shared.encoder.pca import neighbour_similarities
+from meancache.shared.progress import Progress
 from meancache.shared.query import clean_query
-from meancache.shared.threshold import DEFAULT_THRESHOLD, best_threshold, transfer_threshold
+from meancache.shared.threshold import DEFAULT_THRESHOLD, best_threshold, nearest_threshold
 
 log = logging.getLogger(__name__)
-
-Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)
@@ -58,9 +59,9 @@ class SemanticCache:
         self._pca_dir = Path(directory) / "pca"
         self._lock = threading.RLock()
         self._query_vectors: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self.thresholds = ThresholdState(self.store, self.settings.global_threshold)
+        self.thresholds.persist_default()
         self.encoder = self._with_stored_pca(encoder)
-        if self.store.get_meta("threshold.global") is None:
-            self.store.set_meta("threshold.global", self.settings.global_threshold)
         self._load()
         if self._stale:
             self.reembed(progress)
@@ -160,12 +161,8 @@ class SemanticCache:
     # lookup -------------------------------------------------------------------------
     @property
     def threshold(self) -> float:
-        local = self.store.get_meta("threshold.local")
-        return float(local) if local is not None else self.global_threshold
-
-    @property
-    def global_threshold(self) -> float:
-        return float(self.store.get_meta("threshold.global", self.settings.global_threshold))
+        """The tau lookups use now (see ``thresholds`` for both values)."""
+        return self.thresholds.current
 
     def lookup(self, query: str | bytes, context: Context | None = None) -> Hit | Miss:
         query = clean_query(query)
@@ -199,10 +196,7 @@ class SemanticCache:
         entry = replace(entry, hits=entry.hits + 1, last_hit=now)
         hit = Hit(query, entry.answer, entry.query, similarity, entry.id, entry.source,
                   uuid.uuid4().hex, truncated)
-        self.store.record_hit(entry, hit.hit_id, {
-            "query": query, "matched_query": entry.query, "similarity": similarity,
-            "label": 1, "weak": True, "entry_id": entry.id, "time": now,
-        })
+        self.store.record_hit(entry, hit.hit_id, feedback.accepted(hit, now))
         self.store.add_to_counter("hits")
         self.store.add_to_counter("tokens_saved", entry.query_tokens + entry.answer_tokens)
         self._usage[entry.id] = (now, entry.nbytes)
@@ -335,25 +329,12 @@ class SemanticCache:
             pca.save(self._pca_dir / f"{pca.version}.safetensors")
             reduced = pca.project(full)
             reduced /= np.linalg.norm(reduced, axis=1, keepdims=True)
-            self._carry_thresholds(self._index.vectors(), reduced)
+            self.thresholds.carry(*neighbour_similarities(self._index.vectors(), reduced))
             self.store.set_meta("pca", {"version": pca.version,
                                         "base_version": base.base_version})
             log.info("fitted PCA-%d on %d cached queries", pca.out_dim, len(full))
             self.set_encoder(base.with_pca(pca), progress)
             return pca
-
-    def _carry_thresholds(self, before: np.ndarray, after: np.ndarray) -> None:
-        """Similarities shrink or grow under PCA; move tau so it separates the same pairs.
-
-        ``before`` holds the cached queries in the current space, ``after`` in the new one.
-        """
-        sims_before, sims_after = neighbour_similarities(before, after)
-        for name in ("threshold.global", "threshold.local"):
-            old = self.store.get_meta(name)
-            if old is not None:
-                new = round(transfer_threshold(float(old), sims_before, sims_after), 4)
-                self.store.set_meta(name, new)
-                log.info("%s carried into PCA space: %.4f -> %.4f", name, old, new)
 
     # feedback -----------------------------------------------------------------------
     def reject(self, hit: Hit) -> ThresholdChange:
@@ -362,11 +343,7 @@ class SemanticCache:
         The caller then fetches a fresh answer, bypassing the cache.
         """
         with self._lock:
-            self.store.put_pair(hit.hit_id, {
-                "query": hit.query, "matched_query": hit.matched_query,
-                "similarity": hit.similarity, "label": 0, "weak": False,
-                "entry_id": hit.entry_id, "time": time.time(),
-            })
+            self.store.put_pair(hit.hit_id, feedback.rejected(hit))
             try:
                 entry = self.store.get(hit.entry_id)
                 self.store.touch(replace(entry, rejections=entry.rejections + 1))
@@ -378,8 +355,8 @@ class SemanticCache:
     def retune(self, max_pairs: int = 2000) -> ThresholdChange:
         """Maximise F0.5 over the labelled pairs, re-scored with the current encoder."""
         with self._lock:
-            pairs = sorted(self.store.pairs(), key=lambda p: p["time"])[-max_pairs:]
-            labels = np.array([p["label"] for p in pairs], dtype=int)
+            pairs = feedback.labelled_pairs(self.store, newest=max_pairs)
+            labels = np.array([p.label for p in pairs], dtype=int)
             positives, negatives = int(labels.sum()), int(len(labels) - labels.sum())
             old = self.threshold
             need = self.settings.tune_min_per_class
@@ -389,19 +366,13 @@ class SemanticCache:
                     f"needs {need} accepted and {need} rejected hits to re-tune; "
                     f"has {positives} and {negatives}",
                 )
-            a = self.encoder.encode([p["query"] for p in pairs])
-            b = self.encoder.encode([p["matched_query"] for p in pairs])
+            a = self.encoder.encode([p.q1 for p in pairs])
+            b = self.encoder.encode([p.q2 for p in pairs])
             best = best_threshold((a * b).sum(1), labels)
-            new = round(best.threshold, 4)
-            self.store.set_meta("threshold.local", new)
+            new = round(nearest_threshold(best.threshold), 4)
+            self.thresholds.set_local(new)
             return ThresholdChange(old, new, positives, negatives,
                                    f"F0.5 {best.f05:.3f} on {len(pairs)} labelled pairs")
-
-    def set_global_threshold(self, value: float) -> None:
-        """The FL server's threshold: used until this device has tuned its own."""
-        if not 0.0 < value <= 1.0:
-            raise ValueError(f"threshold must lie in (0, 1], got {value}")
-        self.store.set_meta("threshold.global", float(value))
 
     # inspection ---------------------------------------------------------------------
     def entries(self) -> list[Entry]:
@@ -415,9 +386,8 @@ class SemanticCache:
     def stats(self) -> CacheStats:
         with self._lock:
             self._sync()
-            pairs = self.store.pairs()
-            positives = sum(1 for p in pairs if p["label"] == 1)
-            local = self.store.get_meta("threshold.local")
+            pairs = feedback.labelled_pairs(self.store)
+            positives = sum(p.label for p in pairs)
             return CacheStats(
                 entries=len(self._usage),
                 bytes=sum(size for _, size in self._usage.values()),
@@ -427,9 +397,9 @@ class SemanticCache:
                 rejections=self.store.counter("rejections"),
                 evictions=self.store.counter("evictions"),
                 tokens_saved=self.store.counter("tokens_saved"),
-                threshold=self.threshold,
-                global_threshold=self.global_threshold,
-                local_threshold=None if local is None else float(local),
+                threshold=self.thresholds.current,
+                global_threshold=self.thresholds.global_value,
+                local_threshold=self.thresholds.local_value,
                 labelled_positives=positives,
                 labelled_negatives=len(pairs) - positives,
                 encoder_version=self.encoder.version,

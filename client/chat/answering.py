@@ -1,7 +1,9 @@
-"""The answer path: semantic cache first, then the upstream (streamed and stored).
+"""The answer path: semantic cache first, then the upstream (streamed and stored), and
+the conversation saved with the new turn. The chat app and `meancache ask` both use it.
 
-Nothing half-written is ever cached: an answer is stored only once the upstream has
-sent all of it, so a cancelled or broken stream leaves the cache as it was.
+Nothing half-written is ever cached or saved: an answer is stored only once the upstream
+has sent all of it, so a cancelled or broken stream leaves cache and conversation as
+they were.
 """
 
 import asyncio
@@ -10,7 +12,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from meancache.client.cache import Context, Hit, SemanticCache, Source, ThresholdChange
-from meancache.client.chat.conversations import Conversation, Document, Turn
+from meancache.client.chat.conversations import (
+    Conversation,
+    ConversationStore,
+    Document,
+    Turn,
+)
 from meancache.client.chat.documents import chat_schema, document_prompt, read_document
 from meancache.client.upstream_client import Completed, Delta, UpstreamClient
 from meancache.shared.query import clean_query
@@ -27,10 +34,12 @@ class Correction:
 
 
 class AnswerService:
-    def __init__(self, cache: SemanticCache, upstream: UpstreamClient, max_tokens: int = 512,
+    def __init__(self, cache: SemanticCache, upstream: UpstreamClient,
+                 conversations: ConversationStore, max_tokens: int = 512,
                  temperature: float = 0.7) -> None:
         self.cache = cache
         self.upstream = upstream
+        self.conversations = conversations
         self.max_tokens = max_tokens
         self.temperature = temperature
 
@@ -45,22 +54,32 @@ class AnswerService:
 
     async def answer(self, conversation: Conversation, question: str,
                      on_delta: OnDelta | None = None) -> Turn:
-        """Answer ``question`` as the next turn of ``conversation`` (not appended)."""
+        """Answer ``question`` as the next turn of ``conversation``: appended, and the
+        conversation saved (a first question also names it)."""
         question = clean_query(question)
+        turn = await self._answer(conversation, question, on_delta)
+        if not conversation.turns:
+            conversation.title = question[:60]
+        conversation.turns.append(turn)
+        await asyncio.to_thread(self.conversations.save, conversation)
+        return turn
+
+    async def _answer(self, conversation: Conversation, question: str,
+                      on_delta: OnDelta | None) -> Turn:
         # An answer about attached documents depends on them: it is neither served from
         # nor stored in the semantic cache.
-        if not conversation.documents:
-            result = await asyncio.to_thread(self.cache.lookup, question,
-                                             self.context(conversation))
-            if isinstance(result, Hit):
-                return Turn(question, result.answer, "cache", result.similarity,
-                            result.matched_query, result.entry_id, result.hit_id,
-                            truncated=result.truncated)
-            turn = await self._ask_upstream(conversation, len(conversation.turns), question,
+        if conversation.documents:
+            return await self._ask_upstream(conversation, len(conversation.turns), question,
                                             on_delta, Source.UPSTREAM)
-            return replace(turn, truncated=result.truncated)
-        return await self._ask_upstream(conversation, len(conversation.turns), question,
+        result = await asyncio.to_thread(self.cache.lookup, question,
+                                         self.context(conversation))
+        if isinstance(result, Hit):
+            return Turn(question, result.answer, Source.CACHE, result.similarity,
+                        result.matched_query, result.entry_id, result.hit_id,
+                        truncated=result.truncated)
+        turn = await self._ask_upstream(conversation, len(conversation.turns), question,
                                         on_delta, Source.UPSTREAM)
+        return replace(turn, truncated=result.truncated)
 
     async def _ask_upstream(self, conversation: Conversation, turn_index: int, question: str,
                             on_delta: OnDelta | None, source: Source) -> Turn:
@@ -80,7 +99,8 @@ class AnswerService:
             else:
                 completed = event
         assert completed is not None  # stream_chat always ends with Completed or raises
-        turn = Turn(question, completed.text, "upstream", ttft_seconds=completed.ttft_seconds,
+        turn = Turn(question, completed.text, Source.UPSTREAM,
+                    ttft_seconds=completed.ttft_seconds,
                     cached_tokens=completed.cached_tokens,
                     prompt_tokens=completed.prompt_tokens,
                     completion_tokens=completed.completion_tokens)
@@ -95,17 +115,21 @@ class AnswerService:
 
     async def reject(self, conversation: Conversation, turn_index: int,
                      on_delta: OnDelta | None = None) -> Correction:
-        """The cached answer of turn ``turn_index`` was wrong: record it, re-tune tau, and
-        fetch a fresh answer from the upstream, bypassing the caches."""
+        """The cached answer of turn ``turn_index`` was wrong: record it, re-tune tau, fetch
+        a fresh answer from the upstream (bypassing the caches), put it in place of the
+        turn and save the conversation."""
         turn = conversation.turns[turn_index]
-        if turn.source not in ("cache", "pack") or turn.hit_id is None:
+        if not turn.source.from_cache or turn.hit_id is None:
             raise ValueError("only answers served from a cache can be rejected")
         hit = Hit(turn.question, turn.answer, turn.matched_query or "", turn.similarity or 0.0,
-                  turn.entry_id or "", Source.UPSTREAM, turn.hit_id)
+                  turn.entry_id or "", turn.source, turn.hit_id)
         change = await asyncio.to_thread(self.cache.reject, hit)
         fresh = await self._ask_upstream(conversation, turn_index, turn.question, on_delta,
                                          Source.USER_CORRECTED)
-        return Correction(replace(fresh, replaced=turn.answer), change)
+        correction = Correction(replace(fresh, replaced=turn.answer), change)
+        conversation.turns[turn_index] = correction.turn
+        await asyncio.to_thread(self.conversations.save, conversation)
+        return correction
 
     async def attach(self, conversation: Conversation, path: Path) -> Document:
         """Register the conversation's documents plus ``path`` as a schema on the upstream."""

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meancache.client.cache.source import Source
 from meancache.shared.errors import MeanCacheError
 
 log = logging.getLogger(__name__)
@@ -23,7 +24,7 @@ class ConversationNotFoundError(MeanCacheError, KeyError):
 class Turn:
     question: str
     answer: str
-    source: str  # "cache", "pack" or "upstream"
+    source: Source
     similarity: float | None = None
     matched_query: str | None = None
     entry_id: str | None = None  # the cache entry that holds (or served) this answer
@@ -35,6 +36,22 @@ class Turn:
     replaced: str | None = None  # the rejected answer this one replaced
     truncated: bool = False  # the question was longer than the embedding model's window
     created: float = field(default_factory=time.time)
+
+    @property
+    def badge(self) -> str:
+        """Where the answer came from, in one line: the chat, `ask` and exports show it."""
+        if self.source.from_cache:
+            line = f"{self.source} · similarity {self.similarity or 0.0:.2f} · matched " \
+                   f"“{self.matched_query}”"
+        else:
+            ttft = "?" if self.ttft_seconds is None else f"{self.ttft_seconds * 1000:.0f} ms"
+            line = f"{self.source} · first token {ttft} · {self.cached_tokens} prompt tokens " \
+                   "reused"
+        if self.replaced is not None:
+            line += " · replaced a rejected cached answer"
+        if self.truncated:
+            line += " · question truncated for matching"
+        return line
 
 
 @dataclass
@@ -61,7 +78,7 @@ class Conversation:
     def from_json(cls, data: dict[str, Any]) -> "Conversation":
         return cls(
             id=data["id"], title=data.get("title", "Chat"), created=data["created"],
-            turns=[Turn(**t) for t in data.get("turns", [])],
+            turns=[Turn(**t | {"source": Source(t["source"])}) for t in data.get("turns", [])],
             documents=[Document(**d) for d in data.get("documents", [])],
         )
 
@@ -78,10 +95,7 @@ class Conversation:
         for doc in self.documents:
             lines.append(f"_Attached: {doc.path} ({doc.tokens} tokens)_")
         for turn in self.turns:
-            badge = turn.source
-            if turn.source == "cache" and turn.similarity is not None:
-                badge += f", similarity {turn.similarity:.2f}"
-            lines += ["", f"**You:** {turn.question}", "", f"**Answer** ({badge}):", "",
+            lines += ["", f"**You:** {turn.question}", "", f"**Answer** ({turn.badge}):", "",
                       turn.answer]
         return "\n".join(lines) + "\n"
 

@@ -10,8 +10,9 @@ from meancache.client.cache import SemanticCache
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import ConversationStore
 from meancache.client.config import ConfigError, Settings
-from meancache.client.fl.device import DeviceState
+from meancache.client.encoder import load_device_encoder
 from meancache.client.upstream_client import UpstreamClient
+from meancache.shared.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +41,14 @@ class ChatSession:
     embedded: EmbeddedUpstream | None = None  # in-process upstream when no URL is set
 
     @classmethod
-    def open(cls, settings: Settings, progress: Callable[[int, int], None] | None = None,
+    def open(cls, settings: Settings, progress: Progress | None = None,
              start_upstream: UpstreamStarter | None = None) -> "ChatSession":
         """Load the encoder and cache, and start the embedded upstream if no URL is set.
 
         Blocking (seconds on the first run, which exports the encoder to ONNX): call it
         from a worker thread in the app.
         """
-        encoder = DeviceState(settings).encoder()
+        encoder = load_device_encoder(settings)
         cache = SemanticCache(settings.cache_dir, encoder, settings.cache_settings(), progress)
         embedded = None
         if settings.upstream_url:
@@ -58,10 +59,10 @@ class ChatSession:
             embedded = start_upstream(settings.upstream_model)
             url, label = embedded.url, f"embedded upstream: {embedded.label}"
         upstream = UpstreamClient(url, settings.upstream_api_key)
-        answers = AnswerService(cache, upstream, settings.answer_max_tokens,
+        conversations = ConversationStore(settings.conversations_dir)
+        answers = AnswerService(cache, upstream, conversations, settings.answer_max_tokens,
                                 settings.temperature)
-        return cls(settings, cache, answers, ConversationStore(settings.conversations_dir),
-                   label, embedded)
+        return cls(settings, cache, answers, conversations, label, embedded)
 
     async def aclose(self) -> None:
         await self.answers.upstream.aclose()

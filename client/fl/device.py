@@ -1,16 +1,18 @@
-"""What federated learning keeps on a device: the user's labelled pairs (from feedback),
-the global models received, and which encoder the cache runs because of them."""
+"""What federated learning keeps on a device: the global models received. The labelled
+pairs come from the cache's feedback (client.cache.feedback), the threshold goes through
+client.cache.threshold, and the encoder those models make is loaded by
+client.encoder.load_device_encoder."""
 
 import logging
 from pathlib import Path
 
 import torch
-from meancache.client.cache.store import EntryStore
+from meancache.client.cache.feedback import device_pairs
+from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings, load_settings
-from meancache.shared.encoder import Encoder, locate_model
+from meancache.shared.encoder import locate_model
 from meancache.shared.encoder._fingerprint import model_fingerprint
-from meancache.shared.errors import EncoderError
-from meancache.shared.fl.checkpoint import latest_checkpoint, save_checkpoint
+from meancache.shared.fl.checkpoint import save_checkpoint
 from meancache.shared.pairs import Pair
 
 log = logging.getLogger(__name__)
@@ -22,18 +24,8 @@ class DeviceState:
             data_dir=settings)
 
     def pairs(self) -> list[Pair]:
-        """Rejected hits (negatives) and accepted hits (weak positives); exact repeats of a
-        cached question teach nothing and are left out."""
-        if not self.settings.cache_dir.exists():
-            return []
-        store = EntryStore(self.settings.cache_dir)
-        try:
-            return [Pair(p["query"], p["matched_query"], int(p["label"]))
-                    for p in store.pairs()
-                    if p["label"] == 0 or p["query"].strip().lower()
-                    != p["matched_query"].strip().lower()]
-        finally:
-            store.close()
+        """The pairs this device trains on: what its users' feedback teaches."""
+        return device_pairs(self.settings.cache_dir)
 
     def base_version(self, encoder_model: str | None) -> str:
         model_dir = locate_model(encoder_model)
@@ -45,22 +37,5 @@ class DeviceState:
         to it (and re-embeds) the next time it opens."""
         save_checkpoint(self.settings.global_model_dir, round_number, state, threshold,
                         self.base_version(encoder_model), top_layers)
-        store = EntryStore(self.settings.cache_dir)
-        try:
-            store.set_meta("threshold.global", float(threshold))
-        finally:
-            store.close()
+        set_global_threshold(self.settings.cache_dir, threshold)
         log.info("kept global model of round %d (threshold %.4f)", round_number, threshold)
-
-    def encoder(self) -> Encoder:
-        """The encoder this device runs: the base model with the newest global weights."""
-        settings = self.settings
-        checkpoint = latest_checkpoint(settings.global_model_dir)
-        kwargs = {"backend": settings.encoder_backend, "cache_dir": settings.encoder_dir}
-        if checkpoint is not None:
-            try:
-                return Encoder.load(settings.encoder_model, global_weights=checkpoint,
-                                    **kwargs)  # type: ignore[arg-type]
-            except EncoderError as exc:
-                log.warning("not using the global model in %s: %s", checkpoint, exc)
-        return Encoder.load(settings.encoder_model, **kwargs)  # type: ignore[arg-type]

@@ -6,8 +6,8 @@ dir, checked against the sha256 the server announced and only then installed wit
 rename and a LATEST pointer swap (shared.fl.checkpoint.install_checkpoint): a broken or
 tampered download never replaces the model the device already has. The cache's global
 threshold is updated at once; the encoder switches to the new weights the next time the
-cache opens (client.fl.device.DeviceState.encoder(), which also refuses weights trained
-from a different base model and keeps the base model then).
+cache opens (client.encoder.load_device_encoder, which also refuses weights trained from a
+different base model and keeps the base model then).
 
 Blocking (sync httpx): callers run it in a worker thread.
 """
@@ -17,13 +17,12 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-from meancache.client.cache.store import EntryStore
+from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings
 from meancache.client.http_errors import error_message
 from meancache.shared.errors import MeanCacheError
@@ -36,12 +35,13 @@ from meancache.shared.fl.checkpoint import (
     latest_checkpoint,
     read_meta,
 )
+from meancache.shared.progress import Progress
+from meancache.shared.threshold import check_threshold
 
 log = logging.getLogger(__name__)
 
 META_PATH = "/v1/global-model"
 CHUNK = 1 << 16
-Progress = Callable[[int, int], None]
 
 
 class SyncError(MeanCacheError):
@@ -82,7 +82,7 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
             path, changed = _relabel(root, installed[0], remote.meta), True  # same weights
         else:
             path, changed = _download(http, base, remote, root, progress), True
-    _set_threshold(settings.cache_dir, remote.meta.threshold)
+    set_global_threshold(settings.cache_dir, remote.meta.threshold)
     if changed:
         log.info("installed global model of round %d (threshold %.4f) from %s",
                  remote.meta.round, remote.meta.threshold, base)
@@ -140,8 +140,10 @@ def _parse_meta(body: Any, base: str) -> _Remote:
     number, threshold, sha = body.get("round"), body.get("threshold"), body.get("sha256")
     if not isinstance(number, int) or isinstance(number, bool) or number < 0:
         raise invalid(f"round {number!r}")
-    if not _is_threshold(threshold):
-        raise invalid(f"threshold {threshold!r}")
+    try:
+        check_threshold(threshold)
+    except ValueError as exc:
+        raise invalid(str(exc)) from None
     if not isinstance(sha, str) or len(sha) != 64 or set(sha) - set("0123456789abcdef"):
         raise invalid(f"sha256 {sha!r}")
     try:
@@ -154,11 +156,6 @@ def _parse_meta(body: Any, base: str) -> _Remote:
     if not isinstance(weights_url, str):
         raise invalid(f"weights_url {weights_url!r}")
     return _Remote(meta, weights_url)
-
-
-def _is_threshold(value: Any) -> bool:
-    """A cosine threshold as Settings accepts it: a number in (0, 1]."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and 0.0 < value <= 1.0
 
 
 # the device's side -----------------------------------------------------------------------
@@ -254,13 +251,3 @@ def _fetch_weights(http: httpx.Client, base: str, remote: _Remote, target: Path,
         raise CheckpointError(f"cannot write the global model to {target}: {exc}") from None
     return digest.hexdigest()
 
-
-def _set_threshold(cache_dir: Path, threshold: float) -> None:
-    """The cache decides hits with the global threshold from now on (idempotent, so a
-    crash after installing is repaired by the next sync)."""
-    store = EntryStore(cache_dir)
-    try:
-        if store.get_meta("threshold.global") != float(threshold):
-            store.set_meta("threshold.global", float(threshold))
-    finally:
-        store.close()

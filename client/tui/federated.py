@@ -2,18 +2,16 @@
 user's SuperNode so the device takes part in rounds. Both are off until configured."""
 
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 from meancache.client.chat.session import ChatSession
 from meancache.client.config import Settings
-from meancache.client.fl.device import DeviceState
+from meancache.client.encoder import load_device_encoder
 from meancache.client.fl.supernode import start_supernode
 from meancache.client.fl.sync import SyncResult, sync_global_model
 from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
 from meancache.shared.processes import free_port
-
-Progress = Callable[[int, int], None]
+from meancache.shared.progress import Progress
 
 
 def sync_and_switch(session: ChatSession, download: Progress, reembed: Progress
@@ -28,7 +26,7 @@ def sync_and_switch(session: ChatSession, download: Progress, reembed: Progress
 
 def switch_to_latest(session: ChatSession, reembed: Progress) -> int:
     """Run the newest kept global model; re-embeds the cache if the encoder changed."""
-    encoder = DeviceState(session.settings).encoder()
+    encoder = load_device_encoder(session.settings)
     if encoder.version == session.cache.encoder.version:
         return 0
     return session.cache.set_encoder(encoder, reembed)

@@ -1,7 +1,7 @@
 """The chat's message widgets: a question, and an answer with its source badge."""
 
 from meancache.client.chat.conversations import Turn
-from meancache.client.tui.text import badge, printable
+from meancache.client.tui.text import printable
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Markdown, Static
@@ -30,23 +30,23 @@ class AnswerView(Vertical):
         super().__init__()
         self.turn = turn
         self.markdown = Markdown(printable(turn.answer) if turn else "")
-        self.badge = Static("streaming…" if turn is None else badge(turn), classes="badge",
-                            markup=False)
+        self.badge = Static("streaming…" if turn is None else printable(turn.badge),
+                            classes="badge", markup=False)
 
     def compose(self) -> ComposeResult:
         yield self.markdown
         yield self.badge
 
     def on_mount(self) -> None:
-        if self.turn is not None and self.turn.source in ("cache", "pack"):
+        if self.turn is not None and self.turn.source.from_cache:
             self.add_class("cached")
 
     def show(self, turn: Turn) -> None:
         """The final state: the whole answer and its badge."""
         self.turn = turn
         self.markdown.update(printable(turn.answer))
-        self.badge.update(badge(turn))
-        self.set_class(turn.source in ("cache", "pack"), "cached")
+        self.badge.update(printable(turn.badge))
+        self.set_class(turn.source.from_cache, "cached")
 
     def fail(self, message: str) -> None:
         self.badge.update(printable(message))

@@ -8,7 +8,7 @@ import contextlib
 import hashlib
 import logging
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -17,6 +17,7 @@ import numpy as np
 from meancache.shared.encoder._fingerprint import model_fingerprint
 from meancache.shared.encoder._locate import locate_model
 from meancache.shared.errors import EncoderError
+from meancache.shared.progress import Progress
 
 if TYPE_CHECKING:
     from meancache.shared.encoder._onnx import OnnxEmbedder
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
-
-Progress = Callable[[int, int], None]
 
 
 @dataclass(frozen=True)

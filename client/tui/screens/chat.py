@@ -123,7 +123,7 @@ class ChatScreen(Screen[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "reject":
             turns = self.conversation.turns
-            cached = bool(turns) and turns[-1].source in ("cache", "pack")
+            cached = bool(turns) and turns[-1].source.from_cache
             return True if cached and not self.busy and self._session else None
         if action == "cancel":
             return True if self.busy else None
@@ -189,11 +189,7 @@ class ChatScreen(Screen[None]):
         finally:
             await stream.stop()
             self.set_busy(False)
-        if not self.conversation.turns:
-            self.conversation.title = question[:60]
-            self.sub_title = printable(self.conversation.title)
-        self.conversation.turns.append(turn)
-        self.session.conversations.save(self.conversation)
+        self.sub_title = printable(self.conversation.title)
         view.show(turn)
         if turn.truncated:
             self.notify("The question is longer than the embedding model's window: only its "
@@ -223,8 +219,6 @@ class ChatScreen(Screen[None]):
         finally:
             await stream.stop()
             self.set_busy(False)
-        self.conversation.turns[index] = correction.turn
-        self.session.conversations.save(self.conversation)
         view.show(correction.turn)
         self.notify(str(correction.threshold), title="Threshold")
         self.refresh_bindings()

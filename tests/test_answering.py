@@ -1,0 +1,169 @@
+"""The answer service on a real cache and a real upstream (builtin:tiny on loopback): what
+it serves, what it caches, and that every answered or corrected turn is saved."""
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from meancache.client.cache import CacheSettings, SemanticCache, Source
+from meancache.client.cache.feedback import labelled_pairs
+from meancache.client.chat.answering import AnswerService
+from meancache.client.chat.conversations import Conversation, ConversationStore
+from meancache.client.upstream_client import UpstreamClient, UpstreamUnavailableError
+from meancache.shared.pairs import Pair
+
+from tests.upstream_server import free_port
+
+CacheFactory = Callable[..., SemanticCache]
+
+QUESTION = "How do I reverse a list in Python?"
+PARAPHRASE = "how can I reverse a python list?"
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ConversationStore:
+    return ConversationStore(tmp_path / "conversations")
+
+
+def service(make_cache: CacheFactory, store: ConversationStore, url: str,
+            threshold: float = 0.5) -> AnswerService:
+    cache = make_cache(settings=CacheSettings(global_threshold=threshold,
+                                              tune_min_per_class=1))
+    return AnswerService(cache, UpstreamClient(url, backoff_seconds=0.01), store,
+                         max_tokens=24)
+
+
+def test_miss_is_stored_then_served(make_cache: CacheFactory, store: ConversationStore,
+                                    upstream_url: str) -> None:
+    answers = service(make_cache, store, upstream_url)
+    conversation = Conversation()
+    streamed: list[str] = []
+
+    async def on_delta(text: str) -> None:
+        streamed.append(text)
+
+    async def run() -> None:
+        first = await answers.answer(conversation, f"  {QUESTION} ", on_delta)
+        assert first.source is Source.UPSTREAM and first.answer.strip()
+        assert "".join(streamed) == first.answer
+        assert first.entry_id is not None
+        assert [e.answer for e in answers.cache.entries()] == [first.answer]
+        second = await answers.answer(conversation, PARAPHRASE)
+        assert second.source is Source.CACHE and second.answer == first.answer
+        assert (second.matched_query, second.entry_id) == (QUESTION, first.entry_id)
+        assert second.hit_id is not None and second.similarity is not None
+
+    asyncio.run(run())
+    assert len(answers.cache) == 1
+    assert [t.question for t in conversation.turns] == [QUESTION, PARAPHRASE]
+    assert conversation.title == QUESTION  # the first question names the conversation
+    saved = store.load(conversation.id)
+    assert saved.title == QUESTION
+    assert [(t.source, t.answer) for t in saved.turns] == [
+        (t.source, t.answer) for t in conversation.turns]
+    assert saved.turns[1].source is Source.CACHE  # the enum survives the JSON file
+
+
+def test_documents_bypass_the_cache(make_cache: CacheFactory, store: ConversationStore,
+                                    upstream_url: str, tmp_path: Path) -> None:
+    answers = service(make_cache, store, upstream_url)
+    cached = answers.cache.insert(QUESTION, "Use reversed() or list.reverse().")
+    document = tmp_path / "notes.txt"
+    document.write_text("Lists in Python have a reverse() method.\n")
+    conversation = Conversation()
+
+    async def run() -> None:
+        await answers.attach(conversation, document)
+        for _ in range(2):
+            turn = await answers.answer(conversation, QUESTION)
+            assert turn.source is Source.UPSTREAM and turn.answer != cached.answer
+            assert turn.entry_id is None
+
+    asyncio.run(run())
+    assert [e.id for e in answers.cache.entries()] == [cached.id]  # nothing stored
+    assert answers.cache.stats().hits == 0
+    assert len(store.load(conversation.id).turns) == 2
+
+
+def test_reject_replaces_the_turn_and_saves(make_cache: CacheFactory,
+                                            store: ConversationStore,
+                                            upstream_url: str) -> None:
+    answers = service(make_cache, store, upstream_url, threshold=0.3)
+    wrong = answers.cache.insert("What is the capital of Germany?", "Berlin.")
+    conversation = Conversation()
+
+    async def run() -> None:
+        served = await answers.answer(conversation, "What is the capital of France?")
+        assert served.source is Source.CACHE and served.answer == "Berlin."
+        correction = await answers.reject(conversation, 0)
+        assert correction.turn.source is Source.UPSTREAM
+        assert correction.turn.replaced == "Berlin."
+        assert correction.threshold.negatives == 1
+        with pytest.raises(ValueError, match="only answers served from a cache"):
+            await answers.reject(conversation, 0)  # the fresh answer is not rejectable
+
+    asyncio.run(run())
+    assert conversation.turns[0].replaced == "Berlin." and len(conversation.turns) == 1
+    saved = store.load(conversation.id)
+    assert [(t.source, t.answer, t.replaced) for t in saved.turns] == [
+        (Source.UPSTREAM, conversation.turns[0].answer, "Berlin.")]
+    assert labelled_pairs(answers.cache.store) == [
+        Pair("What is the capital of France?", "What is the capital of Germany?", 0)]
+    assert answers.cache.stats().rejections == 1
+    assert answers.cache.store.get(wrong.id).rejections == 1
+    corrected = [e for e in answers.cache.entries() if e.id != wrong.id]
+    assert [e.source for e in corrected] == [Source.USER_CORRECTED]
+
+
+def test_a_cancelled_stream_stores_and_saves_nothing(make_cache: CacheFactory,
+                                                     store: ConversationStore,
+                                                     upstream_url: str) -> None:
+    answers = service(make_cache, store, upstream_url)
+    conversation = Conversation()
+
+    async def run() -> None:
+        task: asyncio.Task[object] | None = None
+
+        async def on_delta(text: str) -> None:
+            assert task is not None
+            task.cancel()  # the user pressed "stop" while the answer streamed
+
+        task = asyncio.create_task(answers.answer(conversation, QUESTION, on_delta))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(run())
+    assert len(answers.cache) == 0 and conversation.turns == []
+    assert store.list() == []
+
+
+def test_a_failed_upstream_stores_and_saves_nothing(make_cache: CacheFactory,
+                                                    store: ConversationStore) -> None:
+    answers = service(make_cache, store, f"http://127.0.0.1:{free_port()}")
+    conversation = Conversation()
+    with pytest.raises(UpstreamUnavailableError):
+        asyncio.run(answers.answer(conversation, QUESTION))
+    assert len(answers.cache) == 0 and conversation.turns == []
+    assert store.list() == []
+
+
+def test_conversation_files_keep_their_source_strings(store: ConversationStore) -> None:
+    """Files written before the Source enum load, and are written back unchanged."""
+    old = {"id": "abc123", "title": "Old", "created": 1.0, "turns": [
+        {"question": "q1", "answer": "a1", "source": "pack", "similarity": 0.912,
+         "matched_query": "m1", "entry_id": "e1", "hit_id": "h1", "created": 2.0},
+        {"question": "q2", "answer": "a2", "source": "upstream", "ttft_seconds": 0.25,
+         "cached_tokens": 7, "created": 3.0}]}
+    (store.directory / "abc123.json").write_text(json.dumps(old))
+    conversation = store.load("abc123")
+    pack, upstream = conversation.turns
+    assert (pack.source, upstream.source) == (Source.PACK, Source.UPSTREAM)
+    assert pack.source.from_cache and not upstream.source.from_cache
+    assert pack.badge == "pack · similarity 0.91 · matched “m1”"
+    assert upstream.badge == "upstream · first token 250 ms · 7 prompt tokens reused"
+    assert f"**Answer** ({pack.badge}):" in conversation.to_markdown()
+    store.save(conversation)
+    saved = json.loads((store.directory / "abc123.json").read_text())
+    assert [t["source"] for t in saved["turns"]] == ["pack", "upstream"]
