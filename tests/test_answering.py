@@ -31,7 +31,7 @@ def service(make_cache: CacheFactory, store: ConversationStore, url: str,
             threshold: float = 0.5) -> AnswerService:
     cache = make_cache(settings=CacheSettings(global_threshold=threshold,
                                               tune_min_per_class=1))
-    return AnswerService(cache, UpstreamClient(url, backoff_seconds=0.01), store,
+    return AnswerService(cache, UpstreamClient(url, connect_retries=0), store,
                          max_tokens=24)
 
 
