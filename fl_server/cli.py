@@ -35,7 +35,7 @@ def add_commands(fl: Any) -> None:
     simulate.add_argument("--held-out", type=int, default=app["held-out-pairs"],
                           help="dev pairs the global model is scored on each round")
     simulate.add_argument("--checkpoints", type=Path,
-                          help="where global models go (default: <data dir>/fl-simulation)")
+                          help="where global models go (None: <data dir>/fl-simulation)")
     simulate.add_argument("--dp-noise", type=float, default=app["dp-noise-multiplier"],
                           help="central DP noise multiplier (0: off)")
     simulate.add_argument("--dp-clip", type=float, default=app["dp-clipping-norm"],
@@ -52,8 +52,8 @@ def add_commands(fl: Any) -> None:
     server.add_argument("--model-port", type=int, default=9100,
                         help="the global-model download endpoint's port")
     server.add_argument("--certificates", type=Path,
-                        help="a directory made by deploy/make-certificates.sh (TLS; "
-                        "default: none, insecure)")
+                        help="a directory made by deploy/make-certificates.sh, for TLS "
+                        "(None: insecure)")
     server.set_defaults(handler=run_server)
 
     run = fl.add_parser("run", help="start federated rounds on a running FL server",
@@ -62,12 +62,11 @@ def add_commands(fl: Any) -> None:
                      help="the FL server's SuperLink")
     run.add_argument("--rounds", type=int, default=app["num-server-rounds"],
                      help="federated rounds")
-    run.add_argument("--run-config", default="",
-                     help="more settings, e.g. \"top-layers=2 min-train-nodes=4\" (the keys "
-                     "and defaults: [tool.flwr.app.config] of meancache/fl_server/"
-                     "flower_app/pyproject.toml)")
+    run.add_argument("--run-config", help="more settings, e.g. \"top-layers=2 "
+                     "min-train-nodes=4\" (the keys and their defaults: [tool.flwr.app.config] "
+                     "in meancache/fl_server/flower_app/pyproject.toml)")
     run.add_argument("--root-certificate", type=Path,
-                     help="the CA certificate (TLS; default: none, insecure)")
+                     help="the CA certificate, for TLS (None: insecure)")
     run.set_defaults(handler=run_rounds)
 
 
@@ -113,7 +112,7 @@ def run_rounds(args: argparse.Namespace, settings: Any) -> int:
         config += f" encoder-model='{settings.encoder_model}'"
     with tempfile.TemporaryDirectory() as tmp:
         command, env = run_command(write_app(Path(tmp)), args.superlink,
-                                   f"{config} {args.run_config}".strip(),
+                                   f"{config} {args.run_config or ''}".strip(),
                                    settings.data_dir / "flwr-home", args.root_certificate)
         return run_foreground(command, env)
 
