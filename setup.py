@@ -10,4 +10,6 @@ setup(
     package_dir={"meancache": "meancache", **{f"meancache.{side}": side for side in SIDES}},
     packages=["meancache", *(f"meancache.{name}" for name in
                              find_packages(include=[f"{side}*" for side in SIDES]))],
+    # The Flower app declaration `meancache fl run|simulate` submit (no code in it).
+    package_data={"meancache.fl_server": ["flower_app/pyproject.toml"]},
 )

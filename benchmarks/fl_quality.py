@@ -1,10 +1,11 @@
 """Quality of the federated global model per round, against the zero-shot encoder.
 
 Clients train the encoder on partitions of the QQP train split (Flower simulation engine,
-Ray); after every round the global model is scored on held-out dev pairs at the global
-threshold (the weighted mean of the clients' F0.5-best thresholds), and at its own best
-threshold. Round 0 is the zero-shot encoder. Reports F0.5, F1, precision, recall,
-threshold, wall time and bytes per client per round.
+Ray, through `flwr run` as `meancache fl simulate` does); after every round the global
+model is scored on held-out dev pairs at the global threshold (the weighted mean of the
+clients' F0.5-best thresholds), and at its own best threshold. Round 0 is the zero-shot
+encoder. Reports F0.5, F1, precision, recall, threshold, wall time and bytes per client
+per round.
 
     python benchmarks/fl_quality.py                   # 10 clients, 4 per round, 5 rounds
     python benchmarks/fl_quality.py --quick           # tiny: 4 clients, 2 rounds
@@ -44,11 +45,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         config = SimulationConfig(
             pairs=args.data_dir / "qqp" / "pairs.jsonl", checkpoint_dir=Path(tmp) / "ckpt",
-            clients=args.clients, per_round=args.per_round, rounds=args.rounds,
-            partitioning=args.partitioning, pairs_per_client=args.pairs_per_client,
-            top_layers=args.top_layers, encoder_model=args.encoder, held_out=args.held_out,
-            seed=args.seed)
-        rows = simulate(config, on_round=lambda row: note(
+            clients=args.clients, per_round=args.per_round, run_config={
+                "num-server-rounds": args.rounds, "partitioning": args.partitioning,
+                "pairs-per-client": args.pairs_per_client, "top-layers": args.top_layers,
+                "encoder-model": args.encoder or "", "held-out-pairs": args.held_out,
+                "seed": args.seed})
+        rows = simulate(config, Path(tmp) / "flwr-home", on_round=lambda row: note(
             f"round {int(row['round'])}: F0.5 {row.get('f05', 0):.3f}, "
             f"threshold {row['threshold']:.3f}, {row['seconds']:.0f} s"))
     table = make_table(["round", "F0.5", "F1", "precision", "recall", "threshold",

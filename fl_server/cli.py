@@ -1,52 +1,72 @@
 """`meancache fl simulate|server|run`: the FL server's commands."""
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 from typing import Any
+
+from meancache.fl_server.app_declaration import default_run_config
 
 DEFAULT_PAIRS = Path(__file__).resolve().parents[1].parent / "shared/data/qqp/pairs.jsonl"
 
 
 def add_commands(fl: Any) -> None:
-    simulate = fl.add_parser("simulate", help="federated rounds on the simulation engine")
-    simulate.add_argument("--clients", type=int, default=20)
-    simulate.add_argument("--per-round", type=int, default=4)
-    simulate.add_argument("--rounds", type=int, default=3)
+    """Options that set a run-config key default to the Flower app's value (the one
+    source of defaults), shown in --help."""
+    app = default_run_config()
+    formatter = argparse.ArgumentDefaultsHelpFormatter
+    simulate = fl.add_parser("simulate", help="federated rounds on the simulation engine",
+                             formatter_class=formatter)
+    simulate.add_argument("--clients", type=int, default=20, help="simulated devices")
+    simulate.add_argument("--per-round", type=int, default=4,
+                          help="devices that train in each round")
+    simulate.add_argument("--rounds", type=int, default=app["num-server-rounds"],
+                          help="federated rounds")
     simulate.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS,
                           help="labelled pairs JSONL (train split partitioned, dev held out)")
-    simulate.add_argument("--partitioning", choices=("iid", "topic"), default="iid")
-    simulate.add_argument("--pairs-per-client", type=int, default=200)
-    simulate.add_argument("--top-layers", type=int, default=2,
+    simulate.add_argument("--partitioning", choices=("iid", "topic"),
+                          default=app["partitioning"], help="how devices' pairs are drawn")
+    simulate.add_argument("--pairs-per-client", type=int, default=app["pairs-per-client"],
+                          help="labelled pairs each device trains on")
+    simulate.add_argument("--top-layers", type=int, default=app["top-layers"],
                           help="train and send only the top N transformer layers (0: all)")
-    simulate.add_argument("--epochs", type=int, default=1)
-    simulate.add_argument("--held-out", type=int, default=1000,
+    simulate.add_argument("--epochs", type=int, default=app["epochs"],
+                          help="local epochs per round")
+    simulate.add_argument("--held-out", type=int, default=app["held-out-pairs"],
                           help="dev pairs the global model is scored on each round")
     simulate.add_argument("--checkpoints", type=Path,
-                          help="where global models go (default: <data dir>/fl-simulation)")
-    simulate.add_argument("--dp-noise", type=float, default=0.0,
+                          help="where global models go (None: <data dir>/fl-simulation)")
+    simulate.add_argument("--dp-noise", type=float, default=app["dp-noise-multiplier"],
                           help="central DP noise multiplier (0: off)")
-    simulate.add_argument("--dp-clip", type=float, default=1.0, help="DP clipping norm")
-    simulate.add_argument("--seed", type=int, default=0)
+    simulate.add_argument("--dp-clip", type=float, default=app["dp-clipping-norm"],
+                          help="DP clipping norm")
+    simulate.add_argument("--seed", type=int, default=app["seed"],
+                          help="seed of partitioning, shuffling and scoring")
     simulate.set_defaults(handler=run_simulate)
 
     server = fl.add_parser("server", help="the FL server: a Flower SuperLink, and the "
-                           "endpoint new users download the global model from")
+                           "endpoint new users download the global model from",
+                           formatter_class=formatter)
     server.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other hosts")
     server.add_argument("--port", type=int, default=9093, help="the SuperLink's port")
     server.add_argument("--model-port", type=int, default=9100,
                         help="the global-model download endpoint's port")
     server.add_argument("--certificates", type=Path,
-                        help="a directory made by deploy/make-certificates.sh (TLS)")
+                        help="a directory made by deploy/make-certificates.sh, for TLS "
+                        "(None: insecure)")
     server.set_defaults(handler=run_server)
 
-    run = fl.add_parser("run", help="start federated rounds on a running FL server")
-    run.add_argument("--superlink", default="127.0.0.1:9093", metavar="HOST:PORT")
-    run.add_argument("--rounds", type=int, default=3)
-    run.add_argument("--run-config", default="",
-                     help="more settings, e.g. \"top-layers=2 min-train-nodes=4\"")
-    run.add_argument("--root-certificate", type=Path, help="the CA certificate (TLS)")
+    run = fl.add_parser("run", help="start federated rounds on a running FL server",
+                        formatter_class=formatter)
+    run.add_argument("--superlink", default="127.0.0.1:9093", metavar="HOST:PORT",
+                     help="the FL server's SuperLink")
+    run.add_argument("--rounds", type=int, default=app["num-server-rounds"],
+                     help="federated rounds")
+    run.add_argument("--run-config", help="more settings, e.g. \"top-layers=2 "
+                     "min-train-nodes=4\" (the keys and their defaults: [tool.flwr.app.config] "
+                     "in meancache/fl_server/flower_app/pyproject.toml)")
+    run.add_argument("--root-certificate", type=Path,
+                     help="the CA certificate, for TLS (None: insecure)")
     run.set_defaults(handler=run_rounds)
 
 
@@ -58,11 +78,13 @@ def run_server(args: argparse.Namespace, settings: Any) -> int:
     import subprocess
 
     from meancache.fl_server.model_endpoint import serve_model
-    from meancache.fl_server.processes import flower_environment, superlink_command
+    from meancache.fl_server.processes import superlink_command
+    from meancache.shared.processes import flower_environment
 
     state = settings.data_dir / "fl-server"
     state.mkdir(parents=True, exist_ok=True)
-    env = flower_environment(MEANCACHE_DATA_DIR=str(settings.data_dir))
+    env = flower_environment(MEANCACHE_DATA_DIR=str(settings.data_dir),
+                             FLWR_HOME=str(state / "flwr-home"))  # never ~/.flwr
     superlink = subprocess.Popen(
         superlink_command(state, args.host, args.port, args.certificates), env=env,
         stdout=(state / "superlink.log").open("ab"), stderr=subprocess.STDOUT)
@@ -78,14 +100,21 @@ def run_server(args: argparse.Namespace, settings: Any) -> int:
 
 
 def run_rounds(args: argparse.Namespace, settings: Any) -> int:
-    from meancache.fl_server.processes import run_command, run_foreground
+    """`flwr run` of the packaged Flower app (copied, stamped with this version)."""
+    import tempfile
+
+    from meancache.fl_server.app_declaration import write_app
+    from meancache.fl_server.processes import run_command
+    from meancache.shared.processes import run_foreground
 
     config = f"num-server-rounds={args.rounds} checkpoint-dir='{checkpoint_dir(settings)}'"
     if settings.encoder_model:
         config += f" encoder-model='{settings.encoder_model}'"
-    command, env = run_command(args.superlink, f"{config} {args.run_config}".strip(),
-                               settings.data_dir / "flwr-home", args.root_certificate)
-    return run_foreground(command, env)
+    with tempfile.TemporaryDirectory() as tmp:
+        command, env = run_command(write_app(Path(tmp)), args.superlink,
+                                   f"{config} {args.run_config or ''}".strip(),
+                                   settings.data_dir / "flwr-home", args.root_certificate)
+        return run_foreground(command, env)
 
 
 def run_simulate(args: argparse.Namespace, settings: Any) -> int:
@@ -98,15 +127,14 @@ def run_simulate(args: argparse.Namespace, settings: Any) -> int:
         raise MeanCacheError(f"no labelled pairs at {args.pairs} (pass --pairs FILE)")
     if not 0 < args.per_round <= args.clients:
         raise MeanCacheError("--per-round must lie between 1 and --clients")
-    logging.getLogger("flwr").setLevel(logging.WARNING)
     config = SimulationConfig(
         pairs=args.pairs, checkpoint_dir=args.checkpoints or settings.data_dir / "fl-simulation",
-        clients=args.clients, per_round=args.per_round, rounds=args.rounds,
-        partitioning=args.partitioning, pairs_per_client=args.pairs_per_client,
-        top_layers=args.top_layers, epochs=args.epochs, encoder_model=settings.encoder_model,
-        held_out=args.held_out, seed=args.seed, dp_noise_multiplier=args.dp_noise,
-        dp_clipping_norm=args.dp_clip,
-    )
+        clients=args.clients, per_round=args.per_round, run_config={
+            "num-server-rounds": args.rounds, "partitioning": args.partitioning,
+            "pairs-per-client": args.pairs_per_client, "top-layers": args.top_layers,
+            "epochs": args.epochs, "encoder-model": settings.encoder_model or "",
+            "held-out-pairs": args.held_out, "seed": args.seed,
+            "dp-noise-multiplier": args.dp_noise, "dp-clipping-norm": args.dp_clip})
     err = Console(stderr=True, highlight=False)
 
     def progress(row: dict[str, float]) -> None:
@@ -114,7 +142,7 @@ def run_simulate(args: argparse.Namespace, settings: Any) -> int:
         err.print(f"round {int(row['round'])}/{args.rounds} done in {row['seconds']:.0f} s: "
                   f"threshold {row['threshold']:.3f}{scored}")
 
-    rows = simulate(config, on_round=progress)
+    rows = simulate(config, settings.data_dir / "flwr-simulation", on_round=progress)
     table = Table("round", "F0.5", "F1", "precision", "recall", "threshold",
                   "best tau", "best F0.5", "seconds", "KiB/client",
                   title=f"{args.clients} clients, {args.per_round} per round, "

@@ -1,19 +1,23 @@
-"""Starting Flower's own server processes (SuperLink, SuperNode, `flwr run`) for the
-meancache commands, with the flags this deployment needs."""
+"""Starting Flower's own server processes (SuperLink, `flwr run`) for the meancache
+commands, with the flags this deployment needs."""
 
 from pathlib import Path
 
 from meancache.shared.processes import flower_command, flower_environment
 
-APP_DIR = Path(__file__).resolve().parents[1]  # the Flower app: pyproject.toml [tool.flwr.app]
+CONNECTION = "meancache"  # the SuperLink connection's name in our own FLWR_HOME
 
 
-def superlink_command(state_dir: Path, host: str, port: int, certificates: Path | None
-                      ) -> list[str]:
-    """The SuperLink serves Fleet, Control and ServerApp APIs on one port (flwr 1.4x)."""
+def superlink_command(state_dir: Path, host: str, port: int, certificates: Path | None,
+                      simulation: bool = False) -> list[str]:
+    """The SuperLink serves Fleet, Control and ServerApp APIs on one port (flwr 1.4x);
+    with ``simulation`` it runs each run's ServerApp and ClientApps on the simulation
+    engine instead of waiting for SuperNodes."""
     command = [flower_command("flower-superlink"), "--host", host, "--port", str(port),
                "--database", str(state_dir / "state.db"),
                "--disable-runtime-dependency-installation"]
+    if simulation:
+        command.append("--simulation")
     if certificates is None:
         return [*command, "--insecure"]
     return [*command, "--ssl-ca-certfile", str(certificates / "ca.crt"),
@@ -27,16 +31,22 @@ def write_connection(flwr_home: Path, superlink: str, root_certificate: Path | N
     security = (f'root-certificates = "{root_certificate}"' if root_certificate
                 else "insecure = true")
     (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "meancache"\n\n[superlink.meancache]\n'
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
         f'address = "{superlink}"\n{security}\n'
     )
 
 
-def run_command(superlink: str, run_config: str, flwr_home: Path,
-                root_certificate: Path | None) -> tuple[list[str], dict[str, str]]:
+def run_command(app: Path, superlink: str, run_config: str, flwr_home: Path,
+                root_certificate: Path | None, federation_config: str = ""
+                ) -> tuple[list[str], dict[str, str]]:
+    """`flwr run` of the Flower app in ``app`` on ``superlink``, streaming the run's logs
+    until it ends. ``run_config``: overrides ("key=value ..." or a .toml file);
+    ``federation_config``: a simulation's ("num-supernodes=20 ...")."""
     write_connection(flwr_home, superlink, root_certificate)
     env = flower_environment(FLWR_HOME=str(flwr_home))
-    command = [flower_command("flwr"), "run", str(APP_DIR), "meancache", "--stream"]
+    command = [flower_command("flwr"), "run", str(app), CONNECTION, "--stream"]
     if run_config:
         command += ["--run-config", run_config]
+    if federation_config:
+        command += ["--federation-config", federation_config]
     return command, env

@@ -4,7 +4,6 @@ sha256), append a line to history.jsonl, and optionally score it on held-out pai
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,9 +17,7 @@ from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
 
-HISTORY = "history.jsonl"
-# Called with each round's metrics by a ServerApp running in this process (simulation).
-ROUND_LISTENERS: list[Callable[[dict[str, float]], None]] = []
+HISTORY = "history.jsonl"  # one JSON line of metrics per round (`fl simulate` follows it)
 
 
 @dataclass
@@ -76,7 +73,5 @@ class RoundRecorder:
         with (self.checkpoint_dir / HISTORY).open("a") as fh:
             fh.write(json.dumps(metrics) + "\n")
         log.info("round %d: %s", server_round, metrics)
-        for listener in ROUND_LISTENERS:
-            listener(metrics)
         self.started = time.time()
         return MetricRecord(metrics)

@@ -1,10 +1,5 @@
 """The Flower ServerApp: FedAvg of the encoder's weights and of the thresholds, a
-versioned checkpoint after every round.
-
-Run config (all optional): num-server-rounds, threshold-init, fraction-train,
-min-train-nodes, min-available-nodes, fraction-evaluate, min-evaluate-nodes,
-round-timeout, checkpoint-dir, encoder-model, top-layers, dp-noise-multiplier,
-dp-clipping-norm, held-out-path and held-out-pairs (server-side scoring, simulation only).
+versioned checkpoint after every round. Its settings: fl_server.run_config.ServerConfig.
 """
 
 import logging
@@ -17,6 +12,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping
 from meancache.fl_server.rounds import HeldOut, RoundRecorder
+from meancache.fl_server.run_config import ServerConfig
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import locate_model
 from meancache.shared.encoder._fingerprint import model_fingerprint
@@ -28,44 +24,31 @@ from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
 
-def default_checkpoint_dir() -> Path:
-    """Under the meancache data dir of the process that started the SuperLink."""
-    from meancache.client.config import load_settings
-
-    return load_settings().data_dir / "fl-server" / "checkpoints"
+app = ServerApp()
 
 
-def _held_out(model: SentenceTransformer, path: str, limit: int, seed: int) -> HeldOut:
-    pairs = read_pairs(Path(path), split="dev")
+def _held_out(model: SentenceTransformer, path: Path, limit: int, seed: int) -> HeldOut:
+    pairs = read_pairs(path, split="dev")
     random.Random(seed).shuffle(pairs)
     pairs = pairs[:limit]
     return HeldOut(model, [p.q1 for p in pairs], [p.q2 for p in pairs],
                    np.array([p.label for p in pairs]))
 
 
-def build_server_app(defaults: dict[str, Any] | None = None) -> ServerApp:
-    """A ServerApp whose run config is ``defaults`` overridden by the run's own."""
-    server_app = ServerApp()
-
-    @server_app.main()
-    def main(grid: Grid, context: Context) -> None:
-        run_rounds(grid, {**(defaults or {}), **dict(context.run_config)})
-
-    return server_app
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    run_rounds(grid, ServerConfig.from_run_config(context.run_config))
 
 
-def run_rounds(grid: Grid, config: dict[str, Any]) -> None:
-    encoder_model = str(config.get("encoder-model") or "") or None
-    top_layers = int(config.get("top-layers", 0))
-    checkpoint_dir = Path(str(config.get("checkpoint-dir") or default_checkpoint_dir()))
-    model_dir = locate_model(encoder_model)
+def run_rounds(grid: Grid, config: ServerConfig) -> None:
+    model_dir = locate_model(config.model.encoder_model)
     model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
     base = model_fingerprint(model_dir)
-    names = federated_names(model, top_layers)
+    names = federated_names(model, config.model.top_layers)
     initial = federated_state(model, names)
-    threshold = float(config.get("threshold-init", DEFAULT_THRESHOLD))
+    threshold = DEFAULT_THRESHOLD
     offset = 0
-    latest = latest_checkpoint(checkpoint_dir)
+    latest = latest_checkpoint(config.checkpoint_dir)
     if latest is not None:
         meta, state = load_checkpoint(latest)
         if meta.base_model == base and set(state) == set(names):
@@ -73,33 +56,30 @@ def run_rounds(grid: Grid, config: dict[str, Any]) -> None:
             log.info("continuing from the global model of round %d", meta.round)
     strategy = ThresholdFedAvg(
         threshold,
-        fraction_train=float(config.get("fraction-train", 1.0)),
-        min_train_nodes=int(config.get("min-train-nodes", 2)),
-        min_available_nodes=int(config.get("min-available-nodes", 2)),
-        fraction_evaluate=float(config.get("fraction-evaluate", 1.0)),
-        min_evaluate_nodes=int(config.get("min-evaluate-nodes", 1)),
+        fraction_train=config.fraction_train,
+        min_train_nodes=config.min_train_nodes,
+        min_available_nodes=config.min_available_nodes,
+        fraction_evaluate=config.fraction_evaluate,
+        min_evaluate_nodes=config.min_evaluate_nodes,
     )
     held_out = None
-    if config.get("held-out-path"):
-        held_out = _held_out(model, str(config["held-out-path"]),
-                             int(config.get("held-out-pairs", 1000)), int(config.get("seed", 0)))
-    recorder = RoundRecorder(strategy, checkpoint_dir, base, top_layers, offset, held_out)
+    if config.held_out_path is not None and config.held_out_pairs > 0:
+        held_out = _held_out(model, config.held_out_path, config.held_out_pairs,
+                             config.model.seed)
+    recorder = RoundRecorder(strategy, config.checkpoint_dir, base, config.model.top_layers,
+                             offset, held_out)
     runner: Any = strategy
-    noise = float(config.get("dp-noise-multiplier", 0.0))
-    if noise > 0:
+    if config.dp_noise_multiplier > 0:
         runner = DifferentialPrivacyClientSideFixedClipping(
-            strategy, noise_multiplier=noise,
-            clipping_norm=float(config.get("dp-clipping-norm", 1.0)),
-            num_sampled_clients=int(config.get("min-train-nodes", 2)),
+            strategy, noise_multiplier=config.dp_noise_multiplier,
+            clipping_norm=config.dp_clipping_norm,
+            num_sampled_clients=config.min_train_nodes,
         )
     runner.start(
         grid=grid,
         initial_arrays=ArrayRecord(initial),
-        num_rounds=int(config.get("num-server-rounds", 3)),
-        timeout=float(config.get("round-timeout", 600.0)),
+        num_rounds=config.num_server_rounds,
+        timeout=config.round_timeout,
         train_config=ConfigRecord({"threshold": threshold}),
         evaluate_fn=recorder,
     )
-
-
-app = build_server_app()

@@ -1,91 +1,150 @@
-"""`meancache fl simulate`: federated rounds on Flower's simulation engine (Ray), each
-client training on a partition of a labelled-pairs file, the global model scored on
-held-out pairs after every round."""
+"""`meancache fl simulate`: federated rounds on Flower's simulation engine (Ray).
+
+A SuperLink of our own runs in simulation mode on a free loopback port and `flwr run`
+submits to it the same Flower app as `meancache fl run` (so the installed ServerApp and
+ClientApp run, in Flower's processes, not in this one). Each virtual device trains on a
+partition of a labelled-pairs file; the global model is scored on held-out pairs after
+every round, and this process follows the rounds in the server's history.jsonl.
+"""
 
 import json
-import logging
+import os
 import shutil
-from collections.abc import Callable
-from dataclasses import dataclass
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from meancache.client.fl.client_app import build_client_app
-from meancache.fl_server.rounds import HISTORY, ROUND_LISTENERS
-from meancache.fl_server.server_app import build_server_app
+import tomli_w
+from meancache.fl_server.app_declaration import default_run_config, write_app
+from meancache.fl_server.processes import run_command, superlink_command
+from meancache.fl_server.rounds import HISTORY
+from meancache.shared.errors import FlowerCommandError
+from meancache.shared.processes import flower_environment, free_port
 
-log = logging.getLogger(__name__)
+Row = dict[str, float]
+STARTUP_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
 class SimulationConfig:
-    pairs: Path
+    """The simulated federation, and the run-config keys it sets over the Flower app's
+    defaults (``run_config``, e.g. ``{"top-layers": 1, "num-server-rounds": 2}``)."""
+
+    pairs: Path  # labelled pairs: the train split is partitioned, the dev split scores
     checkpoint_dir: Path
-    clients: int = 20
-    per_round: int = 4
-    rounds: int = 3
-    partitioning: str = "iid"
-    pairs_per_client: int = 200
-    top_layers: int = 2
-    epochs: int = 1
-    encoder_model: str | None = None
-    held_out: int = 1000
-    seed: int = 0
-    cpus_per_client: float = 1.0
-    dp_noise_multiplier: float = 0.0
-    dp_clipping_norm: float = 1.0
+    clients: int
+    per_round: int
+    run_config: Mapping[str, bool | int | float | str] = field(default_factory=dict)
 
-    def run_config(self) -> dict[str, Any]:
-        config: dict[str, Any] = {
-            "num-server-rounds": self.rounds,
-            "min-available-nodes": self.clients,
-            "min-train-nodes": self.per_round,
-            "fraction-train": self.per_round / self.clients,
-            "fraction-evaluate": 0.0,
-            "min-evaluate-nodes": 0,
-            "checkpoint-dir": str(self.checkpoint_dir),
-            "top-layers": self.top_layers,
-            "epochs": self.epochs,
-            "data-source": "qqp",
-            "qqp-path": str(self.pairs),
-            "partitioning": self.partitioning,
-            "pairs-per-client": self.pairs_per_client,
-            "seed": self.seed,
-            "cache-dir": str(self.checkpoint_dir / "partition-cache"),
-            "dp-noise-multiplier": self.dp_noise_multiplier,
-            "dp-clipping-norm": self.dp_clipping_norm,
-        }
-        if self.encoder_model:
-            config["encoder-model"] = self.encoder_model
-        if self.held_out:
-            config |= {"held-out-path": str(self.pairs), "held-out-pairs": self.held_out}
-        return config
+    def full_run_config(self) -> dict[str, Any]:
+        """Every override this simulation submits: ``run_config`` plus what the
+        federation's shape and the pairs file decide."""
+        return {**self.run_config,
+                "min-available-nodes": self.clients,
+                "min-train-nodes": self.per_round,
+                "fraction-train": self.per_round / self.clients,
+                "fraction-evaluate": 0.0,
+                "min-evaluate-nodes": 0,
+                "checkpoint-dir": str(self.checkpoint_dir),
+                "data-source": "qqp",
+                "qqp-path": str(self.pairs),
+                "held-out-path": str(self.pairs),
+                "cache-dir": str(self.checkpoint_dir / "partition-cache")}
+
+    def federation_config(self) -> str:
+        """One CPU per virtual device; its logs stay in Flower's log, not on our terminal."""
+        return (f"num-supernodes={self.clients} client-resources-num-cpus=1 "
+                "init-args-log-to-driver=false")
+
+    def rounds(self) -> int:
+        return int({**default_run_config(), **self.run_config}["num-server-rounds"])
 
 
-def simulate(config: SimulationConfig, fresh: bool = True,
-             on_round: Callable[[dict[str, float]], None] | None = None
-             ) -> list[dict[str, float]]:
-    """Run the rounds; returns one row of metrics per round (round 0 = before training)."""
-    from flwr.simulation import run_simulation
-
-    if fresh and config.checkpoint_dir.exists():
+def simulate(config: SimulationConfig, flwr_home: Path,
+             on_round: Callable[[Row], None] | None = None) -> list[Row]:
+    """Run the rounds from scratch; returns one row of metrics per round (round 0 = before
+    training). ``flwr_home`` is Flower's home (never ~/.flwr): the installed app and
+    Flower's output (simulation.log) go there."""
+    if config.checkpoint_dir.exists():
         shutil.rmtree(config.checkpoint_dir)
-    history = config.checkpoint_dir / HISTORY
-    run_config = config.run_config()
-    if on_round is not None:  # the simulated ServerApp runs on a thread of this process
-        ROUND_LISTENERS.append(on_round)
-    try:
-        run_simulation(
-            server_app=build_server_app(run_config),
-            client_app=build_client_app(run_config),
-            num_supernodes=config.clients,
-            backend_config={"client_resources": {"num_cpus": config.cpus_per_client,
-                                                 "num_gpus": 0.0},
-                            "init_args": {"log_to_driver": False}},
-        )
-    finally:
-        if on_round is not None:
-            ROUND_LISTENERS.remove(on_round)
-    if not history.exists():
-        return []
-    return [json.loads(line) for line in history.read_text().splitlines()]
+    config.checkpoint_dir.mkdir(parents=True)
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    log_file = flwr_home / "simulation.log"
+    with tempfile.TemporaryDirectory() as tmp, log_file.open("wb") as log:
+        app = write_app(Path(tmp))
+        overrides = Path(tmp) / "run-config.toml"
+        overrides.write_text(tomli_w.dumps(config.full_run_config()))
+        port = free_port()
+        superlink = _start(superlink_command(Path(tmp), "127.0.0.1", port, None,
+                                             simulation=True),
+                           flower_environment(FLWR_HOME=str(flwr_home)), log)
+        try:
+            _wait_listening(port, superlink, log_file)
+            command, env = run_command(app, f"127.0.0.1:{port}", str(overrides), flwr_home,
+                                       None, config.federation_config())
+            run = _start(command, env, log)
+            try:
+                rows = _follow(config.checkpoint_dir / HISTORY, run, on_round)
+            finally:
+                _stop(run)
+        finally:
+            _stop(superlink)
+    if len(rows) != config.rounds() + 1:
+        raise FlowerCommandError(f"the simulation ended after {max(len(rows) - 1, 0)} of "
+                                 f"{config.rounds()} rounds; see {log_file}")
+    return rows
+
+
+def _start(command: list[str], env: dict[str, str], log: BinaryIO
+           ) -> "subprocess.Popen[bytes]":
+    """In a process group of its own, so that stopping it reaches its helpers too."""
+    return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _stop(process: "subprocess.Popen[bytes]") -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    try:  # helpers it left behind (the simulation engine's workers)
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_listening(port: int, process: "subprocess.Popen[bytes]", log_file: Path) -> None:
+    deadline = time.monotonic() + STARTUP_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise FlowerCommandError(f"the simulation's SuperLink exited; see {log_file}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise FlowerCommandError(f"the simulation's SuperLink did not start; see {log_file}")
+
+
+def _follow(history: Path, run: "subprocess.Popen[bytes]",
+            on_round: Callable[[Row], None] | None) -> list[Row]:
+    """The rows of ``history`` as the server writes them, until `flwr run` exits."""
+    rows: list[Row] = []
+    while True:
+        finished = run.poll() is not None
+        text = history.read_text() if history.exists() else ""
+        for line in text.split("\n")[len(rows):-1]:  # complete lines only
+            rows.append(json.loads(line))
+            if on_round is not None:
+                on_round(rows[-1])
+        if finished:
+            return rows
+        time.sleep(0.5)

@@ -23,3 +23,7 @@ class ModelNotFoundError(EncoderError):
 
 class FlowerCommandError(MeanCacheError):
     """A Flower command is missing or failed."""
+
+
+class RunConfigError(MeanCacheError, ValueError):
+    """A federated run's config (Flower run config) lacks a key or holds a bad value."""

@@ -1,7 +1,13 @@
 """Federated learning: weights, checkpoints, the ClientApp on a device (privacy: what
-crosses the wire), the threshold-aware FedAvg, and a simulation on the engine (Ray)."""
+crosses the wire), the threshold-aware FedAvg, the Flower app and its typed run config, and
+a simulation on the engine (Ray) through `flwr run`."""
 
+import io
+import re
 import time
+import tomllib
+import zipfile
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -11,10 +17,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, Metr
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from meancache.client.cache.store import EntryStore
 from meancache.client.config import load_settings
-from meancache.client.fl.client_app import build_client_app, wire_audit_mod
+from meancache.client.fl.client_app import app as client_app
+from meancache.client.fl.client_app import wire_audit_mod
+from meancache.client.fl.run_config import ClientConfig
+from meancache.fl_server.app_declaration import default_run_config, write_app
+from meancache.fl_server.run_config import ServerConfig
+from meancache.fl_server.simulate import SimulationConfig, simulate
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import Encoder
-from meancache.shared.errors import EncoderError
+from meancache.shared.errors import EncoderError, RunConfigError
 from meancache.shared.fl.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -103,6 +114,15 @@ FEEDBACK = [
      for i in range(12)]
 
 
+def device_context(data_dir: Path, tiny_dir: Path) -> Context:
+    """A SuperNode's context: the app's run config (with a run's overrides) and the
+    user's data dir."""
+    run_config = {**default_run_config(), "encoder-model": str(tiny_dir), "top-layers": 1,
+                  "min-pairs": 10}
+    return Context(run_id=1, node_id=7, node_config={"data-dir": str(data_dir)},
+                   state=RecordDict(), run_config=run_config)
+
+
 def train_message(tiny: SentenceTransformer, top_layers: int, threshold: float = 0.8
                   ) -> Message:
     arrays = ArrayRecord(federated_state(tiny, federated_names(tiny, top_layers)))
@@ -115,10 +135,7 @@ def test_device_training_sends_only_weights_threshold_and_counts(
 ) -> None:
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
     device_with_feedback(tmp_path, FEEDBACK)
-    app = build_client_app({"encoder-model": str(tiny_dir), "top-layers": 1, "min-pairs": 10})
-    context = Context(run_id=1, node_id=7, node_config={"data-dir": str(tmp_path)},
-                      state=RecordDict(), run_config={})
-    reply = app(train_message(tiny, 1), context)
+    reply = client_app(train_message(tiny, 1), device_context(tmp_path, tiny_dir))
     assert not reply.has_error(), reply.error if reply.has_error() else ""
     content = reply.content
     assert set(content.array_records) == {"arrays"}
@@ -144,11 +161,8 @@ def test_a_device_with_too_little_data_trains_nothing_and_says_so(
 ) -> None:
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
     device_with_feedback(tmp_path, FEEDBACK[:3])
-    app = build_client_app({"encoder-model": str(tiny_dir), "top-layers": 1, "min-pairs": 10})
-    context = Context(run_id=1, node_id=7, node_config={"data-dir": str(tmp_path)},
-                      state=RecordDict(), run_config={})
     sent = train_message(tiny, 1, threshold=0.77)
-    reply = app(sent, context)
+    reply = client_app(sent, device_context(tmp_path, tiny_dir))
     metrics = reply.content["metrics"]
     assert metrics["num-examples"] == 0 and metrics["skipped"] == 1
     assert metrics["threshold"] == pytest.approx(0.77)
@@ -195,15 +209,72 @@ def test_fedavg_weights_thresholds_by_examples_and_ignores_idle_devices() -> Non
     assert strategy.threshold == pytest.approx((40 * 0.85 + 10 * 0.60) / 50)
 
 
+# the Flower app and its run config --------------------------------------------------------
+def test_the_fab_of_a_run_holds_no_code_and_names_the_installed_version(
+    tmp_path: Path
+) -> None:
+    from flwr.cli.build import build_fab_from_disk
+
+    fab = zipfile.ZipFile(io.BytesIO(build_fab_from_disk(write_app(tmp_path))))
+    names = fab.namelist()
+    assert "pyproject.toml" in names
+    assert not [name for name in names if name.endswith(".py")], names
+    declared = tomllib.loads(fab.read("pyproject.toml").decode())
+    assert declared["project"]["version"] == version("meancache")
+    assert declared["tool"]["flwr"]["app"]["components"]["clientapp"] == (
+        "meancache.client.fl.client_app:app")
+
+
+def test_the_run_config_is_typed_from_the_app_defaults() -> None:
+    defaults = default_run_config()
+    server = ServerConfig.from_run_config({**defaults, "checkpoint-dir": "/tmp/ckpt",
+                                           "round-timeout": 300})
+    assert server.round_timeout == 300.0 and server.checkpoint_dir == Path("/tmp/ckpt")
+    assert server.held_out_path is None and server.model.encoder_model is None
+    client = ClientConfig.from_run_config(defaults)
+    assert client.data_source == "device" and client.train.epochs == defaults["epochs"]
+    assert client.model == server.model  # both sides read the same shared keys
+
+
+@pytest.mark.parametrize(("side", "key", "value", "message"), [
+    (ServerConfig, "top-layers", -1, "run config 'top-layers' must be >= 0, not -1"),
+    (ServerConfig, "fraction-train", "all",
+     "run config 'fraction-train' must be a number, not 'all'"),
+    (ServerConfig, "fraction-train", 1.5, "run config 'fraction-train' must be between 0 and 1"),
+    (ClientConfig, "epochs", True, "run config 'epochs' must be an integer, not True"),
+    (ClientConfig, "data-source", "disk",
+     "run config 'data-source' must be one of 'device', 'qqp', not 'disk'"),
+    (ClientConfig, "data-source", "qqp", "'qqp-path' must name a labelled-pairs file"),
+])
+def test_the_run_config_rejects_a_bad_value_naming_its_key(
+    side: type[ServerConfig] | type[ClientConfig], key: str, value: object, message: str
+) -> None:
+    config = {**default_run_config(), "checkpoint-dir": "/tmp/ckpt", key: value}
+    with pytest.raises(RunConfigError, match=re.escape(message)):
+        side.from_run_config(config)
+
+
+def test_a_run_config_from_another_version_is_refused() -> None:
+    config = dict(default_run_config())
+    del config["min-pairs"]
+    with pytest.raises(RunConfigError, match="no 'min-pairs'.*another meancache version"):
+        ClientConfig.from_run_config(config)
+    with pytest.raises(RunConfigError, match="'checkpoint-dir' must name"):
+        ServerConfig.from_run_config(default_run_config())
+
+
 # simulation on the engine -----------------------------------------------------------------
 def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) -> None:
-    from meancache.fl_server.simulate import SimulationConfig, simulate
-
+    seen: list[int] = []
     rows = simulate(SimulationConfig(
         pairs=DATA / "qqp" / "pairs.jsonl", checkpoint_dir=tmp_path / "ckpt", clients=3,
-        per_round=2, rounds=2, pairs_per_client=40, top_layers=1,
-        encoder_model=str(tiny_dir), held_out=60))
+        per_round=2, run_config={"num-server-rounds": 2, "pairs-per-client": 40,
+                                 "top-layers": 1, "encoder-model": str(tiny_dir),
+                                 "held-out-pairs": 60}),
+        tmp_path / "flwr-home", on_round=lambda row: seen.append(int(row["round"])))
     assert [int(r["round"]) for r in rows] == [0, 1, 2]
+    assert seen == [0, 1, 2]  # progress came round by round
+    assert (tmp_path / "flwr-home" / "apps").is_dir()  # Flower's home is ours
     assert all(r["clients"] == 2 and r["bytes_per_client"] > 0 for r in rows[1:])
     assert rows[1]["threshold"] != rows[0]["threshold"]  # devices' thresholds came back
     assert all({"f05", "f1", "precision", "recall"} <= set(r) for r in rows)
@@ -218,14 +289,16 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) 
 
 
 def test_central_differential_privacy_option_runs(tmp_path: Path, tiny_dir: Path) -> None:
-    from meancache.fl_server.simulate import SimulationConfig, simulate
+    common = {"num-server-rounds": 1, "pairs-per-client": 30, "top-layers": 1,
+              "encoder-model": str(tiny_dir), "held-out-pairs": 0}
 
-    common = {"pairs": DATA / "qqp" / "pairs.jsonl", "clients": 2, "per_round": 2,
-              "rounds": 1, "pairs_per_client": 30, "top_layers": 1,
-              "encoder_model": str(tiny_dir), "held_out": 0}
-    plain = simulate(SimulationConfig(checkpoint_dir=tmp_path / "plain", **common))
-    noisy = simulate(SimulationConfig(checkpoint_dir=tmp_path / "dp", dp_noise_multiplier=5.0,
-                                      dp_clipping_norm=0.1, **common))
+    def run(name: str, **dp: float) -> list[dict[str, float]]:
+        return simulate(SimulationConfig(
+            pairs=DATA / "qqp" / "pairs.jsonl", checkpoint_dir=tmp_path / name, clients=2,
+            per_round=2, run_config={**common, **dp}), tmp_path / "flwr-home")
+
+    plain = run("plain")
+    noisy = run("dp", **{"dp-noise-multiplier": 5.0, "dp-clipping-norm": 0.1})
     assert len(plain) == len(noisy) == 2
     _, without = load_checkpoint(latest_checkpoint(tmp_path / "plain"))  # type: ignore[arg-type]
     _, with_dp = load_checkpoint(latest_checkpoint(tmp_path / "dp"))  # type: ignore[arg-type]

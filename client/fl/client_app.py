@@ -1,10 +1,8 @@
 """The Flower ClientApp: train the encoder on this device's pairs, reply with weights,
 the local threshold and counts.
 
-Run config (all optional): encoder-model, top-layers, epochs, batch-size, learning-rate,
-data-source ("device" or "qqp"), qqp-path, partitioning ("iid" or "topic"),
-pairs-per-client, min-pairs, seed, cache-dir. Node config: data-dir (the user's
-meancache data dir) on a real device; partition-id and num-partitions in simulation.
+Settings: client.fl.run_config.ClientConfig. Node config: data-dir (the user's meancache
+data dir) on a real device; partition-id and num-partitions in simulation.
 """
 
 import logging
@@ -19,7 +17,8 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
 from meancache.client.fl.data import partition, split
 from meancache.client.fl.device import DeviceState
-from meancache.client.fl.train import TrainConfig, local_threshold, pair_similarities, train_locally
+from meancache.client.fl.run_config import ClientConfig
+from meancache.client.fl.train import local_threshold, pair_similarities, train_locally
 from meancache.shared.encoder import locate_model
 from meancache.shared.fl.weights import federated_names, federated_state, load_federated_state
 from meancache.shared.pairs import Pair, read_pairs
@@ -31,37 +30,6 @@ log = logging.getLogger(__name__)
 # What a reply may contain: anything else is refused before it leaves the device.
 ALLOWED_METRICS = frozenset({"num-examples", "threshold", "train-loss", "skipped",
                              "precision", "recall", "f1", "f05"})
-
-
-@dataclass(frozen=True)
-class ClientConfig:
-    encoder_model: str | None
-    train: TrainConfig
-    data_source: str
-    qqp_path: Path | None
-    partitioning: str
-    pairs_per_client: int
-    min_pairs: int
-    cache_dir: Path | None
-
-    @classmethod
-    def from_run_config(cls, config: dict[str, Any]) -> "ClientConfig":
-        return cls(
-            encoder_model=str(config.get("encoder-model") or "") or None,
-            train=TrainConfig(
-                epochs=int(config.get("epochs", 1)),
-                batch_size=int(config.get("batch-size", 16)),
-                learning_rate=float(config.get("learning-rate", 2e-5)),
-                top_layers=int(config.get("top-layers", 0)),
-                seed=int(config.get("seed", 0)),
-            ),
-            data_source=str(config.get("data-source", "device")),
-            qqp_path=Path(str(config["qqp-path"])) if config.get("qqp-path") else None,
-            partitioning=str(config.get("partitioning", "iid")),
-            pairs_per_client=int(config.get("pairs-per-client", 200)),
-            min_pairs=int(config.get("min-pairs", 20)),
-            cache_dir=Path(str(config["cache-dir"])) if config.get("cache-dir") else None,
-        )
 
 
 @cache
@@ -77,9 +45,7 @@ def _qqp(path: Path) -> list[Pair]:
 
 
 def local_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
-    if config.data_source == "qqp":
-        if config.qqp_path is None:
-            raise ValueError("data-source 'qqp' needs qqp-path in the run config")
+    if config.qqp_path is not None and config.data_source == "qqp":
         return partition(_qqp(config.qqp_path), int(node["partition-id"]),
                          int(node["num-partitions"]), config.pairs_per_client,
                          config.partitioning, config.train.seed, config.cache_dir)
@@ -123,18 +89,17 @@ class Received:
     threshold: float
 
 
-def receive(msg: Message, run_config: dict[str, Any], node: dict[str, Any], keep_round: int
+def receive(msg: Message, config: ClientConfig, node: dict[str, Any], keep_round: int
             ) -> Received:
     """Load the global weights; on a real device also keep them (and the threshold)."""
-    config = ClientConfig.from_run_config(run_config)
-    model = _base_model(config.encoder_model)
+    model = _base_model(config.model.encoder_model)
     arrays = msg.content["arrays"]
     state = arrays.to_torch_state_dict()
     load_federated_state(model, state)
     threshold = float(msg.content["config"]["threshold"])
     if "data-dir" in node:
         DeviceState(Path(str(node["data-dir"]))).keep_global(
-            state, threshold, keep_round, config.encoder_model, config.train.top_layers)
+            state, threshold, keep_round, config.model.encoder_model, config.model.top_layers)
     return Received(config, node, model, arrays, threshold)
 
 
@@ -152,7 +117,7 @@ def train_reply(msg: Message, got: Received) -> Message:
     train_pairs, validation = split(pairs, seed=got.config.train.seed)
     loss = train_locally(got.model, train_pairs, got.config.train)
     tuned = local_threshold(got.model, validation)
-    names = federated_names(got.model, got.config.train.top_layers)
+    names = federated_names(got.model, got.config.model.top_layers)
     return _reply(msg, ArrayRecord(federated_state(got.model, names)), {
         "num-examples": len(train_pairs),
         "threshold": got.threshold if tuned is None else tuned,
@@ -172,29 +137,20 @@ def evaluate_reply(msg: Message, got: Received) -> Message:
     return Message(RecordDict({"metrics": MetricRecord(metrics)}), reply_to=msg)
 
 
-def build_client_app(defaults: dict[str, Any] | None = None) -> ClientApp:
-    """A ClientApp whose run config is ``defaults`` overridden by the run's own (the
-    simulation engine gives none, so `meancache fl simulate` passes its settings here)."""
-    client_app = ClientApp(mods=[wire_audit_mod])
-
-    def run_config(context: Context) -> dict[str, Any]:
-        return {**(defaults or {}), **dict(context.run_config)}
-
-    @client_app.train(mods=[clip_when_asked_mod])
-    def train(msg: Message, context: Context) -> Message:
-        # A round starts from the global model after the previous round.
-        got = receive(msg, run_config(context), dict(context.node_config),
-                      keep_round=_server_round(msg) - 1)
-        return train_reply(msg, got)
-
-    @client_app.evaluate()
-    def evaluate(msg: Message, context: Context) -> Message:
-        """Keep the new global model on a device; score it on the local validation pairs."""
-        got = receive(msg, run_config(context), dict(context.node_config),
-                      keep_round=_server_round(msg))
-        return evaluate_reply(msg, got)
-
-    return client_app
+app = ClientApp(mods=[wire_audit_mod])
 
 
-app = build_client_app()
+@app.train(mods=[clip_when_asked_mod])
+def train(msg: Message, context: Context) -> Message:
+    # A round starts from the global model after the previous round.
+    got = receive(msg, ClientConfig.from_run_config(context.run_config),
+                  dict(context.node_config), keep_round=_server_round(msg) - 1)
+    return train_reply(msg, got)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Keep the new global model on a device; score it on the local validation pairs."""
+    got = receive(msg, ClientConfig.from_run_config(context.run_config),
+                  dict(context.node_config), keep_round=_server_round(msg))
+    return evaluate_reply(msg, got)

@@ -6,14 +6,19 @@ from typing import Any
 
 
 def add_commands(fl: Any) -> None:
+    formatter = argparse.ArgumentDefaultsHelpFormatter
     join = fl.add_parser("join", help="take part in federated rounds: a Flower SuperNode "
-                         "that trains on this user's data (nothing else leaves the device)")
-    join.add_argument("--superlink", default="127.0.0.1:9093", metavar="HOST:PORT")
+                         "that trains on this user's data (nothing else leaves the device)",
+                         formatter_class=formatter)
+    join.add_argument("--superlink", default="127.0.0.1:9093", metavar="HOST:PORT",
+                      help="the FL server's SuperLink")
     join.add_argument("--port", type=int, default=9094, help="the SuperNode's local port")
-    join.add_argument("--root-certificate", type=Path, help="the CA certificate (TLS)")
+    join.add_argument("--root-certificate", type=Path,
+                      help="the CA certificate, for TLS (None: insecure)")
     join.set_defaults(handler=run_join)
 
-    sync = fl.add_parser("sync", help="download the newest global model and threshold")
+    sync = fl.add_parser("sync", help="download the newest global model and threshold",
+                         formatter_class=formatter)
     sync.add_argument("--server", default="http://127.0.0.1:9100", metavar="URL",
                       help="the FL server's global-model endpoint")
     sync.set_defaults(handler=run_sync)

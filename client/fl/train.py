@@ -14,11 +14,13 @@ from sentence_transformers import SentenceTransformer, losses
 
 @dataclass(frozen=True)
 class TrainConfig:
-    epochs: int = 1
-    batch_size: int = 16
-    learning_rate: float = 2e-5
-    top_layers: int = 0  # 0: train (and send) every layer
-    seed: int = 0
+    """Local training's settings (from the run config: client.fl.run_config)."""
+
+    epochs: int
+    batch_size: int
+    learning_rate: float
+    top_layers: int  # 0: train (and send) every layer
+    seed: int
 
 
 def _features(model: SentenceTransformer, texts: list[str]) -> dict[str, object]:

@@ -1,0 +1,54 @@
+"""The ServerApp's settings, read once from the run config (defaults: the Flower app's
+``[tool.flwr.app.config]``)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from meancache.shared.errors import RunConfigError
+from meancache.shared.fl.run_config import (
+    ModelConfig,
+    RunConfig,
+    at_least,
+    read,
+    read_path,
+    share,
+)
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: ModelConfig
+    num_server_rounds: int
+    min_available_nodes: int
+    min_train_nodes: int
+    fraction_train: float
+    fraction_evaluate: float
+    min_evaluate_nodes: int
+    round_timeout: float
+    checkpoint_dir: Path
+    dp_noise_multiplier: float  # 0: no central differential privacy
+    dp_clipping_norm: float
+    held_out_path: Path | None  # None: the global models are not scored
+    held_out_pairs: int
+
+    @classmethod
+    def from_run_config(cls, config: RunConfig) -> "ServerConfig":
+        checkpoint_dir = read_path(config, "checkpoint-dir")
+        if checkpoint_dir is None:
+            raise RunConfigError("run config 'checkpoint-dir' must name where the global "
+                                 "models go (`meancache fl run` sets it)")
+        return cls(
+            model=ModelConfig.from_run_config(config),
+            num_server_rounds=read(config, "num-server-rounds", int, at_least(1)),
+            min_available_nodes=read(config, "min-available-nodes", int, at_least(1)),
+            min_train_nodes=read(config, "min-train-nodes", int, at_least(1)),
+            fraction_train=read(config, "fraction-train", float, share()),
+            fraction_evaluate=read(config, "fraction-evaluate", float, share()),
+            min_evaluate_nodes=read(config, "min-evaluate-nodes", int, at_least(0)),
+            round_timeout=read(config, "round-timeout", float, at_least(1)),
+            checkpoint_dir=checkpoint_dir,
+            dp_noise_multiplier=read(config, "dp-noise-multiplier", float, at_least(0)),
+            dp_clipping_norm=read(config, "dp-clipping-norm", float, at_least(0)),
+            held_out_path=read_path(config, "held-out-path"),
+            held_out_pairs=read(config, "held-out-pairs", int, at_least(0)),
+        )

@@ -1,0 +1,72 @@
+"""Typed, validated reading of a federated run's config (Flower's run config).
+
+The defaults live only in the Flower app's ``[tool.flwr.app.config]``
+(``fl_server/flower_app/pyproject.toml``), which Flower merges under every run's
+overrides: a missing key means the run was started from another meancache version's app,
+so it is an error here, never a silent default.
+"""
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from meancache.shared.errors import RunConfigError
+
+RunConfig = Mapping[str, bool | int | float | str]
+T = TypeVar("T", int, float, str)
+
+_NAMES = {int: "an integer", float: "a number", str: "a string"}
+
+
+def read(config: RunConfig, key: str, kind: type[T],
+         check: tuple[Callable[[T], bool], str] | None = None) -> T:
+    """``config[key]`` as ``kind``; ``check`` is a test and what it asks for, e.g.
+    ``(lambda v: v >= 0, ">= 0")``. Raises RunConfigError naming the key."""
+    if key not in config:
+        raise RunConfigError(f"the run config has no '{key}': the run was started with "
+                             "another meancache version's Flower app")
+    value = config[key]
+    # bool is an int in Python, and an int is a fine float ("round-timeout=300").
+    fits = not isinstance(value, bool) and (
+        isinstance(value, kind) or (kind is float and isinstance(value, int)))
+    if not fits:
+        raise RunConfigError(f"run config '{key}' must be {_NAMES[kind]}, not {value!r}")
+    typed = kind(value)
+    if check is not None and not check[0](typed):
+        raise RunConfigError(f"run config '{key}' must be {check[1]}, not {value!r}")
+    return typed
+
+
+def read_path(config: RunConfig, key: str) -> Path | None:
+    """A path, where the empty string (the app's default) means none."""
+    value = read(config, key, str)
+    return Path(value) if value else None
+
+
+def at_least(bound: float) -> tuple[Callable[[float], bool], str]:
+    return (lambda value: value >= bound, f">= {bound:g}")
+
+
+def share() -> tuple[Callable[[float], bool], str]:
+    return (lambda value: 0.0 <= value <= 1.0, "between 0 and 1")
+
+
+def one_of(*choices: str) -> tuple[Callable[[str], bool], str]:
+    return (lambda value: value in choices, "one of " + ", ".join(map(repr, choices)))
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the ServerApp and the ClientApp must agree on: the base encoder, which of its
+    layers travel, and the seed."""
+
+    encoder_model: str | None  # None: the packaged MiniLM
+    top_layers: int  # 0: every layer
+    seed: int
+
+    @classmethod
+    def from_run_config(cls, config: RunConfig) -> "ModelConfig":
+        return cls(encoder_model=read(config, "encoder-model", str) or None,
+                   top_layers=read(config, "top-layers", int, at_least(0)),
+                   seed=read(config, "seed", int))
