@@ -15,6 +15,8 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
+from meancache.client.cache.feedback import device_pairs
+from meancache.client.config import load_settings
 from meancache.client.fl.data import partition, split
 from meancache.client.fl.device import DeviceState
 from meancache.client.fl.run_config import ClientConfig
@@ -49,7 +51,7 @@ def local_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
         return partition(_qqp(config.qqp_path), int(node["partition-id"]),
                          int(node["num-partitions"]), config.pairs_per_client,
                          config.partitioning, config.train.seed, config.cache_dir)
-    return DeviceState(Path(str(node["data-dir"]))).pairs()
+    return device_pairs(load_settings(data_dir=Path(str(node["data-dir"]))).cache_dir)
 
 
 def _reply(msg: Message, arrays: ArrayRecord, metrics: dict[str, float]) -> Message:

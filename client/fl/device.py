@@ -7,13 +7,11 @@ import logging
 from pathlib import Path
 
 import torch
-from meancache.client.cache.feedback import device_pairs
 from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings, load_settings
 from meancache.shared.encoder import locate_model
 from meancache.shared.encoder._fingerprint import model_fingerprint
 from meancache.shared.fl.checkpoint import save_checkpoint
-from meancache.shared.pairs import Pair
 
 log = logging.getLogger(__name__)
 
@@ -22,10 +20,6 @@ class DeviceState:
     def __init__(self, settings: Settings | Path) -> None:
         self.settings = settings if isinstance(settings, Settings) else load_settings(
             data_dir=settings)
-
-    def pairs(self) -> list[Pair]:
-        """The pairs this device trains on: what its users' feedback teaches."""
-        return device_pairs(self.settings.cache_dir)
 
     def base_version(self, encoder_model: str | None) -> str:
         model_dir = locate_model(encoder_model)
