@@ -5,11 +5,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from meancache.shared.errors import MeanCacheError
-
-
-class PairsFileError(MeanCacheError):
-    """A labelled-pairs file that cannot be read, with the line that is wrong."""
+from meancache.shared.errors import PairsFileError
 
 
 @dataclass(frozen=True)

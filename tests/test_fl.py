@@ -14,9 +14,8 @@ from meancache.client.config import load_settings
 from meancache.client.fl.client_app import build_client_app, wire_audit_mod
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import Encoder
-from meancache.shared.errors import EncoderError
+from meancache.shared.errors import CheckpointError, EncoderError
 from meancache.shared.fl.checkpoint import (
-    CheckpointError,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,

@@ -8,7 +8,7 @@ import torch
 from meancache.client.cache.store import EntryStore
 from meancache.client.config import Settings, load_settings
 from meancache.shared.encoder import Encoder, locate_model
-from meancache.shared.encoder._fingerprint import model_fingerprint
+from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.errors import EncoderError
 from meancache.shared.fl.checkpoint import latest_checkpoint, save_checkpoint
 from meancache.shared.pairs import Pair

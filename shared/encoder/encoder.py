@@ -10,19 +10,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from meancache.shared.encoder._fingerprint import model_fingerprint
 from meancache.shared.encoder._locate import locate_model
 from meancache.shared.encoder._onnx import (
     PARITY_MIN_COSINE,
     PARITY_QUERIES,
-    OnnxBackendError,
     OnnxEmbedder,
     export_pipeline,
     min_parity_cosine,
 )
+from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.encoder.pca import PCAProjection
 from meancache.shared.encoder.pipeline import EmbeddingPipeline
-from meancache.shared.errors import EncoderError
+from meancache.shared.errors import EncoderError, OnnxBackendError
 
 log = logging.getLogger(__name__)
 

@@ -13,16 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from meancache.shared.errors import MeanCacheError
+from meancache.shared.errors import CheckpointError
 from safetensors.torch import load_file, save_file
 
 WEIGHTS = "weights.safetensors"
 META = "meta.json"
 LATEST = "LATEST"
-
-
-class CheckpointError(MeanCacheError):
-    """A checkpoint that is missing, damaged or does not match its hash."""
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import cast
 from xml.parsers import expat
 
-from meancache.shared.pml.errors import MisplacedContentError, PMLError, PMLSyntaxError
+from meancache.shared.errors import MisplacedContentError, PMLError, PMLSyntaxError
 from meancache.shared.pml.model import (
     ROLE_NAMES,
     Import,

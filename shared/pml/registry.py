@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from meancache.shared.pml.errors import DuplicateSchemaError, UnknownSchemaError
+from meancache.shared.errors import DuplicateSchemaError, UnknownSchemaError
 from meancache.shared.pml.model import Position, Prompt, Schema
 from meancache.shared.pml.parser import parse_schema
 from meancache.shared.pml.validate import TokenCounter, validate_prompt

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from meancache.shared.pml.errors import (
+from meancache.shared.errors import (
     ArgumentTooLongError,
     DuplicateImportError,
     UnionConflictError,
