@@ -13,16 +13,12 @@ from typing import Any
 
 import platformdirs
 from meancache.client.cache import CacheSettings
+from meancache.client.errors import ConfigError
 from meancache.shared.encoder import DEFAULT_PCA_DIMS
-from meancache.shared.errors import MeanCacheError
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 
 APP_NAME = "meancache"
 ENV_PREFIX = "MEANCACHE_"
-
-
-class ConfigError(MeanCacheError):
-    """A setting has an unknown name or a value of the wrong kind."""
 
 
 @dataclass(frozen=True)

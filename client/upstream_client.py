@@ -2,7 +2,7 @@
 
 Streams chat completions over SSE, retries with exponential backoff while nothing has
 been received yet (a half-streamed answer is never silently restarted), and turns every
-transport or HTTP failure into an UpstreamError subclass with a message for the user.
+transport or HTTP failure into an UpstreamRequestError subclass with a message for the user.
 """
 
 import asyncio
@@ -14,26 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from meancache.client.errors import UpstreamRejectedError, UpstreamUnavailableError
 from meancache.client.http_errors import describe, error_message
-from meancache.shared.errors import MeanCacheError
 
 log = logging.getLogger(__name__)
-
-
-class UpstreamError(MeanCacheError):
-    """The upstream could not give an answer."""
-
-
-class UpstreamUnavailableError(UpstreamError):
-    """No connection, a timeout, or a 5xx after every retry."""
-
-
-class UpstreamRejectedError(UpstreamError):
-    """The upstream answered with a 4xx: retrying would not help."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,16 @@
 """The persistent, context-aware semantic cache (public API)."""
 
 from meancache.client.cache.entry import Context, Entry, Source
-from meancache.client.cache.errors import (
+from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
+from meancache.client.cache.semantic_cache import CacheSettings, SemanticCache
+from meancache.client.cache.store import repair
+from meancache.client.errors import (
     CacheAccessError,
     CacheCorruptError,
     CacheError,
     CacheVersionError,
     EntryNotFoundError,
 )
-from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
-from meancache.client.cache.semantic_cache import CacheSettings, SemanticCache
-from meancache.client.cache.store import repair
 
 __all__ = [
     "CacheAccessError", "CacheCorruptError", "CacheError", "CacheSettings", "CacheStats",

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 from meancache.client.cache.context import context_agrees
 from meancache.client.cache.entry import STORED_DTYPE, Context, Entry, Source
-from meancache.client.cache.errors import EntryNotFoundError
 from meancache.client.cache.index import VectorIndex
 from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
 from meancache.client.cache.store import EntryStore
+from meancache.client.errors import EntryNotFoundError
 from meancache.shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
 from meancache.shared.encoder.pca import neighbour_similarities
 from meancache.shared.query import clean_query

@@ -17,7 +17,7 @@ from typing import Any
 
 import diskcache
 from meancache.client.cache.entry import Entry
-from meancache.client.cache.errors import (
+from meancache.client.errors import (
     CacheAccessError,
     CacheCorruptError,
     CacheVersionError,

@@ -10,13 +10,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meancache.shared.errors import MeanCacheError
+from meancache.client.errors import ConversationNotFoundError
 
 log = logging.getLogger(__name__)
-
-
-class ConversationNotFoundError(MeanCacheError, KeyError):
-    """No conversation with that id."""
 
 
 @dataclass

@@ -6,13 +6,9 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 from meancache.client.chat.conversations import Conversation, Document
-from meancache.shared.errors import MeanCacheError
+from meancache.client.errors import DocumentError
 
 MAX_DOCUMENT_BYTES = 2 * 1024 * 1024
-
-
-class DocumentError(MeanCacheError):
-    """A file that cannot be attached."""
 
 
 def read_document(path: Path) -> str:

@@ -5,9 +5,10 @@ import logging
 from collections.abc import Iterable
 from pathlib import Path
 
-from meancache.client.chat.conversations import Conversation, ConversationNotFoundError
+from meancache.client.chat.conversations import Conversation
 from meancache.client.chat.session import ChatSession, UpstreamStarter
 from meancache.client.config import Settings
+from meancache.client.errors import ConversationNotFoundError
 from meancache.client.tui.screens.chat import CHAT_BINDINGS, ChatScreen
 from meancache.client.tui.screens.conversations import ConversationChoice, ConversationsScreen
 from meancache.client.tui.screens.stats import StatsScreen, stats_rows

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 from meancache.client.chat.conversations import Conversation
+from meancache.client.errors import UpstreamRequestError
 from meancache.client.tui.text import printable
 from meancache.client.tui.widgets import AnswerView, QuestionView
-from meancache.client.upstream_client import UpstreamError
 from meancache.shared.errors import MeanCacheError
 from textual import work
 from textual.app import ComposeResult
@@ -165,7 +165,7 @@ class ChatScreen(Screen[None]):
         except asyncio.CancelledError:
             view.fail("stopped: nothing was cached")
             raise
-        except UpstreamError as exc:
+        except UpstreamRequestError as exc:
             view.fail(f"no answer: {exc}")
             self.notify(str(exc), title="Upstream unavailable", severity="error")
             return
@@ -203,7 +203,7 @@ class ChatScreen(Screen[None]):
         try:
             correction = await self.session.answers.reject(self.conversation, index,
                                                            lambda t: stream.write(printable(t)))
-        except UpstreamError as exc:
+        except UpstreamRequestError as exc:
             view.fail(f"the upstream could not answer: {exc}")
             self.notify(str(exc), title="Upstream unavailable", severity="error")
             return
