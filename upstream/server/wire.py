@@ -5,15 +5,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from meancache.upstream.errors import UpstreamError
+from meancache.upstream.errors import BadRequest
 from meancache.upstream.prompt_cache.engine import Finish
 from meancache.upstream.sampling import SamplingParams
 
 ROLES = ("system", "user", "assistant")
-
-
-class BadRequest(UpstreamError):
-    """A request that does not follow the API; answered with 400 and this message."""
 
 
 @dataclass(frozen=True)
