@@ -150,7 +150,8 @@ def load_settings(
         try:
             table = tomllib.loads(config_file.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{config_file} is not valid TOML: {exc}") from None
+            raise ConfigError(f"{config_file} is not valid TOML: {exc}; fix that line (or move "
+                              "the file away to start from the defaults)") from None
         known = {f.name for f in fields(Settings)} - {"config_dir"}
         for key, value in table.items():
             if key not in known:

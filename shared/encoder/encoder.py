@@ -90,7 +90,9 @@ class Encoder:
         try:
             st = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
         except Exception as exc:  # the library raises many types for a broken directory
-            raise EncoderError(f"could not load the embedding model in {model_dir}: {exc}") from exc
+            raise EncoderError(
+                f"could not load the embedding model in {model_dir}: {exc}; check that the "
+                "directory holds a complete sentence-transformers model") from exc
         memo = cache_dir / "fingerprints.json" if cache_dir else None
         version = model_fingerprint(model_dir, memo)
         if global_weights is not None:
@@ -237,10 +239,12 @@ def _apply_global_weights(model: "SentenceTransformer", base_version: str,  # no
     if meta.base_model != base_version:
         raise EncoderError(
             f"the global model in {checkpoint} was trained from base model {meta.base_model}, "
-            f"not from this one ({base_version})"
+            f"not from this one ({base_version}); sync from an FL server that trains this "
+            "base model, or set encoder_model to the one it trains"
         )
     try:
         load_federated_state(model, state)
     except ValueError as exc:
-        raise EncoderError(str(exc)) from None
+        raise EncoderError(f"{exc} in {checkpoint}; sync a global model trained for this "
+                           "encoder") from None
     return hashlib.sha256(f"{base_version}|{meta.sha256}".encode()).hexdigest()[:16]

@@ -86,7 +86,8 @@ def read_meta(directory: Path) -> GlobalModel:
     try:
         return GlobalModel(**json.loads((directory / META).read_text()))
     except (OSError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"unreadable checkpoint metadata in {directory}: {exc}") from None
+        raise CheckpointError(f"unreadable checkpoint metadata in {directory}: {exc}; delete "
+                              "that directory and fetch or train the round again") from None
 
 
 def load_checkpoint(directory: Path) -> tuple[GlobalModel, dict[str, torch.Tensor]]:
@@ -94,5 +95,7 @@ def load_checkpoint(directory: Path) -> tuple[GlobalModel, dict[str, torch.Tenso
     meta = read_meta(directory)
     weights = directory / WEIGHTS
     if not weights.is_file() or sha256_file(weights) != meta.sha256:
-        raise CheckpointError(f"the weights in {directory} do not match their sha256")
+        raise CheckpointError(f"the weights in {directory} do not match their sha256 (damaged or "
+                              "altered); delete that directory and fetch or train the round "
+                              "again")
     return meta, load_file(str(weights))

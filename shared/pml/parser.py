@@ -122,7 +122,8 @@ class _TreeBuilder:
     def _doctype(self, *_: object) -> None:
         # A DTD could declare entities (and entity bombs); PML has no use for one.
         pos = self._here()
-        raise PMLSyntaxError("a DOCTYPE declaration is not allowed in PML", pos.line, pos.column)
+        raise PMLSyntaxError("a DOCTYPE declaration is not allowed in PML; remove it",
+                             pos.line, pos.column)
 
     def build(self, source: str) -> _Element:
         try:

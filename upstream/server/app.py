@@ -131,7 +131,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
             try:
                 source = body.decode("utf-8")
             except UnicodeDecodeError:
-                raise BadRequest("the schema is not UTF-8 text") from None
+                raise BadRequest("the schema is not UTF-8 text; send it UTF-8 encoded") from None
         info = await worker.call(lambda: engine.add_schema(source))
         return JSONResponse(_schema_json(info), status_code=201)
 

@@ -33,7 +33,8 @@ def parse_chat_request(body: Any, default_max_tokens: int) -> ChatRequest:
         content = message.get("content")
         if isinstance(content, list):  # the structured form: a list of text parts
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise BadRequest(f"messages[{i}].content: only text parts are supported")
+                raise BadRequest(f"messages[{i}].content: only text parts are supported; send "
+                                 "the content as a string or a list of text parts")
             content = "".join(str(p.get("text", "")) for p in content)
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string")
