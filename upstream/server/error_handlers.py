@@ -37,8 +37,10 @@ def _answer(kind: HTTPErrorKind) -> Callable[[Request, Exception], Awaitable[Res
 
 
 async def _no_route(request: Request, exc: Exception) -> Response:
-    return JSONResponse(error_body(f"no route {request.method} {request.url.path}",
-                                   "invalid_request_error", "not_found"), status_code=404)
+    message = (f"no route {request.method} {request.url.path}; the API serves "
+               "/v1/chat/completions, /v1/models, /v1/schemas, /health and /metrics")
+    return JSONResponse(error_body(message, "invalid_request_error", "not_found"),
+                        status_code=404)
 
 
 async def _http_exception(request: Request, exc: HTTPException) -> Response:
