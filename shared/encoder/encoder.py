@@ -245,6 +245,6 @@ def _apply_global_weights(model: "SentenceTransformer", base_version: str,  # no
     try:
         load_federated_state(model, state)
     except ValueError as exc:
-        raise EncoderError(f"{exc} in {checkpoint}; sync a global model trained for this "
-                           "encoder") from None
+        raise EncoderError(f"the global model in {checkpoint} does not fit this encoder "
+                           f"({exc}); sync one trained for it") from None
     return hashlib.sha256(f"{base_version}|{meta.sha256}".encode()).hexdigest()[:16]
