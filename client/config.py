@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import platformdirs
+from meancache.client.errors import ConfigError
 from meancache.shared.encoder import DEFAULT_PCA_DIMS
-from meancache.shared.errors import MeanCacheError
 from meancache.shared.threshold import DEFAULT_THRESHOLD, check_threshold
 
 if TYPE_CHECKING:
@@ -21,10 +21,6 @@ if TYPE_CHECKING:
 
 APP_NAME = "meancache"
 ENV_PREFIX = "MEANCACHE_"
-
-
-class ConfigError(MeanCacheError):
-    """A setting has an unknown name or a value of the wrong kind."""
 
 
 @dataclass(frozen=True)
@@ -158,7 +154,8 @@ def load_settings(
         try:
             table = tomllib.loads(config_file.read_text(encoding="utf-8"))
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{config_file} is not valid TOML: {exc}") from None
+            raise ConfigError(f"{config_file} is not valid TOML: {exc}; fix that line (or move "
+                              "the file away to start from the defaults)") from None
         known = {f.name for f in fields(Settings)} - {"config_dir"}
         for key, value in table.items():
             if key not in known:

@@ -2,7 +2,7 @@
 
 Streams chat completions over SSE (httpx-sse). Only the connection is retried (httpx's
 transport retries, with backoff): nothing has been sent then, so an answer is never
-restarted. Every transport or HTTP failure becomes an UpstreamError subclass with a
+restarted. Every transport or HTTP failure becomes an UpstreamRequestError subclass with a
 message for the user.
 """
 
@@ -13,24 +13,8 @@ from typing import Any
 
 import httpx
 from httpx_sse import EventSource, SSEError, aconnect_sse
+from meancache.client.errors import UpstreamRejectedError, UpstreamUnavailableError
 from meancache.client.http_errors import describe, error_message
-from meancache.shared.errors import MeanCacheError
-
-
-class UpstreamError(MeanCacheError):
-    """The upstream could not give an answer."""
-
-
-class UpstreamUnavailableError(UpstreamError):
-    """No connection, a timeout, or a 5xx after every retry."""
-
-
-class UpstreamRejectedError(UpstreamError):
-    """The upstream answered with a 4xx: retrying would not help."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 import uvicorn
+from meancache.shared.errors import CheckpointError
 from meancache.shared.fl.checkpoint import (
     WEIGHTS,
-    CheckpointError,
     GlobalModel,
     latest_checkpoint,
     read_meta,

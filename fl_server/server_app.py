@@ -15,7 +15,7 @@ from meancache.fl_server.rounds import HeldOut, RoundRecorder
 from meancache.fl_server.run_config import ServerConfig
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import locate_model
-from meancache.shared.encoder._fingerprint import model_fingerprint
+from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
 from meancache.shared.fl.weights import federated_names, federated_state
 from meancache.shared.pairs import read_pairs

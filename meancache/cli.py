@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             setup_logging(settings.log_file, settings.log_level)
         except OSError as exc:
             raise MeanCacheError(f"cannot write the log file {settings.log_file}: "
-                                 f"{exc.strerror}") from None
+                                 f"{exc.strerror}; fix its permissions or pass --data-dir "
+                                 "with a writable directory") from None
         return int(args.handler(args, settings))
     except MeanCacheError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)

@@ -1,8 +1,52 @@
-"""The root of meancache's exception tree.
+"""The root of meancache's exception tree, and the errors of the shared layer.
 
 Every error a user can cause or meet derives from :class:`MeanCacheError`, so the
-CLI and the app can show its message instead of a traceback.
+CLI and the app can show its message instead of a traceback. Each side defines its
+errors in one module (``shared`` imports nothing of ours, so the sides extend this tree
+and never the other way round)::
+
+    MeanCacheError                        meancache.shared.errors
+    ├── InvalidQueryError (ValueError)
+    ├── EncoderError
+    │   ├── ModelNotFoundError
+    │   └── OnnxBackendError
+    ├── CheckpointError
+    ├── PairsFileError
+    ├── FlowerCommandError
+    ├── RunConfigError (ValueError)
+    ├── PMLError
+    │   ├── PMLSyntaxError
+    │   ├── UnknownSchemaError (LookupError)
+    │   ├── DuplicateSchemaError
+    │   ├── UnknownModuleError
+    │   ├── UnionConflictError
+    │   ├── ArgumentTooLongError
+    │   ├── DuplicateImportError
+    │   └── MisplacedContentError
+    ├── CacheError                        meancache.client.errors
+    │   ├── CacheAccessError
+    │   ├── CacheCorruptError
+    │   ├── CacheVersionError
+    │   └── EntryNotFoundError (KeyError)
+    ├── ConfigError
+    ├── SyncError
+    ├── DocumentError
+    ├── ConversationNotFoundError (KeyError)
+    ├── UpstreamRequestError
+    │   ├── UpstreamUnavailableError
+    │   └── UpstreamRejectedError
+    └── UpstreamError                     meancache.upstream.errors
+        ├── BadRequest
+        ├── InvalidApiKeyError
+        ├── RequestTooLargeError
+        ├── ModelLoadError
+        │   └── UnsupportedModelError
+        └── PromptTooLongError
+
+(fl_server raises the shared errors and defines none of its own.)
 """
+
+from __future__ import annotations
 
 
 class MeanCacheError(Exception):
@@ -21,9 +65,72 @@ class ModelNotFoundError(EncoderError):
     """A model was named that is not available locally (nothing is downloaded)."""
 
 
+class OnnxBackendError(EncoderError):
+    """ONNX export, loading or the parity check failed; the encoder falls back to PyTorch."""
+
+
+class CheckpointError(MeanCacheError):
+    """A checkpoint that is missing, damaged or does not match its hash."""
+
+
+class PairsFileError(MeanCacheError):
+    """A labelled-pairs file that cannot be read, with the line that is wrong."""
+
+
 class FlowerCommandError(MeanCacheError):
     """A Flower command is missing or failed."""
 
 
 class RunConfigError(MeanCacheError, ValueError):
     """A federated run's config (Flower run config) lacks a key or holds a bad value."""
+
+
+class PMLError(MeanCacheError):
+    """Base of every PML error: ``line`` and ``column`` are 1-based.
+
+    They are None only when no source exists to point into (a registry lookup by a bare
+    name); the message then carries no location.
+    """
+
+    def __init__(self, reason: str, line: int | None = None, column: int | None = None) -> None:
+        self.reason = reason
+        self.line = line
+        self.column = column
+        where = f"line {line}, column {column}: " if line is not None else ""
+        super().__init__(f"{where}{reason}")
+
+    def __reduce__(self) -> tuple[type[PMLError], tuple[str, int | None, int | None]]:
+        # The default would re-create the error from the formatted message alone.
+        return (type(self), (self.reason, self.line, self.column))
+
+
+class PMLSyntaxError(PMLError):
+    """Malformed markup, an unknown tag, a missing or invalid attribute, a bad module name."""
+
+
+class UnknownSchemaError(PMLError, LookupError):
+    """A prompt names a schema that is not the one given (or not registered)."""
+
+
+class DuplicateSchemaError(PMLError):
+    """A schema is added to a registry that already holds one by that name."""
+
+
+class UnknownModuleError(PMLError):
+    """An import of a module or parameter the schema lacks, or under the wrong parent."""
+
+
+class UnionConflictError(PMLError):
+    """A prompt imports two members of one union."""
+
+
+class ArgumentTooLongError(PMLError):
+    """An argument has more tokens than its parameter reserves."""
+
+
+class DuplicateImportError(PMLError):
+    """A prompt imports the same module twice."""
+
+
+class MisplacedContentError(PMLError):
+    """Well-formed content in a place PML does not allow it."""

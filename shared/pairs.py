@@ -5,11 +5,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from meancache.shared.errors import MeanCacheError
+from meancache.shared.errors import PairsFileError
 
-
-class PairsFileError(MeanCacheError):
-    """A labelled-pairs file that cannot be read, with the line that is wrong."""
+ROW_FORMAT = 'each line must be a JSON object like {"q1": "...", "q2": "...", "label": 0 or 1}'
 
 
 @dataclass(frozen=True)
@@ -26,7 +24,8 @@ def read_pairs(path: Path, split: str | None = None, limit: int | None = None
     try:
         lines = path.open(encoding="utf-8")
     except OSError as exc:
-        raise PairsFileError(f"cannot read {path}: {exc.strerror}") from None
+        raise PairsFileError(f"cannot read {path}: {exc.strerror}; check the path and its "
+                             "permissions") from None
     with lines:
         try:
             for number, line in enumerate(lines, 1):
@@ -39,10 +38,11 @@ def read_pairs(path: Path, split: str | None = None, limit: int | None = None
                 if limit is not None and len(pairs) >= limit:
                     break
         except UnicodeDecodeError:
-            raise PairsFileError(f"{path} is not UTF-8 text") from None
+            raise PairsFileError(f"{path} is not UTF-8 text; save it as UTF-8") from None
     if not pairs:
         raise PairsFileError(
             f"{path} holds no pairs" + (f" with split {split!r}" if split else "")
+            + f"; {ROW_FORMAT}"
         )
     return pairs
 
@@ -51,9 +51,9 @@ def _parse(line: str, where: str) -> tuple[Pair, object]:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise PairsFileError(f"{where}: not valid JSON ({exc.msg})") from None
+        raise PairsFileError(f"{where}: not valid JSON ({exc.msg}); {ROW_FORMAT}") from None
     if not isinstance(row, dict):
-        raise PairsFileError(f"{where}: expected a JSON object")
+        raise PairsFileError(f"{where}: not a JSON object; {ROW_FORMAT}")
     for key in ("q1", "q2"):
         if not isinstance(row.get(key), str) or not row[key].strip():
             raise PairsFileError(f"{where}: {key!r} must be a non-empty string")

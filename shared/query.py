@@ -14,17 +14,19 @@ def clean_query(text: str | bytes) -> str:
             text = text.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise InvalidQueryError(
-                f"query is not valid UTF-8 (bad byte at offset {exc.start})"
+                f"query is not valid UTF-8 (bad byte at offset {exc.start}); send the text as UTF-8"
             ) from None
     if not isinstance(text, str):
-        raise InvalidQueryError(f"query must be text, not {type(text).__name__}")
+        raise InvalidQueryError(
+            f"query must be text, not {type(text).__name__}; pass a str or UTF-8 bytes")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidQueryError(
-            f"query is not valid UTF-8 (undecodable character at position {exc.start})"
+            f"query is not valid UTF-8 (undecodable character at position {exc.start}); "
+            "remove the character or send the text as UTF-8"
         ) from None
     text = text.strip()
     if not text:
-        raise InvalidQueryError("query is empty")
+        raise InvalidQueryError("query is empty; ask a question with some text in it")
     return text

@@ -4,7 +4,8 @@ from pathlib import Path
 
 import platformdirs
 import pytest
-from meancache.client.config import ConfigError, load_settings
+from meancache.client.config import load_settings
+from meancache.client.errors import ConfigError
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 
 

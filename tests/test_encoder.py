@@ -7,7 +7,7 @@ import meancache.shared.encoder._onnx as onnx_module
 import numpy as np
 import pytest
 from meancache.shared.encoder import Encoder, PCAProjection, locate_model, packaged_minilm_dir
-from meancache.shared.encoder._fingerprint import model_fingerprint
+from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.errors import EncoderError, ModelNotFoundError
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 

@@ -25,9 +25,8 @@ from meancache.fl_server.run_config import ServerConfig
 from meancache.fl_server.simulate import SimulationConfig, simulate
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import Encoder
-from meancache.shared.errors import EncoderError, RunConfigError
+from meancache.shared.errors import CheckpointError, EncoderError, RunConfigError
 from meancache.shared.fl.checkpoint import (
-    CheckpointError,
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,

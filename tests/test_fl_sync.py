@@ -16,12 +16,13 @@ import uvicorn
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.config import Settings, load_settings
-from meancache.client.fl.sync import SyncError, SyncResult, sync_global_model
+from meancache.client.errors import SyncError
+from meancache.client.fl.sync import SyncResult, sync_global_model
 from meancache.fl_server.model_endpoint import create_model_app
+from meancache.shared.errors import CheckpointError
 from meancache.shared.fl.checkpoint import (
     LATEST,
     WEIGHTS,
-    CheckpointError,
     GlobalModel,
     load_checkpoint,
     round_dir,

@@ -952,7 +952,7 @@ def test_registry_unknown_schema_points_at_the_prompt() -> None:
     with pytest.raises(UnknownSchemaError) as info:
         registry["hotels"]
     assert (info.value.line, info.value.column) == (None, None)
-    assert str(info.value) == "unknown schema 'hotels' (registered: travel)"
+    assert str(info.value) == "unknown schema 'hotels' (registered: travel); register it first"
 
 
 def test_registry_resolve_validates(schema: Schema) -> None:

@@ -1,5 +1,5 @@
 """The upstream client against a scripted OpenAI-compatible server on loopback: streamed
-answers, and a clear UpstreamError for every way an upstream can fail."""
+answers, and a clear UpstreamRequestError for every way an upstream can fail."""
 
 import asyncio
 import json

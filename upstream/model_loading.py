@@ -78,11 +78,12 @@ def _load_directory(path: Path, device: str) -> LoadedModel:
     try:
         config = AutoConfig.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"{path} holds no usable model config: {exc}") from None
+        raise ModelLoadError(f"{path} holds no usable model config: {exc}; pass a Hugging Face "
+                             "model directory with config.json, or builtin:tiny") from None
     if config.model_type not in SUPPORTED_ARCHITECTURES:
         raise UnsupportedModelError(
             f"{path} is a {config.model_type!r} model; Prompt Cache supports "
-            + ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+            + ", ".join(sorted(SUPPORTED_ARCHITECTURES)) + "; serve a model of one of those"
         )
     if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
         log.warning("%s uses sliding-window attention; module states are kept in full", path)
@@ -92,7 +93,8 @@ def _load_directory(path: Path, device: str) -> LoadedModel:
         ).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"could not load the model in {path}: {exc}") from None
+        raise ModelLoadError(f"could not load the model in {path}: {exc}; check that its weight "
+                             "and tokenizer files are complete") from None
     if tokenizer.chat_template is None:
         log.warning("%s has no chat template; role tags use meancache's plain one", path)
         tokenizer.chat_template = CHAT_TEMPLATE

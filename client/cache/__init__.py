@@ -7,16 +7,16 @@ the encoder's torch layers, which commands that only read the store never need.
 from typing import TYPE_CHECKING
 
 from meancache.client.cache.entry import Context, Entry
-from meancache.client.cache.errors import (
+from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
+from meancache.client.cache.source import Source
+from meancache.client.cache.store import repair
+from meancache.client.errors import (
     CacheAccessError,
     CacheCorruptError,
     CacheError,
     CacheVersionError,
     EntryNotFoundError,
 )
-from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
-from meancache.client.cache.source import Source
-from meancache.client.cache.store import repair
 
 if TYPE_CHECKING:
     from meancache.client.cache.semantic_cache import CacheSettings, SemanticCache

@@ -13,12 +13,12 @@ import numpy as np
 from meancache.client.cache import feedback
 from meancache.client.cache.context import context_agrees
 from meancache.client.cache.entry import STORED_DTYPE, Context, Entry
-from meancache.client.cache.errors import EntryNotFoundError
 from meancache.client.cache.index import VectorIndex
 from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
 from meancache.client.cache.source import Source
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
+from meancache.client.errors import EntryNotFoundError
 from meancache.shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
 from meancache.shared.encoder.pca import neighbour_similarities
 from meancache.shared.progress import Progress

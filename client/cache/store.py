@@ -17,7 +17,7 @@ from typing import Any
 
 import diskcache
 from meancache.client.cache.entry import Entry
-from meancache.client.cache.errors import (
+from meancache.client.errors import (
     CacheAccessError,
     CacheCorruptError,
     CacheVersionError,
@@ -30,6 +30,7 @@ SCHEMA_VERSION = 1
 _ENTRY = "entry"
 _PAIR = "pair"
 _META = "meta"
+OTHER_DIRECTORY = "or set MEANCACHE_DATA_DIR (or --data-dir) to another directory"
 
 
 def _entry_key(entry_id: str) -> tuple[str, str]:
@@ -54,19 +55,23 @@ class EntryStore:
                 "`meancache cache repair` to move it aside and salvage its entries"
             ) from None
         except PermissionError as exc:
-            raise CacheAccessError(f"cannot open the cache in {self.directory}: {exc}") from None
+            raise CacheAccessError(f"cannot open the cache in {self.directory}: {exc}; fix its "
+                                   f"permissions {OTHER_DIRECTORY}") from None
 
     def _check_directory(self) -> None:
         path = self.directory
         try:
             if path.exists() and not path.is_dir():
-                raise CacheAccessError(f"cache path {path} exists and is not a directory")
+                raise CacheAccessError(f"cache path {path} exists and is not a directory; move it "
+                                       f"away {OTHER_DIRECTORY}")
             path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise CacheAccessError(f"cannot create the cache directory {path}: {exc}") from None
+            raise CacheAccessError(f"cannot create the cache directory {path}: {exc}; check its "
+                                   f"parent's permissions {OTHER_DIRECTORY}") from None
         if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
             raise CacheAccessError(
-                f"the cache directory {path} is not readable and writable by this user"
+                f"the cache directory {path} is not readable and writable by this user; fix "
+                f"its permissions {OTHER_DIRECTORY}"
             )
 
     def _check_schema(self) -> None:
@@ -133,7 +138,8 @@ class EntryStore:
     def get(self, entry_id: str) -> Entry:
         record = self._db.get(_entry_key(entry_id))
         if record is None:
-            raise EntryNotFoundError(f"no cache entry {entry_id!r}")
+            raise EntryNotFoundError(f"no cache entry {entry_id!r} (it may have been evicted or "
+                                     "deleted); `meancache cache list` shows the entries")
         return Entry.from_record(record)
 
     def delete(self, entry_ids: list[str]) -> int:

@@ -11,13 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from meancache.client.cache.source import Source
-from meancache.shared.errors import MeanCacheError
+from meancache.client.errors import ConversationNotFoundError
 
 log = logging.getLogger(__name__)
-
-
-class ConversationNotFoundError(MeanCacheError, KeyError):
-    """No conversation with that id."""
 
 
 @dataclass

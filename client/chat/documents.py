@@ -5,7 +5,7 @@ import hashlib
 from pathlib import Path
 
 from meancache.client.chat.conversations import Conversation, Document
-from meancache.shared.errors import MeanCacheError
+from meancache.client.errors import DocumentError
 from meancache.shared.pml import (
     Import,
     Module,
@@ -18,10 +18,6 @@ from meancache.shared.pml import (
 )
 
 MAX_DOCUMENT_BYTES = 2 * 1024 * 1024
-
-
-class DocumentError(MeanCacheError):
-    """A file that cannot be attached."""
 
 
 def read_document(path: Path) -> str:

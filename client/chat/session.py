@@ -9,8 +9,9 @@ from typing import Protocol
 from meancache.client.cache import SemanticCache
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import ConversationStore
-from meancache.client.config import ConfigError, Settings
+from meancache.client.config import Settings
 from meancache.client.encoder import load_device_encoder
+from meancache.client.errors import ConfigError
 from meancache.client.upstream_client import UpstreamClient
 from meancache.shared.progress import Progress
 

@@ -10,7 +10,7 @@ import torch
 from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings, load_settings
 from meancache.shared.encoder import locate_model
-from meancache.shared.encoder._fingerprint import model_fingerprint
+from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.fl.checkpoint import save_checkpoint
 
 log = logging.getLogger(__name__)

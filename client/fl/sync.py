@@ -24,12 +24,12 @@ from typing import Any
 import httpx
 from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings
+from meancache.client.errors import SyncError
 from meancache.client.http_errors import error_message
-from meancache.shared.errors import MeanCacheError
+from meancache.shared.errors import CheckpointError
 from meancache.shared.fl.checkpoint import (
     META,
     WEIGHTS,
-    CheckpointError,
     GlobalModel,
     install_checkpoint,
     latest_checkpoint,
@@ -42,10 +42,6 @@ log = logging.getLogger(__name__)
 
 META_PATH = "/v1/global-model"
 CHUNK = 1 << 16
-
-
-class SyncError(MeanCacheError):
-    """The FL server could not be reached, has no model, or answered something unusable."""
 
 
 @dataclass(frozen=True)

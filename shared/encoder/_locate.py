@@ -27,7 +27,8 @@ def locate_model(model: str | os.PathLike[str] | None) -> Path:
         if not ((path / "modules.json").is_file() or (path / "config.json").is_file()):
             raise ModelNotFoundError(
                 f"{path} is a directory but holds no sentence-transformers model "
-                "(no modules.json or config.json)"
+                "(no modules.json or config.json); pass the directory a SentenceTransformer "
+                "was saved to"
             )
         return path.resolve()
     raise ModelNotFoundError(

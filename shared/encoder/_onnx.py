@@ -29,10 +29,6 @@ PARITY_QUERIES = (
 )
 
 
-class OnnxBackendError(RuntimeError):
-    """Export, loading or the parity check failed; the caller falls back to PyTorch."""
-
-
 def export_pipeline(pipeline: EmbeddingPipeline, tokenizer: object, path: Path) -> None:
     """Export to ``path`` atomically (a crash leaves no half-written model behind)."""
     sample = tokenizer(["hello world", "a b c"], padding=True, return_tensors="pt")

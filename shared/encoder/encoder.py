@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from meancache.shared.encoder._fingerprint import model_fingerprint
 from meancache.shared.encoder._locate import locate_model
+from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.errors import EncoderError
 from meancache.shared.progress import Progress
 
@@ -91,7 +91,9 @@ class Encoder:
         try:
             st = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
         except Exception as exc:  # the library raises many types for a broken directory
-            raise EncoderError(f"could not load the embedding model in {model_dir}: {exc}") from exc
+            raise EncoderError(
+                f"could not load the embedding model in {model_dir}: {exc}; check that the "
+                "directory holds a complete sentence-transformers model") from exc
         memo = cache_dir / "fingerprints.json" if cache_dir else None
         version = model_fingerprint(model_dir, memo)
         if global_weights is not None:
@@ -251,10 +253,12 @@ def _apply_global_weights(model: "SentenceTransformer", base_version: str,
     if meta.base_model != base_version:
         raise EncoderError(
             f"the global model in {checkpoint} was trained from base model {meta.base_model}, "
-            f"not from this one ({base_version})"
+            f"not from this one ({base_version}); sync from an FL server that trains this "
+            "base model, or set encoder_model to the one it trains"
         )
     try:
         load_federated_state(model, state)
     except ValueError as exc:
-        raise EncoderError(str(exc)) from None
+        raise EncoderError(f"the global model in {checkpoint} does not fit this encoder "
+                           f"({exc}); sync one trained for it") from None
     return hashlib.sha256(f"{base_version}|{meta.sha256}".encode()).hexdigest()[:16]

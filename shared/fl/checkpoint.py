@@ -13,16 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from meancache.shared.errors import MeanCacheError
+from meancache.shared.errors import CheckpointError
 from safetensors.torch import load_file, save_file
 
 WEIGHTS = "weights.safetensors"
 META = "meta.json"
 LATEST = "LATEST"
-
-
-class CheckpointError(MeanCacheError):
-    """A checkpoint that is missing, damaged or does not match its hash."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +86,8 @@ def read_meta(directory: Path) -> GlobalModel:
     try:
         return GlobalModel(**json.loads((directory / META).read_text()))
     except (OSError, ValueError, TypeError) as exc:
-        raise CheckpointError(f"unreadable checkpoint metadata in {directory}: {exc}") from None
+        raise CheckpointError(f"unreadable checkpoint metadata in {directory}: {exc}; delete "
+                              "that directory and fetch or train the round again") from None
 
 
 def load_checkpoint(directory: Path) -> tuple[GlobalModel, dict[str, torch.Tensor]]:
@@ -98,5 +95,7 @@ def load_checkpoint(directory: Path) -> tuple[GlobalModel, dict[str, torch.Tenso
     meta = read_meta(directory)
     weights = directory / WEIGHTS
     if not weights.is_file() or sha256_file(weights) != meta.sha256:
-        raise CheckpointError(f"the weights in {directory} do not match their sha256")
+        raise CheckpointError(f"the weights in {directory} do not match their sha256 (damaged or "
+                              "altered); delete that directory and fetch or train the round "
+                              "again")
     return meta, load_file(str(weights))

@@ -23,7 +23,7 @@ Text rules:
 Every error is a :class:`PMLError` with a 1-based ``line`` and ``column``.
 """
 
-from meancache.shared.pml.errors import (
+from meancache.shared.errors import (
     ArgumentTooLongError,
     DuplicateImportError,
     DuplicateSchemaError,

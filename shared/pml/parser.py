@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import cast
 from xml.parsers import expat
 
-from meancache.shared.pml.errors import MisplacedContentError, PMLError, PMLSyntaxError
+from meancache.shared.errors import MisplacedContentError, PMLError, PMLSyntaxError
 from meancache.shared.pml.model import (
     ROLE_NAMES,
     Import,
@@ -122,7 +122,8 @@ class _TreeBuilder:
     def _doctype(self, *_: object) -> None:
         # A DTD could declare entities (and entity bombs); PML has no use for one.
         pos = self._here()
-        raise PMLSyntaxError("a DOCTYPE declaration is not allowed in PML", pos.line, pos.column)
+        raise PMLSyntaxError("a DOCTYPE declaration is not allowed in PML; remove it",
+                             pos.line, pos.column)
 
     def build(self, source: str) -> _Element:
         try:

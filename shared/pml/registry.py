@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from meancache.shared.pml.errors import DuplicateSchemaError, UnknownSchemaError
+from meancache.shared.errors import DuplicateSchemaError, UnknownSchemaError
 from meancache.shared.pml.model import Position, Prompt, Schema
 from meancache.shared.pml.parser import parse_schema
 from meancache.shared.pml.validate import TokenCounter, validate_prompt
@@ -26,7 +26,8 @@ class SchemaRegistry:
         with self._lock:
             if not replace and schema.name in self._schemas:
                 raise DuplicateSchemaError(
-                    f"schema '{schema.name}' is already registered",
+                    f"schema '{schema.name}' is already registered; remove it first or give "
+                    "the new one another name",
                     schema.pos.line,
                     schema.pos.column,
                 )
@@ -44,7 +45,7 @@ class SchemaRegistry:
             known = ", ".join(sorted(self._schemas)) or "none"
         if schema is None:
             raise UnknownSchemaError(
-                f"unknown schema '{name}' (registered: {known})",
+                f"unknown schema '{name}' (registered: {known}); register it first",
                 pos.line if pos else None,
                 pos.column if pos else None,
             )
@@ -55,7 +56,8 @@ class SchemaRegistry:
         with self._lock:
             schema = self._schemas.pop(name, None)
         if schema is None:
-            raise UnknownSchemaError(f"unknown schema '{name}'")
+            raise UnknownSchemaError(f"unknown schema '{name}'; it was never registered or "
+                                     "is already removed")
         return schema
 
     def list(self) -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from meancache.shared.pml.errors import (
+from meancache.shared.errors import (
     ArgumentTooLongError,
     DuplicateImportError,
     UnionConflictError,
@@ -31,7 +31,8 @@ def validate_prompt(
     """
     if prompt.schema != schema.name:
         raise UnknownSchemaError(
-            f"prompt uses schema '{prompt.schema}', but the schema given is '{schema.name}'",
+            f"prompt uses schema '{prompt.schema}', but the schema given is '{schema.name}'; "
+            "name the schema the prompt was written for",
             prompt.pos.line,
             prompt.pos.column,
         )
@@ -73,7 +74,8 @@ class _Checker:
         if imp.name in self.seen:
             first = self.seen[imp.name].pos
             raise DuplicateImportError(
-                f"module '{imp.name}' is imported twice (first at {first})", line, column
+                f"module '{imp.name}' is imported twice (first at {first}); remove one",
+                line, column,
             )
         self.seen[imp.name] = imp
         union = self.schema.union_of(imp.name)
@@ -83,7 +85,7 @@ class _Checker:
             if other is not None:
                 raise UnionConflictError(
                     f"modules '{other.name}' (at {other.pos}) and '{imp.name}' belong to one "
-                    f"union and exclude each other",
+                    "union and exclude each other; import only one of them",
                     line,
                     column,
                 )
@@ -103,7 +105,7 @@ class _Checker:
                 if tokens > param.length:
                     raise ArgumentTooLongError(
                         f"argument '{arg}' of module '{imp.name}' is {tokens} tokens long, "
-                        f"but the parameter allows at most {param.length}",
+                        f"but the parameter allows at most {param.length}; shorten it",
                         line,
                         column,
                     )

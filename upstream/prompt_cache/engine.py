@@ -98,7 +98,8 @@ class PromptCacheEngine:
         if layout.end >= self.loaded.context_length:
             raise PromptTooLongError(
                 f"schema '{schema.name}' takes {layout.end} positions; the model's context "
-                f"holds {self.loaded.context_length}"
+                f"holds {self.loaded.context_length}; shorten its modules or serve a model "
+                "with a longer context"
             )
         self.registry.add(schema, replace=True)
         self.modules.drop_schema(schema.name)
@@ -139,7 +140,7 @@ class PromptCacheEngine:
         and the earlier messages become role-tagged text before the prompt's own text;
         otherwise the conversation is rendered with the chat template and nothing is reused."""
         if not messages:
-            raise UpstreamError("messages must not be empty")
+            raise UpstreamError("messages must not be empty; send at least one message")
         last = messages[-1].get("content", "")
         if last.lstrip().startswith("<prompt"):
             return self.prepare_pml(parse_prompt(last), messages[:-1])
@@ -193,7 +194,8 @@ class PromptCacheEngine:
     def prefill(self, prepared: PreparedPrompt) -> tuple[torch.Tensor, "torch.Tensor", object]:
         """Logits after the prompt, the positions read so far, and the filled cache."""
         if not prepared.new_ids:
-            raise UpstreamError("the prompt adds no text after its modules")
+            raise UpstreamError("the prompt adds no text after its modules; end it with a "
+                                "<user> question")
         pinned = frozenset(prepared.cached)
         states = [self._states(key, pinned) for key in prepared.cached]
         cache, cached_positions = concatenate(states)
@@ -215,7 +217,8 @@ class PromptCacheEngine:
         if last + params.max_tokens >= self.loaded.context_length:
             raise PromptTooLongError(
                 f"the prompt reaches position {last} and asks for {params.max_tokens} more "
-                f"tokens; the model's context holds {self.loaded.context_length}"
+                f"tokens; the model's context holds {self.loaded.context_length}: lower "
+                "max_tokens or shorten the prompt"
             )
 
     @torch.inference_mode()

@@ -8,6 +8,7 @@ import time
 
 import uvicorn
 from meancache.shared.processes import free_port
+from meancache.upstream.errors import UpstreamError
 from meancache.upstream.model_loading import LoadedModel, load_model
 from meancache.upstream.prompt_cache.engine import PromptCacheEngine
 from meancache.upstream.server.app import ServerSettings, create_app
@@ -57,7 +58,9 @@ class BackgroundServer:
         deadline = time.monotonic() + timeout
         while not self._server.started:
             if time.monotonic() > deadline or not self._thread.is_alive():
-                raise RuntimeError("the embedded upstream server did not start")
+                raise UpstreamError(f"the embedded upstream server did not start within "
+                                    f"{timeout:.0f}s (its log says why); pass --upstream URL "
+                                    "to use a running server instead")
             time.sleep(0.02)
         log.info("embedded upstream %s at %s", self.loaded.name, self.url)
         return self

@@ -5,15 +5,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from meancache.upstream.errors import UpstreamError
+from meancache.upstream.errors import BadRequest
 from meancache.upstream.prompt_cache.engine import Finish
 from meancache.upstream.sampling import SamplingParams
 
 ROLES = ("system", "user", "assistant")
-
-
-class BadRequest(UpstreamError):
-    """A request that does not follow the API; answered with 400 and this message."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +33,8 @@ def parse_chat_request(body: Any, default_max_tokens: int) -> ChatRequest:
         content = message.get("content")
         if isinstance(content, list):  # the structured form: a list of text parts
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise BadRequest(f"messages[{i}].content: only text parts are supported")
+                raise BadRequest(f"messages[{i}].content: only text parts are supported; send "
+                                 "the content as a string or a list of text parts")
             content = "".join(str(p.get("text", "")) for p in content)
         if not isinstance(content, str):
             raise BadRequest(f"messages[{i}].content must be a string")

@@ -6,9 +6,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
-from meancache.client.chat.conversations import Conversation, ConversationNotFoundError
+from meancache.client.chat.conversations import Conversation
 from meancache.client.chat.session import ChatSession
 from meancache.client.config import Settings
+from meancache.client.errors import ConversationNotFoundError, UpstreamRequestError
 from meancache.client.tui.federated import (
     FederatedParticipation,
     switch_to_latest,
@@ -19,7 +20,6 @@ from meancache.client.tui.screens.conversations import ConversationChoice, Conve
 from meancache.client.tui.screens.stats import StatsScreen, stats_rows
 from meancache.client.tui.text import printable
 from meancache.client.tui.widgets import AnswerView, QuestionView
-from meancache.client.upstream_client import UpstreamError
 from meancache.shared.errors import MeanCacheError
 from textual import work
 from textual.app import ComposeResult
@@ -178,7 +178,7 @@ class ChatScreen(Screen[None]):
         except asyncio.CancelledError:
             view.fail("stopped: nothing was cached")
             raise
-        except UpstreamError as exc:
+        except UpstreamRequestError as exc:
             view.fail(f"no answer: {exc}")
             self.notify(str(exc), title="Upstream unavailable", severity="error")
             return
@@ -212,7 +212,7 @@ class ChatScreen(Screen[None]):
         try:
             correction = await self.session.answers.reject(self.conversation, index,
                                                            lambda t: stream.write(printable(t)))
-        except UpstreamError as exc:
+        except UpstreamRequestError as exc:
             view.fail(f"the upstream could not answer: {exc}")
             self.notify(str(exc), title="Upstream unavailable", severity="error")
             return

@@ -1,0 +1,72 @@
+"""Errors of the client side (the cache, settings, chat, FL sync, the upstream client)::
+
+    MeanCacheError (meancache.shared.errors)
+    ├── CacheError
+    │   ├── CacheAccessError
+    │   ├── CacheCorruptError
+    │   ├── CacheVersionError
+    │   └── EntryNotFoundError (KeyError)
+    ├── ConfigError
+    ├── SyncError
+    ├── DocumentError
+    ├── ConversationNotFoundError (KeyError)
+    └── UpstreamRequestError
+        ├── UpstreamUnavailableError
+        └── UpstreamRejectedError
+
+All are MeanCacheError, so the CLI and the chat show their message, not a traceback.
+"""
+
+from meancache.shared.errors import MeanCacheError
+
+
+class CacheError(MeanCacheError):
+    """The cache store cannot be used as it is."""
+
+
+class CacheAccessError(CacheError):
+    """The cache directory cannot be read or written (permissions, not a directory, ...)."""
+
+
+class CacheCorruptError(CacheError):
+    """The cache database is damaged; `meancache cache repair` moves it aside and salvages it."""
+
+
+class CacheVersionError(CacheError):
+    """The cache was written by a newer meancache with a format this one does not know."""
+
+
+class EntryNotFoundError(CacheError, KeyError):
+    """No entry with that id (it may have been evicted or deleted by another process)."""
+
+
+class ConfigError(MeanCacheError):
+    """A setting has an unknown name or a value of the wrong kind."""
+
+
+class SyncError(MeanCacheError):
+    """The FL server could not be reached, has no model, or answered something unusable."""
+
+
+class DocumentError(MeanCacheError):
+    """A file that cannot be attached."""
+
+
+class ConversationNotFoundError(MeanCacheError, KeyError):
+    """No conversation with that id."""
+
+
+class UpstreamRequestError(MeanCacheError):
+    """The upstream could not give an answer (the client side; the server's are UpstreamError)."""
+
+
+class UpstreamUnavailableError(UpstreamRequestError):
+    """No connection, a timeout, or a 5xx after every retry."""
+
+
+class UpstreamRejectedError(UpstreamRequestError):
+    """The upstream answered with a 4xx: retrying would not help."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
