@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from meancache.shared.encoder._locate import locate_model
 from meancache.shared.encoder.fingerprint import model_fingerprint
-from meancache.shared.errors import EncoderError
+from meancache.shared.errors import EncoderError, OnnxBackendError
 from meancache.shared.progress import Progress
 
 if TYPE_CHECKING:
@@ -188,7 +188,6 @@ class Encoder:
         from meancache.shared.encoder._onnx import (
             PARITY_MIN_COSINE,
             PARITY_QUERIES,
-            OnnxBackendError,
             OnnxEmbedder,
             export_pipeline,
             min_parity_cosine,
