@@ -2,6 +2,7 @@
 and keeps the import contracts (layers, no cycles) that pyproject.toml declares."""
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,10 +16,14 @@ BIN = Path(sys.executable).parent
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel built from this tree, installed into a directory of its own (its
-    dependencies come from this environment)."""
+    dependencies come from this environment). It is built from a copy: setuptools builds
+    in the source directory and would keep modules deleted since an earlier build."""
+    source = tmp_path_factory.mktemp("source") / "meancache"
     wheels, target = tmp_path_factory.mktemp("wheels"), tmp_path_factory.mktemp("site")
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", "build", "*.egg-info", "__pycache__", ".*_cache"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps",
-                    "--no-build-isolation", "--wheel-dir", str(wheels), str(REPO)],
+                    "--no-build-isolation", "--wheel-dir", str(wheels), str(source)],
                    check=True, capture_output=True, cwd=wheels)
     (wheel,) = wheels.glob("meancache-*.whl")
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps",
@@ -39,6 +44,8 @@ def test_the_wheel_holds_every_side_under_one_namespace(installed: Path) -> None
     for side in ("client", "shared", "upstream", "fl_server"):
         assert (package / side / "__init__.py").is_file(), side
         assert not (installed / side).exists(), f"a top-level '{side}' package was installed"
+    # The Flower app that `meancache fl run` submits ships inside the package.
+    assert (package / "fl_server" / "flower_app" / "pyproject.toml").is_file()
 
 
 def test_installed_commands_run_without_the_source_tree(installed: Path) -> None:
