@@ -3,6 +3,7 @@ commands, with the flags this deployment needs."""
 
 from pathlib import Path
 
+import tomli_w
 from meancache.shared.processes import flower_command, flower_environment
 
 CONNECTION = "meancache"  # the SuperLink connection's name in our own FLWR_HOME
@@ -28,12 +29,13 @@ def superlink_command(state_dir: Path, host: str, port: int, certificates: Path 
 def write_connection(flwr_home: Path, superlink: str, root_certificate: Path | None) -> None:
     """The `meancache` SuperLink connection in a FLWR_HOME of our own."""
     flwr_home.mkdir(parents=True, exist_ok=True)
-    security = (f'root-certificates = "{root_certificate}"' if root_certificate
-                else "insecure = true")
-    (flwr_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\n'
-        f'address = "{superlink}"\n{security}\n'
-    )
+    connection: dict[str, str | bool] = {"address": superlink}
+    if root_certificate:
+        connection["root-certificates"] = str(root_certificate)
+    else:
+        connection["insecure"] = True
+    config = {"superlink": {"default": CONNECTION, CONNECTION: connection}}
+    (flwr_home / "config.toml").write_text(tomli_w.dumps(config), encoding="utf-8")
 
 
 def run_command(app: Path, superlink: str, run_config: str, flwr_home: Path,

@@ -4,21 +4,34 @@ federated rounds (`meancache fl join`, or F8 in the chat app)."""
 import subprocess
 from pathlib import Path
 
+import tomli_w
 from meancache.shared.processes import flower_command, flower_environment
+
+
+def write_node_config(data_dir: Path) -> Path:
+    """The SuperNode's node config as a TOML file (any path survives quoting): the
+    ClientApp reads this user's data dir from it."""
+    path = data_dir / "fl" / "node-config.toml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomli_w.dumps({"data-dir": str(data_dir)}), encoding="utf-8")
+    return path
 
 
 def supernode_command(superlink: str, port: int, data_dir: Path,
                       root_certificate: Path | None) -> list[str]:
     """flower-supernode training on ``data_dir`` (the ClientApp reads it from node config)."""
     command = [flower_command("flower-supernode"), "--superlink", superlink,
-               "--port", str(port), "--node-config", f"data-dir='{data_dir}'"]
+               "--port", str(port), "--node-config", str(write_node_config(data_dir))]
     if root_certificate is None:
         return [*command, "--insecure"]
     return [*command, "--root-certificates", str(root_certificate)]
 
 
 def supernode_environment(data_dir: Path) -> dict[str, str]:
-    return flower_environment(MEANCACHE_DATA_DIR=str(data_dir))
+    """Flower keeps what it installs for a run under FLWR_HOME: this user's data dir, never
+    ~/.flwr."""
+    return flower_environment(MEANCACHE_DATA_DIR=str(data_dir),
+                              FLWR_HOME=str(data_dir / "fl" / "flwr-home"))
 
 
 def start_supernode(superlink: str, port: int, data_dir: Path,
