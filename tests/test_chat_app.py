@@ -2,6 +2,7 @@
 
 import asyncio
 import dataclasses
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -345,7 +346,9 @@ def test_join_and_leave_leave_no_process_and_no_timer(settings: Settings) -> Non
             await wait_for(pilot, lambda: "federated learning: joined" in str(status.render()))
             node = app.chat.federation.process
             assert node is not None and node.poll() is None
-            assert f"data-dir='{configured.data_dir}'" in " ".join(node.args)  # type: ignore
+            args = list(node.args)  # type: ignore[arg-type]
+            node_config = Path(args[args.index("--node-config") + 1])
+            assert tomllib.loads(node_config.read_text()) == {"data-dir": str(configured.data_dir)}
             assert rounds_timer_running()
             await pilot.press("f8")
             await wait_for(pilot, lambda: "federated learning" not in str(status.render()))
