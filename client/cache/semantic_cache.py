@@ -17,6 +17,7 @@ from meancache.client.cache.index import VectorIndex
 from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
 from meancache.client.cache.source import Source
 from meancache.client.cache.store import EntryStore
+from meancache.client.cache.summary import cache_stats
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.errors import EntryNotFoundError
 from meancache.shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
@@ -386,24 +387,8 @@ class SemanticCache:
     def stats(self) -> CacheStats:
         with self._lock:
             self._sync()
-            pairs = feedback.labelled_pairs(self.store)
-            positives = sum(p.label for p in pairs)
-            return CacheStats(
-                entries=len(self._usage),
-                bytes=sum(size for _, size in self._usage.values()),
-                stale_entries=len(self._stale),
-                hits=self.store.counter("hits"),
-                misses=self.store.counter("misses"),
-                rejections=self.store.counter("rejections"),
-                evictions=self.store.counter("evictions"),
-                tokens_saved=self.store.counter("tokens_saved"),
-                threshold=self.thresholds.current,
-                global_threshold=self.thresholds.global_value,
-                local_threshold=self.thresholds.local_value,
-                labelled_positives=positives,
-                labelled_negatives=len(pairs) - positives,
-                encoder_version=self.encoder.version,
-                encoder_backend=self.encoder.backend,
-                embedding_dim=self.encoder.dim,
-                bytes_per_embedding=self.encoder.dim * np.dtype(STORED_DTYPE).itemsize,
-            )
+            return cache_stats(
+                self.store, self.thresholds, entries=len(self._usage),
+                nbytes=sum(size for _, size in self._usage.values()),
+                stale_entries=len(self._stale), encoder_version=self.encoder.version,
+                encoder_backend=self.encoder.backend, embedding_dim=self.encoder.dim)

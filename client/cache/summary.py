@@ -1,10 +1,39 @@
-"""The cache's statistics read from its store alone, for `meancache cache stats`: loading
-the encoder (seconds, and torch) to count entries would make the command slow."""
+"""The cache's statistics. Counters, thresholds and feedback come from the store (through
+their homes); what the encoder adds is passed in, so `meancache cache stats` can report
+without loading the encoder (seconds, and torch) just to count entries."""
 
 import numpy as np
+from meancache.client.cache import feedback
 from meancache.client.cache.entry import STORED_DTYPE
 from meancache.client.cache.results import CacheStats
 from meancache.client.cache.store import EntryStore
+from meancache.client.cache.threshold import ThresholdState
+
+
+def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, nbytes: int,
+                stale_entries: int, encoder_version: str, encoder_backend: str,
+                embedding_dim: int) -> CacheStats:
+    pairs = feedback.labelled_pairs(store)
+    positives = sum(pair.label for pair in pairs)
+    return CacheStats(
+        entries=entries,
+        bytes=nbytes,
+        stale_entries=stale_entries,
+        hits=store.counter("hits"),
+        misses=store.counter("misses"),
+        rejections=store.counter("rejections"),
+        evictions=store.counter("evictions"),
+        tokens_saved=store.counter("tokens_saved"),
+        threshold=thresholds.current,
+        global_threshold=thresholds.global_value,
+        local_threshold=thresholds.local_value,
+        labelled_positives=positives,
+        labelled_negatives=len(pairs) - positives,
+        encoder_version=encoder_version,
+        encoder_backend=encoder_backend,
+        embedding_dim=embedding_dim,
+        bytes_per_embedding=embedding_dim * np.dtype(STORED_DTYPE).itemsize,
+    )
 
 
 def stored_stats(store: EntryStore, global_threshold: float, backend: str) -> CacheStats:
@@ -15,27 +44,9 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str) -> Ca
     entries = list(store.entries())
     newest = max(entries, key=lambda entry: entry.created, default=None)
     version = newest.encoder_version if newest is not None else "-"
-    dim = int(newest.embedding.shape[0]) if newest is not None else 0
-    pairs = store.pairs()
-    positives = sum(1 for pair in pairs if pair["label"] == 1)
-    local = store.get_meta("threshold.local")
-    fl_threshold = float(store.get_meta("threshold.global", global_threshold))
-    return CacheStats(
-        entries=len(entries),
-        bytes=sum(entry.nbytes for entry in entries),
+    return cache_stats(
+        store, ThresholdState(store, global_threshold), entries=len(entries),
+        nbytes=sum(entry.nbytes for entry in entries),
         stale_entries=sum(1 for entry in entries if entry.encoder_version != version),
-        hits=store.counter("hits"),
-        misses=store.counter("misses"),
-        rejections=store.counter("rejections"),
-        evictions=store.counter("evictions"),
-        tokens_saved=store.counter("tokens_saved"),
-        threshold=float(local) if local is not None else fl_threshold,
-        global_threshold=fl_threshold,
-        local_threshold=None if local is None else float(local),
-        labelled_positives=positives,
-        labelled_negatives=len(pairs) - positives,
-        encoder_version=version,
-        encoder_backend=backend,
-        embedding_dim=dim,
-        bytes_per_embedding=dim * np.dtype(STORED_DTYPE).itemsize,
-    )
+        encoder_version=version, encoder_backend=backend,
+        embedding_dim=int(newest.embedding.shape[0]) if newest is not None else 0)
