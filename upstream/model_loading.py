@@ -23,7 +23,7 @@ from transformers import (
 log = logging.getLogger(__name__)
 
 # Architectures whose position handling (rotary or learned absolute) Prompt Cache supports.
-SUPPORTED_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "gpt2"})
+SUPPORTED_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "gpt2", "gemma3_text"})
 DEFAULT_MODEL = "builtin:tiny"
 
 
