@@ -231,7 +231,7 @@ class PromptCacheEngine:
         if params.seed is not None:
             generator = torch.Generator(device=self.loaded.device).manual_seed(params.seed)
         logits, seen, cache = self.prefill(prepared)
-        stream = TextStream(self.tokenizer, params.stop)
+        stream = TextStream(self.tokenizer, params.stop + self.loaded.stop)
         token = next_token(logits, params, generator)
         ttft = time.perf_counter() - start
         produced, reason = 0, "length"
