@@ -91,7 +91,8 @@ def test_first_use_converts_once_into_a_verified_copy(
     lambda d: (d / "model.safetensors").write_bytes(b"\0" * 64),
     lambda d: (d / "model.safetensors").unlink(),
     lambda d: (d / gemma.RECORD).unlink(),
-], ids=["damaged", "missing-weights", "missing-record"])
+    lambda d: (d / gemma.RECORD).write_text("garbage\n"),
+], ids=["damaged", "missing-weights", "missing-record", "malformed-record"])
 def test_a_damaged_copy_is_detected_and_rebuilt(
     chunks: list[Path], dequantised: list[Path], tmp_path: Path,
     corrupt: Callable[[Path], None],

@@ -95,8 +95,10 @@ def damage(directory: Path) -> str | None:
     record = directory / RECORD
     if not record.is_file():
         return f"{RECORD} is missing"
-    for line in record.read_text().splitlines():
-        expected, name = line.split(maxsplit=1)
+    for line in record.read_text(errors="replace").splitlines():
+        expected, _, name = line.partition("  ")
+        if not name:
+            return f"{RECORD} is malformed"
         path = directory / name
         if not path.is_file():
             return f"{name} is missing"
