@@ -9,7 +9,7 @@ import base64
 import errno
 import hashlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -31,12 +31,12 @@ def pip_hash(data: bytes) -> str:
 
 
 @pytest.fixture
-def chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+def chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Path]]:
     """Fake chunk packages shadowing the real ones; the assembler expects their join."""
     site = tmp_path / "site"
     paths, whole = [], b""
-    for index, package in enumerate(gemma.CHUNK_PACKAGES):
-        module = package.replace("-", "_")
+    modules = [package.replace("-", "_") for package in gemma.CHUNK_PACKAGES]
+    for index, (package, module) in enumerate(zip(gemma.CHUNK_PACKAGES, modules, strict=True)):
         data = f"chunk {index} ".encode() * 1000
         relative = f"{module}/data/gemma-3-270m-q4_k_m.gguf.part{index:02d}"
         (site / relative).parent.mkdir(parents=True)
@@ -51,7 +51,9 @@ def chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[Path]:
         whole += data
     monkeypatch.syspath_prepend(str(site))
     monkeypatch.setattr(assembler, "EXPECTED_SHA256", hashlib.sha256(whole).hexdigest())
-    return paths
+    yield paths
+    for module in modules:  # the fakes, imported by the assembler, must not outlive the test
+        sys.modules.pop(module, None)
 
 
 @pytest.fixture
