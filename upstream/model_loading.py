@@ -14,6 +14,7 @@ from meancache.upstream.builtin import (
 from meancache.upstream.errors import ModelLoadError, UnsupportedModelError
 from meancache.upstream.gemma import STOP as GEMMA_STOP
 from meancache.upstream.gemma import Progress, load_gemma
+from meancache.upstream.prompt_cache.states import sliding_window
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -97,7 +98,8 @@ def _load_directory(path: Path, device: str) -> LoadedModel:
             f"{path} is a {config.model_type!r} model; Prompt Cache supports "
             + ", ".join(sorted(SUPPORTED_ARCHITECTURES))
         )
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+    if (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+            and sliding_window(config) is None):  # Gemma 3's window is applied by the masks
         log.warning("%s uses sliding-window attention; module states are kept in full", path)
     try:
         model = AutoModelForCausalLM.from_pretrained(
