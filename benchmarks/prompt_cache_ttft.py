@@ -9,6 +9,7 @@ encoding the schema once and the memory per cached token.
 
     python benchmarks/prompt_cache_ttft.py            # 512, 1K, 2K, 4K tokens, 3 runs each
     python benchmarks/prompt_cache_ttft.py --quick    # builtin:tiny, small sizes
+    python benchmarks/prompt_cache_ttft.py --model builtin:gemma-3-270m   # the real Gemma 3
 """
 
 import statistics
@@ -24,6 +25,7 @@ from _common import (
     print_command,
     print_table,
 )
+from meancache.client.config import load_settings
 from meancache.upstream.model_loading import load_model
 from meancache.upstream.prompt_cache.engine import Finish, PreparedPrompt, PromptCacheEngine
 from meancache.upstream.sampling import SamplingParams
@@ -37,10 +39,11 @@ def ttft(engine: PromptCacheEngine, prepared: PreparedPrompt) -> float:
     return finish[0].ttft_seconds
 
 
-def module_text(tokens: int) -> str:
-    """Filler of exactly ``tokens`` tokens for the byte-level built-in tokenizer."""
+def module_text(engine: PromptCacheEngine, tokens: int) -> str:
+    """Filler of about ``tokens`` tokens for the model's tokenizer (exactly, byte-level)."""
     sentence = "The river runs under seven bridges before it reaches the sea. "
-    return (sentence * (tokens // len(sentence) + 1))[:tokens]
+    ids = engine.tokenizer.encode(sentence * tokens, add_special_tokens=False)[:tokens]
+    return str(engine.tokenizer.decode(ids))
 
 
 def main() -> None:
@@ -54,23 +57,23 @@ def main() -> None:
                            "runs": 3},
                           {"model": "builtin:tiny", "lengths": [128, 256], "runs": 2})
     torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, device="cpu")
+    loaded = load_model(args.model, device="cpu", data_dir=load_settings().data_dir)
     engine = PromptCacheEngine(loaded)
     note(f"{loaded.name}: {loaded.parameters / 1e6:.1f}M parameters, {loaded.architecture}")
-    question = "Q" * QUESTION_TOKENS  # 16 bytes = 16 tokens for the built-in tokenizer
+    question = module_text(engine, QUESTION_TOKENS)
 
     table = make_table(["module tokens", "full prefill TTFT (ms)", "Prompt Cache TTFT (ms)",
                         "speed-up", "schema encode (ms)", "cached tokens", "module MiB"])
     for length in args.lengths:
         info = engine.add_schema(f'<schema name="s{length}"><module name="doc">'
-                                 f"{module_text(length)}</module></schema>")
+                                 f"{module_text(engine, length)}</module></schema>")
         cached = engine.prepare_pml_source(
             f'<prompt schema="s{length}"><doc/>{question}</prompt>')
         layout = engine.layouts[f"s{length}"]
         ids = [t for seg in layout.segments.values() for t in seg.token_ids] + list(
             cached.new_ids)
         full = PreparedPrompt((), tuple(ids), tuple(range(len(ids))))
-        assert len(cached.new_ids) <= QUESTION_TOKENS + 2, cached.new_ids
+        assert len(cached.new_ids) <= QUESTION_TOKENS + 8, cached.new_ids  # + generation prefix
         for prepared in (full, cached):  # warm-up
             ttft(engine, prepared)
         full_times, cached_times = [], []
@@ -93,7 +96,8 @@ def main() -> None:
     heading(
         f"memory per cached token: {engine.bytes_per_token} bytes = 2 x "
         f"{config.num_hidden_layers} layers x {config.num_key_value_heads} kv heads x "
-        f"{config.hidden_size // config.num_attention_heads} head dim x 4 bytes"
+        f"{getattr(config, 'head_dim', None) or config.hidden_size // config.num_attention_heads}"
+        " head dim x 4 bytes"
         if loaded.architecture != "gpt2" else
         f"memory per cached token: {engine.bytes_per_token} bytes"
     )

@@ -1,7 +1,8 @@
 """Prompt Cache exactness: reused module states give the logits a full forward pass gives.
 
 References are computed without any cache: one forward pass over every token at its
-position, with the block attention mask that independent module encoding implies.
+position, with the block attention mask that independent module encoding implies (and, for
+Gemma 3's sliding layers, that mask cut to the window, measured in positions).
 """
 
 from pathlib import Path
@@ -11,7 +12,7 @@ import torch
 from meancache.upstream.model_loading import LoadedModel, load_model
 from meancache.upstream.prompt_cache.engine import Delta, Finish, PreparedPrompt, PromptCacheEngine
 from meancache.upstream.prompt_cache.layout import LEADING
-from meancache.upstream.prompt_cache.states import additive_mask
+from meancache.upstream.prompt_cache.states import additive_mask, attention_mask
 from meancache.upstream.sampling import SamplingParams
 
 TOLERANCE = 1e-4
@@ -50,7 +51,8 @@ def saved_model_dir(architecture: str, directory: Path) -> Path:
 
 
 @pytest.fixture(scope="module",
-                params=["builtin:tiny", "builtin:tiny-gpt2", "dir:mistral", "dir:qwen2"])
+                params=["builtin:tiny", "builtin:tiny-gpt2", "builtin:tiny-gemma3", "dir:mistral",
+                        "dir:qwen2"])
 def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> PromptCacheEngine:
     spec = request.param
@@ -60,6 +62,17 @@ def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     engine = PromptCacheEngine(load_model(spec, device="cpu"))
     engine.add_schema(SCHEMA)
     return engine
+
+
+def reference_mask(model: torch.nn.Module, allowed: torch.Tensor, positions: torch.Tensor
+                   ) -> torch.Tensor | dict[str, torch.Tensor]:
+    """What each layer type may see: ``allowed``, and for sliding layers only keys less than
+    ``sliding_window`` positions behind the query (transformers' own window rule)."""
+    full = additive_mask(allowed, model.dtype)
+    if "sliding_attention" not in (getattr(model.config, "layer_types", None) or ()):
+        return full
+    near = positions[:, None] - positions[None, :] < model.config.sliding_window
+    return {"full_attention": full, "sliding_attention": additive_mask(allowed & near, model.dtype)}
 
 
 def reference_logits(engine: PromptCacheEngine, prepared: PreparedPrompt,
@@ -94,7 +107,7 @@ def reference_logits(engine: PromptCacheEngine, prepared: PreparedPrompt,
     model = engine.model
     with torch.inference_mode():
         out = model(input_ids=torch.tensor([ids]), position_ids=pos[None],
-                    attention_mask=additive_mask(allowed, model.dtype))
+                    attention_mask=reference_mask(model, allowed, pos))
     return out.logits[0, n_cached:]
 
 
@@ -107,10 +120,11 @@ def prefill_logits(engine: PromptCacheEngine, prepared: PreparedPrompt) -> torch
     positions = torch.tensor(prepared.new_positions)
     allowed = torch.cat([cached_positions[None, :] < positions[:, None],
                          positions[None, :] <= positions[:, None]], dim=1)
+    seen = torch.cat([cached_positions, positions])
     with torch.inference_mode():
         out = engine.model(input_ids=torch.tensor([prepared.new_ids]),
                            position_ids=positions[None],
-                           attention_mask=additive_mask(allowed, engine.model.dtype),
+                           attention_mask=attention_mask(engine.model, allowed, positions, seen),
                            past_key_values=cache, use_cache=True)
     return out.logits[0]
 
@@ -147,12 +161,12 @@ def test_a_decode_step_after_a_gap_equals_its_reference(engine: PromptCacheEngin
     prepared = engine.prepare_messages([{"role": "user", "content": PROMPT}])
     logits, seen, cache = engine.prefill(prepared)
     token = int(logits.argmax())
-    last = max(prepared.new_positions)
-    allowed = torch.ones(1, seen.numel() + 1, dtype=torch.bool)
+    position = torch.tensor([max(prepared.new_positions) + 1])
+    seen = torch.cat([seen, position])
+    allowed = torch.ones(1, seen.numel(), dtype=torch.bool)
     with torch.inference_mode():
-        step = engine.model(input_ids=torch.tensor([[token]]),
-                            position_ids=torch.tensor([[last + 1]]),
-                            attention_mask=additive_mask(allowed, engine.model.dtype),
+        step = engine.model(input_ids=torch.tensor([[token]]), position_ids=position[None],
+                            attention_mask=attention_mask(engine.model, allowed, position, seen),
                             past_key_values=cache, use_cache=True).logits[0, -1]
     reference = reference_logits(engine, prepared, [token])[-1]
     assert (step - reference).abs().max().item() <= TOLERANCE
@@ -268,7 +282,7 @@ def test_builtin_models_are_reported_untrained_and_local_ones_not(
 ) -> None:
     loaded: LoadedModel = engine.loaded
     assert loaded.untrained == loaded.name.startswith("builtin:")
-    assert loaded.architecture in {"llama", "gpt2", "mistral", "qwen2"}
+    assert loaded.architecture in {"llama", "gpt2", "gemma3_text", "mistral", "qwen2"}
 
 
 def test_other_architectures_are_refused_with_a_clear_message(tmp_path: Path) -> None:
@@ -283,3 +297,55 @@ def test_other_architectures_are_refused_with_a_clear_message(tmp_path: Path) ->
         load_model("meta-llama/Llama-3-8B")
     with pytest.raises(ModelLoadError, match="builtin:tiny"):
         load_model("builtin:huge")
+
+
+@pytest.fixture(scope="module")
+def gemma() -> PromptCacheEngine:
+    engine = PromptCacheEngine(load_model("builtin:tiny-gemma3", device="cpu"))
+    engine.add_schema(SCHEMA)
+    return engine
+
+
+def test_gemma3_sliding_layers_get_their_own_mask(gemma: PromptCacheEngine) -> None:
+    """transformers applies a single 4D mask to every layer, sliding ones included: past the
+    window it differs from the model's own masks, the per-layer-type dict does not."""
+    model = gemma.model
+    window = model.config.sliding_window
+    positions = torch.arange(3 * window)
+    ids = positions[None] + 1
+    causal = torch.ones(len(positions), len(positions), dtype=torch.bool).tril()
+    with torch.inference_mode():
+        own = model(input_ids=ids).logits[0]  # transformers builds both masks itself
+        ours = model(input_ids=ids, position_ids=positions[None],
+                     attention_mask=attention_mask(model, causal, positions, positions)).logits[0]
+        single = model(input_ids=ids, position_ids=positions[None],
+                       attention_mask=additive_mask(causal, model.dtype)).logits[0]
+    assert (ours - own).abs().max().item() <= TOLERANCE
+    assert (single[:window] - own[:window]).abs().max().item() <= TOLERANCE
+    assert (single[window:] - own[window:]).abs().max().item() > 1e-3
+
+
+def test_gemma3_module_states_stay_exact_across_and_beyond_the_window(
+    gemma: PromptCacheEngine,
+) -> None:
+    """A module longer than the window, placed beyond it: its cached keys and values equal
+    those of one pass over the leading tokens and the module at their positions."""
+    from transformers import DynamicCache
+
+    model = gemma.model
+    window = model.config.sliding_window
+    layout = gemma.layouts["travel"]
+    leading, module = layout.segments[LEADING], layout.segments["long"]
+    assert module.positions[0] - leading.positions[-1] > window
+    assert len(module) > 2 * window
+    states = gemma._states(("travel", "long"))
+    positions = torch.tensor(leading.positions + module.positions)
+    causal = torch.ones(len(positions), len(positions), dtype=torch.bool).tril()
+    cache = DynamicCache()
+    with torch.inference_mode():
+        model(input_ids=torch.tensor([leading.token_ids + module.token_ids]),
+              position_ids=positions[None], past_key_values=cache, use_cache=True,
+              attention_mask=reference_mask(model, causal, positions))
+    for layer, (keys, values) in enumerate(zip(states.keys, states.values, strict=True)):
+        assert (keys - cache.layers[layer].keys[:, :, len(leading):]).abs().max() <= TOLERANCE
+        assert (values - cache.layers[layer].values[:, :, len(leading):]).abs().max() <= TOLERANCE

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     GPT2Config,
     GPT2LMHeadModel,
     LlamaConfig,
@@ -29,19 +31,23 @@ VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 
 @dataclass(frozen=True)
 class BuiltinSpec:
-    architecture: str  # "llama" or "gpt2"
+    architecture: str  # "llama", "gpt2" or "gemma3"
     hidden: int
     layers: int
     heads: int
     kv_heads: int
     intermediate: int
     max_positions: int = 8192
+    sliding_window: int | None = None  # gemma3: its sliding layers' window, in tokens
 
 
 BUILTIN_MODELS: dict[str, BuiltinSpec] = {
     # For tests and the default demo: starts in well under a second.
     "tiny": BuiltinSpec("llama", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128),
     "tiny-gpt2": BuiltinSpec("gpt2", hidden=64, layers=2, heads=4, kv_heads=4, intermediate=256),
+    # Gemma 3's mix of sliding and global layers, with a window short enough for tests to cross.
+    "tiny-gemma3": BuiltinSpec("gemma3", hidden=64, layers=2, heads=4, kv_heads=2,
+                               intermediate=128, sliding_window=12),
     # For benchmarks: ~113M parameters, Llama architecture.
     "base": BuiltinSpec("llama", hidden=768, layers=16, heads=12, kv_heads=12, intermediate=2048),
 }
@@ -88,6 +94,17 @@ def builtin_model(name: str, seed: int = 0) -> PreTrainedModel:
             n_inner=spec.intermediate, n_positions=spec.max_positions, **tokenizer_ids,
         )
         model: PreTrainedModel = GPT2LMHeadModel(config)
+    elif spec.architecture == "gemma3":
+        config = Gemma3TextConfig(
+            vocab_size=VOCAB_SIZE, hidden_size=spec.hidden, num_hidden_layers=spec.layers,
+            num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
+            head_dim=spec.hidden // spec.heads, query_pre_attn_scalar=spec.hidden // spec.heads,
+            intermediate_size=spec.intermediate, max_position_embeddings=spec.max_positions,
+            sliding_window=spec.sliding_window,
+            layer_types=["sliding_attention", "full_attention"] * (spec.layers // 2),
+            **tokenizer_ids,
+        )
+        model = Gemma3ForCausalLM(config)
     else:
         config = LlamaConfig(
             vocab_size=VOCAB_SIZE, hidden_size=spec.hidden, num_hidden_layers=spec.layers,

@@ -42,5 +42,6 @@ def run_serve(args: argparse.Namespace, settings: Any) -> int:
             default_max_tokens=args.default_max_tokens,
         ),
         module_budget_bytes=args.module_budget_mb * 1024 * 1024,
+        data_dir=settings.data_dir,
     )
     return 0

@@ -12,6 +12,9 @@ from meancache.upstream.builtin import (
     builtin_tokenizer,
 )
 from meancache.upstream.errors import ModelLoadError, UnsupportedModelError
+from meancache.upstream.gemma import STOP as GEMMA_STOP
+from meancache.upstream.gemma import Progress, load_gemma
+from meancache.upstream.prompt_cache.states import sliding_window
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -23,8 +26,9 @@ from transformers import (
 log = logging.getLogger(__name__)
 
 # Architectures whose position handling (rotary or learned absolute) Prompt Cache supports.
-SUPPORTED_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "gpt2"})
+SUPPORTED_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "gpt2", "gemma3_text"})
 DEFAULT_MODEL = "builtin:tiny"
+GEMMA = "builtin:gemma-3-270m"  # a real model, shipped in pip packages (upstream.gemma)
 
 
 @dataclass(frozen=True)
@@ -34,6 +38,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     architecture: str
     untrained: bool  # a built-in random-init model: its text is meaningless
+    stop: tuple[str, ...] = ()  # where the model starts a turn its template does not end
 
     @property
     def context_length(self) -> int:
@@ -50,15 +55,24 @@ class LoadedModel:
         return sum(p.numel() for p in self.model.parameters())
 
 
-def load_model(spec: str = DEFAULT_MODEL, device: str | None = None) -> LoadedModel:
-    """``builtin:NAME`` (tiny, tiny-gpt2, base) or a local model directory."""
+def load_model(spec: str = DEFAULT_MODEL, device: str | None = None,
+               data_dir: Path | None = None, progress: Progress | None = None) -> LoadedModel:
+    """``builtin:NAME`` (tiny, tiny-gpt2, tiny-gemma3, base, gemma-3-270m) or a local model
+    directory. ``builtin:gemma-3-270m`` keeps its converted weights under ``data_dir``;
+    ``progress`` hears (done, total) of its one-time conversion."""
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if spec == GEMMA:
+        if data_dir is None:
+            raise ModelLoadError(f"{GEMMA} needs a data directory to keep its converted "
+                                 "weights in")
+        model, tokenizer = load_gemma(data_dir, device, progress)
+        return LoadedModel(spec, model, tokenizer, model.config.model_type, False, GEMMA_STOP)
     if spec.startswith("builtin:"):
         name = spec.removeprefix("builtin:")
         if name not in BUILTIN_MODELS:
             raise ModelLoadError(
                 f"unknown built-in model {name!r}; choose one of "
-                + ", ".join(f"builtin:{n}" for n in BUILTIN_MODELS)
+                + ", ".join([*(f"builtin:{n}" for n in BUILTIN_MODELS), GEMMA])
             )
         model = builtin_model(name).to(device)
         loaded = LoadedModel(spec, model, builtin_tokenizer(), model.config.model_type, True)
@@ -85,7 +99,8 @@ def _load_directory(path: Path, device: str) -> LoadedModel:
             f"{path} is a {config.model_type!r} model; Prompt Cache supports "
             + ", ".join(sorted(SUPPORTED_ARCHITECTURES)) + "; serve a model of one of those"
         )
-    if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+    if (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+            and sliding_window(config) is None):  # Gemma 3's window is applied by the masks
         log.warning("%s uses sliding-window attention; module states are kept in full", path)
     try:
         model = AutoModelForCausalLM.from_pretrained(

@@ -23,7 +23,7 @@ from meancache.upstream.prompt_cache.module_store import Key, ModuleStore
 from meancache.upstream.prompt_cache.roles import role_template
 from meancache.upstream.prompt_cache.states import (
     SegmentStates,
-    additive_mask,
+    attention_mask,
     bytes_per_token,
     concatenate,
     encode_segment,
@@ -206,10 +206,11 @@ class PromptCacheEngine:
         sees_cached = cached_positions.to(device)[None, :] < positions[:, None]
         sees_new = positions[None, :] <= positions[:, None]
         allowed = torch.cat([sees_cached, sees_new], dim=1)
+        seen = torch.cat([cached_positions.to(device), positions])
         out = self.model(input_ids=ids, position_ids=positions[None],
-                         attention_mask=additive_mask(allowed, self.model.dtype),
-                         past_key_values=cache, use_cache=True)
-        return out.logits[0, -1], torch.cat([cached_positions.to(device), positions]), cache
+                         attention_mask=attention_mask(self.model, allowed, positions, seen),
+                         past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[0, -1], seen, cache
 
     def check_fits(self, prepared: PreparedPrompt, params: SamplingParams) -> None:
         """Raise PromptTooLongError if the prompt plus max_tokens passes the context."""
@@ -233,7 +234,7 @@ class PromptCacheEngine:
         if params.seed is not None:
             generator = torch.Generator(device=self.loaded.device).manual_seed(params.seed)
         logits, seen, cache = self.prefill(prepared)
-        stream = TextStream(self.tokenizer, params.stop)
+        stream = TextStream(self.tokenizer, params.stop + self.loaded.stop)
         token = next_token(logits, params, generator)
         ttft = time.perf_counter() - start
         produced, reason = 0, "length"
@@ -255,12 +256,13 @@ class PromptCacheEngine:
             if produced >= params.max_tokens:
                 break
             last += 1
-            allowed = torch.ones(1, seen.numel() + 1, dtype=torch.bool, device=device)
+            position = torch.tensor([last], device=device)
+            seen = torch.cat([seen, position])
+            allowed = torch.ones(1, seen.numel(), dtype=torch.bool, device=device)
             out = self.model(input_ids=torch.tensor([[token]], device=device),
-                             position_ids=torch.tensor([[last]], device=device),
-                             attention_mask=additive_mask(allowed, self.model.dtype),
+                             position_ids=position[None],
+                             attention_mask=attention_mask(self.model, allowed, position, seen),
                              past_key_values=cache, use_cache=True)
-            seen = torch.cat([seen, torch.tensor([last], device=device)])
             token = next_token(out.logits[0, -1], params, generator)
         tail = stream.flush()
         if tail:

@@ -5,13 +5,17 @@ transformers 5.x notes, each covered by a test:
 - a jump in ``position_ids`` without a cache or a 4D mask is taken for packed sequences,
   so every forward pass here gets an explicit 4D additive mask;
 - a ``DynamicCache`` grows in place during a forward pass, so a request never runs on a
-  module's own tensors: serving concatenates them into a fresh cache.
+  module's own tensors: serving concatenates them into a fresh cache;
+- models with sliding-window layers (Gemma 3) take a dict of masks keyed by layer type; a
+  single 4D mask would be applied to the sliding layers too, letting them see too far back.
+  Our caches keep every layer's states in full (no ``config``, so no sliding cache layers),
+  and the window is applied by position in the mask.
 """
 
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
+from transformers import DynamicCache, PreTrainedConfig, PreTrainedModel
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -22,6 +26,30 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     mask = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     mask.masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None]
+
+
+def sliding_window(config: PreTrainedConfig) -> int | None:
+    """The window of the model's sliding-attention layers, if it has any by layer type."""
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()):
+        return int(config.sliding_window)
+    return None
+
+
+def attention_mask(model: PreTrainedModel, allowed: torch.Tensor, query_positions: torch.Tensor,
+                   key_positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The mask for a forward pass: ``allowed`` (q, kv) says which keys each query may see.
+
+    Cached segments sit at their own positions, not at their index in the cache, so the
+    sliding window is measured in positions: a key ``window`` or more positions behind the
+    query is hidden from the sliding layers (transformers' ``kv > q - window``).
+    """
+    full = additive_mask(allowed, model.dtype)
+    window = sliding_window(model.config)
+    if window is None:
+        return full
+    near = query_positions[:, None] - key_positions[None, :] < window
+    return {"full_attention": full,
+            "sliding_attention": additive_mask(allowed & near, model.dtype)}
 
 
 @dataclass(frozen=True)
@@ -52,8 +80,10 @@ def encode_segment(model: PreTrainedModel, token_ids: list[int], positions: list
     before = leading.tokens if leading is not None else 0
     allowed = torch.cat([torch.ones(n, before, dtype=torch.bool, device=device),
                          torch.ones(n, n, dtype=torch.bool, device=device).tril()], dim=1)
-    model(input_ids=ids, position_ids=pos, attention_mask=additive_mask(allowed, model.dtype),
-          past_key_values=cache, use_cache=True)
+    keys = torch.cat([leading.positions.to(device), pos[0]]) if leading is not None else pos[0]
+    model(input_ids=ids, position_ids=pos,
+          attention_mask=attention_mask(model, allowed, pos[0], keys),
+          past_key_values=cache, use_cache=True, logits_to_keep=1)
     return SegmentStates(
         tuple(layer.keys[:, :, before:] for layer in cache.layers),
         tuple(layer.values[:, :, before:] for layer in cache.layers),

@@ -5,6 +5,7 @@ import logging
 import sys
 import threading
 import time
+from pathlib import Path
 
 import uvicorn
 from meancache.shared.processes import free_port
@@ -21,9 +22,15 @@ def describe(loaded: LoadedModel) -> str:
     return f"{loaded.name} ({kind}, {loaded.parameters / 1e6:.1f}M parameters)"
 
 
+def report_conversion(done: int, total: int) -> None:
+    """Progress of builtin:gemma-3-270m's one-time conversion (minutes on a small CPU)."""
+    print(f"meancache upstream: preparing the model, step {done}/{total}",
+          file=sys.stderr, flush=True)
+
+
 def serve(model: str, host: str, port: int, settings: ServerSettings,
-          module_budget_bytes: int) -> None:
-    loaded = load_model(model)
+          module_budget_bytes: int, data_dir: Path | None = None) -> None:
+    loaded = load_model(model, data_dir=data_dir, progress=report_conversion)
     app = create_app(PromptCacheEngine(loaded, module_budget_bytes), settings)
     log.info("serving %s on http://%s:%d", loaded.name, host, port)
     print(f"meancache upstream: serving {describe(loaded)} on http://{host}:{port}",
@@ -35,8 +42,8 @@ class BackgroundServer:
     """The upstream on a daemon thread, on a free loopback port, until ``stop``."""
 
     def __init__(self, model: str = "builtin:tiny", settings: ServerSettings | None = None,
-                 module_budget_bytes: int = 512 << 20) -> None:
-        self.loaded = load_model(model)
+                 module_budget_bytes: int = 512 << 20, data_dir: Path | None = None) -> None:
+        self.loaded = load_model(model, data_dir=data_dir)
         app = create_app(PromptCacheEngine(self.loaded, module_budget_bytes), settings)
         self.port = free_port()
         self._server = uvicorn.Server(uvicorn.Config(

