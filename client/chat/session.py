@@ -4,6 +4,7 @@ answer path and conversation store. Shared by `meancache ask` and the chat app."
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from meancache.client.cache import SemanticCache
@@ -27,9 +28,10 @@ class EmbeddedUpstream(Protocol):
     def stop(self) -> None: ...
 
 
-# Starts the embedded upstream for a model name. The client cannot import the upstream
-# (the sides never import each other): the `meancache` command joins them and passes this.
-UpstreamStarter = Callable[[str], EmbeddedUpstream]
+# Starts the embedded upstream for a model name, keeping converted models in a data dir.
+# The client cannot import the upstream (the sides never import each other): the
+# `meancache` command joins them and passes this.
+UpstreamStarter = Callable[[str, Path], EmbeddedUpstream]
 
 
 @dataclass
@@ -57,7 +59,7 @@ class ChatSession:
         elif start_upstream is None:
             raise ConfigError("no upstream_url is configured: set it, or pass --upstream URL")
         else:
-            embedded = start_upstream(settings.upstream_model)
+            embedded = start_upstream(settings.upstream_model, settings.data_dir)
             url, label = embedded.url, f"embedded upstream: {embedded.label}"
         upstream = UpstreamClient(url, settings.upstream_api_key)
         conversations = ConversationStore(settings.conversations_dir)
