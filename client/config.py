@@ -38,7 +38,7 @@ class Settings:
     tune_min_per_class: int = 5
     log_level: str = "INFO"
     upstream_url: str | None = None  # None: the chat starts an embedded upstream
-    upstream_model: str = "builtin:tiny"  # what `upstream serve` and the embedded one run
+    upstream_model: str = "builtin:gemma-3-270m"  # what `upstream serve` and the embedded one run
     upstream_api_key: str | None = None  # the bearer key the upstream asks for / is sent
     answer_max_tokens: int = 512
     temperature: float = 0.7

@@ -7,11 +7,14 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from meancache.client.chat.session import EmbeddedUpstream
+    from meancache.shared.progress import Progress
 
 
-def start_embedded_upstream(model: str, data_dir: Path) -> "EmbeddedUpstream":
-    """Load ``model`` (built-ins converted once into ``data_dir``) and serve it on a free
-    loopback port (blocking: seconds, minutes on a first conversion)."""
+def start_embedded_upstream(model: str, data_dir: Path, progress: "Progress | None" = None
+                            ) -> "EmbeddedUpstream":
+    """Load ``model`` (built-ins converted once into ``data_dir``, ``progress`` hearing the
+    steps) and serve it on a free loopback port (blocking: seconds, a minute or more on a
+    first conversion)."""
     from meancache.upstream.server.serve import BackgroundServer
 
-    return BackgroundServer(model, data_dir=data_dir).start()
+    return BackgroundServer(model, data_dir=data_dir, progress=progress).start()

@@ -185,7 +185,8 @@ def test_attached_document_reports_reused_tokens(settings: Settings, tmp_path: P
 
 def test_without_an_upstream_it_starts_the_embedded_one(settings: Settings) -> None:
     async def run() -> None:
-        app = MeanCacheApp(dataclasses.replace(settings, upstream_url=None),
+        app = MeanCacheApp(dataclasses.replace(settings, upstream_url=None,
+                                               upstream_model="builtin:tiny"),
                            start_embedded_upstream)
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)

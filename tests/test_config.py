@@ -18,6 +18,7 @@ def test_defaults_use_platform_dirs_when_nothing_is_set(tmp_path: Path) -> None:
     settings = load_settings(config_dir=tmp_path, environ={})
     assert settings.threshold == DEFAULT_THRESHOLD
     assert settings.encoder_backend == "onnx"
+    assert settings.upstream_model == "builtin:gemma-3-270m"  # a real model, not noise
     assert settings.data_dir == Path(platformdirs.user_data_dir("meancache"))
     assert settings.config_dir == tmp_path
     assert settings.log_file == settings.data_dir / "logs" / "meancache.log"

@@ -224,7 +224,8 @@ def test_the_serve_command_starts_a_server(tmp_path: object) -> None:
     env = {"MEANCACHE_DATA_DIR": str(tmp_path), "MEANCACHE_CONFIG_DIR": str(tmp_path),
            "PATH": "/usr/bin:/bin"}
     process = subprocess.Popen(
-        [sys.executable, "-m", "meancache", "upstream", "serve", "--port", str(port)],
+        [sys.executable, "-m", "meancache", "upstream", "serve", "--model", "builtin:tiny",
+         "--port", str(port)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:

@@ -9,9 +9,11 @@ def add_commands(commands: Any) -> None:
     upstream = commands.add_parser("upstream", help="the LLM server with Prompt Cache")
     sub = upstream.add_subparsers(dest="upstream_command", required=True)
     serve = sub.add_parser("serve", help="serve a model over an OpenAI-compatible API")
-    serve.add_argument("--model", help="a local Hugging Face model directory, builtin:tiny, "
-                       "builtin:tiny-gpt2 or builtin:base (~113M, for benchmarks) "
-                       "(default: upstream_model in config.toml, builtin:tiny)")
+    serve.add_argument("--model", help="a local Hugging Face model directory, "
+                       "builtin:gemma-3-270m (a real model, converted once on first use), "
+                       "or an untrained one for tests and benchmarks: builtin:tiny, "
+                       "builtin:tiny-gpt2, builtin:tiny-gemma3, builtin:base (~113M) "
+                       "(default: upstream_model in config.toml, builtin:gemma-3-270m)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8080,

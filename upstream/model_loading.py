@@ -27,8 +27,8 @@ log = logging.getLogger(__name__)
 
 # Architectures whose position handling (rotary or learned absolute) Prompt Cache supports.
 SUPPORTED_ARCHITECTURES = frozenset({"llama", "mistral", "qwen2", "gpt2", "gemma3_text"})
-DEFAULT_MODEL = "builtin:tiny"
 GEMMA = "builtin:gemma-3-270m"  # a real model, shipped in pip packages (upstream.gemma)
+DEFAULT_MODEL = GEMMA
 
 
 @dataclass(frozen=True)

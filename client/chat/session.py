@@ -28,10 +28,11 @@ class EmbeddedUpstream(Protocol):
     def stop(self) -> None: ...
 
 
-# Starts the embedded upstream for a model name, keeping converted models in a data dir.
+# Starts the embedded upstream for a model name, keeping converted models in a data dir
+# and reporting the steps of a first conversion.
 # The client cannot import the upstream (the sides never import each other): the
 # `meancache` command joins them and passes this.
-UpstreamStarter = Callable[[str, Path], EmbeddedUpstream]
+UpstreamStarter = Callable[[str, Path, Progress | None], EmbeddedUpstream]
 
 
 @dataclass
@@ -45,7 +46,8 @@ class ChatSession:
 
     @classmethod
     def open(cls, settings: Settings, progress: Progress | None = None,
-             start_upstream: UpstreamStarter | None = None) -> "ChatSession":
+             start_upstream: UpstreamStarter | None = None,
+             upstream_progress: Progress | None = None) -> "ChatSession":
         """Load the encoder and cache, and start the embedded upstream if no URL is set.
 
         Blocking (seconds on the first run, which exports the encoder to ONNX): call it
@@ -59,7 +61,7 @@ class ChatSession:
         elif start_upstream is None:
             raise ConfigError("no upstream_url is configured: set it, or pass --upstream URL")
         else:
-            embedded = start_upstream(settings.upstream_model, settings.data_dir)
+            embedded = start_upstream(settings.upstream_model, settings.data_dir, upstream_progress)
             url, label = embedded.url, f"embedded upstream: {embedded.label}"
         upstream = UpstreamClient(url, settings.upstream_api_key)
         conversations = ConversationStore(settings.conversations_dir)

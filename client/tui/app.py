@@ -35,9 +35,13 @@ class MeanCacheApp(App[None]):
 
     @work(thread=True, exclusive=True, group="session")
     def open_session(self) -> None:
-        """Loading the encoder and starting the embedded upstream takes seconds."""
+        """Loading the encoder and starting the embedded upstream takes seconds (a minute
+        or more on the first start, which prepares the built-in model: its steps show)."""
         try:
-            session = ChatSession.open(self.settings, start_upstream=self.start_upstream)
+            session = ChatSession.open(
+                self.settings, start_upstream=self.start_upstream,
+                upstream_progress=self.chat.progress(
+                    "preparing the language model (once, on the first start)…"))
         except MeanCacheError as exc:
             self.call_from_thread(self._failed, str(exc))
             return

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import uvicorn
 from meancache.shared.processes import free_port
+from meancache.shared.progress import Progress
 from meancache.upstream.errors import UpstreamError
 from meancache.upstream.model_loading import LoadedModel, load_model
 from meancache.upstream.prompt_cache.engine import PromptCacheEngine
@@ -42,8 +43,9 @@ class BackgroundServer:
     """The upstream on a daemon thread, on a free loopback port, until ``stop``."""
 
     def __init__(self, model: str = "builtin:tiny", settings: ServerSettings | None = None,
-                 module_budget_bytes: int = 512 << 20, data_dir: Path | None = None) -> None:
-        self.loaded = load_model(model, data_dir=data_dir)
+                 module_budget_bytes: int = 512 << 20, data_dir: Path | None = None,
+                 progress: Progress | None = None) -> None:
+        self.loaded = load_model(model, data_dir=data_dir, progress=progress)
         app = create_app(PromptCacheEngine(self.loaded, module_budget_bytes), settings)
         self.port = free_port()
         self._server = uvicorn.Server(uvicorn.Config(

@@ -103,6 +103,7 @@ class ChatScreen(Screen[None]):
 
     def ready(self, session: ChatSession) -> None:
         self._session = session
+        self.query_one("#progress", ProgressBar).remove_class("active")
         self.query_one("#status", Static).update(session.upstream_label)
         question = self.query_one("#question", Input)
         question.disabled = False
@@ -110,6 +111,7 @@ class ChatScreen(Screen[None]):
         self.refresh_bindings()
 
     def failed(self, message: str) -> None:
+        self.query_one("#progress", ProgressBar).remove_class("active")
         self.query_one("#status", Static).update(f"cannot start: {message}")
 
     def set_busy(self, busy: bool) -> None:
@@ -296,16 +298,16 @@ class ChatScreen(Screen[None]):
         self.notify(f"{path.name} attached ({document.tokens} tokens)", title="Attached")
 
     # federated learning -------------------------------------------------------------
-    def _progress(self, label: str) -> Callable[[int, int], None]:
-        """A (done, total) callback, safe to call from a worker thread."""
-        bar = self.query_one("#progress", ProgressBar)
-        status = self.query_one("#status", Static)
+    def progress(self, label: str) -> Callable[[int, int], None]:
+        """A (done, total) callback, safe to call from a worker thread: the widgets are
+        looked up and changed on the app's thread."""
 
         def update(done: int, total: int) -> None:
             def show() -> None:
+                bar = self.query_one("#progress", ProgressBar)
                 bar.add_class("active")
                 bar.update(total=total or None, progress=done)
-                status.update(label)
+                self.query_one("#status", Static).update(label)
             self.app.call_from_thread(show)
 
         return update
@@ -329,8 +331,8 @@ class ChatScreen(Screen[None]):
     def action_fl_sync(self) -> None:
         try:
             result, reembedded = sync_and_switch(
-                self.session, self._progress("downloading the global model…"),
-                self._progress("re-embedding cached questions…"))
+                self.session, self.progress("downloading the global model…"),
+                self.progress("re-embedding cached questions…"))
         except (MeanCacheError, ValueError) as exc:
             self.app.call_from_thread(self.notify, str(exc), title="Sync failed",
                                       severity="error")
@@ -391,7 +393,7 @@ class ChatScreen(Screen[None]):
     @work(thread=True, exclusive=True, group="fl")
     def switch_model(self) -> None:
         try:
-            switch_to_latest(self.session, self._progress("re-embedding cached questions…"))
+            switch_to_latest(self.session, self.progress("re-embedding cached questions…"))
         finally:
             self.app.call_from_thread(self._progress_done)
 
