@@ -41,7 +41,7 @@ class Settings:
     upstream_model: str = "builtin:gemma-3-270m"  # what `upstream serve` and the embedded one run
     upstream_api_key: str | None = None  # the bearer key the upstream asks for / is sent
     answer_max_tokens: int = 512
-    temperature: float = 0.7
+    temperature: float = 0.0  # greedy: a cached answer should be the model's best one
     keymap: dict[str, str] = field(default_factory=dict)  # chat binding id -> keys
     fl_server_url: str | None = None  # the FL server's global-model endpoint (sync)
     fl_superlink: str | None = None  # HOST:PORT of the SuperLink the chat may join

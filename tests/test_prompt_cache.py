@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from meancache.upstream.builtin import builtin_tokenizer
 from meancache.upstream.model_loading import LoadedModel, load_model
 from meancache.upstream.prompt_cache.engine import Delta, Finish, PreparedPrompt, PromptCacheEngine
 from meancache.upstream.prompt_cache.layout import LEADING
 from meancache.upstream.prompt_cache.states import additive_mask, attention_mask
-from meancache.upstream.sampling import SamplingParams
+from meancache.upstream.sampling import SamplingParams, TextStream
 
 TOLERANCE = 1e-4
 
@@ -349,3 +350,13 @@ def test_gemma3_module_states_stay_exact_across_and_beyond_the_window(
     for layer, (keys, values) in enumerate(zip(states.keys, states.values, strict=True)):
         assert (keys - cache.layers[layer].keys[:, :, len(leading):]).abs().max() <= TOLERANCE
         assert (values - cache.layers[layer].values[:, :, len(leading):]).abs().max() <= TOLERANCE
+
+
+def test_an_answer_starts_at_its_first_visible_character() -> None:
+    """A base model continues "Answer:" with " Paris"; the stop string still ends it."""
+    tokenizer = builtin_tokenizer()
+    stream = TextStream(tokenizer, ("\nQuestion:",))
+    ids = tokenizer.encode(" \n Paris.\nQuestion: and Spain?", add_special_tokens=False)
+    text = "".join(stream.push(token) for token in ids) + stream.flush()
+    assert text == "Paris."
+    assert stream.stopped

@@ -41,7 +41,8 @@ def next_token(logits: torch.Tensor, params: SamplingParams,
 
 class TextStream:
     """Decodes generated tokens incrementally, holding back text that could still turn out
-    to be the start of a stop string or an incomplete UTF-8 character."""
+    to be the start of a stop string or an incomplete UTF-8 character. An answer starts at
+    its first visible character: a prompt ending in "Answer:" is continued with " Paris"."""
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, stop: tuple[str, ...]) -> None:
         self._tokenizer = tokenizer
@@ -53,7 +54,7 @@ class TextStream:
     def push(self, token_id: int) -> str:
         """Add a token; return the text that is now safe to show."""
         self._ids.append(token_id)
-        text = self._tokenizer.decode(self._ids, skip_special_tokens=True)
+        text = self._text()
         for stop in self._stop:
             at = text.find(stop, max(0, self._emitted - len(stop)))
             if at != -1:
@@ -71,7 +72,10 @@ class TextStream:
         """The held-back text, once generation has ended without a stop string."""
         if self.stopped:
             return ""
-        return self._take(self._tokenizer.decode(self._ids, skip_special_tokens=True))
+        return self._take(self._text())
+
+    def _text(self) -> str:
+        return self._tokenizer.decode(self._ids, skip_special_tokens=True).lstrip()
 
     def _take(self, upto: str) -> str:
         if len(upto) <= self._emitted:
