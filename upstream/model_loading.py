@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from meancache.shared.progress import Progress
 from meancache.upstream.builtin import (
     BUILTIN_MODELS,
     CHAT_TEMPLATE,
@@ -13,8 +14,7 @@ from meancache.upstream.builtin import (
 )
 from meancache.upstream.errors import ModelLoadError, UnsupportedModelError
 from meancache.upstream.gemma import STOP as GEMMA_STOP
-from meancache.upstream.gemma import Progress, load_gemma
-from meancache.upstream.prompt_cache.states import sliding_window
+from meancache.upstream.gemma import load_gemma
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -99,9 +99,6 @@ def _load_directory(path: Path, device: str) -> LoadedModel:
             f"{path} is a {config.model_type!r} model; Prompt Cache supports "
             + ", ".join(sorted(SUPPORTED_ARCHITECTURES)) + "; serve a model of one of those"
         )
-    if (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
-            and sliding_window(config) is None):  # Gemma 3's window is applied by the masks
-        log.warning("%s uses sliding-window attention; module states are kept in full", path)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             path, local_files_only=True, dtype=torch.float32

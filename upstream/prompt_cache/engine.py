@@ -1,6 +1,7 @@
 """Serving with Prompt Cache: imported modules' states are reused, only new tokens are
 computed, and decoding continues from the highest position + 1."""
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -27,10 +28,13 @@ from meancache.upstream.prompt_cache.states import (
     bytes_per_token,
     concatenate,
     encode_segment,
+    sliding_window,
 )
 from meancache.upstream.sampling import SamplingParams, TextStream, next_token
 
 Message = dict[str, str]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -79,6 +83,11 @@ class PromptCacheEngine:
         self.layouts: dict[str, SchemaLayout] = {}
         self.modules = ModuleStore(module_budget_bytes)
         self.bytes_per_token = bytes_per_token(self.model)
+        config = self.model.config
+        if (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
+                and sliding_window(config) is None):  # Gemma 3's window is applied by the masks
+            log.warning("%s uses sliding-window attention; module states are kept in full",
+                        loaded.name)
         eos = {self.tokenizer.eos_token_id, *self._generation_eos()}
         self._eos = {i for i in eos if i is not None}
 
