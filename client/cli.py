@@ -91,7 +91,8 @@ def cmd_cache_list(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_cache_clear(args: argparse.Namespace, settings: Settings) -> int:
     if not args.yes:
         if not sys.stdin.isatty():
-            raise MeanCacheError("refusing to clear the cache without --yes")
+            raise MeanCacheError("refusing to clear the cache without --yes: pass --yes to "
+                                 "delete every entry")
         if input(f"Delete every entry in {settings.cache_dir}? [y/N] ").strip().lower() != "y":
             err.print("nothing deleted")
             return 1
@@ -121,7 +122,8 @@ def cmd_cache_export(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_cache_repair(args: argparse.Namespace, settings: Settings) -> int:
     if not settings.cache_dir.exists():
-        raise MeanCacheError(f"there is no cache in {settings.cache_dir}")
+        raise MeanCacheError(f"there is no cache in {settings.cache_dir}, so nothing to "
+                             "repair; check --data-dir (or MEANCACHE_DATA_DIR)")
     aside, salvaged, lost = repair(settings.cache_dir)
     out.print(f"moved the damaged cache to {aside}; salvaged {salvaged} entries"
               + (f"; {lost} could not be read and stay there" if lost else ""))

@@ -39,6 +39,9 @@ class CacheVersionError(CacheError):
 class EntryNotFoundError(CacheError, KeyError):
     """No entry with that id (it may have been evicted or deleted by another process)."""
 
+    def __str__(self) -> str:  # KeyError's own would quote the message
+        return str(self.args[0]) if self.args else ""
+
 
 class ConfigError(MeanCacheError):
     """A setting has an unknown name or a value of the wrong kind."""
@@ -54,6 +57,9 @@ class DocumentError(MeanCacheError):
 
 class ConversationNotFoundError(MeanCacheError, KeyError):
     """No conversation with that id."""
+
+    def __str__(self) -> str:  # KeyError's own would quote the message
+        return str(self.args[0]) if self.args else ""
 
 
 class UpstreamRequestError(MeanCacheError):

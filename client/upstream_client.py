@@ -83,7 +83,8 @@ class UpstreamClient:
         if self.model is None:
             models = (await self._send("GET", "/v1/models")).json().get("data") or []
             if not models:
-                raise UpstreamRejectedError("the upstream serves no model", 404)
+                raise UpstreamRejectedError("the upstream serves no model; start it with one "
+                                            "(meancache upstream serve --model ...)", 404)
             self.model = str(models[0]["id"])
         return self.model
 

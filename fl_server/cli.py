@@ -126,7 +126,8 @@ def run_simulate(args: argparse.Namespace, settings: Any) -> int:
     if not args.pairs.is_file():
         raise MeanCacheError(f"no labelled pairs at {args.pairs} (pass --pairs FILE)")
     if not 0 < args.per_round <= args.clients:
-        raise MeanCacheError("--per-round must lie between 1 and --clients")
+        raise MeanCacheError(f"--per-round must lie between 1 and --clients ({args.clients}); "
+                             "lower --per-round or raise --clients")
     config = SimulationConfig(
         pairs=args.pairs, checkpoint_dir=args.checkpoints or settings.data_dir / "fl-simulation",
         clients=args.clients, per_round=args.per_round, run_config={

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from meancache.client.config import load_settings
+from meancache.client.errors import ConfigError
 from meancache.client.tui.federated import FederatedParticipation
 from meancache.shared.fl.checkpoint import save_checkpoint
 
@@ -53,6 +54,6 @@ def test_stop_waits_for_the_node(participation: FederatedParticipation) -> None:
     participation.stop()
     assert process.returncode is not None and not participation.running
     participation.stop()  # leaving twice is harmless
-    with pytest.raises(ValueError, match="fl_superlink"):
+    with pytest.raises(ConfigError, match="fl_superlink is not configured: set it"):
         FederatedParticipation(dataclasses.replace(participation.settings,
                                                    fl_superlink=None)).start()

@@ -96,6 +96,12 @@ class Conversation:
         return "\n".join(lines) + "\n"
 
 
+def _not_found(conversation_id: str) -> ConversationNotFoundError:
+    return ConversationNotFoundError(
+        f"no conversation {conversation_id!r}; `meancache ask` prints the id of each "
+        "conversation and the chat lists them (ctrl+o)")
+
+
 class ConversationStore:
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
@@ -103,7 +109,7 @@ class ConversationStore:
 
     def _path(self, conversation_id: str) -> Path:
         if not conversation_id.isalnum():
-            raise ConversationNotFoundError(f"no conversation {conversation_id!r}")
+            raise _not_found(conversation_id)
         return self.directory / f"{conversation_id}.json"
 
     def save(self, conversation: Conversation) -> None:
@@ -117,7 +123,7 @@ class ConversationStore:
         try:
             return Conversation.from_json(json.loads(path.read_text(encoding="utf-8")))
         except FileNotFoundError:
-            raise ConversationNotFoundError(f"no conversation {conversation_id!r}") from None
+            raise _not_found(conversation_id) from None
 
     def list(self) -> list[Conversation]:
         """Every readable conversation, newest first; unreadable files are logged, kept."""
@@ -133,4 +139,4 @@ class ConversationStore:
         try:
             self._path(conversation_id).unlink()
         except FileNotFoundError:
-            raise ConversationNotFoundError(f"no conversation {conversation_id!r}") from None
+            raise _not_found(conversation_id) from None

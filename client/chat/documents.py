@@ -24,18 +24,20 @@ def read_document(path: Path) -> str:
     path = path.expanduser()
     try:
         if path.stat().st_size > MAX_DOCUMENT_BYTES:
-            raise DocumentError(f"{path} is larger than {MAX_DOCUMENT_BYTES // 1024} KiB")
+            raise DocumentError(f"{path} is larger than {MAX_DOCUMENT_BYTES // 1024} KiB; "
+                                "attach a smaller file or a part of it")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise DocumentError(f"no file {path}") from None
+        raise DocumentError(f"no file {path}; check the path") from None
     except IsADirectoryError:
-        raise DocumentError(f"{path} is a directory, not a file") from None
+        raise DocumentError(f"{path} is a directory; attach one text file") from None
     except UnicodeDecodeError:
-        raise DocumentError(f"{path} is not UTF-8 text") from None
+        raise DocumentError(f"{path} is not UTF-8 text; attach a plain-text file") from None
     except OSError as exc:
-        raise DocumentError(f"cannot read {path}: {exc.strerror}") from None
+        raise DocumentError(f"cannot read {path}: {exc.strerror}; check its permissions"
+                            ) from None
     if not text.strip():
-        raise DocumentError(f"{path} is empty")
+        raise DocumentError(f"{path} is empty; attach a file with text in it")
     return text
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from meancache.client.chat.session import ChatSession
 from meancache.client.config import Settings
 from meancache.client.encoder import load_device_encoder
+from meancache.client.errors import ConfigError
 from meancache.client.fl.supernode import start_supernode
 from meancache.client.fl.sync import SyncResult, sync_global_model
 from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
@@ -19,7 +20,8 @@ def sync_and_switch(session: ChatSession, download: Progress, reembed: Progress
     """Download the global model if newer, then re-embed the cache under it (blocking)."""
     url = session.settings.fl_server_url
     if url is None:
-        raise ValueError("fl_server_url is not configured")
+        raise ConfigError("fl_server_url is not configured: set it in config.toml or "
+                          "MEANCACHE_FL_SERVER_URL to the FL server's global-model URL")
     result = sync_global_model(url, session.settings, download)
     return result, switch_to_latest(session, reembed)
 
@@ -58,7 +60,8 @@ class FederatedParticipation:
         """Start the SuperNode, logging to logs/supernode.log in the data dir."""
         settings = self.settings
         if settings.fl_superlink is None:
-            raise ValueError("fl_superlink is not configured")
+            raise ConfigError("fl_superlink is not configured: set it in config.toml or "
+                              "MEANCACHE_FL_SUPERLINK to the SuperLink's HOST:PORT")
         certificate = (Path(settings.fl_root_certificate) if settings.fl_root_certificate
                        else None)
         self.known_round = latest_round(settings)

@@ -333,7 +333,7 @@ class ChatScreen(Screen[None]):
             result, reembedded = sync_and_switch(
                 self.session, self.progress("downloading the global model…"),
                 self.progress("re-embedding cached questions…"))
-        except (MeanCacheError, ValueError) as exc:
+        except MeanCacheError as exc:
             self.app.call_from_thread(self.notify, str(exc), title="Sync failed",
                                       severity="error")
             return
@@ -355,7 +355,7 @@ class ChatScreen(Screen[None]):
                 return
             try:
                 self.federation.start()
-            except (MeanCacheError, ValueError, OSError) as exc:
+            except (MeanCacheError, OSError) as exc:
                 self.app.call_from_thread(self.notify, str(exc), title="Cannot join federated "
                                           "learning", severity="error")
                 return
