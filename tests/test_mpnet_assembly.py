@@ -71,7 +71,8 @@ def chunk_file(tmp_path: Path, number: int) -> Path:
 
 
 def leftovers(models_dir: Path) -> list[str]:
-    return sorted(p.name for p in models_dir.iterdir() if p.name != NAME)
+    """What lies beside the model besides it and its lock file."""
+    return sorted(p.name for p in models_dir.iterdir() if p.name not in {NAME, f".{NAME}.lock"})
 
 
 def test_assembles_once_with_progress_and_reuses_the_copy(fake: PackagedModel,

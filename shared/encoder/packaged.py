@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
+from filelock import FileLock
 from meancache.shared.errors import EncoderError, ModelNotFoundError
 from meancache.shared.progress import Progress
 
@@ -89,12 +90,22 @@ def ensure_assembled(model: PackagedModel, models_dir: Path,
     """``models_dir/<name>``, assembled from the chunks first when it is missing or fails
     its check (a damaged copy is rebuilt, never used)."""
     target = models_dir / model.name
-    if target.is_dir():
-        problem = check_assembled(target)
-        if problem is None:
-            return target
-        log.warning("rebuilding %s: %s", target, problem)
-    assemble(model, models_dir, progress, installed_chunks(model) if chunks is None else chunks)
+    if target.is_dir() and check_assembled(target) is None:
+        return target  # the common case: no lock, no write
+    try:
+        models_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise EncoderError(f"cannot create the models dir {models_dir}: {exc}; make it "
+                           "writable or move the data dir") from exc
+    # One assembler at a time: simulated FL clients and the chat may start together.
+    with FileLock(models_dir / f".{model.name}.lock"):
+        if target.is_dir():
+            problem = check_assembled(target)
+            if problem is None:
+                return target  # another process built it while we waited
+            log.warning("rebuilding %s: %s", target, problem)
+        assemble(model, models_dir, progress,
+                 installed_chunks(model) if chunks is None else chunks)
     return target
 
 
@@ -122,7 +133,6 @@ def assemble(model: PackagedModel, models_dir: Path, progress: Progress | None,
     target = models_dir / model.name
     tmp = models_dir / f".{model.name}.tmp-{os.getpid()}"
     try:
-        models_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         archive = tmp / f"{model.name}.zip"
