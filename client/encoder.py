@@ -8,16 +8,15 @@ from meancache.client.config import Settings
 from meancache.shared.encoder import Encoder, locate_model
 from meancache.shared.errors import EncoderError
 from meancache.shared.fl.checkpoint import latest_checkpoint
-from meancache.shared.progress import Progress
 
 log = logging.getLogger(__name__)
 
 
-def load_device_encoder(settings: Settings, progress: Progress | None = None) -> Encoder:
+def load_device_encoder(settings: Settings) -> Encoder:
     """The base model with the newest kept global weights; the base model alone when there
     are none or they do not fit it (trained from another base model, damaged). The first
-    start of the mpnet profile assembles it (``progress`` reports that)."""
-    model_dir = locate_model(settings.encoder_model, settings.models_dir, progress)
+    start of the mpnet profile assembles it (see ``assemble_encoder`` for a progress bar)."""
+    model_dir = locate_model(settings.encoder_model, settings.models_dir)
     checkpoint = latest_checkpoint(settings.global_model_dir)
     if checkpoint is not None:
         try:

@@ -49,7 +49,7 @@ class ChatSession:
         Blocking (seconds on the first run, which exports the encoder to ONNX): call it
         from a worker thread in the app.
         """
-        encoder = load_device_encoder(settings, progress)
+        encoder = load_device_encoder(settings)
         cache = SemanticCache(settings.cache_dir, encoder, settings.cache_settings(), progress)
         embedded = None
         if settings.upstream_url:
