@@ -20,7 +20,7 @@ def mpnet_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model_dir = locate_model("mpnet", data / "models", lambda d, t: calls.append((d, t)))
     assert model_dir == data / "models" / MPNET.name
     assert calls and calls[-1][0] == calls[-1][1] > 400_000_000  # the zip and its contents
-    assert check_assembled(model_dir) is None
+    assert check_assembled(MPNET, model_dir) is None
     return data
 
 

@@ -83,7 +83,7 @@ def test_assembles_once_with_progress_and_reuses_the_copy(fake: PackagedModel,
     assert target == models / NAME
     for name, data in FILES.items():
         assert (target / name).read_bytes() == data
-    assert (target / MANIFEST).is_file() and check_assembled(target) is None
+    assert (target / MANIFEST).is_file() and check_assembled(fake, target) is None
     assert leftovers(models) == []  # no temp dir or zip left beside it
     assert calls and all(0 < done <= total for done, total in calls)
     assert calls[-1][0] == calls[-1][1]
@@ -110,10 +110,10 @@ def test_a_damaged_or_partial_copy_is_rebuilt(fake: PackagedModel, tmp_path: Pat
         (target / MANIFEST).unlink()
     else:
         (target / "1_Pooling" / "config.json").unlink()
-    assert check_assembled(target) is not None
+    assert check_assembled(fake, target) is not None
 
     assert ensure_assembled(fake, models) == target
-    assert check_assembled(target) is None
+    assert check_assembled(fake, target) is None
     assert (target / "model.safetensors").read_bytes() == FILES["model.safetensors"]
     assert (target / "config.json").read_bytes() == FILES["config.json"]
     assert leftovers(models) == []
@@ -176,8 +176,15 @@ def test_a_full_disk_gives_a_clear_error_and_no_half_written_model(
     assert os.strerror(errno.ENOSPC) in message and str(models) in message
     assert "free some space" in message
     assert leftovers(models) == []
-    assert check_assembled(target) is not None  # the damaged copy is still refused
+    assert check_assembled(fake, target) is not None  # the damaged copy is still refused
 
     monkeypatch.undo()
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
-    assert ensure_assembled(fake, models) == target and check_assembled(target) is None
+    assert ensure_assembled(fake, models) == target and check_assembled(fake, target) is None
+
+
+def test_a_copy_built_from_other_packages_is_rebuilt(fake: PackagedModel,
+                                                     tmp_path: Path) -> None:
+    target = ensure_assembled(fake, tmp_path / "models")
+    newer = PackagedModel(NAME, fake.packages, fake.chunk_prefix, "f" * 64)
+    assert check_assembled(newer, target) == "it was built from other packages"

