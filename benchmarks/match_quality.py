@@ -264,7 +264,7 @@ def main() -> None:
             f"({int(train.labels.sum()):,} duplicates, {len(train.texts):,} distinct "
             f"questions), scored on {len(dev_pairs):,} dev pairs "
             f"({int(dev.labels.sum()):,} duplicates)")
-    console.print(f"encoder {encoder.version} ({encoder.model_dir.name}, {encoder.backend}); "
+    console.print(f"encoder {encoder.version} ({args.encoder}, {encoder.backend}); "
                   f"PCA fitted on a deterministic sample of the train-sample questions")
     print_rows([full, shipped, static, *pca], full)
     print_verdict(pca[0], full, dev, args)
