@@ -115,18 +115,21 @@ def qqp_questions(pairs: Iterable[QQPPair]) -> list[str]:
 
 
 # encoder ------------------------------------------------------------------------------
-def load_encoder(backend: str, cache_dir: Path, pca: PCAProjection | None = None) -> Encoder:
-    """The packaged all-MiniLM-L6-v2 (with a PCA layer if given) on ``backend``; the ONNX
-    export is cached in cache_dir.
+def load_encoder(backend: str, cache_dir: Path, pca: PCAProjection | None = None,
+                 model: str | None = None) -> Encoder:
+    """The encoder ``model`` (a profile or a local directory; default: the packaged
+    all-MiniLM-L6-v2) with a PCA layer if given, on ``backend``; the ONNX export and an
+    assembled MPNet are cached in cache_dir.
 
     Loads afresh instead of calling ``Encoder.with_pca``, which switches a PyTorch encoder
     to ONNX.
     """
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)  # export chatter
-    from meancache.shared.encoder import Encoder
+    from meancache.shared.encoder import Encoder, locate_model
 
     started = time.perf_counter()
-    encoder = Encoder.load(None, pca=pca, backend=backend, cache_dir=cache_dir)
+    model_dir = locate_model(model, cache_dir / "models")
+    encoder = Encoder.load(model_dir, pca=pca, backend=backend, cache_dir=cache_dir)
     if encoder.backend != backend:
         raise SystemExit(f"asked for the {backend} backend but got {encoder.backend}: "
                          f"{encoder.fallback_reason}")

@@ -1,10 +1,11 @@
 """Match quality: precision, recall, F1, F0.5 and accuracy of "cosine >= tau means the same
-question" on QQP, for full 384-d MiniLM embeddings, PCA-64 and a static tau of 0.7.
+question" on QQP, for full embeddings (384-d MiniLM, or 768-d MPNet with --encoder mpnet),
+PCA-64 and a static tau of 0.7.
 
 tau is tuned on the train split (maximising F0.5, as shared.threshold.best_threshold does)
 and the scores are reported on the dev split:
 
-- full 384-d at its tuned tau, and at the shipped DEFAULT_THRESHOLD;
+- full-dim at its tuned tau, and at the profile's shipped default threshold;
 - PCA-64 fitted on train-split question embeddings, with tau re-tuned in PCA space, for
   each --pca-fit size (the first is the headline; 1000 = when a real cache fits its PCA),
   plus PCA-64 at the full-space taus (SemanticCache.fit_pca keeps the cache's tau);
@@ -18,6 +19,7 @@ Embeddings are cached under --cache-dir, so only the first run pays for embeddin
 
     python benchmarks/match_quality.py                   # 10,000 train pairs, all dev pairs
     python benchmarks/match_quality.py --quick           # small smoke test
+    python benchmarks/match_quality.py --encoder mpnet   # MPNet (assembled on first use)
     python benchmarks/match_quality.py --train-pairs 54514 --pca-fit 1000 5000 0
 """
 
@@ -49,9 +51,13 @@ from _common import (
     unit_rows,
 )
 from meancache.client.cache import CacheSettings
-from meancache.shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
+from meancache.shared.encoder import (
+    DEFAULT_PCA_DIMS,
+    Encoder,
+    PCAProjection,
+    profile_threshold,
+)
 from meancache.shared.threshold import (
-    DEFAULT_THRESHOLD,
     MatchScores,
     best_threshold,
     score_thresholds,
@@ -75,6 +81,8 @@ def parse_args() -> argparse.Namespace:
                              "0 = all of them (default: 1000 0; --quick 200 0)")
     parser.add_argument("--backend", choices=("onnx", "torch"), default="onnx",
                         help="encoder backend that computes the embeddings")
+    parser.add_argument("--encoder", default="minilm",
+                        help="encoder profile ('minilm', 'mpnet') or a local model directory")
     parser.add_argument("--bootstrap", type=int,
                         help="paired bootstrap resamples for the ΔF0.5 interval (default "
                              "1000, --quick 200; 0: none)")
@@ -174,7 +182,7 @@ def pca_rows(fit_sizes: list[int], train: PairSet, dev: PairSet, full_tau: float
     space = pca_space(fitted[0])
     train_sims, dev_sims = train.cosines(space), dev.cosines(space)
     for tau, tau_from in ((full_tau, "tuned full-space tau"),
-                          (DEFAULT_THRESHOLD, "shipped DEFAULT_THRESHOLD")):
+                          (profile_threshold(args.encoder), "shipped default")):
         rows.append(fixed_row(f"PCA-{args.pca_dims}", args.pca_dims, rows[0].fit_texts, tau,
                               tau_from, train_sims, train, dev_sims, dev))
     return rows, fitted
@@ -225,7 +233,7 @@ def print_verdict(pca: Row, full: Row, dev: PairSet, args: argparse.Namespace) -
     delta = pca.dev.f05 - full.dev.f05
     verdict = "meets" if delta >= -MAX_F05_LOSS else "MISSES"
     line = (f"ΔF0.5 (PCA-{args.pca_dims} fit on {pca.fit_texts:,} texts, re-tuned) minus "
-            f"(full 384-d, tuned) on dev = {delta:+.4f}")
+            f"(full-dim, tuned) on dev = {delta:+.4f}")
     if args.bootstrap:
         low, high = bootstrap_delta(pca, full, dev.labels, args.bootstrap, args.seed)
         line += f"  (paired bootstrap 95% interval [{low:+.4f}, {high:+.4f}])"
@@ -239,15 +247,15 @@ def main() -> None:
     clock = Stopwatch()
     train_pairs = sample(load_qqp(args.data_dir, "train"), args.train_pairs, args.seed)
     dev_pairs = sample(load_qqp(args.data_dir, "dev"), args.dev_pairs or None, args.seed)
-    encoder = load_encoder(args.backend, args.cache_dir)
+    encoder = load_encoder(args.backend, args.cache_dir, model=args.encoder)
     train = PairSet.build(train_pairs, encoder, args.cache_dir)
     dev = PairSet.build(dev_pairs, encoder, args.cache_dir)
     note("tuning and scoring ...")
 
     full_train, full_dev = train.cosines(), dev.cosines()
     full = tuned_row("full", encoder.dim, None, full_train, train, full_dev, dev)
-    shipped = fixed_row("full", encoder.dim, None, DEFAULT_THRESHOLD,
-                        "shipped DEFAULT_THRESHOLD", full_train, train, full_dev, dev)
+    shipped = fixed_row("full", encoder.dim, None, profile_threshold(args.encoder),
+                        "shipped default", full_train, train, full_dev, dev)
     static = fixed_row("full", encoder.dim, None, STATIC_TAU, "static (GPTCache)",
                        full_train, train, full_dev, dev)
     pca, fitted = pca_rows(args.pca_fit, train, dev, full.dev.threshold, args)
@@ -256,7 +264,7 @@ def main() -> None:
             f"({int(train.labels.sum()):,} duplicates, {len(train.texts):,} distinct "
             f"questions), scored on {len(dev_pairs):,} dev pairs "
             f"({int(dev.labels.sum()):,} duplicates)")
-    console.print(f"encoder {encoder.version} (all-MiniLM-L6-v2, {encoder.backend}); "
+    console.print(f"encoder {encoder.version} ({args.encoder}, {encoder.backend}); "
                   f"PCA fitted on a deterministic sample of the train-sample questions")
     print_rows([full, shipped, static, *pca], full)
     print_verdict(pca[0], full, dev, args)

@@ -37,10 +37,20 @@ def print_json(data: object) -> None:
     sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
 
 
+def assemble_encoder(settings: Settings) -> None:
+    """Assemble a packaged encoder (MPNet) on its first start, with a progress bar; later
+    starts only check the copy (milliseconds)."""
+    from meancache.shared.encoder import locate_model
+
+    with ProgressBar("assembling the encoder (first start only)", err) as progress:
+        locate_model(settings.encoder_model, settings.models_dir, progress)
+
+
 def open_cache(settings: Settings, directory: Path | None = None) -> "SemanticCache":
     from meancache.client.cache import SemanticCache
     from meancache.client.encoder import load_device_encoder
 
+    assemble_encoder(settings)
     with err.status("loading the embedding model (the first start exports it to ONNX)"):
         encoder = load_device_encoder(settings)
     with ProgressBar("re-embedding cached queries", err) as progress:
@@ -152,6 +162,7 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.chat.session import ChatSession
 
     settings = _chat_settings(args, settings)
+    assemble_encoder(settings)
     with err.status("loading the cache and the upstream"):
         with ProgressBar("re-embedding cached queries", err) as progress:
             session = ChatSession.open(settings, progress, args.start_upstream)
@@ -162,7 +173,9 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.tui.app import MeanCacheApp
 
-    MeanCacheApp(_chat_settings(args, settings), args.start_upstream).run()
+    settings = _chat_settings(args, settings)
+    assemble_encoder(settings)
+    MeanCacheApp(settings, args.start_upstream).run()
     return 0
 
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import platformdirs
 from meancache.client.errors import ConfigError
-from meancache.shared.encoder import DEFAULT_PCA_DIMS
+from meancache.shared.encoder import DEFAULT_PCA_DIMS, DEFAULT_PROFILE, profile_threshold
 from meancache.shared.threshold import DEFAULT_THRESHOLD, check_threshold
 
 if TYPE_CHECKING:
@@ -27,9 +27,10 @@ ENV_PREFIX = "MEANCACHE_"
 class Settings:
     config_dir: Path
     data_dir: Path
-    encoder_model: str | None = None  # a local sentence-transformers directory; None = MiniLM
+    encoder_model: str = DEFAULT_PROFILE  # "mpnet", "minilm" or a local model directory
     encoder_backend: str = "onnx"
-    threshold: float = DEFAULT_THRESHOLD  # the global tau until the FL server sends one
+    # The global tau until the FL server sends one; unset, the encoder profile's default.
+    threshold: float = DEFAULT_THRESHOLD
     context_aware: bool = True
     max_entries: int = 100_000
     max_bytes: int = 512 * 1024 * 1024
@@ -50,6 +51,11 @@ class Settings:
     @property
     def config_file(self) -> Path:
         return self.config_dir / "config.toml"
+
+    @property
+    def models_dir(self) -> Path:
+        """Where packaged models that must be assembled (MPNet) are kept."""
+        return self.data_dir / "models"
 
     @property
     def cache_dir(self) -> Path:
@@ -173,6 +179,7 @@ def load_settings(
     if data_dir is not None:
         values["data_dir"] = Path(data_dir).expanduser()
     values.setdefault("data_dir", Path(platformdirs.user_data_dir(APP_NAME)))
+    values.setdefault("threshold", profile_threshold(values.get("encoder_model", DEFAULT_PROFILE)))
     settings = replace(Settings(config_dir=config_dir, data_dir=values.pop("data_dir")), **values)
     if settings.encoder_backend not in ("onnx", "torch"):
         raise ConfigError(f"encoder_backend must be 'onnx' or 'torch', not "

@@ -31,6 +31,11 @@ class ServerConfig:
     held_out_path: Path | None  # None: the global models are not scored
     held_out_pairs: int
 
+    @property
+    def models_dir(self) -> Path:
+        """The server's own copy of an assembled MPNet, beside its checkpoints."""
+        return self.checkpoint_dir.parent / "models"
+
     @classmethod
     def from_run_config(cls, config: RunConfig) -> "ServerConfig":
         checkpoint_dir = read_path(config, "checkpoint-dir")

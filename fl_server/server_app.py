@@ -14,12 +14,11 @@ from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping
 from meancache.fl_server.rounds import HeldOut, RoundRecorder
 from meancache.fl_server.run_config import ServerConfig
 from meancache.fl_server.strategy import ThresholdFedAvg
-from meancache.shared.encoder import locate_model
+from meancache.shared.encoder import locate_model, profile_threshold
 from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
 from meancache.shared.fl.weights import federated_names, federated_state
 from meancache.shared.pairs import read_pairs
-from meancache.shared.threshold import DEFAULT_THRESHOLD
 from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
@@ -41,12 +40,12 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def run_rounds(grid: Grid, config: ServerConfig) -> None:
-    model_dir = locate_model(config.model.encoder_model)
+    model_dir = locate_model(config.model.encoder_model, config.models_dir)
     model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
     base = model_fingerprint(model_dir)
     names = federated_names(model, config.model.top_layers)
     initial = federated_state(model, names)
-    threshold = DEFAULT_THRESHOLD
+    threshold = profile_threshold(config.model.encoder_model)
     offset = 0
     latest = latest_checkpoint(config.checkpoint_dir)
     if latest is not None:

@@ -26,8 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="where config.toml lives (default: the platform's config dir)")
     parser.add_argument("--data-dir", type=Path, help="where the cache, models and logs "
                         "live (default: the platform's user data dir)")
-    parser.add_argument("--encoder", metavar="PATH", help="a local sentence-transformers "
-                        "model directory (default: the packaged MiniLM)")
+    parser.add_argument("--encoder", metavar="MODEL", help="'mpnet' (default), 'minilm' "
+                        "(fast) or a local sentence-transformers model directory")
     parser.add_argument("--backend", choices=("onnx", "torch"), help="encoder runtime "
                         "(default: encoder_backend in config.toml, onnx)")
     commands = parser.add_subparsers(dest="command", required=True)

@@ -14,6 +14,9 @@ BETA = 0.5
 # 54,514 train pairs of ../shared/data/qqp/pairs.jsonl (benchmarks/match_quality.py
 # --train-pairs 54514: 0.8692; dev F0.5 0.671).
 DEFAULT_THRESHOLD = 0.869
+# Best F0.5 threshold of all-mpnet-base-v2 (the "mpnet" profile, full 768-d) on 10,000
+# train pairs (benchmarks/match_quality.py --encoder mpnet: 0.8760; dev F0.5 0.703).
+MPNET_THRESHOLD = 0.876
 
 
 def check_threshold(value: object) -> float:

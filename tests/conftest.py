@@ -3,6 +3,7 @@ and a factory for caches on disk under tmp_path."""
 
 import json
 import logging
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,11 @@ from meancache.client.cache import CacheSettings, SemanticCache
 from meancache.shared.encoder import Encoder, PCAProjection
 
 DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+# The app's default encoder is MPNet, assembled (438 MB) on first use: tests and the
+# `meancache` processes they start run the packaged MiniLM unless a test says otherwise
+# (tests/test_mpnet.py assembles MPNet once per session).
+os.environ["MEANCACHE_ENCODER_MODEL"] = "minilm"
 
 CacheFactory = Callable[..., SemanticCache]
 

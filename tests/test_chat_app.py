@@ -24,7 +24,8 @@ def settings(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path,
     data = tmp_path / "data"
     data.mkdir()
     (data / "encoder").symlink_to(encoder_cache_dir, target_is_directory=True)
-    base = load_settings(config_dir=tmp_path / "config", data_dir=data, environ={})
+    base = load_settings(config_dir=tmp_path / "config", data_dir=data, environ={},
+                         encoder_model="minilm")
     return dataclasses.replace(base, upstream_url=upstream_url, answer_max_tokens=24,
                                tune_min_per_class=1)
 

@@ -96,7 +96,7 @@ def test_missing_pairs_file(data_dir: Path, capsys: pytest.CaptureFixture[str]) 
 def test_unknown_model_name_says_nothing_is_downloaded(
     data_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["--encoder", "all-mpnet-base-v2", "cache", "demo"]) == 2
+    assert main(["--encoder", "all-MiniLM-L12-v2", "cache", "demo"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "never downloads models" in err
     assert "--encoder" in err

@@ -6,7 +6,7 @@ import platformdirs
 import pytest
 from meancache.client.config import load_settings
 from meancache.client.errors import ConfigError
-from meancache.shared.threshold import DEFAULT_THRESHOLD
+from meancache.shared.threshold import DEFAULT_THRESHOLD, MPNET_THRESHOLD
 
 
 def write_config(config_dir: Path, text: str) -> None:
@@ -16,12 +16,26 @@ def write_config(config_dir: Path, text: str) -> None:
 
 def test_defaults_use_platform_dirs_when_nothing_is_set(tmp_path: Path) -> None:
     settings = load_settings(config_dir=tmp_path, environ={})
-    assert settings.threshold == DEFAULT_THRESHOLD
+    assert settings.encoder_model == "mpnet"
+    assert settings.threshold == MPNET_THRESHOLD != DEFAULT_THRESHOLD
+    assert settings.models_dir == settings.data_dir / "models"
     assert settings.encoder_backend == "onnx"
     assert settings.upstream_model == "builtin:gemma-3-270m"  # a real model, not noise
     assert settings.data_dir == Path(platformdirs.user_data_dir("meancache"))
     assert settings.config_dir == tmp_path
     assert settings.log_file == settings.data_dir / "logs" / "meancache.log"
+
+
+@pytest.mark.parametrize(("encoder", "threshold"), [
+    ("minilm", DEFAULT_THRESHOLD), ("mpnet", MPNET_THRESHOLD), ("/some/model", DEFAULT_THRESHOLD),
+])
+def test_an_unset_threshold_comes_from_the_encoder_profile(tmp_path: Path, encoder: str,
+                                                          threshold: float) -> None:
+    env = {"MEANCACHE_ENCODER_MODEL": encoder}
+    assert load_settings(config_dir=tmp_path, environ=env).threshold == threshold
+    assert load_settings(config_dir=tmp_path, environ=env, threshold=0.5).threshold == 0.5
+    write_config(tmp_path, "threshold = 0.75\n")
+    assert load_settings(config_dir=tmp_path, environ=env).threshold == 0.75
 
 
 def test_toml_then_environment_then_flags(tmp_path: Path) -> None:

@@ -98,7 +98,8 @@ def test_encoder_with_global_weights_has_its_own_version(tmp_path: Path, tiny_di
 
 # the ClientApp on a device ----------------------------------------------------------------
 def device_with_feedback(data_dir: Path, questions: list[tuple[str, str, int]]) -> None:
-    settings = load_settings(config_dir=data_dir / "cfg", data_dir=data_dir, environ={})
+    settings = load_settings(config_dir=data_dir / "cfg", data_dir=data_dir, environ={},
+                             encoder_model="minilm")
     store = EntryStore(settings.cache_dir)
     for i, (q1, q2, label) in enumerate(questions):
         store.put_pair(f"p{i}", {"query": q1, "matched_query": q2, "similarity": 0.9,

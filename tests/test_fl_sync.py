@@ -93,7 +93,8 @@ def url(counted: CountingApp) -> Iterator[str]:
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     """A fresh device: nothing under its data dir yet."""
-    return load_settings(config_dir=tmp_path / "cfg", data_dir=tmp_path / "data", environ={})
+    return load_settings(config_dir=tmp_path / "cfg", data_dir=tmp_path / "data", environ={},
+                         encoder_model="minilm")
 
 
 def publish(root: Path, round_number: int, threshold: float, seed: int | None = None

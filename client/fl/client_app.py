@@ -35,10 +35,18 @@ ALLOWED_METRICS = frozenset({"num-examples", "threshold", "train-loss", "skipped
 
 
 @cache
-def _base_model(model: str | None) -> SentenceTransformer:
+def _base_model(model: str | None, models_dir: Path) -> SentenceTransformer:
     """One base model per process (simulation reuses processes across clients); every
     message overwrites its federated weights before use."""
-    return SentenceTransformer(str(locate_model(model)), device="cpu", local_files_only=True)
+    return SentenceTransformer(str(locate_model(model, models_dir)), device="cpu",
+                               local_files_only=True)
+
+
+def _models_dir(node: dict[str, Any]) -> Path:
+    """Where an assembled MPNet is kept: the device's data dir (the user's default one on
+    a simulated node)."""
+    data_dir = node.get("data-dir")
+    return load_settings(data_dir=Path(str(data_dir)) if data_dir else None).models_dir
 
 
 @cache
@@ -94,7 +102,7 @@ class Received:
 def receive(msg: Message, config: ClientConfig, node: dict[str, Any], keep_round: int
             ) -> Received:
     """Load the global weights; on a real device also keep them (and the threshold)."""
-    model = _base_model(config.model.encoder_model)
+    model = _base_model(config.model.encoder_model, _models_dir(node))
     arrays = msg.content["arrays"]
     state = arrays.to_torch_state_dict()
     load_federated_state(model, state)

@@ -22,7 +22,7 @@ class DeviceState:
             data_dir=settings)
 
     def base_version(self, encoder_model: str | None) -> str:
-        model_dir = locate_model(encoder_model)
+        model_dir = locate_model(encoder_model, self.settings.models_dir)
         return model_fingerprint(model_dir, self.settings.encoder_dir / "fingerprints.json")
 
     def keep_global(self, state: dict[str, torch.Tensor], threshold: float, round_number: int,

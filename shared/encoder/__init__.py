@@ -6,7 +6,12 @@ which need no model never wait for torch.
 
 from typing import TYPE_CHECKING
 
-from meancache.shared.encoder._locate import locate_model, packaged_minilm_dir
+from meancache.shared.encoder._locate import (
+    DEFAULT_PROFILE,
+    locate_model,
+    packaged_minilm_dir,
+    profile_threshold,
+)
 from meancache.shared.encoder.encoder import Encoder
 
 if TYPE_CHECKING:
@@ -14,7 +19,8 @@ if TYPE_CHECKING:
 
 DEFAULT_PCA_DIMS = 64  # MeanCache's compressed embedding size
 
-__all__ = ["DEFAULT_PCA_DIMS", "Encoder", "PCAProjection", "locate_model", "packaged_minilm_dir"]
+__all__ = ["DEFAULT_PCA_DIMS", "DEFAULT_PROFILE", "Encoder", "PCAProjection", "locate_model",
+           "packaged_minilm_dir", "profile_threshold"]
 
 
 def __getattr__(name: str) -> object:
