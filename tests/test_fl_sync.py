@@ -20,6 +20,7 @@ from meancache.client.errors import SyncError
 from meancache.client.fl.sync import SyncResult, sync_global_model
 from meancache.fl_server.model_endpoint import create_model_app
 from meancache.shared.errors import CheckpointError
+from meancache.shared.files import sha256_file
 from meancache.shared.fl.checkpoint import (
     LATEST,
     WEIGHTS,
@@ -27,7 +28,6 @@ from meancache.shared.fl.checkpoint import (
     load_checkpoint,
     round_dir,
     save_checkpoint,
-    sha256_file,
 )
 from meancache.shared.processes import free_port
 from starlette.applications import Starlette

@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 
 import torch
+from meancache.shared.files import fsync_path, sha256_file
 from meancache.shared.progress import Progress
 from meancache.upstream.errors import ModelLoadError
 from transformers import (
@@ -101,7 +102,7 @@ def damage(directory: Path) -> str | None:
         path = directory / name
         if not path.is_file():
             return f"{name} is missing"
-        if file_sha256(path) != expected:
+        if sha256_file(path) != expected:
             return f"{name} does not match its recorded sha256"
     return None
 
@@ -126,7 +127,7 @@ def convert(target: Path, progress: Progress) -> None:
             staged = Path(work) / NAME
             save(model, tokenizer, staged)
             os.replace(staged, target)
-            fsync(target.parent)
+            fsync_path(target.parent)
     except OSError as exc:
         raise ModelLoadError(
             f"could not write the converted {NAME} under {target.parent}: {exc}; it needs "
@@ -191,24 +192,11 @@ def save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: 
     tokenizer.save_pretrained(directory)
     files = sorted(p for p in directory.iterdir() if p.is_file())
     for path in files:
-        fsync(path)
+        fsync_path(path)
     record = directory / RECORD
-    record.write_text("".join(f"{file_sha256(p)}  {p.name}\n" for p in files))
-    fsync(record)
-    fsync(directory)
-
-
-def fsync(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
-def file_sha256(path: Path) -> str:
-    with path.open("rb") as file:
-        return hashlib.file_digest(file, "sha256").hexdigest()
+    record.write_text("".join(f"{sha256_file(p)}  {p.name}\n" for p in files))
+    fsync_path(record)
+    fsync_path(directory)
 
 
 def record_hash(path: Path) -> str:

