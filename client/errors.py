@@ -39,8 +39,7 @@ class CacheVersionError(CacheError):
 class EntryNotFoundError(CacheError, KeyError):
     """No entry with that id (it may have been evicted or deleted by another process)."""
 
-    def __str__(self) -> str:  # KeyError's own would quote the message
-        return str(self.args[0]) if self.args else ""
+    __str__ = Exception.__str__  # KeyError's own would quote the message
 
 
 class ConfigError(MeanCacheError):
@@ -58,8 +57,7 @@ class DocumentError(MeanCacheError):
 class ConversationNotFoundError(MeanCacheError, KeyError):
     """No conversation with that id."""
 
-    def __str__(self) -> str:  # KeyError's own would quote the message
-        return str(self.args[0]) if self.args else ""
+    __str__ = Exception.__str__  # KeyError's own would quote the message
 
 
 class UpstreamRequestError(MeanCacheError):
@@ -67,7 +65,7 @@ class UpstreamRequestError(MeanCacheError):
 
 
 class UpstreamUnavailableError(UpstreamRequestError):
-    """No connection, a timeout, or a 5xx after every retry."""
+    """No connection (after the connect retries), a timeout, or a 5xx."""
 
 
 class UpstreamRejectedError(UpstreamRequestError):
