@@ -104,6 +104,9 @@ def parse_args() -> argparse.Namespace:
                              "200, --quick 20)")
     parser.add_argument("--answer-chars", type=int, default=1000,
                         help="length of the synthetic cached answers")
+    parser.add_argument("--encoder", default="minilm",
+                        help="encoder profile ('minilm', 'mpnet') or a local model directory "
+                             "(default: %(default)s)")
     parser.add_argument("--blas-threads", type=int, default=0,
                         help="limit numpy's BLAS threads while timing (0: leave the library "
                              "default, as the cache runs)")
@@ -150,7 +153,7 @@ def load_encoders(args: argparse.Namespace, pca: PCAProjection
     encoders = {}
     for backend in args.backends:
         for layer in (None, pca):
-            encoder = load_encoder(backend, args.cache_dir, layer)
+            encoder = load_encoder(backend, args.cache_dir, layer, args.encoder)
             encoders[backend, encoder.dim] = encoder
     return encoders
 
@@ -432,7 +435,7 @@ def main() -> None:
     args = parse_args()
     clock = Stopwatch()
     load_before = machine_load()
-    base = load_encoder(args.backends[0], args.cache_dir)
+    base = load_encoder(args.backends[0], args.cache_dir, model=args.encoder)
     work = load_workload(args, base)
     encoders = load_encoders(args, work.pca)
     note("timing search and end-to-end lookups ...")
