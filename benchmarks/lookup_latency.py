@@ -447,9 +447,10 @@ def main() -> None:
         onnx = encoders.get(("onnx", base.dim), base)
         fill, lookups, bytes_per, fit_s = real_cache(onnx, work, args)
 
-    console.print(f"encoder {base.version} (all-MiniLM-L6-v2); PCA-{args.pca_dims} fitted on "
-                  f"{args.pca_fit:,} entry texts; {len(work.query_texts)} distinct QQP dev "
-                  f"questions timed per cell; numpy BLAS threads: {blas}")
+    console.print(f"encoder {base.version} ({args.encoder}, {base.dim}-d); "
+                  f"PCA-{args.pca_dims} fitted on {args.pca_fit:,} entry texts; "
+                  f"{len(work.query_texts)} distinct QQP dev questions timed per cell; "
+                  f"numpy BLAS threads: {blas}")
     print_scaling(scale, args.backends, args)
     print_embedding(embed, work)
     print_real(fill, lookups, fit_s, onnx, work, args)
