@@ -45,7 +45,3 @@ def freeze_all_but(model: SentenceTransformer, names: list[str]) -> None:
     keep = set(names)
     for name, param in model.named_parameters():
         param.requires_grad_(name in keep)
-
-
-def state_bytes(state: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in state.values())
