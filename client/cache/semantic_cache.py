@@ -1,16 +1,20 @@
 """The semantic cache: embed the query, find the most similar cached query, serve its
 answer when the cosine similarity reaches tau and the conversational context agrees."""
 
+import contextlib
 import logging
 import threading
 import time
 import uuid
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 from meancache.client.cache import feedback
+from meancache.client.cache.background import BackgroundWork
 from meancache.client.cache.context import context_agrees
 from meancache.client.cache.entry import STORED_DTYPE, Context, Entry
 from meancache.client.cache.index import VectorIndex
@@ -46,6 +50,11 @@ class SemanticCache:
 
     Thread-safe within a process (one lock); several processes may share a directory:
     each notices the others' writes through the store's generation counter.
+
+    A change of vector space (a new encoder, a PCA fit, entries stored under another
+    encoder) is computed off the lock: lookups keep using the current space until the new
+    one is complete. ``background=True`` (the chat) also moves that work off the calling
+    thread, with its progress in ``background.status()``.
     """
 
     def __init__(
@@ -54,20 +63,26 @@ class SemanticCache:
         encoder: Encoder,
         settings: CacheSettings | None = None,
         progress: Progress | None = None,
+        *,
+        background: bool = False,
     ) -> None:
         self.settings = settings or CacheSettings()
         self.store = EntryStore(Path(directory))
         self._pca_dir = Path(directory) / "pca"
         self._lock = threading.RLock()
+        self._space_lock = threading.Lock()  # one change of vector space at a time
+        self.background = BackgroundWork()
+        self._in_background = background
         self._query_vectors: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self.thresholds = ThresholdState(self.store, self.settings.global_threshold)
         self.thresholds.persist_default()
         self.encoder = self._with_stored_pca(encoder)
         self._load()
         if self._stale:
-            self.reembed(progress)
+            self._run_job("re-embedding cached questions", self.reembed, progress)
 
     def close(self) -> None:
+        self.background.stop()
         self.store.close()
 
     def __enter__(self) -> "SemanticCache":
@@ -95,11 +110,17 @@ class SemanticCache:
             else encoder.with_pca(pca)
 
     def set_encoder(self, encoder: Encoder, progress: Progress | None = None) -> int:
-        """Switch to another encoder state (e.g. after an FL round); re-embeds what is stored."""
-        with self._lock:
-            self.encoder = encoder
-            self._load()
-            return self.reembed(progress)
+        """Switch to another encoder state (e.g. after an FL round), re-embedding every
+        entry; returns how many were moved."""
+        with self._space_lock:
+            return self._switch_space(encoder, partial(_encode_entries, encoder), progress)
+
+    def _run_job(self, label: str, job: Callable[[Progress | None], object],
+                 progress: Progress | None) -> None:
+        if self._in_background:
+            self.background.start(label, job)
+        else:
+            job(progress)
 
     # loading and syncing ------------------------------------------------------------
     def _load(self) -> None:
@@ -109,12 +130,12 @@ class SemanticCache:
             index = VectorIndex(self.encoder.dim)
             self._context_vectors: dict[str, np.ndarray] = {}
             self._usage: dict[str, tuple[float, int]] = {}  # id -> (last used, bytes)
-            self._stale: list[str] = []
+            self._stale: set[str] = set()  # stored in another space: not searchable yet
             for entry in self.store.entries():
                 self._usage[entry.id] = (entry.last_used, entry.nbytes)
                 if entry.encoder_version != self.encoder.version or \
                         entry.embedding.shape != (self.encoder.dim,):
-                    self._stale.append(entry.id)
+                    self._stale.add(entry.id)
                     continue
                 self._index_entry(entry, index)
             self._index = index
@@ -239,8 +260,8 @@ class SemanticCache:
             if self._wrote(self.store.put(entry)):
                 self._index_entry(entry)
             self._evict()
-            self._maybe_fit_pca(progress)
-            return entry
+        self._maybe_fit_pca(progress)
+        return entry
 
     def delete(self, entry_id: str) -> bool:
         with self._lock:
@@ -281,60 +302,100 @@ class SemanticCache:
         log.info("evicted %d entries to stay within capacity", len(victims))
 
     # re-embedding and PCA -----------------------------------------------------------
-    def reembed(self, progress: Progress | None = None, batch_size: int = 64) -> int:
-        """Re-embed entries stored under another encoder version, in batches."""
+    def reembed(self, progress: Progress | None = None) -> int:
+        """Re-embed the entries stored under another encoder version; each becomes
+        searchable as soon as its batch is written."""
+        with self._space_lock:
+            with self._lock:
+                self._sync()
+                stale, encoder = sorted(self._stale), self.encoder
+            return self._move_entries(stale, encoder, partial(_encode_entries, encoder),
+                                      progress)
+
+    def _switch_space(self, encoder: Encoder, vectors_of: "VectorsOf",
+                      progress: Progress | None,
+                      on_switch: Callable[[], None] | None = None) -> int:
+        """Move every entry into ``encoder``'s space, then make it the current one (after
+        ``on_switch``, under the lock, for state that must change at the same moment)."""
         with self._lock:
-            stale = list(self._stale)
-            done = 0
-            for start in range(0, len(stale), batch_size):
-                batch: list[Entry] = []
-                for entry_id in stale[start:start + batch_size]:
-                    try:
-                        batch.append(self.store.get(entry_id))
-                    except EntryNotFoundError:
-                        continue
-                vectors = self.encoder.encode([e.query for e in batch]) if batch else []
-                contexts = [e.context_query for e in batch if e.context_query]
-                context_vectors = iter(self.encoder.encode(contexts)) if contexts else iter(())
-                updated = [
-                    e.with_vectors(v, next(context_vectors) if e.context_query else None,
-                                   self.encoder.version)
-                    for e, v in zip(batch, vectors, strict=True)
-                ]
-                if self._wrote(self.store.put_many(updated)):
+            self._sync()
+            ids = sorted(self._usage)
+        moved = self._move_entries(ids, encoder, vectors_of, progress)
+        with self._lock:
+            self.encoder = encoder
+            if on_switch is not None:
+                on_switch()
+            self._load()
+            arrived = sorted(self._stale)
+        if arrived:  # inserted in the old space while we worked: a handful at most
+            self._move_entries(arrived, encoder, partial(_encode_entries, encoder), None)
+        return moved
+
+    def _move_entries(self, ids: list[str], encoder: Encoder, vectors_of: "VectorsOf",
+                      progress: Progress | None, batch_size: int = 64) -> int:
+        """Write the entries ``ids`` with vectors in ``encoder``'s space, a batch at a time.
+
+        The vectors are computed off the lock, so lookups go on meanwhile. Each batch is
+        written from the entry as stored at that moment: hits recorded meanwhile are kept,
+        entries deleted meanwhile stay deleted.
+        """
+        for start in range(0, len(ids), batch_size):
+            batch = self._read(ids[start:start + batch_size])
+            vectors, contexts = vectors_of(batch) if batch else (np.empty((0, 0)), [])
+            moved = {e.id: (v, c) for e, v, c in zip(batch, vectors, contexts, strict=True)}
+            with self._lock:
+                updated = [e.with_vectors(*moved[e.id], encoder.version)
+                           for e in self._read(list(moved))]
+                if updated and self._wrote(self.store.put_many(updated)) \
+                        and encoder is self.encoder:
                     for entry in updated:
                         self._index_entry(entry)
-                done += len(stale[start:start + batch_size])
-                if progress is not None:
-                    progress(done, len(stale))
-            self._stale = []
-            return len(stale)
+                        self._stale.discard(entry.id)
+            if progress is not None:
+                progress(min(start + batch_size, len(ids)), len(ids))
+        return len(ids)
+
+    def _read(self, ids: list[str]) -> list[Entry]:
+        """The stored entries among ``ids`` (others were deleted)."""
+        entries = []
+        for entry_id in ids:
+            with contextlib.suppress(EntryNotFoundError):
+                entries.append(self.store.get(entry_id))
+        return entries
 
     def _maybe_fit_pca(self, progress: Progress | None) -> None:
         dims = self.settings.pca_dims
-        if dims == 0 or self.encoder.pca is not None:
+        if dims == 0 or self.encoder.pca is not None or self._space_lock.locked():
             return
         if len(self._index) < max(self.settings.pca_min_entries, dims):
             return
-        self.fit_pca(progress)
+        self._run_job("fitting PCA on cached questions", self.fit_pca, progress)
 
     def fit_pca(self, progress: Progress | None = None) -> PCAProjection:
-        """Fit the PCA layer on this user's cached query embeddings and re-embed under it."""
-        with self._lock:
-            base = self.encoder.with_pca(None) if self.encoder.pca is not None else self.encoder
-            if base is self.encoder:  # the index already holds full embeddings
-                full = self._index.vectors()
-            else:
-                full = base.encode([self.store.get(i).query for i in self._index.ids])
+        """Fit the PCA layer on this user's cached query embeddings and move every entry
+        into its space. Vectors stored in the full space are projected, not re-embedded,
+        so this takes seconds even for a large cache."""
+        with self._space_lock:
+            with self._lock:
+                self._sync()
+                base = self.encoder.with_pca(None) if self.encoder.pca is not None \
+                    else self.encoder
+                ids, current = self._index.ids, self._index.vectors()
+                in_full_space = base is self.encoder
+            full = current if in_full_space else base.encode([e.query for e in self._read(ids)])
             pca = PCAProjection.fit(full, self.settings.pca_dims)
             pca.save(self._pca_dir / f"{pca.version}.safetensors")
-            reduced = pca.project(full)
-            reduced /= np.linalg.norm(reduced, axis=1, keepdims=True)
-            self.thresholds.carry(*neighbour_similarities(self._index.vectors(), reduced))
-            self.store.set_meta("pca", {"version": pca.version,
-                                        "base_version": base.base_version})
+            target = base.with_pca(pca)
+            carried = neighbour_similarities(current, target.project(full))
+
+            def switched() -> None:
+                self.thresholds.carry(*carried)
+                self.store.set_meta("pca", {"version": pca.version,
+                                            "base_version": base.base_version})
+
+            self._switch_space(target, partial(_project_entries, base, target), progress,
+                               switched)
             log.info("fitted PCA-%d on %d cached queries", pca.out_dim, len(full))
-            self.set_encoder(base.with_pca(pca), progress)
             return pca
 
     # feedback -----------------------------------------------------------------------
@@ -392,3 +453,27 @@ class SemanticCache:
                 nbytes=sum(size for _, size in self._usage.values()),
                 stale_entries=len(self._stale), encoder_version=self.encoder.version,
                 encoder_backend=self.encoder.backend, embedding_dim=self.encoder.dim)
+
+
+# Vectors for a batch of entries in some space: (queries (n, dim), each context or None).
+VectorsOf = Callable[[list[Entry]], tuple[np.ndarray, list[np.ndarray | None]]]
+
+
+def _encode_entries(encoder: Encoder, entries: list[Entry]
+                    ) -> tuple[np.ndarray, list[np.ndarray | None]]:
+    vectors = encoder.encode([e.query for e in entries])
+    asked = [e.context_query for e in entries if e.context_query]
+    found = iter(encoder.encode(asked)) if asked else iter(())
+    return vectors, [next(found) if e.context_query else None for e in entries]
+
+
+def _project_entries(base: Encoder, target: Encoder, entries: list[Entry]
+                     ) -> tuple[np.ndarray, list[np.ndarray | None]]:
+    """Entries stored in ``base``'s full space, projected into ``target``'s PCA space."""
+    if any(e.encoder_version != base.version for e in entries):
+        return _encode_entries(target, entries)
+    vectors = target.project(np.stack([e.embedding.astype(np.float32) for e in entries]))
+    contexts = [None if e.context_embedding is None
+                else target.project(e.context_embedding.astype(np.float32)[None])[0]
+                for e in entries]
+    return vectors, contexts

@@ -47,14 +47,17 @@ class ChatSession:
     @classmethod
     def open(cls, settings: Settings, progress: Progress | None = None,
              start_upstream: UpstreamStarter | None = None,
-             upstream_progress: Progress | None = None) -> "ChatSession":
+             upstream_progress: Progress | None = None,
+             background: bool = False) -> "ChatSession":
         """Load the encoder and cache, and start the embedded upstream if no URL is set.
 
         Blocking (seconds on the first run, which exports the encoder to ONNX): call it
-        from a worker thread in the app.
+        from a worker thread in the app. ``background``: the cache re-embeds and fits PCA
+        on its own thread (the chat) instead of before returning (one-shot commands).
         """
         encoder = load_device_encoder(settings)
-        cache = SemanticCache(settings.cache_dir, encoder, settings.cache_settings(), progress)
+        cache = SemanticCache(settings.cache_dir, encoder, settings.cache_settings(), progress,
+                              background=background)
         embedded = None
         if settings.upstream_url:
             url, label = settings.upstream_url, f"upstream {settings.upstream_url}"

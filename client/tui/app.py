@@ -41,7 +41,8 @@ class MeanCacheApp(App[None]):
             session = ChatSession.open(
                 self.settings, start_upstream=self.start_upstream,
                 upstream_progress=self.chat.progress(
-                    "preparing the language model (once, on the first start)…"))
+                    "preparing the language model (once, on the first start)…"),
+                background=True)
         except MeanCacheError as exc:
             self.call_from_thread(self._failed, str(exc))
             return

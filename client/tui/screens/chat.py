@@ -84,6 +84,7 @@ class ChatScreen(Screen[None]):
         self._session: ChatSession | None = None
         self.federation = FederatedParticipation(settings)
         self._rounds_timer: Timer | None = None
+        self._showing_cache_work = False
         self._joining = threading.Lock()  # a second F8 waits for the first to finish
 
     def compose(self) -> ComposeResult:
@@ -109,6 +110,7 @@ class ChatScreen(Screen[None]):
         question.disabled = False
         question.focus()
         self.refresh_bindings()
+        self.set_interval(0.5, self._show_cache_work, name="cache-work")
 
     def failed(self, message: str) -> None:
         self.query_one("#progress", ProgressBar).remove_class("active")
@@ -315,6 +317,21 @@ class ChatScreen(Screen[None]):
     def _progress_done(self) -> None:
         self.query_one("#progress", ProgressBar).remove_class("active")
         self._show_status()
+
+    def _show_cache_work(self) -> None:
+        """The cache's own long work (re-embedding, fitting PCA) runs on its thread while
+        answers go on; its progress shows here until it is done."""
+        status = self.session.cache.background.status()
+        if status is None:
+            if self._showing_cache_work:
+                self._showing_cache_work = False
+                self._progress_done()
+            return
+        self._showing_cache_work = True
+        bar = self.query_one("#progress", ProgressBar)
+        bar.add_class("active")
+        bar.update(total=status.total or None, progress=status.done)
+        self.query_one("#status", Static).update(f"{status.label} (answers go on meanwhile)…")
 
     def _status_line(self) -> str:
         line = self.session.upstream_label
