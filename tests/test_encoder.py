@@ -262,3 +262,16 @@ def test_long_input_is_flagged_truncated(encoder: Encoder) -> None:
     assert tokens.input_ids.shape[1] == encoder.max_tokens
     vector = encoder.encode([long_text])
     assert vector.shape == (1, 384) and np.isfinite(vector).all()
+
+
+def test_pca_layers_share_the_base_export(
+    encoder: Encoder, pca16: PCAProjection, encoder_cache_dir: Path
+) -> None:
+    """PCA runs after the ONNX graph: a new layer needs no new export (MPNet's is 440 MB)."""
+    exports = sorted((encoder_cache_dir / "onnx").glob("*.onnx"))
+    reduced = encoder.with_pca(pca16)
+    assert reduced.backend == "onnx"
+    assert sorted((encoder_cache_dir / "onnx").glob("*.onnx")) == exports
+    full = encoder.encode(QUERIES)
+    assert cosines(reduced.project(full), reduced.encode(QUERIES)).min() >= 0.9999
+    assert cosines(encoder.encode_full(QUERIES), full).min() >= 0.9999

@@ -48,7 +48,9 @@ class Encoder:
         pca: "PCAProjection | None" = None,
         backend: str = "onnx",
         cache_dir: Path | None = None,
+        onnx: "OnnxEmbedder | None" = None,
     ) -> None:
+        """``onnx``: a checked export of the same base model, shared by its PCA variants."""
         from meancache.shared.encoder.pipeline import EmbeddingPipeline
 
         self.model_dir = model_dir
@@ -62,7 +64,9 @@ class Encoder:
         self.backend = "torch"
         self.fallback_reason: str | None = None
         self._onnx: OnnxEmbedder | None = None
-        if backend == "onnx":
+        if backend == "onnx" and onnx is not None:
+            self._onnx, self.backend = onnx, "onnx"
+        elif backend == "onnx":
             self._start_onnx()
         elif backend != "torch":
             raise EncoderError(f"unknown encoder backend {backend!r} (use 'onnx' or 'torch')")
@@ -101,17 +105,17 @@ class Encoder:
         return cls(model_dir, st, version, pca, backend, cache_dir)
 
     def with_pca(self, pca: "PCAProjection | None") -> "Encoder":
-        """The same model with another PCA layer (shares the loaded weights)."""
+        """The same model with another PCA layer (shares the loaded weights and the ONNX
+        session: PCA is applied after it, so a new layer needs no new export)."""
         return Encoder(
             self.model_dir, self._model, self.base_version, pca, self.requested_backend,
-            self.cache_dir,
+            self.cache_dir, self._onnx,
         )
 
     # identity -----------------------------------------------------------------------
     @property
     def version(self) -> str:
-        parts = f"{self.base_version}|{self.pca.version if self.pca else 'full'}"
-        return hashlib.sha256(parts.encode()).hexdigest()[:16]
+        return _space_version(self.base_version, self.pca)
 
     @property
     def dim(self) -> int:
@@ -170,8 +174,9 @@ class Encoder:
         return out
 
     def _run(self, input_ids: np.ndarray, attention_mask: np.ndarray, full: bool) -> np.ndarray:
-        if self._onnx is not None and not full:
-            return self._onnx(input_ids, attention_mask)
+        if self._onnx is not None:
+            unit = self._onnx(input_ids, attention_mask)
+            return unit if full else self.project(unit)
         import torch
         from meancache.shared.encoder.pipeline import EmbeddingPipeline
 
@@ -181,6 +186,14 @@ class Encoder:
                 torch.from_numpy(input_ids.astype(np.int64)),
                 torch.from_numpy(attention_mask.astype(np.int64)),
             ).numpy()
+
+    def project(self, full: np.ndarray) -> np.ndarray:
+        """Full-space unit vectors (n, full_dim) into this encoder's space: what ``encode``
+        gives for the same texts, without running the model again."""
+        if self.pca is None:
+            return full
+        reduced = self.pca.project(full)
+        return reduced / np.linalg.norm(reduced, axis=1, keepdims=True)
 
     # onnx ---------------------------------------------------------------------------
     def _start_onnx(self) -> None:
@@ -192,16 +205,19 @@ class Encoder:
             export_pipeline,
             min_parity_cosine,
         )
+        from meancache.shared.encoder.pipeline import EmbeddingPipeline
 
         if self.cache_dir is None:
             self._fall_back("no cache directory to keep the exported model in")
             return
-        path = self.cache_dir / "onnx" / f"{self.version}.onnx"
+        # The export stops before PCA, so every PCA layer of one model shares it.
+        path = self.cache_dir / "onnx" / f"{_space_version(self.base_version, None)}.onnx"
         try:
             fresh = not path.is_file()
             if fresh:
-                log.info("exporting encoder %s to ONNX at %s", self.version, path)
-                export_pipeline(self.pipeline, self._model.tokenizer, path)
+                log.info("exporting encoder %s to ONNX at %s", self.base_version, path)
+                export_pipeline(EmbeddingPipeline(self._model, None).eval(),
+                                self._model.tokenizer, path)
             embedder = OnnxEmbedder(path)
             tokens = self.tokenize(PARITY_QUERIES)
             with torch.inference_mode():
@@ -209,7 +225,8 @@ class Encoder:
                     torch.from_numpy(tokens.input_ids.astype(np.int64)),
                     torch.from_numpy(tokens.attention_mask.astype(np.int64)),
                 ).numpy()
-            cosine = min_parity_cosine(embedder(tokens.input_ids, tokens.attention_mask), reference)
+            onnx = self.project(embedder(tokens.input_ids, tokens.attention_mask))
+            cosine = min_parity_cosine(onnx, reference)
             if cosine < PARITY_MIN_COSINE:
                 raise OnnxBackendError(
                     f"ONNX parity check failed: cosine {cosine:.5f} < {PARITY_MIN_COSINE}"
@@ -231,8 +248,14 @@ class Encoder:
         log.warning("encoder runs on PyTorch instead of onnxruntime: %s", reason)
 
 
+def _space_version(base_version: str, pca: "PCAProjection | None") -> str:
+    """The id of one vector space: the model's weights and the PCA layer after them."""
+    parts = f"{base_version}|{pca.version if pca else 'full'}"
+    return hashlib.sha256(parts.encode()).hexdigest()[:16]
+
+
 def _prune_exports(current: Path, keep: int = 3) -> None:
-    """Each encoder state (PCA refit, FL round) exports ~90 MB; keep the few most recently
+    """Each model state (base model, FL round) exports 90-440 MB; keep the few most recently
     used, so that switching back and forth stays cheap but the disk does not fill up."""
     with contextlib.suppress(OSError):
         current.touch()
