@@ -286,7 +286,7 @@ def test_fl_actions_are_off_until_configured(settings: Settings) -> None:
 
 
 def test_sync_downloads_the_global_model_and_re_embeds(
-    settings: Settings, encoder: Encoder, tmp_path: Path
+    settings: Settings, torch_encoder: Encoder, tmp_path: Path
 ) -> None:
     import threading
 
@@ -295,10 +295,10 @@ def test_sync_downloads_the_global_model_and_re_embeds(
     from meancache.shared.fl.checkpoint import save_checkpoint
     from meancache.shared.fl.weights import federated_names, federated_state
 
-    model = encoder.sentence_transformer
+    model = torch_encoder.sentence_transformer
     names = federated_names(model, 1)
     nudged = {k: v * 1.01 for k, v in federated_state(model, names).items()}
-    save_checkpoint(tmp_path / "server", 4, nudged, 0.88, encoder.base_version, 1)
+    save_checkpoint(tmp_path / "server", 4, nudged, 0.88, torch_encoder.base_version, 1)
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_model_app(tmp_path / "server"),
                                            host="127.0.0.1", port=port, log_config=None))

@@ -275,3 +275,11 @@ def test_pca_layers_share_the_base_export(
     full = encoder.encode(QUERIES)
     assert cosines(reduced.project(full), reduced.encode(QUERIES)).min() >= 0.9999
     assert cosines(encoder.encode_full(QUERIES), full).min() >= 0.9999
+
+
+def test_an_onnx_encoder_releases_its_pytorch_weights(encoder: Encoder) -> None:
+    """onnxruntime holds the weights; a second copy in PyTorch would double the memory."""
+    with pytest.raises(EncoderError, match="backend='torch'"):
+        _ = encoder.sentence_transformer
+    assert encoder.encode(QUERIES[:1]).shape == (1, encoder.dim)
+    assert encoder.count_tokens("What is the capital of France?") > 5

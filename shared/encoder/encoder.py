@@ -129,6 +129,11 @@ class Encoder:
 
     @property
     def sentence_transformer(self) -> "SentenceTransformer":
+        """The PyTorch model (for training): only an encoder loaded with backend "torch"
+        keeps its weights, an ONNX one releases them once onnxruntime runs."""
+        if self._onnx is not None:
+            raise EncoderError("this encoder runs on onnxruntime and released its PyTorch "
+                               "weights; load it with backend='torch' to train it")
         return self._model
 
     # tokens -------------------------------------------------------------------------
@@ -241,6 +246,9 @@ class Encoder:
         self._onnx = embedder
         self.backend = "onnx"
         _prune_exports(path)
+        # onnxruntime holds its own copy of the weights: PyTorch's (440 MB for MPNet) is
+        # dead weight now. Tokenising and the shapes need no tensors.
+        self._model.to("meta")
 
     def _fall_back(self, reason: str) -> None:
         self.fallback_reason = reason
