@@ -86,12 +86,13 @@ def test_ranks_are_the_top_quarter_half_and_three_quarters_and_ties_rank_low() -
         "high", "high", None, None, None, None, None, None)
 
 
-def test_token_saving_ratio_counts_each_entry_once_as_a_miss_and_once_per_hit() -> None:
+def test_token_saving_ratio_is_tokens_of_hits_over_tokens_asked() -> None:
     labels = np.array([0, 0, 1])
     hits = np.array([3.0, 0.0, 0.0])
+    asked = np.array([4.0, 1.0, 2.0])
     tokens = np.array([10.0, 30.0, 50.0])
     # pattern 0: 3 hits x 10 tokens saved of (4 x 10 + 1 x 30) asked; pattern 1 saved nothing
-    assert token_saving_ratios(labels, hits, tokens, 2) == pytest.approx([30 / 70, 0.0])
+    assert token_saving_ratios(labels, hits, asked, tokens, 2) == pytest.approx([30 / 70, 0.0])
 
 
 def blob(center: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -107,7 +108,8 @@ def test_co_hsc_finds_each_rounds_topics_and_ranks_the_one_that_saves() -> None:
     vectors = np.vstack([blob(AXES[0], 5, rng), blob(AXES[1], 5, rng), blob(AXES[2], 2, rng),
                          blob(AXES[3], 2, rng)])
     data = PatternInput(vectors, np.zeros_like(vectors), np.array([0] * 10 + [1] * 4),
-                        tokens=np.full(14, 100.0), hits=np.array([3.0] * 5 + [0.0] * 9))
+                        tokens=np.full(14, 100.0), asked=np.array([4.0] * 5 + [1.0] * 9),
+                        hits=np.array([3.0] * 5 + [0.0] * 9))
     for method in ("kmeans", "dbscan"):
         model = fit_co_hsc(data, patterns=2, method=method)
         assert len(model) == 4 and sorted(model.rounds) == [0, 0, 1, 1], method
@@ -124,7 +126,7 @@ def test_dbscan_makes_a_pattern_of_each_outlier() -> None:
     rng = np.random.default_rng(1)
     vectors = np.vstack([blob(AXES[0], 4, rng), AXES[3:6]])
     data = PatternInput(vectors, np.zeros_like(vectors), np.zeros(7, dtype=np.int64),
-                        np.full(7, 10.0), np.zeros(7))
+                        np.full(7, 10.0), np.ones(7), np.zeros(7))
     model = fit_co_hsc(data, method="dbscan")
     assert len(model) == 4 and len(set(model.labels[4:])) == 3
 
@@ -139,7 +141,7 @@ def test_se_hsc_splits_later_rounds_only_under_parents_that_survive_pruning() ->
     contexts = np.vstack([np.zeros((16, 8)), np.repeat(AXES[[0, 1]], 6, axis=0)])
     data = PatternInput(np.vstack([first, follow]), contexts,
                         np.array([0] * 16 + [1] * 12), np.full(28, 10.0),
-                        np.array([1.0] * 4 + [0.0] * 24))
+                        np.array([2.0] * 4 + [1.0] * 24), np.array([1.0] * 4 + [0.0] * 24))
     model = fit_se_hsc(data, patterns=4, prune_saving=0.2, prune_share=0.05)
     labels = model.labels
     assert all(len({*labels[i:i + 4]}) == 1 for i in range(0, 16, 4))  # the four topics
@@ -155,7 +157,7 @@ def test_admission_stores_everything_while_cold_then_only_mid_and_high_patterns(
     rng = np.random.default_rng(3)
     vectors = np.vstack([blob(AXES[i], 2, rng) for i in range(4)])
     data = PatternInput(vectors, np.zeros_like(vectors), np.zeros(8, dtype=np.int64),
-                        np.full(8, 10.0), np.array([4.0, 4, 2, 2, 1, 1, 0, 0]))
+                        np.full(8, 10.0), np.full(8, 5.0), np.array([4.0, 4, 2, 2, 1, 1, 0, 0]))
     model = fit_co_hsc(data, patterns=4)
     ranks = {int(axis): model.ranks[model.nearest(AXES[axis], 0)] for axis in range(4)}
     assert ranks == {0: "high", 1: "mid", 2: "low", 3: None}
@@ -180,7 +182,8 @@ def test_a_full_scalm_cache_admits_the_popular_pattern_and_evicts_zero_priority_
         assert isinstance(cache.lookup(POPULAR), Hit)
     cache.policy.wait()
     state = cache.policy.recluster()
-    assert state is not None and state.entries == 4 and len(state.model) == 4
+    # the query log: four answered queries and three hits on the popular one
+    assert state is not None and state.entries == 7 and len(state.model) == 4
     assert state.model.priority(cache.policy._pattern(popular.embedding, 0,
                                                       popular.encoder_version)) == 3
 
@@ -205,6 +208,7 @@ def test_patterns_are_refitted_in_the_background_and_persist(make_cache: CacheFa
     reopened = make_cache(settings=scalm("scalm-se"))
     loaded = reopened.policy.state
     assert loaded is not None and loaded.entries == state.entries
+    assert reopened.policy.logged == 8
     assert loaded.model.ranks == state.model.ranks
     np.testing.assert_allclose(loaded.model.centroids, state.model.centroids)
     assert make_cache(tmp_path / "other", settings=scalm("scalm-co")).policy.state is None

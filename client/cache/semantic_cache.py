@@ -251,6 +251,7 @@ class SemanticCache:
                 else answer_tokens,
             )
             self.store.add_to_counter("tokens_upstream", entry.query_tokens + entry.answer_tokens)
+            self.policy.asked(entry, self.threshold)
             full = len(self._usage) >= self.settings.max_entries or entry.nbytes + sum(
                 size for _, size in self._usage.values()) > self.settings.max_bytes
             if not self.policy.admits(entry, full):
@@ -258,7 +259,6 @@ class SemanticCache:
                 return entry
             if self._wrote(self.store.put(entry)):
                 self._index_entry(entry)
-            self.policy.inserted()
             self._evict()
             self._maybe_fit_pca(progress)
             return entry

@@ -1,6 +1,6 @@
-"""The cache's policy at work: it follows the entries the cache holds, decides whether a
-new one is stored and which ones leave, and re-clusters SCALM's patterns in a background
-thread as the cache grows (never on the lookup path)."""
+"""The cache's policy at work: it follows the entries the cache holds and the queries it is
+asked, decides whether a new entry is stored and which ones leave, and re-clusters SCALM's
+patterns in a background thread as queries arrive (never on the lookup path)."""
 
 import logging
 import threading
@@ -12,8 +12,14 @@ import numpy as np
 from meancache.client.cache.entry import Entry
 from meancache.client.cache.policy import eviction
 from meancache.client.cache.policy.admission import admits
-from meancache.client.cache.policy.patterns import PatternInput, fit_co_hsc, fit_se_hsc
-from meancache.client.cache.policy.state import PatternState, load_patterns, save_patterns
+from meancache.client.cache.policy.patterns import fit_co_hsc, fit_se_hsc
+from meancache.client.cache.policy.state import (
+    PatternState,
+    load_log,
+    load_patterns,
+    save_log,
+    save_patterns,
+)
 from meancache.client.cache.store import EntryStore
 
 log = logging.getLogger(__name__)
@@ -27,18 +33,20 @@ class PolicySettings:
     dbscan_eps: float = 0.3  # cosine distance
     prune_saving: float = 0.2  # SE-HSC's T_s
     prune_share: float = 0.05  # SE-HSC's T_e
-    min_entries: int = 4  # fewer entries are not clustered
-    regrow: float = 0.25  # re-cluster after inserts + hits reach this share of the entries
-    min_events: int = 8  # ... and at least this many
+    history: int = 2000  # queries in the log the patterns are learnt from
+    min_queries: int = 4  # fewer logged queries are not clustered
+    regrow: float = 0.25  # re-cluster after this share of the log is new ...
+    min_events: int = 16  # ... and at least this many queries
 
 
 @dataclass(frozen=True)
 class _Tracked:
+    """A held entry, as eviction and the query log need it."""
+
     vector: np.ndarray
     context: np.ndarray | None
     round_: int
-    tokens: int  # query + answer
-    prev_id: str | None
+    tokens: int  # query + answer (+ context for a follow-up)
     created: float
     hits: int
     version: str
@@ -57,13 +65,15 @@ class CachePolicy:
         self.store = store
         self._lock = threading.Lock()
         self._tracked: dict[str, _Tracked] = {}
-        self._version = ""  # encoder version of the newest tracked entry
-        self._events = 0  # inserts and hits since the last fit
+        self._events = 0  # queries logged since the last fit
         self._thread: threading.Thread | None = None
         self.fit_seconds: list[float] = []
+        self._state: PatternState | None = None
+        self._log = load_log(store, settings.history) if self.uses_patterns else None
         stored = load_patterns(store) if self.uses_patterns else None
-        self._state = stored if stored is not None and stored.policy == settings.policy \
-            and stored.clustering == settings.clustering else None
+        if stored is not None and (stored.policy, stored.clustering) == (
+                settings.policy, settings.clustering):
+            self._state = stored
 
     @property
     def uses_patterns(self) -> bool:
@@ -73,23 +83,32 @@ class CachePolicy:
     def state(self) -> PatternState | None:
         return self._state
 
-    # following the entries ------------------------------------------------------------
+    @property
+    def logged(self) -> int:
+        return 0 if self._log is None else len(self._log)
+
+    # following the entries and the queries --------------------------------------------
     def _pattern(self, vector: np.ndarray, round_: int, version: str) -> int | None:
         state = self._state
         if state is None or state.encoder_version != version:
             return None
         return state.model.nearest(vector.astype(np.float32), round_)
 
+    def _tokens(self, entry: Entry) -> int:
+        """Tokens one answer of ``entry`` costs, with its context's when that is held."""
+        context = self._tracked.get(entry.prev_id or "") if entry.turn > 0 else None
+        own = entry.query_tokens + entry.answer_tokens
+        return own + (context.tokens if context is not None else 0)
+
     def track(self, entry: Entry) -> None:
         """The cache holds ``entry`` (new, loaded or re-embedded)."""
         with self._lock:
-            self._version = entry.encoder_version
             self._tracked[entry.id] = _Tracked(
                 entry.embedding.astype(np.float32),
                 None if entry.context_embedding is None
                 else entry.context_embedding.astype(np.float32),
-                entry.turn, entry.query_tokens + entry.answer_tokens, entry.prev_id,
-                entry.created, entry.hits, entry.encoder_version,
+                entry.turn, self._tokens(entry), entry.created, entry.hits,
+                entry.encoder_version,
                 self._pattern(entry.embedding, entry.turn, entry.encoder_version))
 
     def forget(self, entry_id: str) -> None:
@@ -101,19 +120,29 @@ class CachePolicy:
         with self._lock:
             self._tracked.clear()
 
-    def hit(self, entry_id: str) -> None:
-        """``entry_id`` was served: +1 to its LFU count, one more event towards a re-fit."""
+    def asked(self, entry: Entry, threshold: float) -> None:
+        """The upstream answered ``entry``'s query (whether or not it is stored): log it, as
+        a repeat when an earlier logged query is as similar as ``threshold``."""
+        if self._log is None:
+            return
         with self._lock:
-            tracked = self._tracked.get(entry_id)
-            if tracked is not None:
-                self._tracked[entry_id] = replace(tracked, hits=tracked.hits + 1)
+            repeat = self._log.is_repeat(entry.embedding, threshold, entry.encoder_version)
+            self._log.add(entry.embedding, entry.context_embedding, entry.turn,
+                          self._tokens(entry), repeat, entry.encoder_version)
             self._events += 1
         self._maybe_recluster()
 
-    def inserted(self) -> None:
-        """An entry was stored: re-cluster in the background once enough has changed."""
+    def hit(self, entry_id: str) -> None:
+        """``entry_id`` was served: +1 to its LFU count, and a repeat in the query log."""
         with self._lock:
-            self._events += 1
+            tracked = self._tracked.get(entry_id)
+            if tracked is None:
+                return
+            self._tracked[entry_id] = replace(tracked, hits=tracked.hits + 1)
+            if self._log is not None:
+                self._log.add(tracked.vector, tracked.context, tracked.round_, tracked.tokens,
+                              True, tracked.version)
+                self._events += 1
         self._maybe_recluster()
 
     # decisions ------------------------------------------------------------------------
@@ -144,15 +173,13 @@ class CachePolicy:
 
     # re-clustering --------------------------------------------------------------------
     def _maybe_recluster(self) -> None:
-        if not self.uses_patterns:
-            return
         with self._lock:
-            size = len(self._tracked)
-            stale = self._state is None or self._state.encoder_version != self._version
-            due = self._events >= max(self.settings.min_events, self.settings.regrow * size)
-            if size < self.settings.min_entries or not (due or stale):
+            if self._log is None or len(self._log) < self.settings.min_queries:
                 return
-            if self._thread is not None and self._thread.is_alive():
+            stale = self._state is None or self._state.encoder_version != self._log.version
+            due = self._events >= max(self.settings.min_events,
+                                      self.settings.regrow * len(self._log))
+            if not (due or stale) or (self._thread is not None and self._thread.is_alive()):
                 return
             self._events = 0
             self._thread = threading.Thread(target=self._recluster_logged, daemon=True,
@@ -165,28 +192,15 @@ class CachePolicy:
         except Exception:  # a failed fit keeps the old patterns; the cache goes on
             log.exception("re-clustering the cache's semantic patterns failed")
 
-    def _snapshot(self) -> tuple[list[str], PatternInput, str]:
-        with self._lock:
-            version = self._version
-            ids = [i for i, t in self._tracked.items() if t.version == version]
-            rows = [self._tracked[i] for i in ids]
-            dim = rows[0].vector.shape[0] if rows else 0
-            tokens = [t.tokens + (self._tracked[t.prev_id].tokens if t.round_ > 0
-                                  and t.prev_id in self._tracked else 0) for t in rows]
-        data = PatternInput(
-            vectors=np.stack([t.vector for t in rows]) if rows else np.zeros((0, dim)),
-            contexts=np.stack([t.context if t.context is not None else np.zeros(dim, np.float32)
-                               for t in rows]) if rows else np.zeros((0, dim)),
-            rounds=np.asarray([t.round_ for t in rows], dtype=np.int64),
-            tokens=np.asarray(tokens, dtype=np.float64),
-            hits=np.asarray([t.hits for t in rows], dtype=np.float64))
-        return ids, data, version
-
     def recluster(self) -> PatternState | None:
-        """Fit the patterns on the entries held now, install and store them (the background
+        """Fit the patterns on the logged queries, install and store them (the background
         thread runs this; a caller may too, e.g. a benchmark that wants it synchronous)."""
-        ids, data, version = self._snapshot()
-        if len(ids) < self.settings.min_entries:
+        if self._log is None:
+            return None
+        with self._lock:
+            data, version, record = (self._log.patterns_input(), self._log.version,
+                                     self._log.to_record())
+        if len(data.rounds) < self.settings.min_queries:
             return None
         s = self.settings
         started = time.perf_counter()
@@ -196,19 +210,17 @@ class CachePolicy:
         else:
             model = fit_co_hsc(data, s.patterns, s.clustering, s.dbscan_eps)
         seconds = time.perf_counter() - started
-        state = PatternState(model, s.policy, s.clustering, version, len(ids), seconds)
+        state = PatternState(model, s.policy, s.clustering, version, len(data.rounds), seconds)
         with self._lock:
             self._state = state
             self.fit_seconds.append(seconds)
-            fitted = dict(zip(ids, model.labels.tolist(), strict=True))
             for entry_id, tracked in self._tracked.items():
-                pattern = fitted.get(entry_id)
-                if pattern is None:  # stored while the fit ran
-                    pattern = self._pattern(tracked.vector, tracked.round_, tracked.version)
-                self._tracked[entry_id] = replace(tracked, pattern=pattern)
+                self._tracked[entry_id] = replace(tracked, pattern=self._pattern(
+                    tracked.vector, tracked.round_, tracked.version))
         save_patterns(self.store, state)
-        log.info("clustered %d entries into %d patterns (%s, %s) in %.3f s", len(ids),
-                 len(model), s.policy, s.clustering, seconds)
+        save_log(self.store, record)
+        log.info("clustered %d queries into %d patterns (%s, %s) in %.3f s",
+                 len(data.rounds), len(model), s.policy, s.clustering, seconds)
         return state
 
     def wait(self) -> None:
@@ -218,4 +230,9 @@ class CachePolicy:
             thread.join()
 
     def close(self) -> None:
+        """Waits for a running fit and keeps the query log for the next start."""
         self.wait()
+        if self._log is not None and len(self._log):
+            with self._lock:
+                record = self._log.to_record()
+            save_log(self.store, record)

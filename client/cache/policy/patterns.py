@@ -1,5 +1,6 @@
-"""SCALM's semantic patterns: cached queries clustered per conversation round, each pattern
-ranked by the share of its tokens that cache hits saved.
+"""SCALM's semantic patterns: the queries asked (the policy's query log) clustered per
+conversation round, each pattern ranked by its token saving ratio, the share of its
+tokens that repeats of earlier queries (what a cache can serve) account for.
 
 CO-HSC clusters every round on its own into ``patterns`` groups. SE-HSC clusters round 1
 into ``patterns`` groups and each later round only inside parents that survive pruning
@@ -22,13 +23,14 @@ _RANK_SHARES = (0.25, 0.5, 0.75)  # high / mid / low = top 25% / 50% / 75% of pa
 
 @dataclass(frozen=True)
 class PatternInput:
-    """What clustering needs of the cached entries, row i describing entry i."""
+    """What clustering needs of the queries asked, row i describing query (or entry) i."""
 
     vectors: np.ndarray  # (n, dim) unit query embeddings
     contexts: np.ndarray  # (n, dim) unit embeddings of the previous query; zeros in round 1
     rounds: np.ndarray  # (n,) 0 for a first turn, 1 for a follow-up, ...
-    tokens: np.ndarray  # (n,) tokens one answer of the entry costs: query + answer + context
-    hits: np.ndarray  # (n,) times the entry was served
+    tokens: np.ndarray  # (n,) tokens one answer costs: query + answer + context
+    asked: np.ndarray  # (n,) times it was asked
+    hits: np.ndarray  # (n,) times of those a cache would serve it (a repeat)
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,12 @@ class PatternModel:
         return RANK_PRIORITY.get(rank, 0) if rank is not None else 0
 
 
-def token_saving_ratios(labels: np.ndarray, hits: np.ndarray, tokens: np.ndarray,
-                        count: int) -> np.ndarray:
-    """Per pattern: tokens its hits saved over the tokens of all its queries (each entry
-    was asked once as a miss, then once per hit)."""
+def token_saving_ratios(labels: np.ndarray, hits: np.ndarray, asked: np.ndarray,
+                        tokens: np.ndarray, count: int) -> np.ndarray:
+    """Per pattern: tokens of its hits over the tokens of all its queries."""
     saved = np.bincount(labels, weights=hits * tokens, minlength=count)
-    asked = np.bincount(labels, weights=(hits + 1) * tokens, minlength=count)
-    return np.divide(saved, asked, out=np.zeros(count), where=asked > 0)
+    spent = np.bincount(labels, weights=asked * tokens, minlength=count)
+    return np.divide(saved, spent, out=np.zeros(count), where=spent > 0)
 
 
 def rank_patterns(ratios: np.ndarray) -> tuple[str | None, ...]:
@@ -93,7 +94,7 @@ def _cluster(vectors: np.ndarray, groups: int, method: str, eps: float, seed: in
     if len(vectors) <= 1 or groups <= 1:
         return np.zeros(len(vectors), dtype=np.int64)
     if method == "kmeans":
-        k = min(groups, len(vectors))
+        k = min(groups, len(np.unique(vectors, axis=0)))  # repeats are one point
         return KMeans(n_clusters=k, n_init=1, random_state=seed).fit_predict(vectors)
     labels = DBSCAN(eps=eps, min_samples=2, metric="cosine").fit_predict(vectors)
     noise = np.flatnonzero(labels < 0)
@@ -130,12 +131,13 @@ class _Builder:
     def ratios(self) -> np.ndarray:
         done = self.labels >= 0
         return token_saving_ratios(self.labels[done], self.data.hits[done],
-                                   self.data.tokens[done], len(self.rounds))
+                                   self.data.asked[done], self.data.tokens[done],
+                                   len(self.rounds))
 
     def shares(self, made: list[int]) -> np.ndarray:
         """Each pattern in ``made``: its share of the queries asked in all of ``made``."""
         done = self.labels >= 0
-        asked = np.bincount(self.labels[done], weights=self.data.hits[done] + 1,
+        asked = np.bincount(self.labels[done], weights=self.data.asked[done],
                             minlength=len(self.rounds))[made]
         return asked / asked.sum()
 

@@ -1,13 +1,16 @@
-"""The one home of the fitted patterns on disk: a record in the cache's store, so a
-restart (or another process) ranks with the same patterns until the next re-clustering."""
+"""The one home of SCALM's state on disk: the fitted patterns and the query log they were
+learnt from, as records in the cache's store, so a restart (or another process) ranks with
+the same patterns and keeps learning from the same log."""
 
 from dataclasses import dataclass
 
 import numpy as np
 from meancache.client.cache.policy.patterns import PatternModel
+from meancache.client.cache.policy.query_log import QueryLog
 from meancache.client.cache.store import EntryStore
 
 _NAME = "patterns"
+_LOG = "pattern_log"
 
 
 @dataclass(frozen=True)
@@ -18,8 +21,13 @@ class PatternState:
     policy: str  # "scalm-co" or "scalm-se"
     clustering: str  # "kmeans" or "dbscan"
     encoder_version: str  # the space of its centroids
-    entries: int  # cached entries it was fitted on
+    entries: int  # logged queries it was fitted on
     seconds: float  # how long the fit took
+
+
+def save_log(store: EntryStore, record: dict[str, object]) -> None:
+    """A QueryLog's record (``QueryLog.to_record``)."""
+    store.set_state(_LOG, record)
 
 
 def save_patterns(store: EntryStore, state: PatternState) -> None:
@@ -52,3 +60,14 @@ def load_patterns(store: EntryStore) -> PatternState | None:
                             float(record["seconds"]))
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def load_log(store: EntryStore, capacity: int) -> QueryLog:
+    """The stored query log; an empty one when there is none or it cannot be read."""
+    record = store.get_meta(_LOG)
+    if isinstance(record, dict):
+        try:
+            return QueryLog.from_record(record, capacity)
+        except (KeyError, TypeError, ValueError):
+            pass
+    return QueryLog(capacity)
