@@ -9,7 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from meancache.client.cache import CacheSettings, CacheStats, Hit, Miss, SemanticCache
+from meancache.client.cache.entry import Entry
 from meancache.client.cache.policy.admission import admits
+from meancache.client.cache.policy.cache_policy import CachePolicy, PolicySettings
 from meancache.client.cache.policy.eviction import Usage, eviction_order, victims
 from meancache.client.cache.policy.patterns import (
     PatternInput,
@@ -18,6 +20,7 @@ from meancache.client.cache.policy.patterns import (
     rank_patterns,
     token_saving_ratios,
 )
+from meancache.client.cache.store import EntryStore
 from meancache.client.config import load_settings
 from meancache.client.errors import ConfigError
 from meancache.client.tui.screens.stats import stats_rows
@@ -212,6 +215,47 @@ def test_patterns_are_refitted_in_the_background_and_persist(make_cache: CacheFa
     assert loaded.model.ranks == state.model.ranks
     np.testing.assert_allclose(loaded.model.centroids, state.model.centroids)
     assert make_cache(tmp_path / "other", settings=scalm("scalm-co")).policy.state is None
+
+
+def unit(vector: np.ndarray) -> np.ndarray:
+    return (vector / np.linalg.norm(vector)).astype(np.float16)
+
+
+def test_a_popular_query_the_full_cache_refused_is_admitted_once_the_log_sees_it_recur(
+        tmp_path: Path) -> None:
+    """Two held entries, one hit twice; four one-offs are refused. A new popular question
+    first lands nearest an unranked one-off pattern and is refused, but the query log sees
+    it recur: after two asks its own pattern saves tokens and ranks mid, so the third ask is
+    stored and the held entry with the lowest priority (no rank, no hits) makes room."""
+    store = EntryStore(tmp_path / "store")
+    policy = CachePolicy(store, PolicySettings("scalm-co", min_events=1, regrow=0))
+
+    def entry(vector: np.ndarray) -> Entry:
+        return Entry("q", "a", unit(vector), "v", query_tokens=10, answer_tokens=10)
+
+    def ask(asked: Entry) -> bool:
+        admitted = policy.admits(asked, full=True)
+        policy.asked(asked, threshold=0.9)
+        policy.wait()
+        if admitted:
+            policy.track(asked)
+        return admitted
+
+    held = [entry(AXES[0]), entry(AXES[1])]
+    for held_entry in held:
+        policy.track(held_entry)
+        policy.asked(held_entry, threshold=0.9)
+    for _ in range(2):
+        policy.hit(held[0].id)
+        policy.wait()
+    one_offs = [entry(AXES[axis] + 0.3 * AXES[1]) for axis in (2, 3, 4, 5)]  # near held[1]
+    assert [ask(asked) for asked in one_offs] == [False] * 4
+    popular = [entry(AXES[6] + 0.3 * AXES[3]) for _ in range(3)]
+    assert [ask(asked) for asked in popular] == [False, False, True]
+    usage = {e.id: (e.created, e.nbytes) for e in [*held, popular[2]]}
+    assert policy.victims(usage, over_count=1, over_bytes=0) == [held[1].id]
+    policy.close()
+    store.close()
 
 
 # switching and refusing -------------------------------------------------------------------

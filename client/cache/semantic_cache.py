@@ -228,7 +228,9 @@ class SemanticCache:
         answer_tokens: int | None = None,
         progress: Progress | None = None,
     ) -> Entry:
-        """Store an answer. Token counts default to the encoder tokenizer's count."""
+        """Store an answer. Token counts default to the encoder tokenizer's count. A full cache
+        under a SCALM policy stores only queries of mid- and high-rank patterns; the entry is
+        returned either way (``len`` and ``entries`` tell whether it was kept)."""
         query = clean_query(query)
         if not isinstance(answer, str) or not answer.strip():
             raise ValueError("answer is empty")
