@@ -2,7 +2,9 @@
 the upstream answered, stored or not), whether it repeated an earlier one, and its tokens.
 
 Patterns learnt from the stored entries alone could never rank a popular question the
-cache has not admitted yet; the log sees it recur. A ring buffer of ``capacity`` queries.
+cache has not admitted yet; the log sees it recur. A hit is logged with the served entry's
+vector (within tau of the asked one: the lookup path hands over no vector). A ring buffer
+of ``capacity`` queries, restarted when the encoder (vector space) changes.
 """
 
 from typing import Any
