@@ -20,6 +20,7 @@ from meancache.client.cache.policy.patterns import (
     rank_patterns,
     token_saving_ratios,
 )
+from meancache.client.cache.policy.state import load_log, load_patterns
 from meancache.client.cache.store import EntryStore
 from meancache.client.config import load_settings
 from meancache.client.errors import ConfigError
@@ -186,7 +187,7 @@ def test_a_full_scalm_cache_admits_the_popular_pattern_and_evicts_zero_priority_
     cache.policy.wait()
     state = cache.policy.recluster()
     # the query log: four answered queries and three hits on the popular one
-    assert state is not None and state.entries == 7 and len(state.model) == 4
+    assert state is not None and state.queries == 7 and len(state.model) == 4
     assert state.model.priority(cache.policy._pattern(popular.embedding, 0,
                                                       popular.encoder_version)) == 3
 
@@ -206,15 +207,25 @@ def test_patterns_are_refitted_in_the_background_and_persist(make_cache: CacheFa
         cache.insert(question, "an answer")
     cache.policy.wait()  # 8 inserts: a fit was started by the inserts, off their path
     state = cache.policy.state
-    assert state is not None and state.policy == "scalm-se" and state.entries >= 4
+    assert state is not None and state.policy == "scalm-se" and state.queries >= 4
     cache.close()
     reopened = make_cache(settings=scalm("scalm-se"))
     loaded = reopened.policy.state
-    assert loaded is not None and loaded.entries == state.entries
+    assert loaded is not None and loaded.queries == state.queries
     assert reopened.policy.logged == 8
     assert loaded.model.ranks == state.model.ranks
     np.testing.assert_allclose(loaded.model.centroids, state.model.centroids)
     assert make_cache(tmp_path / "other", settings=scalm("scalm-co")).policy.state is None
+    assert make_cache(settings=scalm("scalm-co")).policy.state is None  # fitted for SE-HSC
+
+
+def test_an_unreadable_pattern_record_costs_a_refit_not_an_error(tmp_path: Path) -> None:
+    store = EntryStore(tmp_path / "store")
+    store.set_state("patterns", {"centroids": b"\x00", "dim": "many"})
+    store.set_state("pattern_log", {"version": "v"})
+    assert load_patterns(store) is None
+    assert len(load_log(store, 10)) == 0
+    store.close()
 
 
 def unit(vector: np.ndarray) -> np.ndarray:

@@ -21,7 +21,7 @@ class PatternState:
     policy: str  # "scalm-co" or "scalm-se"
     clustering: str  # "kmeans" or "dbscan"
     encoder_version: str  # the space of its centroids
-    entries: int  # logged queries it was fitted on
+    queries: int  # logged queries it was fitted on
     seconds: float  # how long the fit took
 
 
@@ -34,7 +34,7 @@ def save_patterns(store: EntryStore, state: PatternState) -> None:
     model = state.model
     store.set_state(_NAME, {
         "policy": state.policy, "clustering": state.clustering,
-        "encoder_version": state.encoder_version, "entries": state.entries,
+        "encoder_version": state.encoder_version, "queries": state.queries,
         "seconds": state.seconds, "dim": int(model.centroids.shape[1]),
         "centroids": model.centroids.astype(np.float32).tobytes(),
         "rounds": [int(r) for r in model.rounds], "ratios": [float(r) for r in model.ratios],
@@ -56,7 +56,7 @@ def load_patterns(store: EntryStore) -> PatternState | None:
             np.asarray(record["ratios"], dtype=np.float64), tuple(record["ranks"]),
             labels=np.zeros(0, dtype=np.int64))
         return PatternState(model, str(record["policy"]), str(record["clustering"]),
-                            str(record["encoder_version"]), int(record["entries"]),
+                            str(record["encoder_version"]), int(record["queries"]),
                             float(record["seconds"]))
     except (KeyError, TypeError, ValueError):
         return None
