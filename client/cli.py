@@ -63,12 +63,14 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
     with closing(EntryStore(settings.cache_dir)) as store:  # no encoder: nothing to embed
         stats = stored_stats(store, settings.threshold, settings.encoder_backend)
     if args.json:
-        print_json(dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate})
+        print_json(dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate,
+                                                "token_saving_ratio": stats.token_saving_ratio})
         return 0
     table = Table("statistic", "value", title=f"cache in {settings.cache_dir}")
     for key, value in dataclasses.asdict(stats).items():
         table.add_row(key.replace("_", " "), "-" if value is None else str(value))
     table.add_row("hit rate", f"{stats.hit_rate:.1%}")
+    table.add_row("token saving ratio", f"{stats.token_saving_ratio:.1%}")
     out.print(table)
     return 0
 

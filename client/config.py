@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import platformdirs
+from meancache.client.cache.policy import CLUSTERINGS, POLICIES, check_choice
 from meancache.client.errors import ConfigError
 from meancache.shared.encoder import DEFAULT_PCA_DIMS, DEFAULT_PROFILE, profile_threshold
 from meancache.shared.threshold import DEFAULT_THRESHOLD, check_threshold
@@ -34,6 +35,8 @@ class Settings:
     context_aware: bool = True
     max_entries: int = 100_000
     max_bytes: int = 512 * 1024 * 1024
+    eviction_policy: str = "lru"  # "lru", "lfu", "scalm-co", "scalm-se"
+    pattern_clustering: str = "kmeans"  # SCALM's patterns: "kmeans" (fast) or "dbscan"
     pca_dims: int = DEFAULT_PCA_DIMS
     pca_min_entries: int = 1000
     tune_min_per_class: int = 5
@@ -86,6 +89,8 @@ class Settings:
             global_threshold=self.threshold,
             max_entries=self.max_entries,
             max_bytes=self.max_bytes,
+            eviction_policy=self.eviction_policy,
+            pattern_clustering=self.pattern_clustering,
             context_aware=self.context_aware,
             pca_dims=self.pca_dims,
             pca_min_entries=self.pca_min_entries,
@@ -188,4 +193,9 @@ def load_settings(
         check_threshold(settings.threshold)
     except ValueError as exc:
         raise ConfigError(f"threshold: {exc}") from None
+    try:
+        check_choice("eviction_policy", settings.eviction_policy, POLICIES)
+        check_choice("pattern_clustering", settings.pattern_clustering, CLUSTERINGS)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return settings

@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(fast) or a local sentence-transformers model directory")
     parser.add_argument("--backend", choices=("onnx", "torch"), help="encoder runtime "
                         "(default: encoder_backend in config.toml, onnx)")
+    parser.add_argument("--eviction-policy", metavar="POLICY", help="what the cache keeps and "
+                        "evicts: lru, lfu, scalm-co or scalm-se (default: eviction_policy "
+                        "in config.toml, lru)")
     commands = parser.add_subparsers(dest="command", required=True)
     device_commands.add_commands(commands, start_embedded_upstream)
     upstream_commands.add_commands(commands)
@@ -44,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         settings = load_settings(args.config_dir, args.data_dir, encoder_model=args.encoder,
-                                 encoder_backend=args.backend)
+                                 encoder_backend=args.backend,
+                                 eviction_policy=args.eviction_policy)
         try:
             setup_logging(settings.log_file, settings.log_level)
         except OSError as exc:

@@ -66,8 +66,15 @@ class CacheStats:
     encoder_backend: str
     embedding_dim: int
     bytes_per_embedding: int
+    tokens_upstream: int = 0  # query + answer tokens of the answers the upstream gave
 
     @property
     def hit_rate(self) -> float:
         asked = self.hits + self.misses
         return self.hits / asked if asked else 0.0
+
+    @property
+    def token_saving_ratio(self) -> float:
+        """SCALM's metric: the share of all answered tokens that cache hits served."""
+        answered = self.tokens_saved + self.tokens_upstream
+        return self.tokens_saved / answered if answered else 0.0

@@ -18,6 +18,8 @@ from meancache.client.cache.background import BackgroundWork
 from meancache.client.cache.context import context_agrees
 from meancache.client.cache.entry import STORED_DTYPE, Context, Entry
 from meancache.client.cache.index import VectorIndex
+from meancache.client.cache.policy import CLUSTERINGS, POLICIES, check_choice
+from meancache.client.cache.policy.cache_policy import CachePolicy, PolicySettings
 from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
 from meancache.client.cache.source import Source
 from meancache.client.cache.store import EntryStore
@@ -43,6 +45,12 @@ class CacheSettings:
     pca_min_entries: int = 1000
     tune_min_per_class: int = 5
     candidates: int = 8  # nearest entries checked for context agreement
+    eviction_policy: str = "lru"  # "lru", "lfu", "scalm-co", "scalm-se" (policy/)
+    pattern_clustering: str = "kmeans"  # SCALM's clustering: "kmeans" or "dbscan"
+
+    def __post_init__(self) -> None:
+        check_choice("eviction_policy", self.eviction_policy, POLICIES)
+        check_choice("pattern_clustering", self.pattern_clustering, CLUSTERINGS)
 
 
 class SemanticCache:
@@ -74,6 +82,8 @@ class SemanticCache:
         self.background = BackgroundWork()
         self._in_background = background
         self._query_vectors: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self.policy = CachePolicy(self.store, PolicySettings(
+            self.settings.eviction_policy, self.settings.pattern_clustering))
         self.thresholds = ThresholdState(self.store, self.settings.global_threshold)
         self.thresholds.persist_default()
         self.encoder = self._with_stored_pca(encoder)
@@ -83,6 +93,7 @@ class SemanticCache:
 
     def close(self) -> None:
         self.background.stop()
+        self.policy.close()
         self.store.close()
 
     def __enter__(self) -> "SemanticCache":
@@ -130,6 +141,7 @@ class SemanticCache:
             index = VectorIndex(self.encoder.dim)
             self._context_vectors: dict[str, np.ndarray] = {}
             self._usage: dict[str, tuple[float, int]] = {}  # id -> (last used, bytes)
+            self.policy.forget_all()
             self._stale: set[str] = set()  # stored in another space: not searchable yet
             for entry in self.store.entries():
                 self._usage[entry.id] = (entry.last_used, entry.nbytes)
@@ -146,6 +158,7 @@ class SemanticCache:
         if entry.context_embedding is not None:
             self._context_vectors[entry.id] = entry.context_embedding.astype(np.float32)
         self._usage[entry.id] = (entry.last_used, entry.nbytes)
+        self.policy.track(entry)
 
     def _sync(self) -> None:
         if self.store.generation == self._generation:
@@ -222,6 +235,7 @@ class SemanticCache:
         self.store.add_to_counter("hits")
         self.store.add_to_counter("tokens_saved", entry.query_tokens + entry.answer_tokens)
         self._usage[entry.id] = (now, entry.nbytes)
+        self.policy.hit(entry.id)
         return hit
 
     # insert / delete ----------------------------------------------------------------
@@ -235,7 +249,9 @@ class SemanticCache:
         answer_tokens: int | None = None,
         progress: Progress | None = None,
     ) -> Entry:
-        """Store an answer. Token counts default to the encoder tokenizer's count."""
+        """Store an answer. Token counts default to the encoder tokenizer's count. A full cache
+        under a SCALM policy stores only queries of mid- and high-rank patterns; the entry is
+        returned either way (``len`` and ``entries`` tell whether it was kept)."""
         query = clean_query(query)
         if not isinstance(answer, str) or not answer.strip():
             raise ValueError("answer is empty")
@@ -257,6 +273,13 @@ class SemanticCache:
                 answer_tokens=self.encoder.count_tokens(answer) if answer_tokens is None
                 else answer_tokens,
             )
+            self.store.add_to_counter("tokens_upstream", entry.query_tokens + entry.answer_tokens)
+            self.policy.asked(entry, self.threshold)
+            full = len(self._usage) >= self.settings.max_entries or entry.nbytes + sum(
+                size for _, size in self._usage.values()) > self.settings.max_bytes
+            if not self.policy.admits(entry, full):
+                log.debug("not admitted: a full cache keeps only mid- and high-rank patterns")
+                return entry
             if self._wrote(self.store.put(entry)):
                 self._index_entry(entry)
             self._evict()
@@ -281,20 +304,15 @@ class SemanticCache:
         self._index.remove(entry_id)
         self._context_vectors.pop(entry_id, None)
         self._usage.pop(entry_id, None)
+        self.policy.forget(entry_id)
 
     def _evict(self) -> None:
-        """Least recently used first, until both limits hold (SCALM's policy comes later)."""
+        """Evict in the order of the ``eviction_policy`` until both limits hold."""
         over_count = len(self._usage) - self.settings.max_entries
-        total = sum(size for _, size in self._usage.values())
-        if over_count <= 0 and total <= self.settings.max_bytes:
+        over_bytes = sum(size for _, size in self._usage.values()) - self.settings.max_bytes
+        if over_count <= 0 and over_bytes <= 0:
             return
-        victims: list[str] = []
-        for entry_id, (_, size) in sorted(self._usage.items(), key=lambda kv: kv[1][0]):
-            if over_count <= 0 and total <= self.settings.max_bytes:
-                break
-            victims.append(entry_id)
-            over_count -= 1
-            total -= size
+        victims = self.policy.victims(self._usage, over_count, over_bytes)
         if self._wrote(self.store.delete(victims)):
             for entry_id in victims:
                 self._forget(entry_id)

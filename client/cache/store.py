@@ -98,6 +98,11 @@ class EntryStore:
             self._db.set((_META, name), value)
             self._bump()
 
+    def set_state(self, name: str, value: Any) -> None:
+        """Metadata derived from the entries (e.g. their semantic patterns): written without a
+        generation bump, since no entry or vector changed and nobody needs to reload."""
+        self._db.set((_META, name), value)
+
     def add_to_counter(self, name: str, delta: int = 1) -> int:
         return int(self._db.incr((_META, "count:" + name), delta, default=0))
 

@@ -14,6 +14,8 @@ def stats_rows(stats: CacheStats, pack_version: str | None) -> list[tuple[str, s
         ("hit rate", f"{stats.hit_rate:.1%} ({stats.hits} hits, {stats.misses} misses)"),
         ("false hits (rejected)", str(stats.rejections)),
         ("tokens saved", str(stats.tokens_saved)),
+        ("token saving ratio", f"{stats.token_saving_ratio:.1%} of "
+                               f"{stats.tokens_saved + stats.tokens_upstream} answered tokens"),
         ("threshold in use", f"{stats.threshold:.3f}"),
         ("local threshold", local),
         ("global threshold", f"{stats.global_threshold:.3f}"),
