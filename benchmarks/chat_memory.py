@@ -2,8 +2,9 @@
 
 Opens a chat session the way `meancache chat` does (the configured encoder on
 onnxruntime, the cache, the embedded upstream with its default model) in this process and
-reads the resident set size after each step, then after one answer. Uses the user's data
-dir (models assembled and converted once; a first run takes minutes) unless --data-dir.
+reads the resident set size after each step, then after one answer. Models are assembled
+and converted once into --cache-dir (as `meancache chat` does into the user's data dir; a
+first run takes minutes).
 
     python benchmarks/chat_memory.py                       # MPNet + Gemma 3 270M
     python benchmarks/chat_memory.py --encoder minilm
@@ -33,7 +34,6 @@ def main() -> None:
     parser = base_parser(__doc__)
     parser.add_argument("--encoder", default="mpnet", help="encoder profile or directory")
     parser.add_argument("--model", default="builtin:gemma-3-270m", help="upstream model")
-    parser.add_argument("--data-dir", type=Path, help="default: the user's data dir")
     args = parser.parse_args()
 
     from meancache.client.cache import SemanticCache
@@ -47,7 +47,7 @@ def main() -> None:
     from meancache.embedded import start_embedded_upstream
 
     settings = load_settings()
-    data_dir = args.data_dir or settings.data_dir
+    data_dir = args.cache_dir
     scratch = Path(tempfile.mkdtemp(prefix="meancache-memory-"))
     settings = dataclasses.replace(settings, data_dir=data_dir, encoder_model=args.encoder,
                                    upstream_model=args.model)
