@@ -41,7 +41,11 @@ and never the other way round)::
         ├── RequestTooLargeError
         ├── ModelLoadError
         │   └── UnsupportedModelError
-        └── PromptTooLongError
+        ├── PromptTooLongError
+        ├── UnsupportedMediaTypeError
+        ├── HostNotAllowedError
+        ├── ServerBusyError
+        └── QuotaExceededError
 
 (fl_server raises the shared errors and defines none of its own.)
 """
