@@ -45,7 +45,8 @@ and never the other way round)::
         ├── UnsupportedMediaTypeError
         ├── HostNotAllowedError
         ├── ServerBusyError
-        └── QuotaExceededError
+        ├── QuotaExceededError
+        └── ClientGoneError
 
 (fl_server raises the shared errors and defines none of its own.)
 """

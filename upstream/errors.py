@@ -10,7 +10,8 @@
     ├── UnsupportedMediaTypeError 415 invalid_request_error  unsupported_media_type
     ├── HostNotAllowedError       400 invalid_request_error  host_not_allowed
     ├── ServerBusyError           429 rate_limit_error       server_busy
-    └── QuotaExceededError        429 rate_limit_error       quota_exceeded
+    ├── QuotaExceededError        429 rate_limit_error       quota_exceeded
+    └── ClientGoneError           499 invalid_request_error  client_closed_request
 
 PML errors from ``meancache.shared`` are answered too: an unknown schema with 404
 ``schema_not_found``, any other with 400 ``invalid_pml`` (see :data:`HTTP_ERRORS`).
@@ -65,6 +66,11 @@ class QuotaExceededError(UpstreamError):
     """One API key asked for more schemas or schema tokens than the server allows a key."""
 
 
+class ClientGoneError(UpstreamError):
+    """The client closed the connection before its request was read: nobody hears the
+    answer, and it is counted apart from server failures (nginx's 499)."""
+
+
 @dataclass(frozen=True)
 class HTTPErrorKind:
     """How an error is answered: the status and the OpenAI error ``type`` and ``code``."""
@@ -84,6 +90,7 @@ HTTP_ERRORS: dict[type[MeanCacheError], HTTPErrorKind] = {
     HostNotAllowedError: HTTPErrorKind(400, "invalid_request_error", "host_not_allowed"),
     ServerBusyError: HTTPErrorKind(429, "rate_limit_error", "server_busy"),
     QuotaExceededError: HTTPErrorKind(429, "rate_limit_error", "quota_exceeded"),
+    ClientGoneError: HTTPErrorKind(499, "invalid_request_error", "client_closed_request"),
     PMLError: HTTPErrorKind(400, "invalid_request_error", "invalid_pml"),
     UnknownSchemaError: HTTPErrorKind(404, "invalid_request_error", "schema_not_found"),
 }

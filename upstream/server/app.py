@@ -8,7 +8,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from meancache.shared.pml import PML_MEDIA_TYPE
-from meancache.upstream.errors import BadRequest, RequestTooLargeError, UpstreamError
+from meancache.upstream.errors import (
+    BadRequest,
+    ClientGoneError,
+    RequestTooLargeError,
+    UpstreamError,
+)
 from meancache.upstream.prompt_cache.engine import Delta, Finish, PromptCacheEngine
 from meancache.upstream.server.error_handlers import exception_handlers
 from meancache.upstream.server.limits import (
@@ -30,7 +35,7 @@ from meancache.upstream.server.wire import Completion, error_body, parse_chat_re
 from meancache.upstream.server.worker import ModelWorker
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -62,10 +67,13 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         if declared and declared.isdigit() and int(declared) > settings.max_body_bytes:
             raise RequestTooLargeError(too_large)
         body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > settings.max_body_bytes:
-                raise RequestTooLargeError(too_large)
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > settings.max_body_bytes:
+                    raise RequestTooLargeError(too_large)
+        except ClientDisconnect:
+            raise ClientGoneError("the client closed the connection mid-request") from None
         return body
 
     async def read_json(request: Request) -> Any:
