@@ -216,6 +216,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
                     middleware=[Middleware(CountRequests, count, labels)])
     app.state.engine = engine
     app.state.metrics = metrics
+    app.state.worker = worker
     return app
 
 
