@@ -3,14 +3,18 @@ names it, before the work it would cost starts: Python's own limits (recursion, 
 integers) and torch's (seed range) would otherwise surface as 500s, and a long prompt's
 dense prefill mask grows with the square of its length."""
 
+from __future__ import annotations
+
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meancache.upstream.errors import BadRequest, PromptTooLongError, QuotaExceededError
-from meancache.upstream.prompt_cache.engine import PreparedPrompt, SchemaUsage
-from meancache.upstream.server.wire import ChatRequest
+
+if TYPE_CHECKING:  # the CLI reads Limits' defaults without loading torch
+    from meancache.upstream.prompt_cache.engine import PreparedPrompt, SchemaUsage
+    from meancache.upstream.server.wire import ChatRequest
 
 SEED_LIMIT = 2**63  # torch.Generator.manual_seed takes a signed 64-bit seed
 
