@@ -15,6 +15,7 @@ import httpx
 from httpx_sse import EventSource, SSEError, aconnect_sse
 from meancache.client.errors import UpstreamRejectedError, UpstreamUnavailableError
 from meancache.client.http_errors import describe, error_message
+from meancache.shared.pml import PML_MEDIA_TYPE
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ class UpstreamClient:
     async def add_schema(self, pml: str) -> dict[str, Any]:
         """Register a PML schema (meancache upstreams only)."""
         response = await self._send("POST", "/v1/schemas", content=pml.encode(),
-                                    headers={"Content-Type": "text/plain"})
+                                    headers={"Content-Type": PML_MEDIA_TYPE})
         return dict(response.json())
 
     async def stream_chat(self, messages: list[dict[str, str]], max_tokens: int = 512,

@@ -13,8 +13,9 @@ if TYPE_CHECKING:
 def start_embedded_upstream(model: str, data_dir: Path, progress: "Progress | None" = None
                             ) -> "EmbeddedUpstream":
     """Load ``model`` (built-ins converted once into ``data_dir``, ``progress`` hearing the
-    steps) and serve it on a free loopback port (blocking: seconds, a minute or more on a
-    first conversion)."""
-    from meancache.upstream.server.serve import BackgroundServer
+    steps) and serve it on a free loopback port, to holders of a key made for this run
+    (blocking: seconds, a minute or more on a first conversion)."""
+    from meancache.upstream.server.serve import BackgroundServer, private_settings
 
-    return BackgroundServer(model, data_dir=data_dir, progress=progress).start()
+    return BackgroundServer(model, private_settings(), data_dir=data_dir,
+                            progress=progress).start()

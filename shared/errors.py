@@ -41,7 +41,12 @@ and never the other way round)::
         ├── RequestTooLargeError
         ├── ModelLoadError
         │   └── UnsupportedModelError
-        └── PromptTooLongError
+        ├── PromptTooLongError
+        ├── UnsupportedMediaTypeError
+        ├── HostNotAllowedError
+        ├── ServerBusyError
+        ├── QuotaExceededError
+        └── ClientGoneError
 
 (fl_server raises the shared errors and defines none of its own.)
 """

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from meancache.shared.pml import PML_MEDIA_TYPE
 from meancache.upstream.server.app import ServerSettings
 
 from tests.upstream_server import free_port, running_upstream
@@ -20,6 +21,7 @@ SCHEMA = """<schema name="manual">
     frame, wheels, chain, brakes and saddle, with a list of tools.</module>
   <module name="appendix">Appendix with torque values.</module>
 </schema>"""
+AS_PML = {"Content-Type": PML_MEDIA_TYPE}
 PML = '<prompt schema="manual"><chapter/><user>Which tools?</user></prompt>'
 
 
@@ -72,7 +74,7 @@ def test_auth_is_required_and_checked(base_url: str) -> None:
 
 
 def test_schema_lifecycle(client: httpx.Client) -> None:
-    created = client.post("/v1/schemas", content=SCHEMA)
+    created = client.post("/v1/schemas", headers=AS_PML, content=SCHEMA)
     assert created.status_code == 201
     info = created.json()
     assert info["id"] == "manual"
@@ -87,7 +89,7 @@ def test_schema_lifecycle(client: httpx.Client) -> None:
 
 
 def test_completion_reports_reused_module_tokens(client: httpx.Client) -> None:
-    client.post("/v1/schemas", content=SCHEMA)
+    client.post("/v1/schemas", headers=AS_PML, content=SCHEMA)
     plain = chat(client, "Which tools?").json()
     assert plain["object"] == "chat.completion"
     assert plain["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
@@ -103,7 +105,7 @@ def test_completion_reports_reused_module_tokens(client: httpx.Client) -> None:
 
 
 def test_streaming_matches_the_whole_response(client: httpx.Client) -> None:
-    client.post("/v1/schemas", content=SCHEMA)
+    client.post("/v1/schemas", headers=AS_PML, content=SCHEMA)
     whole = chat(client, PML).json()
     events = stream_events(client, PML, stream_options={"include_usage": True})
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
@@ -120,13 +122,14 @@ def test_streaming_matches_the_whole_response(client: httpx.Client) -> None:
 @pytest.mark.parametrize(
     ("request_kwargs", "status", "fragment"),
     [
-        ({"content": b"{not json"}, 400, "not valid JSON"),
+        ({"content": b"{not json", "headers": {"Content-Type": "application/json"}}, 400,
+         "not valid JSON"),
         ({"json": {"messages": []}}, 400, "'messages' must be a non-empty list"),
         ({"json": {"messages": [{"role": "robot", "content": "x"}]}}, 400, "'role'"),
         ({"json": {"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}},
          400, "'temperature' must be a number"),
         ({"json": {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6}},
-         400, "context holds"),
+         400, "answers with at most 4096 tokens"),
         ({"json": {"messages": [{"role": "user", "content": "x" * 70_000}]}}, 413, "bytes"),
     ],
 )
@@ -148,20 +151,21 @@ def test_bad_requests_get_a_clear_4xx(client: httpx.Client, request_kwargs: dict
 )
 def test_bad_pml_names_what_is_wrong(client: httpx.Client, content: str, status: int,
                                      fragment: str) -> None:
-    client.post("/v1/schemas", content=SCHEMA)
+    client.post("/v1/schemas", headers=AS_PML, content=SCHEMA)
     response = chat(client, content)
     assert response.status_code == status
     assert fragment in response.json()["error"]["message"]
 
 
 def test_bad_schema_is_rejected_with_its_position(client: httpx.Client) -> None:
-    response = client.post("/v1/schemas", content='<schema name="x">\n  <param len="3"/></schema>')
+    response = client.post("/v1/schemas", headers=AS_PML,
+                           content='<schema name="x">\n  <param len="3"/></schema>')
     assert response.status_code == 400
     assert response.json()["error"]["message"].startswith("line 2, column 3")
 
 
 def test_concurrent_requests_are_queued_not_interleaved(client: httpx.Client) -> None:
-    client.post("/v1/schemas", content=SCHEMA)
+    client.post("/v1/schemas", headers=AS_PML, content=SCHEMA)
     prompts = [PML, "Tell me about wheels.", PML.replace("<chapter/>", "<appendix/>")]
     alone = [chat(client, p, max_tokens=16).json()["choices"][0]["message"]["content"]
              for p in prompts]
@@ -204,7 +208,7 @@ def test_a_client_leaving_mid_stream_frees_the_model(client: httpx.Client) -> No
 
 
 def test_metrics_report_ttft_cached_tokens_and_module_memory(client: httpx.Client) -> None:
-    client.post("/v1/schemas", content=SCHEMA)
+    client.post("/v1/schemas", headers=AS_PML, content=SCHEMA)
     before = metric(client, "meancache_upstream_cached_tokens_total")
     chat(client, PML)
     assert metric(client, "meancache_upstream_cached_tokens_total") > before

@@ -3,6 +3,8 @@
 import argparse
 from typing import Any
 
+from meancache.upstream.server.limits import Limits
+
 
 def add_commands(commands: Any) -> None:
     """Register `upstream serve` on the top-level `meancache` parser."""
@@ -18,15 +20,28 @@ def add_commands(commands: Any) -> None:
                        help="address to listen on (default: %(default)s)")
     serve.add_argument("--port", type=int, default=8080,
                        help="port to listen on (default: %(default)s)")
-    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (default: "
+    serve.add_argument("--api-key", action="append",
+                       help="require 'Authorization: Bearer KEY'; repeat for more keys, each "
+                       "a tenant whose schemas the others cannot see (default: "
                        "upstream_api_key in config.toml or MEANCACHE_UPSTREAM_API_KEY; "
-                       "none: no key)")
+                       "none: no key, one tenant)")
     serve.add_argument("--module-budget-mb", type=int, default=2048,
                        help="memory for cached module states (default: %(default)s)")
     serve.add_argument("--max-body-kb", type=int, default=4096,
                        help="largest request body (default: %(default)s)")
     serve.add_argument("--default-max-tokens", type=int, default=256,
                        help="max_tokens of a request that sets none (default: %(default)s)")
+    limits = Limits()
+    for name, default, text in (
+        ("max-queued", limits.max_queued, "requests waiting for the model (more get 429)"),
+        ("max-prompt-tokens", limits.max_prompt_tokens, "new prompt tokens per request"),
+        ("max-completion-tokens", limits.max_tokens, "the largest max_tokens a request may set"),
+        ("max-schemas-per-key", limits.max_schemas_per_key, "PML schemas one key may hold"),
+        ("max-schema-tokens-per-key", limits.max_schema_tokens_per_key,
+         "module tokens of one key's schemas together"),
+    ):
+        serve.add_argument(f"--{name}", type=int, default=default,
+                           help=f"{text} (default: %(default)s)")
     serve.set_defaults(handler=run_serve)
 
 
@@ -34,14 +49,23 @@ def run_serve(args: argparse.Namespace, settings: Any) -> int:
     from meancache.upstream.server.app import ServerSettings
     from meancache.upstream.server.serve import serve
 
+    keys = args.api_key or ([settings.upstream_api_key] if settings.upstream_api_key else [])
+
     serve(
         model=args.model or settings.upstream_model,
         host=args.host,
         port=args.port,
         settings=ServerSettings(
-            api_key=args.api_key or settings.upstream_api_key,
+            api_key=keys[0] if keys else None,
+            api_keys=tuple(keys[1:]),
             max_body_bytes=args.max_body_kb * 1024,
             default_max_tokens=args.default_max_tokens,
+            limits=Limits(
+                max_queued=args.max_queued, max_prompt_tokens=args.max_prompt_tokens,
+                max_tokens=args.max_completion_tokens,
+                max_schemas_per_key=args.max_schemas_per_key,
+                max_schema_tokens_per_key=args.max_schema_tokens_per_key,
+            ),
         ),
         module_budget_bytes=args.module_budget_mb * 1024 * 1024,
         data_dir=settings.data_dir,

@@ -6,7 +6,12 @@
     ├── RequestTooLargeError      413 invalid_request_error  request_too_large
     ├── ModelLoadError            400 invalid_request_error
     │   └── UnsupportedModelError 400 invalid_request_error
-    └── PromptTooLongError        400 invalid_request_error  context_length_exceeded
+    ├── PromptTooLongError        400 invalid_request_error  context_length_exceeded
+    ├── UnsupportedMediaTypeError 415 invalid_request_error  unsupported_media_type
+    ├── HostNotAllowedError       400 invalid_request_error  host_not_allowed
+    ├── ServerBusyError           429 rate_limit_error       server_busy
+    ├── QuotaExceededError        429 rate_limit_error       quota_exceeded
+    └── ClientGoneError           499 invalid_request_error  client_closed_request
 
 PML errors from ``meancache.shared`` are answered too: an unknown schema with 404
 ``schema_not_found``, any other with 400 ``invalid_pml`` (see :data:`HTTP_ERRORS`).
@@ -45,6 +50,27 @@ class PromptTooLongError(UpstreamError):
     """The prompt and the requested completion do not fit the model's context."""
 
 
+class UnsupportedMediaTypeError(UpstreamError):
+    """A body sent with a Content-Type the route does not read (a web page's form post)."""
+
+
+class HostNotAllowedError(UpstreamError):
+    """A Host header outside the server's names: a DNS-rebinding page, or a wrong URL."""
+
+
+class ServerBusyError(UpstreamError):
+    """The model's request queue is full; the client should retry later."""
+
+
+class QuotaExceededError(UpstreamError):
+    """One API key asked for more schemas or schema tokens than the server allows a key."""
+
+
+class ClientGoneError(UpstreamError):
+    """The client closed the connection before its request was read: nobody hears the
+    answer, and it is counted apart from server failures (nginx's 499)."""
+
+
 @dataclass(frozen=True)
 class HTTPErrorKind:
     """How an error is answered: the status and the OpenAI error ``type`` and ``code``."""
@@ -59,6 +85,12 @@ HTTP_ERRORS: dict[type[MeanCacheError], HTTPErrorKind] = {
     InvalidApiKeyError: HTTPErrorKind(401, "authentication_error", "invalid_api_key"),
     RequestTooLargeError: HTTPErrorKind(413, "invalid_request_error", "request_too_large"),
     PromptTooLongError: HTTPErrorKind(400, "invalid_request_error", "context_length_exceeded"),
+    UnsupportedMediaTypeError: HTTPErrorKind(415, "invalid_request_error",
+                                             "unsupported_media_type"),
+    HostNotAllowedError: HTTPErrorKind(400, "invalid_request_error", "host_not_allowed"),
+    ServerBusyError: HTTPErrorKind(429, "rate_limit_error", "server_busy"),
+    QuotaExceededError: HTTPErrorKind(429, "rate_limit_error", "quota_exceeded"),
+    ClientGoneError: HTTPErrorKind(499, "invalid_request_error", "client_closed_request"),
     PMLError: HTTPErrorKind(400, "invalid_request_error", "invalid_pml"),
     UnknownSchemaError: HTTPErrorKind(404, "invalid_request_error", "schema_not_found"),
 }

@@ -24,6 +24,7 @@ class EmbeddedUpstream(Protocol):
 
     url: str
     label: str  # what the model is, for the status line
+    api_key: str | None  # made for this run of the app: no one else can use the server
 
     def stop(self) -> None: ...
 
@@ -58,7 +59,7 @@ class ChatSession:
         encoder = load_device_encoder(settings)
         cache = SemanticCache(settings.cache_dir, encoder, settings.cache_settings(), progress,
                               background=background)
-        embedded = None
+        embedded, api_key = None, settings.upstream_api_key
         if settings.upstream_url:
             url, label = settings.upstream_url, f"upstream {settings.upstream_url}"
         elif start_upstream is None:
@@ -66,7 +67,8 @@ class ChatSession:
         else:
             embedded = start_upstream(settings.upstream_model, settings.data_dir, upstream_progress)
             url, label = embedded.url, f"embedded upstream: {embedded.label}"
-        upstream = UpstreamClient(url, settings.upstream_api_key)
+            api_key = embedded.api_key
+        upstream = UpstreamClient(url, api_key)
         conversations = ConversationStore(settings.conversations_dir)
         answers = AnswerService(cache, upstream, conversations, settings.answer_max_tokens,
                                 settings.temperature)

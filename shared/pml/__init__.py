@@ -54,7 +54,11 @@ from meancache.shared.pml.registry import SchemaRegistry
 from meancache.shared.pml.validate import TokenCounter, validate_prompt
 from meancache.shared.pml.writer import write_prompt, write_schema
 
+#: The Content-Type of a PML document sent over HTTP (a schema upload).
+PML_MEDIA_TYPE = "application/vnd.meancache.pml+xml"
+
 __all__ = [
+    "PML_MEDIA_TYPE",
     "ROLE_NAMES",
     "RESERVED_NAMES",
     "ArgumentTooLongError",

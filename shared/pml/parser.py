@@ -34,6 +34,8 @@ RESERVED_NAMES = frozenset({"schema", "module", "param", "union", "prompt", *ROL
 
 #: How deeply tags may nest in one document.
 MAX_DEPTH = 100
+#: A parameter's ``len`` has at most this many digits (no context comes near 10^9).
+MAX_LEN_DIGITS = 9
 
 # Module, parameter and schema names become tag and attribute names in prompts, so they
 # must be XML names (without ':' so that namespaces never get involved).
@@ -274,9 +276,12 @@ class _SchemaReader:
         _attrs(el, ("name", "len"))
         name = _name(el, "name")
         raw = el.attrs["len"]
-        if not (raw.isascii() and raw.isdigit() and int(raw) > 0):
+        # a bound on digits first: int() of thousands of digits is slow, then refused
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= MAX_LEN_DIGITS
+                and int(raw) > 0):
             raise _syntax(
-                f"invalid len '{raw}' on <param name=\"{name}\">: expected a positive integer",
+                f"invalid len '{raw[:20]}' on <param name=\"{name}\">: expected a positive "
+                f"integer of at most {MAX_LEN_DIGITS} digits",
                 el.pos,
             )
         for child in el.children:

@@ -4,7 +4,7 @@ computed, and decoding continues from the highest position + 1."""
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +35,23 @@ from meancache.upstream.sampling import SamplingParams, TextStream, next_token
 Message = dict[str, str]
 
 log = logging.getLogger(__name__)
+
+#: The one tenant of a server without API keys (and of code that serves no network).
+LOCAL_TENANT = "local"
+
+
+def schema_key(tenant: str, name: str) -> str:
+    """Where a tenant's schema keeps its layout and module states. Schema names never hold
+    ':', so two tenants' keys never meet; the local tenant's are the bare names."""
+    return name if tenant == LOCAL_TENANT else f"{tenant}:{name}"
+
+
+@dataclass(frozen=True)
+class SchemaUsage:
+    """What one tenant's schemas would hold after an add: checked against its quota."""
+
+    schemas: int
+    cached_tokens: int
 
 
 @dataclass(frozen=True)
@@ -72,15 +89,19 @@ class Finish:
 
 class PromptCacheEngine:
     """One model, its schemas and their module states. Not re-entrant: the server runs
-    one request at a time through it (see upstream.server.worker)."""
+    one request at a time through it (see upstream.server.worker).
+
+    Schemas belong to a tenant (an API key; :data:`LOCAL_TENANT` without keys): each
+    tenant has its own registry, so it can neither see, use, replace nor remove another's
+    schemas, and error messages list only its own names."""
 
     def __init__(self, loaded: LoadedModel, module_budget_bytes: int = 2 << 30) -> None:
         self.loaded = loaded
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.roles = role_template(self.tokenizer)
-        self.registry = SchemaRegistry()
-        self.layouts: dict[str, SchemaLayout] = {}
+        self._registries: dict[str, SchemaRegistry] = {}
+        self.layouts: dict[str, SchemaLayout] = {}  # by schema_key
         self.modules = ModuleStore(module_budget_bytes)
         self.bytes_per_token = bytes_per_token(self.model)
         config = self.model.config
@@ -100,8 +121,15 @@ class PromptCacheEngine:
         return len(self.tokenizer.encode(text, add_special_tokens=False))
 
     # schemas ------------------------------------------------------------------------
-    def add_schema(self, source: str) -> SchemaInfo:
-        """Parse, lay out and encode every segment of a schema (replacing one of that name)."""
+    def registry(self, tenant: str = LOCAL_TENANT) -> SchemaRegistry:
+        """The schemas of ``tenant`` (empty for a tenant that has added none)."""
+        return self._registries.setdefault(tenant, SchemaRegistry())
+
+    def add_schema(self, source: str, tenant: str = LOCAL_TENANT,
+                   admit: Callable[[SchemaUsage], None] | None = None) -> SchemaInfo:
+        """Parse, lay out and encode every segment of a schema (replacing one of that name
+        of the same tenant). ``admit`` sees what the tenant would then hold, and raises to
+        refuse it before anything is encoded."""
         schema = parse_schema(source)
         layout = lay_out(schema, self.tokenizer, self.roles)
         if layout.end >= self.loaded.context_length:
@@ -110,26 +138,38 @@ class PromptCacheEngine:
                 f"holds {self.loaded.context_length}; shorten its modules or serve a model "
                 "with a longer context"
             )
-        self.registry.add(schema, replace=True)
-        self.modules.drop_schema(schema.name)
-        self.layouts[schema.name] = layout
+        registry = self.registry(tenant)
+        if admit is not None:
+            others = [self.layouts[schema_key(tenant, n)] for n in registry.list()
+                      if n != schema.name]
+            admit(SchemaUsage(len(others) + 1, layout.cached_tokens
+                              + sum(other.cached_tokens for other in others)))
+        key = schema_key(tenant, schema.name)
+        registry.add(schema, replace=True)
+        self.modules.drop_schema(key)
+        self.layouts[key] = layout
         start = time.perf_counter()
-        for key, segment in layout.segments.items():
+        for segment_key, segment in layout.segments.items():
             if len(segment):
-                self._states((schema.name, key))
-        return self.schema_info(schema.name, time.perf_counter() - start)
+                self._states((key, segment_key))
+        return self.schema_info(schema.name, tenant, time.perf_counter() - start)
 
-    def remove_schema(self, name: str) -> None:
-        self.registry.remove(name)
-        self.layouts.pop(name, None)
-        self.modules.drop_schema(name)
+    def remove_schema(self, name: str, tenant: str = LOCAL_TENANT) -> None:
+        self.registry(tenant).remove(name)
+        self.layouts.pop(schema_key(tenant, name), None)
+        self.modules.drop_schema(schema_key(tenant, name))
 
-    def schema_info(self, name: str, encode_seconds: float = 0.0) -> SchemaInfo:
-        layout = self.layouts[self.registry.get(name).name]
+    def schema_info(self, name: str, tenant: str = LOCAL_TENANT,
+                    encode_seconds: float = 0.0) -> SchemaInfo:
+        layout = self.layouts[schema_key(tenant, self.registry(tenant).get(name).name)]
         return SchemaInfo(
             name, tuple(layout.schema.modules()), layout.cached_tokens, layout.end,
             layout.cached_tokens * self.bytes_per_token, encode_seconds,
         )
+
+    def schema_infos(self, tenant: str = LOCAL_TENANT) -> list[SchemaInfo]:
+        """Every schema of ``tenant``, by name."""
+        return [self.schema_info(name, tenant) for name in self.registry(tenant).list()]
 
     def _states(self, key: Key, pinned: frozenset[Key] = frozenset()) -> SegmentStates:
         layout = self.layouts[key[0]]
@@ -144,7 +184,8 @@ class PromptCacheEngine:
         return self.modules.get(key, encode, pinned)
 
     # prompts ------------------------------------------------------------------------
-    def prepare_messages(self, messages: list[Message]) -> PreparedPrompt:
+    def prepare_messages(self, messages: list[Message],
+                         tenant: str = LOCAL_TENANT) -> PreparedPrompt:
         """A chat request. If the last message is a PML ``<prompt>``, its modules are reused
         and the earlier messages become role-tagged text before the prompt's own text;
         otherwise the conversation is rendered with the chat template and nothing is reused."""
@@ -152,7 +193,7 @@ class PromptCacheEngine:
             raise UpstreamError("messages must not be empty; send at least one message")
         last = messages[-1].get("content", "")
         if last.lstrip().startswith("<prompt"):
-            return self.prepare_pml(parse_prompt(last), messages[:-1])
+            return self.prepare_pml(parse_prompt(last), messages[:-1], tenant)
         ids = self.tokenizer.apply_chat_template(
             messages, tokenize=True, add_generation_prompt=True, return_dict=False
         )
@@ -162,9 +203,11 @@ class PromptCacheEngine:
     def prepare_pml_source(self, source: str) -> PreparedPrompt:
         return self.prepare_pml(parse_prompt(source))
 
-    def prepare_pml(self, prompt: Prompt, history: list[Message] = ()) -> PreparedPrompt:  # type: ignore[assignment]
-        schema = self.registry.resolve(prompt, self.count_tokens)
-        layout = self.layouts[schema.name]
+    def prepare_pml(self, prompt: Prompt, history: list[Message] = (),  # type: ignore[assignment]
+                    tenant: str = LOCAL_TENANT) -> PreparedPrompt:
+        schema = self.registry(tenant).resolve(prompt, self.count_tokens)
+        key = schema_key(tenant, schema.name)
+        layout = self.layouts[key]
         imports: list[Import] = []
         pending = list(prompt.imports())
         while pending:
@@ -172,8 +215,8 @@ class PromptCacheEngine:
             imports.append(item)
             pending.extend(item.children)
         imported = {i.name for i in imports}
-        cached = [(schema.name, key) for key, segment in layout.segments.items()
-                  if len(segment) and (key in (LEADING, SCHEMA_TEXT) or key in imported)]
+        cached = [(key, part) for part, segment in layout.segments.items()
+                  if len(segment) and (part in (LEADING, SCHEMA_TEXT) or part in imported)]
         ids: list[int] = []
         positions: list[int] = []
         for item in imports:  # arguments at their parameters' reserved positions

@@ -23,14 +23,21 @@ class ModuleStore:
 
     @property
     def nbytes(self) -> int:
-        return sum(s.nbytes for s in self._states.values())
+        """Bytes held; safe to read from any thread (the metrics endpoint does)."""
+        with self._lock:
+            return self._nbytes()
 
     @property
     def tokens(self) -> int:
-        return sum(s.tokens for s in self._states.values())
+        with self._lock:
+            return sum(s.tokens for s in self._states.values())
+
+    def _nbytes(self) -> int:
+        return sum(s.nbytes for s in self._states.values())
 
     def __contains__(self, key: object) -> bool:
-        return key in self._states
+        with self._lock:
+            return key in self._states
 
     def get(self, key: Key, encode: Callable[[], SegmentStates],
             pinned: frozenset[Key] = frozenset()) -> SegmentStates:
@@ -54,7 +61,7 @@ class ModuleStore:
                 del self._states[key]
 
     def _shrink(self, pinned: frozenset[Key]) -> None:
-        total = self.nbytes
+        total = self._nbytes()
         for key in list(self._states):
             if total <= self.budget_bytes:
                 break

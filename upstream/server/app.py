@@ -4,19 +4,38 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from meancache.upstream.errors import BadRequest, RequestTooLargeError, UpstreamError
+from meancache.shared.pml import PML_MEDIA_TYPE
+from meancache.upstream.errors import (
+    BadRequest,
+    ClientGoneError,
+    RequestTooLargeError,
+    UpstreamError,
+)
 from meancache.upstream.prompt_cache.engine import Delta, Finish, PromptCacheEngine
 from meancache.upstream.server.error_handlers import exception_handlers
+from meancache.upstream.server.limits import (
+    Limits,
+    check_chat,
+    check_prompt,
+    check_schema_usage,
+    parse_json,
+)
 from meancache.upstream.server.metrics import ServerMetrics
-from meancache.upstream.server.middleware import CountRequests, RequireApiKey
+from meancache.upstream.server.middleware import (
+    CountRequests,
+    RequireApiKey,
+    RequireHost,
+    RequireMediaType,
+)
+from meancache.upstream.server.tenants import Tenants, tenant_of
 from meancache.upstream.server.wire import Completion, error_body, parse_chat_request
 from meancache.upstream.server.worker import ModelWorker
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
@@ -28,11 +47,15 @@ class ServerSettings:
     api_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
     default_max_tokens: int = 256
+    api_keys: tuple[str, ...] = ()  # more keys; each key is a tenant with its own schemas
+    allowed_hosts: frozenset[str] | None = None  # Host header names answered; None: any
+    limits: Limits = field(default_factory=Limits)
 
 
 def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None) -> Starlette:
     settings = settings or ServerSettings()
-    worker = ModelWorker()
+    worker = ModelWorker(settings.limits.max_queued)
+    limits = settings.limits
     metrics = ServerMetrics(engine)
     model_name = engine.loaded.name
 
@@ -44,22 +67,25 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         if declared and declared.isdigit() and int(declared) > settings.max_body_bytes:
             raise RequestTooLargeError(too_large)
         body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > settings.max_body_bytes:
-                raise RequestTooLargeError(too_large)
+        try:
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > settings.max_body_bytes:
+                    raise RequestTooLargeError(too_large)
+        except ClientDisconnect:
+            raise ClientGoneError("the client closed the connection mid-request") from None
         return body
 
     async def read_json(request: Request) -> Any:
-        body = await read_body(request)
-        try:
-            return json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+        return parse_json(await read_body(request), limits)
 
     async def chat(request: Request) -> Response:
         chat_request = parse_chat_request(await read_json(request), settings.default_max_tokens)
-        prepared = await worker.call(lambda: engine.prepare_messages(chat_request.messages))
+        check_chat(chat_request, limits)
+        tenant = tenant_of(request)
+        prepared = await worker.call(lambda: engine.prepare_messages(chat_request.messages,
+                                                                     tenant))
+        check_prompt(prepared, limits)
         engine.check_fits(prepared, chat_request.params)
         completion = Completion(model_name)
 
@@ -120,31 +146,35 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
     async def add_schema(request: Request) -> Response:
         body = await read_body(request)
         if request.headers.get("content-type", "").startswith("application/json"):
-            try:
-                payload = json.loads(body)
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+            payload = parse_json(body, limits)
             if not isinstance(payload, dict) or not isinstance(payload.get("schema"), str):
-                raise BadRequest("send the PML as text, or JSON {\"schema\": \"<schema ...>\"}")
+                raise BadRequest(f"send the PML as {PML_MEDIA_TYPE}, or JSON "
+                                 "{\"schema\": \"<schema ...>\"}")
             source = payload["schema"]
         else:
             try:
                 source = body.decode("utf-8")
             except UnicodeDecodeError:
                 raise BadRequest("the schema is not UTF-8 text; send it UTF-8 encoded") from None
-        info = await worker.call(lambda: engine.add_schema(source))
+        tenant = tenant_of(request)
+        info = await worker.call(lambda: engine.add_schema(
+            source, tenant, lambda usage: check_schema_usage(usage, limits)))
         return JSONResponse(_schema_json(info), status_code=201)
 
+    # Schemas are read on the model thread, which alone changes them.
     async def list_schemas(request: Request) -> Response:
-        infos = [engine.schema_info(name) for name in engine.registry.list()]
+        tenant = tenant_of(request)
+        infos = await worker.call(lambda: engine.schema_infos(tenant))
         return JSONResponse({"object": "list", "data": [_schema_json(i) for i in infos]})
 
     async def get_schema(request: Request) -> Response:
-        return JSONResponse(_schema_json(engine.schema_info(request.path_params["name"])))
+        name, tenant = request.path_params["name"], tenant_of(request)
+        return JSONResponse(_schema_json(await worker.call(
+            lambda: engine.schema_info(name, tenant))))
 
     async def delete_schema(request: Request) -> Response:
-        name = request.path_params["name"]
-        await worker.call(lambda: engine.remove_schema(name))
+        name, tenant = request.path_params["name"], tenant_of(request)
+        await worker.call(lambda: engine.remove_schema(name, tenant))
         return JSONResponse({"id": name, "deleted": True})
 
     async def health(request: Request) -> Response:
@@ -153,17 +183,23 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
     async def metrics_route(request: Request) -> Response:
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    auth = [Middleware(RequireApiKey, settings.api_key)] if settings.api_key else []
+    tenants = Tenants((settings.api_key or "", *settings.api_keys))
+    hosts = [Middleware(RequireHost, settings.allowed_hosts)] if settings.allowed_hosts else []
+    auth = hosts + ([Middleware(RequireApiKey, tenants)] if tenants else [])
+    json_body = [Middleware(RequireMediaType, ("application/json",))]
+    schema_body = [Middleware(RequireMediaType, ("application/json", PML_MEDIA_TYPE))]
     routes = [  # the name is the endpoint label of the request counter
-        Route("/v1/chat/completions", chat, methods=["POST"], name="chat", middleware=auth),
+        Route("/v1/chat/completions", chat, methods=["POST"], name="chat",
+              middleware=auth + json_body),
         Route("/v1/models", models, methods=["GET"], name="models", middleware=auth),
-        Route("/v1/schemas", add_schema, methods=["POST"], name="schemas", middleware=auth),
+        Route("/v1/schemas", add_schema, methods=["POST"], name="schemas",
+              middleware=auth + schema_body),
         Route("/v1/schemas", list_schemas, methods=["GET"], name="schemas", middleware=auth),
         Route("/v1/schemas/{name}", get_schema, methods=["GET"], name="schemas",
               middleware=auth),
         Route("/v1/schemas/{name}", delete_schema, methods=["DELETE"], name="schemas",
               middleware=auth),
-        Route("/health", health, methods=["GET"], name="health"),
+        Route("/health", health, methods=["GET"], name="health", middleware=hosts),
         Route("/metrics", metrics_route, methods=["GET"], name="metrics", middleware=auth),
     ]
 
@@ -180,6 +216,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
                     middleware=[Middleware(CountRequests, count, labels)])
     app.state.engine = engine
     app.state.metrics = metrics
+    app.state.worker = worker
     return app
 
 

@@ -1,28 +1,72 @@
-"""ASGI middleware of the API: the bearer-key check on a route, and the request counter."""
+"""ASGI middleware of the API: the Host, bearer-key and media-type checks on a route,
+and the request counter."""
 
-import secrets
 from collections.abc import Callable
 
-from meancache.upstream.errors import InvalidApiKeyError
+from meancache.upstream.errors import (
+    HostNotAllowedError,
+    InvalidApiKeyError,
+    UnsupportedMediaTypeError,
+)
+from meancache.upstream.server.hosts import host_name
+from meancache.upstream.server.tenants import Tenants, set_tenant
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+# Route middleware runs inside the app's exception handling, so each error it raises gets
+# the API's JSON body.
+
 
 class RequireApiKey:
-    """Route middleware: raises InvalidApiKeyError (a 401) unless the bearer key matches.
+    """Route middleware: raises InvalidApiKeyError (a 401) unless the bearer key is one of
+    the server's, and records which tenant that key is."""
 
-    It runs inside the app's exception handling, so the error gets the API's JSON body.
-    """
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, tenants: Tenants) -> None:
         self.app = app
-        self.api_key = api_key
+        self.tenants = tenants
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scheme, _, token = Headers(scope=scope).get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token, self.api_key):
+        tenant = self.tenants.identify(token) if scheme.lower() == "bearer" else None
+        if tenant is None:
             raise InvalidApiKeyError("missing or wrong API key: send the header "
                                      "'Authorization: Bearer KEY' with the server's key")
+        set_tenant(scope, tenant)
+        await self.app(scope, receive, send)
+
+
+class RequireHost:
+    """Route middleware: raises HostNotAllowedError unless the Host header names one of
+    ``names`` (see meancache.upstream.server.hosts: a DNS-rebinding page sends its own)."""
+
+    def __init__(self, app: ASGIApp, names: frozenset[str]) -> None:
+        self.app = app
+        self.names = names
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        header = Headers(scope=scope).get("host", "")
+        if host_name(header) not in self.names:
+            raise HostNotAllowedError(
+                f"this server answers only to {', '.join(sorted(self.names))}; the request "
+                f"named {header[:100]!r} in its Host header")
+        await self.app(scope, receive, send)
+
+
+class RequireMediaType:
+    """Route middleware: raises UnsupportedMediaTypeError (a 415) unless the body's
+    Content-Type is one of ``types``; a web page can post text/plain or a form to any
+    address without asking, but not these."""
+
+    def __init__(self, app: ASGIApp, types: tuple[str, ...]) -> None:
+        self.app = app
+        self.types = types
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        declared = Headers(scope=scope).get("content-type", "")
+        if declared.partition(";")[0].strip().lower() not in self.types:
+            raise UnsupportedMediaTypeError(
+                f"send the body as {' or '.join(self.types)} (with that Content-Type); "
+                f"got {declared[:100]!r}")
         await self.app(scope, receive, send)
 
 

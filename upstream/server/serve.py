@@ -1,7 +1,9 @@
 """Running the API: in the foreground (`meancache upstream serve`) or on a background
 thread on loopback (the chat app's embedded upstream, and the tests)."""
 
+import dataclasses
 import logging
+import secrets
 import sys
 import threading
 import time
@@ -14,6 +16,7 @@ from meancache.upstream.errors import UpstreamError
 from meancache.upstream.model_loading import LoadedModel, load_model
 from meancache.upstream.prompt_cache.engine import PromptCacheEngine
 from meancache.upstream.server.app import ServerSettings, create_app
+from meancache.upstream.server.hosts import LOOPBACK_NAMES, is_loopback, open_server_warning
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +34,12 @@ def report_conversion(done: int, total: int) -> None:
 
 def serve(model: str, host: str, port: int, settings: ServerSettings,
           module_budget_bytes: int, data_dir: Path | None = None) -> None:
+    warning = open_server_warning(host, bool(settings.api_key or settings.api_keys))
+    if warning:
+        log.warning(warning)
+        print(f"meancache upstream: {warning}", file=sys.stderr, flush=True)
+    if is_loopback(host) and settings.allowed_hosts is None:
+        settings = dataclasses.replace(settings, allowed_hosts=LOOPBACK_NAMES)
     loaded = load_model(model, data_dir=data_dir, progress=report_conversion)
     app = create_app(PromptCacheEngine(loaded, module_budget_bytes), settings)
     log.info("serving %s on http://%s:%d", loaded.name, host, port)
@@ -40,13 +49,16 @@ def serve(model: str, host: str, port: int, settings: ServerSettings,
 
 
 class BackgroundServer:
-    """The upstream on a daemon thread, on a free loopback port, until ``stop``."""
+    """The upstream on a daemon thread, on a free loopback port, until ``stop``. It answers
+    only to loopback names (see meancache.upstream.server.hosts)."""
 
     def __init__(self, model: str = "builtin:tiny", settings: ServerSettings | None = None,
                  module_budget_bytes: int = 512 << 20, data_dir: Path | None = None,
                  progress: Progress | None = None) -> None:
+        self.settings = dataclasses.replace(settings or ServerSettings(),
+                                            allowed_hosts=LOOPBACK_NAMES)
         self.loaded = load_model(model, data_dir=data_dir, progress=progress)
-        app = create_app(PromptCacheEngine(self.loaded, module_budget_bytes), settings)
+        app = create_app(PromptCacheEngine(self.loaded, module_budget_bytes), self.settings)
         self.port = free_port()
         self._server = uvicorn.Server(uvicorn.Config(
             app, host="127.0.0.1", port=self.port, log_config=None, access_log=False))
@@ -56,6 +68,10 @@ class BackgroundServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def api_key(self) -> str | None:
+        return self.settings.api_key
 
     @property
     def label(self) -> str:
@@ -83,3 +99,9 @@ class BackgroundServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def private_settings() -> ServerSettings:
+    """Settings of a server only its starter may use: a random key made for this run (a
+    process on the machine, or a page in its browser, cannot guess it)."""
+    return ServerSettings(api_key=secrets.token_urlsafe(32))

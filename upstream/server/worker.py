@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from meancache.upstream.errors import ServerBusyError
+
 log = logging.getLogger(__name__)
 
 _DONE = object()
@@ -25,7 +27,11 @@ class Job:
 
 
 class ModelWorker:
-    def __init__(self) -> None:
+    """The model thread and its queue; at most ``max_queued`` jobs wait, so a flood of
+    requests is refused (429) instead of holding memory and sockets for hours."""
+
+    def __init__(self, max_queued: int = 16) -> None:
+        self.max_queued = max_queued
         self._jobs: queue.Queue[Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._serve, name="model-worker", daemon=True)
         self._thread.start()
@@ -42,6 +48,9 @@ class ModelWorker:
         """Run ``run`` on the model thread; yield what it yields. Leaving the loop early (a
         client gone) sets the job's cancel event, and the model thread stops at the next
         token; a job cancelled while still queued never starts."""
+        if self._jobs.qsize() >= self.max_queued:
+            raise ServerBusyError(f"the server is busy: {self.max_queued} requests are already "
+                                  "waiting for the model; retry in a few seconds")
         job = Job(run, asyncio.get_running_loop())
         self._jobs.put(job)
         try:
