@@ -62,6 +62,11 @@ class RoundRecorder:
         if received:
             metrics["bytes_per_client"] = sum(received.values()) / len(received)
             metrics["clients"] = len(received)
+        screened = self.strategy.screened.get(server_round)
+        if screened is not None:
+            metrics |= {"rejected": len(screened.rejected),
+                        "clipped_updates": screened.clipped_updates,
+                        "clipped_thresholds": screened.clipped_thresholds}
         if self.held_out is not None:
             metrics |= self.held_out.score(arrays, self.strategy.threshold)
         if server_round > 0:

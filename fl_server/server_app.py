@@ -54,7 +54,7 @@ def run_rounds(grid: Grid, config: ServerConfig) -> None:
             initial, threshold, offset = state, meta.threshold, meta.round
             log.info("continuing from the global model of round %d", meta.round)
     strategy = ThresholdFedAvg(
-        threshold,
+        threshold, ArrayRecord(initial), config.limits, config.aggregation,
         fraction_train=config.fraction_train,
         min_train_nodes=config.min_train_nodes,
         min_available_nodes=config.min_available_nodes,
