@@ -22,10 +22,16 @@ from meancache.client.fl.client_app import wire_audit_mod
 from meancache.client.fl.run_config import ClientConfig
 from meancache.fl_server.app_declaration import default_run_config, write_app
 from meancache.fl_server.run_config import ServerConfig
+from meancache.fl_server.screening import ReplyLimits
 from meancache.fl_server.simulate import SimulationConfig, simulate
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import Encoder
-from meancache.shared.errors import CheckpointError, EncoderError, RunConfigError
+from meancache.shared.errors import (
+    CheckpointError,
+    EncoderError,
+    FlowerCommandError,
+    RunConfigError,
+)
 from meancache.shared.fl.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -186,7 +192,9 @@ def test_the_wire_audit_refuses_anything_but_weights_and_counts() -> None:
 
 # server aggregation -----------------------------------------------------------------------
 def test_fedavg_weights_thresholds_by_examples_and_ignores_idle_devices() -> None:
-    strategy = ThresholdFedAvg(0.8, min_train_nodes=1, min_available_nodes=1)
+    strategy = ThresholdFedAvg(0.8, ArrayRecord({"w": torch.zeros(2)}),
+                               ReplyLimits(10**6, 1e6, 1.0), min_train_nodes=1,
+                               min_available_nodes=1)
 
     def reply(dst: int, value: float, threshold: float, examples: int) -> Message:
         sent = message(RecordDict({"config": ConfigRecord({})}), dst=dst)
@@ -304,3 +312,14 @@ def test_central_differential_privacy_option_runs(tmp_path: Path, tiny_dir: Path
     _, with_dp = load_checkpoint(latest_checkpoint(tmp_path / "dp"))  # type: ignore[arg-type]
     differences = [float((with_dp[k] - without[k]).abs().max()) for k in without]
     assert max(differences) > 0.01  # the clipped, noised average is not the plain one
+
+
+def test_simulate_never_deletes_a_directory_it_did_not_create(tmp_path: Path) -> None:
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "chapter1.tex").write_text("years of work")
+    config = SimulationConfig(pairs=DATA / "qqp" / "pairs.jsonl", checkpoint_dir=mine,
+                              clients=2, per_round=2)
+    with pytest.raises(FlowerCommandError, match="was not made by `meancache fl simulate`"):
+        simulate(config, tmp_path / "flwr-home")
+    assert (mine / "chapter1.tex").read_text() == "years of work"
