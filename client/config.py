@@ -184,6 +184,10 @@ def load_settings(
     if settings.encoder_backend not in ("onnx", "torch"):
         raise ConfigError(f"encoder_backend must be 'onnx' or 'torch', not "
                           f"{settings.encoder_backend!r}")
+    for name in ("max_entries", "max_bytes"):  # 0 or less would evict every new answer
+        if getattr(settings, name) <= 0:
+            raise ConfigError(f"{name} must be a positive whole number, not "
+                              f"{getattr(settings, name)!r}")
     try:
         check_threshold(settings.threshold)
     except ValueError as exc:
