@@ -286,3 +286,68 @@ def test_announced_threshold_outside_0_1_is_refused(settings: Settings, threshol
                                             "threshold must lie strictly between 0 and 1"):
             sync_global_model(base, settings)
     assert not settings.cache_dir.exists()  # the cache's tau was not touched
+
+
+# downloads stay small, on the configured server, finite, and few ---------------------------
+def test_a_redirect_to_another_host_is_refused(settings: Settings, server_root: Path) -> None:
+    publish(server_root, 1, 0.8)
+    elsewhere = CountingApp(create_model_app(server_root))
+    with serving(elsewhere) as other:
+        async def redirect(request: Request) -> Response:
+            return Response(status_code=302, headers={"Location": other + request.url.path})
+
+        app = Starlette(routes=[Route("/v1/global-model", redirect),
+                                Route("/v1/global-model/{rest:path}", redirect)])
+        with serving(app) as base:
+            with pytest.raises(SyncError, match="redirected /v1/global-model to .*downloads "
+                                                "only from the server it is configured with"):
+                sync_global_model(base, settings)
+    assert not elsewhere.paths  # the other host was never asked
+    assert not (settings.global_model_dir / LATEST).exists()
+
+
+def test_weights_url_on_another_host_is_refused(settings: Settings) -> None:
+    async def meta(request: Request) -> Response:
+        return JSONResponse({"round": 3, "threshold": 0.8, "sha256": "0" * 64,
+                             "base_model": "base", "top_layers": 0,
+                             "weights_url": "http://203.0.113.9/weights"})
+
+    with serving(Starlette(routes=[Route("/v1/global-model", meta)])) as base:
+        with pytest.raises(SyncError, match="'http://203.0.113.9/weights' is not a path on "
+                                            "this server"):
+            sync_global_model(base, settings)
+
+
+def test_oversized_downloads_are_cut_off(url: str, server_root: Path, settings: Settings
+                                         ) -> None:
+    publish(server_root, 1, 0.8)
+    size = (round_dir(server_root, 1) / WEIGHTS).stat().st_size
+    with pytest.raises(SyncError, match=f"larger than {size - 1} bytes"):
+        sync_global_model(url, settings, max_weights_bytes=size - 1)
+    assert leftovers(settings) == [] and not (settings.global_model_dir / LATEST).exists()
+
+    async def huge(request: Request) -> Response:
+        return Response(b"{" * (1 << 17), media_type="application/json")
+
+    with serving(Starlette(routes=[Route("/v1/global-model", huge)])) as base:
+        with pytest.raises(SyncError, match="description of more than 65536 bytes"):
+            sync_global_model(base, settings)
+
+
+def test_non_finite_weights_are_refused(url: str, server_root: Path, settings: Settings
+                                        ) -> None:
+    save_checkpoint(server_root, 1, {"w": torch.tensor([1.0, float("nan")])}, 0.8,
+                    base_model="base", top_layers=0)
+    with pytest.raises(CheckpointError, match=r"not usable \(the weights hold non-finite"):
+        sync_global_model(url, settings)
+    assert not (settings.global_model_dir / LATEST).exists() and leftovers(settings) == []
+
+
+def test_only_the_newest_rounds_are_kept(url: str, server_root: Path, settings: Settings
+                                         ) -> None:
+    for number in range(1, 6):
+        publish(server_root, number, 0.8)
+        sync_global_model(url, settings)
+    kept = sorted(p.name for p in settings.global_model_dir.glob("round-*"))
+    assert kept == ["round-0003", "round-0004", "round-0005"]
+    assert latest_name(settings) == "round-0005"

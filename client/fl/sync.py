@@ -9,6 +9,11 @@ threshold is updated at once; the encoder switches to the new weights the next t
 cache opens (client.encoder.load_device_encoder, which also refuses weights trained from a
 different base model and keeps the base model then).
 
+Downloads stay on the configured server (redirects are refused, and a ``weights_url`` must
+be a path on it), are capped in size (the description at MAX_DESCRIPTION_BYTES, the weights
+at ``max_weights_bytes``), and weights holding NaN or infinity are refused like a bad hash.
+Only the newest KEEP_ROUNDS global models stay on the device.
+
 Blocking (sync httpx): callers run it in a worker thread.
 """
 
@@ -20,11 +25,13 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings
 from meancache.client.errors import SyncError
+from meancache.client.fl.device import KEEP_ROUNDS
 from meancache.client.http_errors import error_message
 from meancache.shared.errors import CheckpointError
 from meancache.shared.fl.checkpoint import (
@@ -33,15 +40,21 @@ from meancache.shared.fl.checkpoint import (
     GlobalModel,
     install_checkpoint,
     latest_checkpoint,
+    prune_rounds,
     read_meta,
 )
+from meancache.shared.fl.weights import check_finite
 from meancache.shared.progress import Progress
 from meancache.shared.threshold import check_threshold
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 log = logging.getLogger(__name__)
 
 META_PATH = "/v1/global-model"
 CHUNK = 1 << 16
+MAX_DESCRIPTION_BYTES = 1 << 16
+MAX_WEIGHTS_BYTES = 2 << 30  # all of MPNet's weights take 0.4 GiB
 
 
 @dataclass(frozen=True)
@@ -60,7 +73,8 @@ class _Remote:
 
 
 def sync_global_model(url: str, settings: Settings, progress: Progress | None = None,
-                      timeout: float = 30.0) -> SyncResult:
+                      timeout: float = 30.0, max_weights_bytes: int = MAX_WEIGHTS_BYTES
+                      ) -> SyncResult:
     """Install the FL server's newest global model on this device unless it has it.
 
     ``progress(done_bytes, total_bytes)`` follows the download (total is 0 while the
@@ -77,7 +91,9 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
         elif installed is not None and installed[1].sha256 == remote.meta.sha256:
             path, changed = _relabel(root, installed[0], remote.meta), True  # same weights
         else:
-            path, changed = _download(http, base, remote, root, progress), True
+            path, changed = _download(http, base, remote, root, progress,
+                                      max_weights_bytes), True
+    prune_rounds(root, KEEP_ROUNDS)
     set_global_threshold(settings.cache_dir, remote.meta.threshold)
     if changed:
         log.info("installed global model of round %d (threshold %.4f) from %s",
@@ -89,7 +105,8 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
 # talking to the server -------------------------------------------------------------------
 def _client(base: str, timeout: float) -> httpx.Client:
     try:
-        return httpx.Client(base_url=base, timeout=httpx.Timeout(timeout))
+        return httpx.Client(base_url=base, timeout=httpx.Timeout(timeout),
+                            follow_redirects=False)
     except (httpx.InvalidURL, ValueError) as exc:
         raise SyncError(f"{base!r} is not a usable FL server URL ({exc})") from None
 
@@ -102,6 +119,10 @@ def _check_status(response: httpx.Response, base: str) -> None:
     """Turn a non-2xx answer into a SyncError with the server's own message."""
     if response.is_success:
         return
+    if response.is_redirect:
+        raise SyncError(f"the FL server at {base} redirected {response.request.url.path} to "
+                        f"{response.headers.get('Location')!r}; meancache downloads only from "
+                        "the server it is configured with")
     response.read()
     raise SyncError(f"the FL server at {base} answered {response.status_code} for "
                     f"{response.request.url.path}: {error_message(response)}")
@@ -111,14 +132,20 @@ def _check_status(response: httpx.Response, base: str) -> None:
 
 def _fetch_meta(http: httpx.Client, base: str) -> _Remote:
     try:
-        response = http.get(META_PATH)
+        with http.stream("GET", META_PATH) as response:
+            if response.status_code == 404:
+                raise SyncError(f"the FL server at {base} has no global model yet")
+            _check_status(response, base)
+            text = b""
+            for chunk in response.iter_bytes(CHUNK):
+                text += chunk
+                if len(text) > MAX_DESCRIPTION_BYTES:
+                    raise SyncError(f"the FL server at {base} sent a global-model description "
+                                    f"of more than {MAX_DESCRIPTION_BYTES} bytes")
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise _unreachable(base, exc) from None
-    if response.status_code == 404:
-        raise SyncError(f"the FL server at {base} has no global model yet")
-    _check_status(response, base)
     try:
-        body = response.json()
+        body = json.loads(text)
     except ValueError:
         raise SyncError(f"the FL server at {base} sent a global-model description that is "
                         "not JSON") from None
@@ -151,6 +178,9 @@ def _parse_meta(body: Any, base: str) -> _Remote:
     weights_url = body.get("weights_url") or f"{META_PATH}/rounds/{number}/weights"
     if not isinstance(weights_url, str):
         raise invalid(f"weights_url {weights_url!r}")
+    parts = urlsplit(weights_url)
+    if parts.scheme or parts.netloc or not weights_url.startswith("/"):
+        raise invalid(f"weights_url {weights_url!r} is not a path on this server")
     return _Remote(meta, weights_url)
 
 
@@ -206,36 +236,55 @@ def _relabel(root: Path, current: Path, meta: GlobalModel) -> Path:
 
 
 def _download(http: httpx.Client, base: str, remote: _Remote, root: Path,
-              progress: Progress | None) -> Path:
+              progress: Progress | None, max_bytes: int) -> Path:
     tmp = _staging(root)
     try:
-        digest = _fetch_weights(http, base, remote, tmp / WEIGHTS, progress)
+        digest = _fetch_weights(http, base, remote, tmp / WEIGHTS, progress, max_bytes)
         if digest != remote.meta.sha256:
             raise CheckpointError(
                 f"the global model of round {remote.meta.round} downloaded from {base} does "
                 f"not match its sha256 (expected {remote.meta.sha256}, got {digest}); the "
                 "installed model was kept")
+        _check_weights(tmp / WEIGHTS, remote.meta.round, base)
         return _install(root, tmp, remote.meta)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already once installed
 
 
+def _check_weights(path: Path, round_number: int, base: str) -> None:
+    """CheckpointError unless the file is safetensors holding only finite values."""
+    try:
+        check_finite(load_file(str(path)))
+    except (ValueError, OSError, SafetensorError) as exc:
+        raise CheckpointError(f"the global model of round {round_number} from {base} is not "
+                              f"usable ({exc}); the installed model was kept") from None
+
+
+def _too_big(base: str, max_bytes: int) -> SyncError:
+    return SyncError(f"the global model from {base} is larger than {max_bytes} bytes; "
+                     "refused")
+
+
 def _fetch_weights(http: httpx.Client, base: str, remote: _Remote, target: Path,
-                   progress: Progress | None) -> str:
+                   progress: Progress | None, max_bytes: int) -> str:
     """Stream the weights into ``target``; the sha256 of what was received."""
     digest = hashlib.sha256()
     try:
         with http.stream("GET", remote.weights_url) as response:
             _check_status(response, base)
             total = int(response.headers.get("Content-Length") or 0)
+            if total > max_bytes:
+                raise _too_big(base, max_bytes)
             done = 0
             with target.open("wb") as fh:
                 if progress:
                     progress(0, total)
                 for chunk in response.iter_bytes(CHUNK):
+                    done += len(chunk)
+                    if done > max_bytes:
+                        raise _too_big(base, max_bytes)
                     fh.write(chunk)
                     digest.update(chunk)
-                    done += len(chunk)
                     if progress:
                         progress(done, total)
             if progress and not total:

@@ -66,6 +66,18 @@ def install_checkpoint(root: Path, prepared: Path, round_number: int) -> Path:
     return target
 
 
+def prune_rounds(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` round directories (a device needs the global
+    model it uses, not every one it ever received); returns those deleted. The one
+    LATEST names always stays."""
+    latest = latest_checkpoint(root)
+    rounds = sorted(root.glob("round-[0-9][0-9][0-9][0-9]"))
+    old = [path for path in rounds[:-keep] if path != latest] if keep > 0 else []
+    for path in old:
+        shutil.rmtree(path, ignore_errors=True)
+    return old
+
+
 def latest_checkpoint(root: Path) -> Path | None:
     pointer = root / LATEST
     if not pointer.is_file():
