@@ -227,7 +227,48 @@ def test_stats_conversations_and_export(settings: Settings) -> None:
             await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
                            "ConversationsScreen")
             await pilot.press("d")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
+                           "ConfirmDeleteScreen")
+            await pilot.press("k")  # the chat goes, its cached answer stays
             await wait_for(pilot, lambda: not app.session.conversations.list())  # type: ignore
+            assert len(app.session.cache) == 1  # type: ignore[union-attr]
+
+    asyncio.run(run())
+
+
+def test_deleting_a_chat_asks_first_and_can_drop_its_cache_entries(
+    settings: Settings
+) -> None:
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(120, 40)) as pilot:
+            session = (await started(pilot)).session
+            assert session is not None
+            await ask(pilot, "How far is the moon?")
+            await ask(pilot, "How far is the moon?")  # served from the cache: not its own
+            await pilot.press("ctrl+n")
+            await ask(pilot, "Why is the sky blue?")
+            assert len(session.cache) == 2
+
+            async def choose_delete() -> None:
+                await pilot.press("ctrl+o")
+                await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
+                               "ConversationsScreen")
+                await pilot.press("d")  # the newest chat comes first
+                await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
+                               "ConfirmDeleteScreen")
+
+            await choose_delete()
+            await pilot.press("n")  # cancelled: nothing is deleted
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
+                           "ConversationsScreen")
+            assert len(session.conversations.list()) == 2 and len(session.cache) == 2
+            await pilot.press("escape")
+            await choose_delete()
+            await pilot.press("y")
+            await wait_for(pilot, lambda: len(session.conversations.list()) == 1)
+            remaining = [e.query for e in session.cache.entries()]
+            assert remaining == ["How far is the moon?"]
 
     asyncio.run(run())
 
