@@ -47,6 +47,10 @@ class Settings:
     fl_server_url: str | None = None  # the FL server's global-model endpoint (sync)
     fl_superlink: str | None = None  # HOST:PORT of the SuperLink the chat may join
     fl_root_certificate: str | None = None  # the FL CA certificate, for TLS
+    fl_insecure: bool = False  # allow plain connections to a non-loopback FL server
+    # The FL server's signing-key.pub (its one line, or the file's path): set, a global
+    # model is installed only with the server's signature (shared.fl.signing).
+    fl_server_public_key: str | None = None
 
     @property
     def config_file(self) -> Path:
@@ -74,6 +78,10 @@ class Settings:
     @property
     def conversations_dir(self) -> Path:
         return self.data_dir / "conversations"
+
+    @property
+    def fl_certificate(self) -> Path | None:
+        return Path(self.fl_root_certificate).expanduser() if self.fl_root_certificate else None
 
     @property
     def log_file(self) -> Path:

@@ -1,16 +1,19 @@
 """After every round: checkpoint the global model (versioned, with its threshold and a
-sha256), append a line to history.jsonl, and optionally score it on held-out pairs."""
+sha256, signed by the server's key: shared.fl.signing), append a line to history.jsonl,
+and optionally score it on held-out pairs."""
 
 import json
 import logging
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.fl.checkpoint import save_checkpoint
+from meancache.shared.fl.signing import server_key, sign
 from meancache.shared.fl.weights import load_federated_state
 from meancache.shared.threshold import best_threshold, score_thresholds
 from sentence_transformers import SentenceTransformer
@@ -73,7 +76,7 @@ class RoundRecorder:
             state = arrays.to_torch_state_dict()
             save_checkpoint(self.checkpoint_dir, server_round + self.round_offset, state,
                             self.strategy.threshold, self.base_model, self.top_layers,
-                            metrics)
+                            metrics, partial(sign, key=server_key(self.checkpoint_dir)))
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         with (self.checkpoint_dir / HISTORY).open("a") as fh:
             fh.write(json.dumps(metrics) + "\n")

@@ -37,6 +37,7 @@ from meancache.shared.fl.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from meancache.shared.fl.signing import PUBLIC_KEY, read_public_key, verify
 from meancache.shared.fl.weights import federated_names, federated_state, load_federated_state
 from sentence_transformers import SentenceTransformer
 
@@ -290,6 +291,8 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) 
     assert latest is not None
     meta, state = load_checkpoint(latest)
     assert meta.round == 2 and meta.threshold == pytest.approx(rows[2]["threshold"])
+    verify(meta, read_public_key(str(tmp_path / "ckpt" / PUBLIC_KEY)))  # the server signed it
+    assert rows[1]["rejected"] == 0  # honest devices pass the screening
     model = SentenceTransformer(str(tiny_dir), device="cpu")
     initial = federated_state(model, federated_names(model, 1))
     assert any(not torch.equal(state[k], initial[k]) for k in initial)  # it learned

@@ -2,7 +2,8 @@
 round (a new user) starts from what the federation learned.
 
 The weights are downloaded into a temporary directory inside the device's global-model
-dir, checked against the sha256 the server announced and only then installed with a
+dir, checked against the sha256 the server announced (whose description is verified against the
+server's Ed25519 signature when ``fl_server_public_key`` is set) and only then installed with a
 rename and a LATEST pointer swap (shared.fl.checkpoint.install_checkpoint): a broken or
 tampered download never replaces the model the device already has. The cache's global
 threshold is updated at once; the encoder switches to the new weights the next time the
@@ -22,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings
 from meancache.client.errors import SyncError
 from meancache.client.fl.device import KEEP_ROUNDS
+from meancache.client.fl.transport import http_verify
 from meancache.client.http_errors import error_message
 from meancache.shared.errors import CheckpointError
 from meancache.shared.fl.checkpoint import (
@@ -43,6 +46,7 @@ from meancache.shared.fl.checkpoint import (
     prune_rounds,
     read_meta,
 )
+from meancache.shared.fl.signing import read_public_key, verify
 from meancache.shared.fl.weights import check_finite
 from meancache.shared.progress import Progress
 from meancache.shared.threshold import check_threshold
@@ -83,8 +87,14 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
     """
     base = url.rstrip("/")
     root = settings.global_model_dir
-    with _client(base, timeout) as http:
+    verify_tls = http_verify(base, settings.fl_certificate, settings.fl_insecure)
+    with _client(base, timeout, verify_tls) as http:
         remote = _fetch_meta(http, base)
+        if settings.fl_server_public_key:
+            verify(remote.meta, read_public_key(settings.fl_server_public_key))
+        else:
+            log.warning("no fl_server_public_key set: the global model from %s is checked "
+                        "against its sha256 only", base)
         installed = _installed(root)
         if installed is not None and _same(installed[1], remote.meta):
             path, changed = installed[0], False
@@ -103,10 +113,10 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
 
 
 # talking to the server -------------------------------------------------------------------
-def _client(base: str, timeout: float) -> httpx.Client:
+def _client(base: str, timeout: float, verify: ssl.SSLContext | bool) -> httpx.Client:
     try:
         return httpx.Client(base_url=base, timeout=httpx.Timeout(timeout),
-                            follow_redirects=False)
+                            follow_redirects=False, verify=verify)
     except (httpx.InvalidURL, ValueError) as exc:
         raise SyncError(f"{base!r} is not a usable FL server URL ({exc})") from None
 
@@ -172,7 +182,7 @@ def _parse_meta(body: Any, base: str) -> _Remote:
     try:
         meta = GlobalModel(number, float(threshold), sha, str(body["base_model"]),
                            int(body["top_layers"]), dict(body.get("metrics") or {}),
-                           float(body.get("created") or 0.0))
+                           float(body.get("created") or 0.0), str(body.get("signature") or ""))
     except (KeyError, TypeError, ValueError) as exc:
         raise invalid(f"{type(exc).__name__}: {exc}") from None
     weights_url = body.get("weights_url") or f"{META_PATH}/rounds/{number}/weights"
