@@ -79,6 +79,7 @@ def run_server(args: argparse.Namespace, settings: Any) -> int:
 
     from meancache.fl_server.model_endpoint import serve_model
     from meancache.fl_server.processes import superlink_command
+    from meancache.shared.fl.signing import PUBLIC_KEY, server_key
     from meancache.shared.processes import flower_environment
 
     state = settings.data_dir / "fl-server"
@@ -88,11 +89,14 @@ def run_server(args: argparse.Namespace, settings: Any) -> int:
     superlink = subprocess.Popen(
         superlink_command(state, args.host, args.port, args.certificates), env=env,
         stdout=(state / "superlink.log").open("ab"), stderr=subprocess.STDOUT)
+    server_key(checkpoint_dir(settings))
     print(f"meancache fl server: SuperLink on {args.host}:{args.port}, global model on "
-          f"http://{args.host}:{args.model_port}/v1/global-model; logs in {state}",
+          f"{'http' if args.certificates is None else 'https'}://{args.host}:"
+          f"{args.model_port}/v1/global-model; logs in {state}; devices "
+          f"verify global models with {checkpoint_dir(settings) / PUBLIC_KEY}",
           file=sys.stderr, flush=True)
     try:
-        serve_model(checkpoint_dir(settings), args.host, args.model_port)
+        serve_model(checkpoint_dir(settings), args.host, args.model_port, args.certificates)
     finally:
         superlink.terminate()
         superlink.wait(timeout=30)

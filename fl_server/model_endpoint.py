@@ -109,10 +109,18 @@ def create_model_app(checkpoint_dir: Path) -> Starlette:
     ])
 
 
-def serve_model(checkpoint_dir: Path, host: str, port: int) -> None:
-    """Serve the global model in the foreground (``meancache fl server``) until stopped."""
+def serve_model(checkpoint_dir: Path, host: str, port: int,
+                certificates: Path | None = None) -> None:
+    """Serve the global model in the foreground (``meancache fl server``) until stopped:
+    over HTTPS with ``certificates`` (deploy/make-certificates.sh's server.pem and
+    server.key), else plain HTTP."""
     app = create_model_app(checkpoint_dir)
-    log.info("serving the global model from %s on http://%s:%d", checkpoint_dir, host, port)
+    scheme = "http" if certificates is None else "https"
+    log.info("serving the global model from %s on %s://%s:%d", checkpoint_dir, scheme, host,
+             port)
     print(f"meancache fl: serving the global model from {checkpoint_dir} on "
-          f"http://{host}:{port}", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, ws="none")
+          f"{scheme}://{host}:{port}", file=sys.stderr, flush=True)
+    tls = {} if certificates is None else {"ssl_certfile": str(certificates / "server.pem"),
+                                           "ssl_keyfile": str(certificates / "server.key")}
+    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, ws="none",
+                **tls)

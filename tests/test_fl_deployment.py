@@ -150,3 +150,9 @@ def test_supernodes_connect_over_tls_with_the_certificate_script(
     with pytest.raises(httpx.HTTPError) as refused:  # the port speaks TLS only
         httpx.get(f"http://127.0.0.1:{link}/v1/fleet/register-node", timeout=5)
     assert not isinstance(refused.value, httpx.ConnectError)  # it listens, but not plainly
+    import ssl
+
+    trusted = ssl.create_default_context(cafile=str(certificates / "ca.crt"))
+    wait_for_port(model_port)  # the global-model endpoint speaks HTTPS with the same certificate
+    health = httpx.get(f"https://127.0.0.1:{model_port}/health", verify=trusted, timeout=5)
+    assert health.json() == {"status": "ok"}
