@@ -6,8 +6,9 @@ or hold a non-finite value, when its example count is not a finite whole number 
 when its threshold is not a valid one (``shared.threshold.check_threshold``). What is kept
 is then bounded:
 
-- the example count is clamped to ``max_examples`` and to twice the round's median count,
-  so no device weighs more than two typical ones whatever it claims;
+- the example count is clamped to ``max_examples`` and to the round's median count, so no
+  device weighs more than a typical one whatever it claims (with five devices, one liar
+  holds at most about a fifth of the weight);
 - the update (reply weights minus the global weights sent) is scaled down to an L2 norm of
   at most ``max_update_norm`` (update clipping);
 - the threshold is clipped to ``threshold_band`` around the current global threshold (the
@@ -108,7 +109,7 @@ def screen(replies: list[Message], global_arrays: ArrayRecord, threshold: float,
     positive = [c for c in counts if c > 0]
     cap = float(limits.max_examples)
     if positive:
-        cap = min(cap, 2 * float(np.median(positive)))
+        cap = min(cap, float(np.median(positive)))
     clipped_updates = clipped_thresholds = 0
     for message, count in zip(kept, counts, strict=True):
         metrics = _metrics(message)
