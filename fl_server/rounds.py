@@ -5,6 +5,7 @@ and optionally score it on held-out pairs."""
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -55,6 +56,7 @@ class RoundRecorder:
     top_layers: int
     round_offset: int = 0  # rounds of an earlier run this one continues from
     held_out: HeldOut | None = None
+    privacy: Callable[[], dict[str, float]] | None = None  # epsilon so far, with DP on
     started: float = field(default_factory=time.time)
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
@@ -70,6 +72,8 @@ class RoundRecorder:
             metrics |= {"rejected": len(screened.rejected),
                         "clipped_updates": screened.clipped_updates,
                         "clipped_thresholds": screened.clipped_thresholds}
+        if self.privacy is not None:
+            metrics |= self.privacy()
         if self.held_out is not None:
             metrics |= self.held_out.score(arrays, self.strategy.threshold)
         if server_round > 0:

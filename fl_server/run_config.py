@@ -34,6 +34,7 @@ class ServerConfig:
     aggregation: str  # "fedavg" or "median"
     dp_noise_multiplier: float  # 0: no central differential privacy
     dp_clipping_norm: float
+    dp_delta: float
     held_out_path: Path | None  # None: the global models are not scored
     held_out_pairs: int
 
@@ -66,6 +67,7 @@ class ServerConfig:
             aggregation=read(config, "aggregation", str, one_of(*AGGREGATIONS)),
             dp_noise_multiplier=read(config, "dp-noise-multiplier", float, at_least(0)),
             dp_clipping_norm=read(config, "dp-clipping-norm", float, at_least(0)),
+            dp_delta=read(config, "dp-delta", float, (lambda v: 0 < v < 1, "between 0 and 1")),
             held_out_path=read_path(config, "held-out-path"),
             held_out_pairs=read(config, "held-out-pairs", int, at_least(0)),
         )

@@ -43,7 +43,10 @@ def coordinate_median(replies: list[Message]) -> ArrayRecord:
 
 class ThresholdFedAvg(FedAvg):
     def __init__(self, threshold: float, arrays: ArrayRecord, limits: ReplyLimits,
-                 aggregation: str = "fedavg", **kwargs: Any) -> None:
+                 aggregation: str = "fedavg", unweighted: bool = False,
+                 **kwargs: Any) -> None:
+        """``unweighted``: every device that replied counts once, whatever its example
+        count (central DP: fl_server.privacy)."""
         super().__init__(**kwargs)
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, not {aggregation!r}")
@@ -51,6 +54,7 @@ class ThresholdFedAvg(FedAvg):
         self.global_arrays = arrays  # what devices were sent this round
         self.limits = limits
         self.aggregation = aggregation
+        self.unweighted = unweighted
         self.threshold_examples = 0.0  # how many examples the current threshold rests on
         self.bytes_received: dict[int, dict[int, int]] = {}  # round -> node -> bytes
         self.screened: dict[int, Screened] = {}  # round -> what screening did
@@ -79,6 +83,9 @@ class ThresholdFedAvg(FedAvg):
         }
         screened = screen(replies, self.global_arrays, self.threshold, self.limits)
         self.screened[server_round] = screened
+        if self.unweighted:
+            for message in screened.kept:
+                next(iter(message.content.metric_records.values()))[self.weighted_by_key] = 1
         useful = [m for m in screened.kept if self._weight(m) > 0]
         if not useful:
             log.warning("round %d: no device trained; the global model stays", server_round)

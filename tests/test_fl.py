@@ -272,6 +272,16 @@ def test_a_run_config_from_another_version_is_refused() -> None:
         ServerConfig.from_run_config(default_run_config())
 
 
+def gaussian_rdp_epsilon(sigma: float, rounds: int, delta: float) -> float:
+    """Epsilon of ``rounds`` Gaussian releases without subsampling, computed by hand: the
+    RDP of one release at order a is a / (2 sigma^2), rounds add up, and the conversion
+    to (epsilon, delta) is Balle et al. 2020's, minimised over the orders 1.1 .. 63."""
+    orders = np.concatenate([np.linspace(1.1, 10.9, 99), np.arange(12, 64)])
+    rdp = rounds * orders / (2 * sigma**2)
+    eps = rdp - (np.log(delta) + np.log(orders)) / (orders - 1) + np.log((orders - 1) / orders)
+    return float(eps.min())
+
+
 # simulation on the engine -----------------------------------------------------------------
 def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) -> None:
     seen: list[int] = []
@@ -315,6 +325,11 @@ def test_central_differential_privacy_option_runs(tmp_path: Path, tiny_dir: Path
     _, with_dp = load_checkpoint(latest_checkpoint(tmp_path / "dp"))  # type: ignore[arg-type]
     differences = [float((with_dp[k] - without[k]).abs().max()) for k in without]
     assert max(differences) > 0.01  # the clipped, noised average is not the plain one
+    # The privacy spent is reported after the round and kept with the checkpoint.
+    meta, _ = load_checkpoint(latest_checkpoint(tmp_path / "dp"))  # type: ignore[arg-type]
+    assert noisy[1]["epsilon"] == pytest.approx(gaussian_rdp_epsilon(5.0, 1, 1e-5))
+    assert meta.metrics["epsilon"] == pytest.approx(noisy[1]["epsilon"])
+    assert meta.metrics["delta"] == 1e-5 and "epsilon" not in plain[1]
 
 
 def test_simulate_never_deletes_a_directory_it_did_not_create(tmp_path: Path) -> None:
