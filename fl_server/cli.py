@@ -54,6 +54,9 @@ def add_commands(fl: Any) -> None:
     server.add_argument("--certificates", type=Path,
                         help="a directory made by deploy/make-certificates.sh, for TLS "
                         "(None: insecure)")
+    server.add_argument("--supernode-auth", action="store_true",
+                        help="admit only SuperNodes whose public key was registered with "
+                        "`flwr supernode register` (needs --certificates)")
     server.set_defaults(handler=run_server)
 
     run = fl.add_parser("run", help="start federated rounds on a running FL server",
@@ -80,14 +83,21 @@ def run_server(args: argparse.Namespace, settings: Any) -> int:
     from meancache.fl_server.model_endpoint import serve_model
     from meancache.fl_server.processes import superlink_command
     from meancache.shared.fl.signing import PUBLIC_KEY, server_key
-    from meancache.shared.processes import flower_environment
+    from meancache.shared.processes import flower_environment, is_loopback
 
+    if not is_loopback(args.host):
+        print("warning: the SuperLink's port also accepts run submission (`flwr run`), with "
+              "no login in this Flower distribution: anyone who reaches "
+              f"{args.host}:{args.port} can run code on every joined device. Firewall it to "
+              "the devices you trust, and use --certificates and --supernode-auth.",
+              file=sys.stderr, flush=True)
     state = settings.data_dir / "fl-server"
     state.mkdir(parents=True, exist_ok=True)
     env = flower_environment(MEANCACHE_DATA_DIR=str(settings.data_dir),
                              FLWR_HOME=str(state / "flwr-home"))  # never ~/.flwr
     superlink = subprocess.Popen(
-        superlink_command(state, args.host, args.port, args.certificates), env=env,
+        superlink_command(state, args.host, args.port, args.certificates,
+                          supernode_auth=args.supernode_auth), env=env,
         stdout=(state / "superlink.log").open("ab"), stderr=subprocess.STDOUT)
     server_key(checkpoint_dir(settings))
     print(f"meancache fl server: SuperLink on {args.host}:{args.port}, global model on "

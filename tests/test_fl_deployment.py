@@ -22,6 +22,8 @@ from meancache.shared.processes import free_port
 from tests.test_fl import FEEDBACK, device_with_feedback
 from tests.tiny_encoder import make_tiny_encoder
 
+SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "make-certificates.sh"
+
 
 def wait_for_port(port: int, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
@@ -122,8 +124,7 @@ def test_supernodes_connect_over_tls_with_the_certificate_script(
     tmp_path: Path, processes: Processes
 ) -> None:
     certificates = tmp_path / "certs"
-    script = Path(__file__).resolve().parents[1] / "deploy" / "make-certificates.sh"
-    subprocess.run(["bash", str(script), str(certificates)], check=True, capture_output=True)
+    subprocess.run(["bash", str(SCRIPT), str(certificates)], check=True, capture_output=True)
     link, model_port = free_port(), free_port()
     processes.start(tmp_path / "server", "fl", "server", "--port", str(link),
                     "--model-port", str(model_port), "--certificates", str(certificates))
@@ -156,3 +157,47 @@ def test_supernodes_connect_over_tls_with_the_certificate_script(
     wait_for_port(model_port)  # the global-model endpoint speaks HTTPS with the same certificate
     health = httpx.get(f"https://127.0.0.1:{model_port}/health", verify=trusted, timeout=5)
     assert health.json() == {"status": "ok"}
+
+
+def test_supernode_authentication_refuses_an_unregistered_key(
+    tmp_path: Path, processes: Processes
+) -> None:
+    from meancache.fl_server.processes import write_connection
+    from meancache.shared.processes import flower_command, flower_environment
+
+    certificates = tmp_path / "certs"
+    subprocess.run(["bash", str(SCRIPT), str(certificates), "--supernodes", "2"], check=True,
+                   capture_output=True, stdin=subprocess.DEVNULL)
+    link = free_port()
+    processes.start(tmp_path / "server", "fl", "server", "--port", str(link),
+                    "--model-port", str(free_port()), "--certificates", str(certificates),
+                    "--supernode-auth")
+    wait_for_port(link)
+    home = tmp_path / "flwr-home"
+    write_connection(home, f"127.0.0.1:{link}", certificates / "ca.crt")
+    env = flower_environment(FLWR_HOME=str(home))
+
+    def flwr(*args: str) -> str:
+        done = subprocess.run([flower_command("flwr"), "supernode", *args], env=env,
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        return done.stdout + done.stderr
+
+    registered = flwr("register", str(certificates / "supernode-1.pub"), "meancache")
+    assert "error" not in registered.lower(), registered
+
+    def join(name: str, key: str) -> subprocess.Popen[bytes]:
+        return processes.start(tmp_path / name, "fl", "join", "--superlink",
+                               f"127.0.0.1:{link}", "--port", str(free_port()),
+                               "--root-certificate", str(certificates / "ca.crt"),
+                               "--auth-key", str(certificates / key))
+
+    join("alice", "supernode-1")
+    mallory = join("mallory", "supernode-2")  # its key was never registered
+    deadline = time.monotonic() + 90
+    while '"online"' not in (listed := flwr("ls", "meancache", "--format", "json")):
+        assert time.monotonic() < deadline, listed
+        time.sleep(1)
+    time.sleep(10)  # mallory started with alice: had her key been admitted, she would be on
+    listed = flwr("ls", "meancache", "--format", "json")
+    assert listed.count('"online"') == 1, listed  # alice only
+    assert mallory.poll() is None or mallory.returncode != 0

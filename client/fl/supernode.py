@@ -19,12 +19,17 @@ def write_node_config(data_dir: Path) -> Path:
 
 
 def supernode_command(superlink: str, port: int, data_dir: Path,
-                      root_certificate: Path | None, insecure: bool = False) -> list[str]:
+                      root_certificate: Path | None, insecure: bool = False,
+                      auth_key: Path | None = None) -> list[str]:
     """flower-supernode training on ``data_dir`` (the ClientApp reads it from node config):
-    TLS with ``root_certificate``; without one, only to loopback or when ``insecure``."""
+    TLS with ``root_certificate``; without one, only to loopback or when ``insecure``.
+    ``auth_key``: this device's private key, for a SuperLink that admits registered keys
+    only."""
     root_certificate = superlink_tls(superlink, root_certificate, insecure)
     command = [flower_command("flower-supernode"), "--superlink", superlink,
                "--port", str(port), "--node-config", str(write_node_config(data_dir))]
+    if auth_key is not None:
+        command += ["--auth-supernode-private-key", str(auth_key)]
     if root_certificate is None:
         return [*command, "--insecure"]
     return [*command, "--root-certificates", str(root_certificate)]

@@ -3,7 +3,6 @@ plain connection to anything but this machine only when the user says ``--insecu
 ``fl_insecure = true``) explicitly, with a warning: over plain HTTP or gRPC anyone on the
 path reads the weights and can swap the global model."""
 
-import ipaddress
 import logging
 import ssl
 import sys
@@ -11,17 +10,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from meancache.client.errors import ConfigError
+from meancache.shared.processes import is_loopback
 
 log = logging.getLogger(__name__)
-
-
-def is_loopback(host: str) -> bool:
-    if host.strip("[]").lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def _host_of(superlink: str) -> str:
