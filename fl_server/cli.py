@@ -48,7 +48,12 @@ def add_commands(fl: Any) -> None:
                            "endpoint new users download the global model from",
                            formatter_class=formatter)
     server.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other hosts")
-    server.add_argument("--port", type=int, default=9093, help="the SuperLink's port")
+    server.add_argument("--port", type=int, default=9093,
+                        help="the SuperLink's Fleet API, for devices (nothing else is served "
+                        "there)")
+    server.add_argument("--control-port", type=int, default=9095,
+                        help="the SuperLink itself, on loopback only: `fl run` submits runs "
+                        "there")
     server.add_argument("--model-port", type=int, default=9100,
                         help="the global-model download endpoint's port")
     server.add_argument("--certificates", type=Path,
@@ -61,8 +66,8 @@ def add_commands(fl: Any) -> None:
 
     run = fl.add_parser("run", help="start federated rounds on a running FL server",
                         formatter_class=formatter)
-    run.add_argument("--superlink", default="127.0.0.1:9093", metavar="HOST:PORT",
-                     help="the FL server's SuperLink")
+    run.add_argument("--superlink", default="127.0.0.1:9095", metavar="HOST:PORT",
+                     help="the FL server's SuperLink (its --control-port, on loopback)")
     run.add_argument("--rounds", type=int, default=app["num-server-rounds"],
                      help="federated rounds")
     run.add_argument("--run-config", help="more settings, e.g. \"top-layers=2 "
@@ -80,33 +85,33 @@ def checkpoint_dir(settings: Any) -> Path:
 def run_server(args: argparse.Namespace, settings: Any) -> int:
     import subprocess
 
-    from meancache.fl_server.model_endpoint import serve_model
+    from meancache.fl_server.fleet_gateway import create_gateway
+    from meancache.fl_server.model_endpoint import create_model_app
     from meancache.fl_server.processes import superlink_command
+    from meancache.fl_server.serving import serve
     from meancache.shared.fl.signing import PUBLIC_KEY, server_key
-    from meancache.shared.processes import flower_environment, is_loopback
+    from meancache.shared.processes import flower_environment
 
-    if not is_loopback(args.host):
-        print("warning: the SuperLink's port also accepts run submission (`flwr run`), with "
-              "no login in this Flower distribution: anyone who reaches "
-              f"{args.host}:{args.port} can run code on every joined device. Firewall it to "
-              "the devices you trust, and use --certificates and --supernode-auth.",
-              file=sys.stderr, flush=True)
     state = settings.data_dir / "fl-server"
     state.mkdir(parents=True, exist_ok=True)
     env = flower_environment(MEANCACHE_DATA_DIR=str(settings.data_dir),
                              FLWR_HOME=str(state / "flwr-home"))  # never ~/.flwr
     superlink = subprocess.Popen(
-        superlink_command(state, args.host, args.port, args.certificates,
+        superlink_command(state, "127.0.0.1", args.control_port, args.certificates,
                           supernode_auth=args.supernode_auth), env=env,
         stdout=(state / "superlink.log").open("ab"), stderr=subprocess.STDOUT)
     server_key(checkpoint_dir(settings))
-    print(f"meancache fl server: SuperLink on {args.host}:{args.port}, global model on "
-          f"{'http' if args.certificates is None else 'https'}://{args.host}:"
-          f"{args.model_port}/v1/global-model; logs in {state}; devices "
-          f"verify global models with {checkpoint_dir(settings) / PUBLIC_KEY}",
+    scheme = "http" if args.certificates is None else "https"
+    print(f"meancache fl server: Fleet API for devices on {args.host}:{args.port}, run "
+          f"submission on 127.0.0.1:{args.control_port} only, global model on "
+          f"{scheme}://{args.host}:{args.model_port}/v1/global-model; logs in {state}; "
+          f"devices verify global models with {checkpoint_dir(settings) / PUBLIC_KEY}",
           file=sys.stderr, flush=True)
+    ca = None if args.certificates is None else args.certificates / "ca.crt"
     try:
-        serve_model(checkpoint_dir(settings), args.host, args.model_port, args.certificates)
+        serve([(create_model_app(checkpoint_dir(settings)), args.model_port),
+               (create_gateway(f"127.0.0.1:{args.control_port}", ca), args.port)],
+              args.host, args.certificates)
     finally:
         superlink.terminate()
         superlink.wait(timeout=30)

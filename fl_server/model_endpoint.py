@@ -8,12 +8,10 @@ another round. ``GET /v1/global-model/weights`` serves the newest weights direct
 
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-import uvicorn
 from meancache.shared.errors import CheckpointError
 from meancache.shared.fl.checkpoint import (
     WEIGHTS,
@@ -107,20 +105,3 @@ def create_model_app(checkpoint_dir: Path) -> Starlette:
         Route("/v1/global-model/weights", latest_weights),
         Route("/v1/global-model/rounds/{round:int}/weights", round_weights),
     ])
-
-
-def serve_model(checkpoint_dir: Path, host: str, port: int,
-                certificates: Path | None = None) -> None:
-    """Serve the global model in the foreground (``meancache fl server``) until stopped:
-    over HTTPS with ``certificates`` (deploy/make-certificates.sh's server.pem and
-    server.key), else plain HTTP."""
-    app = create_model_app(checkpoint_dir)
-    scheme = "http" if certificates is None else "https"
-    log.info("serving the global model from %s on %s://%s:%d", checkpoint_dir, scheme, host,
-             port)
-    print(f"meancache fl: serving the global model from {checkpoint_dir} on "
-          f"{scheme}://{host}:{port}", file=sys.stderr, flush=True)
-    tls = {} if certificates is None else {"ssl_certfile": str(certificates / "server.pem"),
-                                           "ssl_keyfile": str(certificates / "server.key")}
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, ws="none",
-                **tls)

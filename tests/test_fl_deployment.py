@@ -78,16 +78,17 @@ def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
     device_with_feedback(alice, FEEDBACK)
     # Bob has more to learn from: his training is still running when he drops out.
     device_with_feedback(bob, FEEDBACK * 60)
-    link, model_port = free_port(), free_port()
+    link, model_port, control = free_port(), free_port(), free_port()
     processes.start(server, "fl", "server", "--port", str(link),
-                    "--model-port", str(model_port))
+                    "--model-port", str(model_port), "--control-port", str(control))
+    wait_for_port(control)
     wait_for_port(link)
     wait_for_port(model_port)
     processes.start(alice, "fl", "join", "--superlink", f"127.0.0.1:{link}",
                     "--port", str(free_port()))
     bob_node = processes.start(bob, "fl", "join", "--superlink", f"127.0.0.1:{link}",
                                "--port", str(free_port()))
-    run = processes.start(server, "fl", "run", "--superlink", f"127.0.0.1:{link}",
+    run = processes.start(server, "fl", "run", "--superlink", f"127.0.0.1:{control}",
                           "--rounds", "1", "--run-config",
                           "top-layers=1 min-pairs=10 min-available-nodes=2 min-train-nodes=1 "
                           "fraction-evaluate=0.0 round-timeout=300.0")
@@ -125,9 +126,11 @@ def test_supernodes_connect_over_tls_with_the_certificate_script(
 ) -> None:
     certificates = tmp_path / "certs"
     subprocess.run(["bash", str(SCRIPT), str(certificates)], check=True, capture_output=True)
-    link, model_port = free_port(), free_port()
+    link, model_port, control = free_port(), free_port(), free_port()
     processes.start(tmp_path / "server", "fl", "server", "--port", str(link),
-                    "--model-port", str(model_port), "--certificates", str(certificates))
+                    "--model-port", str(model_port), "--control-port", str(control),
+                    "--certificates", str(certificates))
+    wait_for_port(control)
     wait_for_port(link)
     processes.start(tmp_path / "alice", "fl", "join", "--superlink", f"127.0.0.1:{link}",
                     "--port", str(free_port()), "--root-certificate",
@@ -136,7 +139,7 @@ def test_supernodes_connect_over_tls_with_the_certificate_script(
     from meancache.shared.processes import flower_command, flower_environment
 
     home = tmp_path / "flwr-home"
-    write_connection(home, f"127.0.0.1:{link}", certificates / "ca.crt")
+    write_connection(home, f"127.0.0.1:{control}", certificates / "ca.crt")
     env = flower_environment(FLWR_HOME=str(home))
     deadline = time.monotonic() + 60
     while True:
@@ -158,6 +161,20 @@ def test_supernodes_connect_over_tls_with_the_certificate_script(
     health = httpx.get(f"https://127.0.0.1:{model_port}/health", verify=trusted, timeout=5)
     assert health.json() == {"status": "ok"}
 
+    # Run submission from the devices' port is refused: only the operator, on the server
+    # itself, reaches the control port.
+    refused = httpx.post(f"https://127.0.0.1:{link}/v1/control/start-run", json={},
+                         verify=trusted, timeout=5)
+    assert refused.status_code == 403 and "runs are submitted on the FL server itself" in \
+        refused.json()["error"]["message"]
+    submitted = processes.start(tmp_path / "mallory", "fl", "run", "--superlink",
+                                f"127.0.0.1:{link}", "--root-certificate",
+                                str(certificates / "ca.crt"), "--rounds", "1")
+    assert submitted.wait(timeout=120) != 0
+    runs = subprocess.run([flower_command("flwr"), "ls", "meancache", "--format", "json"],
+                          env=env, capture_output=True, text=True)
+    assert json.loads(runs.stdout[runs.stdout.index("{"):])["runs"] == [], runs.stdout
+
 
 def test_supernode_authentication_refuses_an_unregistered_key(
     tmp_path: Path, processes: Processes
@@ -168,13 +185,14 @@ def test_supernode_authentication_refuses_an_unregistered_key(
     certificates = tmp_path / "certs"
     subprocess.run(["bash", str(SCRIPT), str(certificates), "--supernodes", "2"], check=True,
                    capture_output=True, stdin=subprocess.DEVNULL)
-    link = free_port()
+    link, control = free_port(), free_port()
     processes.start(tmp_path / "server", "fl", "server", "--port", str(link),
-                    "--model-port", str(free_port()), "--certificates", str(certificates),
-                    "--supernode-auth")
+                    "--model-port", str(free_port()), "--control-port", str(control),
+                    "--certificates", str(certificates), "--supernode-auth")
+    wait_for_port(control)
     wait_for_port(link)
     home = tmp_path / "flwr-home"
-    write_connection(home, f"127.0.0.1:{link}", certificates / "ca.crt")
+    write_connection(home, f"127.0.0.1:{control}", certificates / "ca.crt")
     env = flower_environment(FLWR_HOME=str(home))
 
     def flwr(*args: str) -> str:
