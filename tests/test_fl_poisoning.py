@@ -13,7 +13,9 @@ from meancache.fl_server.strategy import ThresholdFedAvg, weighted_median
 from sentence_transformers import SentenceTransformer
 
 from tests.test_fl import (  # noqa: F401 (tiny, tiny_dir: fixtures)
+    FEEDBACK,
     device_context,
+    device_with_feedback,
     message,
     tiny,
     tiny_dir,
@@ -123,3 +125,20 @@ def test_a_device_refuses_a_global_model_it_cannot_use(
     with pytest.raises(ValueError, match="non-finite values"):
         client_app(poisoned, context)
     assert not (tmp_path / "fl" / "global").exists()  # nothing was kept
+
+
+def test_a_device_whose_training_diverged_sends_none_of_it(
+    tmp_path: Path, tiny_dir: Path, tiny: SentenceTransformer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    device_with_feedback(tmp_path, FEEDBACK)
+    context = device_context(tmp_path, tiny_dir)
+    context.run_config["learning-rate"] = 1e30  # the weights overflow to inf and NaN
+    sent = train_message(tiny, 1)
+    answer = client_app(sent, context)
+    metrics = answer.content["metrics"]
+    assert metrics["num-examples"] == 0 and metrics["skipped"] == 1
+    echoed = answer.content["arrays"].to_torch_state_dict()
+    original = sent.content["arrays"].to_torch_state_dict()
+    assert all(torch.equal(echoed[k], original[k]) for k in original)
