@@ -209,13 +209,14 @@ def test_fedavg_weights_thresholds_by_examples_and_ignores_idle_devices() -> Non
                                                    reply(2, 4.0, 0.70, 10),
                                                    reply(3, 99.0, 0.10, 0)])
     assert arrays is not None and metrics is not None
-    assert torch.allclose(arrays.to_torch_state_dict()["w"], torch.full((2,), 1.75))
-    assert strategy.threshold == pytest.approx((30 * 0.90 + 10 * 0.70) / 40)
+    # 30 examples weigh as the round's median count, 20 (fl_server.screening)
+    assert torch.allclose(arrays.to_torch_state_dict()["w"], torch.full((2,), 2.0))
+    assert strategy.threshold == pytest.approx((20 * 0.90 + 10 * 0.70) / 30)
     assert set(strategy.bytes_received[1]) == {1, 2, 3}
     none, _ = strategy.aggregate_train(2, [reply(4, 5.0, 0.5, 0)])
-    assert none is None and strategy.threshold == pytest.approx(0.85)
+    assert none is None and strategy.threshold == pytest.approx(25 / 30)
     strategy.aggregate_train(3, [reply(5, 2.0, 0.60, 10)])  # a running mean over rounds
-    assert strategy.threshold == pytest.approx((40 * 0.85 + 10 * 0.60) / 50)
+    assert strategy.threshold == pytest.approx((25 + 10 * 0.60) / 40)
 
 
 # the Flower app and its run config --------------------------------------------------------
