@@ -50,6 +50,10 @@ class Settings:
     fl_server_url: str | None = None  # the FL server's global-model endpoint (sync)
     fl_superlink: str | None = None  # HOST:PORT of the SuperLink the chat may join
     fl_root_certificate: str | None = None  # the FL CA certificate, for TLS
+    fl_insecure: bool = False  # allow plain connections to a non-loopback FL server
+    # The FL server's signing-key.pub (its one line, or the file's path): set, a global
+    # model is installed only with the server's signature (shared.fl.signing).
+    fl_server_public_key: str | None = None
 
     @property
     def config_file(self) -> Path:
@@ -77,6 +81,10 @@ class Settings:
     @property
     def conversations_dir(self) -> Path:
         return self.data_dir / "conversations"
+
+    @property
+    def fl_certificate(self) -> Path | None:
+        return Path(self.fl_root_certificate).expanduser() if self.fl_root_certificate else None
 
     @property
     def log_file(self) -> Path:
@@ -189,6 +197,10 @@ def load_settings(
     if settings.encoder_backend not in ("onnx", "torch"):
         raise ConfigError(f"encoder_backend must be 'onnx' or 'torch', not "
                           f"{settings.encoder_backend!r}")
+    for name in ("max_entries", "max_bytes"):  # 0 or less would evict every new answer
+        if getattr(settings, name) <= 0:
+            raise ConfigError(f"{name} must be a positive whole number, not "
+                              f"{getattr(settings, name)!r}")
     try:
         check_threshold(settings.threshold)
     except ValueError as exc:

@@ -48,18 +48,26 @@ def add_commands(fl: Any) -> None:
                            "endpoint new users download the global model from",
                            formatter_class=formatter)
     server.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other hosts")
-    server.add_argument("--port", type=int, default=9093, help="the SuperLink's port")
+    server.add_argument("--port", type=int, default=9093,
+                        help="the SuperLink's Fleet API, for devices (nothing else is served "
+                        "there)")
+    server.add_argument("--control-port", type=int, default=9095,
+                        help="the SuperLink itself, on loopback only: `fl run` submits runs "
+                        "there")
     server.add_argument("--model-port", type=int, default=9100,
                         help="the global-model download endpoint's port")
     server.add_argument("--certificates", type=Path,
                         help="a directory made by deploy/make-certificates.sh, for TLS "
                         "(None: insecure)")
+    server.add_argument("--supernode-auth", action="store_true",
+                        help="admit only SuperNodes whose public key was registered with "
+                        "`flwr supernode register` (needs --certificates)")
     server.set_defaults(handler=run_server)
 
     run = fl.add_parser("run", help="start federated rounds on a running FL server",
                         formatter_class=formatter)
-    run.add_argument("--superlink", default="127.0.0.1:9093", metavar="HOST:PORT",
-                     help="the FL server's SuperLink")
+    run.add_argument("--superlink", default="127.0.0.1:9095", metavar="HOST:PORT",
+                     help="the FL server's SuperLink (its --control-port, on loopback)")
     run.add_argument("--rounds", type=int, default=app["num-server-rounds"],
                      help="federated rounds")
     run.add_argument("--run-config", help="more settings, e.g. \"top-layers=2 "
@@ -77,8 +85,11 @@ def checkpoint_dir(settings: Any) -> Path:
 def run_server(args: argparse.Namespace, settings: Any) -> int:
     import subprocess
 
-    from meancache.fl_server.model_endpoint import serve_model
+    from meancache.fl_server.fleet_gateway import create_gateway
+    from meancache.fl_server.model_endpoint import create_model_app
     from meancache.fl_server.processes import superlink_command
+    from meancache.fl_server.serving import serve
+    from meancache.shared.fl.signing import PUBLIC_KEY, server_key
     from meancache.shared.processes import flower_environment
 
     state = settings.data_dir / "fl-server"
@@ -86,13 +97,21 @@ def run_server(args: argparse.Namespace, settings: Any) -> int:
     env = flower_environment(MEANCACHE_DATA_DIR=str(settings.data_dir),
                              FLWR_HOME=str(state / "flwr-home"))  # never ~/.flwr
     superlink = subprocess.Popen(
-        superlink_command(state, args.host, args.port, args.certificates), env=env,
+        superlink_command(state, "127.0.0.1", args.control_port, args.certificates,
+                          supernode_auth=args.supernode_auth), env=env,
         stdout=(state / "superlink.log").open("ab"), stderr=subprocess.STDOUT)
-    print(f"meancache fl server: SuperLink on {args.host}:{args.port}, global model on "
-          f"http://{args.host}:{args.model_port}/v1/global-model; logs in {state}",
+    server_key(checkpoint_dir(settings))
+    scheme = "http" if args.certificates is None else "https"
+    print(f"meancache fl server: Fleet API for devices on {args.host}:{args.port}, run "
+          f"submission on 127.0.0.1:{args.control_port} only, global model on "
+          f"{scheme}://{args.host}:{args.model_port}/v1/global-model; logs in {state}; "
+          f"devices verify global models with {checkpoint_dir(settings) / PUBLIC_KEY}",
           file=sys.stderr, flush=True)
+    ca = None if args.certificates is None else args.certificates / "ca.crt"
     try:
-        serve_model(checkpoint_dir(settings), args.host, args.model_port)
+        serve([(create_model_app(checkpoint_dir(settings)), args.model_port),
+               (create_gateway(f"127.0.0.1:{args.control_port}", ca), args.port)],
+              args.host, args.certificates)
     finally:
         superlink.terminate()
         superlink.wait(timeout=30)

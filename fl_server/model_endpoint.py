@@ -8,12 +8,10 @@ another round. ``GET /v1/global-model/weights`` serves the newest weights direct
 
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-import uvicorn
 from meancache.shared.errors import CheckpointError
 from meancache.shared.fl.checkpoint import (
     WEIGHTS,
@@ -107,12 +105,3 @@ def create_model_app(checkpoint_dir: Path) -> Starlette:
         Route("/v1/global-model/weights", latest_weights),
         Route("/v1/global-model/rounds/{round:int}/weights", round_weights),
     ])
-
-
-def serve_model(checkpoint_dir: Path, host: str, port: int) -> None:
-    """Serve the global model in the foreground (``meancache fl server``) until stopped."""
-    app = create_model_app(checkpoint_dir)
-    log.info("serving the global model from %s on http://%s:%d", checkpoint_dir, host, port)
-    print(f"meancache fl: serving the global model from {checkpoint_dir} on "
-          f"http://{host}:{port}", file=sys.stderr, flush=True)
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False, ws="none")

@@ -4,21 +4,28 @@ commands, with the flags this deployment needs."""
 from pathlib import Path
 
 import tomli_w
+from meancache.shared.errors import FlowerCommandError
 from meancache.shared.processes import flower_command, flower_environment
 
 CONNECTION = "meancache"  # the SuperLink connection's name in our own FLWR_HOME
 
 
 def superlink_command(state_dir: Path, host: str, port: int, certificates: Path | None,
-                      simulation: bool = False) -> list[str]:
+                      simulation: bool = False, supernode_auth: bool = False) -> list[str]:
     """The SuperLink serves Fleet, Control and ServerApp APIs on one port (flwr 1.4x);
     with ``simulation`` it runs each run's ServerApp and ClientApps on the simulation
-    engine instead of waiting for SuperNodes."""
+    engine instead of waiting for SuperNodes; with ``supernode_auth`` only SuperNodes
+    whose public key was registered (`flwr supernode register`) may connect (needs TLS)."""
+    if supernode_auth and certificates is None:
+        raise FlowerCommandError("SuperNode authentication needs TLS: pass --certificates "
+                                 "too (deploy/make-certificates.sh makes them)")
     command = [flower_command("flower-superlink"), "--host", host, "--port", str(port),
                "--database", str(state_dir / "state.db"),
                "--disable-runtime-dependency-installation"]
     if simulation:
         command.append("--simulation")
+    if supernode_auth:
+        command.append("--enable-supernode-auth")
     if certificates is None:
         return [*command, "--insecure"]
     return [*command, "--ssl-ca-certfile", str(certificates / "ca.crt"),

@@ -1,16 +1,20 @@
 """After every round: checkpoint the global model (versioned, with its threshold and a
-sha256), append a line to history.jsonl, and optionally score it on held-out pairs."""
+sha256, signed by the server's key: shared.fl.signing), append a line to history.jsonl,
+and optionally score it on held-out pairs."""
 
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.fl.checkpoint import save_checkpoint
+from meancache.shared.fl.signing import server_key, sign
 from meancache.shared.fl.weights import load_federated_state
 from meancache.shared.threshold import best_threshold, score_thresholds
 from sentence_transformers import SentenceTransformer
@@ -52,6 +56,7 @@ class RoundRecorder:
     top_layers: int
     round_offset: int = 0  # rounds of an earlier run this one continues from
     held_out: HeldOut | None = None
+    privacy: Callable[[], dict[str, float]] | None = None  # epsilon so far, with DP on
     started: float = field(default_factory=time.time)
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
@@ -62,13 +67,20 @@ class RoundRecorder:
         if received:
             metrics["bytes_per_client"] = sum(received.values()) / len(received)
             metrics["clients"] = len(received)
+        screened = self.strategy.screened.get(server_round)
+        if screened is not None:
+            metrics |= {"rejected": len(screened.rejected),
+                        "clipped_updates": screened.clipped_updates,
+                        "clipped_thresholds": screened.clipped_thresholds}
+        if self.privacy is not None:
+            metrics |= self.privacy()
         if self.held_out is not None:
             metrics |= self.held_out.score(arrays, self.strategy.threshold)
         if server_round > 0:
             state = arrays.to_torch_state_dict()
             save_checkpoint(self.checkpoint_dir, server_round + self.round_offset, state,
                             self.strategy.threshold, self.base_model, self.top_layers,
-                            metrics)
+                            metrics, partial(sign, key=server_key(self.checkpoint_dir)))
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         with (self.checkpoint_dir / HISTORY).open("a") as fh:
             fh.write(json.dumps(metrics) + "\n")

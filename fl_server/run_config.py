@@ -4,11 +4,15 @@
 from dataclasses import dataclass
 from pathlib import Path
 
+from meancache.fl_server.screening import ReplyLimits
+from meancache.fl_server.strategy import AGGREGATIONS
 from meancache.shared.errors import RunConfigError
 from meancache.shared.fl.run_config import (
     ModelConfig,
     RunConfig,
     at_least,
+    one_of,
+    positive,
     read,
     read_path,
     share,
@@ -26,8 +30,11 @@ class ServerConfig:
     min_evaluate_nodes: int
     round_timeout: float
     checkpoint_dir: Path
+    limits: ReplyLimits
+    aggregation: str  # "fedavg" or "median"
     dp_noise_multiplier: float  # 0: no central differential privacy
     dp_clipping_norm: float
+    dp_delta: float
     held_out_path: Path | None  # None: the global models are not scored
     held_out_pairs: int
 
@@ -52,8 +59,15 @@ class ServerConfig:
             min_evaluate_nodes=read(config, "min-evaluate-nodes", int, at_least(0)),
             round_timeout=read(config, "round-timeout", float, at_least(1)),
             checkpoint_dir=checkpoint_dir,
+            limits=ReplyLimits(
+                max_examples=read(config, "max-examples", int, at_least(1)),
+                max_update_norm=read(config, "max-update-norm", float, positive()),
+                threshold_band=read(config, "threshold-band", float, share()),
+            ),
+            aggregation=read(config, "aggregation", str, one_of(*AGGREGATIONS)),
             dp_noise_multiplier=read(config, "dp-noise-multiplier", float, at_least(0)),
             dp_clipping_norm=read(config, "dp-clipping-norm", float, at_least(0)),
+            dp_delta=read(config, "dp-delta", float, (lambda v: 0 < v < 1, "between 0 and 1")),
             held_out_path=read_path(config, "held-out-path"),
             held_out_pairs=read(config, "held-out-pairs", int, at_least(0)),
         )

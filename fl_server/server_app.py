@@ -4,13 +4,13 @@ versioned checkpoint after every round. Its settings: fl_server.run_config.Serve
 
 import logging
 import random
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping
+from meancache.fl_server.privacy import SampledClientsDP
 from meancache.fl_server.rounds import HeldOut, RoundRecorder
 from meancache.fl_server.run_config import ServerConfig
 from meancache.fl_server.strategy import ThresholdFedAvg
@@ -53,8 +53,13 @@ def run_rounds(grid: Grid, config: ServerConfig) -> None:
         if meta.base_model == base and set(state) == set(names):
             initial, threshold, offset = state, meta.threshold, meta.round
             log.info("continuing from the global model of round %d", meta.round)
+    dp = config.dp_noise_multiplier > 0
+    limits = config.limits
+    if dp:  # the server clips to the DP norm itself: a device may not have
+        limits = replace(limits, max_update_norm=min(limits.max_update_norm,
+                                                     config.dp_clipping_norm))
     strategy = ThresholdFedAvg(
-        threshold,
+        threshold, ArrayRecord(initial), limits, config.aggregation, unweighted=dp,
         fraction_train=config.fraction_train,
         min_train_nodes=config.min_train_nodes,
         min_available_nodes=config.min_available_nodes,
@@ -65,15 +70,14 @@ def run_rounds(grid: Grid, config: ServerConfig) -> None:
     if config.held_out_path is not None and config.held_out_pairs > 0:
         held_out = _held_out(model, config.held_out_path, config.held_out_pairs,
                              config.model.seed)
+    runner: ThresholdFedAvg | SampledClientsDP = strategy
+    privacy = None
+    if dp:
+        runner = SampledClientsDP(strategy, config.dp_noise_multiplier,
+                                  config.dp_clipping_norm, config.dp_delta)
+        privacy = runner.ledger.spent
     recorder = RoundRecorder(strategy, config.checkpoint_dir, base, config.model.top_layers,
-                             offset, held_out)
-    runner: Any = strategy
-    if config.dp_noise_multiplier > 0:
-        runner = DifferentialPrivacyClientSideFixedClipping(
-            strategy, noise_multiplier=config.dp_noise_multiplier,
-            clipping_norm=config.dp_clipping_norm,
-            num_sampled_clients=config.min_train_nodes,
-        )
+                             offset, held_out, privacy)
     runner.start(
         grid=grid,
         initial_arrays=ArrayRecord(initial),

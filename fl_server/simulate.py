@@ -29,6 +29,7 @@ from meancache.shared.processes import flower_environment, free_port
 
 Row = dict[str, float]
 STARTUP_SECONDS = 60.0
+MARKER = ".meancache-simulation"  # in a checkpoint dir this module made (and may clear)
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,7 @@ def simulate(config: SimulationConfig, flwr_home: Path,
     """Run the rounds from scratch; returns one row of metrics per round (round 0 = before
     training). ``flwr_home`` is Flower's home (never ~/.flwr): the installed app and
     Flower's output (simulation.log) go there."""
-    if config.checkpoint_dir.exists():
-        shutil.rmtree(config.checkpoint_dir)
-    config.checkpoint_dir.mkdir(parents=True)
+    _fresh_checkpoint_dir(config.checkpoint_dir)
     flwr_home.mkdir(parents=True, exist_ok=True)
     log_file = flwr_home / "simulation.log"
     with tempfile.TemporaryDirectory() as tmp, log_file.open("wb") as log:
@@ -99,6 +98,20 @@ def simulate(config: SimulationConfig, flwr_home: Path,
         raise FlowerCommandError(f"the simulation ended after {max(len(rows) - 1, 0)} of "
                                  f"{config.rounds()} rounds; see {log_file}")
     return rows
+
+
+def _fresh_checkpoint_dir(directory: Path) -> None:
+    """Empty ``directory`` for a run from scratch, but only if an earlier simulation made
+    it (it holds MARKER) or it is empty: a directory of the user's is never deleted."""
+    if directory.exists() and not (directory / MARKER).is_file():
+        if not directory.is_dir() or any(directory.iterdir()):
+            raise FlowerCommandError(
+                f"{directory} exists and was not made by `meancache fl simulate`; pass "
+                "--checkpoints with a new or empty directory")
+    elif directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / MARKER).touch()
 
 
 def _start(command: list[str], env: dict[str, str], log: BinaryIO

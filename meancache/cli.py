@@ -12,6 +12,7 @@ from meancache.client import cli as device_commands
 from meancache.client.config import load_settings
 from meancache.client.fl import commands as fl_device_commands
 from meancache.client.logs import setup_logging
+from meancache.client.private_files import check_data_dir, owner_only_files
 from meancache.embedded import start_embedded_upstream
 from meancache.fl_server import cli as fl_server_commands
 from meancache.shared.errors import MeanCacheError
@@ -49,13 +50,15 @@ def main(argv: list[str] | None = None) -> int:
         settings = load_settings(args.config_dir, args.data_dir, encoder_model=args.encoder,
                                  encoder_backend=args.backend,
                                  eviction_policy=args.eviction_policy)
-        try:
-            setup_logging(settings.log_file, settings.log_level)
-        except OSError as exc:
-            raise MeanCacheError(f"cannot write the log file {settings.log_file}: "
-                                 f"{exc.strerror}; fix its permissions or pass --data-dir "
-                                 "with a writable directory") from None
-        return int(args.handler(args, settings))
+        with owner_only_files():
+            check_data_dir(settings.data_dir)
+            try:
+                setup_logging(settings.log_file, settings.log_level)
+            except OSError as exc:
+                raise MeanCacheError(f"cannot write the log file {settings.log_file}: "
+                                     f"{exc.strerror}; fix its permissions or pass --data-dir "
+                                     "with a writable directory") from None
+            return int(args.handler(args, settings))
     except MeanCacheError as exc:
         err.print(f"[red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         return 2

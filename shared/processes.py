@@ -1,6 +1,7 @@
 """Helpers every side uses to run its helper processes: free loopback ports, Flower's
 executables and their environment, and a foreground child that stops with us."""
 
+import ipaddress
 import os
 import shutil
 import socket
@@ -16,6 +17,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address, IPv6 possibly in brackets) is this machine."""
+    bare = host.strip("[]").lower()
+    if bare == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_loopback
+    except ValueError:
+        return False
 
 
 def flower_command(name: str) -> str:

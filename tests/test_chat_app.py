@@ -13,6 +13,7 @@ from meancache.client.tui.app import MeanCacheApp
 from meancache.client.tui.widgets import AnswerView
 from meancache.shared.encoder import Encoder
 from textual.pilot import Pilot
+from textual.widgets._toast import Toast
 
 from meancache.embedded import start_embedded_upstream
 from tests.upstream_server import free_port
@@ -227,7 +228,48 @@ def test_stats_conversations_and_export(settings: Settings) -> None:
             await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
                            "ConversationsScreen")
             await pilot.press("d")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
+                           "ConfirmDeleteScreen")
+            await pilot.press("k")  # the chat goes, its cached answer stays
             await wait_for(pilot, lambda: not app.session.conversations.list())  # type: ignore
+            assert len(app.session.cache) == 1  # type: ignore[union-attr]
+
+    asyncio.run(run())
+
+
+def test_deleting_a_chat_asks_first_and_can_drop_its_cache_entries(
+    settings: Settings
+) -> None:
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(120, 40)) as pilot:
+            session = (await started(pilot)).session
+            assert session is not None
+            await ask(pilot, "How far is the moon?")
+            await ask(pilot, "How far is the moon?")  # served from the cache: not its own
+            await pilot.press("ctrl+n")
+            await ask(pilot, "Why is the sky blue?")
+            assert len(session.cache) == 2
+
+            async def choose_delete() -> None:
+                await pilot.press("ctrl+o")
+                await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
+                               "ConversationsScreen")
+                await pilot.press("d")  # the newest chat comes first
+                await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
+                               "ConfirmDeleteScreen")
+
+            await choose_delete()
+            await pilot.press("n")  # cancelled: nothing is deleted
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
+                           "ConversationsScreen")
+            assert len(session.conversations.list()) == 2 and len(session.cache) == 2
+            await pilot.press("escape")
+            await choose_delete()
+            await pilot.press("y")
+            await wait_for(pilot, lambda: len(session.conversations.list()) == 1)
+            remaining = [e.query for e in session.cache.entries()]
+            assert remaining == ["How far is the moon?"]
 
     asyncio.run(run())
 
@@ -368,3 +410,34 @@ def test_join_and_leave_leave_no_process_and_no_timer(settings: Settings) -> Non
         assert not rounds_timer_running()
 
     asyncio.run(run())
+
+
+def test_server_text_is_shown_as_plain_text(settings: Settings) -> None:
+    """An upstream's error message with Rich markup in it is shown character for
+    character (and cannot break the app with an unbalanced tag)."""
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    from tests.test_fl_sync import serving
+
+    hostile = "[bold red]click[/] [link=http://203.0.113.9]here[/link] [/oops]"
+
+    async def refuse(request: object) -> JSONResponse:
+        return JSONResponse({"error": {"message": hostile}}, status_code=400)
+
+    server = Starlette(routes=[Route("/v1/{rest:path}", refuse, methods=["GET", "POST"])])
+
+    async def run(url: str) -> None:
+        app = MeanCacheApp(dataclasses.replace(settings, upstream_url=url))
+        async with app.run_test(size=(120, 40), notifications=True) as pilot:
+            await started(pilot)
+            await ask(pilot, "How far is the moon?")
+            await wait_for(pilot, lambda: bool(app._notifications))
+            await pilot.pause(0.2)  # the toast is drawn
+            toasts = [str(toast.render()) for toast in app.screen.query(Toast)]
+            assert any(hostile in text for text in toasts), toasts
+            assert hostile in badge(app)
+
+    with serving(server) as url:
+        asyncio.run(run(url))

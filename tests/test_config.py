@@ -76,6 +76,8 @@ def test_config_dir_from_environment(tmp_path: Path) -> None:
                                "and 1, not 1.0"),
         ("threshold = = 1\n", "not valid TOML"),
         ('encoder_backend = "tensorflow"\n', "encoder_backend"),
+        ("max_entries = 0\n", "max_entries must be a positive whole number, not 0"),
+        ("max_bytes = -1\n", "max_bytes must be a positive whole number, not -1"),
     ],
 )
 def test_bad_config_names_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:

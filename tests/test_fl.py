@@ -22,15 +22,22 @@ from meancache.client.fl.client_app import wire_audit_mod
 from meancache.client.fl.run_config import ClientConfig
 from meancache.fl_server.app_declaration import default_run_config, write_app
 from meancache.fl_server.run_config import ServerConfig
+from meancache.fl_server.screening import ReplyLimits
 from meancache.fl_server.simulate import SimulationConfig, simulate
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import Encoder
-from meancache.shared.errors import CheckpointError, EncoderError, RunConfigError
+from meancache.shared.errors import (
+    CheckpointError,
+    EncoderError,
+    FlowerCommandError,
+    RunConfigError,
+)
 from meancache.shared.fl.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
+from meancache.shared.fl.signing import PUBLIC_KEY, read_public_key, verify
 from meancache.shared.fl.weights import federated_names, federated_state, load_federated_state
 from sentence_transformers import SentenceTransformer
 
@@ -186,7 +193,9 @@ def test_the_wire_audit_refuses_anything_but_weights_and_counts() -> None:
 
 # server aggregation -----------------------------------------------------------------------
 def test_fedavg_weights_thresholds_by_examples_and_ignores_idle_devices() -> None:
-    strategy = ThresholdFedAvg(0.8, min_train_nodes=1, min_available_nodes=1)
+    strategy = ThresholdFedAvg(0.8, ArrayRecord({"w": torch.zeros(2)}),
+                               ReplyLimits(10**6, 1e6, 1.0), min_train_nodes=1,
+                               min_available_nodes=1)
 
     def reply(dst: int, value: float, threshold: float, examples: int) -> Message:
         sent = message(RecordDict({"config": ConfigRecord({})}), dst=dst)
@@ -200,13 +209,14 @@ def test_fedavg_weights_thresholds_by_examples_and_ignores_idle_devices() -> Non
                                                    reply(2, 4.0, 0.70, 10),
                                                    reply(3, 99.0, 0.10, 0)])
     assert arrays is not None and metrics is not None
-    assert torch.allclose(arrays.to_torch_state_dict()["w"], torch.full((2,), 1.75))
-    assert strategy.threshold == pytest.approx((30 * 0.90 + 10 * 0.70) / 40)
+    # 30 examples weigh as the round's median count, 20 (fl_server.screening)
+    assert torch.allclose(arrays.to_torch_state_dict()["w"], torch.full((2,), 2.0))
+    assert strategy.threshold == pytest.approx((20 * 0.90 + 10 * 0.70) / 30)
     assert set(strategy.bytes_received[1]) == {1, 2, 3}
     none, _ = strategy.aggregate_train(2, [reply(4, 5.0, 0.5, 0)])
-    assert none is None and strategy.threshold == pytest.approx(0.85)
+    assert none is None and strategy.threshold == pytest.approx(25 / 30)
     strategy.aggregate_train(3, [reply(5, 2.0, 0.60, 10)])  # a running mean over rounds
-    assert strategy.threshold == pytest.approx((40 * 0.85 + 10 * 0.60) / 50)
+    assert strategy.threshold == pytest.approx((25 + 10 * 0.60) / 40)
 
 
 # the Flower app and its run config --------------------------------------------------------
@@ -263,6 +273,16 @@ def test_a_run_config_from_another_version_is_refused() -> None:
         ServerConfig.from_run_config(default_run_config())
 
 
+def gaussian_rdp_epsilon(sigma: float, rounds: int, delta: float) -> float:
+    """Epsilon of ``rounds`` Gaussian releases without subsampling, computed by hand: the
+    RDP of one release at order a is a / (2 sigma^2), rounds add up, and the conversion
+    to (epsilon, delta) is Balle et al. 2020's, minimised over the orders 1.1 .. 63."""
+    orders = np.concatenate([np.linspace(1.1, 10.9, 99), np.arange(12, 64)])
+    rdp = rounds * orders / (2 * sigma**2)
+    eps = rdp - (np.log(delta) + np.log(orders)) / (orders - 1) + np.log((orders - 1) / orders)
+    return float(eps.min())
+
+
 # simulation on the engine -----------------------------------------------------------------
 def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) -> None:
     seen: list[int] = []
@@ -282,6 +302,8 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) 
     assert latest is not None
     meta, state = load_checkpoint(latest)
     assert meta.round == 2 and meta.threshold == pytest.approx(rows[2]["threshold"])
+    verify(meta, read_public_key(str(tmp_path / "ckpt" / PUBLIC_KEY)))  # the server signed it
+    assert rows[1]["rejected"] == 0  # honest devices pass the screening
     model = SentenceTransformer(str(tiny_dir), device="cpu")
     initial = federated_state(model, federated_names(model, 1))
     assert any(not torch.equal(state[k], initial[k]) for k in initial)  # it learned
@@ -304,3 +326,19 @@ def test_central_differential_privacy_option_runs(tmp_path: Path, tiny_dir: Path
     _, with_dp = load_checkpoint(latest_checkpoint(tmp_path / "dp"))  # type: ignore[arg-type]
     differences = [float((with_dp[k] - without[k]).abs().max()) for k in without]
     assert max(differences) > 0.01  # the clipped, noised average is not the plain one
+    # The privacy spent is reported after the round and kept with the checkpoint.
+    meta, _ = load_checkpoint(latest_checkpoint(tmp_path / "dp"))  # type: ignore[arg-type]
+    assert noisy[1]["epsilon"] == pytest.approx(gaussian_rdp_epsilon(5.0, 1, 1e-5))
+    assert meta.metrics["epsilon"] == pytest.approx(noisy[1]["epsilon"])
+    assert meta.metrics["delta"] == 1e-5 and "epsilon" not in plain[1]
+
+
+def test_simulate_never_deletes_a_directory_it_did_not_create(tmp_path: Path) -> None:
+    mine = tmp_path / "thesis"
+    mine.mkdir()
+    (mine / "chapter1.tex").write_text("years of work")
+    config = SimulationConfig(pairs=DATA / "qqp" / "pairs.jsonl", checkpoint_dir=mine,
+                              clients=2, per_round=2)
+    with pytest.raises(FlowerCommandError, match="was not made by `meancache fl simulate`"):
+        simulate(config, tmp_path / "flwr-home")
+    assert (mine / "chapter1.tex").read_text() == "years of work"

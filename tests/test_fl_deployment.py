@@ -22,6 +22,8 @@ from meancache.shared.processes import free_port
 from tests.test_fl import FEEDBACK, device_with_feedback
 from tests.tiny_encoder import make_tiny_encoder
 
+SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "make-certificates.sh"
+
 
 def wait_for_port(port: int, seconds: float = 60) -> None:
     deadline = time.monotonic() + seconds
@@ -76,16 +78,17 @@ def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
     device_with_feedback(alice, FEEDBACK)
     # Bob has more to learn from: his training is still running when he drops out.
     device_with_feedback(bob, FEEDBACK * 60)
-    link, model_port = free_port(), free_port()
+    link, model_port, control = free_port(), free_port(), free_port()
     processes.start(server, "fl", "server", "--port", str(link),
-                    "--model-port", str(model_port))
+                    "--model-port", str(model_port), "--control-port", str(control))
+    wait_for_port(control)
     wait_for_port(link)
     wait_for_port(model_port)
     processes.start(alice, "fl", "join", "--superlink", f"127.0.0.1:{link}",
                     "--port", str(free_port()))
     bob_node = processes.start(bob, "fl", "join", "--superlink", f"127.0.0.1:{link}",
                                "--port", str(free_port()))
-    run = processes.start(server, "fl", "run", "--superlink", f"127.0.0.1:{link}",
+    run = processes.start(server, "fl", "run", "--superlink", f"127.0.0.1:{control}",
                           "--rounds", "1", "--run-config",
                           "top-layers=1 min-pairs=10 min-available-nodes=2 min-train-nodes=1 "
                           "fraction-evaluate=0.0 round-timeout=300.0")
@@ -122,11 +125,12 @@ def test_supernodes_connect_over_tls_with_the_certificate_script(
     tmp_path: Path, processes: Processes
 ) -> None:
     certificates = tmp_path / "certs"
-    script = Path(__file__).resolve().parents[1] / "deploy" / "make-certificates.sh"
-    subprocess.run(["bash", str(script), str(certificates)], check=True, capture_output=True)
-    link, model_port = free_port(), free_port()
+    subprocess.run(["bash", str(SCRIPT), str(certificates)], check=True, capture_output=True)
+    link, model_port, control = free_port(), free_port(), free_port()
     processes.start(tmp_path / "server", "fl", "server", "--port", str(link),
-                    "--model-port", str(model_port), "--certificates", str(certificates))
+                    "--model-port", str(model_port), "--control-port", str(control),
+                    "--certificates", str(certificates))
+    wait_for_port(control)
     wait_for_port(link)
     processes.start(tmp_path / "alice", "fl", "join", "--superlink", f"127.0.0.1:{link}",
                     "--port", str(free_port()), "--root-certificate",
@@ -135,7 +139,7 @@ def test_supernodes_connect_over_tls_with_the_certificate_script(
     from meancache.shared.processes import flower_command, flower_environment
 
     home = tmp_path / "flwr-home"
-    write_connection(home, f"127.0.0.1:{link}", certificates / "ca.crt")
+    write_connection(home, f"127.0.0.1:{control}", certificates / "ca.crt")
     env = flower_environment(FLWR_HOME=str(home))
     deadline = time.monotonic() + 60
     while True:
@@ -150,3 +154,68 @@ def test_supernodes_connect_over_tls_with_the_certificate_script(
     with pytest.raises(httpx.HTTPError) as refused:  # the port speaks TLS only
         httpx.get(f"http://127.0.0.1:{link}/v1/fleet/register-node", timeout=5)
     assert not isinstance(refused.value, httpx.ConnectError)  # it listens, but not plainly
+    import ssl
+
+    trusted = ssl.create_default_context(cafile=str(certificates / "ca.crt"))
+    wait_for_port(model_port)  # the global-model endpoint speaks HTTPS with the same certificate
+    health = httpx.get(f"https://127.0.0.1:{model_port}/health", verify=trusted, timeout=5)
+    assert health.json() == {"status": "ok"}
+
+    # Run submission from the devices' port is refused: only the operator, on the server
+    # itself, reaches the control port.
+    refused = httpx.post(f"https://127.0.0.1:{link}/v1/control/start-run", json={},
+                         verify=trusted, timeout=5)
+    assert refused.status_code == 403 and "runs are submitted on the FL server itself" in \
+        refused.json()["error"]["message"]
+    submitted = processes.start(tmp_path / "mallory", "fl", "run", "--superlink",
+                                f"127.0.0.1:{link}", "--root-certificate",
+                                str(certificates / "ca.crt"), "--rounds", "1")
+    assert submitted.wait(timeout=120) != 0
+    runs = subprocess.run([flower_command("flwr"), "ls", "meancache", "--format", "json"],
+                          env=env, capture_output=True, text=True)
+    assert json.loads(runs.stdout[runs.stdout.index("{"):])["runs"] == [], runs.stdout
+
+
+def test_supernode_authentication_refuses_an_unregistered_key(
+    tmp_path: Path, processes: Processes
+) -> None:
+    from meancache.fl_server.processes import write_connection
+    from meancache.shared.processes import flower_command, flower_environment
+
+    certificates = tmp_path / "certs"
+    subprocess.run(["bash", str(SCRIPT), str(certificates), "--supernodes", "2"], check=True,
+                   capture_output=True, stdin=subprocess.DEVNULL)
+    link, control = free_port(), free_port()
+    processes.start(tmp_path / "server", "fl", "server", "--port", str(link),
+                    "--model-port", str(free_port()), "--control-port", str(control),
+                    "--certificates", str(certificates), "--supernode-auth")
+    wait_for_port(control)
+    wait_for_port(link)
+    home = tmp_path / "flwr-home"
+    write_connection(home, f"127.0.0.1:{control}", certificates / "ca.crt")
+    env = flower_environment(FLWR_HOME=str(home))
+
+    def flwr(*args: str) -> str:
+        done = subprocess.run([flower_command("flwr"), "supernode", *args], env=env,
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        return done.stdout + done.stderr
+
+    registered = flwr("register", str(certificates / "supernode-1.pub"), "meancache")
+    assert "error" not in registered.lower(), registered
+
+    def join(name: str, key: str) -> subprocess.Popen[bytes]:
+        return processes.start(tmp_path / name, "fl", "join", "--superlink",
+                               f"127.0.0.1:{link}", "--port", str(free_port()),
+                               "--root-certificate", str(certificates / "ca.crt"),
+                               "--auth-key", str(certificates / key))
+
+    join("alice", "supernode-1")
+    mallory = join("mallory", "supernode-2")  # its key was never registered
+    deadline = time.monotonic() + 90
+    while '"online"' not in (listed := flwr("ls", "meancache", "--format", "json")):
+        assert time.monotonic() < deadline, listed
+        time.sleep(1)
+    time.sleep(10)  # mallory started with alice: had her key been admitted, she would be on
+    listed = flwr("ls", "meancache", "--format", "json")
+    assert listed.count('"online"') == 1, listed  # alice only
+    assert mallory.poll() is None or mallory.returncode != 0

@@ -2,11 +2,14 @@
 loopback, real checkpoints on disk, real httpx. Faults are injected on the server's side
 (damaged weights, a server that is down, one with no model, one that answers nonsense)."""
 
+import dataclasses
+import json
 import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -23,13 +26,16 @@ from meancache.shared.errors import CheckpointError
 from meancache.shared.files import sha256_file
 from meancache.shared.fl.checkpoint import (
     LATEST,
+    META,
     WEIGHTS,
     GlobalModel,
     load_checkpoint,
     round_dir,
     save_checkpoint,
 )
+from meancache.shared.fl.signing import PUBLIC_KEY, server_key, sign
 from meancache.shared.processes import free_port
+from safetensors.torch import save_file
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -139,7 +145,7 @@ def test_meta_describes_the_newest_round(url: str, server_root: Path) -> None:
     assert body.pop("weights_url") == "/v1/global-model/rounds/2/weights"
     assert body == newest.to_json()
     assert set(body) == {"round", "threshold", "sha256", "base_model", "top_layers",
-                         "metrics", "created"}
+                         "metrics", "created", "signature"}
 
 
 def test_weights_are_the_newest_file(url: str, server_root: Path) -> None:
@@ -286,3 +292,124 @@ def test_announced_threshold_outside_0_1_is_refused(settings: Settings, threshol
                                             "threshold must lie strictly between 0 and 1"):
             sync_global_model(base, settings)
     assert not settings.cache_dir.exists()  # the cache's tau was not touched
+
+
+# downloads stay small, on the configured server, finite, and few ---------------------------
+def test_a_redirect_to_another_host_is_refused(settings: Settings, server_root: Path) -> None:
+    publish(server_root, 1, 0.8)
+    elsewhere = CountingApp(create_model_app(server_root))
+    with serving(elsewhere) as other:
+        async def redirect(request: Request) -> Response:
+            return Response(status_code=302, headers={"Location": other + request.url.path})
+
+        app = Starlette(routes=[Route("/v1/global-model", redirect),
+                                Route("/v1/global-model/{rest:path}", redirect)])
+        with serving(app) as base:
+            with pytest.raises(SyncError, match="redirected /v1/global-model to .*downloads "
+                                                "only from the server it is configured with"):
+                sync_global_model(base, settings)
+    assert not elsewhere.paths  # the other host was never asked
+    assert not (settings.global_model_dir / LATEST).exists()
+
+
+def test_weights_url_on_another_host_is_refused(settings: Settings) -> None:
+    async def meta(request: Request) -> Response:
+        return JSONResponse({"round": 3, "threshold": 0.8, "sha256": "0" * 64,
+                             "base_model": "base", "top_layers": 0,
+                             "weights_url": "http://203.0.113.9/weights"})
+
+    with serving(Starlette(routes=[Route("/v1/global-model", meta)])) as base:
+        with pytest.raises(SyncError, match="'http://203.0.113.9/weights' is not a path on "
+                                            "this server"):
+            sync_global_model(base, settings)
+
+
+def test_oversized_downloads_are_cut_off(url: str, server_root: Path, settings: Settings
+                                         ) -> None:
+    publish(server_root, 1, 0.8)
+    size = (round_dir(server_root, 1) / WEIGHTS).stat().st_size
+    with pytest.raises(SyncError, match=f"larger than {size - 1} bytes"):
+        sync_global_model(url, settings, max_weights_bytes=size - 1)
+    assert leftovers(settings) == [] and not (settings.global_model_dir / LATEST).exists()
+
+    async def huge(request: Request) -> Response:
+        return Response(b"{" * (1 << 17), media_type="application/json")
+
+    with serving(Starlette(routes=[Route("/v1/global-model", huge)])) as base:
+        with pytest.raises(SyncError, match="description of more than 65536 bytes"):
+            sync_global_model(base, settings)
+
+
+def test_non_finite_weights_are_refused(url: str, server_root: Path, settings: Settings
+                                        ) -> None:
+    save_checkpoint(server_root, 1, {"w": torch.tensor([1.0, float("nan")])}, 0.8,
+                    base_model="base", top_layers=0)
+    with pytest.raises(CheckpointError, match=r"not usable \(the weights hold non-finite"):
+        sync_global_model(url, settings)
+    assert not (settings.global_model_dir / LATEST).exists() and leftovers(settings) == []
+
+
+def test_only_the_newest_rounds_are_kept(url: str, server_root: Path, settings: Settings
+                                         ) -> None:
+    for number in range(1, 6):
+        publish(server_root, number, 0.8)
+        sync_global_model(url, settings)
+    kept = sorted(p.name for p in settings.global_model_dir.glob("round-*"))
+    assert kept == ["round-0003", "round-0004", "round-0005"]
+    assert latest_name(settings) == "round-0005"
+
+
+# the server's signature ------------------------------------------------------------------
+def signed_device(settings: Settings, server_root: Path) -> Settings:
+    """A device that trusts the key the FL server made beside its checkpoints."""
+    server_key(server_root)
+    return dataclasses.replace(settings, fl_server_public_key=str(server_root / PUBLIC_KEY))
+
+
+def publish_signed(root: Path, round_number: int, threshold: float) -> GlobalModel:
+    state = {"w": torch.randn(4, 4, generator=torch.Generator().manual_seed(round_number))}
+    return save_checkpoint(root, round_number, state, threshold, base_model="base",
+                           top_layers=0, sign=partial(sign, key=server_key(root)))
+
+
+def test_a_signed_global_model_is_installed(url: str, server_root: Path, settings: Settings
+                                            ) -> None:
+    device = signed_device(settings, server_root)
+    published = publish_signed(server_root, 1, 0.8)
+    assert published.signature
+    result = sync_global_model(url, device)
+    assert result.changed and load_checkpoint(result.path)[0] == published
+
+
+def test_a_tampered_checkpoint_is_refused(url: str, server_root: Path, settings: Settings
+                                          ) -> None:
+    device = signed_device(settings, server_root)
+    kept = publish_signed(server_root, 1, 0.8)
+    sync_global_model(url, device)
+    publish_signed(server_root, 2, 0.8)
+    # Whoever can write the served files swaps in weights of theirs and fixes the hash.
+    directory = round_dir(server_root, 2)
+    save_file({"w": torch.full((4, 4), 9.0)}, str(directory / WEIGHTS))
+    meta = json.loads((directory / META).read_text())
+    meta |= {"sha256": sha256_file(directory / WEIGHTS), "threshold": 0.01}
+    (directory / META).write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="round 2 is not signed by the FL server's key"):
+        sync_global_model(url, device)
+    assert latest_name(device) == "round-0001"
+    assert load_checkpoint(round_dir(device.global_model_dir, 1))[0] == kept
+    assert cache_threshold(device) == pytest.approx(0.8)
+
+
+def test_an_unsigned_or_foreign_checkpoint_is_refused(url: str, server_root: Path,
+                                                      settings: Settings, tmp_path: Path
+                                                      ) -> None:
+    device = signed_device(settings, server_root)
+    publish(server_root, 1, 0.8)  # no signature
+    with pytest.raises(CheckpointError, match="not signed by the FL server's key"):
+        sync_global_model(url, device)
+    other = tmp_path / "other-server"
+    save_checkpoint(server_root, 2, {"w": torch.zeros(2)}, 0.8, base_model="base",
+                    top_layers=0, sign=partial(sign, key=server_key(other)))
+    with pytest.raises(CheckpointError, match="not signed by the FL server's key"):
+        sync_global_model(url, device)
+    assert not (device.global_model_dir / LATEST).exists()

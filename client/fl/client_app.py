@@ -22,9 +22,14 @@ from meancache.client.fl.device import DeviceState
 from meancache.client.fl.run_config import ClientConfig
 from meancache.client.fl.train import local_threshold, pair_similarities, train_locally
 from meancache.shared.encoder import locate_model
-from meancache.shared.fl.weights import federated_names, federated_state, load_federated_state
+from meancache.shared.fl.weights import (
+    check_finite,
+    federated_names,
+    federated_state,
+    load_federated_state,
+)
 from meancache.shared.pairs import Pair, read_pairs
-from meancache.shared.threshold import score_thresholds
+from meancache.shared.threshold import check_threshold, score_thresholds
 from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
@@ -101,12 +106,15 @@ class Received:
 
 def receive(msg: Message, config: ClientConfig, node: dict[str, Any], keep_round: int
             ) -> Received:
-    """Load the global weights; on a real device also keep them (and the threshold)."""
-    model = _base_model(config.model.encoder_model, _models_dir(node))
+    """Load the global weights; on a real device also keep them (and the threshold).
+    A non-finite weight or an invalid threshold is refused (ValueError) before anything
+    is loaded or kept."""
+    threshold = check_threshold(msg.content["config"]["threshold"])
     arrays = msg.content["arrays"]
     state = arrays.to_torch_state_dict()
+    check_finite(state)
+    model = _base_model(config.model.encoder_model, _models_dir(node))
     load_federated_state(model, state)
-    threshold = float(msg.content["config"]["threshold"])
     if "data-dir" in node:
         DeviceState(Path(str(node["data-dir"]))).keep_global(
             state, threshold, keep_round, config.model.encoder_model, config.model.top_layers)
@@ -128,7 +136,14 @@ def train_reply(msg: Message, got: Received) -> Message:
     loss = train_locally(got.model, train_pairs, got.config.train)
     tuned = local_threshold(got.model, validation)
     names = federated_names(got.model, got.config.model.top_layers)
-    return _reply(msg, ArrayRecord(federated_state(got.model, names)), {
+    trained = federated_state(got.model, names)
+    try:
+        check_finite(trained)
+    except ValueError as exc:  # training diverged: send nothing of it
+        log.error("not sending this round's training: %s", exc)
+        return _reply(msg, got.arrays, {"num-examples": 0, "threshold": got.threshold,
+                                        "train-loss": 0.0, "skipped": 1})
+    return _reply(msg, ArrayRecord(trained), {
         "num-examples": len(train_pairs),
         "threshold": got.threshold if tuned is None else tuned,
         "train-loss": loss, "skipped": 0,

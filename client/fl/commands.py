@@ -14,13 +14,21 @@ def add_commands(fl: Any) -> None:
                       help="the FL server's SuperLink")
     join.add_argument("--port", type=int, default=9094, help="the SuperNode's local port")
     join.add_argument("--root-certificate", type=Path,
-                      help="the CA certificate, for TLS (None: insecure)")
+                      help="the CA certificate, for TLS (None: fl_root_certificate)")
+    join.add_argument("--insecure", action="store_true",
+                      help="allow a plain connection to a SuperLink on another host")
+    join.add_argument("--auth-key", type=Path, help="this device's private key, for a "
+                      "SuperLink started with --supernode-auth (its .pub registered there)")
     join.set_defaults(handler=run_join)
 
     sync = fl.add_parser("sync", help="download the newest global model and threshold",
                          formatter_class=formatter)
     sync.add_argument("--server", default="http://127.0.0.1:9100", metavar="URL",
                       help="the FL server's global-model endpoint")
+    sync.add_argument("--root-certificate", type=Path,
+                      help="the CA certificate of an https server (None: fl_root_certificate)")
+    sync.add_argument("--insecure", action="store_true",
+                      help="allow plain http to a server on another host")
     sync.set_defaults(handler=run_sync)
 
 
@@ -32,19 +40,25 @@ def run_join(args: argparse.Namespace, settings: Any) -> int:
 
     print(f"meancache fl join: training on {settings.data_dir} for {args.superlink}",
           file=sys.stderr, flush=True)
-    return run_foreground(supernode_command(args.superlink, args.port, settings.data_dir,
-                                            args.root_certificate),
-                          supernode_environment(settings.data_dir))
+    command = supernode_command(args.superlink, args.port, settings.data_dir,
+                                args.root_certificate or settings.fl_certificate,
+                                args.insecure or settings.fl_insecure, args.auth_key)
+    return run_foreground(command, supernode_environment(settings.data_dir))
 
 
 def run_sync(args: argparse.Namespace, settings: Any) -> int:
+    import dataclasses
+
     from meancache.client.fl.sync import sync_global_model
     from meancache.client.progress import ProgressBar
     from rich.console import Console
 
+    certificate = args.root_certificate or settings.fl_root_certificate
+    device = dataclasses.replace(settings, fl_insecure=args.insecure or settings.fl_insecure,
+                                 fl_root_certificate=str(certificate) if certificate else None)
     err = Console(stderr=True)
     with ProgressBar("downloading the global model", err) as progress:
-        result = sync_global_model(args.server, settings, progress)
+        result = sync_global_model(args.server, device, progress)
     if result.changed:
         print(f"installed the global model of round {result.round} (threshold "
               f"{result.threshold:.3f}); the cache re-embeds under it when it next opens")

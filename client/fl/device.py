@@ -11,9 +11,11 @@ from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings, load_settings
 from meancache.shared.encoder import locate_model
 from meancache.shared.encoder.fingerprint import model_fingerprint
-from meancache.shared.fl.checkpoint import save_checkpoint
+from meancache.shared.fl.checkpoint import prune_rounds, save_checkpoint
 
 log = logging.getLogger(__name__)
+
+KEEP_ROUNDS = 3  # global models kept on a device (the newest; older ones are deleted)
 
 
 class DeviceState:
@@ -31,5 +33,6 @@ class DeviceState:
         to it (and re-embeds) the next time it opens."""
         save_checkpoint(self.settings.global_model_dir, round_number, state, threshold,
                         self.base_version(encoder_model), top_layers)
+        prune_rounds(self.settings.global_model_dir, KEEP_ROUNDS)
         set_global_threshold(self.settings.cache_dir, threshold)
         log.info("kept global model of round %d (threshold %.4f)", round_number, threshold)

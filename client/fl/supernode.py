@@ -5,6 +5,7 @@ import subprocess
 from pathlib import Path
 
 import tomli_w
+from meancache.client.fl.transport import superlink_tls
 from meancache.shared.processes import flower_command, flower_environment
 
 
@@ -18,10 +19,17 @@ def write_node_config(data_dir: Path) -> Path:
 
 
 def supernode_command(superlink: str, port: int, data_dir: Path,
-                      root_certificate: Path | None) -> list[str]:
-    """flower-supernode training on ``data_dir`` (the ClientApp reads it from node config)."""
+                      root_certificate: Path | None, insecure: bool = False,
+                      auth_key: Path | None = None) -> list[str]:
+    """flower-supernode training on ``data_dir`` (the ClientApp reads it from node config):
+    TLS with ``root_certificate``; without one, only to loopback or when ``insecure``.
+    ``auth_key``: this device's private key, for a SuperLink that admits registered keys
+    only."""
+    root_certificate = superlink_tls(superlink, root_certificate, insecure)
     command = [flower_command("flower-supernode"), "--superlink", superlink,
                "--port", str(port), "--node-config", str(write_node_config(data_dir))]
+    if auth_key is not None:
+        command += ["--auth-supernode-private-key", str(auth_key)]
     if root_certificate is None:
         return [*command, "--insecure"]
     return [*command, "--root-certificates", str(root_certificate)]
@@ -35,10 +43,12 @@ def supernode_environment(data_dir: Path) -> dict[str, str]:
 
 
 def start_supernode(superlink: str, port: int, data_dir: Path,
-                    root_certificate: Path | None, log_file: Path) -> "subprocess.Popen[bytes]":
+                    root_certificate: Path | None, log_file: Path, insecure: bool = False
+                    ) -> "subprocess.Popen[bytes]":
     """Start the SuperNode in the background, its output going to ``log_file``."""
+    command = supernode_command(superlink, port, data_dir, root_certificate, insecure)
     log_file.parent.mkdir(parents=True, exist_ok=True)
     with log_file.open("ab") as log:  # the child keeps its own copy of the descriptor
         return subprocess.Popen(
-            supernode_command(superlink, port, data_dir, root_certificate),
+            command,
             env=supernode_environment(data_dir), stdout=log, stderr=subprocess.STDOUT)

@@ -2,12 +2,18 @@
 round (a new user) starts from what the federation learned.
 
 The weights are downloaded into a temporary directory inside the device's global-model
-dir, checked against the sha256 the server announced and only then installed with a
+dir, checked against the sha256 the server announced (whose description is verified against the
+server's Ed25519 signature when ``fl_server_public_key`` is set) and only then installed with a
 rename and a LATEST pointer swap (shared.fl.checkpoint.install_checkpoint): a broken or
 tampered download never replaces the model the device already has. The cache's global
 threshold is updated at once; the encoder switches to the new weights the next time the
 cache opens (client.encoder.load_device_encoder, which also refuses weights trained from a
 different base model and keeps the base model then).
+
+Downloads stay on the configured server (redirects are refused, and a ``weights_url`` must
+be a path on it), are capped in size (the description at MAX_DESCRIPTION_BYTES, the weights
+at ``max_weights_bytes``), and weights holding NaN or infinity are refused like a bad hash.
+Only the newest KEEP_ROUNDS global models stay on the device.
 
 Blocking (sync httpx): callers run it in a worker thread.
 """
@@ -17,14 +23,18 @@ import json
 import logging
 import os
 import shutil
+import ssl
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings
 from meancache.client.errors import SyncError
+from meancache.client.fl.device import KEEP_ROUNDS
+from meancache.client.fl.transport import http_verify
 from meancache.client.http_errors import error_message
 from meancache.shared.errors import CheckpointError
 from meancache.shared.fl.checkpoint import (
@@ -33,15 +43,22 @@ from meancache.shared.fl.checkpoint import (
     GlobalModel,
     install_checkpoint,
     latest_checkpoint,
+    prune_rounds,
     read_meta,
 )
+from meancache.shared.fl.signing import read_public_key, verify
+from meancache.shared.fl.weights import check_finite
 from meancache.shared.progress import Progress
 from meancache.shared.threshold import check_threshold
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 
 log = logging.getLogger(__name__)
 
 META_PATH = "/v1/global-model"
 CHUNK = 1 << 16
+MAX_DESCRIPTION_BYTES = 1 << 16
+MAX_WEIGHTS_BYTES = 2 << 30  # all of MPNet's weights take 0.4 GiB
 
 
 @dataclass(frozen=True)
@@ -60,7 +77,8 @@ class _Remote:
 
 
 def sync_global_model(url: str, settings: Settings, progress: Progress | None = None,
-                      timeout: float = 30.0) -> SyncResult:
+                      timeout: float = 30.0, max_weights_bytes: int = MAX_WEIGHTS_BYTES
+                      ) -> SyncResult:
     """Install the FL server's newest global model on this device unless it has it.
 
     ``progress(done_bytes, total_bytes)`` follows the download (total is 0 while the
@@ -69,15 +87,23 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
     """
     base = url.rstrip("/")
     root = settings.global_model_dir
-    with _client(base, timeout) as http:
+    verify_tls = http_verify(base, settings.fl_certificate, settings.fl_insecure)
+    with _client(base, timeout, verify_tls) as http:
         remote = _fetch_meta(http, base)
+        if settings.fl_server_public_key:
+            verify(remote.meta, read_public_key(settings.fl_server_public_key))
+        else:
+            log.warning("no fl_server_public_key set: the global model from %s is checked "
+                        "against its sha256 only", base)
         installed = _installed(root)
         if installed is not None and _same(installed[1], remote.meta):
             path, changed = installed[0], False
         elif installed is not None and installed[1].sha256 == remote.meta.sha256:
             path, changed = _relabel(root, installed[0], remote.meta), True  # same weights
         else:
-            path, changed = _download(http, base, remote, root, progress), True
+            path, changed = _download(http, base, remote, root, progress,
+                                      max_weights_bytes), True
+    prune_rounds(root, KEEP_ROUNDS)
     set_global_threshold(settings.cache_dir, remote.meta.threshold)
     if changed:
         log.info("installed global model of round %d (threshold %.4f) from %s",
@@ -87,9 +113,10 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
 
 
 # talking to the server -------------------------------------------------------------------
-def _client(base: str, timeout: float) -> httpx.Client:
+def _client(base: str, timeout: float, verify: ssl.SSLContext | bool) -> httpx.Client:
     try:
-        return httpx.Client(base_url=base, timeout=httpx.Timeout(timeout))
+        return httpx.Client(base_url=base, timeout=httpx.Timeout(timeout),
+                            follow_redirects=False, verify=verify)
     except (httpx.InvalidURL, ValueError) as exc:
         raise SyncError(f"{base!r} is not a usable FL server URL ({exc})") from None
 
@@ -102,6 +129,10 @@ def _check_status(response: httpx.Response, base: str) -> None:
     """Turn a non-2xx answer into a SyncError with the server's own message."""
     if response.is_success:
         return
+    if response.is_redirect:
+        raise SyncError(f"the FL server at {base} redirected {response.request.url.path} to "
+                        f"{response.headers.get('Location')!r}; meancache downloads only from "
+                        "the server it is configured with")
     response.read()
     raise SyncError(f"the FL server at {base} answered {response.status_code} for "
                     f"{response.request.url.path}: {error_message(response)}")
@@ -111,14 +142,20 @@ def _check_status(response: httpx.Response, base: str) -> None:
 
 def _fetch_meta(http: httpx.Client, base: str) -> _Remote:
     try:
-        response = http.get(META_PATH)
+        with http.stream("GET", META_PATH) as response:
+            if response.status_code == 404:
+                raise SyncError(f"the FL server at {base} has no global model yet")
+            _check_status(response, base)
+            text = b""
+            for chunk in response.iter_bytes(CHUNK):
+                text += chunk
+                if len(text) > MAX_DESCRIPTION_BYTES:
+                    raise SyncError(f"the FL server at {base} sent a global-model description "
+                                    f"of more than {MAX_DESCRIPTION_BYTES} bytes")
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         raise _unreachable(base, exc) from None
-    if response.status_code == 404:
-        raise SyncError(f"the FL server at {base} has no global model yet")
-    _check_status(response, base)
     try:
-        body = response.json()
+        body = json.loads(text)
     except ValueError:
         raise SyncError(f"the FL server at {base} sent a global-model description that is "
                         "not JSON") from None
@@ -145,12 +182,15 @@ def _parse_meta(body: Any, base: str) -> _Remote:
     try:
         meta = GlobalModel(number, float(threshold), sha, str(body["base_model"]),
                            int(body["top_layers"]), dict(body.get("metrics") or {}),
-                           float(body.get("created") or 0.0))
+                           float(body.get("created") or 0.0), str(body.get("signature") or ""))
     except (KeyError, TypeError, ValueError) as exc:
         raise invalid(f"{type(exc).__name__}: {exc}") from None
     weights_url = body.get("weights_url") or f"{META_PATH}/rounds/{number}/weights"
     if not isinstance(weights_url, str):
         raise invalid(f"weights_url {weights_url!r}")
+    parts = urlsplit(weights_url)
+    if parts.scheme or parts.netloc or not weights_url.startswith("/"):
+        raise invalid(f"weights_url {weights_url!r} is not a path on this server")
     return _Remote(meta, weights_url)
 
 
@@ -206,36 +246,55 @@ def _relabel(root: Path, current: Path, meta: GlobalModel) -> Path:
 
 
 def _download(http: httpx.Client, base: str, remote: _Remote, root: Path,
-              progress: Progress | None) -> Path:
+              progress: Progress | None, max_bytes: int) -> Path:
     tmp = _staging(root)
     try:
-        digest = _fetch_weights(http, base, remote, tmp / WEIGHTS, progress)
+        digest = _fetch_weights(http, base, remote, tmp / WEIGHTS, progress, max_bytes)
         if digest != remote.meta.sha256:
             raise CheckpointError(
                 f"the global model of round {remote.meta.round} downloaded from {base} does "
                 f"not match its sha256 (expected {remote.meta.sha256}, got {digest}); the "
                 "installed model was kept")
+        _check_weights(tmp / WEIGHTS, remote.meta.round, base)
         return _install(root, tmp, remote.meta)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone already once installed
 
 
+def _check_weights(path: Path, round_number: int, base: str) -> None:
+    """CheckpointError unless the file is safetensors holding only finite values."""
+    try:
+        check_finite(load_file(str(path)))
+    except (ValueError, OSError, SafetensorError) as exc:
+        raise CheckpointError(f"the global model of round {round_number} from {base} is not "
+                              f"usable ({exc}); the installed model was kept") from None
+
+
+def _too_big(base: str, max_bytes: int) -> SyncError:
+    return SyncError(f"the global model from {base} is larger than {max_bytes} bytes; "
+                     "refused")
+
+
 def _fetch_weights(http: httpx.Client, base: str, remote: _Remote, target: Path,
-                   progress: Progress | None) -> str:
+                   progress: Progress | None, max_bytes: int) -> str:
     """Stream the weights into ``target``; the sha256 of what was received."""
     digest = hashlib.sha256()
     try:
         with http.stream("GET", remote.weights_url) as response:
             _check_status(response, base)
             total = int(response.headers.get("Content-Length") or 0)
+            if total > max_bytes:
+                raise _too_big(base, max_bytes)
             done = 0
             with target.open("wb") as fh:
                 if progress:
                     progress(0, total)
                 for chunk in response.iter_bytes(CHUNK):
+                    done += len(chunk)
+                    if done > max_bytes:
+                        raise _too_big(base, max_bytes)
                     fh.write(chunk)
                     digest.update(chunk)
-                    done += len(chunk)
                     if progress:
                         progress(done, total)
             if progress and not total:

@@ -10,6 +10,7 @@ from meancache.client.tui.screens.chat import CHAT_BINDINGS, ChatScreen
 from meancache.shared.errors import MeanCacheError
 from textual import work
 from textual.app import App, SystemCommand
+from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,12 @@ class MeanCacheApp(App[None]):
         self.chat = ChatScreen(settings)
         if settings.keymap:
             self.set_keymap(settings.keymap)
+
+    def notify(self, message: str, *, title: str = "", severity: SeverityLevel = "information",
+               timeout: float | None = None, markup: bool = False) -> None:
+        """Always plain text: notifications quote servers' replies, file names and the
+        user's text, where "[" is a character, not the start of Rich markup."""
+        super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
 
     def on_mount(self) -> None:
         self.push_screen(self.chat)

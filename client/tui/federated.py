@@ -2,7 +2,6 @@
 user's SuperNode so the device takes part in rounds. Both are off until configured."""
 
 import subprocess
-from pathlib import Path
 
 from meancache.client.chat.session import ChatSession
 from meancache.client.config import Settings
@@ -62,11 +61,11 @@ class FederatedParticipation:
         if settings.fl_superlink is None:
             raise ConfigError("fl_superlink is not configured: set it in config.toml or "
                               "MEANCACHE_FL_SUPERLINK to the SuperLink's HOST:PORT")
-        certificate = (Path(settings.fl_root_certificate) if settings.fl_root_certificate
-                       else None)
         self.known_round = latest_round(settings)
         self.process = start_supernode(settings.fl_superlink, free_port(), settings.data_dir,
-                                       certificate, settings.data_dir / "logs" / "supernode.log")
+                                       settings.fl_certificate,
+                                       settings.data_dir / "logs" / "supernode.log",
+                                       settings.fl_insecure)
 
     def stop(self) -> None:
         """Terminate the SuperNode and wait for it (killing it if it will not stop)."""

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ class GlobalModel:
     top_layers: int
     metrics: dict[str, float] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
+    signature: str = ""  # the FL server's Ed25519 signature (shared.fl.signing); "": none
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -41,7 +43,10 @@ def round_dir(root: Path, round_number: int) -> Path:
 
 def save_checkpoint(root: Path, round_number: int, state: dict[str, torch.Tensor],
                     threshold: float, base_model: str, top_layers: int,
-                    metrics: dict[str, float] | None = None) -> GlobalModel:
+                    metrics: dict[str, float] | None = None,
+                    sign: Callable[[GlobalModel], GlobalModel] | None = None) -> GlobalModel:
+    """``sign``: the server's (shared.fl.signing.sign with its key), applied to the
+    metadata before it is written."""
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{round_number:04d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -49,6 +54,8 @@ def save_checkpoint(root: Path, round_number: int, state: dict[str, torch.Tensor
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / WEIGHTS))
     meta = GlobalModel(round_number, float(threshold), sha256_file(tmp / WEIGHTS), base_model,
                        top_layers, dict(metrics or {}))
+    if sign is not None:
+        meta = sign(meta)
     (tmp / META).write_text(json.dumps(meta.to_json(), indent=2))
     install_checkpoint(root, tmp, round_number)
     return meta
@@ -64,6 +71,18 @@ def install_checkpoint(root: Path, prepared: Path, round_number: int) -> Path:
     pointer.write_text(target.name)
     pointer.replace(root / LATEST)
     return target
+
+
+def prune_rounds(root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` round directories (a device needs the global
+    model it uses, not every one it ever received); returns those deleted. The one
+    LATEST names always stays."""
+    latest = latest_checkpoint(root)
+    rounds = sorted(root.glob("round-[0-9][0-9][0-9][0-9]"))
+    old = [path for path in rounds[:-keep] if path != latest] if keep > 0 else []
+    for path in old:
+        shutil.rmtree(path, ignore_errors=True)
+    return old
 
 
 def latest_checkpoint(root: Path) -> Path | None:

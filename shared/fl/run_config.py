@@ -48,6 +48,10 @@ def at_least(bound: float) -> tuple[Callable[[float], bool], str]:
     return (lambda value: value >= bound, f">= {bound:g}")
 
 
+def positive() -> tuple[Callable[[float], bool], str]:
+    return (lambda value: value > 0, "> 0")
+
+
 def share() -> tuple[Callable[[float], bool], str]:
     return (lambda value: 0.0 <= value <= 1.0, "between 0 and 1")
 

@@ -2,6 +2,10 @@
 
 Sending only the top layers (and the pooler) cuts each message by the share of the frozen
 layers; the frozen ones come from the base model every device already has.
+
+The embedding module (word, position and token-type tables) never travels, whatever the
+number of layers: the rows of the word-embedding table that a device's training changed
+are exactly the tokens its users typed.
 """
 
 import re
@@ -10,11 +14,13 @@ import torch
 from sentence_transformers import SentenceTransformer
 
 _LAYER = re.compile(r"\.encoder\.layer\.(\d+)\.")
+_EMBEDDINGS = ".embeddings."
 
 
 def federated_names(model: SentenceTransformer, top_layers: int = 0) -> list[str]:
-    """Parameter names that are trained and sent; ``top_layers`` = 0 means all of them."""
-    names = [name for name, _ in model.named_parameters()]
+    """Parameter names that are trained and sent; ``top_layers`` = 0 means every layer
+    (the embeddings never)."""
+    names = [name for name, _ in model.named_parameters() if _EMBEDDINGS not in name]
     if top_layers <= 0:
         return names
     layers = {int(m.group(1)) for name in names if (m := _LAYER.search(name))}
@@ -45,3 +51,11 @@ def freeze_all_but(model: SentenceTransformer, names: list[str]) -> None:
     keep = set(names)
     for name, param in model.named_parameters():
         param.requires_grad_(name in keep)
+
+
+def check_finite(state: dict[str, torch.Tensor]) -> None:
+    """ValueError naming the first tensor holding NaN or infinity: such weights would turn
+    every embedding into NaN (and, aggregated, poison every device)."""
+    for name, value in state.items():
+        if not torch.isfinite(value).all():
+            raise ValueError(f"the weights hold non-finite values ({name})")

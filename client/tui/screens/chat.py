@@ -16,6 +16,11 @@ from meancache.client.tui.federated import (
     sync_and_switch,
 )
 from meancache.client.tui.screens.attach import AttachScreen
+from meancache.client.tui.screens.confirm_delete import (
+    ConfirmDeleteScreen,
+    Deletion,
+    created_entries,
+)
 from meancache.client.tui.screens.conversations import ConversationChoice, ConversationsScreen
 from meancache.client.tui.screens.stats import StatsScreen, stats_rows
 from meancache.client.tui.text import printable
@@ -250,16 +255,31 @@ class ChatScreen(Screen[None]):
             if choice.action == "open" and choice.conversation_id:
                 self.show_conversation(store.load(choice.conversation_id))
             elif choice.action == "delete" and choice.conversation_id:
-                store.delete(choice.conversation_id)
-                if self.conversation.id == choice.conversation_id:
-                    self.show_conversation(Conversation())
-                self.notify("Chat deleted.")
-                self.action_conversations()
+                doomed = store.load(choice.conversation_id)
+                self.app.push_screen(ConfirmDeleteScreen(doomed),
+                                     lambda how: self._delete_confirmed(doomed, how))
             elif choice.action == "export" and choice.conversation_id:
                 path = self.export_conversation(store.load(choice.conversation_id))
                 self.notify(f"Exported to {path}", title="Export")
         except ConversationNotFoundError as exc:
             self.notify(str(exc), severity="error")
+
+    def _delete_confirmed(self, conversation: Conversation, how: Deletion | None) -> None:
+        if how is not None:
+            try:
+                self.session.conversations.delete(conversation.id)
+            except ConversationNotFoundError as exc:
+                self.notify(str(exc), severity="error")
+                return
+            dropped = 0
+            if how == "chat-and-cache":
+                dropped = sum(self.session.cache.delete(entry_id)
+                              for entry_id in created_entries(conversation))
+            if self.conversation.id == conversation.id:
+                self.show_conversation(Conversation())
+            self.notify("Chat deleted" + (f" with {dropped} cached answers." if dropped
+                                          else "."))
+        self.action_conversations()
 
     def export_conversation(self, conversation: Conversation) -> Path:
         directory = self.settings.data_dir / "exports"

@@ -1,0 +1,144 @@
+"""One device cannot move the global model or threshold far: the server screens every
+reply (fl_server.screening) and the device refuses a global model it cannot trust."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from meancache.client.fl.client_app import app as client_app
+from meancache.fl_server.app_declaration import default_run_config
+from meancache.fl_server.run_config import ServerConfig
+from meancache.fl_server.strategy import ThresholdFedAvg, weighted_median
+from sentence_transformers import SentenceTransformer
+
+from tests.test_fl import (  # noqa: F401 (tiny, tiny_dir: fixtures)
+    FEEDBACK,
+    device_context,
+    device_with_feedback,
+    message,
+    tiny,
+    tiny_dir,
+    train_message,
+)
+
+GLOBAL_TAU = 0.80
+SIZE = 6
+
+
+def defaults(**overrides: object) -> ServerConfig:
+    """The server's settings as the Flower app ships them."""
+    return ServerConfig.from_run_config({**default_run_config(), "checkpoint-dir": "ckpt",
+                                         **overrides})
+
+
+def strategy(aggregation: str = "fedavg") -> ThresholdFedAvg:
+    config = defaults(aggregation=aggregation)
+    return ThresholdFedAvg(GLOBAL_TAU, ArrayRecord({"w": torch.zeros(SIZE)}), config.limits,
+                           config.aggregation, min_train_nodes=1, min_available_nodes=1)
+
+
+def reply(node: int, threshold: float, examples: float, weights: torch.Tensor) -> Message:
+    return Message(RecordDict({
+        "arrays": ArrayRecord({"w": weights}),
+        "metrics": MetricRecord({"num-examples": examples, "threshold": threshold,
+                                 "train-loss": 0.1, "skipped": 0})}),
+        reply_to=message(RecordDict({"config": ConfigRecord({})}), dst=node))
+
+
+def honest() -> list[Message]:
+    """Four devices with small updates and thresholds near the global one."""
+    return [reply(i, GLOBAL_TAU + 0.01 * (i - 2), 100 + 10 * i, torch.full((SIZE,), 0.01 * i))
+            for i in range(1, 5)]
+
+
+@pytest.mark.parametrize("aggregation", ["fedavg", "median"])
+def test_one_device_claiming_huge_counts_barely_moves_the_threshold(aggregation: str) -> None:
+    clean, attacked = strategy(aggregation), strategy(aggregation)
+    clean_arrays, _ = clean.aggregate_train(1, honest())
+    attacker = reply(9, 0.5, 10**12, torch.full((SIZE,), 1000.0))
+    attacked_arrays, _ = attacked.aggregate_train(1, [*honest(), attacker])
+    assert abs(attacked.threshold - clean.threshold) <= 0.02
+    assert attacked.threshold >= GLOBAL_TAU - defaults().limits.threshold_band
+    moved = attacked_arrays.to_torch_state_dict()["w"]  # type: ignore[union-attr]
+    assert float(moved.norm()) <= defaults().limits.max_update_norm + 1e-6
+    screened = attacked.screened[1]
+    assert screened.clipped_updates == 1 and screened.clipped_thresholds == 1
+    assert clean_arrays is not None
+
+
+@pytest.mark.parametrize("bad", [
+    reply(9, float("nan"), 100, torch.zeros(SIZE)),
+    reply(9, 0.8, 1e-6, torch.zeros(SIZE)),
+    reply(9, 1e-6 - 1, 100, torch.zeros(SIZE)),
+    reply(9, 0.8, 100, torch.full((SIZE,), float("nan"))),
+    reply(9, 0.8, float("inf"), torch.zeros(SIZE)),
+    reply(9, 0.8, 100, torch.zeros(SIZE + 1)),
+], ids=["nan-threshold", "fractional-count", "negative-threshold", "nan-weights",
+        "infinite-count", "other-shape"])
+def test_a_malformed_reply_is_rejected_and_the_round_completes(bad: Message) -> None:
+    clean, attacked = strategy(), strategy()
+    expected, _ = clean.aggregate_train(1, honest())
+    arrays, metrics = attacked.aggregate_train(1, [*honest(), bad])
+    assert arrays is not None and metrics is not None
+    assert set(attacked.screened[1].rejected) == {9}
+    assert torch.allclose(arrays.to_torch_state_dict()["w"],
+                          expected.to_torch_state_dict()["w"])  # type: ignore[union-attr]
+    assert attacked.threshold == pytest.approx(clean.threshold)
+
+
+def test_counts_are_clamped_to_the_median() -> None:
+    run = strategy()
+    replies = [reply(1, 0.78, 100, torch.zeros(SIZE)), reply(2, 0.79, 100, torch.zeros(SIZE)),
+               reply(3, 0.82, 900, torch.zeros(SIZE))]
+    run.aggregate_train(1, replies)
+    assert run.threshold == pytest.approx((0.78 + 0.79 + 0.82) / 3)  # 900 counts as 100
+
+
+def test_weighted_median() -> None:
+    assert weighted_median([0.9, 0.1, 0.5], [1, 1, 1]) == 0.5
+    assert weighted_median([0.9, 0.1, 0.5], [10, 1, 1]) == 0.9
+
+
+def test_the_poisoning_bounds_are_validated() -> None:
+    with pytest.raises(ValueError, match="'max-update-norm' must be > 0"):
+        defaults(**{"max-update-norm": 0.0})
+    with pytest.raises(ValueError, match="'aggregation' must be one of"):
+        defaults(aggregation="mean")
+
+
+# the device's side ------------------------------------------------------------------------
+def test_a_device_refuses_a_global_model_it_cannot_use(
+    tmp_path: Path, tiny_dir: Path, tiny: SentenceTransformer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    context = device_context(tmp_path, tiny_dir)
+    bad_threshold = train_message(tiny, 1, threshold=float("nan"))
+    with pytest.raises(ValueError, match="threshold must lie strictly between"):
+        client_app(bad_threshold, context)
+    poisoned = train_message(tiny, 1)
+    state = poisoned.content["arrays"].to_torch_state_dict()
+    first = next(iter(state))
+    state[first] = torch.full_like(state[first], float("nan"))
+    poisoned.content["arrays"] = ArrayRecord(state)
+    with pytest.raises(ValueError, match="non-finite values"):
+        client_app(poisoned, context)
+    assert not (tmp_path / "fl" / "global").exists()  # nothing was kept
+
+
+def test_a_device_whose_training_diverged_sends_none_of_it(
+    tmp_path: Path, tiny_dir: Path, tiny: SentenceTransformer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    device_with_feedback(tmp_path, FEEDBACK)
+    context = device_context(tmp_path, tiny_dir)
+    context.run_config["learning-rate"] = 1e30  # the weights overflow to inf and NaN
+    sent = train_message(tiny, 1)
+    answer = client_app(sent, context)
+    metrics = answer.content["metrics"]
+    assert metrics["num-examples"] == 0 and metrics["skipped"] == 1
+    echoed = answer.content["arrays"].to_torch_state_dict()
+    original = sent.content["arrays"].to_torch_state_dict()
+    assert all(torch.equal(echoed[k], original[k]) for k in original)

@@ -1,0 +1,84 @@
+"""No configuration sends the embedding tables: the rows a device's training touched
+would say which tokens its users typed."""
+
+import math
+from pathlib import Path
+from statistics import NormalDist
+
+import pytest
+import torch
+from flwr.app import ArrayRecord
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from meancache.client.fl.client_app import app as client_app
+from meancache.fl_server.privacy import PrivacyLedger, SampledClientsDP
+from meancache.fl_server.screening import ReplyLimits
+from meancache.fl_server.strategy import ThresholdFedAvg
+from sentence_transformers import SentenceTransformer
+
+from tests.test_fl import (  # noqa: F401 (tiny, tiny_dir: fixtures)
+    FEEDBACK,
+    device_context,
+    device_with_feedback,
+    gaussian_rdp_epsilon,
+    tiny,
+    tiny_dir,
+    train_message,
+)
+from tests.test_fl_poisoning import reply
+
+
+@pytest.mark.parametrize("top_layers", [0, 1, 2, 3])  # the tiny encoder has 2 layers
+def test_no_embedding_row_is_in_any_outgoing_message(
+    tmp_path: Path, tiny_dir: Path, tiny: SentenceTransformer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch, top_layers: int
+) -> None:
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    device_with_feedback(tmp_path, FEEDBACK)
+    context = device_context(tmp_path, tiny_dir)
+    context.run_config["top-layers"] = top_layers
+    reply = client_app(train_message(tiny, top_layers), context)
+    assert not reply.has_error() and reply.content["metrics"]["num-examples"] > 0
+    wire = b"".join(o.deflate() for o in get_all_nested_objects(reply).values())
+    assert len(wire) > 10_000  # the trained layers did go out
+    sent = reply.content["arrays"].to_torch_state_dict()
+    assert not [name for name in sent if ".embeddings." in name]
+    tokens = tiny.tokenizer(" ".join(q for q, _, _ in FEEDBACK))["input_ids"]
+    table = dict(tiny.named_parameters())["0.model.embeddings.word_embeddings.weight"]
+    for token in set(tokens):
+        assert table[token].detach().numpy().tobytes() not in wire
+
+
+# central differential privacy -------------------------------------------------------------
+def test_with_dp_every_device_counts_once_and_the_noise_fits_those_averaged() -> None:
+    limits = ReplyLimits(max_examples=10**6, max_update_norm=1e6, threshold_band=1.0)
+    strategy = ThresholdFedAvg(0.8, ArrayRecord({"w": torch.zeros(3)}), limits,
+                               unweighted=True, min_train_nodes=1, min_available_nodes=1)
+    dp = SampledClientsDP(strategy, noise_multiplier=1e-9, clipping_norm=1.0, delta=1e-5)
+    replies = [reply(1, 0.80, 100, torch.full((3,), 1.0)),
+               reply(2, 0.70, 10, torch.full((3,), 4.0)),
+               reply(3, 0.75, 50, torch.full((3,), float("nan")))]  # rejected
+    arrays, _ = dp.aggregate_train(1, replies)
+    assert arrays is not None
+    assert torch.allclose(arrays.to_torch_state_dict()["w"], torch.full((3,), 2.5))
+    assert strategy.threshold == pytest.approx(0.75)  # unweighted as well
+    assert dp.num_sampled_clients == 2  # the noise is for the two averaged, not three
+    assert dp.ledger.releases == 1
+
+
+@pytest.mark.parametrize(("sigma", "rounds"), [(1.1, 1), (1.1, 3), (0.7, 10)])
+def test_the_reported_epsilon_matches_an_independent_computation(sigma: float, rounds: int
+                                                                 ) -> None:
+    ledger = PrivacyLedger(sigma, delta=1e-5)
+    assert ledger.spent()["epsilon"] == 0.0
+    for _ in range(rounds):
+        ledger.release()
+    spent = ledger.spent()
+    assert spent["epsilon"] == pytest.approx(gaussian_rdp_epsilon(sigma, rounds, 1e-5))
+    assert spent["delta"] == 1e-5 and spent["dp_releases"] == rounds
+    # It is an upper bound of the exact epsilon of the composed Gaussian mechanism
+    # (sigma / sqrt(rounds) for one release): its delta at the reported epsilon is <= 1e-5.
+    s = sigma / math.sqrt(rounds)
+    eps = spent["epsilon"]
+    exact_delta = (NormalDist().cdf(1 / (2 * s) - eps * s)
+                   - math.exp(eps) * NormalDist().cdf(-1 / (2 * s) - eps * s))
+    assert exact_delta <= 1e-5

@@ -1,0 +1,99 @@
+"""A device reaches the FL server over TLS whenever a root certificate is configured, and
+never plainly to another host unless the user says --insecure (and is warned)."""
+
+import dataclasses
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import uvicorn
+from meancache.client.config import Settings, load_settings
+from meancache.client.errors import ConfigError, SyncError
+from meancache.client.fl.supernode import supernode_command
+from meancache.client.fl.sync import sync_global_model
+from meancache.fl_server.model_endpoint import create_model_app
+from meancache.shared.processes import free_port
+
+from meancache.cli import main
+from tests.test_fl_sync import publish
+
+REMOTE = "203.0.113.7"  # TEST-NET-3: never reached, the refusal comes first
+SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "make-certificates.sh"
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return load_settings(config_dir=tmp_path / "cfg", data_dir=tmp_path / "data", environ={},
+                         encoder_model="minilm")
+
+
+@pytest.fixture(scope="module")
+def certificates(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("certs")
+    subprocess.run(["bash", str(SCRIPT), str(out)], check=True, capture_output=True)
+    return out
+
+
+def test_a_supernode_never_connects_plainly_to_another_host(
+    settings: Settings, certificates: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(ConfigError, match=f"refusing a plain .unencrypted. connection to "
+                                          f"{REMOTE}:9092.*--insecure"):
+        supernode_command(f"{REMOTE}:9092", 9094, settings.data_dir, None)
+    with_tls = supernode_command(f"{REMOTE}:9092", 9094, settings.data_dir,
+                                 certificates / "ca.crt")
+    assert with_tls[-2:] == ["--root-certificates", str(certificates / "ca.crt")]
+    assert "--insecure" not in with_tls
+    local = supernode_command("127.0.0.1:9092", 9094, settings.data_dir, None)
+    assert local[-1] == "--insecure"  # this machine's own server
+    assert "without TLS" not in capsys.readouterr().err
+    allowed = supernode_command(f"{REMOTE}:9092", 9094, settings.data_dir, None, insecure=True)
+    assert allowed[-1] == "--insecure"
+    assert "warning: connecting to 203.0.113.7:9092 without TLS" in capsys.readouterr().err
+
+
+def test_fl_join_and_sync_refuse_plain_remote_servers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    data = ["--data-dir", str(tmp_path / "data")]
+    assert main([*data, "fl", "join", "--superlink", f"{REMOTE}:9092"]) == 2
+    assert "refusing a plain (unencrypted) connection" in capsys.readouterr().err
+    assert main([*data, "fl", "sync", "--server", f"http://{REMOTE}:9100"]) == 2
+    assert "pass --insecure" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.fixture
+def https_url(tmp_path: Path, certificates: Path) -> Iterator[str]:
+    """The global-model endpoint over HTTPS, as `meancache fl server --certificates` runs
+    it."""
+    publish(tmp_path / "server", 1, 0.8)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(
+        create_model_app(tmp_path / "server"), host="127.0.0.1", port=port, log_config=None,
+        access_log=False, lifespan="off", ws="none",
+        ssl_certfile=str(certificates / "server.pem"),
+        ssl_keyfile=str(certificates / "server.key")))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline
+        time.sleep(0.01)
+    yield f"https://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_sync_over_https_trusts_the_configured_certificate(
+    https_url: str, settings: Settings, certificates: Path
+) -> None:
+    with pytest.raises(SyncError, match="CERTIFICATE_VERIFY_FAILED"):
+        sync_global_model(https_url, settings)  # the system's CAs do not know this server
+    trusting = dataclasses.replace(settings,
+                                   fl_root_certificate=str(certificates / "ca.crt"))
+    result = sync_global_model(https_url, trusting)
+    assert result.round == 1 and result.changed
