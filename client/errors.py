@@ -5,6 +5,7 @@
     │   ├── CacheAccessError
     │   ├── CacheCorruptError
     │   ├── CacheVersionError
+    │   ├── CacheWorkStopped
     │   └── EntryNotFoundError (KeyError)
     ├── ConfigError
     ├── SyncError
@@ -34,6 +35,11 @@ class CacheCorruptError(CacheError):
 
 class CacheVersionError(CacheError):
     """The cache was written by a newer meancache with a format this one does not know."""
+
+
+class CacheWorkStopped(CacheError):
+    """A background cache job (re-embedding, a PCA fit) was asked to stop: the cache is
+    closing. Raised through the job's progress callback; the next start resumes the work."""
 
 
 class EntryNotFoundError(CacheError, KeyError):

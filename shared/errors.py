@@ -27,6 +27,7 @@ and never the other way round)::
     │   ├── CacheAccessError
     │   ├── CacheCorruptError
     │   ├── CacheVersionError
+    │   ├── CacheWorkStopped
     │   └── EntryNotFoundError (KeyError)
     ├── ConfigError
     ├── SyncError

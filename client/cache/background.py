@@ -10,14 +10,10 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from meancache.client.errors import CacheWorkStopped
 from meancache.shared.progress import Progress
 
 log = logging.getLogger(__name__)
-
-
-class JobStopped(Exception):
-    """Raised through a job's progress callback once ``stop`` was asked for."""
-
 
 @dataclass(frozen=True)
 class JobStatus:
@@ -49,14 +45,14 @@ class BackgroundWork:
     def _run(self, label: str, job: Callable[[Progress], object]) -> None:
         def progress(done: int, total: int) -> None:
             if self._stop.is_set():
-                raise JobStopped
+                raise CacheWorkStopped(f"{label} was asked to stop")
             with self._lock:
                 self._status = JobStatus(label, done, total)
 
         try:
             job(progress)
             self.last_error = None
-        except JobStopped:
+        except CacheWorkStopped:
             log.info("%s stopped before it finished; it resumes on the next start", label)
         except Exception as exc:  # a failed job must not kill the app; lookups go on
             log.exception("%s failed", label)
