@@ -39,6 +39,7 @@ and never the other way round)::
         ├── BadRequest
         ├── InvalidApiKeyError
         ├── RequestTooLargeError
+        ├── UnknownModelError
         ├── ModelLoadError
         │   └── UnsupportedModelError
         └── PromptTooLongError

@@ -58,7 +58,8 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
             raise BadRequest(f"the request body is not valid JSON: {exc}") from None
 
     async def chat(request: Request) -> Response:
-        chat_request = parse_chat_request(await read_json(request), settings.default_max_tokens)
+        chat_request = parse_chat_request(await read_json(request), settings.default_max_tokens,
+                                          model_name)
         prepared = await worker.call(lambda: engine.prepare_messages(chat_request.messages))
         engine.check_fits(prepared, chat_request.params)
         completion = Completion(model_name)
