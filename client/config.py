@@ -7,6 +7,7 @@ The TOML file lives in the platform's user config dir (``MEANCACHE_CONFIG_DIR`` 
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
 
 APP_NAME = "meancache"
 ENV_PREFIX = "MEANCACHE_"
+EMBEDDED_MODEL = "builtin:gemma-3-270m"  # a real model: what runs when none is named
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,9 @@ class Settings:
     tune_min_per_class: int = 5
     log_level: str = "INFO"
     upstream_url: str | None = None  # None: the chat starts an embedded upstream
-    upstream_model: str = "builtin:gemma-3-270m"  # what `upstream serve` and the embedded one run
+    # The model asked for: `upstream serve` and the embedded upstream run it (unset:
+    # EMBEDDED_MODEL); an external upstream is sent its name (unset: the first it lists).
+    upstream_model: str | None = None
     upstream_api_key: str | None = None  # the bearer key the upstream asks for / is sent
     answer_max_tokens: int = 512
     temperature: float = 0.0  # greedy: a cached answer should be the model's best one
@@ -47,6 +51,10 @@ class Settings:
     fl_server_url: str | None = None  # the FL server's global-model endpoint (sync)
     fl_superlink: str | None = None  # HOST:PORT of the SuperLink the chat may join
     fl_root_certificate: str | None = None  # the FL CA certificate, for TLS
+
+    @property
+    def embedded_model(self) -> str:
+        return self.upstream_model or EMBEDDED_MODEL
 
     @property
     def config_file(self) -> Path:
@@ -141,6 +149,21 @@ def _keymap(value: Any, where: str) -> dict[str, str]:
     ):
         raise ConfigError(f"{where}: keymap must map binding ids to keys")
     return dict(value)
+
+
+def with_upstream(settings: Settings, url: str | None = None, api_key: str | None = None,
+                  model: str | None = None, environ: Mapping[str, str] | None = None
+                  ) -> Settings:
+    """The chat's upstream: flags win over settings. When neither names an upstream,
+    ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` do, as for any OpenAI client (the key is
+    never sent to an upstream named elsewhere)."""
+    env = os.environ if environ is None else environ
+    if not (url or settings.upstream_url) and env.get("OPENAI_BASE_URL", "").strip():
+        url = env["OPENAI_BASE_URL"].strip()
+        api_key = api_key or settings.upstream_api_key or env.get("OPENAI_API_KEY") or None
+    return replace(settings, upstream_url=url or settings.upstream_url,
+                   upstream_api_key=api_key or settings.upstream_api_key,
+                   upstream_model=model or settings.upstream_model)
 
 
 def load_settings(

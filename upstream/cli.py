@@ -35,7 +35,7 @@ def run_serve(args: argparse.Namespace, settings: Any) -> int:
     from meancache.upstream.server.serve import serve
 
     serve(
-        model=args.model or settings.upstream_model,
+        model=args.model or settings.embedded_model,
         host=args.host,
         port=args.port,
         settings=ServerSettings(

@@ -13,7 +13,7 @@ from meancache.client.chat.conversations import ConversationStore
 from meancache.client.config import Settings
 from meancache.client.encoder import load_device_encoder
 from meancache.client.errors import ConfigError
-from meancache.client.upstream_client import UpstreamClient
+from meancache.client.upstream_client import UpstreamClient, check_upstream
 from meancache.shared.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -48,22 +48,28 @@ class ChatSession:
     def open(cls, settings: Settings, progress: Progress | None = None,
              start_upstream: UpstreamStarter | None = None,
              upstream_progress: Progress | None = None) -> "ChatSession":
-        """Load the encoder and cache, and start the embedded upstream if no URL is set.
+        """Load the encoder and cache; check an external upstream (it answers, takes the
+        key, serves the model) or start the embedded one if no URL is set.
 
         Blocking (seconds on the first run, which exports the encoder to ONNX): call it
         from a worker thread in the app.
         """
+        url, model = settings.upstream_url, None
+        if url:  # checked first: a wrong URL, key or model fails at once
+            model = check_upstream(url, settings.upstream_api_key, settings.upstream_model)
+        elif start_upstream is None:
+            raise ConfigError("no upstream_url is configured: set it, or pass --upstream URL")
         encoder = load_device_encoder(settings)
         cache = SemanticCache(settings.cache_dir, encoder, settings.cache_settings(), progress)
         embedded = None
-        if settings.upstream_url:
-            url, label = settings.upstream_url, f"upstream {settings.upstream_url}"
-        elif start_upstream is None:
-            raise ConfigError("no upstream_url is configured: set it, or pass --upstream URL")
+        if url:
+            label = f"upstream {url} · {model}"
         else:
-            embedded = start_upstream(settings.upstream_model, settings.data_dir, upstream_progress)
+            assert start_upstream is not None
+            embedded = start_upstream(settings.embedded_model, settings.data_dir,
+                                      upstream_progress)
             url, label = embedded.url, f"embedded upstream: {embedded.label}"
-        upstream = UpstreamClient(url, settings.upstream_api_key)
+        upstream = UpstreamClient(url, settings.upstream_api_key, model)
         conversations = ConversationStore(settings.conversations_dir)
         answers = AnswerService(cache, upstream, conversations, settings.answer_max_tokens,
                                 settings.temperature)
