@@ -22,6 +22,7 @@ from meancache.client.config import Settings, with_upstream
 from meancache.client.progress import ProgressBar
 from meancache.shared.errors import MeanCacheError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -162,6 +163,9 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     with err.status("loading the cache and the upstream"):
         with ProgressBar("re-embedding cached queries", err) as progress:
             session = ChatSession.open(settings, progress, args.start_upstream)
+    if session.upstream_problem is not None:
+        err.print(f"[yellow]warning:[/] {escape(session.upstream_problem)}; answering from "
+                  "the cache only", highlight=False, soft_wrap=True)
     run_ask(session, " ".join(args.question), args.conversation, args.json)
     return 0
 

@@ -10,7 +10,7 @@ from meancache.client.chat.conversations import ConversationStore
 from meancache.client.tui.text import printable
 
 from meancache.cli import main
-from tests.upstream_server import scripted_upstream
+from tests.upstream_server import free_port, scripted_upstream
 
 QUESTION = "How do I reverse a list in Python?"
 PARAPHRASE = "how can I reverse a python list?"
@@ -95,3 +95,16 @@ def test_ask_shows_an_empty_answer_with_the_finish_reason(
         refused = capsys.readouterr().err.replace("\n", "")
     assert out.startswith(" \n(empty answer; the server stopped: stop)\n\n[upstream · ")
     assert f"the upstream at {stub}/locked/v1 refused the API key (401" in refused
+
+
+def test_ask_warns_of_an_unreachable_upstream_and_still_answers_from_the_cache(
+        data_dir: Path, upstream_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ask", QUESTION, "--upstream", upstream_url]) == 0
+    capsys.readouterr()
+    gone = f"http://127.0.0.1:{free_port()}/v1"
+    assert main(["ask", QUESTION, "--upstream", gone, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["source"] == "cache"
+    assert captured.err.replace("\n", "").startswith(
+        f"warning: cannot reach the upstream at {gone} (")
+    assert "answering from the cache only" in captured.err.replace("\n", "")

@@ -12,7 +12,7 @@ from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import ConversationStore
 from meancache.client.config import Settings
 from meancache.client.encoder import load_device_encoder
-from meancache.client.errors import ConfigError
+from meancache.client.errors import ConfigError, UpstreamUnavailableError
 from meancache.client.upstream_client import UpstreamClient, check_upstream
 from meancache.shared.progress import Progress
 
@@ -43,27 +43,33 @@ class ChatSession:
     conversations: ConversationStore
     upstream_label: str  # what the screen says about where answers come from
     embedded: EmbeddedUpstream | None = None  # in-process upstream when no URL is set
+    upstream_problem: str | None = None  # why the upstream could not be reached at start
 
     @classmethod
     def open(cls, settings: Settings, progress: Progress | None = None,
              start_upstream: UpstreamStarter | None = None,
              upstream_progress: Progress | None = None) -> "ChatSession":
-        """Load the encoder and cache; check an external upstream (it answers, takes the
-        key, serves the model) or start the embedded one if no URL is set.
+        """Load the encoder and cache; check an external upstream (a refused key or an
+        unknown model is an error; an unreachable one is noted in ``upstream_problem``, as
+        the cache can still answer) or start the embedded one if no URL is set.
 
         Blocking (seconds on the first run, which exports the encoder to ONNX): call it
         from a worker thread in the app.
         """
-        url, model = settings.upstream_url, None
-        if url:  # checked first: a wrong URL, key or model fails at once
-            model = check_upstream(url, settings.upstream_api_key, settings.upstream_model)
+        url, model, problem = settings.upstream_url, None, None
+        if url:  # checked first: a wrong key or model fails at once
+            try:
+                model = check_upstream(url, settings.upstream_api_key, settings.upstream_model)
+            except UpstreamUnavailableError as exc:  # the cache still answers what it holds
+                model, problem = settings.upstream_model, str(exc)
         elif start_upstream is None:
             raise ConfigError("no upstream_url is configured: set it, or pass --upstream URL")
         encoder = load_device_encoder(settings)
         cache = SemanticCache(settings.cache_dir, encoder, settings.cache_settings(), progress)
         embedded = None
         if url:
-            label = f"upstream {url} · {model}"
+            label = (f"upstream {url}" + (f" · {model}" if model else "")
+                     + (" (unreachable at start)" if problem else ""))
         else:
             assert start_upstream is not None
             embedded = start_upstream(settings.embedded_model, settings.data_dir,
@@ -73,7 +79,7 @@ class ChatSession:
         conversations = ConversationStore(settings.conversations_dir)
         answers = AnswerService(cache, upstream, conversations, settings.answer_max_tokens,
                                 settings.temperature)
-        return cls(settings, cache, answers, conversations, label, embedded)
+        return cls(settings, cache, answers, conversations, label, embedded, problem)
 
     async def aclose(self) -> None:
         await self.answers.upstream.aclose()
