@@ -102,7 +102,7 @@ def test_defaults_and_nulls_of_unsupported_fields_are_accepted(client: openai.Op
     completion = client.chat.completions.create(
         model=MODEL, messages=HELLO, max_tokens=2, n=1, logprobs=False, tools=[],
         response_format={"type": "text"}, frequency_penalty=0, presence_penalty=None,
-        metadata={"run": "conformance"}, store=False)
+        metadata={"run": "conformance"}, store=False, temperature=None, stop=None)
     assert len(completion.choices) == 1
 
 

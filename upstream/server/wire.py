@@ -69,8 +69,11 @@ def parse_chat_request(body: Any, default_max_tokens: int, served_model: str) ->
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     _refuse_unsupported(body)
-    model = body.get("model")
-    if model is not None and model != served_model:
+    body = {name: value for name, value in body.items() if value is not None}  # null: unset
+    model = body.get("model", served_model)
+    if not isinstance(model, str):
+        raise BadRequest("'model' must be a string", "model")
+    if model != served_model:
         raise UnknownModelError(f"the model {model!r} does not exist here; this server serves "
                                 f"{served_model!r} (GET /v1/models lists it)", "model")
     messages = body.get("messages")
