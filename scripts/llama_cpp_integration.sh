@@ -20,6 +20,11 @@ WORK=$(mktemp -d)
 SERVER_PID=""
 
 cleanup() {
+    local status=$?
+    if [[ $status -ne 0 && -s "$WORK/server.log" ]]; then
+        echo "failed ($status); the end of llama.cpp's server log:" >&2
+        tail -n 20 "$WORK/server.log" >&2
+    fi
     if [[ -n "$SERVER_PID" ]]; then
         kill "$SERVER_PID" 2>/dev/null || true
         wait "$SERVER_PID" 2>/dev/null || true
