@@ -25,11 +25,11 @@ async def ask(session: ChatSession, question: str, conversation_id: str | None,
             "answer": turn.answer, "source": turn.source, "similarity": turn.similarity,
             "matched_query": turn.matched_query, "conversation": conversation.id,
             "ttft_ms": None if turn.ttft_seconds is None else turn.ttft_seconds * 1000,
-            "cached_tokens": turn.cached_tokens,
+            "cached_tokens": turn.cached_tokens, "finish_reason": turn.finish_reason,
         }, ensure_ascii=False))
     else:
-        if turn.source.from_cache:  # not streamed
-            sys.stdout.write(printable(turn.answer))
+        if turn.source.from_cache or turn.empty:  # not streamed, or nothing to see
+            sys.stdout.write(printable(turn.shown_answer))
         sys.stdout.write(f"\n\n[{printable(turn.badge)}; conversation {conversation.id}]\n")
     return turn
 

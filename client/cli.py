@@ -18,10 +18,11 @@ import numpy as np
 from meancache.client.cache import repair
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.summary import stored_stats
-from meancache.client.config import Settings
+from meancache.client.config import Settings, with_upstream
 from meancache.client.progress import ProgressBar
 from meancache.shared.errors import MeanCacheError
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 if TYPE_CHECKING:
@@ -152,11 +153,7 @@ def cmd_cache_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 # ask ---------------------------------------------------------------------------------
 def _chat_settings(args: argparse.Namespace, settings: Settings) -> Settings:
-    return dataclasses.replace(
-        settings,
-        upstream_url=args.upstream or settings.upstream_url,
-        upstream_api_key=args.api_key or settings.upstream_api_key,
-    )
+    return with_upstream(settings, args.upstream, args.api_key, args.model)
 
 
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
@@ -168,6 +165,9 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     with err.status("loading the cache and the upstream"):
         with ProgressBar("re-embedding cached queries", err) as progress:
             session = ChatSession.open(settings, progress, args.start_upstream)
+    if session.upstream_problem is not None:
+        err.print(f"[yellow]warning:[/] {escape(session.upstream_problem)}; answering from "
+                  "the cache only", highlight=False, soft_wrap=True)
     run_ask(session, " ".join(args.question), args.conversation, args.json)
     return 0
 
@@ -213,6 +213,19 @@ def cmd_eval_pairs(args: argparse.Namespace, settings: Settings) -> int:
 
 
 # parser ------------------------------------------------------------------------------
+def _add_upstream_options(command: argparse.ArgumentParser) -> None:
+    """--upstream, --model and --api-key: where chat and ask get answers from."""
+    command.add_argument("--upstream", metavar="URL", help="an OpenAI-compatible server, "
+                         "with or without /v1 (default: upstream_url in config.toml, else "
+                         "OPENAI_BASE_URL, else start the embedded one)")
+    command.add_argument("--model", help="the model to ask for (default: upstream_model in "
+                         "config.toml; else the first the upstream lists, or the embedded "
+                         "builtin:gemma-3-270m)")
+    command.add_argument("--api-key", help="bearer key for the upstream (default: "
+                         "upstream_api_key in config.toml or MEANCACHE_UPSTREAM_API_KEY; "
+                         "OPENAI_API_KEY goes with OPENAI_BASE_URL)")
+
+
 def add_commands(commands: Any, start_upstream: "UpstreamStarter") -> None:
     """Register the device's commands; ``start_upstream`` runs the embedded upstream."""
     cache = commands.add_parser("cache", help="inspect and manage the semantic cache")
@@ -237,20 +250,14 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter") -> None:
     demo.set_defaults(handler=cmd_cache_demo)
 
     chat = commands.add_parser("chat", help="the chat app (terminal UI)")
-    chat.add_argument("--upstream", metavar="URL", help="an OpenAI-compatible server "
-                      "(default: upstream_url in config.toml, else start the embedded one)")
-    chat.add_argument("--api-key", help="bearer key for --upstream "
-                      "(default: upstream_api_key in config.toml or MEANCACHE_UPSTREAM_API_KEY)")
+    _add_upstream_options(chat)
     chat.set_defaults(handler=cmd_chat, start_upstream=start_upstream)
 
     ask = commands.add_parser("ask", help="answer one question (cache, then upstream)")
     ask.add_argument("question", nargs="+", help="the question (its words are joined)")
     ask.add_argument("--conversation", metavar="ID",
                      help="continue this conversation (default: a new one)")
-    ask.add_argument("--upstream", metavar="URL", help="an OpenAI-compatible server "
-                     "(default: upstream_url in config.toml, else start the embedded one)")
-    ask.add_argument("--api-key", help="bearer key for --upstream "
-                     "(default: upstream_api_key in config.toml or MEANCACHE_UPSTREAM_API_KEY)")
+    _add_upstream_options(ask)
     ask.add_argument("--json", action="store_true", help="one JSON object for scripts")
     ask.set_defaults(handler=cmd_ask, start_upstream=start_upstream)
 

@@ -7,6 +7,7 @@ The TOML file lives in the platform's user config dir (``MEANCACHE_CONFIG_DIR`` 
 
 import os
 import tomllib
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
 APP_NAME = "meancache"
 ENV_PREFIX = "MEANCACHE_"
+EMBEDDED_MODEL = "builtin:gemma-3-270m"  # a real model: what runs when none is named
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,9 @@ class Settings:
     tune_min_per_class: int = 5
     log_level: str = "INFO"
     upstream_url: str | None = None  # None: the chat starts an embedded upstream
-    upstream_model: str = "builtin:gemma-3-270m"  # what `upstream serve` and the embedded one run
+    # The model asked for: `upstream serve` and the embedded upstream run it (unset:
+    # EMBEDDED_MODEL); an external upstream is sent its name (unset: the first it lists).
+    upstream_model: str | None = None
     upstream_api_key: str | None = None  # the bearer key the upstream asks for / is sent
     answer_max_tokens: int = 512
     temperature: float = 0.0  # greedy: a cached answer should be the model's best one
@@ -54,6 +58,10 @@ class Settings:
     # The FL server's signing-key.pub (its one line, or the file's path): set, a global
     # model is installed only with the server's signature (shared.fl.signing).
     fl_server_public_key: str | None = None
+
+    @property
+    def embedded_model(self) -> str:
+        return self.upstream_model or EMBEDDED_MODEL
 
     @property
     def config_file(self) -> Path:
@@ -154,6 +162,21 @@ def _keymap(value: Any, where: str) -> dict[str, str]:
     ):
         raise ConfigError(f"{where}: keymap must map binding ids to keys")
     return dict(value)
+
+
+def with_upstream(settings: Settings, url: str | None = None, api_key: str | None = None,
+                  model: str | None = None, environ: Mapping[str, str] | None = None
+                  ) -> Settings:
+    """The chat's upstream: flags win over settings. When neither names an upstream,
+    ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` do, as for any OpenAI client (the key is
+    never sent to an upstream named elsewhere)."""
+    env = os.environ if environ is None else environ
+    if not (url or settings.upstream_url) and env.get("OPENAI_BASE_URL", "").strip():
+        url = env["OPENAI_BASE_URL"].strip()
+        api_key = api_key or settings.upstream_api_key or env.get("OPENAI_API_KEY") or None
+    return replace(settings, upstream_url=url or settings.upstream_url,
+                   upstream_api_key=api_key or settings.upstream_api_key,
+                   upstream_model=model or settings.upstream_model)
 
 
 def load_settings(

@@ -1,5 +1,8 @@
 """Talking to the upstream: any OpenAI-compatible server, plus meancache's PML schemas.
 
+A base URL is taken with or without its ``/v1`` (``http://host:8080`` and
+``http://host:8080/v1/`` name the same server), as OpenAI clients take ``OPENAI_BASE_URL``.
+
 Streams chat completions over SSE (httpx-sse). Only the connection is retried (httpx's
 transport retries, with backoff): nothing has been sent then, so an answer is never
 restarted. Every transport or HTTP failure becomes an UpstreamRequestError subclass with a
@@ -16,6 +19,51 @@ from httpx_sse import EventSource, SSEError, aconnect_sse
 from meancache.client.errors import UpstreamRejectedError, UpstreamUnavailableError
 from meancache.client.http_errors import describe, error_message
 from meancache.shared.pml import PML_MEDIA_TYPE
+
+
+def api_root(url: str) -> str:
+    """The server's root: ``url`` without trailing slashes and without a final ``/v1``."""
+    root = url.strip().rstrip("/")
+    return root.removesuffix("/v1").rstrip("/")
+
+
+def check_upstream(url: str, api_key: str | None, model: str | None,
+                   timeout: float = 10.0) -> str:
+    """Ask ``GET /v1/models`` before the first question; return the model to ask for
+    (``model``, or the first the server lists). Every failure is one line naming ``url``:
+    unreachable, the key refused, or the model not served (with the models it serves)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        with httpx.Client(timeout=timeout, headers=headers,
+                          transport=httpx.HTTPTransport(retries=1)) as http:
+            response = http.get(f"{api_root(url)}/v1/models")
+    except httpx.TransportError as exc:
+        raise UpstreamUnavailableError(
+            f"cannot reach the upstream at {url} ({describe(exc)}); is it running?") from None
+    status = response.status_code
+    if status in (401, 403):
+        raise UpstreamRejectedError(
+            f"the upstream at {url} refused the API key ({status}: {error_message(response)}); "
+            "pass --api-key, or set upstream_api_key or OPENAI_API_KEY", status)
+    if status >= 400:
+        message = (f"the upstream at {url} answered GET /v1/models with {status}: "
+                   f"{error_message(response)}")
+        if status == 429 or status >= 500:
+            raise UpstreamUnavailableError(message)
+        raise UpstreamRejectedError(message, status)
+    try:
+        served = [str(entry["id"]) for entry in response.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise UpstreamRejectedError(
+            f"the upstream at {url} did not answer GET /v1/models with a model list; is it "
+            "an OpenAI-compatible server?", status) from None
+    if model is not None and model not in served:
+        raise UpstreamRejectedError(
+            f"the upstream at {url} does not serve the model {model!r}; it serves: "
+            f"{', '.join(served) or 'none'} (choose with --model or upstream_model)", 404)
+    if not served:
+        raise UpstreamRejectedError(f"the upstream at {url} serves no model", 404)
+    return model or served[0]
 
 
 @dataclass(frozen=True)
@@ -38,10 +86,10 @@ class UpstreamClient:
                  connect_timeout: float = 5.0, read_timeout: float = 120.0,
                  connect_retries: int = 3) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.base_url = base_url.rstrip("/")
+        self.base_url = base_url.strip().rstrip("/")  # as given: error messages name it
         self.model = model
         self._http = httpx.AsyncClient(
-            base_url=self.base_url, headers=headers,
+            base_url=api_root(base_url), headers=headers,
             timeout=httpx.Timeout(read_timeout, connect=connect_timeout),
             transport=httpx.AsyncHTTPTransport(retries=connect_retries),
         )

@@ -40,6 +40,7 @@ and never the other way round)::
         ├── BadRequest
         ├── InvalidApiKeyError
         ├── RequestTooLargeError
+        ├── UnknownModelError
         ├── ModelLoadError
         │   └── UnsupportedModelError
         ├── PromptTooLongError

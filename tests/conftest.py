@@ -19,6 +19,9 @@ DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 # `meancache` processes they start run the packaged MiniLM unless a test says otherwise
 # (tests/test_mpnet.py assembles MPNet once per session).
 os.environ["MEANCACHE_ENCODER_MODEL"] = "minilm"
+# A developer's own OpenAI settings would name the upstream of every `meancache ask`.
+for variable in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):
+    os.environ.pop(variable, None)
 
 CacheFactory = Callable[..., SemanticCache]
 

@@ -3,7 +3,7 @@ it serves, what it caches, and that every answered or corrected turn is saved.""
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,7 @@ from meancache.client.chat.conversations import Conversation, ConversationStore
 from meancache.client.upstream_client import UpstreamClient, UpstreamUnavailableError
 from meancache.shared.pairs import Pair
 
-from tests.upstream_server import free_port
+from tests.upstream_server import free_port, scripted_upstream
 
 CacheFactory = Callable[..., SemanticCache]
 
@@ -167,3 +167,32 @@ def test_conversation_files_keep_their_source_strings(store: ConversationStore) 
     store.save(conversation)
     saved = json.loads((store.directory / "abc123.json").read_text())
     assert [t["source"] for t in saved["turns"]] == ["pack", "upstream"]
+
+
+@pytest.fixture(scope="module")
+def stub_url() -> Iterator[str]:
+    with scripted_upstream() as url:
+        yield url
+
+
+def test_an_empty_answer_is_shown_as_such_never_cached_and_rejectable(
+        make_cache: CacheFactory, store: ConversationStore, stub_url: str) -> None:
+    answers = service(make_cache, store, f"{stub_url}/empty/v1")
+    conversation = Conversation()
+
+    async def run() -> None:
+        turn = await answers.answer(conversation, QUESTION)
+        assert (turn.source, turn.answer, turn.entry_id) == (Source.UPSTREAM, " \n", None)
+        assert turn.shown_answer == "(empty answer; the server stopped: stop)"
+        again = await answers.answer(conversation, QUESTION)
+        assert again.source is Source.UPSTREAM  # not served from the cache either
+        correction = await answers.reject(conversation, 1)
+        assert correction.threshold is None  # nothing was cached, so tau stays
+        assert correction.turn.replaced == " \n"
+        assert "replaced an empty answer" in correction.turn.badge
+
+    asyncio.run(run())
+    assert len(answers.cache) == 0 and answers.cache.stats().rejections == 0
+    saved = store.load(conversation.id)
+    assert [t.finish_reason for t in saved.turns] == ["stop", "stop"]
+    assert saved.turns[1].replaced == " \n"

@@ -10,6 +10,7 @@ from meancache.client.chat.conversations import ConversationStore
 from meancache.client.tui.text import printable
 
 from meancache.cli import main
+from tests.upstream_server import free_port, scripted_upstream
 
 QUESTION = "How do I reverse a list in Python?"
 PARAPHRASE = "how can I reverse a python list?"
@@ -61,3 +62,49 @@ def test_ask_in_an_unknown_conversation_fails_clearly(
     assert "Traceback" not in captured.err
     assert captured.out == ""
     assert list((data_dir / "conversations").glob("*.json")) == []
+
+
+def test_ask_takes_a_v1_base_url_and_checks_the_model_first(
+        data_dir: Path, upstream_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ask", QUESTION, "--upstream", f"{upstream_url}/v1/", "--json",
+                 "--model", "builtin:tiny"]) == 0
+    assert json.loads(capsys.readouterr().out)["source"] == "upstream"
+    assert main(["ask", QUESTION, "--upstream", f"{upstream_url}/v1",
+                 "--model", "gpt-4o"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.count("\n") == 1 and captured.out == ""
+    assert f"the upstream at {upstream_url}/v1 does not serve the model 'gpt-4o'; it serves: " \
+           "builtin:tiny" in captured.err.replace("\n", "")
+
+
+def test_ask_reads_openai_base_url_when_nothing_names_an_upstream(
+        data_dir: Path, upstream_url: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", f"{upstream_url}/v1")
+    monkeypatch.setenv("OPENAI_API_KEY", "unused-by-this-server")
+    assert main(["ask", QUESTION, "--json"]) == 0  # no embedded upstream was started
+    assert json.loads(capsys.readouterr().out)["source"] == "upstream"
+
+
+def test_ask_shows_an_empty_answer_with_the_finish_reason(
+        data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with scripted_upstream() as stub:
+        assert main(["ask", QUESTION, "--upstream", f"{stub}/empty/v1"]) == 0
+        out = capsys.readouterr().out
+        assert main(["ask", QUESTION, "--upstream", f"{stub}/locked/v1"]) == 2
+        refused = capsys.readouterr().err.replace("\n", "")
+    assert out.startswith(" \n(empty answer; the server stopped: stop)\n\n[upstream · ")
+    assert f"the upstream at {stub}/locked/v1 refused the API key (401" in refused
+
+
+def test_ask_warns_of_an_unreachable_upstream_and_still_answers_from_the_cache(
+        data_dir: Path, upstream_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["ask", QUESTION, "--upstream", upstream_url]) == 0
+    capsys.readouterr()
+    gone = f"http://127.0.0.1:{free_port()}/v1"
+    assert main(["ask", QUESTION, "--upstream", gone, "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["source"] == "cache"
+    assert captured.err.replace("\n", "").startswith(
+        f"warning: cannot reach the upstream at {gone} (")
+    assert "answering from the cache only" in captured.err.replace("\n", "")

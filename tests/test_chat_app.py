@@ -16,7 +16,7 @@ from textual.pilot import Pilot
 from textual.widgets._toast import Toast
 
 from meancache.embedded import start_embedded_upstream
-from tests.upstream_server import free_port
+from tests.upstream_server import free_port, scripted_upstream
 
 
 @pytest.fixture
@@ -161,6 +161,28 @@ def test_upstream_down_still_serves_cached_answers(settings: Settings, encoder: 
             assert len(app.chat.conversation.turns) == 1  # the failed question left no turn
 
     asyncio.run(run())
+
+
+def test_an_empty_answer_is_shown_with_its_reason_and_can_be_rejected(
+        settings: Settings) -> None:
+    async def run(url: str) -> None:
+        app = MeanCacheApp(dataclasses.replace(settings, upstream_url=url))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            assert app.chat.query_one("#status").render().plain == f"upstream {url} · scripted"
+            await ask(pilot, "How do I boil an egg?")
+            view = app.chat.last_answer()
+            assert view is not None
+            assert view.markdown.source == "(empty answer; the server stopped: stop)"
+            assert app.chat.check_action("reject", ()) is True
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: app.chat.conversation.turns[-1].replaced is not None)
+            await wait_for(pilot, lambda: not app.chat.busy)
+            assert "replaced an empty answer" in badge(app)
+            assert len(app.session.cache) == 0  # type: ignore[union-attr]
+
+    with scripted_upstream() as stub:
+        asyncio.run(run(f"{stub}/empty/v1"))
 
 
 def test_attached_document_reports_reused_tokens(settings: Settings, tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import platformdirs
 import pytest
-from meancache.client.config import load_settings
+from meancache.client.config import load_settings, with_upstream
 from meancache.client.errors import ConfigError
 from meancache.shared.threshold import DEFAULT_THRESHOLD, MPNET_THRESHOLD
 
@@ -20,7 +20,8 @@ def test_defaults_use_platform_dirs_when_nothing_is_set(tmp_path: Path) -> None:
     assert settings.threshold == MPNET_THRESHOLD != DEFAULT_THRESHOLD
     assert settings.models_dir == settings.data_dir / "models"
     assert settings.encoder_backend == "onnx"
-    assert settings.upstream_model == "builtin:gemma-3-270m"  # a real model, not noise
+    assert settings.embedded_model == "builtin:gemma-3-270m"  # a real model, not noise
+    assert settings.upstream_model is None  # an external upstream is asked what it serves
     assert settings.data_dir == Path(platformdirs.user_data_dir("meancache"))
     assert settings.config_dir == tmp_path
     assert settings.log_file == settings.data_dir / "logs" / "meancache.log"
@@ -98,3 +99,24 @@ def test_the_example_config_in_deploy_is_valid(tmp_path: Path) -> None:
     settings = load_settings(config_dir=tmp_path, environ={})
     assert settings.upstream_url == "http://127.0.0.1:8080"
     assert settings.keymap == {"reject": "ctrl+r", "stats": "f5"}
+
+
+OPENAI_ENV = {"OPENAI_BASE_URL": "http://llm.local:8080/v1", "OPENAI_API_KEY": "sk-local"}
+
+
+def test_openai_variables_name_the_upstream_only_when_nothing_else_does(
+        tmp_path: Path) -> None:
+    settings = load_settings(config_dir=tmp_path, environ={})
+    chosen = with_upstream(settings, environ=OPENAI_ENV)
+    assert (chosen.upstream_url, chosen.upstream_api_key) == ("http://llm.local:8080/v1",
+                                                              "sk-local")
+    flagged = with_upstream(settings, "http://mine:1/v1", None, "gemma", environ=OPENAI_ENV)
+    assert (flagged.upstream_url, flagged.upstream_api_key, flagged.upstream_model) == (
+        "http://mine:1/v1", None, "gemma")  # the OpenAI key never goes to another server
+    write_config(tmp_path, 'upstream_url = "http://configured:2"\nupstream_api_key = "k"\n')
+    configured = with_upstream(load_settings(config_dir=tmp_path, environ={}),
+                               environ=OPENAI_ENV)
+    assert (configured.upstream_url, configured.upstream_api_key) == ("http://configured:2",
+                                                                      "k")
+    embedded = with_upstream(settings, environ={"OPENAI_BASE_URL": " ", "OPENAI_API_KEY": "x"})
+    assert (embedded.upstream_url, embedded.upstream_api_key) == (None, None)

@@ -2,77 +2,26 @@
 answers, and a clear UpstreamRequestError for every way an upstream can fail."""
 
 import asyncio
-import json
-import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import pytest
-import uvicorn
 from meancache.client.upstream_client import (
     Completed,
     Delta,
     UpstreamClient,
     UpstreamRejectedError,
     UpstreamUnavailableError,
+    api_root,
+    check_upstream,
 )
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Mount, Route
 
-from tests.upstream_server import free_port
-
-DELTAS = [{"choices": [{"delta": {"content": "Hel"}}]},
-          {"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]},
-          {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 2,
-                                    "prompt_tokens_details": {"cached_tokens": 7}}}]
-
-
-def events(*chunks: object) -> StreamingResponse:
-    async def body() -> AsyncIterator[str]:
-        for chunk in chunks:
-            yield f"data: {json.dumps(chunk) if not isinstance(chunk, str) else chunk}\n\n"
-
-    return StreamingResponse(body(), media_type="text/event-stream")
-
-
-def models(request: Request) -> Response:
-    return JSONResponse({"data": [{"id": "scripted"}]})
-
-
-ANSWERS = {
-    "ok": lambda: events(*DELTAS, "[DONE]"),
-    "broken": lambda: events(DELTAS[0], {"error": {"message": "out of memory"}}),
-    "busy": lambda: JSONResponse({"error": {"message": "overloaded"}}, status_code=503),
-    "bad": lambda: JSONResponse({"error": {"message": "max_tokens too large"}},
-                                status_code=400),
-    "plain": lambda: JSONResponse({"choices": [{"message": {"content": "Hello"}}]}),
-}
-
-
-def scripted_app() -> Starlette:
-    def answer(kind: str) -> Route:
-        return Route("/v1/chat/completions", lambda request: ANSWERS[kind](), methods=["POST"])
-
-    return Starlette(routes=[
-        Mount(f"/{kind}", routes=[Route("/v1/models", models), answer(kind)])
-        for kind in ANSWERS
-    ])
+from tests.upstream_server import free_port, scripted_upstream
 
 
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(scripted_app(), host="127.0.0.1", port=port,
-                                           log_config=None))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        threading.Event().wait(0.02)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
-
+    with scripted_upstream() as url:
+        yield url
 
 def collect(url: str) -> tuple[list[Delta | Completed], BaseException | None]:
     """Every event the client yielded, and the error that ended the stream, if any."""
@@ -126,3 +75,48 @@ def test_an_unreachable_upstream_is_named() -> None:
     _, error = collect(url)
     assert isinstance(error, UpstreamUnavailableError)
     assert str(error).startswith(f"cannot reach the upstream at {url} (")
+
+
+@pytest.mark.parametrize("url", ["http://h:8080", "http://h:8080/", "http://h:8080/v1",
+                                 "http://h:8080/v1/", " http://h:8080/v1// "])
+def test_a_base_url_is_taken_with_or_without_v1(url: str) -> None:
+    assert api_root(url) == "http://h:8080"
+    assert api_root("http://h/proxy/v1") == "http://h/proxy"  # only a final /v1 goes
+
+
+def test_the_stream_reaches_chat_completions_under_a_v1_base_url(server_url: str) -> None:
+    got, error = collect(f"{server_url}/ok/v1/")
+    assert error is None and got[:2] == [Delta("Hel"), Delta("lo")]
+
+
+def test_an_empty_answer_keeps_the_servers_finish_reason(server_url: str) -> None:
+    got, error = collect(f"{server_url}/empty")
+    assert error is None
+    done = got[-1]
+    assert isinstance(done, Completed)
+    assert (done.text, done.finish_reason) == (" \n", "stop")
+
+
+def test_the_start_check_returns_the_model_to_ask_for(server_url: str) -> None:
+    assert check_upstream(f"{server_url}/ok/v1", None, None) == "scripted"
+    assert check_upstream(f"{server_url}/ok", "key", "scripted") == "scripted"
+
+
+def test_the_start_check_names_the_url_and_what_is_wrong(server_url: str) -> None:
+    url = f"{server_url}/ok/v1"
+    with pytest.raises(UpstreamRejectedError) as missing:
+        check_upstream(url, None, "gpt-4o")
+    assert str(missing.value) == (f"the upstream at {url} does not serve the model 'gpt-4o'; "
+                                  "it serves: scripted (choose with --model or upstream_model)")
+    locked = f"{server_url}/locked/v1"
+    with pytest.raises(UpstreamRejectedError) as refused:
+        check_upstream(locked, "wrong", None)
+    assert refused.value.status == 401
+    assert str(refused.value).startswith(f"the upstream at {locked} refused the API key (401: "
+                                         "Incorrect API key provided); pass --api-key")
+    gone = f"http://127.0.0.1:{free_port()}/v1"
+    with pytest.raises(UpstreamUnavailableError) as unreachable:
+        check_upstream(gone, None, None)
+    assert str(unreachable.value).startswith(f"cannot reach the upstream at {gone} (")
+    for error in (missing, refused, unreachable):
+        assert "\n" not in str(error.value)

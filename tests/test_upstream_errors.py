@@ -62,7 +62,7 @@ def test_a_missing_key_is_a_401_counted_under_its_route(client: TestClient) -> N
     assert response.json()["error"] == {
         "message": "missing or wrong API key: send the header 'Authorization: Bearer KEY' "
                    "with the server's key",
-        "type": "authentication_error", "code": "invalid_api_key"}
+        "type": "authentication_error", "param": None, "code": "invalid_api_key"}
     assert requests_counted(client, "models", 401) == 1
     assert client.get("/health", headers={"Authorization": ""}).status_code == 200
 

@@ -1,13 +1,23 @@
-"""A real upstream server on loopback for tests, stopped when the block ends."""
+"""Upstream servers on loopback for tests, stopped when the block ends: the real one, and a
+scripted OpenAI-compatible stub for the faults a real server cannot produce on demand."""
 
-from collections.abc import Iterator
+import json
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
+import uvicorn
 from meancache.shared.processes import free_port
 from meancache.upstream.server.app import ServerSettings
 from meancache.upstream.server.serve import BackgroundServer
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
 
-__all__ = ["free_port", "running_upstream"]
+__all__ = ["SCRIPTED_MODEL", "free_port", "running_upstream", "scripted_upstream"]
+
+SCRIPTED_MODEL = "scripted"
 
 
 @contextmanager
@@ -16,3 +26,69 @@ def running_upstream(model: str = "builtin:tiny",
     """Yields the base URL of a server running ``model`` until the block ends."""
     with BackgroundServer(model, settings) as server:
         yield server.url
+
+
+DELTAS = [{"choices": [{"delta": {"content": "Hel"}}]},
+          {"choices": [{"delta": {"content": "lo"}, "finish_reason": "stop"}]},
+          {"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 2,
+                                    "prompt_tokens_details": {"cached_tokens": 7}}}]
+
+
+def events(*chunks: object) -> StreamingResponse:
+    async def body() -> AsyncIterator[str]:
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk) if not isinstance(chunk, str) else chunk}\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream")
+
+
+def listed(request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [{"id": SCRIPTED_MODEL}]})
+
+
+def refused_key(request: Request | None = None) -> Response:
+    return JSONResponse({"error": {"message": "Incorrect API key provided"}}, status_code=401)
+
+
+# Each kind is mounted at /KIND: its /v1/chat/completions answers so, and its /v1/models
+# lists SCRIPTED_MODEL (or, for "locked", refuses the key as a server with a key does).
+ANSWERS: dict[str, Callable[[], Response]] = {
+    "ok": lambda: events(*DELTAS, "[DONE]"),
+    "broken": lambda: events(DELTAS[0], {"error": {"message": "out of memory"}}),
+    "busy": lambda: JSONResponse({"error": {"message": "overloaded"}}, status_code=503),
+    "bad": lambda: JSONResponse({"error": {"message": "max_tokens too large"}},
+                                status_code=400),
+    "plain": lambda: JSONResponse({"choices": [{"message": {"content": "Hello"}}]}),
+    # llama.cpp serving a base model under a chat format: the model ends at once
+    "empty": lambda: events({"choices": [{"delta": {"role": "assistant", "content": " \n"}}]},
+                            {"choices": [{"delta": {}, "finish_reason": "stop"}]}, "[DONE]"),
+    "locked": refused_key,
+}
+
+
+def scripted_app() -> Starlette:
+    def mount(kind: str) -> Mount:
+        models = refused_key if kind == "locked" else listed
+        return Mount(f"/{kind}", routes=[
+            Route("/v1/models", models),
+            Route("/v1/chat/completions", lambda request: ANSWERS[kind](), methods=["POST"]),
+        ])
+
+    return Starlette(routes=[mount(kind) for kind in ANSWERS])
+
+
+@contextmanager
+def scripted_upstream() -> Iterator[str]:
+    """Yields the root URL of the stub; ``{url}/KIND`` is one scripted upstream."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(scripted_app(), host="127.0.0.1", port=port,
+                                           log_config=None))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        threading.Event().wait(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

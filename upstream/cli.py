@@ -52,7 +52,7 @@ def run_serve(args: argparse.Namespace, settings: Any) -> int:
     keys = args.api_key or ([settings.upstream_api_key] if settings.upstream_api_key else [])
 
     serve(
-        model=args.model or settings.upstream_model,
+        model=args.model or settings.embedded_model,
         host=args.host,
         port=args.port,
         settings=ServerSettings(

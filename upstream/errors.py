@@ -4,6 +4,7 @@
     ├── BadRequest                400 invalid_request_error
     ├── InvalidApiKeyError        401 authentication_error   invalid_api_key
     ├── RequestTooLargeError      413 invalid_request_error  request_too_large
+    ├── UnknownModelError         404 invalid_request_error  model_not_found
     ├── ModelLoadError            400 invalid_request_error
     │   └── UnsupportedModelError 400 invalid_request_error
     ├── PromptTooLongError        400 invalid_request_error  context_length_exceeded
@@ -23,7 +24,12 @@ from meancache.shared.errors import MeanCacheError, PMLError, UnknownSchemaError
 
 
 class UpstreamError(MeanCacheError):
-    """Base of the upstream server's errors."""
+    """Base of the upstream server's errors; ``param`` names the request field at fault
+    (OpenAI's error body carries it)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class BadRequest(UpstreamError):
@@ -36,6 +42,10 @@ class InvalidApiKeyError(UpstreamError):
 
 class RequestTooLargeError(UpstreamError):
     """The request body is over the server's size limit."""
+
+
+class UnknownModelError(UpstreamError):
+    """The request names a model this server does not serve."""
 
 
 class ModelLoadError(UpstreamError):
@@ -84,6 +94,7 @@ HTTP_ERRORS: dict[type[MeanCacheError], HTTPErrorKind] = {
     UpstreamError: HTTPErrorKind(400, "invalid_request_error"),
     InvalidApiKeyError: HTTPErrorKind(401, "authentication_error", "invalid_api_key"),
     RequestTooLargeError: HTTPErrorKind(413, "invalid_request_error", "request_too_large"),
+    UnknownModelError: HTTPErrorKind(404, "invalid_request_error", "model_not_found"),
     PromptTooLongError: HTTPErrorKind(400, "invalid_request_error", "context_length_exceeded"),
     UnsupportedMediaTypeError: HTTPErrorKind(415, "invalid_request_error",
                                              "unsupported_media_type"),

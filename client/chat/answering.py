@@ -30,7 +30,7 @@ class Correction:
     """What rejecting a cached answer did."""
 
     turn: Turn
-    threshold: ThresholdChange
+    threshold: ThresholdChange | None  # None: an empty answer was asked again, tau unchanged
 
 
 class AnswerService:
@@ -103,8 +103,9 @@ class AnswerService:
                     ttft_seconds=completed.ttft_seconds,
                     cached_tokens=completed.cached_tokens,
                     prompt_tokens=completed.prompt_tokens,
-                    completion_tokens=completed.completion_tokens)
-        if not conversation.documents and completed.text.strip():
+                    completion_tokens=completed.completion_tokens,
+                    finish_reason=completed.finish_reason)
+        if not conversation.documents and not turn.empty:
             entry = await asyncio.to_thread(
                 self.cache.insert, question, completed.text,
                 self.context(conversation, turn_index), source,
@@ -115,17 +116,20 @@ class AnswerService:
 
     async def reject(self, conversation: Conversation, turn_index: int,
                      on_delta: OnDelta | None = None) -> Correction:
-        """The cached answer of turn ``turn_index`` was wrong: record it, re-tune tau, fetch
-        a fresh answer from the upstream (bypassing the caches), put it in place of the
-        turn and save the conversation."""
+        """The answer of turn ``turn_index`` was wrong: a cached one is recorded and tau
+        re-tuned; an empty one (never cached) is simply asked again. Either way a fresh
+        answer from the upstream (bypassing the caches) takes the turn's place and the
+        conversation is saved."""
         turn = conversation.turns[turn_index]
-        if not turn.source.from_cache or turn.hit_id is None:
-            raise ValueError("only answers served from a cache can be rejected")
-        hit = Hit(turn.question, turn.answer, turn.matched_query or "", turn.similarity or 0.0,
-                  turn.entry_id or "", turn.source, turn.hit_id)
-        change = await asyncio.to_thread(self.cache.reject, hit)
+        change = None
+        if turn.source.from_cache and turn.hit_id is not None:
+            hit = Hit(turn.question, turn.answer, turn.matched_query or "",
+                      turn.similarity or 0.0, turn.entry_id or "", turn.source, turn.hit_id)
+            change = await asyncio.to_thread(self.cache.reject, hit)
+        elif not turn.empty:
+            raise ValueError("only answers served from a cache, or empty ones, can be rejected")
         fresh = await self._ask_upstream(conversation, turn_index, turn.question, on_delta,
-                                         Source.USER_CORRECTED)
+                                         Source.USER_CORRECTED if change else Source.UPSTREAM)
         correction = Correction(replace(fresh, replaced=turn.answer), change)
         conversation.turns[turn_index] = correction.turn
         await asyncio.to_thread(self.conversations.save, conversation)

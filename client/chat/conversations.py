@@ -32,6 +32,19 @@ class Turn:
     replaced: str | None = None  # the rejected answer this one replaced
     truncated: bool = False  # the question was longer than the embedding model's window
     created: float = field(default_factory=time.time)
+    finish_reason: str | None = None  # why the upstream stopped ("stop", "length", ...)
+
+    @property
+    def empty(self) -> bool:
+        """An answer of nothing but whitespace: never cached, always rejectable."""
+        return not self.answer.strip()
+
+    @property
+    def shown_answer(self) -> str:
+        """The answer as the chat and `ask` show it: an empty one says so, and why."""
+        if not self.empty:
+            return self.answer
+        return f"(empty answer; the server stopped: {self.finish_reason or 'no reason given'})"
 
     @property
     def badge(self) -> str:
@@ -44,7 +57,8 @@ class Turn:
             line = f"{self.source} · first token {ttft} · {self.cached_tokens} prompt tokens " \
                    "reused"
         if self.replaced is not None:
-            line += " · replaced a rejected cached answer"
+            line += " · replaced " + ("a rejected cached answer" if self.replaced.strip()
+                                      else "an empty answer")
         if self.truncated:
             line += " · question truncated for matching"
         return line

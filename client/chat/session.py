@@ -12,8 +12,8 @@ from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import ConversationStore
 from meancache.client.config import Settings
 from meancache.client.encoder import load_device_encoder
-from meancache.client.errors import ConfigError
-from meancache.client.upstream_client import UpstreamClient
+from meancache.client.errors import ConfigError, UpstreamUnavailableError
+from meancache.client.upstream_client import UpstreamClient, check_upstream
 from meancache.shared.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -44,35 +44,47 @@ class ChatSession:
     conversations: ConversationStore
     upstream_label: str  # what the screen says about where answers come from
     embedded: EmbeddedUpstream | None = None  # in-process upstream when no URL is set
+    upstream_problem: str | None = None  # why the upstream could not be reached at start
 
     @classmethod
     def open(cls, settings: Settings, progress: Progress | None = None,
              start_upstream: UpstreamStarter | None = None,
              upstream_progress: Progress | None = None,
              background: bool = False) -> "ChatSession":
-        """Load the encoder and cache, and start the embedded upstream if no URL is set.
+        """Load the encoder and cache; check an external upstream (a refused key or an
+        unknown model is an error; an unreachable one is noted in ``upstream_problem``, as
+        the cache can still answer) or start the embedded one if no URL is set.
 
         Blocking (seconds on the first run, which exports the encoder to ONNX): call it
         from a worker thread in the app. ``background``: the cache re-embeds and fits PCA
         on its own thread (the chat) instead of before returning (one-shot commands).
         """
+        url, model, problem = settings.upstream_url, None, None
+        if url:  # checked first: a wrong key or model fails at once
+            try:
+                model = check_upstream(url, settings.upstream_api_key, settings.upstream_model)
+            except UpstreamUnavailableError as exc:  # the cache still answers what it holds
+                model, problem = settings.upstream_model, str(exc)
+        elif start_upstream is None:
+            raise ConfigError("no upstream_url is configured: set it, or pass --upstream URL")
         encoder = load_device_encoder(settings)
         cache = SemanticCache(settings.cache_dir, encoder, settings.cache_settings(), progress,
                               background=background)
         embedded, api_key = None, settings.upstream_api_key
-        if settings.upstream_url:
-            url, label = settings.upstream_url, f"upstream {settings.upstream_url}"
-        elif start_upstream is None:
-            raise ConfigError("no upstream_url is configured: set it, or pass --upstream URL")
+        if url:
+            label = (f"upstream {url}" + (f" · {model}" if model else "")
+                     + (" (unreachable at start)" if problem else ""))
         else:
-            embedded = start_upstream(settings.upstream_model, settings.data_dir, upstream_progress)
+            assert start_upstream is not None
+            embedded = start_upstream(settings.embedded_model, settings.data_dir,
+                                      upstream_progress)
             url, label = embedded.url, f"embedded upstream: {embedded.label}"
             api_key = embedded.api_key
-        upstream = UpstreamClient(url, api_key)
+        upstream = UpstreamClient(url, api_key, model)
         conversations = ConversationStore(settings.conversations_dir)
         answers = AnswerService(cache, upstream, conversations, settings.answer_max_tokens,
                                 settings.temperature)
-        return cls(settings, cache, answers, conversations, label, embedded)
+        return cls(settings, cache, answers, conversations, label, embedded, problem)
 
     async def aclose(self) -> None:
         await self.answers.upstream.aclose()

@@ -61,6 +61,9 @@ class MeanCacheApp(App[None]):
         if session.embedded is not None:
             self.notify(f"No upstream configured: started the {session.upstream_label}.",
                         title="Embedded upstream")
+        if session.upstream_problem is not None:
+            self.notify(f"{session.upstream_problem}; cached answers still work",
+                        title="Upstream unavailable", severity="warning", timeout=15)
 
     def _failed(self, message: str) -> None:
         self.chat.failed(message)

@@ -29,7 +29,7 @@ class AnswerView(Vertical):
     def __init__(self, turn: Turn | None = None) -> None:
         super().__init__()
         self.turn = turn
-        self.markdown = Markdown(printable(turn.answer) if turn else "")
+        self.markdown = Markdown(printable(turn.shown_answer) if turn else "")
         self.badge = Static("streaming…" if turn is None else printable(turn.badge),
                             classes="badge", markup=False)
 
@@ -44,7 +44,7 @@ class AnswerView(Vertical):
     def show(self, turn: Turn) -> None:
         """The final state: the whole answer and its badge."""
         self.turn = turn
-        self.markdown.update(printable(turn.answer))
+        self.markdown.update(printable(turn.shown_answer))
         self.badge.update(printable(turn.badge))
         self.set_class(turn.source.from_cache, "cached")
 

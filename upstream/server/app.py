@@ -80,7 +80,8 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         return parse_json(await read_body(request), limits)
 
     async def chat(request: Request) -> Response:
-        chat_request = parse_chat_request(await read_json(request), settings.default_max_tokens)
+        chat_request = parse_chat_request(await read_json(request), settings.default_max_tokens,
+                                          model_name)
         check_chat(chat_request, limits)
         tenant = tenant_of(request)
         prepared = await worker.call(lambda: engine.prepare_messages(chat_request.messages,

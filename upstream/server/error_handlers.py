@@ -32,7 +32,8 @@ def exception_handlers() -> dict[Any, Callable[[Request, Any], Awaitable[Respons
 
 def _answer(kind: HTTPErrorKind) -> Callable[[Request, Exception], Awaitable[Response]]:
     async def answer(request: Request, exc: Exception) -> Response:
-        return JSONResponse(error_body(str(exc), kind.type, kind.code), status_code=kind.status)
+        return JSONResponse(error_body(str(exc), kind.type, kind.code,
+                                       getattr(exc, "param", None)), status_code=kind.status)
     return answer
 
 

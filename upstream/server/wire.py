@@ -1,15 +1,60 @@
-"""The OpenAI chat-completions wire format: request validation and response objects."""
+"""The OpenAI chat-completions wire format: request validation and response objects.
 
+Every request field of the API (the ``CompletionCreateParams`` of the official ``openai``
+client, 3.54) is in exactly one of :data:`HONOURED`, :data:`LABELS` and
+:data:`UNSUPPORTED`; a field in none of them is refused by name, so nothing a client
+asks for is ignored in silence.
+"""
+
+import json
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from meancache.upstream.errors import BadRequest
+from meancache.upstream.errors import BadRequest, UnknownModelError
 from meancache.upstream.prompt_cache.engine import Finish
 from meancache.upstream.sampling import SamplingParams
 
 ROLES = ("system", "user", "assistant")
+
+# Fields that shape the answer and are honoured as the API defines them; ``model`` may be
+# left out (the served model answers).
+HONOURED = frozenset({
+    "messages", "model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
+    "temperature", "top_p", "stop", "seed",
+})
+# Fields that only label a request for the caller's own bookkeeping and change nothing in
+# the answer: accepted.
+LABELS = frozenset({"user", "safety_identifier", "metadata", "prompt_cache_key"})
+# Features this server lacks: refused with 400 naming the field, unless the value asks for
+# nothing (null, or the API's default, listed here).
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n": (1,),  # one choice per request: send the request again for another sample
+    "audio": (),
+    "frequency_penalty": (0,),
+    "presence_penalty": (0,),
+    "function_call": ("none",),
+    "functions": ([],),
+    "logit_bias": ({},),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "modalities": (["text"],),
+    "moderation": (),
+    "parallel_tool_calls": (True,),
+    "prediction": (),
+    "prompt_cache_options": (),
+    "prompt_cache_retention": (),
+    "reasoning_effort": (),
+    "response_format": ({"type": "text"},),
+    "service_tier": ("auto", "default"),
+    "store": (False,),
+    "tool_choice": ("none",),
+    "tools": ([],),
+    "verbosity": (),
+    "web_search_options": (),
+}
+STREAM_OPTIONS = {"include_usage": (True, False), "include_obfuscation": (False,)}
 
 
 @dataclass(frozen=True)
@@ -20,9 +65,17 @@ class ChatRequest:
     include_usage: bool
 
 
-def parse_chat_request(body: Any, default_max_tokens: int) -> ChatRequest:
+def parse_chat_request(body: Any, default_max_tokens: int, served_model: str) -> ChatRequest:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
+    _refuse_unsupported(body)
+    body = {name: value for name, value in body.items() if value is not None}  # null: unset
+    model = body.get("model", served_model)
+    if not isinstance(model, str):
+        raise BadRequest("'model' must be a string", "model")
+    if model != served_model:
+        raise UnknownModelError(f"the model {model!r} does not exist here; this server serves "
+                                f"{served_model!r} (GET /v1/models lists it)", "model")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list")
@@ -46,6 +99,8 @@ def parse_chat_request(body: Any, default_max_tokens: int) -> ChatRequest:
         raise BadRequest("'stop' must be a string or a list of strings")
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens", default_max_tokens))
     options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("'stream_options' must be an object", "stream_options")
     try:
         params = SamplingParams(
             max_tokens=_number(max_tokens, "max_tokens", int),
@@ -57,7 +112,27 @@ def parse_chat_request(body: Any, default_max_tokens: int) -> ChatRequest:
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
     return ChatRequest(clean, params, bool(body.get("stream", False)),
-                       bool(isinstance(options, dict) and options.get("include_usage")))
+                       bool(options.get("include_usage")))
+
+
+def _refuse_unsupported(body: dict[str, Any]) -> None:
+    """A 400 naming the first field that asks for what this server cannot do."""
+    for name, value in body.items():
+        if name in UNSUPPORTED and value is not None and value not in UNSUPPORTED[name]:
+            allowed = " or ".join(json.dumps(v) for v in UNSUPPORTED[name]) or "null"
+            raise BadRequest(f"{name!r} = {json.dumps(value)[:80]} is not supported by this "
+                             f"server; leave it out (or send {allowed})", name)
+        if name not in HONOURED | LABELS | UNSUPPORTED.keys():
+            raise BadRequest(f"unknown field {name!r}: it is not part of the chat-completions "
+                             "API this server implements", name)
+    options = body.get("stream_options")
+    for name, value in (options.items() if isinstance(options, dict) else ()):
+        param = f"stream_options.{name}"
+        if name not in STREAM_OPTIONS:
+            raise BadRequest(f"unknown field {param!r}", param)
+        if value not in STREAM_OPTIONS[name]:
+            raise BadRequest(f"{param!r} = {json.dumps(value)} is not supported by this server",
+                             param)
 
 
 def _number(value: Any, name: str, kind: type) -> Any:
@@ -116,5 +191,7 @@ class Completion:
                 "model": self.model, "choices": [], "usage": usage(finish)}
 
 
-def error_body(message: str, kind: str, code: str | None = None) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "code": code}}
+def error_body(message: str, kind: str, code: str | None = None,
+               param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

@@ -39,7 +39,8 @@ from textual.widgets import Footer, Header, Input, Markdown, ProgressBar, Static
 # help the command palette shows.
 CHAT_BINDINGS = [
     Binding("ctrl+r", "reject", "Wrong answer", id="reject",
-            tooltip="Re-ask the upstream, replace this cached answer and re-tune the threshold"),
+            tooltip="Re-ask the upstream and replace this cached (or empty) answer; a cached "
+                    "one re-tunes the threshold"),
     Binding("escape", "cancel", "Stop", id="cancel", tooltip="Stop the answer being streamed"),
     Binding("ctrl+n", "new_chat", "New chat", id="new_chat", tooltip="Start a new chat"),
     Binding("ctrl+o", "conversations", "Chats", id="conversations",
@@ -132,8 +133,8 @@ class ChatScreen(Screen[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "reject":
             turns = self.conversation.turns
-            cached = bool(turns) and turns[-1].source.from_cache
-            return True if cached and not self.busy and self._session else None
+            rejectable = bool(turns) and (turns[-1].source.from_cache or turns[-1].empty)
+            return True if rejectable and not self.busy and self._session else None
         if action == "cancel":
             return True if self.busy else None
         if action in ("attach", "stats", "export", "new_chat", "conversations"):
@@ -229,7 +230,8 @@ class ChatScreen(Screen[None]):
             await stream.stop()
             self.set_busy(False)
         view.show(correction.turn)
-        self.notify(str(correction.threshold), title="Threshold")
+        if correction.threshold is not None:
+            self.notify(str(correction.threshold), title="Threshold")
         self.refresh_bindings()
 
     # other actions ------------------------------------------------------------------
