@@ -23,6 +23,10 @@ and never the other way round)::
     │   ├── ArgumentTooLongError
     │   ├── DuplicateImportError
     │   └── MisplacedContentError
+    ├── PackError
+    │   ├── PackCorruptError
+    │   ├── PackVersionError
+    │   └── PackMismatchError
     ├── CacheError                        meancache.client.errors
     │   ├── CacheAccessError
     │   ├── CacheCorruptError
@@ -134,3 +138,19 @@ class DuplicateImportError(PMLError):
 
 class MisplacedContentError(PMLError):
     """Well-formed content in a place PML does not allow it."""
+
+
+class PackError(MeanCacheError):
+    """An instruction pack that cannot be used; the pack in use (if any) stays in use."""
+
+
+class PackCorruptError(PackError):
+    """Not a pack, or a pack cut short or altered (its sha256 does not match)."""
+
+
+class PackVersionError(PackError):
+    """A pack in a format version this meancache does not read."""
+
+
+class PackMismatchError(PackError):
+    """A pack built for another model, or embedded by another encoder."""
