@@ -26,7 +26,8 @@ and never the other way round)::
     ├── PackError
     │   ├── PackCorruptError
     │   ├── PackVersionError
-    │   └── PackMismatchError
+    │   ├── PackMismatchError
+    │   └── PackDownloadError             meancache.client.errors
     ├── CacheError                        meancache.client.errors
     │   ├── CacheAccessError
     │   ├── CacheCorruptError
@@ -45,7 +46,8 @@ and never the other way round)::
         ├── RequestTooLargeError
         ├── ModelLoadError
         │   └── UnsupportedModelError
-        └── PromptTooLongError
+        ├── PromptTooLongError
+        └── NoPackError
 
 (fl_server raises the shared errors and defines none of its own.)
 """

@@ -1,6 +1,7 @@
 """`meancache upstream ...` commands."""
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 
@@ -27,6 +28,9 @@ def add_commands(commands: Any) -> None:
                        help="largest request body (default: %(default)s)")
     serve.add_argument("--default-max-tokens", type=int, default=256,
                        help="max_tokens of a request that sets none (default: %(default)s)")
+    serve.add_argument("--packs-dir", type=Path, help="publish the newest instruction "
+                       "pack (*.mcpack) in this directory at /v1/packs/latest (default: "
+                       "none)")
     serve.set_defaults(handler=run_serve)
 
 
@@ -42,6 +46,7 @@ def run_serve(args: argparse.Namespace, settings: Any) -> int:
             api_key=args.api_key or settings.upstream_api_key,
             max_body_bytes=args.max_body_kb * 1024,
             default_max_tokens=args.default_max_tokens,
+            packs_dir=args.packs_dir,
         ),
         module_budget_bytes=args.module_budget_mb * 1024 * 1024,
         data_dir=settings.data_dir,

@@ -6,7 +6,8 @@
     ├── RequestTooLargeError      413 invalid_request_error  request_too_large
     ├── ModelLoadError            400 invalid_request_error
     │   └── UnsupportedModelError 400 invalid_request_error
-    └── PromptTooLongError        400 invalid_request_error  context_length_exceeded
+    ├── PromptTooLongError        400 invalid_request_error  context_length_exceeded
+    └── NoPackError               404 invalid_request_error  pack_not_found
 
 PML errors from ``meancache.shared`` are answered too: an unknown schema with 404
 ``schema_not_found``, any other with 400 ``invalid_pml`` (see :data:`HTTP_ERRORS`).
@@ -45,6 +46,10 @@ class PromptTooLongError(UpstreamError):
     """The prompt and the requested completion do not fit the model's context."""
 
 
+class NoPackError(UpstreamError):
+    """No instruction pack is published (no packs directory, or none in it)."""
+
+
 @dataclass(frozen=True)
 class HTTPErrorKind:
     """How an error is answered: the status and the OpenAI error ``type`` and ``code``."""
@@ -61,4 +66,5 @@ HTTP_ERRORS: dict[type[MeanCacheError], HTTPErrorKind] = {
     PromptTooLongError: HTTPErrorKind(400, "invalid_request_error", "context_length_exceeded"),
     PMLError: HTTPErrorKind(400, "invalid_request_error", "invalid_pml"),
     UnknownSchemaError: HTTPErrorKind(404, "invalid_request_error", "schema_not_found"),
+    NoPackError: HTTPErrorKind(404, "invalid_request_error", "pack_not_found"),
 }

@@ -5,6 +5,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from meancache.upstream.errors import BadRequest, RequestTooLargeError, UpstreamError
@@ -12,6 +13,7 @@ from meancache.upstream.prompt_cache.engine import Delta, Finish, PromptCacheEng
 from meancache.upstream.server.error_handlers import exception_handlers
 from meancache.upstream.server.metrics import ServerMetrics
 from meancache.upstream.server.middleware import CountRequests, RequireApiKey
+from meancache.upstream.server.packs import pack_routes
 from meancache.upstream.server.wire import Completion, error_body, parse_chat_request
 from meancache.upstream.server.worker import ModelWorker
 from starlette.applications import Starlette
@@ -28,6 +30,7 @@ class ServerSettings:
     api_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
     default_max_tokens: int = 256
+    packs_dir: Path | None = None  # where instruction packs are published (None: none)
 
 
 def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None) -> Starlette:
@@ -165,6 +168,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
               middleware=auth),
         Route("/health", health, methods=["GET"], name="health"),
         Route("/metrics", metrics_route, methods=["GET"], name="metrics", middleware=auth),
+        *pack_routes(settings.packs_dir, auth),
     ]
 
     def count(label: str, status: int) -> None:
