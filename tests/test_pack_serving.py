@@ -144,3 +144,19 @@ def test_a_cut_download_keeps_the_old_pack_and_can_resume(tmp_path: Path) -> Non
     assert target.read_bytes() == old
     assert target.with_name("current.mcpack.download").read_bytes() == \
         source.read_bytes()[:700]  # kept for the next update to resume from
+
+
+def test_pack_update_and_stats_commands(server: str, packs_dir: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from meancache.cli import main
+
+    publish(packs_dir, "f")
+    base = ["--config-dir", str(tmp_path), "--data-dir", str(tmp_path / "data"), "pack"]
+    assert main([*base, "update", "--upstream", server, "--api-key", "wrong"]) == 2
+    assert "missing or wrong API key" in capsys.readouterr().err
+    assert main([*base, "update", "--upstream", server, "--api-key", KEY]) == 0
+    assert "50 instructions answered by builtin:tiny" in capsys.readouterr().out
+    assert main([*base, "stats", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert (stats["entries"], stats["model"], stats["hits"]) == (50, MODEL, 0)
+    assert stats["size_bytes"] == (packs_dir / "f.mcpack").stat().st_size
