@@ -17,6 +17,7 @@ from meancache.embedded import start_embedded_upstream
 from meancache.fl_server import cli as fl_server_commands
 from meancache.shared.errors import MeanCacheError
 from meancache.upstream import cli as upstream_commands
+from meancache.upstream.pack import commands as pack_builder_commands
 
 err = Console(stderr=True)
 
@@ -38,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                                "upstream, download and answer on the device")
     pack_commands = pack.add_subparsers(dest="pack_command", required=True)
     pack_device_commands.add_commands(pack_commands)
+    pack_builder_commands.add_commands(pack_commands)
     fl = commands.add_parser("fl", help="federated learning of the encoder and threshold")
     fl_commands = fl.add_subparsers(dest="fl_command", required=True)
     fl_server_commands.add_commands(fl_commands)
