@@ -160,3 +160,34 @@ def test_answers_resume_and_the_published_pack_is_the_models(tmp_path: Path) -> 
     path, manifest = publish_pack(answers | {"hi": "x"}, loaded.name, 9.0, tmp_path / "packs")
     pack = read_pack(path, model="builtin:tiny")
     assert pack.manifest == manifest and pack.lookup("What is Python?")[1] == "kept"
+
+
+def test_commands_train_plan_build_then_the_device_updates(
+        instructions_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from meancache.upstream.server.app import ServerSettings
+
+    from meancache.cli import main
+    from tests.upstream_server import running_upstream
+
+    base = ["--config-dir", str(tmp_path / "config"), "--data-dir", str(tmp_path / "data")]
+    lm, packs = tmp_path / "lm", tmp_path / "published"
+    search = ["--lm", str(lm), "--max-depth", "12", "--children", "6", "3"]
+    assert main([*base, "pack", "train-lm", "--data", str(instructions_file), "--out", str(lm),
+                 "--epochs", "20", "--batch-size", "8", "--layers", "1", "--hidden", "64"]) == 0
+    assert main([*base, "pack", "plan", *search, "--data", str(instructions_file),
+                 "--fit-sigmas", "10", "13", "--sigma", "14", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert plan["fit"]["sizes"][0] < plan["fit"]["sizes"][1] < plan["predicted_size"]
+    assert plan["validation_instructions"] == 4 and 0 <= plan["predicted_hit_rate"] <= 1
+    assert main([*base, "pack", "build", *search, "--sigma", "12", "--model", "builtin:tiny",
+                 "--packs-dir", str(packs), "--max-tokens", "4"]) == 0
+    assert "published" in capsys.readouterr().out
+    [published] = packs.glob("*.mcpack")
+    built = read_pack(published, model="builtin:tiny")
+    assert built.manifest.count > 0 and built.manifest.sigma == 12.0
+    with running_upstream(settings=ServerSettings(packs_dir=packs)) as url:
+        assert main([*base, "pack", "update", "--upstream", url]) == 0
+    assert main([*base, "pack", "stats", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (stats["pack_id"], stats["entries"]) == (built.manifest.pack_id,
+                                                    built.manifest.count)
