@@ -191,3 +191,16 @@ def test_commands_train_plan_build_then_the_device_updates(
     stats = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert (stats["pack_id"], stats["entries"]) == (built.manifest.pack_id,
                                                     built.manifest.count)
+
+
+def test_ray_subtrees_find_what_one_process_finds(scratch_lm: tuple[Path, list[int]]) -> None:
+    from meancache.upstream.pack.parallel import parallel_search
+
+    one = tree_search(load_lm(scratch_lm[0]), SEARCH)
+    done: list[int] = []
+    spread = parallel_search(scratch_lm[0], SEARCH, workers=2, split_depth=2,
+                             progress=lambda d, t: done.append(t))
+    assert spread.instructions.keys() == one.instructions.keys()
+    assert all(math.isclose(spread.instructions[t], n, abs_tol=1e-4)
+               for t, n in one.instructions.items())
+    assert spread.expanded == one.expanded and done and done[0] > 1  # several tasks

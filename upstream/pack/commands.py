@@ -51,6 +51,9 @@ def add_commands(pack: Any) -> None:
     build.add_argument("--work-dir", type=Path, help="search state and answers so far, "
                        "for resuming (default: PACKS_DIR/work-SIGMA)")
     build.add_argument("--max-tokens", type=int, default=256, help="longest answer")
+    build.add_argument("--workers", type=int, default=1, help="expand subtrees in this "
+                       "many Ray tasks at once (local Ray; 1: in this process, resumable)")
+    build.add_argument("--ray-address", help="a Ray cluster to expand subtrees on")
     build.set_defaults(handler=run_build)
 
 
@@ -141,8 +144,15 @@ def run_build(args: argparse.Namespace, settings: Any) -> int:
 
     work = args.work_dir or args.packs_dir / f"work-{args.sigma:g}"
     work.mkdir(parents=True, exist_ok=True)
-    found = tree_search(load_lm(args.lm), _search_config(args, args.sigma),
-                        work / "search.json", report("search depth"))
+    config = _search_config(args, args.sigma)
+    if args.workers > 1 or args.ray_address:
+        from meancache.upstream.pack.parallel import parallel_search
+
+        found = parallel_search(args.lm, config, args.workers, ray_address=args.ray_address,
+                                progress=report("subtrees done"))
+    else:
+        found = tree_search(load_lm(args.lm), config, work / "search.json",
+                            report("search depth"))
     instructions = sorted(found.instructions, key=found.instructions.__getitem__)
     print(f"{len(instructions)} instructions within sigma {args.sigma:g} "
           f"({found.expanded} nodes expanded in {found.seconds:.1f}s)", file=sys.stderr)

@@ -62,17 +62,26 @@ class SearchResult:
 
 
 def tree_search(lm: InstructionLM, config: SearchConfig, state_path: Path | None = None,
-                progress: Progress | None = None,
-                roots: list[tuple[list[int], float]] | None = None) -> SearchResult:
-    """Expand from ``roots`` (default: the begin token alone) until no path is open."""
+                progress: Progress | None = None) -> SearchResult:
+    """Expand from the begin token until no path is open."""
     start = time.perf_counter()
+    frontier = expand_levels(lm, config, None, state_path, progress)
+    return SearchResult(frontier.emitted, frontier.expanded, time.perf_counter() - start)
+
+
+def expand_levels(lm: InstructionLM, config: SearchConfig, roots: Frontier | None = None,
+                  state_path: Path | None = None, progress: Progress | None = None,
+                  until_depth: int | None = None) -> Frontier:
+    """Expand level by level until no path is open, or until the open paths are
+    ``until_depth`` tokens past the begin token (the base tree of a parallel search)."""
     frontier = _resume(state_path, config) if state_path else None
     if frontier is None:
-        start_paths = roots or [([lm.bos], 0.0)]
-        frontier = Frontier([p for p, _ in start_paths], [n for _, n in start_paths])
+        frontier = roots or Frontier([[lm.bos]], [0.0])
     kv: KV | None = None  # None: compute the frontier's states from its paths
     while frontier.paths:
         depth = len(frontier.paths[0])  # the depth of the children made now
+        if until_depth is not None and depth > until_depth:
+            return frontier
         if state_path is not None:
             _save(state_path, config, frontier)
         if progress is not None:
@@ -82,7 +91,7 @@ def tree_search(lm: InstructionLM, config: SearchConfig, state_path: Path | None
         progress(config.max_depth, config.max_depth)
     if state_path is not None:
         _save(state_path, config, frontier)
-    return SearchResult(frontier.emitted, frontier.expanded, time.perf_counter() - start)
+    return frontier
 
 
 @torch.inference_mode()
