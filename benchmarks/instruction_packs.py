@@ -10,7 +10,8 @@ pack's answers come from the upstream model in `pack build`; a fixed 200-charact
 stands in for size and latency).
 
 Tables: 1. NLL CDF on validation; 2. per sigma: pack size, fitted prediction, predicted
-and measured exact hit rate, nodes expanded per second; 3. lookup latency and bytes/entry.
+and measured exact hit rate, nodes expanded per second; 2b. the same search in process
+and on local Ray workers; 3. lookup latency and bytes/entry.
 
 Run from the repository root (the full run takes several minutes):
 
@@ -66,6 +67,8 @@ def main() -> None:
     parser.add_argument("--sigmas", type=float, nargs="+")
     parser.add_argument("--children", type=int, nargs=2, help="per node: up to depth 10, deeper")
     parser.add_argument("--max-depth", type=int, default=24)
+    parser.add_argument("--ray-workers", type=int, default=2, help="time the search at the "
+                        "first --sigmas value with this many local Ray workers (0: skip)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a shared "
                         "2-core machine: more threads only contend)")
     args = apply_defaults(parser.parse_args(), FULL, QUICK)
@@ -130,6 +133,24 @@ def main() -> None:
                       f"{result.expanded / result.seconds:.0f}")
         biggest = result.instructions
     print_table(table)
+
+    if args.ray_workers:
+        from meancache.upstream.pack.parallel import parallel_search
+
+        sigma = args.sigmas[0]
+        shallow, deep = args.children
+        config = SearchConfig(sigma, args.max_depth, ((10, shallow), (10**9, deep)), 64)
+        note(f"searching at sigma {sigma:g} in-process and on {args.ray_workers} Ray workers")
+        one = tree_search(lm, config)
+        spread = parallel_search(lm_dir, config, args.ray_workers)
+        heading(f"2b. build throughput at sigma {sigma:g} (Ray time includes starting Ray "
+                "and loading the LM in each worker)")
+        table = make_table(["search", "instructions", "nodes expanded", "seconds", "nodes/s"])
+        for name, result in (("1 worker, in process", one),
+                             (f"{args.ray_workers} Ray workers (local)", spread)):
+            table.add_row(name, str(len(result.instructions)), str(result.expanded),
+                          f"{result.seconds:.1f}", f"{result.expanded / result.seconds:.0f}")
+        print_table(table)
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "bench.mcpack"
