@@ -77,6 +77,11 @@ class Settings:
         return self.data_dir / "cache"
 
     @property
+    def packs_dir(self) -> Path:
+        """The downloaded instruction pack and its hit count."""
+        return self.data_dir / "packs"
+
+    @property
     def encoder_dir(self) -> Path:
         """Exported ONNX models and model fingerprints."""
         return self.data_dir / "encoder"

@@ -11,14 +11,16 @@
     ├── SyncError
     ├── DocumentError
     ├── ConversationNotFoundError (KeyError)
-    └── UpstreamRequestError
-        ├── UpstreamUnavailableError
-        └── UpstreamRejectedError
+    ├── UpstreamRequestError
+    │   ├── UpstreamUnavailableError
+    │   └── UpstreamRejectedError
+    └── PackError (meancache.shared.errors)
+        └── PackDownloadError
 
 All are MeanCacheError, so the CLI and the chat show their message, not a traceback.
 """
 
-from meancache.shared.errors import MeanCacheError
+from meancache.shared.errors import MeanCacheError, PackError
 
 
 class CacheError(MeanCacheError):
@@ -80,3 +82,7 @@ class UpstreamRejectedError(UpstreamRequestError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+class PackDownloadError(PackError):
+    """A pack download failed or was refused (too large, cut off); the old pack stays."""

@@ -12,11 +12,13 @@ from meancache.client import cli as device_commands
 from meancache.client.config import load_settings
 from meancache.client.fl import commands as fl_device_commands
 from meancache.client.logs import setup_logging
+from meancache.client.pack import commands as pack_device_commands
 from meancache.client.private_files import check_data_dir, owner_only_files
 from meancache.embedded import start_embedded_upstream
 from meancache.fl_server import cli as fl_server_commands
 from meancache.shared.errors import MeanCacheError
 from meancache.upstream import cli as upstream_commands
+from meancache.upstream.pack import commands as pack_builder_commands
 
 err = Console(stderr=True)
 
@@ -37,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     device_commands.add_commands(commands, start_embedded_upstream)
     upstream_commands.add_commands(commands)
+    pack = commands.add_parser("pack", help="instruction packs (InstCache): build on the "
+                               "upstream, download and answer on the device")
+    pack_commands = pack.add_subparsers(dest="pack_command", required=True)
+    pack_device_commands.add_commands(pack_commands)
+    pack_builder_commands.add_commands(pack_commands)
     fl = commands.add_parser("fl", help="federated learning of the encoder and threshold")
     fl_commands = fl.add_subparsers(dest="fl_command", required=True)
     fl_server_commands.add_commands(fl_commands)

@@ -23,6 +23,11 @@ and never the other way round)::
     │   ├── ArgumentTooLongError
     │   ├── DuplicateImportError
     │   └── MisplacedContentError
+    ├── PackError
+    │   ├── PackCorruptError
+    │   ├── PackVersionError
+    │   ├── PackMismatchError
+    │   └── PackDownloadError             meancache.client.errors
     ├── CacheError                        meancache.client.errors
     │   ├── CacheAccessError
     │   ├── CacheCorruptError
@@ -48,7 +53,8 @@ and never the other way round)::
         ├── HostNotAllowedError
         ├── ServerBusyError
         ├── QuotaExceededError
-        └── ClientGoneError
+        ├── ClientGoneError
+        └── NoPackError
 
 (fl_server raises the shared errors and defines none of its own.)
 """
@@ -141,3 +147,19 @@ class DuplicateImportError(PMLError):
 
 class MisplacedContentError(PMLError):
     """Well-formed content in a place PML does not allow it."""
+
+
+class PackError(MeanCacheError):
+    """An instruction pack that cannot be used; the pack in use (if any) stays in use."""
+
+
+class PackCorruptError(PackError):
+    """Not a pack, or a pack cut short or altered (its sha256 does not match)."""
+
+
+class PackVersionError(PackError):
+    """A pack in a format version this meancache does not read."""
+
+
+class PackMismatchError(PackError):
+    """A pack built for another model, or embedded by another encoder."""

@@ -1,6 +1,7 @@
 """`meancache upstream ...` commands."""
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from meancache.upstream.server.limits import Limits
@@ -42,6 +43,9 @@ def add_commands(commands: Any) -> None:
     ):
         serve.add_argument(f"--{name}", type=int, default=default,
                            help=f"{text} (default: %(default)s)")
+    serve.add_argument("--packs-dir", type=Path, help="publish the newest instruction "
+                       "pack (*.mcpack) in this directory at /v1/packs/latest (default: "
+                       "none)")
     serve.set_defaults(handler=run_serve)
 
 
@@ -66,6 +70,7 @@ def run_serve(args: argparse.Namespace, settings: Any) -> int:
                 max_schemas_per_key=args.max_schemas_per_key,
                 max_schema_tokens_per_key=args.max_schema_tokens_per_key,
             ),
+            packs_dir=args.packs_dir,
         ),
         module_budget_bytes=args.module_budget_mb * 1024 * 1024,
         data_dir=settings.data_dir,

@@ -12,7 +12,8 @@
     ├── HostNotAllowedError       400 invalid_request_error  host_not_allowed
     ├── ServerBusyError           429 rate_limit_error       server_busy
     ├── QuotaExceededError        429 rate_limit_error       quota_exceeded
-    └── ClientGoneError           499 invalid_request_error  client_closed_request
+    ├── ClientGoneError           499 invalid_request_error  client_closed_request
+    └── NoPackError               404 invalid_request_error  pack_not_found
 
 PML errors from ``meancache.shared`` are answered too: an unknown schema with 404
 ``schema_not_found``, any other with 400 ``invalid_pml`` (see :data:`HTTP_ERRORS`).
@@ -81,6 +82,10 @@ class ClientGoneError(UpstreamError):
     answer, and it is counted apart from server failures (nginx's 499)."""
 
 
+class NoPackError(UpstreamError):
+    """No instruction pack is published (no packs directory, or none in it)."""
+
+
 @dataclass(frozen=True)
 class HTTPErrorKind:
     """How an error is answered: the status and the OpenAI error ``type`` and ``code``."""
@@ -104,4 +109,5 @@ HTTP_ERRORS: dict[type[MeanCacheError], HTTPErrorKind] = {
     ClientGoneError: HTTPErrorKind(499, "invalid_request_error", "client_closed_request"),
     PMLError: HTTPErrorKind(400, "invalid_request_error", "invalid_pml"),
     UnknownSchemaError: HTTPErrorKind(404, "invalid_request_error", "schema_not_found"),
+    NoPackError: HTTPErrorKind(404, "invalid_request_error", "pack_not_found"),
 }

@@ -19,6 +19,7 @@ from meancache.client.chat.conversations import (
     Turn,
 )
 from meancache.client.chat.documents import chat_schema, document_prompt, read_document
+from meancache.client.pack import PackStore
 from meancache.client.upstream_client import Completed, Delta, UpstreamClient
 from meancache.shared.query import clean_query
 
@@ -36,8 +37,9 @@ class Correction:
 class AnswerService:
     def __init__(self, cache: SemanticCache, upstream: UpstreamClient,
                  conversations: ConversationStore, max_tokens: int = 512,
-                 temperature: float = 0.7) -> None:
+                 temperature: float = 0.7, packs: PackStore | None = None) -> None:
         self.cache = cache
+        self.packs = packs  # the instruction pack, asked before the semantic cache
         self.upstream = upstream
         self.conversations = conversations
         self.max_tokens = max_tokens
@@ -71,6 +73,12 @@ class AnswerService:
         if conversation.documents:
             return await self._ask_upstream(conversation, len(conversation.turns), question,
                                             on_delta, Source.UPSTREAM)
+        # The instruction pack first: an exact match of the normalised question, on device.
+        found = None if self.packs is None else await asyncio.to_thread(self.packs.lookup,
+                                                                        question)
+        if found is not None:
+            return Turn(question, found.answer, Source.PACK, 1.0, found.instruction,
+                        hit_id=found.hit_id)
         result = await asyncio.to_thread(self.cache.lookup, question,
                                          self.context(conversation))
         if isinstance(result, Hit):
@@ -122,7 +130,13 @@ class AnswerService:
         conversation is saved."""
         turn = conversation.turns[turn_index]
         change = None
-        if turn.source.from_cache and turn.hit_id is not None:
+        if turn.source is Source.PACK and self.packs is not None:
+            # An exact match was not too loose: only this pack answer is wrong, tau stays.
+            await asyncio.to_thread(self.packs.reject, turn.matched_query or turn.question)
+            tau = self.cache.threshold
+            change = ThresholdChange(tau, tau, 0, 0, "a pack answer: the threshold is not "
+                                     "involved")
+        elif turn.source.from_cache and turn.hit_id is not None:
             hit = Hit(turn.question, turn.answer, turn.matched_query or "",
                       turn.similarity or 0.0, turn.entry_id or "", turn.source, turn.hit_id)
             change = await asyncio.to_thread(self.cache.reject, hit)

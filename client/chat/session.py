@@ -13,6 +13,7 @@ from meancache.client.chat.conversations import ConversationStore
 from meancache.client.config import Settings
 from meancache.client.encoder import load_device_encoder
 from meancache.client.errors import ConfigError, UpstreamUnavailableError
+from meancache.client.pack import PackStore
 from meancache.client.upstream_client import UpstreamClient, check_upstream
 from meancache.shared.progress import Progress
 
@@ -83,7 +84,7 @@ class ChatSession:
         upstream = UpstreamClient(url, api_key, model)
         conversations = ConversationStore(settings.conversations_dir)
         answers = AnswerService(cache, upstream, conversations, settings.answer_max_tokens,
-                                settings.temperature)
+                                settings.temperature, PackStore(settings.packs_dir))
         return cls(settings, cache, answers, conversations, label, embedded, problem)
 
     async def aclose(self) -> None:

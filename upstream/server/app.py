@@ -5,6 +5,7 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from meancache.shared.pml import PML_MEDIA_TYPE
@@ -30,6 +31,7 @@ from meancache.upstream.server.middleware import (
     RequireHost,
     RequireMediaType,
 )
+from meancache.upstream.server.packs import pack_routes
 from meancache.upstream.server.tenants import Tenants, tenant_of
 from meancache.upstream.server.wire import Completion, error_body, parse_chat_request
 from meancache.upstream.server.worker import ModelWorker
@@ -50,6 +52,7 @@ class ServerSettings:
     api_keys: tuple[str, ...] = ()  # more keys; each key is a tenant with its own schemas
     allowed_hosts: frozenset[str] | None = None  # Host header names answered; None: any
     limits: Limits = field(default_factory=Limits)
+    packs_dir: Path | None = None  # where instruction packs are published (None: none)
 
 
 def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None) -> Starlette:
@@ -202,6 +205,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
               middleware=auth),
         Route("/health", health, methods=["GET"], name="health", middleware=hosts),
         Route("/metrics", metrics_route, methods=["GET"], name="metrics", middleware=auth),
+        *pack_routes(settings.packs_dir, auth),
     ]
 
     def count(label: str, status: int) -> None:

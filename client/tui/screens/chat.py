@@ -15,6 +15,7 @@ from meancache.client.tui.federated import (
     switch_to_latest,
     sync_and_switch,
 )
+from meancache.client.tui.packs import describe_pack, update_pack
 from meancache.client.tui.screens.attach import AttachScreen
 from meancache.client.tui.screens.confirm_delete import (
     ConfirmDeleteScreen,
@@ -50,6 +51,8 @@ CHAT_BINDINGS = [
     Binding("ctrl+s", "export", "Export", id="export",
             tooltip="Export this chat as Markdown"),
     Binding("ctrl+t", "stats", "Stats", id="stats", tooltip="Hit rate, thresholds, sizes"),
+    Binding("f6", "pack_update", "Update pack", id="pack_update",
+            tooltip="Download the upstream's newest instruction pack (answered on the device)"),
     Binding("f7", "fl_sync", "Sync model", id="fl_sync",
             tooltip="Download the newest federated global model (needs fl_server_url)"),
     Binding("f8", "fl_join", "Join FL", id="fl_join",
@@ -137,7 +140,8 @@ class ChatScreen(Screen[None]):
             return True if rejectable and not self.busy and self._session else None
         if action == "cancel":
             return True if self.busy else None
-        if action in ("attach", "stats", "export", "new_chat", "conversations"):
+        if action in ("attach", "stats", "export", "new_chat", "conversations",
+                      "pack_update"):
             return True if self._session else None
         if action == "fl_sync":
             return True if self._session and self.settings.fl_server_url else None
@@ -240,7 +244,10 @@ class ChatScreen(Screen[None]):
         self.show_conversation(Conversation())
 
     def action_stats(self) -> None:
-        self.app.push_screen(StatsScreen(stats_rows(self.session.cache.stats(), None)))
+        packs = self.session.answers.packs
+        self.app.push_screen(StatsScreen(stats_rows(self.session.cache.stats(),
+                                                    None if packs is None else
+                                                    describe_pack(packs.stats()))))
 
     def action_conversations(self) -> None:
         self.app.push_screen(ConversationsScreen(self.session.conversations.list()),
@@ -365,6 +372,23 @@ class ChatScreen(Screen[None]):
 
     def _show_status(self) -> None:
         self.query_one("#status", Static).update(self._status_line())
+
+    @work(thread=True, exclusive=True, group="pack")
+    def action_pack_update(self) -> None:
+        try:
+            update = update_pack(self.session, self.progress("downloading the instruction "
+                                                             "pack…"))
+        except MeanCacheError as exc:
+            self.app.call_from_thread(self.notify, f"{exc}; the pack in use stays",
+                                      title="Pack update failed", severity="error")
+            return
+        finally:
+            self.app.call_from_thread(self._progress_done)
+        manifest = update.manifest
+        message = (f"pack {manifest.pack_id}: {manifest.count} instructions now answered on "
+                   "this device" if update.changed else
+                   f"already up to date (pack {manifest.pack_id})")
+        self.app.call_from_thread(self.notify, message, title="Instruction pack")
 
     @work(thread=True, exclusive=True, group="fl")
     def action_fl_sync(self) -> None:

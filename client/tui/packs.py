@@ -1,0 +1,29 @@
+"""The chat's instruction-pack action: download the upstream's newest pack and put it in
+use in the open session (a failure leaves the old one answering)."""
+
+from meancache.client.chat.session import ChatSession
+from meancache.client.errors import PackDownloadError
+from meancache.client.pack import PackStats, PackUpdate, download_pack
+from meancache.client.pack.store import PACK_FILE
+from meancache.shared.progress import Progress
+
+
+def update_pack(session: ChatSession, progress: Progress) -> PackUpdate:
+    """Blocking: run it in a worker thread."""
+    packs = session.answers.packs
+    if packs is None:
+        raise PackDownloadError("this chat has no instruction pack store")
+    update = download_pack(session.answers.upstream.base_url,
+                           session.settings.packs_dir / PACK_FILE,
+                           session.settings.upstream_api_key, progress=progress)
+    if update.changed:
+        packs.reload()
+    return update
+
+
+def describe_pack(stats: PackStats) -> str | None:
+    """The stats screen's "pack version" line; None without a pack."""
+    if stats.pack_id is None:
+        return None
+    return (f"{stats.pack_id} ({stats.entries} instructions, {stats.size_bytes:,} bytes, "
+            f"{stats.hits} hits, {stats.rejected} rejected)")

@@ -1,0 +1,206 @@
+"""The pack builder on tiny models and a few dozen real instructions: the instruction LM
+(from scratch and from a base model; checkpoints and resume), Algorithm 1's tree search
+(budget, depth, resume), sizing and hit-rate prediction, answers and the published pack."""
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from meancache.shared.errors import PackError
+from meancache.shared.pack import read_pack
+from meancache.upstream.model_loading import load_model
+from meancache.upstream.pack.build import answer_instructions, publish_pack
+from meancache.upstream.pack.data import read_instructions, split_instructions
+from meancache.upstream.pack.lm import META_FILE, TrainConfig, load_lm, train_lm, wrap
+from meancache.upstream.pack.nll import instruction_nll
+from meancache.upstream.pack.plan import SizeModel, predicted_hit_rate, sigma_for_hit_rate
+from meancache.upstream.pack.search import SearchConfig, tree_search
+
+TINY = TrainConfig(epochs=20, batch_size=8, layers=1, hidden=64, heads=2, vocab_size=300,
+                   max_tokens=16, checkpoint_every=4, learning_rate=3e-3)
+SEARCH = SearchConfig(sigma=12.0, max_depth=12, limits=((2, 6), (10**9, 3)), batch_size=64)
+
+
+class Killed(Exception):
+    """Stands for a kill -9 at a chosen point of a long job."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models on a shared 2-core machine: more threads only contend (10x slower)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def instructions_file(shared_data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The first 40 Chatbot Arena instructions."""
+    lines = (shared_data_dir / "instructions" / "arena_first_turns.jsonl").read_text(
+        encoding="utf-8").splitlines()[:40]
+    path = tmp_path_factory.mktemp("instructions") / "arena40.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def scratch_lm(instructions_file: Path, tmp_path_factory: pytest.TempPathFactory
+               ) -> tuple[Path, list[int]]:
+    """A from-scratch LM whose first run is killed after step 6 and then resumed."""
+    out = tmp_path_factory.mktemp("lm") / "scratch"
+    steps: list[int] = []
+
+    def kill_at_six(done: int, total: int) -> None:
+        steps.append(done)
+        if done == 6:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train_lm(instructions_file, out, config=TINY, progress=kill_at_six)
+    train_lm(instructions_file, out, config=TINY, progress=lambda d, t: steps.append(d))
+    return out, steps
+
+
+def test_data_is_normalised_and_split_80_10_10(instructions_file: Path, tmp_path: Path) -> None:
+    texts = read_instructions(instructions_file)
+    assert len(texts) == 40 and texts[0] == "how to build an arena for chatbots"
+    split = split_instructions(texts, seed=3)
+    assert (len(split.train), len(split.validation), len(split.test)) == (32, 4, 4)
+    assert sorted(split.train + split.validation + split.test) == sorted(texts)
+    assert split == split_instructions(texts, seed=3) != split_instructions(texts, seed=4)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"text": "fine"}\n{"no text": 1}\n')
+    with pytest.raises(PackError, match="line 2"):
+        read_instructions(bad)
+
+
+def test_training_from_scratch_resumes_from_its_checkpoint(scratch_lm: tuple[Path, list[int]]
+                                                           ) -> None:
+    out, steps = scratch_lm
+    # 32 train instructions / 8 = 4 steps an epoch, 80 in all; the kill came after step 6,
+    # the last checkpoint was step 4, so the second run went on from step 5.
+    assert steps == [1, 2, 3, 4, 5, 6, *range(5, 81)]
+    meta = json.loads((out / META_FILE).read_text())
+    assert (meta["base"], meta["steps"], meta["train"]) == (None, 80, 32)
+    assert not out.with_name("scratch.checkpoint").exists()
+    lm = load_lm(out)
+    assert lm.model.config.model_type == "gpt2"
+
+
+def test_fine_tuning_a_base_model_learns_the_instructions(instructions_file: Path,
+                                                          tmp_path: Path) -> None:
+    train = split_instructions(read_instructions(instructions_file)).train[:8]
+    loaded = load_model("builtin:tiny-gemma3", device="cpu")
+    before = instruction_nll(wrap(loaded.model, loaded.tokenizer), train, max_depth=10**4)
+    config = TrainConfig(epochs=3, batch_size=8, learning_rate=3e-3, max_tokens=200)
+    out = train_lm(instructions_file, tmp_path / "gemma", base="builtin:tiny-gemma3",
+                   config=config)
+    tuned = load_lm(out)
+    assert tuned.model.config.model_type == "gemma3_text"
+    after = instruction_nll(tuned, train, max_depth=10**4)
+    assert sum(after) < sum(before)
+
+
+def test_tree_search_keeps_to_the_budget_and_resumes(scratch_lm: tuple[Path, list[int]],
+                                                     tmp_path: Path) -> None:
+    lm = load_lm(scratch_lm[0])
+    whole = tree_search(lm, SEARCH)
+    assert whole.instructions and whole.expanded > len(whole.instructions)
+    assert max(whole.instructions.values()) <= SEARCH.sigma
+    # The path NLLs the search summed with reused KV states are the model's own NLLs.
+    direct = instruction_nll(lm, list(whole.instructions), SEARCH.max_depth)
+    agree = [t for t, n in zip(whole.instructions, direct, strict=True)
+             if math.isclose(n, whole.instructions[t], abs_tol=1e-3)]
+    assert len(agree) >= len(whole.instructions) // 2  # the rest tokenise differently
+    smaller = tree_search(lm, SearchConfig(9.0, SEARCH.max_depth, SEARCH.limits))
+    assert smaller.instructions
+    assert set(smaller.instructions) <= set(whole.instructions)
+
+    state = tmp_path / "search.json"
+
+    def kill_at_depth_three(done: int, total: int) -> None:
+        if done == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        tree_search(lm, SEARCH, state, kill_at_depth_three)
+    resumed = tree_search(lm, SEARCH, state)  # recomputes the frontier's KV states
+    assert resumed.instructions.keys() == whole.instructions.keys()
+    assert all(math.isclose(resumed.instructions[t], n, abs_tol=1e-4)
+               for t, n in whole.instructions.items())
+
+
+def test_size_fit_and_hit_rate_prediction() -> None:
+    model = SizeModel.fit(2.0, 10, 4.0, 60)
+    assert math.isclose(model.size(2.0), 10) and math.isclose(model.size(4.0), 60)
+    assert model.size(6.0) > 60 * 5  # exponential growth beyond the fitted points
+    nlls = [1.0, 2.0, 3.0, 4.0, math.inf]
+    assert predicted_hit_rate(nlls, 3.0) == 0.6
+    assert sigma_for_hit_rate(nlls, 0.6) == 3.0
+    with pytest.raises(PackError, match="out of reach"):
+        sigma_for_hit_rate(nlls, 0.9)
+    with pytest.raises(PackError, match="larger sigmas"):
+        SizeModel.fit(2.0, 5, 4.0, 5)
+
+
+def test_answers_resume_and_the_published_pack_is_the_models(tmp_path: Path) -> None:
+    loaded = load_model("builtin:tiny", device="cpu")
+    work = tmp_path / "answers.jsonl"
+    work.write_text(json.dumps({"instruction": "what is python", "answer": "kept"}) + "\n"
+                    + '{"instruction": "cut by a ki')
+    answers = answer_instructions(loaded, ["what is python", "how are you"], work,
+                                  max_tokens=4)
+    assert answers["what is python"] == "kept"  # answered by the killed run: not redone
+    rows = [json.loads(line) for line in work.read_text().splitlines()]  # the cut line is gone
+    assert [r["instruction"] for r in rows] == ["what is python", "how are you"]
+    path, manifest = publish_pack(answers | {"hi": "x"}, loaded.name, 9.0, tmp_path / "packs")
+    pack = read_pack(path, model="builtin:tiny")
+    assert pack.manifest == manifest and pack.lookup("What is Python?")[1] == "kept"
+
+
+def test_commands_train_plan_build_then_the_device_updates(
+        instructions_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from meancache.upstream.server.app import ServerSettings
+
+    from meancache.cli import main
+    from tests.upstream_server import running_upstream
+
+    base = ["--config-dir", str(tmp_path / "config"), "--data-dir", str(tmp_path / "data")]
+    lm, packs = tmp_path / "lm", tmp_path / "published"
+    search = ["--lm", str(lm), "--max-depth", "12", "--children", "6", "3"]
+    assert main([*base, "pack", "train-lm", "--data", str(instructions_file), "--out", str(lm),
+                 "--epochs", "20", "--batch-size", "8", "--layers", "1", "--hidden", "64"]) == 0
+    assert main([*base, "pack", "plan", *search, "--data", str(instructions_file),
+                 "--fit-sigmas", "10", "13", "--sigma", "14", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert plan["fit"]["sizes"][0] < plan["fit"]["sizes"][1] < plan["predicted_size"]
+    assert plan["validation_instructions"] == 4 and 0 <= plan["predicted_hit_rate"] <= 1
+    assert main([*base, "pack", "build", *search, "--sigma", "12", "--model", "builtin:tiny",
+                 "--packs-dir", str(packs), "--max-tokens", "4"]) == 0
+    assert "published" in capsys.readouterr().out
+    [published] = packs.glob("*.mcpack")
+    built = read_pack(published, model="builtin:tiny")
+    assert built.manifest.count > 0 and built.manifest.sigma == 12.0
+    with running_upstream(settings=ServerSettings(packs_dir=packs)) as url:
+        assert main([*base, "pack", "update", "--upstream", url]) == 0
+    assert main([*base, "pack", "stats", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (stats["pack_id"], stats["entries"]) == (built.manifest.pack_id,
+                                                    built.manifest.count)
+
+
+def test_ray_subtrees_find_what_one_process_finds(scratch_lm: tuple[Path, list[int]]) -> None:
+    from meancache.upstream.pack.parallel import parallel_search
+
+    one = tree_search(load_lm(scratch_lm[0]), SEARCH)
+    done: list[int] = []
+    spread = parallel_search(scratch_lm[0], SEARCH, workers=2, split_depth=2,
+                             progress=lambda d, t: done.append(t))
+    assert spread.instructions.keys() == one.instructions.keys()
+    assert all(math.isclose(spread.instructions[t], n, abs_tol=1e-4)
+               for t, n in one.instructions.items())
+    assert spread.expanded == one.expanded and done and done[0] > 1  # several tasks

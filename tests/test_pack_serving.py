@@ -1,0 +1,162 @@
+"""Publishing packs on the real upstream server and downloading them with the device's
+client: ETag, Range resume, auth, and every bad download leaving the old pack in use."""
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from meancache.client.errors import PackDownloadError
+from meancache.client.pack import PackStore, download_pack
+from meancache.shared.errors import PackCorruptError, PackMismatchError
+from meancache.shared.pack import read_pack, write_pack
+from meancache.upstream.server.app import ServerSettings
+
+from tests.upstream_server import running_upstream
+
+MODEL = "builtin:tiny"
+KEY = "pack-key"
+ENTRIES = [(f"What is the number {n}?", f"It is {n}. " * 20) for n in range(50)]
+
+
+@pytest.fixture(scope="module")
+def packs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("published")
+
+
+@pytest.fixture(scope="module")
+def server(packs_dir: Path) -> Iterator[str]:
+    with running_upstream(MODEL, ServerSettings(api_key=KEY, packs_dir=packs_dir)) as url:
+        yield url
+
+
+def publish(packs_dir: Path, name: str, entries: list[tuple[str, str]] = ENTRIES,
+            model: str = MODEL) -> Path:
+    for old in packs_dir.glob("*"):
+        old.unlink()
+    path = packs_dir / f"{name}.mcpack"
+    write_pack(path, entries, model=model, sigma=8.0)
+    return path
+
+
+def test_latest_pack_with_etag_range_and_auth(server: str, packs_dir: Path) -> None:
+    path = publish(packs_dir, "a")
+    (packs_dir / "zz-broken.mcpack").write_bytes(b"not a pack\n")  # skipped, not served
+    data, sha = path.read_bytes(), read_pack(path).manifest.body_sha256
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert httpx.get(f"{server}/v1/packs/latest").status_code == 401
+    whole = httpx.get(f"{server}/v1/packs/latest", headers=auth)
+    assert (whole.status_code, whole.content, whole.headers["etag"]) == (200, data, f'"{sha}"')
+    part = httpx.get(f"{server}/v1/packs/latest",
+                     headers=auth | {"Range": "bytes=100-", "If-Range": f'"{sha}"'})
+    assert (part.status_code, part.content) == (206, data[100:])
+    stale = httpx.get(f"{server}/v1/packs/latest",
+                      headers=auth | {"Range": "bytes=100-", "If-Range": '"other"'})
+    assert (stale.status_code, stale.content) == (200, data)  # a resume across packs restarts
+    same = httpx.get(f"{server}/v1/packs/latest", headers=auth | {"If-None-Match": f'"{sha}"'})
+    assert same.status_code == 304
+    manifest = httpx.get(f"{server}/v1/packs/latest/manifest", headers=auth).json()
+    assert (manifest["count"], manifest["model"], manifest["body_sha256"]) == (50, MODEL, sha)
+
+
+def test_a_server_without_packs_answers_404() -> None:
+    with running_upstream(MODEL) as url:
+        response = httpx.get(f"{url}/v1/packs/latest")
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "pack_not_found"
+
+
+def test_download_installs_then_304_then_resumes(server: str, packs_dir: Path,
+                                                 tmp_path: Path) -> None:
+    publish(packs_dir, "b")
+    target = tmp_path / "packs" / "current.mcpack"
+    seen: list[tuple[int, int]] = []
+    first = download_pack(server, target, KEY, progress=lambda d, t: seen.append((d, t)))
+    assert first.changed and first.manifest.count == 50
+    assert seen[-1][0] == seen[-1][1] == target.stat().st_size
+    assert PackStore(target.parent).lookup("what is the number 7").answer.startswith("It is 7.")
+    assert not download_pack(server, target, KEY).changed  # 304: already has it
+
+    newer = publish(packs_dir, "c", ENTRIES[:30])
+    sha = read_pack(newer).manifest.body_sha256
+    partial = target.with_name("current.mcpack.download")
+    partial.write_bytes(newer.read_bytes()[:500])  # a download cut after 500 bytes
+    target.with_name("current.mcpack.download.etag").write_text(f'"{sha}"')
+    resumed = download_pack(server, target, KEY)
+    assert (resumed.changed, resumed.resumed_from, resumed.manifest.count) == (True, 500, 30)
+    assert target.read_bytes() == newer.read_bytes() and not partial.exists()
+
+
+def test_bad_downloads_leave_the_old_pack_in_use(server: str, packs_dir: Path,
+                                                 tmp_path: Path) -> None:
+    target = tmp_path / "current.mcpack"
+    write_pack(target, ENTRIES[:3], model=MODEL, sigma=1.0)
+    old = target.read_bytes()
+
+    publish(packs_dir, "d", model="another-model")
+    with pytest.raises(PackMismatchError, match="another-model"):
+        download_pack(server, target, KEY)
+    published = publish(packs_dir, "e")
+    with pytest.raises(PackDownloadError, match="over the 1000-byte limit"):
+        download_pack(server, target, KEY, max_bytes=1000)
+    published.write_bytes(published.read_bytes().replace(b"It is 4.", b"It is 5."))
+    with pytest.raises(PackCorruptError, match="sha256"):
+        download_pack(server, target, KEY)
+    with pytest.raises(PackDownloadError, match="401"):
+        download_pack(server, target, "wrong-key")
+    assert target.read_bytes() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current.mcpack"]
+
+
+def cut_off_server(body: bytes, declared: int) -> tuple[str, socket.socket]:
+    """A fault no real server produces on demand: the connection drops mid-body."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        for _ in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                request = conn.recv(65536)
+                if b"/v1/models" in request:
+                    payload = json.dumps({"data": [{"id": MODEL}]}).encode()
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                                 b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
+                else:
+                    conn.sendall(b"HTTP/1.1 200 OK\r\netag: \"x\"\r\n"
+                                 b"content-length: %d\r\n\r\n%s" % (declared, body))
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{listener.getsockname()[1]}", listener
+
+
+def test_a_cut_download_keeps_the_old_pack_and_can_resume(tmp_path: Path) -> None:
+    target = tmp_path / "current.mcpack"
+    write_pack(target, ENTRIES[:3], model=MODEL, sigma=1.0)
+    old = target.read_bytes()
+    source = tmp_path / "new.mcpack"
+    write_pack(source, ENTRIES, model=MODEL, sigma=1.0)
+    url, listener = cut_off_server(source.read_bytes()[:700], source.stat().st_size)
+    with listener, pytest.raises(PackDownloadError, match="cut off.*resume"):
+        download_pack(url, target, timeout=5)
+    assert target.read_bytes() == old
+    assert target.with_name("current.mcpack.download").read_bytes() == \
+        source.read_bytes()[:700]  # kept for the next update to resume from
+
+
+def test_pack_update_and_stats_commands(server: str, packs_dir: Path, tmp_path: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    from meancache.cli import main
+
+    publish(packs_dir, "f")
+    base = ["--config-dir", str(tmp_path), "--data-dir", str(tmp_path / "data"), "pack"]
+    assert main([*base, "update", "--upstream", server, "--api-key", "wrong"]) == 2
+    assert "missing or wrong API key" in capsys.readouterr().err
+    assert main([*base, "update", "--upstream", server, "--api-key", KEY]) == 0
+    assert "50 instructions answered by builtin:tiny" in capsys.readouterr().out
+    assert main([*base, "stats", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert (stats["entries"], stats["model"], stats["hits"]) == (50, MODEL, 0)
+    assert stats["size_bytes"] == (packs_dir / "f.mcpack").stat().st_size

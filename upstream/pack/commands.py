@@ -1,0 +1,165 @@
+"""`meancache pack train-lm|plan|build`: the upstream's instruction-pack commands."""
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+DEFAULT_DATA = "../shared/data/instructions/arena_first_turns.jsonl"
+
+
+def add_commands(pack: Any) -> None:
+    train = pack.add_parser("train-lm", help="train the instruction language model")
+    train.add_argument("--data", type=Path, required=True, help="instructions, JSON lines "
+                       f"with a 'text' field (e.g. {DEFAULT_DATA})")
+    train.add_argument("--out", type=Path, required=True, help="where the model is saved")
+    train.add_argument("--base", help="fine-tune this model (builtin:gemma-3-270m, a "
+                       "builtin:tiny* test model, or a local directory) instead of training a "
+                       "small GPT-2 from scratch")
+    train.add_argument("--epochs", type=int, default=2)
+    train.add_argument("--batch-size", type=int, default=32)
+    train.add_argument("--layers", type=int, default=4, help="from scratch only")
+    train.add_argument("--hidden", type=int, default=256, help="from scratch only")
+    train.add_argument("--seed", type=int, default=0, help="also seeds the 80/10/10 split")
+    train.set_defaults(handler=run_train)
+
+    plan = pack.add_parser("plan", help="predict a pack's size and hit rate for a sigma, "
+                           "or the sigma for a hit rate")
+    _search_arguments(plan)
+    plan.add_argument("--data", type=Path, required=True, help="the instructions the LM "
+                      "was trained on (its validation split is used)")
+    plan.add_argument("--fit-sigmas", type=float, nargs=2, required=True,
+                      metavar=("SIGMA1", "SIGMA2"), help="two small budgets to search at "
+                      "and fit N = a(e^(b sigma) - 1) to")
+    goal = plan.add_mutually_exclusive_group(required=True)
+    goal.add_argument("--sigma", type=float, help="the budget to predict for")
+    goal.add_argument("--hit-rate", type=float, help="the hit rate (0-1) to find sigma for")
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(handler=run_plan)
+
+    build = pack.add_parser("build", help="search the instructions under sigma, answer "
+                            "them with the upstream's model, and publish the pack")
+    _search_arguments(build)
+    build.add_argument("--sigma", type=float, required=True, help="the NLL budget")
+    build.add_argument("--model", help="the model that answers (default: upstream_model in "
+                       "config.toml); the device refuses a pack of another model")
+    build.add_argument("--packs-dir", type=Path, required=True,
+                       help="where `upstream serve --packs-dir` publishes packs")
+    build.add_argument("--work-dir", type=Path, help="search state and answers so far, "
+                       "for resuming (default: PACKS_DIR/work-SIGMA)")
+    build.add_argument("--max-tokens", type=int, default=256, help="longest answer")
+    build.add_argument("--workers", type=int, default=1, help="expand subtrees in this "
+                       "many Ray tasks at once (local Ray; 1: in this process, resumable)")
+    build.add_argument("--ray-address", help="a Ray cluster to expand subtrees on")
+    build.set_defaults(handler=run_build)
+
+
+def _search_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lm", type=Path, required=True, help="the trained instruction LM")
+    parser.add_argument("--max-depth", type=int, default=32, help="tokens per instruction")
+    parser.add_argument("--children", type=int, nargs=2, default=(5000, 1000),
+                        metavar=("UP_TO_10", "DEEPER"),
+                        help="children kept per node up to depth 10, and deeper")
+    parser.add_argument("--batch-size", type=int, default=64, help="paths per model call")
+
+
+def _search_config(args: argparse.Namespace, sigma: float) -> Any:
+    from meancache.upstream.pack.search import SearchConfig
+
+    shallow, deep = args.children
+    return SearchConfig(sigma, args.max_depth, ((10, shallow), (10**9, deep)), args.batch_size)
+
+
+def report(label: str, every: float = 1.0) -> Callable[[int, int], None]:
+    """A progress callback for long server-side jobs: a line on stderr at most every
+    ``every`` seconds, and at the end (like `upstream serve`'s model preparation)."""
+    last = 0.0
+
+    def show(done: int, total: int) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if now - last >= every or (total and done >= total):
+            last = now
+            print(f"meancache pack: {label} {done}/{total or '?'}", file=sys.stderr,
+                  flush=True)
+
+    return show
+
+
+def run_train(args: argparse.Namespace, settings: Any) -> int:
+    from meancache.upstream.pack.lm import TrainConfig, train_lm
+
+    config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, layers=args.layers,
+                         hidden=args.hidden, seed=args.seed)
+    out = train_lm(args.data, args.out, args.base, config, report("training step"),
+                   settings.data_dir)
+    print(f"instruction LM saved in {out} (checkpoints every {config.checkpoint_every} "
+          "steps; a killed run resumes when started again)")
+    return 0
+
+
+def run_plan(args: argparse.Namespace, settings: Any) -> int:
+    from meancache.upstream.pack.data import read_instructions, split_instructions
+    from meancache.upstream.pack.lm import META_FILE, load_lm
+    from meancache.upstream.pack.nll import instruction_nll
+    from meancache.upstream.pack.plan import (
+        SizeModel,
+        predicted_hit_rate,
+        sigma_for_hit_rate,
+    )
+    from meancache.upstream.pack.search import tree_search
+
+    lm = load_lm(args.lm)
+    meta = json.loads((args.lm / META_FILE).read_text(encoding="utf-8"))
+    validation = split_instructions(read_instructions(args.data),
+                                    meta["config"]["seed"]).validation
+    nlls = instruction_nll(lm, validation, args.max_depth)
+    small, large = sorted(args.fit_sigmas)
+    sizes = [len(tree_search(lm, _search_config(args, s), progress=report(
+        f"search at sigma {s:g}: depth")).instructions) for s in (small, large)]
+    model = SizeModel.fit(small, sizes[0], large, sizes[1])
+    sigma = args.sigma if args.sigma is not None else sigma_for_hit_rate(nlls, args.hit_rate)
+    result = {"sigma": sigma, "predicted_size": round(model.size(sigma)),
+              "predicted_hit_rate": predicted_hit_rate(nlls, sigma),
+              "fit": {"a": model.a, "b": model.b, "sigmas": [small, large], "sizes": sizes},
+              "validation_instructions": len(validation)}
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(f"sigma {sigma:.2f}: about {result['predicted_size']:,} instructions, predicted "
+              f"hit rate {result['predicted_hit_rate']:.1%} (N = {model.a:.3g}"
+              f"(e^({model.b:.3g} sigma) - 1), fitted on N({small:g}) = {sizes[0]}, "
+              f"N({large:g}) = {sizes[1]}; {len(validation)} validation instructions)")
+    return 0
+
+
+def run_build(args: argparse.Namespace, settings: Any) -> int:
+    from meancache.upstream.model_loading import load_model
+    from meancache.upstream.pack.build import answer_instructions, publish_pack
+    from meancache.upstream.pack.lm import load_lm
+    from meancache.upstream.pack.search import tree_search
+
+    work = args.work_dir or args.packs_dir / f"work-{args.sigma:g}"
+    work.mkdir(parents=True, exist_ok=True)
+    config = _search_config(args, args.sigma)
+    if args.workers > 1 or args.ray_address:
+        from meancache.upstream.pack.parallel import parallel_search
+
+        found = parallel_search(args.lm, config, args.workers, ray_address=args.ray_address,
+                                progress=report("subtrees done"))
+    else:
+        found = tree_search(load_lm(args.lm), config, work / "search.json",
+                            report("search depth"))
+    instructions = sorted(found.instructions, key=found.instructions.__getitem__)
+    print(f"{len(instructions)} instructions within sigma {args.sigma:g} "
+          f"({found.expanded} nodes expanded in {found.seconds:.1f}s)", file=sys.stderr)
+    loaded = load_model(args.model or settings.upstream_model, data_dir=settings.data_dir)
+    answers = answer_instructions(loaded, instructions, work / "answers.jsonl",
+                                  args.max_tokens, report("answered"))
+    path, manifest = publish_pack(answers, loaded.name, args.sigma, args.packs_dir)
+    print(f"published {path}: {manifest.count} instructions answered by {manifest.model} "
+          f"(pack {manifest.pack_id})")
+    return 0

@@ -1,0 +1,47 @@
+"""Instruction logs for the instruction LM: JSON lines with a "text" field, normalised by
+the one function the device also uses, and a seeded 80/10/10 split."""
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from meancache.shared.errors import PackError
+from meancache.shared.pack import normalise_instruction
+
+
+@dataclass(frozen=True)
+class Split:
+    train: list[str]
+    validation: list[str]
+    test: list[str]
+
+
+def read_instructions(path: Path) -> list[str]:
+    """Every non-empty instruction of a JSONL file, normalised, in file order."""
+    texts: list[str] = []
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PackError(f"cannot read the instruction file {path}: {exc}") from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            text = json.loads(line)["text"]
+        except (ValueError, KeyError, TypeError):
+            raise PackError(f"{path}, line {number}: expected a JSON object with a "
+                            "\"text\" field") from None
+        if isinstance(text, str) and (key := normalise_instruction(text)):
+            texts.append(key)
+    if not texts:
+        raise PackError(f"{path} holds no instructions")
+    return texts
+
+
+def split_instructions(texts: list[str], seed: int = 0) -> Split:
+    """A seeded shuffle cut 80/10/10 into train, validation and test."""
+    shuffled = texts[:]
+    random.Random(seed).shuffle(shuffled)
+    first, second = int(len(shuffled) * 0.8), int(len(shuffled) * 0.9)
+    return Split(shuffled[:first], shuffled[first:second], shuffled[second:])
