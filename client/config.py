@@ -32,6 +32,7 @@ class Settings:
     # The global tau until the FL server sends one; unset, the encoder profile's default.
     threshold: float = DEFAULT_THRESHOLD
     context_aware: bool = True
+    verify_hits: bool = True  # veto candidates that look alike but differ (negation, number, ...)
     max_entries: int = 100_000
     max_bytes: int = 512 * 1024 * 1024
     pca_dims: int = DEFAULT_PCA_DIMS
@@ -87,6 +88,7 @@ class Settings:
             max_entries=self.max_entries,
             max_bytes=self.max_bytes,
             context_aware=self.context_aware,
+            verify_hits=self.verify_hits,
             pca_dims=self.pca_dims,
             pca_min_entries=self.pca_min_entries,
             tune_min_per_class=self.tune_min_per_class,

@@ -1,0 +1,301 @@
+"""Verification of candidate hits: a cheap, explainable veto on two questions that look alike
+(cosine >= tau) but need different answers.
+
+Embeddings put "What is the capital of France?" and "What isn't the capital of France?" at a
+cosine of 0.96: a threshold alone cannot tell them apart. The cache asks ``verify`` about each
+candidate at or above tau before serving it; a veto names what differs:
+
+- negation: a negation cue (not, n't, never, no, without, ...) on one side only;
+- antonym: a word on one side whose opposite (best/worst, buy/sell, ...) is on the other;
+- number / unit: both sides name numbers (or units) and they differ;
+- time: both sides name a time (today, Monday, June, next, ...) and they differ;
+- entity: a capitalised name on one side is replaced by another word on the other;
+- direction: the same content words in another order around a direction word
+  (to, from, than, into, ...): "USD to EUR" vs "EUR to USD".
+
+Only words are compared (no model, no I/O): microseconds per candidate.
+"""
+
+import re
+from dataclasses import dataclass
+from difflib import SequenceMatcher
+
+from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+NEGATIONS = frozenset({
+    "not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "nowhere",
+    "cannot", "without", "unable", "dont", "doesnt", "didnt", "isnt", "arent", "wasnt",
+    "werent", "cant", "wont", "wouldnt", "shouldnt", "couldnt", "havent", "hasnt",
+})
+# Pairs of opposites; inflected forms are matched through ``_stem``.
+ANTONYMS = (
+    ("good", "bad"), ("best", "worst"), ("better", "worse"), ("big", "small"),
+    ("large", "small"), ("bigger", "smaller"), ("biggest", "smallest"), ("largest", "smallest"),
+    ("high", "low"), ("higher", "lower"), ("highest", "lowest"), ("increase", "decrease"),
+    ("increase", "reduce"), ("rise", "fall"), ("hot", "cold"), ("warm", "cold"),
+    ("cheap", "expensive"), ("fast", "slow"), ("faster", "slower"), ("fastest", "slowest"),
+    ("easy", "hard"), ("easy", "difficult"), ("easiest", "hardest"),
+    ("advantage", "disadvantage"), ("pro", "con"), ("buy", "sell"), ("win", "lose"),
+    ("gain", "lose"), ("start", "stop"), ("start", "end"), ("begin", "end"),
+    ("open", "close"), ("before", "after"), ("first", "last"), ("old", "new"),
+    ("old", "young"), ("strong", "weak"), ("rich", "poor"), ("safe", "dangerous"),
+    ("healthy", "unhealthy"), ("legal", "illegal"), ("possible", "impossible"),
+    ("true", "false"), ("positive", "negative"), ("love", "hate"), ("accept", "reject"),
+    ("import", "export"), ("input", "output"), ("maximum", "minimum"), ("max", "min"),
+    ("more", "less"), ("most", "least"), ("many", "few"), ("long", "short"),
+    ("heavy", "light"), ("wet", "dry"), ("early", "late"), ("happy", "sad"),
+    ("light", "dark"), ("north", "south"), ("east", "west"), ("up", "down"),
+    ("upload", "download"), ("inside", "outside"), ("above", "below"), ("push", "pull"),
+    ("male", "female"), ("man", "woman"), ("men", "women"), ("boy", "girl"),
+    ("husband", "wife"), ("father", "mother"), ("son", "daughter"), ("brother", "sister"),
+    ("friend", "enemy"), ("success", "failure"), ("pass", "fail"), ("add", "remove"),
+    ("enable", "disable"), ("install", "uninstall"), ("encrypt", "decrypt"),
+    ("summer", "winter"), ("day", "night"), ("morning", "evening"), ("agree", "disagree"),
+    ("deep", "shallow"), ("thick", "thin"), ("fat", "thin"), ("wide", "narrow"),
+    ("top", "bottom"), ("left", "right"), ("arrive", "leave"), ("lend", "borrow"),
+    ("send", "receive"), ("teacher", "student"), ("employer", "employee"),
+    ("minimum", "maximum"), ("include", "exclude"), ("allow", "forbid"), ("love", "hate"),
+    ("like", "dislike"), ("clockwise", "anticlockwise"), ("ascend", "descend"),
+    ("ascending", "descending"), ("innocent", "guilty"), ("alive", "dead"),
+    ("wrong", "right"), ("cause", "cure"), ("raise", "lower"), ("attack", "defend"),
+    ("offense", "defense"), ("import", "export"), ("internal", "external"),
+    ("renewable", "nonrenewable"), ("visible", "invisible"), ("sweet", "sour"),
+    ("acid", "base"), ("acidic", "alkaline"), ("vertical", "horizontal"),
+)
+UNITS = frozenset({
+    "km", "kilometer", "kilometre", "mile", "meter", "metre", "cm", "mm", "foot",
+    "feet", "inch", "yard", "kg", "kilogram", "gram", "pound", "lb", "lbs", "ounce",
+    "oz", "ton", "tonne", "liter", "litre", "gallon", "ml", "cup", "celsius",
+    "fahrenheit", "kelvin", "dollar", "usd", "euro", "eur", "rupee", "inr", "yen", "gbp",
+    "second", "minute", "hour", "day", "week", "month", "year", "decade", "century",
+    "gb", "mb", "kb", "tb", "calorie", "kcal", "watt", "volt", "amp", "mph", "kmh",
+    "percent", "bit", "byte", "acre", "hectare",
+})
+TIMES = frozenset({
+    "today", "tomorrow", "yesterday", "tonight", "morning", "afternoon", "evening",
+    "night", "weekend", "weekday", "monday", "tuesday", "wednesday", "thursday", "friday",
+    "saturday", "sunday", "january", "february", "march", "april", "june", "july",
+    "august", "september", "october", "november", "december", "spring", "summer",
+    "autumn", "winter", "next", "last", "past", "future", "ago", "previous", "upcoming",
+    "christmas", "easter", "dawn", "dusk", "noon", "midnight", "ancient", "medieval",
+    "modern",
+})
+# Number words, as the digits they stand for where they have one.
+NUMBER_WORDS = {
+    "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
+    "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
+    "thirteen": "13", "fourteen": "14", "fifteen": "15", "sixteen": "16", "seventeen": "17",
+    "eighteen": "18", "nineteen": "19", "twenty": "20", "thirty": "30", "forty": "40",
+    "fifty": "50", "sixty": "60", "seventy": "70", "eighty": "80", "ninety": "90",
+    "hundred": "100", "thousand": "1000", "million": "1000000", "billion": "1000000000",
+    "half": "half", "quarter": "quarter", "double": "twice", "twice": "twice",
+    "triple": "thrice", "thrice": "thrice",
+}
+DIRECTION_WORDS = frozenset({"to", "from", "into", "than", "vs", "versus", "onto"})
+COMPARATIVES = frozenset({"better", "worse", "more", "less", "rather"})
+STOP_WORDS = ENGLISH_STOP_WORDS - NEGATIONS - NUMBER_WORDS.keys()
+LOCAL_EDIT_WORDS = 3  # a negation or name counts when it is a local edit, not a new clause
+MAX_SWAP_WORDS = 2
+_TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[A-Za-z]+(?:'[A-Za-z]+)?|[.?!]")
+_SUFFIXES = ("ing", "ed", "es", "s")
+
+
+def _stem(word: str) -> str:
+    """A crude stem, enough to match "increasing" with "increase" and "wins" with "win"."""
+    for suffix in _SUFFIXES:
+        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+            word = word[: -len(suffix)]
+            break
+    return word[:-1] if word.endswith("e") and len(word) > 3 else word
+
+
+_OPPOSITE: dict[str, frozenset[str]] = {}
+for _a, _b in ANTONYMS:
+    for _x, _y in ((_stem(_a), _stem(_b)), (_stem(_b), _stem(_a))):
+        _OPPOSITE[_x] = _OPPOSITE.get(_x, frozenset()) | {_y}
+_UNIT_STEMS = frozenset(_stem(u) for u in UNITS)
+_TIME_STEMS = frozenset(_stem(t) for t in TIMES)
+
+
+@dataclass(frozen=True)
+class Veto:
+    """Why a candidate hit was refused: ``kind`` is one of the checks, ``detail`` the words."""
+
+    kind: str
+    detail: str
+
+    @property
+    def reason(self) -> str:
+        return f"a cached question looked alike but differs in {self.kind} ({self.detail})"
+
+
+@dataclass(frozen=True)
+class _Words:
+    """One question as the checks see it."""
+
+    lower: tuple[str, ...]  # every word, lower-cased, in order
+    stems: frozenset[str]
+    names: frozenset[str]  # lower-cased words written capitalised mid-sentence
+    numbers: frozenset[str]  # digits and number words (as digits)
+
+    @classmethod
+    def of(cls, text: str) -> "_Words":
+        words: list[str] = []
+        names: set[str] = set()
+        capitals = mid_sentence = 0
+        sentence_start = True
+        for token in _TOKEN.findall(text.replace("\u2019", "'")):
+            if token in ".?!":
+                sentence_start = True
+                continue
+            low = token.lower()
+            if low.endswith("n't"):
+                words.extend([low[:-3] or low, "not"])  # "isn't" -> "is", "not"
+            elif low.endswith("'s"):
+                words.append(low[:-2])
+            else:
+                words.append(low)
+            if not sentence_start and token != "I":
+                mid_sentence += 1
+                if token[0].isupper():
+                    capitals += 1
+                    if low not in STOP_WORDS:
+                        names.add(low)
+            sentence_start = False
+        if capitals > mid_sentence / 2:  # Title Case Throughout: capitals name nothing
+            names.clear()
+        numbers = frozenset(w.replace(",", "") if w[0].isdigit() else NUMBER_WORDS[w]
+                            for w in words if w[0].isdigit() or w in NUMBER_WORDS)
+        return cls(tuple(words), frozenset(_stem(w) for w in words), frozenset(names),
+                   numbers)
+
+    @property
+    def negated(self) -> bool:
+        return any(w in NEGATIONS for w in self.lower)
+
+    def content(self) -> list[str]:
+        return [w for w in self.lower if w not in STOP_WORDS]
+
+
+@dataclass(frozen=True)
+class _Edit:
+    """Words of one side replaced by (or inserted as) words of the other."""
+
+    a: tuple[str, ...]
+    b: tuple[str, ...]
+
+
+def _edits(a: _Words, b: _Words) -> list[_Edit]:
+    matcher = SequenceMatcher(None, a.lower, b.lower, autojunk=False)
+    return [_Edit(a.lower[i1:i2], b.lower[j1:j2])
+            for op, i1, i2, j1, j2 in matcher.get_opcodes() if op != "equal"]
+
+
+def verify(query: str, cached_query: str) -> Veto | None:
+    """None if ``cached_query``'s answer may serve ``query``; else what differs between them."""
+    a, b = _Words.of(query), _Words.of(cached_query)
+    if a.lower == b.lower:
+        return None
+    edits = _edits(a, b)
+    for check in (_negation, _antonym, _number, _unit, _time, _entity, _direction):
+        veto = check(a, b, edits)
+        if veto is not None:
+            return veto
+    return None
+
+
+def _negation(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
+    """A negation cue on one side only, added in place (not in an extra clause)."""
+    if a.negated == b.negated:
+        return None
+    for edit in edits:
+        for mine, theirs in ((edit.a, edit.b), (edit.b, edit.a)):
+            cues = sorted(set(mine) & NEGATIONS)
+            if cues and not set(theirs) & NEGATIONS and len(mine) <= LOCAL_EDIT_WORDS:
+                return Veto("negation", f"{', '.join(map(repr, cues))} on one side only")
+    return None
+
+
+def _antonym(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
+    only_a, only_b = a.stems - b.stems, b.stems - a.stems
+    for stem in sorted(only_a):
+        opposite = _OPPOSITE.get(stem, frozenset()) & only_b
+        if opposite:
+            return Veto("antonym", f"{_word(a, stem)!r} vs {_word(b, min(opposite))!r}")
+    return None
+
+
+def _number(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
+    """Each side names a number the other does not (an added detail is no veto)."""
+    if a.numbers - b.numbers and b.numbers - a.numbers:
+        return Veto("number", f"{' '.join(sorted(a.numbers - b.numbers))} vs "
+                              f"{' '.join(sorted(b.numbers - a.numbers))}")
+    return None
+
+
+def _differing(kind: str, stems: frozenset[str], a: _Words, b: _Words) -> Veto | None:
+    """Each side names something of ``stems`` that the other does not."""
+    only_a, only_b = (a.stems - b.stems) & stems, (b.stems - a.stems) & stems
+    if only_a and only_b:
+        return Veto(kind, f"{_words(a, only_a)} vs {_words(b, only_b)}")
+    return None
+
+
+def _unit(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
+    return _differing("unit", _UNIT_STEMS, a, b)
+
+
+def _time(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
+    return _differing("time", _TIME_STEMS, a, b)
+
+
+def _entity(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
+    """A name on one side stands where the other side has a different word or two."""
+    for edit in edits:
+        new_a = [w for w in edit.a if w not in STOP_WORDS and not _has_kin(w, b.lower)]
+        new_b = [w for w in edit.b if w not in STOP_WORDS and not _has_kin(w, a.lower)]
+        if not (0 < len(new_a) <= MAX_SWAP_WORDS and 0 < len(new_b) <= MAX_SWAP_WORDS):
+            continue
+        if a.names.intersection(new_a) or b.names.intersection(new_b):
+            return Veto("entity", f"{' '.join(new_a)!r} vs {' '.join(new_b)!r}")
+    return None
+
+
+def _has_kin(word: str, words: tuple[str, ...]) -> bool:
+    """``word`` or a form of it ("India" / "Indian", "IIT" / "IITs") is among ``words``."""
+    return any(w.startswith(word[:4]) and (w.startswith(word) or word.startswith(w))
+               for w in words) if len(word) >= 3 else word in words
+
+
+def _direction(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
+    """"X to Y" on one side, "Y to X" on the other (likewise from, into, than, ...)."""
+    for one, other in ((a, b), (b, a)):
+        for i, word in enumerate(one.lower):
+            if word not in DIRECTION_WORDS:
+                continue
+            before = next((w for w in reversed(one.lower[:i]) if w not in STOP_WORDS
+                           and w not in COMPARATIVES), None)
+            after = next((w for w in one.lower[i + 1:] if w not in STOP_WORDS), None)
+            if before and after and _in_order(other.lower, after, word, before):
+                return Veto("direction", f"{before!r} {word} {after!r} is reversed")
+    return None
+
+
+def _in_order(words: tuple[str, ...], first: str, middle: str, last: str) -> bool:
+    """``first``, then ``middle``, then ``last`` occur in ``words`` in that order."""
+    try:
+        i = words.index(first)
+        j = words.index(middle, i + 1)
+        words.index(last, j + 1)
+    except ValueError:
+        return False
+    return True
+
+
+def _word(words: _Words, stem: str) -> str:
+    """The first word of ``words`` with this stem (for messages)."""
+    return next((w for w in words.lower if _stem(w) == stem), stem)
+
+
+def _words(words: _Words, stems: frozenset[str]) -> str:
+    return repr(" ".join(_word(words, s) for s in sorted(stems))) if stems else "nothing"
