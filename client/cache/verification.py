@@ -60,17 +60,32 @@ ANTONYMS = (
     ("wrong", "right"), ("cause", "cure"), ("raise", "lower"), ("attack", "defend"),
     ("offense", "defense"), ("import", "export"), ("internal", "external"),
     ("renewable", "nonrenewable"), ("visible", "invisible"), ("sweet", "sour"),
-    ("acid", "base"), ("acidic", "alkaline"), ("vertical", "horizontal"),
+    ("acid", "base"), ("acidic", "alkaline"), ("vertical", "horizontal"), ("bright", "dark"),
+    ("on", "off"), ("hotter", "colder"), ("hottest", "coldest"), ("thicker", "thinner"),
+    ("good", "poor"), ("cheaper", "dearer"), ("lighter", "heavier"), ("older", "younger"),
+    ("oldest", "youngest"), ("stronger", "weaker"), ("richer", "poorer"), ("richest", "poorest"),
 )
-UNITS = frozenset({
-    "km", "kilometer", "kilometre", "mile", "meter", "metre", "cm", "mm", "foot",
-    "feet", "inch", "yard", "kg", "kilogram", "gram", "pound", "lb", "lbs", "ounce",
-    "oz", "ton", "tonne", "liter", "litre", "gallon", "ml", "cup", "celsius",
-    "fahrenheit", "kelvin", "dollar", "usd", "euro", "eur", "rupee", "inr", "yen", "gbp",
-    "second", "minute", "hour", "day", "week", "month", "year", "decade", "century",
-    "gb", "mb", "kb", "tb", "calorie", "kcal", "watt", "volt", "amp", "mph", "kmh",
-    "percent", "bit", "byte", "acre", "hectare",
-})
+# Units, each spelling mapped to one name (so "USD" and "dollars" agree).
+UNITS = {
+    "km": "kilometre", "kilometer": "kilometre", "kilometre": "kilometre", "mile": "mile",
+    "meter": "metre", "metre": "metre", "cm": "centimetre", "centimeter": "centimetre",
+    "mm": "millimetre", "millimeter": "millimetre", "foot": "foot", "feet": "foot",
+    "ft": "foot", "inch": "inch", "yard": "yard", "kg": "kilogram", "kilo": "kilogram",
+    "kilogram": "kilogram", "gram": "gram", "pound": "pound", "lb": "pound", "lbs": "pound",
+    "ounce": "ounce", "oz": "ounce", "ton": "ton", "tonne": "tonne", "liter": "litre",
+    "litre": "litre", "gallon": "gallon", "ml": "millilitre", "cup": "cup",
+    "celsius": "celsius", "fahrenheit": "fahrenheit", "kelvin": "kelvin",
+    "dollar": "dollar", "usd": "dollar", "euro": "euro", "eur": "euro", "rupee": "rupee",
+    "inr": "rupee", "rs": "rupee", "yen": "yen", "gbp": "sterling", "sterling": "sterling",
+    "second": "second", "sec": "second", "minute": "minute", "min": "minute",
+    "hour": "hour", "hr": "hour", "hrs": "hour", "day": "day", "week": "week",
+    "month": "month", "year": "year", "decade": "decade", "century": "century",
+    "kb": "kilobyte", "kilobyte": "kilobyte", "mb": "megabyte", "megabyte": "megabyte",
+    "gb": "gigabyte", "gigabyte": "gigabyte", "tb": "terabyte", "terabyte": "terabyte",
+    "calorie": "calorie", "kcal": "calorie", "watt": "watt", "volt": "volt", "amp": "ampere",
+    "mph": "mph", "kmh": "km/h", "percent": "percent", "bit": "bit", "byte": "byte",
+    "acre": "acre", "hectare": "hectare",
+}
 TIMES = frozenset({
     "today", "tomorrow", "yesterday", "tonight", "morning", "afternoon", "evening",
     "night", "weekend", "weekday", "monday", "tuesday", "wednesday", "thursday", "friday",
@@ -88,24 +103,29 @@ NUMBER_WORDS = {
     "eighteen": "18", "nineteen": "19", "twenty": "20", "thirty": "30", "forty": "40",
     "fifty": "50", "sixty": "60", "seventy": "70", "eighty": "80", "ninety": "90",
     "hundred": "100", "thousand": "1000", "million": "1000000", "billion": "1000000000",
+    "first": "1st", "second": "2nd", "third": "3rd", "fourth": "4th", "fifth": "5th",
+    "sixth": "6th", "seventh": "7th", "eighth": "8th", "ninth": "9th", "tenth": "10th",
     "half": "half", "quarter": "quarter", "double": "twice", "twice": "twice",
     "triple": "thrice", "thrice": "thrice",
 }
-DIRECTION_WORDS = frozenset({"to", "from", "into", "than", "vs", "versus", "onto"})
-COMPARATIVES = frozenset({"better", "worse", "more", "less", "rather"})
+DIRECTION_WORDS = frozenset({"to", "from", "into", "than", "vs", "versus", "onto", "in"})
 STOP_WORDS = ENGLISH_STOP_WORDS - NEGATIONS - NUMBER_WORDS.keys()
 LOCAL_EDIT_WORDS = 3  # a negation or name counts when it is a local edit, not a new clause
 MAX_SWAP_WORDS = 2
+_THOUSANDS = re.compile(r"\b(\d+)[kK]\b")
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[A-Za-z]+(?:'[A-Za-z]+)?|[.?!]")
-_SUFFIXES = ("ing", "ed", "es", "s")
 
 
 def _stem(word: str) -> str:
     """A crude stem, enough to match "increasing" with "increase" and "wins" with "win"."""
-    for suffix in _SUFFIXES:
-        if word.endswith(suffix) and len(word) - len(suffix) >= 3:
-            word = word[: -len(suffix)]
-            break
+    if word.endswith("ies") and len(word) > 4:
+        word = word[:-3] + "y"
+    elif word.endswith("ing") and len(word) > 5:
+        word = word[:-3]
+    elif word.endswith("ed") and len(word) > 4:
+        word = word[:-2]
+    elif word.endswith("s") and not word.endswith("ss") and len(word) > 3:
+        word = word[:-1]
     return word[:-1] if word.endswith("e") and len(word) > 3 else word
 
 
@@ -113,7 +133,7 @@ _OPPOSITE: dict[str, frozenset[str]] = {}
 for _a, _b in ANTONYMS:
     for _x, _y in ((_stem(_a), _stem(_b)), (_stem(_b), _stem(_a))):
         _OPPOSITE[_x] = _OPPOSITE.get(_x, frozenset()) | {_y}
-_UNIT_STEMS = frozenset(_stem(u) for u in UNITS)
+_UNIT_OF = {_stem(spelling): unit for spelling, unit in UNITS.items()}
 _TIME_STEMS = frozenset(_stem(t) for t in TIMES)
 
 
@@ -144,7 +164,8 @@ class _Words:
         names: set[str] = set()
         capitals = mid_sentence = 0
         sentence_start = True
-        for token in _TOKEN.findall(text.replace("\u2019", "'")):
+        text = _THOUSANDS.sub(r"\g<1>000", text.replace("\u2019", "'"))  # 25k -> 25000
+        for token in _TOKEN.findall(text):
             if token in ".?!":
                 sentence_start = True
                 continue
@@ -159,8 +180,8 @@ class _Words:
                 mid_sentence += 1
                 if token[0].isupper():
                     capitals += 1
-                    if low not in STOP_WORDS:
-                        names.add(low)
+                    if low not in STOP_WORDS or (token.isupper() and len(token) > 1):
+                        names.add(low)  # "US" is a name, "Us" starts a phrase
             sentence_start = False
         if capitals > mid_sentence / 2:  # Title Case Throughout: capitals name nothing
             names.clear()
@@ -217,11 +238,15 @@ def _negation(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
 
 
 def _antonym(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
-    only_a, only_b = a.stems - b.stems, b.stems - a.stems
-    for stem in sorted(only_a):
-        opposite = _OPPOSITE.get(stem, frozenset()) & only_b
-        if opposite:
-            return Veto("antonym", f"{_word(a, stem)!r} vs {_word(b, min(opposite))!r}")
+    """A word on one side only whose opposite is on the other side only (anywhere, or in
+    the same edit: "turn on bluetooth on" vs "turn off bluetooth on")."""
+    pairs = [(a.stems - b.stems, b.stems - a.stems)]
+    pairs += [({_stem(w) for w in e.a}, {_stem(w) for w in e.b}) for e in edits]
+    for only_a, only_b in pairs:
+        for stem in sorted(only_a):
+            opposite = _OPPOSITE.get(stem, frozenset()) & (only_b - a.stems)
+            if opposite:
+                return Veto("antonym", f"{_word(a, stem)!r} vs {_word(b, min(opposite))!r}")
     return None
 
 
@@ -233,63 +258,64 @@ def _number(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
     return None
 
 
-def _differing(kind: str, stems: frozenset[str], a: _Words, b: _Words) -> Veto | None:
-    """Each side names something of ``stems`` that the other does not."""
-    only_a, only_b = (a.stems - b.stems) & stems, (b.stems - a.stems) & stems
-    if only_a and only_b:
-        return Veto(kind, f"{_words(a, only_a)} vs {_words(b, only_b)}")
+def _unit(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
+    """Each side names a unit the other does not (dollars vs euros)."""
+    units_a = {_UNIT_OF[s] for s in a.stems if s in _UNIT_OF}
+    units_b = {_UNIT_OF[s] for s in b.stems if s in _UNIT_OF}
+    if units_a - units_b and units_b - units_a:
+        return Veto("unit", f"{' '.join(sorted(units_a - units_b))} vs "
+                            f"{' '.join(sorted(units_b - units_a))}")
     return None
 
 
-def _unit(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
-    return _differing("unit", _UNIT_STEMS, a, b)
-
-
 def _time(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
-    return _differing("time", _TIME_STEMS, a, b)
+    """Each side names a time the other does not (today vs tomorrow)."""
+    only_a, only_b = (a.stems - b.stems) & _TIME_STEMS, (b.stems - a.stems) & _TIME_STEMS
+    if only_a and only_b:
+        return Veto("time", f"{_words(a, only_a)} vs {_words(b, only_b)}")
+    return None
 
 
 def _entity(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
     """A name on one side stands where the other side has a different word or two."""
     for edit in edits:
-        new_a = [w for w in edit.a if w not in STOP_WORDS and not _has_kin(w, b.lower)]
-        new_b = [w for w in edit.b if w not in STOP_WORDS and not _has_kin(w, a.lower)]
+        new_a = _new_words(edit.a, a, b)
+        new_b = _new_words(edit.b, b, a)
         if not (0 < len(new_a) <= MAX_SWAP_WORDS and 0 < len(new_b) <= MAX_SWAP_WORDS):
             continue
-        if a.names.intersection(new_a) or b.names.intersection(new_b):
+        named_a, named_b = a.names.intersection(new_a), b.names.intersection(new_b)
+        # A name swapped for a name, or for a word typed where nothing is capitalised.
+        if (named_a or named_b) and (named_a or not a.names) and (named_b or not b.names):
             return Veto("entity", f"{' '.join(new_a)!r} vs {' '.join(new_b)!r}")
     return None
 
 
+def _new_words(span: tuple[str, ...], mine: _Words, theirs: _Words) -> list[str]:
+    """Content words of ``span`` (names included) with no form on the other side; units
+    are left to the unit check ("USD" vs "dollars")."""
+    return [w for w in span if (w not in STOP_WORDS or w in mine.names)
+            and _stem(w) not in _UNIT_OF and not _has_kin(w, theirs.lower)]
+
+
 def _has_kin(word: str, words: tuple[str, ...]) -> bool:
     """``word`` or a form of it ("India" / "Indian", "IIT" / "IITs") is among ``words``."""
-    return any(w.startswith(word[:4]) and (w.startswith(word) or word.startswith(w))
-               for w in words) if len(word) >= 3 else word in words
+    return any(w == word or (min(len(w), len(word)) >= 3 and abs(len(w) - len(word)) <= 3
+                             and (w.startswith(word) or word.startswith(w)))
+               for w in words)
 
 
 def _direction(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
-    """"X to Y" on one side, "Y to X" on the other (likewise from, into, than, ...)."""
-    for one, other in ((a, b), (b, a)):
-        for i, word in enumerate(one.lower):
-            if word not in DIRECTION_WORDS:
-                continue
-            before = next((w for w in reversed(one.lower[:i]) if w not in STOP_WORDS
-                           and w not in COMPARATIVES), None)
-            after = next((w for w in one.lower[i + 1:] if w not in STOP_WORDS), None)
-            if before and after and _in_order(other.lower, after, word, before):
-                return Veto("direction", f"{before!r} {word} {after!r} is reversed")
+    """"X to Y" on one side, "Y to X" on the other (likewise from, into, than, in, ...): what
+    follows the direction word on each side comes before it on the other."""
+    for word in DIRECTION_WORDS.intersection(a.lower, b.lower):
+        at_a, at_b = a.lower.index(word), b.lower.index(word)
+        after_a = next((w for w in a.lower[at_a + 1:] if w not in STOP_WORDS), None)
+        after_b = next((w for w in b.lower[at_b + 1:] if w not in STOP_WORDS), None)
+        if after_a and after_b and after_a != after_b and after_a in b.lower[:at_b] \
+                and after_b in a.lower[:at_a]:
+            return Veto("direction", f"{after_b!r} {word} {after_a!r} vs "
+                                     f"{after_a!r} {word} {after_b!r}")
     return None
-
-
-def _in_order(words: tuple[str, ...], first: str, middle: str, last: str) -> bool:
-    """``first``, then ``middle``, then ``last`` occur in ``words`` in that order."""
-    try:
-        i = words.index(first)
-        j = words.index(middle, i + 1)
-        words.index(last, j + 1)
-    except ValueError:
-        return False
-    return True
 
 
 def _word(words: _Words, stem: str) -> str:
