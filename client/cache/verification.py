@@ -30,11 +30,9 @@ NEGATIONS = frozenset({
 # Pairs of opposites; inflected forms are matched through ``_stem``.
 ANTONYMS = (
     ("good", "bad"), ("best", "worst"), ("better", "worse"), ("big", "small"),
-    ("large", "small"), ("bigger", "smaller"), ("biggest", "smallest"), ("largest", "smallest"),
-    ("high", "low"), ("higher", "lower"), ("highest", "lowest"), ("increase", "decrease"),
+    ("large", "small"), ("high", "low"), ("increase", "decrease"),
     ("increase", "reduce"), ("rise", "fall"), ("hot", "cold"), ("warm", "cold"),
-    ("cheap", "expensive"), ("fast", "slow"), ("faster", "slower"), ("fastest", "slowest"),
-    ("easy", "hard"), ("easy", "difficult"), ("easiest", "hardest"),
+    ("cheap", "expensive"), ("fast", "slow"), ("easy", "hard"), ("easy", "difficult"),
     ("advantage", "disadvantage"), ("pro", "con"), ("buy", "sell"), ("win", "lose"),
     ("gain", "lose"), ("start", "stop"), ("start", "end"), ("begin", "end"),
     ("open", "close"), ("before", "after"), ("first", "last"), ("old", "new"),
@@ -61,9 +59,7 @@ ANTONYMS = (
     ("offense", "defense"), ("import", "export"), ("internal", "external"),
     ("renewable", "nonrenewable"), ("visible", "invisible"), ("sweet", "sour"),
     ("acid", "base"), ("acidic", "alkaline"), ("vertical", "horizontal"), ("bright", "dark"),
-    ("on", "off"), ("hotter", "colder"), ("hottest", "coldest"), ("thicker", "thinner"),
-    ("good", "poor"), ("cheaper", "dearer"), ("lighter", "heavier"), ("older", "younger"),
-    ("oldest", "youngest"), ("stronger", "weaker"), ("richer", "poorer"), ("richest", "poorest"),
+    ("on", "off"), ("good", "poor"),
 )
 # Units, each spelling mapped to one name (so "USD" and "dollars" agree).
 UNITS = {
@@ -238,16 +234,33 @@ def _negation(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
 
 
 def _antonym(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
-    """A word on one side only whose opposite is on the other side only (anywhere, or in
-    the same edit: "turn on bluetooth on" vs "turn off bluetooth on")."""
-    pairs = [(a.stems - b.stems, b.stems - a.stems)]
-    pairs += [({_stem(w) for w in e.a}, {_stem(w) for w in e.b}) for e in edits]
+    """A word on one side whose opposite is on the other side, at least one of them new to
+    the other side (anywhere, or in the same edit: "turn on X on" vs "turn off X on")."""
+    base_a = {_base(s) for s in a.stems}
+    base_b = {_base(s) for s in b.stems}
+    pairs = [(base_a - base_b, base_b - base_a)]
+    pairs += [({_base(_stem(w)) for w in e.a}, {_base(_stem(w)) for w in e.b}) for e in edits]
     for only_a, only_b in pairs:
-        for stem in sorted(only_a):
-            opposite = _OPPOSITE.get(stem, frozenset()) & (only_b - a.stems)
+        for word in sorted(only_a):
+            opposite = {o for o in _OPPOSITE.get(word, frozenset()) & only_b
+                        if word not in base_b or o not in base_a}
             if opposite:
-                return Veto("antonym", f"{_word(a, stem)!r} vs {_word(b, min(opposite))!r}")
+                return Veto("antonym", f"{_word(a, word)!r} vs {_word(b, min(opposite))!r}")
     return None
+
+
+def _base(stem: str) -> str:
+    """The positive form of a comparative or superlative in the antonym list: "cheapest"
+    -> "cheap", "hotter" -> "hot"; other words unchanged."""
+    for suffix in ("est", "er"):
+        base = stem[: -len(suffix)]
+        if stem.endswith(suffix) and len(base) >= 2:
+            if base[-1] == base[-2]:
+                base = base[:-1]  # "hott" -> "hot"
+            for candidate in (base, _stem(base + "e")):  # "larg" -> "large"
+                if candidate in _OPPOSITE:
+                    return candidate
+    return stem
 
 
 def _number(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
@@ -306,15 +319,17 @@ def _has_kin(word: str, words: tuple[str, ...]) -> bool:
 
 def _direction(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
     """"X to Y" on one side, "Y to X" on the other (likewise from, into, than, in, ...): what
-    follows the direction word on each side comes before it on the other."""
+    follows the k-th direction word on each side comes before it on the other."""
     for word in DIRECTION_WORDS.intersection(a.lower, b.lower):
-        at_a, at_b = a.lower.index(word), b.lower.index(word)
-        after_a = next((w for w in a.lower[at_a + 1:] if w not in STOP_WORDS), None)
-        after_b = next((w for w in b.lower[at_b + 1:] if w not in STOP_WORDS), None)
-        if after_a and after_b and after_a != after_b and after_a in b.lower[:at_b] \
-                and after_b in a.lower[:at_a]:
-            return Veto("direction", f"{after_b!r} {word} {after_a!r} vs "
-                                     f"{after_a!r} {word} {after_b!r}")
+        at_a = [i for i, w in enumerate(a.lower) if w == word]
+        at_b = [i for i, w in enumerate(b.lower) if w == word]
+        for i, j in zip(at_a, at_b, strict=False):
+            after_a = next((w for w in a.lower[i + 1:] if w not in STOP_WORDS), None)
+            after_b = next((w for w in b.lower[j + 1:] if w not in STOP_WORDS), None)
+            if after_a and after_b and after_a != after_b and after_a in b.lower[:j] \
+                    and after_b in a.lower[:i]:
+                return Veto("direction", f"{after_b!r} {word} {after_a!r} vs "
+                                         f"{after_a!r} {word} {after_b!r}")
     return None
 
 
