@@ -255,9 +255,8 @@ def _base(stem: str) -> str:
     for suffix in ("est", "er"):
         base = stem[: -len(suffix)]
         if stem.endswith(suffix) and len(base) >= 2:
-            if base[-1] == base[-2]:
-                base = base[:-1]  # "hott" -> "hot"
-            for candidate in (base, _stem(base + "e")):  # "larg" -> "large"
+            # "small", "hott" -> "hot", "larg" -> the stem of "large"
+            for candidate in (base, base[:-1], _stem(base + "e")):
                 if candidate in _OPPOSITE:
                     return candidate
     return stem
