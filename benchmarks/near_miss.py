@@ -11,8 +11,10 @@ shipped tau:
 2. QQP dev: precision, recall, F1, F0.5 of "cosine >= tau and not vetoed" against "cosine
    >= tau", at the shipped tau and (oracle) at each one's best tau on dev. Targets: recall
    drops by at most 0.02 and F0.5 rises at the shipped tau.
-3. lookup latency: a real cache of --entries QQP train questions; re-asked stored questions
-   (hits: the guard runs on each) and unseen ones, verification off and on interleaved
+3. lookup latency: a real cache of --entries questions (QQP train, plus the first q1 of
+   --queries dev duplicates); re-asked stored questions (exact repeats: the guard returns at
+   once), the dev duplicates' q2 (the guard runs in full on every candidate) and unseen
+   questions, verification off and on interleaved
    query by query so that machine load hits both alike. Target: p50 grows by at most 5 ms.
    The guard alone is also timed on every dev pair at or above tau.
 
@@ -204,12 +206,15 @@ def dev_table(scores: DevScores, n_pairs: int) -> None:
 def latency_rows(encoder: Encoder, tau: float, args: argparse.Namespace
                  ) -> list[tuple[str, Latency, Latency, int, int]]:
     """(probe, p50/p99 off, on, hits off, hits on), lookups interleaved off/on."""
+    dev = load_qqp(args.data_dir, "dev")
+    duplicates = [p for p in dev if p.label == 1][: args.queries]
     train = qqp_questions(sample(load_qqp(args.data_dir, "train"), args.entries, args.seed))
-    entries = train[: args.entries]
+    entries = train[: args.entries - len(duplicates)] + [p.q1 for p in duplicates]
     stored = set(entries)
-    unseen = [t for t in qqp_questions(load_qqp(args.data_dir, "dev"))[: args.queries * 2]
-              if t not in stored][: args.queries]
-    probes = {"stored question re-asked": entries[-args.queries:], "unseen question": unseen}
+    unseen = [t for t in qqp_questions(dev[-args.queries * 2:]) if t not in stored]
+    probes = {"stored question re-asked": train[: args.queries],
+              "QQP duplicate of a stored question": [p.q2 for p in duplicates],
+              "unseen question": unseen[: args.queries]}
     vectors = embed_cached(encoder, entries, args.cache_dir)
     out = []
     with tempfile.TemporaryDirectory(prefix="meancache-near-miss-") as tmp:

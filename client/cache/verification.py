@@ -252,11 +252,13 @@ def _antonym(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
 def _base(stem: str) -> str:
     """The positive form of a comparative or superlative in the antonym list: "cheapest"
     -> "cheap", "hotter" -> "hot"; other words unchanged."""
+    if stem in _OPPOSITE:
+        return stem  # "lower" is the opposite of "raise" as it stands
     for suffix in ("est", "er"):
         base = stem[: -len(suffix)]
         if stem.endswith(suffix) and len(base) >= 2:
-            # "small", "hott" -> "hot", "larg" -> the stem of "large"
-            for candidate in (base, base[:-1], _stem(base + "e")):
+            # "small", "hott" -> "hot", "larg" -> the stem of "large", "easi" -> "easy"
+            for candidate in (base, base[:-1], _stem(base + "e"), base[:-1] + "y"):
                 if candidate in _OPPOSITE:
                     return candidate
     return stem
@@ -311,9 +313,9 @@ def _new_words(span: tuple[str, ...], mine: _Words, theirs: _Words) -> list[str]
 
 def _has_kin(word: str, words: tuple[str, ...]) -> bool:
     """``word`` or a form of it ("India" / "Indian", "IIT" / "IITs") is among ``words``."""
-    return any(w == word or (min(len(w), len(word)) >= 3 and abs(len(w) - len(word)) <= 3
-                             and (w.startswith(word) or word.startswith(w)))
-               for w in words)
+    return word in words or any(min(len(w), len(word)) >= 3 and abs(len(w) - len(word)) <= 3
+                                and (w.startswith(word) or word.startswith(w))
+                                for w in words)
 
 
 def _direction(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
