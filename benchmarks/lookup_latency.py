@@ -110,6 +110,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--encoder", default="minilm",
                         help="encoder profile ('minilm', 'mpnet') or a local model directory "
                              "(default: %(default)s)")
+    parser.add_argument("--no-verify-hits", action="store_true",
+                        help="time the real cache's lookups without the verification step "
+                             "(CacheSettings.verify_hits), to measure what it costs")
     parser.add_argument("--blas-threads", type=int, default=0,
                         help="limit numpy's BLAS threads while timing (0: leave the library "
                              "default, as the cache runs)")
@@ -314,11 +317,14 @@ def real_cache(encoder: Encoder, work: Workload, args: argparse.Namespace
         note(f"filling a real cache with {len(work.entry_texts):,} entries ...")
         fill = fill_real_cache(directory, encoder, work, args)
         bytes_per = {}
-        with SemanticCache(directory, encoder, CacheSettings(pca_dims=0)) as cache:
+        verify_hits = not args.no_verify_hits
+        with SemanticCache(directory, encoder, CacheSettings(pca_dims=0,
+                                                             verify_hits=verify_hits)) as cache:
             rows = time_lookups(cache, f"full {encoder.dim}-d", work, args)
             bytes_per["full"] = stored_embedding_bytes(cache)
         note("fitting PCA in the real cache (projects every stored vector) ...")
-        with SemanticCache(directory, encoder, CacheSettings(pca_dims=args.pca_dims)) as cache:
+        with SemanticCache(directory, encoder, CacheSettings(pca_dims=args.pca_dims,
+                                                             verify_hits=verify_hits)) as cache:
             clock = Stopwatch()
             cache.fit_pca()
             fit_s = clock.seconds
@@ -371,7 +377,8 @@ def print_real(fill: Fill, rows: list[LookupRow], fit_s: float, encoder: Encoder
                work: Workload, args: argparse.Namespace) -> None:
     n = len(work.entry_texts)
     heading(f"SemanticCache.lookup() on a real on-disk cache of {n:,} entries "
-            f"({encoder.backend}, tau {CacheSettings().global_threshold})")
+            f"({encoder.backend}, tau {CacheSettings().global_threshold}, verification "
+            f"{'off' if args.no_verify_hits else 'on'})")
     table = make_table(["vectors", "probes", "queries", "hits", "p50 ms", "p99 ms", "mean ms"],
                        right_from=2)
     for row in rows:

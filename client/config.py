@@ -35,6 +35,7 @@ class Settings:
     # The global tau until the FL server sends one; unset, the encoder profile's default.
     threshold: float = DEFAULT_THRESHOLD
     context_aware: bool = True
+    verify_hits: bool = True  # veto candidates that look alike but differ (negation, number, ...)
     max_entries: int = 100_000
     max_bytes: int = 512 * 1024 * 1024
     eviction_policy: str = "lru"  # "lru", "lfu", "scalm-co", "scalm-se"
@@ -113,6 +114,7 @@ class Settings:
             eviction_policy=self.eviction_policy,
             pattern_clustering=self.pattern_clustering,
             context_aware=self.context_aware,
+            verify_hits=self.verify_hits,
             pca_dims=self.pca_dims,
             pca_min_entries=self.pca_min_entries,
             tune_min_per_class=self.tune_min_per_class,

@@ -28,9 +28,9 @@ def store(tmp_path: Path) -> ConversationStore:
 
 
 def service(make_cache: CacheFactory, store: ConversationStore, url: str,
-            threshold: float = 0.5) -> AnswerService:
+            threshold: float = 0.5, verify_hits: bool = True) -> AnswerService:
     cache = make_cache(settings=CacheSettings(global_threshold=threshold,
-                                              tune_min_per_class=1))
+                                              tune_min_per_class=1, verify_hits=verify_hits))
     return AnswerService(cache, UpstreamClient(url, connect_retries=0), store,
                          max_tokens=24)
 
@@ -90,7 +90,8 @@ def test_documents_bypass_the_cache(make_cache: CacheFactory, store: Conversatio
 def test_reject_replaces_the_turn_and_saves(make_cache: CacheFactory,
                                             store: ConversationStore,
                                             upstream_url: str) -> None:
-    answers = service(make_cache, store, upstream_url, threshold=0.3)
+    # A false hit to reject: verification would veto the swapped name, so it is off.
+    answers = service(make_cache, store, upstream_url, threshold=0.3, verify_hits=False)
     wrong = answers.cache.insert("What is the capital of Germany?", "Berlin.")
     conversation = Conversation()
 

@@ -25,6 +25,7 @@ from meancache.client.cache.source import Source
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.summary import cache_stats
 from meancache.client.cache.threshold import ThresholdState
+from meancache.client.cache.verification import Veto, verify
 from meancache.client.errors import EntryNotFoundError
 from meancache.shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
 from meancache.shared.encoder.pca import neighbour_similarities
@@ -47,6 +48,7 @@ class CacheSettings:
     candidates: int = 8  # nearest entries checked for context agreement
     eviction_policy: str = "lru"  # "lru", "lfu", "scalm-co", "scalm-se" (policy/)
     pattern_clustering: str = "kmeans"  # SCALM's clustering: "kmeans" or "dbscan"
+    verify_hits: bool = True  # veto look-alike candidates that need another answer
 
     def __post_init__(self) -> None:
         check_choice("eviction_policy", self.eviction_policy, POLICIES)
@@ -210,18 +212,28 @@ class SemanticCache:
             context_vector = None
             if self.settings.context_aware and context is not None and context.is_follow_up:
                 context_vector = self._embed(clean_query(context.prev_query or ""))
+            vetoes: list[Veto] = []
             for entry_id, similarity in candidates:
                 if self.settings.context_aware and not context_agrees(
                     self._context_vectors.get(entry_id), context_vector, tau
                 ):
                     continue
                 try:
+                    if self.settings.verify_hits:
+                        veto = verify(query, self.store.get(entry_id).query)
+                        if veto is not None:
+                            log.info("vetoed a cached answer (similarity %.3f): %s",
+                                     similarity, veto.reason)
+                            vetoes.append(veto)
+                            continue
                     return self._serve(query, entry_id, similarity, truncated)
                 except EntryNotFoundError:  # deleted by another process since our last sync
                     continue
             self.store.add_to_counter("misses")
             reason = "no cached query is similar enough"
-            if best is not None and best >= tau:
+            if vetoes:
+                reason = vetoes[0].reason
+            elif best is not None and best >= tau:
                 reason = "similar queries were asked in another context"
             return Miss(query, reason, best, truncated)
 
