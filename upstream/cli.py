@@ -4,6 +4,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from meancache.upstream.precision import PRECISIONS
 from meancache.upstream.server.limits import Limits
 
 
@@ -43,6 +44,10 @@ def add_commands(commands: Any) -> None:
     ):
         serve.add_argument(f"--{name}", type=int, default=default,
                            help=f"{text} (default: %(default)s)")
+    serve.add_argument("--precision", choices=PRECISIONS, default="float32",
+                       help="float32, or int8 for the output layer (faster decoding, the next "
+                       "token differs from float32's in about 1 prompt in 9; see "
+                       "benchmarks/generation_speed.py) (default: %(default)s)")
     serve.add_argument("--packs-dir", type=Path, help="publish the newest instruction "
                        "pack (*.mcpack) in this directory at /v1/packs/latest (default: "
                        "none)")
@@ -74,5 +79,6 @@ def run_serve(args: argparse.Namespace, settings: Any) -> int:
         ),
         module_budget_bytes=args.module_budget_mb * 1024 * 1024,
         data_dir=settings.data_dir,
+        precision=args.precision,
     )
     return 0

@@ -15,6 +15,7 @@ from meancache.upstream.builtin import (
 from meancache.upstream.errors import ModelLoadError, UnsupportedModelError
 from meancache.upstream.gemma import STOP as GEMMA_STOP
 from meancache.upstream.gemma import load_gemma
+from meancache.upstream.precision import apply_precision, check_precision
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
@@ -56,11 +57,21 @@ class LoadedModel:
 
 
 def load_model(spec: str = DEFAULT_MODEL, device: str | None = None,
-               data_dir: Path | None = None, progress: Progress | None = None) -> LoadedModel:
+               data_dir: Path | None = None, progress: Progress | None = None,
+               precision: str = "float32") -> LoadedModel:
     """``builtin:NAME`` (tiny, tiny-gpt2, tiny-gemma3, base, gemma-3-270m) or a local model
-    directory. ``builtin:gemma-3-270m`` keeps its converted weights under ``data_dir``;
-    ``progress`` hears (done, total) of its one-time conversion."""
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    directory, served in ``precision`` (upstream.precision). ``builtin:gemma-3-270m`` keeps
+    its converted weights under ``data_dir``; ``progress`` hears (done, total) of its
+    one-time conversion."""
+    check_precision(precision)
+    loaded = _load(spec, device or ("cuda" if torch.cuda.is_available() else "cpu"),
+                   data_dir, progress)
+    apply_precision(loaded.model, precision)
+    return loaded
+
+
+def _load(spec: str, device: str, data_dir: Path | None, progress: Progress | None
+          ) -> LoadedModel:
     if spec == GEMMA:
         if data_dir is None:
             raise ModelLoadError(f"{GEMMA} needs a data directory to keep its converted "

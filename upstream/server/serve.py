@@ -33,14 +33,16 @@ def report_conversion(done: int, total: int) -> None:
 
 
 def serve(model: str, host: str, port: int, settings: ServerSettings,
-          module_budget_bytes: int, data_dir: Path | None = None) -> None:
+          module_budget_bytes: int, data_dir: Path | None = None,
+          precision: str = "float32") -> None:
     warning = open_server_warning(host, bool(settings.api_key or settings.api_keys))
     if warning:
         log.warning(warning)
         print(f"meancache upstream: {warning}", file=sys.stderr, flush=True)
     if is_loopback(host) and settings.allowed_hosts is None:
         settings = dataclasses.replace(settings, allowed_hosts=LOOPBACK_NAMES)
-    loaded = load_model(model, data_dir=data_dir, progress=report_conversion)
+    loaded = load_model(model, data_dir=data_dir, progress=report_conversion,
+                        precision=precision)
     app = create_app(PromptCacheEngine(loaded, module_budget_bytes), settings)
     log.info("serving %s on http://%s:%d", loaded.name, host, port)
     print(f"meancache upstream: serving {describe(loaded)} on http://{host}:{port}",
