@@ -445,10 +445,14 @@ def test_server_text_is_shown_as_plain_text(settings: Settings) -> None:
 
     hostile = "[bold red]click[/] [link=http://203.0.113.9]here[/link] [/oops]"
 
+    async def models(request: object) -> JSONResponse:  # the start check passes
+        return JSONResponse({"object": "list", "data": [{"id": "m", "object": "model"}]})
+
     async def refuse(request: object) -> JSONResponse:
         return JSONResponse({"error": {"message": hostile}}, status_code=400)
 
-    server = Starlette(routes=[Route("/v1/{rest:path}", refuse, methods=["GET", "POST"])])
+    server = Starlette(routes=[Route("/v1/models", models, methods=["GET"]),
+                               Route("/v1/{rest:path}", refuse, methods=["POST"])])
 
     async def run(url: str) -> None:
         app = MeanCacheApp(dataclasses.replace(settings, upstream_url=url))
