@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO_ROOT / "tests"))
 from test_prompt_cache import (  # noqa: E402  (the checks' references live with the tests)
     PROMPT,
     SCHEMA,
+    decode_step,
     prefill_logits,
     reference_logits,
     reference_mask,
@@ -52,15 +53,7 @@ def independent_modules(engine: PromptCacheEngine) -> tuple[float, float]:
     prepared = engine.prepare_messages([{"role": "user", "content": PROMPT}])
     reference = reference_logits(engine, prepared)
     gaps = max_diff(prefill_logits(engine, prepared), reference)
-    logits, seen, cache = engine.prefill(prepared)
-    token = int(logits.argmax())
-    position = torch.tensor([max(prepared.new_positions) + 1])
-    seen = torch.cat([seen, position])
-    allowed = torch.ones(1, seen.numel(), dtype=torch.bool)
-    with torch.inference_mode():
-        step = engine.model(input_ids=torch.tensor([[token]]), position_ids=position[None],
-                            attention_mask=attention_mask(engine.model, allowed, position, seen),
-                            past_key_values=cache, use_cache=True).logits[0, -1]
+    step, token = decode_step(engine, prepared)
     decode = max_diff(step, reference_logits(engine, prepared, [token])[-1])
     return gaps, decode
 

@@ -158,8 +158,9 @@ def test_gaps_and_independent_modules_equal_the_block_masked_reference(
     assert (logits - reference[-1]).abs().max().item() <= TOLERANCE
 
 
-def test_a_decode_step_after_a_gap_equals_its_reference(engine: PromptCacheEngine) -> None:
-    prepared = engine.prepare_messages([{"role": "user", "content": PROMPT}])
+def decode_step(engine: PromptCacheEngine, prepared: PreparedPrompt
+                ) -> tuple[torch.Tensor, int]:
+    """The cached path's logits one greedy token after the prompt, and that token."""
     logits, seen, cache = engine.prefill(prepared)
     token = int(logits.argmax())
     position = torch.tensor([max(prepared.new_positions) + 1])
@@ -169,6 +170,12 @@ def test_a_decode_step_after_a_gap_equals_its_reference(engine: PromptCacheEngin
         step = engine.model(input_ids=torch.tensor([[token]]), position_ids=position[None],
                             attention_mask=attention_mask(engine.model, allowed, position, seen),
                             past_key_values=cache, use_cache=True).logits[0, -1]
+    return step, token
+
+
+def test_a_decode_step_after_a_gap_equals_its_reference(engine: PromptCacheEngine) -> None:
+    prepared = engine.prepare_messages([{"role": "user", "content": PROMPT}])
+    step, token = decode_step(engine, prepared)
     reference = reference_logits(engine, prepared, [token])[-1]
     assert (step - reference).abs().max().item() <= TOLERANCE
 
