@@ -56,7 +56,7 @@ from _common import (
     sample,
 )
 from meancache.client.cache import CacheSettings, Context, Hit, SemanticCache
-from meancache.shared.encoder import Encoder
+from meancache.shared.encoder import BACKENDS, Encoder
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 
 CONVERSATION_FILES = ("contextual_queries.json", "d1.json")
@@ -75,7 +75,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--standalone", type=int,
                         help="unique_u0 standalone queries to probe (default: all, --quick 20; "
                              "0: none)")
-    parser.add_argument("--backend", choices=("onnx", "torch"), default="onnx",
+    parser.add_argument("--backend", choices=BACKENDS, default="onnx",
                         help="encoder backend of the cache")
     args = parser.parse_args()
     return apply_defaults(

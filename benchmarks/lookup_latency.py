@@ -72,7 +72,7 @@ from _common import (
 from meancache.client.cache import CacheSettings, Context, Entry, Hit, SemanticCache
 from meancache.client.cache.entry import STORED_DTYPE
 from meancache.client.cache.index import VectorIndex
-from meancache.shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
+from meancache.shared.encoder import BACKENDS, DEFAULT_PCA_DIMS, Encoder, PCAProjection
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 from threadpoolctl import threadpool_info, threadpool_limits
 
@@ -93,7 +93,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, help="untimed queries first (default 20, --quick 5)")
     parser.add_argument("--k", type=int, default=CacheSettings().candidates,
                         help="neighbours per search (the cache's candidates)")
-    parser.add_argument("--backends", nargs="+", choices=("onnx", "torch"),
+    parser.add_argument("--backends", nargs="+", choices=BACKENDS,
                         default=["onnx", "torch"], help="encoder backends to time")
     parser.add_argument("--pca-dims", type=int, default=DEFAULT_PCA_DIMS,
                         help="dimensions kept by PCA")

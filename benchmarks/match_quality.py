@@ -52,6 +52,7 @@ from _common import (
 )
 from meancache.client.cache import CacheSettings
 from meancache.shared.encoder import (
+    BACKENDS,
     DEFAULT_PCA_DIMS,
     Encoder,
     PCAProjection,
@@ -79,7 +80,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--pca-fit", type=int, nargs="+",
                         help="train-sample question texts to fit PCA on, one row each; "
                              "0 = all of them (default: 1000 0; --quick 200 0)")
-    parser.add_argument("--backend", choices=("onnx", "torch"), default="onnx",
+    parser.add_argument("--backend", choices=BACKENDS, default="onnx",
                         help="encoder backend that computes the embeddings")
     parser.add_argument("--encoder", default="minilm",
                         help="encoder profile ('minilm', 'mpnet') or a local model directory")

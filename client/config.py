@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Any
 import platformdirs
 from meancache.client.cache.policy import CLUSTERINGS, POLICIES, check_choice
 from meancache.client.errors import ConfigError
-from meancache.shared.encoder import DEFAULT_PCA_DIMS, DEFAULT_PROFILE, profile_threshold
+from meancache.shared.encoder import (
+    BACKENDS,
+    DEFAULT_PCA_DIMS,
+    DEFAULT_PROFILE,
+    profile_threshold,
+)
 from meancache.shared.threshold import DEFAULT_THRESHOLD, check_threshold
 
 if TYPE_CHECKING:
@@ -224,9 +229,10 @@ def load_settings(
     values.setdefault("data_dir", Path(platformdirs.user_data_dir(APP_NAME)))
     values.setdefault("threshold", profile_threshold(values.get("encoder_model", DEFAULT_PROFILE)))
     settings = replace(Settings(config_dir=config_dir, data_dir=values.pop("data_dir")), **values)
-    if settings.encoder_backend not in ("onnx", "torch"):
-        raise ConfigError(f"encoder_backend must be 'onnx' or 'torch', not "
-                          f"{settings.encoder_backend!r}")
+    if settings.encoder_backend not in BACKENDS:
+        raise ConfigError("encoder_backend must be one of "
+                          + ", ".join(repr(b) for b in BACKENDS)
+                          + f", not {settings.encoder_backend!r}")
     for name in ("max_entries", "max_bytes"):  # 0 or less would evict every new answer
         if getattr(settings, name) <= 0:
             raise ConfigError(f"{name} must be a positive whole number, not "

@@ -16,6 +16,7 @@ from meancache.client.pack import commands as pack_device_commands
 from meancache.client.private_files import check_data_dir, owner_only_files
 from meancache.embedded import start_embedded_upstream
 from meancache.fl_server import cli as fl_server_commands
+from meancache.shared.encoder import BACKENDS
 from meancache.shared.errors import MeanCacheError
 from meancache.upstream import cli as upstream_commands
 from meancache.upstream.pack import commands as pack_builder_commands
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "live (default: the platform's user data dir)")
     parser.add_argument("--encoder", metavar="MODEL", help="'mpnet' (default), 'minilm' "
                         "(fast) or a local sentence-transformers model directory")
-    parser.add_argument("--backend", choices=("onnx", "torch"), help="encoder runtime "
+    parser.add_argument("--backend", choices=BACKENDS, help="encoder runtime "
                         "(default: encoder_backend in config.toml, onnx)")
     parser.add_argument("--eviction-policy", metavar="POLICY", help="what the cache keeps and "
                         "evicts: lru, lfu, scalm-co or scalm-se (default: eviction_policy "

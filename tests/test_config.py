@@ -76,7 +76,8 @@ def test_config_dir_from_environment(tmp_path: Path) -> None:
         ("threshold = 1.0\n", "threshold: a similarity threshold must lie strictly between 0 "
                                "and 1, not 1.0"),
         ("threshold = = 1\n", "not valid TOML"),
-        ('encoder_backend = "tensorflow"\n', "encoder_backend"),
+        ('encoder_backend = "tensorflow"\n', "encoder_backend must be one of 'onnx', 'onnx-int8', "
+                                            "'torch', not 'tensorflow'"),
         ("max_entries = 0\n", "max_entries must be a positive whole number, not 0"),
         ("max_bytes = -1\n", "max_bytes must be a positive whole number, not -1"),
     ],

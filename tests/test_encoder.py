@@ -283,3 +283,37 @@ def test_an_onnx_encoder_releases_its_pytorch_weights(encoder: Encoder) -> None:
         _ = encoder.sentence_transformer
     assert encoder.encode(QUERIES[:1]).shape == (1, encoder.dim)
     assert encoder.count_tokens("What is the capital of France?") > 5
+
+
+# int8 ------------------------------------------------------------------------------------
+def with_float32_export(encoder: Encoder, encoder_cache_dir: Path, directory: Path) -> Path:
+    """A cache dir holding a copy of the float32 export (the int8 variant deletes it)."""
+    full = encoder_cache_dir / "onnx" / f"{encoder.version}.onnx"
+    (directory / "onnx").mkdir()
+    return Path(shutil.copy(full, directory / "onnx" / full.name))
+
+
+def test_the_int8_backend_quantises_attention_and_passes_its_check(
+    tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path, torch_encoder: Encoder
+) -> None:
+    full = with_float32_export(encoder, encoder_cache_dir, tmp_path)
+    enc = Encoder.load(backend="onnx-int8", cache_dir=tmp_path)
+    assert enc.backend == "onnx-int8" and enc.fallback_reason is None
+    assert full.with_suffix(".int8.onnx").is_file()
+    assert not full.exists()  # only the variant in use is kept on disk
+    assert cosines(enc.encode(QUERIES), torch_encoder.encode(QUERIES)).min() >= 0.99
+    assert cosines(enc.encode(QUERIES), encoder.encode(QUERIES)).min() < 0.99999  # int8 ran
+    assert enc.version == encoder.version  # the same vector space: no re-embedding
+    again = Encoder.load(backend="onnx-int8", cache_dir=tmp_path)  # from the int8 file alone
+    assert again.backend == "onnx-int8" and not full.exists()
+
+
+def test_an_int8_variant_failing_its_check_falls_back_to_float32(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoder: Encoder, encoder_cache_dir: Path
+) -> None:
+    full = with_float32_export(encoder, encoder_cache_dir, tmp_path)
+    monkeypatch.setattr(onnx_module, "INT8_PARITY_MIN_COSINE", 1.5)  # no variant can pass
+    enc = Encoder.load(backend="onnx-int8", cache_dir=tmp_path)
+    assert enc.backend == "onnx" and enc.fallback_reason is None
+    assert full.exists() and not full.with_suffix(".int8.onnx").exists()
+    assert cosines(enc.encode(QUERIES), encoder.encode(QUERIES)).min() >= 0.99999

@@ -12,15 +12,15 @@ from meancache.shared.encoder._locate import (
     packaged_minilm_dir,
     profile_threshold,
 )
-from meancache.shared.encoder.encoder import Encoder
+from meancache.shared.encoder.encoder import BACKENDS, Encoder
 
 if TYPE_CHECKING:
     from meancache.shared.encoder.pca import PCAProjection
 
 DEFAULT_PCA_DIMS = 64  # MeanCache's compressed embedding size
 
-__all__ = ["DEFAULT_PCA_DIMS", "DEFAULT_PROFILE", "Encoder", "PCAProjection", "locate_model",
-           "packaged_minilm_dir", "profile_threshold"]
+__all__ = ["BACKENDS", "DEFAULT_PCA_DIMS", "DEFAULT_PROFILE", "Encoder", "PCAProjection",
+           "locate_model", "packaged_minilm_dir", "profile_threshold"]
 
 
 def __getattr__(name: str) -> object:

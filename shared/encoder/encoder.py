@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+BACKENDS = ("onnx", "onnx-int8", "torch")  # onnxruntime float32 or int8, or PyTorch
+
 
 @dataclass(frozen=True)
 class Tokenized:
@@ -64,12 +66,13 @@ class Encoder:
         self.backend = "torch"
         self.fallback_reason: str | None = None
         self._onnx: OnnxEmbedder | None = None
-        if backend == "onnx" and onnx is not None:
-            self._onnx, self.backend = onnx, "onnx"
-        elif backend == "onnx":
-            self._start_onnx()
+        if backend not in BACKENDS:
+            raise EncoderError(f"unknown encoder backend {backend!r} (use "
+                               + ", ".join(repr(b) for b in BACKENDS) + ")")
+        if backend != "torch" and onnx is not None:
+            self._onnx, self.backend = onnx, onnx.backend
         elif backend != "torch":
-            raise EncoderError(f"unknown encoder backend {backend!r} (use 'onnx' or 'torch')")
+            self._start_onnx()
 
     # construction -------------------------------------------------------------------
     @classmethod
@@ -202,53 +205,89 @@ class Encoder:
 
     # onnx ---------------------------------------------------------------------------
     def _start_onnx(self) -> None:
-        import torch
-        from meancache.shared.encoder._onnx import (
-            PARITY_MIN_COSINE,
-            PARITY_QUERIES,
-            OnnxEmbedder,
-            export_pipeline,
-            min_parity_cosine,
-        )
-        from meancache.shared.encoder.pipeline import EmbeddingPipeline
-
+        """Export the model once (before PCA, so every PCA layer shares the export), check
+        it against PyTorch and run it on onnxruntime; "onnx-int8" runs its int8 variant
+        when that passes its own check, else the float32 one."""
         if self.cache_dir is None:
             self._fall_back("no cache directory to keep the exported model in")
             return
-        # The export stops before PCA, so every PCA layer of one model shares it.
         path = self.cache_dir / "onnx" / f"{_space_version(self.base_version, None)}.onnx"
+        embedder = self._start_int8(path) if self.requested_backend == "onnx-int8" else None
         try:
-            fresh = not path.is_file()
-            if fresh:
-                log.info("exporting encoder %s to ONNX at %s", self.base_version, path)
-                export_pipeline(EmbeddingPipeline(self._model, None).eval(),
-                                self._model.tokenizer, path)
-            embedder = OnnxEmbedder(path)
-            tokens = self.tokenize(PARITY_QUERIES)
-            with torch.inference_mode():
-                reference = self.pipeline(
-                    torch.from_numpy(tokens.input_ids.astype(np.int64)),
-                    torch.from_numpy(tokens.attention_mask.astype(np.int64)),
-                ).numpy()
-            onnx = self.project(embedder(tokens.input_ids, tokens.attention_mask))
-            cosine = min_parity_cosine(onnx, reference)
-            if cosine < PARITY_MIN_COSINE:
-                raise OnnxBackendError(
-                    f"ONNX parity check failed: cosine {cosine:.5f} < {PARITY_MIN_COSINE}"
-                )
-            if fresh:
-                log.info("ONNX parity with PyTorch: min cosine %.6f", cosine)
+            embedder = embedder or self._checked(self._exported(path), path)
         except Exception as exc:  # export can fail in many ways; PyTorch always works
             with contextlib.suppress(OSError):  # the next start tries a fresh export
                 path.unlink()
             self._fall_back(f"{type(exc).__name__}: {exc}")
             return
         self._onnx = embedder
-        self.backend = "onnx"
-        _prune_exports(path)
+        self.backend = embedder.backend
+        _prune_exports(embedder.path)
         # onnxruntime holds its own copy of the weights: PyTorch's (440 MB for MPNet) is
         # dead weight now. Tokenising and the shapes need no tensors.
         self._model.to("meta")
+
+    def _exported(self, path: Path) -> "OnnxEmbedder":
+        from meancache.shared.encoder._onnx import OnnxEmbedder, export_pipeline
+        from meancache.shared.encoder.pipeline import EmbeddingPipeline
+
+        if not path.is_file():
+            log.info("exporting encoder %s to ONNX at %s", self.base_version, path)
+            export_pipeline(EmbeddingPipeline(self._model, None).eval(),
+                            self._model.tokenizer, path)
+        return OnnxEmbedder(path)
+
+    def _start_int8(self, full: Path) -> "OnnxEmbedder | None":
+        """The int8 variant, quantised once from the float32 export (which is then deleted:
+        it is only needed again if the int8 file is); None, with the reason logged, when it
+        cannot be made or fails its check."""
+        from meancache.shared.encoder._onnx import (
+            INT8_PARITY_MIN_COSINE,
+            OnnxEmbedder,
+            quantize_attention,
+        )
+
+        path = full.with_suffix(".int8.onnx")
+        try:
+            if not path.is_file():
+                self._exported(full)
+                quantize_attention(full, path)
+            embedder = self._checked(OnnxEmbedder(path, "onnx-int8"), path,
+                                     INT8_PARITY_MIN_COSINE)
+        except Exception as exc:  # the float32 export still works
+            log.warning("encoder runs in float32: its int8 variant failed (%s: %s)",
+                        type(exc).__name__, exc)
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        with contextlib.suppress(OSError):
+            full.unlink()
+        return embedder
+
+    def _checked(self, embedder: "OnnxEmbedder", path: Path,
+                 minimum: float | None = None) -> "OnnxEmbedder":
+        """``embedder`` if its vectors match PyTorch's on sample queries (cosine)."""
+        import torch
+        from meancache.shared.encoder._onnx import (
+            PARITY_MIN_COSINE,
+            PARITY_QUERIES,
+            min_parity_cosine,
+        )
+
+        minimum = PARITY_MIN_COSINE if minimum is None else minimum
+        tokens = self.tokenize(PARITY_QUERIES)
+        with torch.inference_mode():
+            reference = self.pipeline(
+                torch.from_numpy(tokens.input_ids.astype(np.int64)),
+                torch.from_numpy(tokens.attention_mask.astype(np.int64)),
+            ).numpy()
+        cosine = min_parity_cosine(
+            self.project(embedder(tokens.input_ids, tokens.attention_mask)), reference)
+        if cosine < minimum:
+            raise OnnxBackendError(f"ONNX parity check of {path.name} failed: cosine "
+                                   f"{cosine:.5f} < {minimum}")
+        log.info("ONNX parity of %s with PyTorch: min cosine %.6f", path.name, cosine)
+        return embedder
 
     def _fall_back(self, reason: str) -> None:
         self.fallback_reason = reason
