@@ -8,12 +8,18 @@ threshold) and, by default, the real verification step on each served candidate;
 lookup itself is the cache's (the best --candidates entries above the search floor, best
 first, the first one that passes is served), computed on vectors embedded once.
 
+``--stream hubs`` asks different questions of the same entry instead of repeats: the
+cache holds every QQP question (all splits) that occurs in at least --hub-pairs pairs, and
+the stream asks each of their partners once, so a rejection helps only if it keeps
+*other* look-alikes of that entry away.
+
 The global tau is swept; per-entry thresholds start from the same tau. Printed: hit rate,
 precision and false hits per tau; false hits of each mode per quarter of the stream; and
 false hits at matched hit rates (the global-tau curve interpolated at each per-entry
 point's hit rate).
 
     python benchmarks/entry_thresholds.py            # MiniLM, 2,000 pairs x 4 repeats
+    python benchmarks/entry_thresholds.py --stream hubs   # other look-alikes, no repeats
     python benchmarks/entry_thresholds.py --quick
 """
 
@@ -21,10 +27,12 @@ from __future__ import annotations
 
 import argparse
 import random
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 from _common import (
+    QQPPair,
     apply_defaults,
     base_parser,
     embed_cached,
@@ -50,15 +58,23 @@ QUARTERS = 4
 def parse_args() -> argparse.Namespace:
     parser = base_parser(__doc__)
     parser.add_argument("--encoder", default="minilm", help="encoder profile or model directory")
-    parser.add_argument("--pairs", type=int, help="QQP dev pairs sampled")
-    parser.add_argument("--repeats", type=int, default=4, help="times each q2 is asked")
+    parser.add_argument("--stream", choices=["dev", "hubs"], default="dev",
+                        help="dev: repeats of sampled dev pairs' q2; hubs: see above")
+    parser.add_argument("--pairs", type=int, help="QQP dev pairs sampled (--stream dev)")
+    parser.add_argument("--hub-pairs", type=int, default=3,
+                        help="pairs a question needs to be cached (--stream hubs)")
+    parser.add_argument("--repeats", type=int, default=4,
+                        help="times each q2 is asked (--stream dev; hubs asks each once)")
     parser.add_argument("--candidates", type=int, default=8, help="entries checked per lookup")
     parser.add_argument("--taus", type=float, nargs="+",
                         default=[round(0.60 + 0.02 * i, 2) for i in range(16)],
                         help="global taus swept")
     parser.add_argument("--no-verify", action="store_true",
                         help="leave the verification step out of both modes")
-    return apply_defaults(parser.parse_args(), {"pairs": 2000}, {"pairs": 300})
+    args = parser.parse_args()
+    if args.stream == "hubs":
+        args.repeats = 1
+    return apply_defaults(args, {"pairs": 2000}, {"pairs": 300})
 
 
 @dataclass
@@ -88,8 +104,21 @@ class Stream:
     duplicates: frozenset[tuple[str, str]]  # (asked, cached) labelled duplicates
 
 
+def hub_pairs(args: argparse.Namespace) -> list[QQPPair]:
+    """Pairs turned so that q1 is a question of at least --hub-pairs pairs (the entry)."""
+    pairs = load_qqp(args.data_dir)
+    counts = Counter(q for p in pairs for q in (p.q1, p.q2))
+    hubs = {q for q, n in counts.items() if n >= args.hub_pairs}
+    turned = [p if p.q1 in hubs else QQPPair(p.q2, p.q1, p.label, p.split) for p in pairs
+              if p.q1 in hubs or p.q2 in hubs]
+    return [p for p in turned if p.q2 not in hubs]  # an asked question is never an entry
+
+
 def build_stream(args: argparse.Namespace) -> Stream:
-    pairs = sample(load_qqp(args.data_dir, "dev"), args.pairs, args.seed)
+    if args.stream == "hubs":
+        pairs = hub_pairs(args)
+    else:
+        pairs = sample(load_qqp(args.data_dir, "dev"), args.pairs, args.seed)
     entries = unique(p.q1 for p in pairs)
     asked = unique(p.q2 for p in pairs)
     duplicates = frozenset((p.q2, p.q1) for p in pairs if p.label == 1)
@@ -158,8 +187,8 @@ def main() -> None:
                    for tau in args.taus] for mode in (False, True)}
     note("replayed every tau in both modes")
 
-    heading(f"{args.encoder}: {len(stream.queries):,} queries on {len(stream.entries):,} "
-            f"entries; verification {'off' if args.no_verify else 'on'}")
+    heading(f"{args.encoder}, stream {args.stream}: {len(stream.queries):,} queries on "
+            f"{len(stream.entries):,} entries; verification {'off' if args.no_verify else 'on'}")
     table = make_table(["tau", "global hit rate", "global precision", "global false hits",
                         "per-entry hit rate", "per-entry precision", "per-entry false hits",
                         "global false hits at per-entry hit rate", "false hits avoided"])
