@@ -41,6 +41,7 @@ class Settings:
     threshold: float = DEFAULT_THRESHOLD
     context_aware: bool = True
     verify_hits: bool = True  # veto candidates that look alike but differ (negation, number, ...)
+    entry_thresholds: bool = True  # each entry's own threshold, learned from its feedback
     max_entries: int = 100_000
     max_bytes: int = 512 * 1024 * 1024
     eviction_policy: str = "lru"  # "lru", "lfu", "scalm-co", "scalm-se"
@@ -120,6 +121,7 @@ class Settings:
             pattern_clustering=self.pattern_clustering,
             context_aware=self.context_aware,
             verify_hits=self.verify_hits,
+            entry_thresholds=self.entry_thresholds,
             pca_dims=self.pca_dims,
             pca_min_entries=self.pca_min_entries,
             tune_min_per_class=self.tune_min_per_class,

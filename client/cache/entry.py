@@ -48,6 +48,8 @@ class Entry:
     last_hit: float | None = None
     hits: int = 0
     rejections: int = 0
+    # What feedback taught about this entry's own threshold (client/cache/entry_threshold.py)
+    threshold_evidence: dict[str, object] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -84,7 +86,7 @@ class Entry:
             "prev_id": self.prev_id, "source": str(self.source),
             "query_tokens": self.query_tokens, "answer_tokens": self.answer_tokens,
             "created": self.created, "last_hit": self.last_hit, "hits": self.hits,
-            "rejections": self.rejections,
+            "rejections": self.rejections, "threshold_evidence": self.threshold_evidence,
         }
 
     @classmethod
@@ -107,4 +109,5 @@ class Entry:
             last_hit=record.get("last_hit"),  # type: ignore[arg-type]
             hits=int(record.get("hits", 0)),  # type: ignore[arg-type]
             rejections=int(record.get("rejections", 0)),  # type: ignore[arg-type]
+            threshold_evidence=record.get("threshold_evidence"),  # type: ignore[arg-type]
         )

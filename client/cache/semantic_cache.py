@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from meancache.client.cache import feedback
+from meancache.client.cache import entry_threshold, feedback
 from meancache.client.cache.background import BackgroundWork
 from meancache.client.cache.context import context_agrees
 from meancache.client.cache.entry import STORED_DTYPE, Context, Entry
@@ -49,6 +49,7 @@ class CacheSettings:
     eviction_policy: str = "lru"  # "lru", "lfu", "scalm-co", "scalm-se" (policy/)
     pattern_clustering: str = "kmeans"  # SCALM's clustering: "kmeans" or "dbscan"
     verify_hits: bool = True  # veto look-alike candidates that need another answer
+    entry_thresholds: bool = True  # each entry's own threshold, learned from its feedback
 
     def __post_init__(self) -> None:
         check_choice("eviction_policy", self.eviction_policy, POLICIES)
@@ -207,20 +208,27 @@ class SemanticCache:
             self._sync()
             truncated = self.encoder.is_truncated(query)
             tau = self.threshold
-            candidates, best = self._index.search(self._embed(query), self.settings.candidates,
-                                                  min_score=tau)
+            per_entry = self.settings.entry_thresholds
+            candidates, best = self._index.search(
+                self._embed(query), self.settings.candidates,
+                min_score=entry_threshold.floor(tau) if per_entry else tau)
             context_vector = None
             if self.settings.context_aware and context is not None and context.is_follow_up:
                 context_vector = self._embed(clean_query(context.prev_query or ""))
             vetoes: list[Veto] = []
+            rejected_before = False
             for entry_id, similarity in candidates:
                 if self.settings.context_aware and not context_agrees(
                     self._context_vectors.get(entry_id), context_vector, tau
                 ):
                     continue
                 try:
+                    entry = self.store.get(entry_id)
+                    if per_entry and similarity < self._entry_threshold(entry, tau):
+                        rejected_before = rejected_before or similarity >= tau
+                        continue
                     if self.settings.verify_hits:
-                        veto = verify(query, self.store.get(entry_id).query)
+                        veto = verify(query, entry.query)
                         if veto is not None:
                             log.info("vetoed a cached answer (similarity %.3f): %s",
                                      similarity, veto.reason)
@@ -233,14 +241,26 @@ class SemanticCache:
             reason = "no cached query is similar enough"
             if vetoes:
                 reason = vetoes[0].reason
+            elif rejected_before:
+                reason = "a similar question's cached answer was rejected before"
             elif best is not None and best >= tau:
                 reason = "similar queries were asked in another context"
             return Miss(query, reason, best, truncated)
 
+    def _entry_threshold(self, entry: Entry, tau: float) -> float:
+        """The entry's own threshold, its rejected similarity first re-scored in the current
+        vector space if it was measured in another."""
+        if entry_threshold.needs_rescoring(entry, self.encoder.version):
+            rejected = self._embed(entry_threshold.Evidence.of(entry).rejected_query or "")
+            entry = entry_threshold.rescored(entry, rejected, self.encoder.version)
+            self.store.touch(entry)
+        return entry_threshold.threshold(entry_threshold.Evidence.of(entry), tau)
+
     def _serve(self, query: str, entry_id: str, similarity: float, truncated: bool) -> Hit:
         entry = self.store.get(entry_id)
         now = time.time()
-        entry = replace(entry, hits=entry.hits + 1, last_hit=now)
+        entry = replace(entry_threshold.after_accept(entry, query), hits=entry.hits + 1,
+                        last_hit=now)
         hit = Hit(query, entry.answer, entry.query, similarity, entry.id, entry.source,
                   uuid.uuid4().hex, truncated)
         self.store.record_hit(entry, hit.hit_id, feedback.accepted(hit, now))
@@ -438,7 +458,9 @@ class SemanticCache:
             self.store.put_pair(hit.hit_id, feedback.rejected(hit))
             try:
                 entry = self.store.get(hit.entry_id)
-                self.store.touch(replace(entry, rejections=entry.rejections + 1))
+                self.store.touch(entry_threshold.after_reject(
+                    replace(entry, rejections=entry.rejections + 1), hit.query,
+                    hit.similarity, self.encoder.version))
             except EntryNotFoundError:
                 pass
             self.store.add_to_counter("rejections")
