@@ -124,7 +124,9 @@ class PackStore:
             return None
         key = normalise_instruction(query)
         similarities = ready.vectors @ encoder.encode([query])[0]
-        best = np.argsort(-similarities)[:SIMILAR_CANDIDATES]
+        count = min(SIMILAR_CANDIDATES, len(similarities))
+        best = np.argpartition(-similarities, count - 1)[:count]  # O(n), not a full sort
+        best = best[np.argsort(-similarities[best])]
         for row in best:
             similarity = float(similarities[row])
             if similarity < tau:
