@@ -115,6 +115,16 @@ def test_a_negated_near_miss_is_not_served(encoder: Encoder, tmp_path: Path) -> 
     assert packs.stats().semantic_hits == 1
 
 
+def test_a_question_past_the_encoder_window_is_not_matched(encoder: Encoder,
+                                                           tmp_path: Path) -> None:
+    long_story = "Tell me a long story about a dragon and a knight. " * 40
+    write(tmp_path, [(long_story + "The dragon wins.", "A story.")])
+    packs = ready_store(tmp_path, encoder)
+    question = long_story + "The knight wins."  # differs only past the window
+    assert encoder.is_truncated(question)
+    assert packs.lookup_similar(question, encoder, TAU) is None
+
+
 def test_a_new_pack_or_encoder_version_is_embedded_again(encoder: Encoder,
                                                          tmp_path: Path) -> None:
     write(tmp_path)

@@ -115,9 +115,10 @@ class PackStore:
     def lookup_similar(self, query: str, encoder: Encoder, tau: float) -> PackHit | None:
         """The answer of the pack instruction most similar to ``query`` (cosine >= tau) that
         verification does not veto and the user did not reject, or None. None at once
-        while the instructions are still being embedded in ``encoder``'s space."""
+        while the instructions are still being embedded in ``encoder``'s space, and for a
+        question past the encoder's window (only its beginning would be compared)."""
         pack = self._pack
-        if pack is None:
+        if pack is None or encoder.is_truncated(query):
             return None
         ready = self.embeddings.vectors(pack, encoder)
         if ready is None or not ready.instructions:
