@@ -162,7 +162,7 @@ def test_conversation_files_keep_their_source_strings(store: ConversationStore) 
     pack, upstream = conversation.turns
     assert (pack.source, upstream.source) == (Source.PACK, Source.UPSTREAM)
     assert pack.source.from_cache and not upstream.source.from_cache
-    assert pack.badge == "pack · similarity 0.91 · matched “m1”"
+    assert pack.badge == "pack ~0.91 · matched “m1”"  # a semantic pack match
     assert upstream.badge == "upstream · first token 250 ms · 7 prompt tokens reused"
     assert f"**Answer** ({pack.badge}):" in conversation.to_markdown()
     store.save(conversation)

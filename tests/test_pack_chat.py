@@ -49,7 +49,7 @@ def test_update_pack_action_then_a_pack_answer(tmp_path: Path, encoder: Encoder,
             await wait_for(pilot, lambda: app.screen.__class__.__name__ == "StatsScreen")
             rows = dict(app.screen.rows)  # type: ignore[attr-defined]
             assert "(1 instructions, " in rows["pack version"]
-            assert "1 hits, 0 rejected" in rows["pack version"]
+            assert "1 exact + 0 similar hits, 0 rejected" in rows["pack version"]
 
     with running_upstream(settings=ServerSettings(packs_dir=published)) as url:
         asyncio.run(run(url))

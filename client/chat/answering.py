@@ -1,5 +1,6 @@
-"""The answer path: semantic cache first, then the upstream (streamed and stored), and
-the conversation saved with the new turn. The chat app and `meancache ask` both use it.
+"""The answer path: instruction pack (exact, then similar), semantic cache, then the
+upstream (streamed and stored), and the conversation saved with the new turn. The chat
+app and `meancache ask` both use it.
 
 Nothing half-written is ever cached or saved: an answer is stored only once the upstream
 has sent all of it, so a cancelled or broken stream leaves cache and conversation as
@@ -19,7 +20,7 @@ from meancache.client.chat.conversations import (
     Turn,
 )
 from meancache.client.chat.documents import chat_schema, document_prompt, read_document
-from meancache.client.pack import PackStore
+from meancache.client.pack import PackHit, PackStore
 from meancache.client.upstream_client import Completed, Delta, UpstreamClient
 from meancache.shared.query import clean_query
 
@@ -40,6 +41,8 @@ class AnswerService:
                  temperature: float = 0.7, packs: PackStore | None = None) -> None:
         self.cache = cache
         self.packs = packs  # the instruction pack, asked before the semantic cache
+        if packs is not None:
+            packs.prepare(cache.encoder)  # its semantic match is ready after a background job
         self.upstream = upstream
         self.conversations = conversations
         self.max_tokens = max_tokens
@@ -73,12 +76,13 @@ class AnswerService:
         if conversation.documents:
             return await self._ask_upstream(conversation, len(conversation.turns), question,
                                             on_delta, Source.UPSTREAM)
-        # The instruction pack first: an exact match of the normalised question, on device.
-        found = None if self.packs is None else await asyncio.to_thread(self.packs.lookup,
+        # The instruction pack first: an exact match of the normalised question, then a
+        # similar instruction (cosine >= the cache's tau, not vetoed), all on the device.
+        found = None if self.packs is None else await asyncio.to_thread(self._ask_pack,
                                                                         question)
         if found is not None:
-            return Turn(question, found.answer, Source.PACK, 1.0, found.instruction,
-                        hit_id=found.hit_id)
+            return Turn(question, found.answer, Source.PACK, found.similarity,
+                        found.instruction, hit_id=found.hit_id)
         result = await asyncio.to_thread(self.cache.lookup, question,
                                          self.context(conversation))
         if isinstance(result, Hit):
@@ -88,6 +92,13 @@ class AnswerService:
         turn = await self._ask_upstream(conversation, len(conversation.turns), question,
                                         on_delta, Source.UPSTREAM)
         return replace(turn, truncated=result.truncated)
+
+    def _ask_pack(self, question: str) -> PackHit | None:
+        assert self.packs is not None
+        found = self.packs.lookup(question)
+        if found is None:
+            found = self.packs.lookup_similar(question, self.cache.encoder, self.cache.threshold)
+        return found
 
     async def _ask_upstream(self, conversation: Conversation, turn_index: int, question: str,
                             on_delta: OnDelta | None, source: Source) -> Turn:
@@ -131,8 +142,13 @@ class AnswerService:
         turn = conversation.turns[turn_index]
         change = None
         if turn.source is Source.PACK and self.packs is not None:
-            # An exact match was not too loose: only this pack answer is wrong, tau stays.
-            await asyncio.to_thread(self.packs.reject, turn.matched_query or turn.question)
+            # Only this pack answer is wrong, tau stays: an exact match's answer is never
+            # served again, a similar one's never again for this question.
+            if turn.pack_exact:
+                await asyncio.to_thread(self.packs.reject, turn.matched_query or turn.question)
+            else:
+                await asyncio.to_thread(self.packs.reject_similar, turn.question,
+                                        turn.matched_query or "")
             tau = self.cache.threshold
             change = ThresholdChange(tau, tau, 0, 0, "a pack answer: the threshold is not "
                                      "involved")

@@ -12,6 +12,7 @@ from typing import Any
 
 from meancache.client.cache.source import Source
 from meancache.client.errors import ConversationNotFoundError
+from meancache.shared.pack import normalise_instruction
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,17 @@ class Turn:
         return f"(empty answer; the server stopped: {self.finish_reason or 'no reason given'})"
 
     @property
+    def pack_exact(self) -> bool:
+        """A pack answer to the very question (normalised), not to a similar instruction."""
+        return self.source is Source.PACK and \
+            self.matched_query == normalise_instruction(self.question)
+
+    @property
     def badge(self) -> str:
         """Where the answer came from, in one line: the chat, `ask` and exports show it."""
-        if self.source.from_cache:
+        if self.source is Source.PACK and not self.pack_exact:
+            line = f"pack ~{self.similarity or 0.0:.2f} · matched “{self.matched_query}”"
+        elif self.source.from_cache:
             line = f"{self.source} · similarity {self.similarity or 0.0:.2f} · matched " \
                    f"“{self.matched_query}”"
         else:

@@ -91,4 +91,6 @@ class ChatSession:
         await self.answers.upstream.aclose()
         if self.embedded is not None:
             self.embedded.stop()
+        if self.answers.packs is not None:
+            self.answers.packs.close()
         self.cache.close()

@@ -18,6 +18,7 @@ def update_pack(session: ChatSession, progress: Progress) -> PackUpdate:
                            session.settings.upstream_api_key, progress=progress)
     if update.changed:
         packs.reload()
+        packs.prepare(session.cache.encoder)  # the semantic match follows in the background
     return update
 
 
@@ -26,4 +27,5 @@ def describe_pack(stats: PackStats) -> str | None:
     if stats.pack_id is None:
         return None
     return (f"{stats.pack_id} ({stats.entries} instructions, {stats.size_bytes:,} bytes, "
-            f"{stats.hits} hits, {stats.rejected} rejected)")
+            f"{stats.hits} exact + {stats.semantic_hits} similar hits, {stats.rejected} "
+            f"rejected, embeddings {stats.embedding})")

@@ -351,6 +351,8 @@ class ChatScreen(Screen[None]):
         """The cache's own long work (re-embedding, fitting PCA) runs on its thread while
         answers go on; its progress shows here until it is done."""
         status = self.session.cache.background.status()
+        if status is None and self.session.answers.packs is not None:
+            status = self.session.answers.packs.embeddings.status()
         if status is None:
             if self._showing_cache_work:
                 self._showing_cache_work = False

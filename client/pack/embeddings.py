@@ -1,0 +1,131 @@
+"""The pack's instructions embedded with the cache's own encoder, for the semantic match
+that follows the exact one.
+
+Embedding a pack takes a while (seconds to minutes on a phone-class CPU), so it runs on a
+``BackgroundWork`` thread and lookups fall through until it is done: they never wait. The
+vectors are kept beside the pack in one ``.npy`` file named by the pack's sha256 and the
+encoder's version, written atomically; a new pack or a new encoder version (an FL round,
+a PCA fit) finds no file of its name and is embedded again, and older files are removed.
+"""
+
+import hashlib
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from meancache.client.cache.background import BackgroundWork, JobStatus
+from meancache.shared.encoder import Encoder
+from meancache.shared.files import fsync_path
+from meancache.shared.pack import Pack
+from meancache.shared.progress import Progress
+
+log = logging.getLogger(__name__)
+
+EMBEDDINGS_GLOB = "embeddings-*.npy"
+JOB_LABEL = "embedding the instruction pack"
+
+
+@dataclass(frozen=True)
+class PackVectors:
+    """The vectors of one pack in one encoder's space, row i for instruction i."""
+
+    pack_sha256: str
+    encoder_version: str
+    instructions: tuple[str, ...]
+    vectors: np.ndarray  # (n, dim) float32 unit vectors
+
+
+def embeddings_path(directory: Path, pack: Pack, encoder_version: str) -> Path:
+    """The file of ``pack``'s vectors under ``encoder_version``: its name is the key."""
+    encoder_key = hashlib.sha256(encoder_version.encode()).hexdigest()[:16]
+    return directory / f"embeddings-{pack.manifest.body_sha256[:16]}-{encoder_key}.npy"
+
+
+def stored(directory: Path, pack: Pack) -> bool:
+    """Whether ``pack``'s vectors are on disk under some encoder (`meancache pack stats`
+    loads no encoder, so it cannot tell which)."""
+    return any(directory.glob(f"embeddings-{pack.manifest.body_sha256[:16]}-*.npy"))
+
+
+class PackEmbeddings:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.background = BackgroundWork()
+        self._lock = threading.Lock()
+        self._ready: PackVectors | None = None
+
+    @property
+    def ready(self) -> PackVectors | None:
+        """The vectors made last (of the pack and encoder they were made for)."""
+        with self._lock:
+            return self._ready
+
+    def vectors(self, pack: Pack, encoder: Encoder) -> PackVectors | None:
+        """``pack``'s vectors in ``encoder``'s space, or None while they are being made
+        (the first call for a new pack or encoder starts that work; it never waits)."""
+        ready = self.ready
+        if ready is not None and ready.pack_sha256 == pack.manifest.body_sha256 \
+                and ready.encoder_version == encoder.version:
+            return ready
+        self.prepare(pack, encoder)
+        return None
+
+    def prepare(self, pack: Pack, encoder: Encoder) -> bool:
+        """Load or make ``pack``'s vectors on the worker thread; False if a job runs."""
+        return self.background.start(JOB_LABEL, lambda progress: self._build(pack, encoder,
+                                                                              progress))
+
+    def status(self) -> JobStatus | None:
+        """The embedding's progress while it runs (the chat's status line shows it)."""
+        return self.background.status()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        return self.background.wait(timeout)
+
+    def close(self) -> None:
+        self.background.stop()
+
+    def _build(self, pack: Pack, encoder: Encoder, progress: Progress) -> None:
+        instructions = tuple(pack.answers)
+        path = embeddings_path(self.directory, pack, encoder.version)
+        vectors = self._load(path, (len(instructions), encoder.dim))
+        if vectors is None:
+            vectors = encoder.encode(instructions, progress=progress)
+            _save_atomically(path, vectors)
+            log.info("embedded %d pack instructions into %s", len(instructions), path)
+        for old in self.directory.glob(EMBEDDINGS_GLOB):
+            if old != path:
+                old.unlink(missing_ok=True)
+        with self._lock:
+            self._ready = PackVectors(pack.manifest.body_sha256, encoder.version,
+                                      instructions, vectors)
+
+    @staticmethod
+    def _load(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
+        """The stored vectors, if they exist and have the shape this pack needs."""
+        try:
+            vectors = np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            log.warning("re-embedding the pack: %s is unreadable (%s)", path, exc)
+            return None
+        if vectors.shape != shape or vectors.dtype != np.float32:
+            log.warning("re-embedding the pack: %s holds %s %s, not %s float32", path,
+                        vectors.shape, vectors.dtype, shape)
+            return None
+        return vectors
+
+
+def _save_atomically(path: Path, vectors: np.ndarray) -> None:
+    """Written beside, fsynced, renamed in: a crash leaves the old file or none."""
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("wb") as fh:
+        np.save(fh, vectors, allow_pickle=False)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(partial, path)
+    fsync_path(path.parent)
