@@ -217,3 +217,28 @@ def test_rejecting_a_semantic_pack_answer_requeries_and_is_not_served_again(
     assert reopened.embeddings.wait(60)
     assert reopened.lookup_similar(PARAPHRASE, encoder, TAU) is None
     assert reopened.stats().rejected == 1
+
+
+def test_the_answer_path_embeds_a_question_once(make_cache: CacheFactory, encoder: Encoder,
+                                                tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pack's similar match and the semantic cache share one embedding of the question
+    (MPNet spends ~25 ms on each)."""
+    write(tmp_path / "packs")
+    packs = ready_store(tmp_path / "packs", encoder)
+    cache = make_cache(settings=CacheSettings(global_threshold=TAU))
+    question = "Why is the sky blue during the day?"  # in the cache, not in the pack
+    cache.insert(question, "Rayleigh scattering.")
+    asked: list[str] = []
+    real = encoder.encode
+
+    def counting(texts: list[str], *args: object, **kwargs: object) -> object:
+        asked.extend(texts)
+        return real(texts, *args, **kwargs)
+
+    monkeypatch.setattr(cache.encoder, "encode", counting)
+    answers = AnswerService(cache, UpstreamClient("http://127.0.0.1:9", connect_retries=0),
+                            ConversationStore(tmp_path / "conversations"), packs=packs)
+    turn = asyncio.run(answers.answer(Conversation(), "why is the sky blue during the day"))
+    assert (turn.source, turn.answer) == (Source.CACHE, "Rayleigh scattering.")
+    assert asked == ["why is the sky blue during the day"]

@@ -183,6 +183,12 @@ class SemanticCache:
         return False
 
     # embedding ----------------------------------------------------------------------
+    def embed(self, text: str | bytes) -> np.ndarray:
+        """``text`` in the cache's current space, remembered for a lookup that follows (the
+        pack's similar match and the cache then embed a question once)."""
+        with self._lock:
+            return self._embed(clean_query(text))
+
     def _embed(self, text: str) -> np.ndarray:
         """Embed one text, remembering the last few (a follow-up's context was the last query)."""
         key = (self.encoder.version, text)

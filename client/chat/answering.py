@@ -97,7 +97,8 @@ class AnswerService:
         assert self.packs is not None
         found = self.packs.lookup(question)
         if found is None:
-            found = self.packs.lookup_similar(question, self.cache.encoder, self.cache.threshold)
+            found = self.packs.lookup_similar(question, self.cache.encoder, self.cache.threshold,
+                                              self.cache.embed)
         return found
 
     async def _ask_upstream(self, conversation: Conversation, turn_index: int, question: str,

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,11 +113,14 @@ class PackStore:
             self._write_state(durable=False)
         return PackHit(found[0], found[1], pack.manifest.pack_id)
 
-    def lookup_similar(self, query: str, encoder: Encoder, tau: float) -> PackHit | None:
+    def lookup_similar(self, query: str, encoder: Encoder, tau: float,
+                       embed: Callable[[str], np.ndarray] | None = None) -> PackHit | None:
         """The answer of the pack instruction most similar to ``query`` (cosine >= tau) that
         verification does not veto and the user did not reject, or None. None at once
         while the instructions are still being embedded in ``encoder``'s space, and for a
-        question past the encoder's window (only its beginning would be compared)."""
+        question past the encoder's window (only its beginning would be compared).
+        ``embed``: how to embed the query in that space (the answer path passes the
+        cache's, which remembers it for the cache lookup that may follow)."""
         pack = self._pack
         if pack is None or encoder.is_truncated(query):
             return None
@@ -124,7 +128,8 @@ class PackStore:
         if ready is None or not ready.instructions:
             return None
         key = normalise_instruction(query)
-        similarities = ready.vectors @ encoder.encode([query])[0]
+        vector = embed(query) if embed is not None else encoder.encode([query])[0]
+        similarities = ready.vectors @ vector
         count = min(SIMILAR_CANDIDATES, len(similarities))
         best = np.argpartition(-similarities, count - 1)[:count]  # O(n), not a full sort
         best = best[np.argsort(-similarities[best])]
