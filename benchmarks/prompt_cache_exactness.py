@@ -40,6 +40,7 @@ from test_prompt_cache import (  # noqa: E402  (the checks' references live with
     prefill_logits,
     reference_logits,
     reference_mask,
+    uncached_greedy,
 )
 
 FILLER = "The river runs under seven bridges before it reaches the sea. "
@@ -81,14 +82,7 @@ def contiguous(engine: PromptCacheEngine, name: str, module: int
     diff = max_diff(prefill_logits(engine, prepared), full[-len(prepared.new_ids):])
     params = SamplingParams(max_tokens=12, temperature=0.0)
     text = "".join(e.text for e in engine.generate(prepared, params) if isinstance(e, Delta))
-    ids, generated = list(full_ids), []
-    with torch.inference_mode():
-        for _ in range(params.max_tokens):
-            token = int(engine.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
-            if token in engine._eos:
-                break
-            generated.append(token)
-            ids.append(token)
+    generated = uncached_greedy(engine, full_ids, params.max_tokens)
     reference = engine.tokenizer.decode(generated, skip_special_tokens=True)
     for stop in engine.loaded.stop:  # the engine ends an answer where the next turn starts
         reference = reference.split(stop)[0]

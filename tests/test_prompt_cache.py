@@ -130,6 +130,19 @@ def prefill_logits(engine: PromptCacheEngine, prepared: PreparedPrompt) -> torch
     return out.logits[0]
 
 
+def uncached_greedy(engine: PromptCacheEngine, ids: list[int], max_tokens: int) -> list[int]:
+    """Greedy tokens after ``ids`` from plain full forward passes, with no cache at all."""
+    ids, generated = list(ids), []
+    with torch.inference_mode():
+        for _ in range(max_tokens):
+            token = int(engine.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            if token in engine._eos:
+                break
+            generated.append(token)
+            ids.append(token)
+    return generated
+
+
 def test_layout_gives_unions_a_shared_start_and_params_reserved_positions(
     engine: PromptCacheEngine,
 ) -> None:
@@ -202,15 +215,7 @@ def test_a_contiguous_prefix_equals_a_full_prefill_and_greedy_text_matches(
     params = SamplingParams(max_tokens=12, temperature=0.0)
     events = list(engine.generate(prepared, params))
     text = "".join(e.text for e in events if isinstance(e, Delta))
-    ids = list(full_ids)
-    generated: list[int] = []
-    with torch.inference_mode():
-        for _ in range(params.max_tokens):
-            token = int(engine.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
-            if token in engine._eos:
-                break
-            generated.append(token)
-            ids.append(token)
+    generated = uncached_greedy(engine, full_ids, params.max_tokens)
     assert text == engine.tokenizer.decode(generated, skip_special_tokens=True)
     finish = events[-1]
     assert isinstance(finish, Finish)
