@@ -58,7 +58,8 @@ PY
 echo "$GGUF"
 
 step "3/4 llama.cpp's server on $URL ($THREADS threads)"
-"$LLAMA_VENV/bin/python" -m llama_cpp.server --model "$GGUF" --model_alias "$ALIAS" \
+# Through scripts/llama_cpp_server.py: llama.cpp's AMX kernels crash here (see that file).
+"$LLAMA_VENV/bin/python" "$ROOT/scripts/llama_cpp_server.py" --model "$GGUF" --model_alias "$ALIAS" \
     --host 127.0.0.1 --port "$PORT" --n_threads "$THREADS" --n_ctx 2048 \
     >"$WORK/server.log" 2>&1 &
 SERVER_PID=$!
