@@ -7,10 +7,15 @@ server answers them (KV cache on); decode tokens/s counts the tokens after the f
 the time after it. Each precision runs the same questions after one warm-up; medians.
 
 Agreement: for --prompts instructions (ShareGPT first turns), the model's top-1 next token
-after the rendered prompt, per precision, against float32's (target >= 98%).
+per precision against float32's (target >= 98%): after the rendered prompt, and after each
+of --steps decode steps that read float32's greedy tokens (so both predict after the same
+text). int8 reads prompts in float32, so its first token is float32's by construction;
+its decode steps are what int8 changes.
 
-llama.cpp: when llama-cpp-python is installed (scripts/llama_cpp_integration.sh makes a
-venv with it), the same questions on the packaged Q4_K_M GGUF with the same thread count.
+llama.cpp: when llama-cpp-python is importable (install it into this venv, or run in the
+venv scripts/llama_cpp_integration.sh makes), the same questions on the packaged Q4_K_M
+GGUF with the same thread count, loaded as scripts/llama_cpp_server.py loads it (without
+the AMX repack that crashes here).
 
     python benchmarks/generation_speed.py                  # Gemma 3 270M, float32 and int8
     python benchmarks/generation_speed.py --quick          # builtin:tiny-gemma3, a few prompts
@@ -18,6 +23,7 @@ venv with it), the same questions on the packaged Q4_K_M GGUF with the same thre
 
 import json
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -26,6 +32,7 @@ from pathlib import Path
 
 import torch
 from _common import (
+    REPO_ROOT,
     apply_defaults,
     base_parser,
     heading,
@@ -83,13 +90,33 @@ def engine_speed(engine: PromptCacheEngine, questions: Sequence[str], max_tokens
                  int(statistics.median(counts)))
 
 
-def next_tokens(engine: PromptCacheEngine, prompts: Sequence[str]) -> list[int]:
-    tokens = []
-    for prompt in prompts:
+def predictions(engine: PromptCacheEngine, prompts: Sequence[str], steps: int,
+                forced: Sequence[Sequence[int]] | None = None) -> list[list[int]]:
+    """Per prompt, the top-1 token after the prompt, then after each of ``steps`` decode
+    steps. With ``forced`` (float32's predictions), each step reads float32's token rather
+    than its own, so every prediction is compared after the same text."""
+    out = []
+    for i, prompt in enumerate(prompts):
         prepared = engine.prepare_messages([{"role": "user", "content": prompt}])
-        logits, _, _ = engine.prefill(prepared)
-        tokens.append(int(logits.argmax()))
-    return tokens
+        logits, seen, cache = engine.prefill(prepared)
+        predicted = [int(logits.argmax())]
+        position = max(prepared.new_positions)
+        for step in range(steps):
+            position += 1
+            token = forced[i][step] if forced is not None else predicted[-1]
+            logits, seen = engine.decode_step(token, position, seen, cache)
+            predicted.append(int(logits.argmax()))
+        out.append(predicted)
+    return out
+
+
+def agreement(ours: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]
+              ) -> tuple[float, float]:
+    """Share of equal predictions: after the prompt, and over the decode steps."""
+    first = sum(a[0] == b[0] for a, b in zip(ours, reference, strict=True)) / len(reference)
+    pairs = [(x, y) for a, b in zip(ours, reference, strict=True)
+             for x, y in zip(a[1:], b[1:], strict=True)]
+    return first, sum(x == y for x, y in pairs) / max(len(pairs), 1)
 
 
 def llama_cpp_speed(questions: Sequence[str], max_tokens: int, threads: int,
@@ -98,6 +125,10 @@ def llama_cpp_speed(questions: Sequence[str], max_tokens: int, threads: int,
         from llama_cpp import Llama
     except ImportError:
         return None
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    from llama_cpp_server import disable_extra_buffers
+
+    disable_extra_buffers()
     from meancache.upstream.gemma import assemble
 
     with tempfile.TemporaryDirectory(prefix="meancache-gguf-") as work:
@@ -131,6 +162,8 @@ def main() -> None:
     parser.add_argument("--questions", type=int, help="timed questions per precision")
     parser.add_argument("--question-chars", type=int, default=120)
     parser.add_argument("--prompts", type=int, help="prompts for the agreement check")
+    parser.add_argument("--steps", type=int, default=8,
+                        help="decode steps per prompt in the agreement check")
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = apply_defaults(parser.parse_args(),
@@ -145,33 +178,36 @@ def main() -> None:
 
     speeds: dict[str, Speed] = {}
     loads: dict[str, float] = {}
-    tokens: dict[str, list[int]] = {}
+    predicted: dict[str, list[list[int]]] = {}
     engine = None
-    for precision in args.precisions:
+    order = sorted(args.precisions, key=lambda p: p != "float32")  # the reference first
+    for precision in order:
         note(f"{args.model} in {precision} ...")
         start = time.perf_counter()
         engine = PromptCacheEngine(load_model(args.model, device="cpu",
                                               data_dir=args.cache_dir, precision=precision))
         loads[precision] = time.perf_counter() - start
         speeds[precision] = engine_speed(engine, questions, args.max_tokens)
-        tokens[precision] = next_tokens(engine, prompts)
+        predicted[precision] = predictions(engine, prompts, args.steps,
+                                           predicted.get("float32"))
     llama = llama_cpp_speed(questions, args.max_tokens, args.threads, engine) \
         if engine is not None and args.model == "builtin:gemma-3-270m" else None
 
     heading(f"Generation speed, {args.model}, {args.threads} threads, "
             f"{len(questions)} questions, greedy, up to {args.max_tokens} tokens")
     table = make_table(["runtime", "load s", "TTFT ms (p50)", "decode tokens/s (p50)",
-                        "tokens per answer", f"top-1 agreement with float32 ({len(prompts)})"])
-    reference = tokens.get("float32")
+                        "tokens per answer", f"top-1 = float32: first token ({len(prompts)})",
+                        f"decode steps ({len(prompts)} x {args.steps})"])
+    reference = predicted.get("float32")
     for precision, speed in speeds.items():
-        same = sum(a == b for a, b in zip(tokens[precision], reference or [], strict=False))
-        agree = "-" if reference is None else f"{same / len(reference):.1%}"
+        first, steps = agreement(predicted[precision], reference) if reference else (0, 0)
         table.add_row(f"meancache {precision}", f"{loads[precision]:.1f}",
                       f"{speed.ttft_ms:.0f}", f"{speed.tokens_per_s:.1f}", str(speed.tokens),
-                      agree)
+                      f"{first:.1%}" if reference else "-",
+                      f"{steps:.1%}" if reference else "-")
     if llama is not None:
         table.add_row("llama.cpp Q4_K_M", "-", f"{llama.ttft_ms:.0f}",
-                      f"{llama.tokens_per_s:.1f}", str(llama.tokens), "-")
+                      f"{llama.tokens_per_s:.1f}", str(llama.tokens), "-", "-")
     else:
         note("llama.cpp: llama-cpp-python is not installed here "
              "(scripts/llama_cpp_integration.sh builds it)")

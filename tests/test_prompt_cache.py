@@ -176,13 +176,7 @@ def decode_step(engine: PromptCacheEngine, prepared: PreparedPrompt
     """The cached path's logits one greedy token after the prompt, and that token."""
     logits, seen, cache = engine.prefill(prepared)
     token = int(logits.argmax())
-    position = torch.tensor([max(prepared.new_positions) + 1])
-    seen = torch.cat([seen, position])
-    allowed = torch.ones(1, seen.numel(), dtype=torch.bool)
-    with torch.inference_mode():
-        step = engine.model(input_ids=torch.tensor([[token]]), position_ids=position[None],
-                            attention_mask=attention_mask(engine.model, allowed, position, seen),
-                            past_key_values=cache, use_cache=True).logits[0, -1]
+    step, _ = engine.decode_step(token, max(prepared.new_positions) + 1, seen, cache)
     return step, token
 
 

@@ -45,8 +45,8 @@ def add_commands(commands: Any) -> None:
         serve.add_argument(f"--{name}", type=int, default=default,
                            help=f"{text} (default: %(default)s)")
     serve.add_argument("--precision", choices=PRECISIONS, default="float32",
-                       help="float32, or int8 for the output layer (faster decoding, the next "
-                       "token differs from float32's in about 1 prompt in 9; see "
+                       help="float32, or int8 decode steps (prompts and cached modules stay "
+                       "float32; about twice the decode speed on a CPU; see "
                        "benchmarks/generation_speed.py) (default: %(default)s)")
     serve.add_argument("--packs-dir", type=Path, help="publish the newest instruction "
                        "pack (*.mcpack) in this directory at /v1/packs/latest (default: "

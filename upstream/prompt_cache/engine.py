@@ -18,6 +18,7 @@ from meancache.shared.pml import (
     parse_schema,
 )
 from meancache.upstream.errors import PromptTooLongError, UpstreamError
+from meancache.upstream.int8_decode import decoding
 from meancache.upstream.model_loading import LoadedModel
 from meancache.upstream.prompt_cache.layout import LEADING, SCHEMA_TEXT, SchemaLayout, lay_out
 from meancache.upstream.prompt_cache.module_store import Key, ModuleStore
@@ -264,6 +265,23 @@ class PromptCacheEngine:
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[0, -1], seen, cache
 
+    @torch.inference_mode()
+    def decode_step(self, token: int, position: int, seen: torch.Tensor, cache: object
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits after ``token`` read at ``position`` (it sees every position in ``seen``
+        and itself), and ``seen`` with that position added. It runs on the weights the
+        serving precision keeps for one-token steps (upstream.precision.decoding)."""
+        device = self.loaded.device
+        at = torch.tensor([position], device=device)
+        seen = torch.cat([seen, at])
+        allowed = torch.ones(1, seen.numel(), dtype=torch.bool, device=device)
+        with decoding(self.model):
+            out = self.model(input_ids=torch.tensor([[token]], device=device),
+                             position_ids=at[None],
+                             attention_mask=attention_mask(self.model, allowed, at, seen),
+                             past_key_values=cache, use_cache=True)
+        return out.logits[0, -1], seen
+
     def check_fits(self, prepared: PreparedPrompt, params: SamplingParams) -> None:
         """Raise PromptTooLongError if the prompt plus max_tokens passes the context."""
         last = max(prepared.new_positions, default=0)
@@ -290,7 +308,6 @@ class PromptCacheEngine:
         token = next_token(logits, params, generator)
         ttft = time.perf_counter() - start
         produced, reason = 0, "length"
-        device = self.loaded.device
         while True:
             if cancel is not None and cancel.is_set():
                 reason = "cancelled"
@@ -308,14 +325,8 @@ class PromptCacheEngine:
             if produced >= params.max_tokens:
                 break
             last += 1
-            position = torch.tensor([last], device=device)
-            seen = torch.cat([seen, position])
-            allowed = torch.ones(1, seen.numel(), dtype=torch.bool, device=device)
-            out = self.model(input_ids=torch.tensor([[token]], device=device),
-                             position_ids=position[None],
-                             attention_mask=attention_mask(self.model, allowed, position, seen),
-                             past_key_values=cache, use_cache=True)
-            token = next_token(out.logits[0, -1], params, generator)
+            logits, seen = self.decode_step(token, last, seen, cache)
+            token = next_token(logits, params, generator)
         tail = stream.flush()
         if tail:
             yield Delta(tail)
