@@ -1,11 +1,13 @@
-"""Serving precision: ``int8`` runs one-token decode steps on int8 copies of the weights,
-while prompts and the module states Prompt Cache reuses stay exactly float32's."""
+"""Serving precision ``fp16-int8``: float16 linear layers, an int8 output layer whose
+shortlist is scored exactly, and a lossless bfloat16 embedding; Prompt Cache stays exact
+within it."""
 
 import pytest
 import torch
+from meancache.upstream.compact_weights import BFloat16Embedding, ShortlistOutput
 from meancache.upstream.errors import ModelLoadError
-from meancache.upstream.int8_decode import DecodeLinear, decoding
 from meancache.upstream.model_loading import load_model
+from meancache.upstream.precision import apply_precision
 from meancache.upstream.prompt_cache.engine import (
     Delta,
     Finish,
@@ -19,62 +21,67 @@ DOC = ('<schema name="doc"><module name="text">A document about rivers and the b
 ASK = '<prompt schema="doc"><text/>Summarise it.</prompt>'
 
 
-def engines() -> tuple[PromptCacheEngine, PromptCacheEngine]:
-    full = PromptCacheEngine(load_model("builtin:tiny-gemma3", device="cpu"))
-    int8 = PromptCacheEngine(load_model("builtin:tiny-gemma3", device="cpu", precision="int8"))
-    for engine in (full, int8):
-        engine.add_schema(DOC)
-    return full, int8
+def bfloat16_valued_gemma() -> torch.nn.Module:
+    """tiny-gemma3 with every weight rounded to bfloat16, as weights converted from a
+    bfloat16 or GGUF file are (the real Gemma 3 270M's are)."""
+    model = load_model("builtin:tiny-gemma3", device="cpu").model
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.copy_(parameter.bfloat16().float())
+    return model
 
 
 def test_an_unknown_precision_is_refused_by_name() -> None:
-    with pytest.raises(ModelLoadError, match="unknown precision 'int4'.*float32, int8"):
+    with pytest.raises(ModelLoadError, match="unknown precision 'int4'.*float32, fp16-int8"):
         load_model("builtin:tiny-gemma3", device="cpu", precision="int4")
 
 
-def test_the_shortlist_is_scored_in_float32_and_the_rest_in_int8() -> None:
+def test_the_shortlist_is_scored_exactly_and_the_rest_in_int8() -> None:
     torch.manual_seed(0)
     linear = torch.nn.Linear(48, 500, bias=False)
-    layer = DecodeLinear(linear, shortlist=16)
-    x = torch.randn(1, 1, 48)
+    x = torch.randn(1, 3, 48)
     with torch.inference_mode():
         exact = linear(x)
-        assert torch.equal(layer(x), exact)  # outside decoding: the float32 weights
-        with decoding(layer):
-            approx = layer(x)
-        assert not layer.decoding
-    best = approx.topk(16, dim=-1).indices
+        approx = ShortlistOutput(linear, linear.weight.detach())(x)
+    best = approx.topk(64, dim=-1).indices
     assert torch.allclose(approx.gather(-1, best), exact.gather(-1, best), atol=1e-5)
     rest = torch.ones_like(approx, dtype=torch.bool).scatter_(-1, best, False)
     error = (approx - exact)[rest].abs()
     assert error.max() > 0  # int8 arithmetic ran for the rest of the vocabulary
     assert error.max() < 0.05 * exact.abs().max()
-    assert int(approx.argmax()) == int(exact.argmax())
+    assert torch.equal(approx.argmax(-1), exact.argmax(-1))
 
 
-def test_prompts_and_module_states_stay_float32_and_decode_steps_use_int8() -> None:
-    full, int8 = engines()
-    assert isinstance(int8.model.get_output_embeddings(), DecodeLinear)
-    prepared = full.prepare_messages([{"role": "user", "content": ASK}])
-    assert prepared.cached  # the module is reused
-    logits_full, seen, cache_full = full.prefill(prepared)
-    logits_int8, _, cache_int8 = int8.prefill(prepared)
-    assert torch.equal(logits_full, logits_int8)
-    for ours, theirs in zip(cache_int8.layers, cache_full.layers, strict=True):
-        assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
-    token = int(logits_full.argmax())
-    last = max(prepared.new_positions) + 1
-    step_full, _ = full.decode_step(token, last, seen, cache_full)
-    step_int8, _ = int8.decode_step(token, last, seen, cache_int8)
-    assert not torch.equal(step_full, step_int8)  # the step ran on int8 weights
-    assert torch.nn.functional.cosine_similarity(step_full, step_int8, dim=0) > 0.99
+def test_a_bfloat16_valued_embedding_is_kept_in_bfloat16_and_reads_back_exactly() -> None:
+    reference = bfloat16_valued_gemma()
+    model = apply_precision(bfloat16_valued_gemma(), "fp16-int8")
+    embedding = model.get_input_embeddings()
+    assert isinstance(embedding, BFloat16Embedding) and embedding.table.dtype == torch.bfloat16
+    assert isinstance(model.get_output_embeddings(), ShortlistOutput)
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.modules())  # all float16
+    ids = torch.tensor([[5, 17, 99, 3]])
+    with torch.inference_mode():
+        assert torch.equal(embedding(ids), reference.get_input_embeddings()(ids))
+        ours, theirs = model(input_ids=ids).logits[0], reference(input_ids=ids).logits[0]
+    assert torch.equal(ours.argmax(-1), theirs.argmax(-1))
+    assert torch.nn.functional.cosine_similarity(ours, theirs, dim=-1).min() > 0.999
 
 
-def test_int8_answers_equal_with_and_without_reused_modules() -> None:
-    """Prompt Cache stays exact on the served precision: the module reused from the cache
-    and the same tokens read as one plain prompt give the same int8 answer."""
-    _, engine = engines()
+def test_an_embedding_that_is_not_bfloat16_valued_stays_float32() -> None:
+    model = load_model("builtin:tiny-gemma3", device="cpu", precision="fp16-int8").model
+    assert not isinstance(model.get_input_embeddings(), BFloat16Embedding)
+    assert model.get_input_embeddings().weight.dtype == torch.float32
+    assert isinstance(model.get_output_embeddings(), ShortlistOutput)
+
+
+def test_answers_equal_with_and_without_reused_modules_in_fp16_int8() -> None:
+    """Prompt Cache stays exact within the served precision: the module reused from the
+    cache and the same tokens read as one plain prompt give the same answer."""
+    engine = PromptCacheEngine(load_model("builtin:tiny-gemma3", device="cpu",
+                                          precision="fp16-int8"))
+    engine.add_schema(DOC)
     cached = engine.prepare_messages([{"role": "user", "content": ASK}])
+    assert cached.cached
     ids = [token for schema, segment in cached.cached
            for token in engine.layouts[schema].segments[segment].token_ids]
     ids += cached.new_ids
@@ -87,3 +94,6 @@ def test_int8_answers_equal_with_and_without_reused_modules() -> None:
         assert isinstance(events[-1], Finish) and events[-1].completion_tokens > 1
         answers.append("".join(e.text for e in events if isinstance(e, Delta)))
     assert answers[0] == answers[1]
+    logits_cached, _, _ = engine.prefill(cached)
+    logits_plain, _, _ = engine.prefill(plain)
+    assert (logits_cached - logits_plain).abs().max() <= 1e-4

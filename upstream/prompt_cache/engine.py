@@ -18,7 +18,6 @@ from meancache.shared.pml import (
     parse_schema,
 )
 from meancache.upstream.errors import PromptTooLongError, UpstreamError
-from meancache.upstream.int8_decode import decoding
 from meancache.upstream.model_loading import LoadedModel
 from meancache.upstream.prompt_cache.layout import LEADING, SCHEMA_TEXT, SchemaLayout, lay_out
 from meancache.upstream.prompt_cache.module_store import Key, ModuleStore
@@ -269,17 +268,15 @@ class PromptCacheEngine:
     def decode_step(self, token: int, position: int, seen: torch.Tensor, cache: object
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits after ``token`` read at ``position`` (it sees every position in ``seen``
-        and itself), and ``seen`` with that position added. It runs on the weights the
-        serving precision keeps for one-token steps (upstream.precision.decoding)."""
+        and itself), and ``seen`` with that position added."""
         device = self.loaded.device
         at = torch.tensor([position], device=device)
         seen = torch.cat([seen, at])
         allowed = torch.ones(1, seen.numel(), dtype=torch.bool, device=device)
-        with decoding(self.model):
-            out = self.model(input_ids=torch.tensor([[token]], device=device),
-                             position_ids=at[None],
-                             attention_mask=attention_mask(self.model, allowed, at, seen),
-                             past_key_values=cache, use_cache=True)
+        out = self.model(input_ids=torch.tensor([[token]], device=device),
+                         position_ids=at[None],
+                         attention_mask=attention_mask(self.model, allowed, at, seen),
+                         past_key_values=cache, use_cache=True)
         return out.logits[0, -1], seen
 
     def check_fits(self, prepared: PreparedPrompt, params: SamplingParams) -> None:
