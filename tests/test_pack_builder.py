@@ -5,6 +5,7 @@
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -134,6 +135,19 @@ def test_tree_search_keeps_to_the_budget_and_resumes(scratch_lm: tuple[Path, lis
                for t, n in whole.instructions.items())
 
 
+def test_a_narrow_kv_budget_finds_the_same_holding_few_paths_states(
+        scratch_lm: tuple[Path, list[int]]) -> None:
+    lm = load_lm(scratch_lm[0])
+    whole = tree_search(lm, SEARCH)
+    narrow = tree_search(lm, replace(SEARCH, batch_size=4, kv_paths=8))
+    assert narrow.instructions.keys() == whole.instructions.keys()
+    assert all(math.isclose(narrow.instructions[t], n, abs_tol=1e-4)
+               for t, n in whole.instructions.items())
+    assert narrow.expanded == whole.expanded
+    # At most the incoming level, the rows collected for the next and one batch.
+    assert narrow.peak_kv <= 3 * 8 + 2 * 4 < whole.peak_kv
+
+
 def test_size_fit_and_hit_rate_prediction() -> None:
     model = SizeModel.fit(2.0, 10, 4.0, 60)
     assert math.isclose(model.size(2.0), 10) and math.isclose(model.size(4.0), 60)
@@ -204,3 +218,38 @@ def test_ray_subtrees_find_what_one_process_finds(scratch_lm: tuple[Path, list[i
     assert all(math.isclose(spread.instructions[t], n, abs_tol=1e-4)
                for t, n in one.instructions.items())
     assert spread.expanded == one.expanded and done and done[0] > 1  # several tasks
+
+
+def test_a_killed_ray_search_resumes_with_its_unfinished_subtrees(
+        scratch_lm: tuple[Path, list[int]], tmp_path: Path) -> None:
+    import ray
+    from meancache.upstream.pack.parallel import parallel_search
+
+    one = tree_search(load_lm(scratch_lm[0]), SEARCH)
+    job = tmp_path / "ray-job"
+
+    def kill_after_two(done: int, total: int) -> None:
+        if done == 2:
+            raise Killed
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        with pytest.raises(Killed):
+            parallel_search(scratch_lm[0], SEARCH, workers=2, work_dir=job,
+                            progress=kill_after_two)
+        finished = {p: p.stat().st_mtime_ns for p in job.glob("subtree-*.json")}
+        assert len(finished) == 2
+        done: list[tuple[int, int]] = []
+        resumed = parallel_search(scratch_lm[0], SEARCH, workers=3, work_dir=job,
+                                  progress=lambda d, t: done.append((d, t)))
+    finally:
+        ray.shutdown()
+    groups = done[-1][1]
+    assert done[0] == (2, groups) and done[1][0] == 3  # the two finished groups not rerun
+    assert groups == 8  # the first run's grouping (2 workers), though 3 were asked now
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished
+    assert len(list(job.glob("subtree-*.json"))) == groups
+    assert resumed.instructions.keys() == one.instructions.keys()
+    assert all(math.isclose(resumed.instructions[t], n, abs_tol=1e-4)
+               for t, n in one.instructions.items())
+    assert resumed.expanded == one.expanded

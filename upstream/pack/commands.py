@@ -24,6 +24,16 @@ def add_commands(pack: Any) -> None:
     train.add_argument("--layers", type=int, default=4, help="from scratch only")
     train.add_argument("--hidden", type=int, default=256, help="from scratch only")
     train.add_argument("--seed", type=int, default=0, help="also seeds the 80/10/10 split")
+    train.add_argument("--learning-rate", type=float, help="default: 1e-3 from scratch, "
+                       "5e-5 for a base model")
+    train.add_argument("--max-tokens", type=int, default=48, help="longer instructions "
+                       "are cut")
+    train.add_argument("--limit", type=int, help="train on the first N instructions of the "
+                       "train split (a base model on a CPU)")
+    train.add_argument("--freeze-embeddings", action="store_true", help="keep the input "
+                       "embedding (Gemma: tied to the output layer, 170M of 270M parameters) "
+                       "fixed: about half the time and memory per step")
+    train.add_argument("--checkpoint-every", type=int, default=200, help="steps")
     train.set_defaults(handler=run_train)
 
     plan = pack.add_parser("plan", help="predict a pack's size and hit rate for a sigma, "
@@ -52,7 +62,8 @@ def add_commands(pack: Any) -> None:
                        "for resuming (default: PACKS_DIR/work-SIGMA)")
     build.add_argument("--max-tokens", type=int, default=256, help="longest answer")
     build.add_argument("--workers", type=int, default=1, help="expand subtrees in this "
-                       "many Ray tasks at once (local Ray; 1: in this process, resumable)")
+                       "many Ray tasks at once (local Ray; 1: in this process); either "
+                       "resumes after a kill")
     build.add_argument("--ray-address", help="a Ray cluster to expand subtrees on")
     build.set_defaults(handler=run_build)
 
@@ -64,13 +75,17 @@ def _search_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar=("UP_TO_10", "DEEPER"),
                         help="children kept per node up to depth 10, and deeper")
     parser.add_argument("--batch-size", type=int, default=64, help="paths per model call")
+    parser.add_argument("--kv-paths", type=int, default=4096, help="the most paths whose KV "
+                        "states a level keeps; a wider level recomputes them batch by batch "
+                        "(Gemma 3 270M: about 36 KB per path and token)")
 
 
 def _search_config(args: argparse.Namespace, sigma: float) -> Any:
     from meancache.upstream.pack.search import SearchConfig
 
     shallow, deep = args.children
-    return SearchConfig(sigma, args.max_depth, ((10, shallow), (10**9, deep)), args.batch_size)
+    return SearchConfig(sigma, args.max_depth, ((10, shallow), (10**9, deep)), args.batch_size,
+                        args.kv_paths)
 
 
 def report(label: str, every: float = 1.0) -> Callable[[int, int], None]:
@@ -93,7 +108,10 @@ def run_train(args: argparse.Namespace, settings: Any) -> int:
     from meancache.upstream.pack.lm import TrainConfig, train_lm
 
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, layers=args.layers,
-                         hidden=args.hidden, seed=args.seed)
+                         hidden=args.hidden, seed=args.seed, learning_rate=args.learning_rate,
+                         max_tokens=args.max_tokens, limit=args.limit,
+                         freeze_embeddings=args.freeze_embeddings,
+                         checkpoint_every=args.checkpoint_every)
     out = train_lm(args.data, args.out, args.base, config, report("training step"),
                    settings.data_dir)
     print(f"instruction LM saved in {out} (checkpoints every {config.checkpoint_every} "
@@ -149,7 +167,7 @@ def run_build(args: argparse.Namespace, settings: Any) -> int:
         from meancache.upstream.pack.parallel import parallel_search
 
         found = parallel_search(args.lm, config, args.workers, ray_address=args.ray_address,
-                                progress=report("subtrees done"))
+                                progress=report("subtrees done"), work_dir=work / "ray")
     else:
         found = tree_search(load_lm(args.lm), config, work / "search.json",
                             report("search depth"))
