@@ -196,6 +196,10 @@ def test_commands_train_plan_build_then_the_device_updates(
     assert main([*base, "pack", "build", *search, "--sigma", "12", "--model", "builtin:tiny",
                  "--packs-dir", str(packs), "--max-tokens", "4"]) == 0
     assert "published" in capsys.readouterr().out
+    # Bars on the terminal; the log file has the progress of a job run in the background.
+    logged = (tmp_path / "data" / "logs" / "meancache.log").read_text(encoding="utf-8")
+    assert "training steps: 80/80" in logged and "search depth: 12/12" in logged
+    assert "answering: " in logged
     [published] = packs.glob("*.mcpack")
     built = read_pack(published, model="builtin:tiny")
     assert built.manifest.count > 0 and built.manifest.sigma == 12.0

@@ -2,11 +2,17 @@
 
 import argparse
 import json
+import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY = 30.0  # seconds between progress lines in the log file
 
 DEFAULT_DATA = "../shared/data/instructions/arena_first_turns.jsonl"
 
@@ -88,20 +94,24 @@ def _search_config(args: argparse.Namespace, sigma: float) -> Any:
                         args.kv_paths)
 
 
-def report(label: str, every: float = 1.0) -> Callable[[int, int], None]:
-    """A progress callback for long server-side jobs: a line on stderr at most every
-    ``every`` seconds, and at the end (like `upstream serve`'s model preparation)."""
+@contextmanager
+def progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A bar on stderr for a long builder job, and a line in the log file at most every
+    ``LOG_EVERY`` seconds and at the end (a job run in the background is followed there)."""
+    from meancache.shared.progress_bar import ProgressBar
+    from rich.console import Console
+
     last = 0.0
+    with ProgressBar(label, Console(stderr=True)) as bar:
+        def show(done: int, total: int) -> None:
+            nonlocal last
+            bar(done, total)
+            now = time.monotonic()
+            if now - last >= LOG_EVERY or (total and done >= total):
+                last = now
+                log.info("%s: %d/%s", label, done, total or "?")
 
-    def show(done: int, total: int) -> None:
-        nonlocal last
-        now = time.monotonic()
-        if now - last >= every or (total and done >= total):
-            last = now
-            print(f"meancache pack: {label} {done}/{total or '?'}", file=sys.stderr,
-                  flush=True)
-
-    return show
+        yield show
 
 
 def run_train(args: argparse.Namespace, settings: Any) -> int:
@@ -112,8 +122,8 @@ def run_train(args: argparse.Namespace, settings: Any) -> int:
                          max_tokens=args.max_tokens, limit=args.limit,
                          freeze_embeddings=args.freeze_embeddings,
                          checkpoint_every=args.checkpoint_every)
-    out = train_lm(args.data, args.out, args.base, config, report("training step"),
-                   settings.data_dir)
+    with progress_bar("training steps") as progress:
+        out = train_lm(args.data, args.out, args.base, config, progress, settings.data_dir)
     print(f"instruction LM saved in {out} (checkpoints every {config.checkpoint_every} "
           "steps; a killed run resumes when started again)")
     return 0
@@ -136,8 +146,11 @@ def run_plan(args: argparse.Namespace, settings: Any) -> int:
                                     meta["config"]["seed"]).validation
     nlls = instruction_nll(lm, validation, args.max_depth)
     small, large = sorted(args.fit_sigmas)
-    sizes = [len(tree_search(lm, _search_config(args, s), progress=report(
-        f"search at sigma {s:g}: depth")).instructions) for s in (small, large)]
+    sizes = []
+    for sigma in (small, large):
+        with progress_bar(f"search at sigma {sigma:g}, depth") as progress:
+            sizes.append(len(tree_search(lm, _search_config(args, sigma),
+                                         progress=progress).instructions))
     model = SizeModel.fit(small, sizes[0], large, sizes[1])
     sigma = args.sigma if args.sigma is not None else sigma_for_hit_rate(nlls, args.hit_rate)
     result = {"sigma": sigma, "predicted_size": round(model.size(sigma)),
@@ -166,17 +179,20 @@ def run_build(args: argparse.Namespace, settings: Any) -> int:
     if args.workers > 1 or args.ray_address:
         from meancache.upstream.pack.parallel import parallel_search
 
-        found = parallel_search(args.lm, config, args.workers, ray_address=args.ray_address,
-                                progress=report("subtrees done"), work_dir=work / "ray")
+        with progress_bar("subtree groups") as progress:
+            found = parallel_search(args.lm, config, args.workers,
+                                    ray_address=args.ray_address, progress=progress,
+                                    work_dir=work / "ray")
     else:
-        found = tree_search(load_lm(args.lm), config, work / "search.json",
-                            report("search depth"))
+        with progress_bar("search depth") as progress:
+            found = tree_search(load_lm(args.lm), config, work / "search.json", progress)
     instructions = sorted(found.instructions, key=found.instructions.__getitem__)
     print(f"{len(instructions)} instructions within sigma {args.sigma:g} "
           f"({found.expanded} nodes expanded in {found.seconds:.1f}s)", file=sys.stderr)
     loaded = load_model(args.model or settings.upstream_model, data_dir=settings.data_dir)
-    answers = answer_instructions(loaded, instructions, work / "answers.jsonl",
-                                  args.max_tokens, report("answered"))
+    with progress_bar("answering") as progress:
+        answers = answer_instructions(loaded, instructions, work / "answers.jsonl",
+                                      args.max_tokens, progress)
     path, manifest = publish_pack(answers, loaded.name, args.sigma, args.packs_dir)
     print(f"published {path}: {manifest.count} instructions answered by {manifest.model} "
           f"(pack {manifest.pack_id})")
