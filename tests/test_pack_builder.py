@@ -106,6 +106,33 @@ def test_fine_tuning_a_base_model_learns_the_instructions(instructions_file: Pat
     assert sum(after) < sum(before)
 
 
+def test_a_base_model_on_a_subset_with_its_embedding_frozen_resumes(
+        instructions_file: Path, tmp_path: Path) -> None:
+    config = TrainConfig(epochs=2, batch_size=4, learning_rate=3e-3, max_tokens=16, limit=8,
+                         freeze_embeddings=True, checkpoint_every=2)
+    out = tmp_path / "gemma"
+    steps: list[int] = []
+
+    def kill_at_three(done: int, total: int) -> None:
+        steps.append(done)
+        if done == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train_lm(instructions_file, out, "builtin:tiny-gemma3", config, kill_at_three)
+    saved = load_lm(out.with_name("gemma.checkpoint")).model
+    train_lm(instructions_file, out, "builtin:tiny-gemma3", config,
+             lambda d, t: steps.append(d))
+    assert steps == [1, 2, 3, 3, 4]  # 8 instructions / 4 = 2 steps an epoch, 4 in all
+    meta = json.loads((out / META_FILE).read_text())
+    assert (meta["train"], meta["steps"]) == (8, 4) and meta["seconds"] > 0
+    tuned = load_lm(out).model
+    assert torch.equal(tuned.get_input_embeddings().weight,
+                       saved.get_input_embeddings().weight)
+    assert any(not torch.equal(a, b) for (name, a), b in zip(
+        tuned.named_parameters(), saved.parameters(), strict=True) if "embed" not in name)
+
+
 def test_tree_search_keeps_to_the_budget_and_resumes(scratch_lm: tuple[Path, list[int]],
                                                      tmp_path: Path) -> None:
     lm = load_lm(scratch_lm[0])
