@@ -238,20 +238,7 @@ def test_commands_train_plan_build_then_the_device_updates(
                                                     built.manifest.count)
 
 
-def test_ray_subtrees_find_what_one_process_finds(scratch_lm: tuple[Path, list[int]]) -> None:
-    from meancache.upstream.pack.parallel import parallel_search
-
-    one = tree_search(load_lm(scratch_lm[0]), SEARCH)
-    done: list[int] = []
-    spread = parallel_search(scratch_lm[0], SEARCH, workers=2, split_depth=2,
-                             progress=lambda d, t: done.append(t))
-    assert spread.instructions.keys() == one.instructions.keys()
-    assert all(math.isclose(spread.instructions[t], n, abs_tol=1e-4)
-               for t, n in one.instructions.items())
-    assert spread.expanded == one.expanded and done and done[0] > 1  # several tasks
-
-
-def test_a_killed_ray_search_resumes_with_its_unfinished_subtrees(
+def test_ray_subtrees_find_what_one_process_finds_and_resume_after_a_kill(
         scratch_lm: tuple[Path, list[int]], tmp_path: Path) -> None:
     import ray
     from meancache.upstream.pack.parallel import parallel_search
@@ -263,8 +250,9 @@ def test_a_killed_ray_search_resumes_with_its_unfinished_subtrees(
         if done == 2:
             raise Killed
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # one start for all
     try:
+        spread = parallel_search(scratch_lm[0], SEARCH, workers=2, split_depth=2)
         with pytest.raises(Killed):
             parallel_search(scratch_lm[0], SEARCH, workers=2, work_dir=job,
                             progress=kill_after_two)
@@ -280,7 +268,8 @@ def test_a_killed_ray_search_resumes_with_its_unfinished_subtrees(
     assert groups == 8  # the first run's grouping (2 workers), though 3 were asked now
     assert {p: p.stat().st_mtime_ns for p in finished} == finished
     assert len(list(job.glob("subtree-*.json"))) == groups
-    assert resumed.instructions.keys() == one.instructions.keys()
-    assert all(math.isclose(resumed.instructions[t], n, abs_tol=1e-4)
-               for t, n in one.instructions.items())
-    assert resumed.expanded == one.expanded
+    for found in (spread, resumed):
+        assert found.instructions.keys() == one.instructions.keys()
+        assert all(math.isclose(found.instructions[t], n, abs_tol=1e-4)
+                   for t, n in one.instructions.items())
+        assert found.expanded == one.expanded
