@@ -9,15 +9,24 @@ real MiniLM encoder): how often it answers, and how often rightly.
    standing in for predicted ones; the seeded 80/10/10 split of instruction_packs.py),
    asked the test split: exact hits, then semantic hits beyond them; embedding time and
    lookup latency. A sample of semantic matches is printed to judge by eye.
+3. With --lm, a pack the tree search predicts (Algorithm 1 with that instruction LM at
+   --sigma; the instructions are cached under --cache-dir), asked the same test split:
+   exact and semantic hits, the semantic ones judged against a small hand-labelled set
+   (benchmarks/pack_predicted_labels.jsonl: does the matched instruction ask the same
+   thing as the query?); every semantic match is printed with its label.
 
 Run from the repository root:
 
     python benchmarks/pack_semantic.py
     python benchmarks/pack_semantic.py --quick
+    python benchmarks/pack_semantic.py --lm ~/.cache/meancache-bench/instruction-lm/KEY
 """
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
 import tempfile
 from pathlib import Path
 
@@ -44,11 +53,39 @@ from meancache.shared.encoder import Encoder
 from meancache.shared.pack import normalise_instruction, write_pack
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 from meancache.upstream.pack.data import read_instructions, split_instructions
+from meancache.upstream.pack.lm import load_lm
+from meancache.upstream.pack.search import SearchConfig, tree_search
 
 FULL = {"pairs": 2000, "instructions": 4000, "taus": [0.8, DEFAULT_THRESHOLD, 0.9]}
 QUICK = {"pairs": 200, "instructions": 400, "taus": [DEFAULT_THRESHOLD]}
 ANSWER = "x" * 200
 SAMPLES = 12
+LABELS = Path(__file__).with_name("pack_predicted_labels.jsonl")
+
+
+def predicted_pack(lm_dir: Path, config: SearchConfig, cache_dir: Path) -> list[str]:
+    """The instructions the search finds with this LM and config (cached)."""
+    weights = (lm_dir / "model.safetensors").stat()
+    key = hashlib.sha256(repr((str(lm_dir.resolve()), weights.st_size, weights.st_mtime_ns,
+                               config)).encode()).hexdigest()[:16]
+    path = cache_dir / "predicted-packs" / f"{key}.json"
+    if path.is_file():
+        return json.loads(path.read_text(encoding="utf-8"))
+    note(f"searching at sigma {config.sigma:g} with {lm_dir}")
+    found = sorted(tree_search(load_lm(lm_dir), config).instructions)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(found), encoding="utf-8")
+    return found
+
+
+def read_labels(path: Path) -> dict[tuple[str, str], bool]:
+    """(query, matched instruction) -> whether they ask the same thing (labelled by hand)."""
+    labels: dict[tuple[str, str], bool] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            labels[(row["query"], row["matched"])] = bool(row["same"])
+    return labels
 
 
 def ready_store(directory: Path, instructions: list[str], encoder: Encoder) -> tuple[
@@ -70,11 +107,32 @@ def main() -> None:
     parser.add_argument("--instructions", type=int, help="Arena instructions to split")
     parser.add_argument("--taus", type=float, nargs="+", help="thresholds to measure at")
     parser.add_argument("--backend", default="onnx", help="the encoder's backend")
+    parser.add_argument("--sections", type=int, nargs="+", default=[1, 2, 3],
+                        help="which sections to run (3 needs --lm)")
+    parser.add_argument("--lm", type=Path, help="an instruction LM (`pack train-lm` output): "
+                        "also measure a pack it predicts (section 3)")
+    parser.add_argument("--sigma", type=float, default=15.0, help="the predicted pack's budget")
+    parser.add_argument("--children", type=int, nargs=2, default=[200, 20],
+                        help="per node: up to depth 10, deeper")
+    parser.add_argument("--max-depth", type=int, default=24)
     args = apply_defaults(parser.parse_args(), FULL, QUICK)
     print_command()
     note(machine_load())
     encoder = load_encoder(args.backend, args.cache_dir)
 
+    if 1 in args.sections:
+        labelled_pairs_section(args, encoder)
+    source = args.data_dir / "instructions" / "arena_first_turns.jsonl"
+    texts = read_instructions(source)[:args.instructions]
+    split = split_instructions(texts, args.seed)
+    if 2 in args.sections:
+        held_out_section(args, split.train, split.test, encoder)
+    if 3 in args.sections and args.lm is not None:
+        predicted_section(args, split.test, encoder)
+    note(machine_load())
+
+
+def labelled_pairs_section(args: argparse.Namespace, encoder: Encoder) -> None:
     pairs = [p for p in sample(load_qqp(args.data_dir, "dev"), args.pairs, args.seed)
              if normalise_instruction(p.q1) != normalise_instruction(p.q2)]
     labels = {(normalise_instruction(p.q2), normalise_instruction(p.q1)): p.label
@@ -106,28 +164,28 @@ def main() -> None:
                           pct(served_non / max(len(pairs) - duplicates, 1)))
         print_table(table)
 
-    source = args.data_dir / "instructions" / "arena_first_turns.jsonl"
-    texts = read_instructions(source)[:args.instructions]
-    split = split_instructions(texts, args.seed)
+
+def held_out_section(args: argparse.Namespace, train: list[str], test: list[str],
+                     encoder: Encoder) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        packs, seconds = ready_store(Path(tmp), split.train, encoder)
+        packs, seconds = ready_store(Path(tmp), train, encoder)
         entries = packs.stats().entries
         heading(f"2. held-out Arena instructions: pack of {entries} train instructions "
                 f"(embedded in {seconds:.1f} s, {entries / seconds:.0f}/s), "
-                f"{len(split.test)} test queries")
+                f"{len(test)} test queries")
         table = make_table(["tau", "exact hits", "semantic hits (beyond exact)",
                             "lookup_similar p50 ms", "p99 ms"])
         shown: list[tuple[str, str, float]] = []
         for tau in args.taus:
-            exact = sum(packs.lookup(t) is not None for t in split.test)
-            misses = [t for t in split.test if packs.lookup(t) is None]
+            exact = sum(packs.lookup(t) is not None for t in test)
+            misses = [t for t in test if packs.lookup(t) is None]
             found = {t: packs.lookup_similar(t, encoder, tau) for t in misses}
             semantic = [(t, f.instruction, f.similarity) for t, f in found.items()
                         if f is not None]
             latency = time_each(lambda t, tau=tau: packs.lookup_similar(t, encoder, tau),
                                 misses[:200])
-            table.add_row(fmt(tau), pct(exact / len(split.test)),
-                          pct(len(semantic) / len(split.test)), fmt(latency.p50, 2),
+            table.add_row(fmt(tau), pct(exact / len(test)),
+                          pct(len(semantic) / len(test)), fmt(latency.p50, 2),
                           fmt(latency.p99, 2))
             if tau == DEFAULT_THRESHOLD:
                 shown = semantic[:SAMPLES]
@@ -139,7 +197,42 @@ def main() -> None:
         for query, instruction, similarity in shown:
             table.add_row(query[:70], instruction[:70], fmt(similarity))
         print_table(table)
-    note(machine_load())
+
+
+def predicted_section(args: argparse.Namespace, test: list[str], encoder: Encoder) -> None:
+    shallow, deep = args.children
+    config = SearchConfig(args.sigma, args.max_depth, ((10, shallow), (10**9, deep)), 64)
+    instructions = predicted_pack(args.lm, config, args.cache_dir)
+    labels = read_labels(LABELS)
+    with tempfile.TemporaryDirectory() as tmp:
+        packs, _ = ready_store(Path(tmp), instructions, encoder)
+        heading(f"3. a predicted pack: {len(instructions)} instructions the search finds at "
+                f"sigma {args.sigma:g} (children {shallow} / {deep}, max depth "
+                f"{args.max_depth}), asked {len(test)} held-out Arena test instructions; "
+                f"semantic hits judged by {LABELS.name}")
+        table = make_table(["tau", "exact hits", "semantic hits (beyond exact)", "same",
+                            "different", "unjudged", "precision"])
+        matches: dict[tuple[str, str], float] = {}
+        for tau in args.taus:
+            misses = [t for t in test if packs.lookup(t) is None]
+            found = [(t, f.instruction, f.similarity) for t in misses
+                     if (f := packs.lookup_similar(t, encoder, tau)) is not None]
+            judged = [labels.get((t, m)) for t, m, _ in found]
+            same, different = judged.count(True), judged.count(False)
+            table.add_row(fmt(tau), pct((len(test) - len(misses)) / len(test)),
+                          f"{pct(len(found) / len(test))} ({len(found)})", str(same),
+                          str(different), str(judged.count(None)),
+                          pct(same / max(same + different, 1)))
+            matches.update({(t, m): c for t, m, c in found})
+    print_table(table)
+    heading(f"3b. every semantic match of the predicted pack at tau >= {min(args.taus)}")
+    table = make_table(["query", "matched pack instruction", "cosine", "same thing?"],
+                       right_from=2)
+    for (query, matched), similarity in sorted(matches.items(), key=lambda m: -m[1]):
+        label = labels.get((query, matched))
+        table.add_row(query[:80], matched[:80], fmt(similarity),
+                      "unlabelled" if label is None else "yes" if label else "no")
+    print_table(table)
 
 
 if __name__ == "__main__":

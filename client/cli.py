@@ -19,8 +19,8 @@ from meancache.client.cache import repair
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.summary import stored_stats
 from meancache.client.config import Settings, with_upstream
-from meancache.client.progress import ProgressBar
 from meancache.shared.errors import MeanCacheError
+from meancache.shared.progress_bar import ProgressBar
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table

@@ -3,6 +3,7 @@ assembly and conversion, and the federated checkpoints, all write a directory be
 final place, fsync it, and rename it in."""
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -28,3 +29,10 @@ def fsync_tree(root: Path) -> None:
     for path in sorted(root.rglob("*"), reverse=True):
         fsync_path(path)
     fsync_path(root)
+
+
+def write_json_atomic(path: Path, value: object) -> None:
+    """Write JSON beside ``path`` and rename it in: a kill mid-write keeps the old file."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(value), encoding="utf-8")
+    os.replace(partial, path)

@@ -5,6 +5,7 @@
 import json
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,33 @@ def test_fine_tuning_a_base_model_learns_the_instructions(instructions_file: Pat
     assert sum(after) < sum(before)
 
 
+def test_a_base_model_on_a_subset_with_its_embedding_frozen_resumes(
+        instructions_file: Path, tmp_path: Path) -> None:
+    config = TrainConfig(epochs=2, batch_size=4, learning_rate=3e-3, max_tokens=16, limit=8,
+                         freeze_embeddings=True, checkpoint_every=2)
+    out = tmp_path / "gemma"
+    steps: list[int] = []
+
+    def kill_at_three(done: int, total: int) -> None:
+        steps.append(done)
+        if done == 3:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train_lm(instructions_file, out, "builtin:tiny-gemma3", config, kill_at_three)
+    saved = load_lm(out.with_name("gemma.checkpoint")).model
+    train_lm(instructions_file, out, "builtin:tiny-gemma3", config,
+             lambda d, t: steps.append(d))
+    assert steps == [1, 2, 3, 3, 4]  # 8 instructions / 4 = 2 steps an epoch, 4 in all
+    meta = json.loads((out / META_FILE).read_text())
+    assert (meta["train"], meta["steps"]) == (8, 4) and meta["seconds"] > 0
+    tuned = load_lm(out).model
+    assert torch.equal(tuned.get_input_embeddings().weight,
+                       saved.get_input_embeddings().weight)
+    assert any(not torch.equal(a, b) for (name, a), b in zip(
+        tuned.named_parameters(), saved.parameters(), strict=True) if "embed" not in name)
+
+
 def test_tree_search_keeps_to_the_budget_and_resumes(scratch_lm: tuple[Path, list[int]],
                                                      tmp_path: Path) -> None:
     lm = load_lm(scratch_lm[0])
@@ -132,6 +160,19 @@ def test_tree_search_keeps_to_the_budget_and_resumes(scratch_lm: tuple[Path, lis
     assert resumed.instructions.keys() == whole.instructions.keys()
     assert all(math.isclose(resumed.instructions[t], n, abs_tol=1e-4)
                for t, n in whole.instructions.items())
+
+
+def test_a_narrow_kv_budget_finds_the_same_holding_few_paths_states(
+        scratch_lm: tuple[Path, list[int]]) -> None:
+    lm = load_lm(scratch_lm[0])
+    whole = tree_search(lm, SEARCH)
+    narrow = tree_search(lm, replace(SEARCH, batch_size=4, kv_paths=8))
+    assert narrow.instructions.keys() == whole.instructions.keys()
+    assert all(math.isclose(narrow.instructions[t], n, abs_tol=1e-4)
+               for t, n in whole.instructions.items())
+    assert narrow.expanded == whole.expanded
+    # At most the incoming level, the rows collected for the next and one batch.
+    assert narrow.peak_kv <= 3 * 8 + 2 * 4 < whole.peak_kv
 
 
 def test_size_fit_and_hit_rate_prediction() -> None:
@@ -182,6 +223,10 @@ def test_commands_train_plan_build_then_the_device_updates(
     assert main([*base, "pack", "build", *search, "--sigma", "12", "--model", "builtin:tiny",
                  "--packs-dir", str(packs), "--max-tokens", "4"]) == 0
     assert "published" in capsys.readouterr().out
+    # Bars on the terminal; the log file has the progress of a job run in the background.
+    logged = (tmp_path / "data" / "logs" / "meancache.log").read_text(encoding="utf-8")
+    assert "training steps: 80/80" in logged and "search depth: 12/12" in logged
+    assert "answering: " in logged
     [published] = packs.glob("*.mcpack")
     built = read_pack(published, model="builtin:tiny")
     assert built.manifest.count > 0 and built.manifest.sigma == 12.0
@@ -193,14 +238,38 @@ def test_commands_train_plan_build_then_the_device_updates(
                                                     built.manifest.count)
 
 
-def test_ray_subtrees_find_what_one_process_finds(scratch_lm: tuple[Path, list[int]]) -> None:
+def test_ray_subtrees_find_what_one_process_finds_and_resume_after_a_kill(
+        scratch_lm: tuple[Path, list[int]], tmp_path: Path) -> None:
+    import ray
     from meancache.upstream.pack.parallel import parallel_search
 
     one = tree_search(load_lm(scratch_lm[0]), SEARCH)
-    done: list[int] = []
-    spread = parallel_search(scratch_lm[0], SEARCH, workers=2, split_depth=2,
-                             progress=lambda d, t: done.append(t))
-    assert spread.instructions.keys() == one.instructions.keys()
-    assert all(math.isclose(spread.instructions[t], n, abs_tol=1e-4)
-               for t, n in one.instructions.items())
-    assert spread.expanded == one.expanded and done and done[0] > 1  # several tasks
+    job = tmp_path / "ray-job"
+
+    def kill_after_two(done: int, total: int) -> None:
+        if done == 2:
+            raise Killed
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # one start for all
+    try:
+        spread = parallel_search(scratch_lm[0], SEARCH, workers=2, split_depth=2)
+        with pytest.raises(Killed):
+            parallel_search(scratch_lm[0], SEARCH, workers=2, work_dir=job,
+                            progress=kill_after_two)
+        finished = {p: p.stat().st_mtime_ns for p in job.glob("subtree-*.json")}
+        assert len(finished) == 2
+        done: list[tuple[int, int]] = []
+        resumed = parallel_search(scratch_lm[0], SEARCH, workers=3, work_dir=job,
+                                  progress=lambda d, t: done.append((d, t)))
+    finally:
+        ray.shutdown()
+    groups = done[-1][1]
+    assert done[0] == (2, groups) and done[1][0] == 3  # the two finished groups not rerun
+    assert groups == 8  # the first run's grouping (2 workers), though 3 were asked now
+    assert {p: p.stat().st_mtime_ns for p in finished} == finished
+    assert len(list(job.glob("subtree-*.json"))) == groups
+    for found in (spread, resumed):
+        assert found.instructions.keys() == one.instructions.keys()
+        assert all(math.isclose(found.instructions[t], n, abs_tol=1e-4)
+                   for t, n in one.instructions.items())
+        assert found.expanded == one.expanded

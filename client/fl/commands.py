@@ -50,7 +50,7 @@ def run_sync(args: argparse.Namespace, settings: Any) -> int:
     import dataclasses
 
     from meancache.client.fl.sync import sync_global_model
-    from meancache.client.progress import ProgressBar
+    from meancache.shared.progress_bar import ProgressBar
     from rich.console import Console
 
     certificate = args.root_certificate or settings.fl_root_certificate

@@ -26,7 +26,7 @@ def run_update(args: argparse.Namespace, settings: Any) -> int:
     from meancache.client.errors import ConfigError
     from meancache.client.pack.download import download_pack
     from meancache.client.pack.store import PACK_FILE
-    from meancache.client.progress import ProgressBar
+    from meancache.shared.progress_bar import ProgressBar
     from rich.console import Console
 
     url = args.upstream or settings.upstream_url

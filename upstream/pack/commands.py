@@ -2,11 +2,17 @@
 
 import argparse
 import json
+import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY = 30.0  # seconds between progress lines in the log file
 
 DEFAULT_DATA = "../shared/data/instructions/arena_first_turns.jsonl"
 
@@ -24,6 +30,16 @@ def add_commands(pack: Any) -> None:
     train.add_argument("--layers", type=int, default=4, help="from scratch only")
     train.add_argument("--hidden", type=int, default=256, help="from scratch only")
     train.add_argument("--seed", type=int, default=0, help="also seeds the 80/10/10 split")
+    train.add_argument("--learning-rate", type=float, help="default: 1e-3 from scratch, "
+                       "5e-5 for a base model")
+    train.add_argument("--max-tokens", type=int, default=48, help="longer instructions "
+                       "are cut")
+    train.add_argument("--limit", type=int, help="train on the first N instructions of the "
+                       "train split (a base model on a CPU)")
+    train.add_argument("--freeze-embeddings", action="store_true", help="keep the input "
+                       "embedding (Gemma: tied to the output layer, 170M of 270M parameters) "
+                       "fixed: about half the time and memory per step")
+    train.add_argument("--checkpoint-every", type=int, default=200, help="steps")
     train.set_defaults(handler=run_train)
 
     plan = pack.add_parser("plan", help="predict a pack's size and hit rate for a sigma, "
@@ -52,7 +68,8 @@ def add_commands(pack: Any) -> None:
                        "for resuming (default: PACKS_DIR/work-SIGMA)")
     build.add_argument("--max-tokens", type=int, default=256, help="longest answer")
     build.add_argument("--workers", type=int, default=1, help="expand subtrees in this "
-                       "many Ray tasks at once (local Ray; 1: in this process, resumable)")
+                       "many Ray tasks at once (local Ray; 1: in this process); either "
+                       "resumes after a kill")
     build.add_argument("--ray-address", help="a Ray cluster to expand subtrees on")
     build.set_defaults(handler=run_build)
 
@@ -64,38 +81,49 @@ def _search_arguments(parser: argparse.ArgumentParser) -> None:
                         metavar=("UP_TO_10", "DEEPER"),
                         help="children kept per node up to depth 10, and deeper")
     parser.add_argument("--batch-size", type=int, default=64, help="paths per model call")
+    parser.add_argument("--kv-paths", type=int, default=4096, help="the most paths whose KV "
+                        "states a level keeps; a wider level recomputes them batch by batch "
+                        "(Gemma 3 270M: about 36 KB per path and token)")
 
 
 def _search_config(args: argparse.Namespace, sigma: float) -> Any:
     from meancache.upstream.pack.search import SearchConfig
 
     shallow, deep = args.children
-    return SearchConfig(sigma, args.max_depth, ((10, shallow), (10**9, deep)), args.batch_size)
+    return SearchConfig(sigma, args.max_depth, ((10, shallow), (10**9, deep)), args.batch_size,
+                        args.kv_paths)
 
 
-def report(label: str, every: float = 1.0) -> Callable[[int, int], None]:
-    """A progress callback for long server-side jobs: a line on stderr at most every
-    ``every`` seconds, and at the end (like `upstream serve`'s model preparation)."""
+@contextmanager
+def progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
+    """A bar on stderr for a long builder job, and a line in the log file at most every
+    ``LOG_EVERY`` seconds and at the end (a job run in the background is followed there)."""
+    from meancache.shared.progress_bar import ProgressBar
+    from rich.console import Console
+
     last = 0.0
+    with ProgressBar(label, Console(stderr=True)) as bar:
+        def show(done: int, total: int) -> None:
+            nonlocal last
+            bar(done, total)
+            now = time.monotonic()
+            if now - last >= LOG_EVERY or (total and done >= total):
+                last = now
+                log.info("%s: %d/%s", label, done, total or "?")
 
-    def show(done: int, total: int) -> None:
-        nonlocal last
-        now = time.monotonic()
-        if now - last >= every or (total and done >= total):
-            last = now
-            print(f"meancache pack: {label} {done}/{total or '?'}", file=sys.stderr,
-                  flush=True)
-
-    return show
+        yield show
 
 
 def run_train(args: argparse.Namespace, settings: Any) -> int:
     from meancache.upstream.pack.lm import TrainConfig, train_lm
 
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, layers=args.layers,
-                         hidden=args.hidden, seed=args.seed)
-    out = train_lm(args.data, args.out, args.base, config, report("training step"),
-                   settings.data_dir)
+                         hidden=args.hidden, seed=args.seed, learning_rate=args.learning_rate,
+                         max_tokens=args.max_tokens, limit=args.limit,
+                         freeze_embeddings=args.freeze_embeddings,
+                         checkpoint_every=args.checkpoint_every)
+    with progress_bar("training steps") as progress:
+        out = train_lm(args.data, args.out, args.base, config, progress, settings.data_dir)
     print(f"instruction LM saved in {out} (checkpoints every {config.checkpoint_every} "
           "steps; a killed run resumes when started again)")
     return 0
@@ -118,8 +146,11 @@ def run_plan(args: argparse.Namespace, settings: Any) -> int:
                                     meta["config"]["seed"]).validation
     nlls = instruction_nll(lm, validation, args.max_depth)
     small, large = sorted(args.fit_sigmas)
-    sizes = [len(tree_search(lm, _search_config(args, s), progress=report(
-        f"search at sigma {s:g}: depth")).instructions) for s in (small, large)]
+    sizes = []
+    for sigma in (small, large):
+        with progress_bar(f"search at sigma {sigma:g}, depth") as progress:
+            sizes.append(len(tree_search(lm, _search_config(args, sigma),
+                                         progress=progress).instructions))
     model = SizeModel.fit(small, sizes[0], large, sizes[1])
     sigma = args.sigma if args.sigma is not None else sigma_for_hit_rate(nlls, args.hit_rate)
     result = {"sigma": sigma, "predicted_size": round(model.size(sigma)),
@@ -148,17 +179,20 @@ def run_build(args: argparse.Namespace, settings: Any) -> int:
     if args.workers > 1 or args.ray_address:
         from meancache.upstream.pack.parallel import parallel_search
 
-        found = parallel_search(args.lm, config, args.workers, ray_address=args.ray_address,
-                                progress=report("subtrees done"))
+        with progress_bar("subtree groups") as progress:
+            found = parallel_search(args.lm, config, args.workers,
+                                    ray_address=args.ray_address, progress=progress,
+                                    work_dir=work / "ray")
     else:
-        found = tree_search(load_lm(args.lm), config, work / "search.json",
-                            report("search depth"))
+        with progress_bar("search depth") as progress:
+            found = tree_search(load_lm(args.lm), config, work / "search.json", progress)
     instructions = sorted(found.instructions, key=found.instructions.__getitem__)
     print(f"{len(instructions)} instructions within sigma {args.sigma:g} "
           f"({found.expanded} nodes expanded in {found.seconds:.1f}s)", file=sys.stderr)
     loaded = load_model(args.model or settings.upstream_model, data_dir=settings.data_dir)
-    answers = answer_instructions(loaded, instructions, work / "answers.jsonl",
-                                  args.max_tokens, report("answered"))
+    with progress_bar("answering") as progress:
+        answers = answer_instructions(loaded, instructions, work / "answers.jsonl",
+                                      args.max_tokens, progress)
     path, manifest = publish_pack(answers, loaded.name, args.sigma, args.packs_dir)
     print(f"published {path}: {manifest.count} instructions answered by {manifest.model} "
           f"(pack {manifest.pack_id})")

@@ -11,6 +11,7 @@ import json
 import logging
 import random
 import shutil
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -49,6 +50,10 @@ class TrainConfig:
     heads: int = 4
     seed: int = 0
     checkpoint_every: int = 200  # steps
+    limit: int | None = None  # train on the first N of the train split (a base model on CPU)
+    # Freeze the input embedding (tied to the output layer in Gemma: 170M of its 270M
+    # parameters): no optimizer state or weight gradient for it, about half the step.
+    freeze_embeddings: bool = False
 
 
 @dataclass(frozen=True)
@@ -145,42 +150,51 @@ def train_lm(data: Path, out: Path, base: str | None = None,
              data_dir: Path | None = None) -> Path:
     """Train on the split's train part and save to ``out``; returns ``out``."""
     split = split_instructions(read_instructions(data), config.seed)
+    train = split.train[:config.limit]
+    if not train:
+        raise PackError(f"{data} leaves no instructions to train on (limit {config.limit})")
     checkpoint = out.with_name(out.name + CHECKPOINT_SUFFIX)
-    step = 0
+    step, seconds = 0, 0.0
     if (checkpoint / TRAIN_STATE).is_file():
         lm = load_lm(checkpoint)
         state = torch.load(checkpoint / TRAIN_STATE, weights_only=True)
-        step = int(state["step"])
+        step, seconds = int(state["step"]), float(state.get("seconds", 0.0))
         log.info("resuming the instruction LM from step %d", step)
     else:
-        lm = _fresh(base, split.train, config, data_dir)
+        lm = _fresh(base, train, config, data_dir)
         state = None
+    if config.freeze_embeddings:
+        lm.model.get_input_embeddings().weight.requires_grad_(False)
+    trainable = [p for p in lm.model.parameters() if p.requires_grad]
     rate = config.learning_rate or (5e-5 if base else 1e-3)
-    optimizer = torch.optim.AdamW(lm.model.parameters(), lr=rate)
+    optimizer = torch.optim.AdamW(trainable, lr=rate)
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
-    per_epoch = -(-len(split.train) // config.batch_size)
+    per_epoch = -(-len(train) // config.batch_size)
     total = per_epoch * config.epochs
     lm.model.train()
     torch.manual_seed(config.seed + step)
+    start = time.monotonic() - seconds  # training time over resumes, for the record
     for done in range(step, total):
         epoch, index = divmod(done, per_epoch)
-        order = split.train[:]
+        order = train[:]
         random.Random(config.seed + epoch).shuffle(order)
         texts = order[index * config.batch_size:(index + 1) * config.batch_size]
         loss = lm.model(**_batch(lm, texts, config.max_tokens)).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(lm.model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(trainable, 1.0)
         optimizer.step()
         optimizer.zero_grad()
         if progress is not None:
             progress(done + 1, total)
         if (done + 1) % config.checkpoint_every == 0 and done + 1 < total:
-            _save(lm, checkpoint, {TRAIN_STATE: {"step": done + 1,
-                                                 "optimizer": optimizer.state_dict()}})
+            _save(lm, checkpoint, {TRAIN_STATE: {
+                "step": done + 1, "seconds": time.monotonic() - start,
+                "optimizer": optimizer.state_dict()}})
     lm.model.eval()
     meta = {"base": base, "data": str(data), "config": asdict(config), "steps": total,
-            "train": len(split.train), "validation": len(split.validation)}
+            "seconds": round(time.monotonic() - start, 1),
+            "train": len(train), "validation": len(split.validation)}
     _save(lm, out, {META_FILE: meta})
     shutil.rmtree(checkpoint, ignore_errors=True)
     return out

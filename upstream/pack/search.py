@@ -6,20 +6,25 @@ gathered row by row); a child is kept while the path's cumulative NLL stays with
 budget sigma and its depth within ``max_depth``, at most ``limit(depth)`` children per
 node (the most likely ones); a path that produces the end token is an instruction.
 
-All paths of a level have the same length, so a batch needs no padding. The level's
+All paths of a level have the same length, so a batch needs no padding. KV states are
+carried to the next level only while a level's paths and their children fit in
+``kv_paths`` rows; past that a level keeps only its paths' tokens and each batch recomputes
+its rows' states from them (the logits are the same; a batch costs its paths' length
+instead of one token), so a level's memory stays bounded however wide the tree. The level's
 frontier is written to a state file before it is expanded: a killed search resumes from
 the last level (recomputing its KV states once).
 """
 
 import json
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
+from meancache.shared.files import write_json_atomic
 from meancache.shared.pack import normalise_instruction
 from meancache.shared.progress import Progress
 from meancache.upstream.pack.lm import InstructionLM
@@ -39,6 +44,7 @@ class SearchConfig:
     max_depth: int = 32
     limits: Sequence[tuple[int, int]] = DEFAULT_LIMITS
     batch_size: int = 64
+    kv_paths: int | None = None  # the most paths whose KV states a level keeps; None: all
 
     def limit(self, depth: int) -> int:
         return next(limit for up_to, limit in self.limits if depth <= up_to)
@@ -52,6 +58,7 @@ class Frontier:
     nll: list[float]
     emitted: dict[str, float] = field(default_factory=dict)  # instruction -> its best NLL
     expanded: int = 0
+    peak_kv: int = 0  # the most paths' KV states held at once so far (memory bound check)
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,7 @@ class SearchResult:
     instructions: dict[str, float]  # normalised instruction -> NLL of its best path
     expanded: int  # nodes expanded (model rows computed)
     seconds: float
+    peak_kv: int = 0  # the most paths' KV states held at once
 
 
 def tree_search(lm: InstructionLM, config: SearchConfig, state_path: Path | None = None,
@@ -66,7 +74,8 @@ def tree_search(lm: InstructionLM, config: SearchConfig, state_path: Path | None
     """Expand from the begin token until no path is open."""
     start = time.perf_counter()
     frontier = expand_levels(lm, config, None, state_path, progress)
-    return SearchResult(frontier.emitted, frontier.expanded, time.perf_counter() - start)
+    return SearchResult(frontier.emitted, frontier.expanded, time.perf_counter() - start,
+                        frontier.peak_kv)
 
 
 def expand_levels(lm: InstructionLM, config: SearchConfig, roots: Frontier | None = None,
@@ -100,7 +109,11 @@ def _expand(lm: InstructionLM, config: SearchConfig, frontier: Frontier, kv: KV 
     children: list[list[int]] = []
     child_nll: list[float] = []
     parents: list[int] = []
-    states: list[KV] = []
+    states: list[KV] = []  # the rows' KV states, while the next level may keep them
+    collected = 0  # rows in ``states``
+    keep = True
+    held = len(frontier.paths) if kv is not None else 0  # the level's incoming states
+    peak = frontier.peak_kv
     banned = [t for t in {lm.bos, lm.pad} if t != lm.eos]
     limit = config.limit(depth)
     for first in range(0, len(frontier.paths), config.batch_size):
@@ -113,7 +126,11 @@ def _expand(lm: InstructionLM, config: SearchConfig, frontier: Frontier, kv: KV 
                                                   v[rows.start:rows.stop]) for k, v in kv])
             ids = torch.tensor([[frontier.paths[r][-1]] for r in rows])
             out = lm.model(input_ids=ids, past_key_values=cache, use_cache=True)
-        states.append([(layer.keys, layer.values) for layer in out.past_key_values.layers])
+        peak = max(peak, held + collected + len(rows))
+        if keep:
+            states.append([(layer.keys, layer.values)
+                           for layer in out.past_key_values.layers])
+            collected += len(rows)
         logprobs = torch.log_softmax(out.logits[:, -1].float(), dim=-1)
         logprobs[:, banned] = -torch.inf
         top = torch.topk(logprobs, min(limit, logprobs.shape[-1]), dim=-1)
@@ -133,18 +150,33 @@ def _expand(lm: InstructionLM, config: SearchConfig, frontier: Frontier, kv: KV 
                     child_nll.append(nll)
                     parents.append(row)
         frontier.expanded += len(rows)
-    index = torch.tensor(parents, dtype=torch.long)
-    next_kv = [(torch.cat([s[layer][0] for s in states])[index],
-                torch.cat([s[layer][1] for s in states])[index])
-               for layer in range(len(states[0]))] if children else None
-    return Frontier(children, child_nll, frontier.emitted, frontier.expanded), next_kv
+        if keep and config.kv_paths is not None and max(collected, len(children)) > \
+                config.kv_paths:
+            keep, collected = False, 0  # too wide: the next level recomputes from tokens
+            states.clear()
+    next_kv = None
+    if keep and children:
+        index = torch.tensor(parents, dtype=torch.long)
+        next_kv = [(torch.cat([s[layer][0] for s in states])[index],
+                    torch.cat([s[layer][1] for s in states])[index])
+                   for layer in range(len(states[0]))]
+        peak = max(peak, held + collected + len(children))
+    return Frontier(children, child_nll, frontier.emitted, frontier.expanded, peak), next_kv
 
 
 def _save(path: Path, config: SearchConfig, frontier: Frontier) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps({"config": asdict(config), **asdict(frontier)}),
-                       encoding="utf-8")
-    os.replace(partial, path)
+    write_json_atomic(path, {"config": asdict(config), **asdict(frontier)})
+
+
+def same_search(saved: dict[str, Any], config: SearchConfig) -> bool:
+    """Whether a saved search's config finds what ``config`` finds (batching and memory
+    do not matter: a search killed for lack of memory resumes with a smaller
+    ``kv_paths``)."""
+    def outcome(settings: dict[str, Any]) -> dict[str, Any]:
+        kept = {k: v for k, v in settings.items() if k not in ("batch_size", "kv_paths")}
+        return {**kept, "limits": [tuple(x) for x in settings.get("limits", [])]}
+
+    return outcome(saved) == outcome(asdict(config))
 
 
 def _resume(path: Path, config: SearchConfig) -> Frontier | None:
@@ -154,9 +186,9 @@ def _resume(path: Path, config: SearchConfig) -> Frontier | None:
     except (OSError, ValueError):
         return None
     saved = state.get("config", {})
-    if {**saved, "limits": [tuple(x) for x in saved.get("limits", [])]} != \
-            {**asdict(config), "limits": [tuple(x) for x in config.limits]}:
+    if not same_search(saved, config):
         log.warning("%s belongs to another search (%s); starting afresh", path, saved)
         return None
     log.info("resuming the tree search from %s", path)
-    return Frontier(state["paths"], state["nll"], state["emitted"], state["expanded"])
+    return Frontier(state["paths"], state["nll"], state["emitted"], state["expanded"],
+                    state.get("peak_kv", 0))

@@ -1,4 +1,5 @@
-"""Progress bars for long work in the CLI (re-embedding, evaluation), drawn on stderr."""
+"""Progress bars for long work in a terminal (the device's re-embedding and downloads, the
+upstream's pack builder), drawn on stderr: a ``shared.progress.Progress`` callback."""
 
 from types import TracebackType
 
