@@ -4,7 +4,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from meancache.upstream.precision import PRECISIONS
+from meancache.upstream.precision import DEFAULT_PRECISION, PRECISIONS
 from meancache.upstream.server.limits import Limits
 
 
@@ -44,10 +44,11 @@ def add_commands(commands: Any) -> None:
     ):
         serve.add_argument(f"--{name}", type=int, default=default,
                            help=f"{text} (default: %(default)s)")
-    serve.add_argument("--precision", choices=PRECISIONS, default="float32",
-                       help="float32, or int8 decode steps (prompts and cached modules stay "
-                       "float32; about twice the decode speed on a CPU; see "
-                       "benchmarks/generation_speed.py) (default: %(default)s)")
+    serve.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
+                       help="fp16-int8: float16 layers and an int8 output layer whose "
+                       "best words are scored exactly (about twice float32's decode speed "
+                       "on a CPU, same next tokens; see benchmarks/generation_speed.py), or "
+                       "float32 as loaded (default: %(default)s)")
     serve.add_argument("--packs-dir", type=Path, help="publish the newest instruction "
                        "pack (*.mcpack) in this directory at /v1/packs/latest (default: "
                        "none)")

@@ -14,6 +14,7 @@ from meancache.shared.processes import free_port
 from meancache.shared.progress import Progress
 from meancache.upstream.errors import UpstreamError
 from meancache.upstream.model_loading import LoadedModel, load_model
+from meancache.upstream.precision import DEFAULT_PRECISION
 from meancache.upstream.prompt_cache.engine import PromptCacheEngine
 from meancache.upstream.server.app import ServerSettings, create_app
 from meancache.upstream.server.hosts import LOOPBACK_NAMES, is_loopback, open_server_warning
@@ -34,7 +35,7 @@ def report_conversion(done: int, total: int) -> None:
 
 def serve(model: str, host: str, port: int, settings: ServerSettings,
           module_budget_bytes: int, data_dir: Path | None = None,
-          precision: str = "float32") -> None:
+          precision: str = DEFAULT_PRECISION) -> None:
     warning = open_server_warning(host, bool(settings.api_key or settings.api_keys))
     if warning:
         log.warning(warning)
@@ -56,10 +57,11 @@ class BackgroundServer:
 
     def __init__(self, model: str = "builtin:tiny", settings: ServerSettings | None = None,
                  module_budget_bytes: int = 512 << 20, data_dir: Path | None = None,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, precision: str = "float32") -> None:
         self.settings = dataclasses.replace(settings or ServerSettings(),
                                             allowed_hosts=LOOPBACK_NAMES)
-        self.loaded = load_model(model, data_dir=data_dir, progress=progress)
+        self.loaded = load_model(model, data_dir=data_dir, progress=progress,
+                                 precision=precision)
         app = create_app(PromptCacheEngine(self.loaded, module_budget_bytes), self.settings)
         self.port = free_port()
         self._server = uvicorn.Server(uvicorn.Config(
