@@ -193,7 +193,7 @@ def train_lm(data: Path, out: Path, base: str | None = None,
                 "optimizer": optimizer.state_dict()}})
     lm.model.eval()
     meta = {"base": base, "data": str(data), "config": asdict(config), "steps": total,
-            "seconds": round(time.monotonic() - start, 1),
+            "seconds": round(time.monotonic() - start, 3),
             "train": len(train), "validation": len(split.validation)}
     _save(lm, out, {META_FILE: meta})
     shutil.rmtree(checkpoint, ignore_errors=True)
