@@ -66,7 +66,7 @@ def main() -> None:
     start = time.perf_counter()
     embedded = start_embedded_upstream(settings.upstream_model, data_dir)
     step(f"embedded upstream {embedded.label}", start)
-    answers = AnswerService(cache, UpstreamClient(embedded.url, None),
+    answers = AnswerService(cache, UpstreamClient(embedded.url, embedded.api_key),
                             ConversationStore(scratch / "conversations"), 32, 0.0)
 
     async def ask() -> str:

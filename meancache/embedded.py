@@ -15,8 +15,8 @@ def start_embedded_upstream(model: str, data_dir: Path, progress: "Progress | No
     """Load ``model`` (built-ins converted once into ``data_dir``, ``progress`` hearing the
     steps) and serve it on a free loopback port, to holders of a key made for this run
     (blocking: seconds, a minute or more on a first conversion)."""
-    from meancache.upstream.precision import DEFAULT_PRECISION
     from meancache.upstream.server.serve import BackgroundServer, private_settings
 
+    # float32: fp16-int8 would put the chat over its memory target (upstream.precision)
     return BackgroundServer(model, private_settings(), data_dir=data_dir,
-                            progress=progress, precision=DEFAULT_PRECISION).start()
+                            progress=progress).start()
