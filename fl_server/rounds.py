@@ -71,7 +71,11 @@ class RoundRecorder:
         if screened is not None:
             metrics |= {"rejected": len(screened.rejected),
                         "clipped_updates": screened.clipped_updates,
-                        "clipped_thresholds": screened.clipped_thresholds}
+                        "clamped_evidence": screened.clamped_evidence}
+        pooled = self.strategy.pooled.get(server_round)
+        if pooled is not None:
+            metrics |= {"evidence_pairs": pooled.pairs,
+                        "candidate_threshold": pooled.candidate}
         if self.privacy is not None:
             metrics |= self.privacy()
         if self.held_out is not None:
