@@ -42,6 +42,10 @@ def add_commands(fl: Any) -> None:
                           help="DP clipping norm")
     simulate.add_argument("--seed", type=int, default=app["seed"],
                           help="seed of partitioning, shuffling and scoring")
+    simulate.add_argument("--publish", action="store_true",
+                          help="after the last round, publish the global model as this data "
+                          "dir's FL server's newest round: `fl server` serves it and a new "
+                          "user's `fl sync` installs it")
     simulate.set_defaults(handler=run_simulate)
 
     server = fl.add_parser("server", help="the FL server: a Flower SuperLink, and the "
@@ -173,4 +177,13 @@ def run_simulate(args: argparse.Namespace, settings: Any) -> int:
         table.add_row(str(int(row["round"])), *scores, f"{row['seconds']:.1f}",
                       f"{row.get('bytes_per_client', 0) / 1024:.0f}")
     Console(file=sys.stdout, width=160).print(table)
+    if args.publish:
+        from meancache.fl_server.publish import publish
+        from meancache.shared.fl.signing import PUBLIC_KEY
+
+        server_dir = checkpoint_dir(settings)
+        meta = publish(config.checkpoint_dir, server_dir)
+        err.print(f"published the global model as round {meta.round} (threshold "
+                  f"{meta.threshold:.3f}) in {server_dir}: `meancache fl server` serves it; "
+                  f"devices verify it with {server_dir / PUBLIC_KEY}")
     return 0
