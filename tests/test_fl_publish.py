@@ -6,7 +6,6 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from meancache.cli import main
 from meancache.client.config import load_settings
 from meancache.client.encoder import load_device_encoder
 from meancache.client.fl.sync import sync_global_model
@@ -16,6 +15,7 @@ from meancache.shared.errors import CheckpointError
 from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
 from meancache.shared.fl.signing import PUBLIC_KEY
 
+from meancache.cli import main
 from tests.test_fl_sync import cache_threshold, serving
 from tests.tiny_encoder import make_tiny_encoder
 
