@@ -32,6 +32,8 @@ def add_commands(fl: Any) -> None:
                           help="train and send only the top N transformer layers (0: all)")
     simulate.add_argument("--epochs", type=int, default=app["epochs"],
                           help="local epochs per round")
+    simulate.add_argument("--learning-rate", type=float, default=app["learning-rate"],
+                          help="devices' local learning rate")
     simulate.add_argument("--held-out", type=int, default=app["held-out-pairs"],
                           help="dev pairs the global model is scored on each round")
     simulate.add_argument("--checkpoints", type=Path,
@@ -156,7 +158,8 @@ def run_simulate(args: argparse.Namespace, settings: Any) -> int:
         clients=args.clients, per_round=args.per_round, run_config={
             "num-server-rounds": args.rounds, "partitioning": args.partitioning,
             "pairs-per-client": args.pairs_per_client, "top-layers": args.top_layers,
-            "epochs": args.epochs, "encoder-model": settings.encoder_model or "",
+            "epochs": args.epochs, "learning-rate": args.learning_rate,
+            "encoder-model": settings.encoder_model or "",
             "held-out-pairs": args.held_out, "seed": args.seed,
             "dp-noise-multiplier": args.dp_noise, "dp-clipping-norm": args.dp_clip})
     err = Console(stderr=True, highlight=False)
