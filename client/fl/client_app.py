@@ -136,6 +136,12 @@ def train_reply(msg: Message, got: Received) -> Message:
                  got.config.min_pairs)
         return _skipped(msg, got)
     train_pairs, validation = split(pairs, seed=got.config.train.seed)
+    # The evidence is of the global model the server sent, not of this device's trained
+    # one: a device's own training pulls its similarities away from the averaged model's
+    # (pooled evidence of trained models put the best tau near 0.77 while the global
+    # MPNet's stayed near 0.89).
+    evidence = Evidence.of_pairs(pair_similarities(got.model, validation),
+                                 np.array([p.label for p in validation]))
     loss = train_locally(got.model, train_pairs, got.config.train)
     names = federated_names(got.model, got.config.model.top_layers)
     trained = federated_state(got.model, names)
@@ -144,8 +150,6 @@ def train_reply(msg: Message, got: Received) -> Message:
     except ValueError as exc:  # training diverged: send nothing of it
         log.error("not sending this round's training: %s", exc)
         return _skipped(msg, got)
-    evidence = Evidence.of_pairs(pair_similarities(got.model, validation),
-                                 np.array([p.label for p in validation]))
     return _reply(msg, ArrayRecord(trained), {
         "num-examples": len(train_pairs), "train-loss": loss, "skipped": 0,
         **evidence.to_metrics()})
