@@ -42,7 +42,8 @@ class HeldOut:
         at = score_thresholds(sims, self.labels, np.array([threshold]))[0]
         best = best_threshold(sims, self.labels)
         return {"f05": at.f05, "f1": at.f1, "precision": at.precision, "recall": at.recall,
-                "best_threshold": best.threshold, "best_f05": best.f05}
+                "best_threshold": best.threshold, "best_f05": best.f05, "best_f1": best.f1,
+                "best_precision": best.precision, "best_recall": best.recall}
 
 
 @dataclass
