@@ -1,11 +1,13 @@
 """How far poisoning devices move one round's global threshold and weights, by aggregation.
 
-Honest devices report thresholds around 0.85 and small updates (norm ~0.5) around a shared
-direction; attackers report threshold 0.5 with 10^12 examples and an update 1000 times an
-honest one. Each aggregation runs on the same replies with and without the attackers;
-the table shows how far the attackers moved the global threshold and the global weights.
-"plain FedAvg" is the design's example-weighted mean with no screening; the others are
-meancache's ThresholdFedAvg (fl_server/screening.py with the app's default bounds).
+Honest devices send 60 validation pairs of similarity evidence whose best threshold lies
+near 0.85 and small updates (norm ~0.5) around a shared direction; attackers claim 10^6
+duplicate pairs at similarity 0.5 (their own best threshold: 0.5), 10^12 examples and an
+update 1000 times an honest one. Each aggregation runs on the same replies with and
+without the attackers; the table shows how far the attackers moved the global threshold
+and the global weights. "plain FedAvg" is the design's example-weighted mean of the
+devices' own thresholds with no screening; the others are meancache's ThresholdFedAvg
+(fl_server/screening.py and fl_server/pooled_threshold.py with the app's defaults).
 
     python benchmarks/fl_poisoning.py                  # 5 devices, 200 trials
     python benchmarks/fl_poisoning.py --quick          # 20 trials
@@ -18,32 +20,43 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, Metadata, MetricRecord,
 from meancache.fl_server.app_declaration import default_run_config
 from meancache.fl_server.run_config import ServerConfig
 from meancache.fl_server.strategy import ThresholdFedAvg
+from meancache.shared.fl.evidence import Evidence
+from meancache.shared.threshold import best_threshold
 
-TAU, DIM = 0.85, 1000
-Reply = tuple[float, float, np.ndarray]  # threshold, examples, update
+TAU, DIM, PAIRS = 0.85, 1000, 60
+Reply = tuple[Evidence, float, float, np.ndarray]  # evidence, own threshold, examples, update
+
+
+def honest_reply(rng: np.random.Generator, direction: np.ndarray) -> Reply:
+    labels = rng.random(PAIRS) < 0.4
+    sims = np.where(labels, rng.normal(TAU + 0.04, 0.04, PAIRS),
+                    rng.normal(TAU - 0.06, 0.05, PAIRS))
+    return (Evidence.of_pairs(sims, labels), best_threshold(sims, labels).threshold,
+            float(rng.integers(100, 300)), direction + rng.normal(size=DIM) * 0.2 / np.sqrt(DIM))
 
 
 def message(node: int, reply: Reply) -> Message:
     sent = Message(RecordDict({"config": ConfigRecord({})}), metadata=Metadata(
         run_id=1, message_id=f"m{node}", src_node_id=0, dst_node_id=node,
         reply_to_message_id="", group_id="1", created_at=0.0, ttl=3600, message_type="train"))
-    threshold, examples, update = reply
+    evidence, _, examples, update = reply
     return Message(RecordDict({
         "arrays": ArrayRecord({"w": torch.tensor(update, dtype=torch.float32)}),
-        "metrics": MetricRecord({"num-examples": examples, "threshold": threshold,
-                                 "train-loss": 0.0, "skipped": 0})}), reply_to=sent)
+        "metrics": MetricRecord({"num-examples": examples, "train-loss": 0.0, "skipped": 0,
+                                 **evidence.to_metrics()})}), reply_to=sent)
 
 
 def plain_fedavg(replies: list[Reply]) -> tuple[float, np.ndarray]:
-    weights = np.array([r[1] for r in replies]) / sum(r[1] for r in replies)
-    return (float(sum(w * r[0] for w, r in zip(weights, replies, strict=True))),
-            sum(w * r[2] for w, r in zip(weights, replies, strict=True)))
+    weights = np.array([r[2] for r in replies]) / sum(r[2] for r in replies)
+    return (float(sum(w * r[1] for w, r in zip(weights, replies, strict=True))),
+            sum(w * r[3] for w, r in zip(weights, replies, strict=True)))
 
 
 def screened(aggregation: str, replies: list[Reply]) -> tuple[float, np.ndarray]:
     config = ServerConfig.from_run_config({**default_run_config(), "checkpoint-dir": "x"})
     strategy = ThresholdFedAvg(TAU, ArrayRecord({"w": torch.zeros(DIM)}), config.limits,
-                               aggregation, min_train_nodes=1, min_available_nodes=1)
+                               config.threshold_rule, aggregation, min_train_nodes=1,
+                               min_available_nodes=1)
     arrays, _ = strategy.aggregate_train(1, [message(i, r) for i, r in enumerate(replies)])
     assert arrays is not None
     return strategy.threshold, arrays.to_torch_state_dict()["w"].numpy().astype(np.float64)
@@ -64,10 +77,9 @@ def main() -> None:
         moved: dict[str, list[tuple[float, float]]] = {name: [] for name in aggregations}
         for _ in range(args.trials):
             direction = rng.normal(size=DIM) / np.sqrt(DIM) * 0.5
-            honest = [(float(rng.normal(TAU, 0.02)), float(rng.integers(100, 300)),
-                       direction + rng.normal(size=DIM) * 0.2 / np.sqrt(DIM))
-                      for _ in range(args.devices - attackers)]
-            attack = [(0.5, 1e12, direction * -1000.0)] * attackers
+            honest = [honest_reply(rng, direction) for _ in range(args.devices - attackers)]
+            liar = Evidence.of_pairs(np.full(10**6, 0.5), np.ones(10**6))
+            attack = [(liar, 0.5, 1e12, direction * -1000.0)] * attackers
             for name, aggregate in aggregations.items():
                 clean_tau, clean_w = aggregate(honest)
                 tau, w = aggregate(honest + attack)
@@ -77,7 +89,7 @@ def main() -> None:
             table.add_row(f"{attackers} of {args.devices}", name, f"{taus.mean():.4f}",
                           f"{taus.max():.4f}", f"{ws.mean():.3f}", f"{ws.max():.3f}")
     heading(f"One round, {args.devices} devices, {args.trials} trials: how far attackers "
-            "(threshold 0.5, 10^12 examples, update x -1000) move the global model")
+            "(10^6 duplicates at 0.5, 10^12 examples, update x -1000) move the global model")
     print_table(table)
     print_command()
 

@@ -2,8 +2,8 @@
 
 Clients train the encoder on partitions of the QQP train split (Flower simulation engine,
 Ray, through `flwr run` as `meancache fl simulate` does); after every round the global
-model is scored on held-out dev pairs at the global threshold (the weighted mean of the
-clients' F0.5-best thresholds), and at its own best threshold. Round 0 is the zero-shot
+model is scored on held-out dev pairs at the global threshold (tuned on the devices'
+pooled similarity evidence: fl_server/pooled_threshold.py), and at its own best threshold. Round 0 is the zero-shot
 encoder. Reports F0.5, F1, precision, recall, threshold, wall time and bytes per client
 per round.
 

@@ -32,6 +32,8 @@ def add_commands(fl: Any) -> None:
                           help="train and send only the top N transformer layers (0: all)")
     simulate.add_argument("--epochs", type=int, default=app["epochs"],
                           help="local epochs per round")
+    simulate.add_argument("--learning-rate", type=float, default=app["learning-rate"],
+                          help="devices' local learning rate")
     simulate.add_argument("--held-out", type=int, default=app["held-out-pairs"],
                           help="dev pairs the global model is scored on each round")
     simulate.add_argument("--checkpoints", type=Path,
@@ -42,6 +44,10 @@ def add_commands(fl: Any) -> None:
                           help="DP clipping norm")
     simulate.add_argument("--seed", type=int, default=app["seed"],
                           help="seed of partitioning, shuffling and scoring")
+    simulate.add_argument("--publish", action="store_true",
+                          help="after the last round, publish the global model as this data "
+                          "dir's FL server's newest round: `fl server` serves it and a new "
+                          "user's `fl sync` installs it")
     simulate.set_defaults(handler=run_simulate)
 
     server = fl.add_parser("server", help="the FL server: a Flower SuperLink, and the "
@@ -152,7 +158,8 @@ def run_simulate(args: argparse.Namespace, settings: Any) -> int:
         clients=args.clients, per_round=args.per_round, run_config={
             "num-server-rounds": args.rounds, "partitioning": args.partitioning,
             "pairs-per-client": args.pairs_per_client, "top-layers": args.top_layers,
-            "epochs": args.epochs, "encoder-model": settings.encoder_model or "",
+            "epochs": args.epochs, "learning-rate": args.learning_rate,
+            "encoder-model": settings.encoder_model or "",
             "held-out-pairs": args.held_out, "seed": args.seed,
             "dp-noise-multiplier": args.dp_noise, "dp-clipping-norm": args.dp_clip})
     err = Console(stderr=True, highlight=False)
@@ -173,4 +180,13 @@ def run_simulate(args: argparse.Namespace, settings: Any) -> int:
         table.add_row(str(int(row["round"])), *scores, f"{row['seconds']:.1f}",
                       f"{row.get('bytes_per_client', 0) / 1024:.0f}")
     Console(file=sys.stdout, width=160).print(table)
+    if args.publish:
+        from meancache.fl_server.publish import publish
+        from meancache.shared.fl.signing import PUBLIC_KEY
+
+        server_dir = checkpoint_dir(settings)
+        meta = publish(config.checkpoint_dir, server_dir)
+        err.print(f"published the global model as round {meta.round} (threshold "
+                  f"{meta.threshold:.3f}) in {server_dir}: `meancache fl server` serves it; "
+                  f"devices verify it with {server_dir / PUBLIC_KEY}")
     return 0

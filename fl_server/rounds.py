@@ -42,7 +42,8 @@ class HeldOut:
         at = score_thresholds(sims, self.labels, np.array([threshold]))[0]
         best = best_threshold(sims, self.labels)
         return {"f05": at.f05, "f1": at.f1, "precision": at.precision, "recall": at.recall,
-                "best_threshold": best.threshold, "best_f05": best.f05}
+                "best_threshold": best.threshold, "best_f05": best.f05, "best_f1": best.f1,
+                "best_precision": best.precision, "best_recall": best.recall}
 
 
 @dataclass
@@ -71,7 +72,11 @@ class RoundRecorder:
         if screened is not None:
             metrics |= {"rejected": len(screened.rejected),
                         "clipped_updates": screened.clipped_updates,
-                        "clipped_thresholds": screened.clipped_thresholds}
+                        "clamped_evidence": screened.clamped_evidence}
+        pooled = self.strategy.pooled.get(server_round)
+        if pooled is not None:
+            metrics |= {"evidence_pairs": pooled.pairs,
+                        "candidate_threshold": pooled.candidate}
         if self.privacy is not None:
             metrics |= self.privacy()
         if self.held_out is not None:

@@ -4,6 +4,7 @@
 from dataclasses import dataclass
 from pathlib import Path
 
+from meancache.fl_server.pooled_threshold import ThresholdRule
 from meancache.fl_server.screening import ReplyLimits
 from meancache.fl_server.strategy import AGGREGATIONS
 from meancache.shared.errors import RunConfigError
@@ -31,6 +32,7 @@ class ServerConfig:
     round_timeout: float
     checkpoint_dir: Path
     limits: ReplyLimits
+    threshold_rule: ThresholdRule
     aggregation: str  # "fedavg" or "median"
     dp_noise_multiplier: float  # 0: no central differential privacy
     dp_clipping_norm: float
@@ -62,7 +64,11 @@ class ServerConfig:
             limits=ReplyLimits(
                 max_examples=read(config, "max-examples", int, at_least(1)),
                 max_update_norm=read(config, "max-update-norm", float, positive()),
-                threshold_band=read(config, "threshold-band", float, share()),
+            ),
+            threshold_rule=ThresholdRule(
+                prior_pairs=read(config, "threshold-prior-pairs", int, at_least(0)),
+                min_pairs=read(config, "threshold-min-pairs", int, at_least(1)),
+                max_step=read(config, "threshold-band", float, share()),
             ),
             aggregation=read(config, "aggregation", str, one_of(*AGGREGATIONS)),
             dp_noise_multiplier=read(config, "dp-noise-multiplier", float, at_least(0)),

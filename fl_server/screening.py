@@ -3,16 +3,19 @@ can move the global model or threshold far (a poisoned or broken device included
 
 A reply is dropped when its weights do not fit the global model (other names or shapes)
 or hold a non-finite value, when its example count is not a finite whole number >= 0, or
-when its threshold is not a valid one (``shared.threshold.check_threshold``). What is kept
-is then bounded:
+when its similarity evidence (shared.fl.evidence) is malformed. What is kept is then
+bounded:
 
 - the example count is clamped to ``max_examples`` and to the round's median count, so no
   device weighs more than a typical one whatever it claims (with five devices, one liar
   holds at most about a fifth of the weight);
+- the similarity evidence likewise, to ``max_examples`` pairs and the round's median
+  number of pairs (scaled down, so its shape stays), so one device's histograms cannot
+  outweigh the others' when the threshold is tuned on them;
 - the update (reply weights minus the global weights sent) is scaled down to an L2 norm of
-  at most ``max_update_norm`` (update clipping);
-- the threshold is clipped to ``threshold_band`` around the current global threshold (the
-  threshold's analogue of update clipping).
+  at most ``max_update_norm`` (update clipping).
+
+How far one round may move the threshold: fl_server.pooled_threshold.
 """
 
 import logging
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
-from meancache.shared.threshold import check_threshold
+from meancache.shared.fl.evidence import Evidence
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +33,10 @@ COUNT_KEY = "num-examples"
 
 @dataclass(frozen=True)
 class ReplyLimits:
-    """How far one device's reply may reach (run config: max-examples, max-update-norm,
-    threshold-band)."""
+    """How far one device's reply may reach (run config: max-examples, max-update-norm)."""
 
     max_examples: int
     max_update_norm: float
-    threshold_band: float
 
 
 @dataclass
@@ -43,9 +44,10 @@ class Screened:
     """The replies fit to aggregate (bounded in place), and what screening did."""
 
     kept: list[Message]
+    evidence: list[Evidence]  # of each kept reply, bounded
     rejected: dict[int, str]  # node id -> why
     clipped_updates: int
-    clipped_thresholds: int
+    clamped_evidence: int
 
 
 def _metrics(message: Message) -> MetricRecord:
@@ -60,7 +62,7 @@ def reject_reason(message: Message, global_arrays: ArrayRecord) -> str | None:
             or not math.isfinite(count) or count < 0 or count != int(count)):
         return f"'{COUNT_KEY}' must be a whole number >= 0, not {count!r}"
     try:
-        check_threshold(metrics.get("threshold"))
+        Evidence.from_metrics(metrics)
     except ValueError as exc:
         return str(exc)
     arrays = message.content.array_records.get("arrays")
@@ -90,8 +92,14 @@ def clip_update(arrays: ArrayRecord, global_arrays: ArrayRecord, max_norm: float
         for name, update in updates.items()})
 
 
-def screen(replies: list[Message], global_arrays: ArrayRecord, threshold: float,
-           limits: ReplyLimits) -> Screened:
+def _cap(values: list[float], limit: float) -> float:
+    """``limit``, or the median of the positive values when that is lower."""
+    positive = [v for v in values if v > 0]
+    return min(limit, float(np.median(positive))) if positive else limit
+
+
+def screen(replies: list[Message], global_arrays: ArrayRecord, limits: ReplyLimits
+           ) -> Screened:
     """Drop the unfit replies and bound the rest (their content is changed in place)."""
     kept: list[Message] = []
     rejected: dict[int, str] = {}
@@ -106,22 +114,17 @@ def screen(replies: list[Message], global_arrays: ArrayRecord, threshold: float,
             log.warning("rejected the reply of node %d: %s", message.metadata.src_node_id,
                         reason)
     counts = [float(_metrics(m)[COUNT_KEY]) for m in kept]
-    positive = [c for c in counts if c > 0]
-    cap = float(limits.max_examples)
-    if positive:
-        cap = min(cap, float(np.median(positive)))
-    clipped_updates = clipped_thresholds = 0
+    cap = _cap(counts, limits.max_examples)
+    claimed = [Evidence.from_metrics(_metrics(m)) for m in kept]
+    pairs_cap = _cap([e.pairs for e in claimed], limits.max_examples)
+    evidence = [e.at_most(pairs_cap) for e in claimed]
+    clamped_evidence = sum(e.pairs > pairs_cap for e in claimed)
+    clipped_updates = 0
     for message, count in zip(kept, counts, strict=True):
-        metrics = _metrics(message)
-        metrics[COUNT_KEY] = int(min(count, cap))
-        low, high = threshold - limits.threshold_band, threshold + limits.threshold_band
-        reported = float(metrics["threshold"])
-        if not low <= reported <= high:
-            metrics["threshold"] = min(max(reported, low), high)
-            clipped_thresholds += 1
+        _metrics(message)[COUNT_KEY] = int(min(count, cap))
         bounded = clip_update(message.content["arrays"], global_arrays,
                               limits.max_update_norm)
         if bounded is not None:
             message.content["arrays"] = bounded
             clipped_updates += 1
-    return Screened(kept, rejected, clipped_updates, clipped_thresholds)
+    return Screened(kept, evidence, rejected, clipped_updates, clamped_evidence)

@@ -59,7 +59,8 @@ def run_rounds(grid: Grid, config: ServerConfig) -> None:
         limits = replace(limits, max_update_norm=min(limits.max_update_norm,
                                                      config.dp_clipping_norm))
     strategy = ThresholdFedAvg(
-        threshold, ArrayRecord(initial), limits, config.aggregation, unweighted=dp,
+        threshold, ArrayRecord(initial), limits, config.threshold_rule, config.aggregation,
+        unweighted=dp,
         fraction_train=config.fraction_train,
         min_train_nodes=config.min_train_nodes,
         min_available_nodes=config.min_available_nodes,

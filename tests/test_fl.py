@@ -21,6 +21,7 @@ from meancache.client.fl.client_app import app as client_app
 from meancache.client.fl.client_app import wire_audit_mod
 from meancache.client.fl.run_config import ClientConfig
 from meancache.fl_server.app_declaration import default_run_config, write_app
+from meancache.fl_server.pooled_threshold import ThresholdRule
 from meancache.fl_server.run_config import ServerConfig
 from meancache.fl_server.screening import ReplyLimits
 from meancache.fl_server.simulate import SimulationConfig, simulate
@@ -37,6 +38,8 @@ from meancache.shared.fl.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from meancache.shared.fl.evidence import KEYS as EVIDENCE_KEYS
+from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.signing import PUBLIC_KEY, read_public_key, verify
 from meancache.shared.fl.weights import federated_names, federated_state, load_federated_state
 from sentence_transformers import SentenceTransformer
@@ -137,7 +140,7 @@ def train_message(tiny: SentenceTransformer, top_layers: int, threshold: float =
         {"threshold": threshold, "server-round": 3})}))
 
 
-def test_device_training_sends_only_weights_threshold_and_counts(
+def test_device_training_sends_only_weights_counts_and_similarity_evidence(
     tmp_path: Path, tiny_dir: Path, tiny: SentenceTransformer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
@@ -147,8 +150,10 @@ def test_device_training_sends_only_weights_threshold_and_counts(
     content = reply.content
     assert set(content.array_records) == {"arrays"}
     assert not content.config_records
-    assert set(content["metrics"]) == {"num-examples", "threshold", "train-loss", "skipped"}
+    assert set(content["metrics"]) == {"num-examples", "train-loss", "skipped", *EVIDENCE_KEYS}
     assert content["metrics"]["num-examples"] > 0 and content["metrics"]["skipped"] == 0
+    # its validation pairs (a fifth of 24), as counts per similarity bin
+    assert Evidence.from_metrics(content["metrics"]).pairs == 24 - int(24 * 0.8)
     wire = b"".join(o.deflate() for o in get_all_nested_objects(reply).values())
     for q1, q2, _ in FEEDBACK:  # no query text crosses the wire
         assert q1.encode() not in wire and q2.encode() not in wire
@@ -172,7 +177,7 @@ def test_a_device_with_too_little_data_trains_nothing_and_says_so(
     reply = client_app(sent, device_context(tmp_path, tiny_dir))
     metrics = reply.content["metrics"]
     assert metrics["num-examples"] == 0 and metrics["skipped"] == 1
-    assert metrics["threshold"] == pytest.approx(0.77)
+    assert Evidence.from_metrics(metrics).pairs == 0
     echoed = reply.content["arrays"].to_torch_state_dict()
     original = sent.content["arrays"].to_torch_state_dict()
     assert all(torch.equal(echoed[k], original[k]) for k in original)
@@ -192,31 +197,39 @@ def test_the_wire_audit_refuses_anything_but_weights_and_counts() -> None:
 
 
 # server aggregation -----------------------------------------------------------------------
-def test_fedavg_weights_thresholds_by_examples_and_ignores_idle_devices() -> None:
+def test_fedavg_weights_by_examples_pools_evidence_and_ignores_idle_devices() -> None:
+    rule = ThresholdRule(prior_pairs=0, min_pairs=10, max_step=1.0)
     strategy = ThresholdFedAvg(0.8, ArrayRecord({"w": torch.zeros(2)}),
-                               ReplyLimits(10**6, 1e6, 1.0), min_train_nodes=1,
+                               ReplyLimits(10**6, 1e6), rule, min_train_nodes=1,
                                min_available_nodes=1)
 
-    def reply(dst: int, value: float, threshold: float, examples: int) -> Message:
+    def reply(dst: int, value: float, examples: int, evidence: Evidence) -> Message:
         sent = message(RecordDict({"config": ConfigRecord({})}), dst=dst)
         return Message(RecordDict({
             "arrays": ArrayRecord({"w": torch.full((2,), value)}),
-            "metrics": MetricRecord({"num-examples": examples, "threshold": threshold,
-                                     "train-loss": 0.0, "skipped": int(examples == 0)})}),
+            "metrics": MetricRecord({"num-examples": examples, "train-loss": 0.0,
+                                     "skipped": int(examples == 0),
+                                     **evidence.to_metrics()})}),
             reply_to=sent)
 
-    arrays, metrics = strategy.aggregate_train(1, [reply(1, 1.0, 0.90, 30),
-                                                   reply(2, 4.0, 0.70, 10),
-                                                   reply(3, 99.0, 0.10, 0)])
+    # duplicates at 0.902 and distinct pairs at 0.702 on one device, at 0.862 on the
+    # other: only a threshold between them separates the pooled pairs
+    first = Evidence.of_pairs(np.array([0.902] * 10 + [0.702] * 10),
+                              np.array([1] * 10 + [0] * 10))
+    second = Evidence.of_pairs(np.array([0.862] * 10), np.zeros(10))
+    arrays, metrics = strategy.aggregate_train(1, [reply(1, 1.0, 30, first),
+                                                   reply(2, 4.0, 10, second),
+                                                   reply(3, 99.0, 0, Evidence.empty())])
     assert arrays is not None and metrics is not None
-    # 30 examples weigh as the round's median count, 20 (fl_server.screening)
+    # 30 examples weigh as the round's median count, 20, and 20 pairs of evidence as
+    # 15 (fl_server.screening)
     assert torch.allclose(arrays.to_torch_state_dict()["w"], torch.full((2,), 2.0))
-    assert strategy.threshold == pytest.approx((20 * 0.90 + 10 * 0.70) / 30)
+    assert 0.862 < strategy.threshold <= 0.902 and metrics["threshold"] == strategy.threshold
+    assert strategy.pooled[1].pairs == 15 + 10 and not set(EVIDENCE_KEYS) & set(metrics)
     assert set(strategy.bytes_received[1]) == {1, 2, 3}
-    none, _ = strategy.aggregate_train(2, [reply(4, 5.0, 0.5, 0)])
-    assert none is None and strategy.threshold == pytest.approx(25 / 30)
-    strategy.aggregate_train(3, [reply(5, 2.0, 0.60, 10)])  # a running mean over rounds
-    assert strategy.threshold == pytest.approx((25 + 10 * 0.60) / 40)
+    moved = strategy.threshold
+    none, _ = strategy.aggregate_train(2, [reply(4, 5.0, 0, Evidence.empty())])
+    assert none is None and strategy.threshold == moved
 
 
 # the Flower app and its run config --------------------------------------------------------
@@ -296,7 +309,7 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) 
     assert seen == [0, 1, 2]  # progress came round by round
     assert (tmp_path / "flwr-home" / "apps").is_dir()  # Flower's home is ours
     assert all(r["clients"] == 2 and r["bytes_per_client"] > 0 for r in rows[1:])
-    assert rows[1]["threshold"] != rows[0]["threshold"]  # devices' thresholds came back
+    assert rows[1]["evidence_pairs"] > 0  # devices' similarity evidence came back
     assert all({"f05", "f1", "precision", "recall"} <= set(r) for r in rows)
     latest = latest_checkpoint(tmp_path / "ckpt")
     assert latest is not None

@@ -3,13 +3,15 @@ reply (fl_server.screening) and the device refuses a global model it cannot trus
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from meancache.client.fl.client_app import app as client_app
 from meancache.fl_server.app_declaration import default_run_config
 from meancache.fl_server.run_config import ServerConfig
-from meancache.fl_server.strategy import ThresholdFedAvg, weighted_median
+from meancache.fl_server.strategy import ThresholdFedAvg
+from meancache.shared.fl.evidence import BINS, DUPLICATES, Evidence
 from sentence_transformers import SentenceTransformer
 
 from tests.test_fl import (  # noqa: F401 (tiny, tiny_dir: fixtures)
@@ -35,47 +37,69 @@ def defaults(**overrides: object) -> ServerConfig:
 def strategy(aggregation: str = "fedavg") -> ThresholdFedAvg:
     config = defaults(aggregation=aggregation)
     return ThresholdFedAvg(GLOBAL_TAU, ArrayRecord({"w": torch.zeros(SIZE)}), config.limits,
-                           config.aggregation, min_train_nodes=1, min_available_nodes=1)
+                           config.threshold_rule, config.aggregation, min_train_nodes=1,
+                           min_available_nodes=1)
 
 
-def reply(node: int, threshold: float, examples: float, weights: torch.Tensor) -> Message:
+def around(tau: float, pairs: int, seed: int) -> dict[str, list[int]]:
+    """Validation evidence whose duplicates lie above ``tau`` and distinct pairs below."""
+    rng = np.random.default_rng(seed)
+    labels = rng.random(pairs) < 0.4
+    sims = np.where(labels, rng.normal(tau + 0.05, 0.03, pairs), rng.normal(tau - 0.05, 0.03,
+                                                                           pairs))
+    return Evidence.of_pairs(sims, labels).to_metrics()
+
+
+def reply(node: int, evidence: dict[str, object], examples: float, weights: torch.Tensor
+          ) -> Message:
     return Message(RecordDict({
         "arrays": ArrayRecord({"w": weights}),
-        "metrics": MetricRecord({"num-examples": examples, "threshold": threshold,
-                                 "train-loss": 0.1, "skipped": 0})}),
+        "metrics": MetricRecord({"num-examples": examples, "train-loss": 0.1, "skipped": 0,
+                                 **evidence})}),
         reply_to=message(RecordDict({"config": ConfigRecord({})}), dst=node))
 
 
 def honest() -> list[Message]:
-    """Four devices with small updates and thresholds near the global one."""
-    return [reply(i, GLOBAL_TAU + 0.01 * (i - 2), 100 + 10 * i, torch.full((SIZE,), 0.01 * i))
+    """Four devices with small updates and evidence that favours the global threshold."""
+    return [reply(i, around(GLOBAL_TAU, 100, i), 100 + 10 * i, torch.full((SIZE,), 0.01 * i))
             for i in range(1, 5)]
+
+
+def duplicates_at(similarity: float, pairs: int) -> dict[str, list[int]]:
+    """A liar's evidence: ``pairs`` duplicates, all at ``similarity``."""
+    return Evidence.of_pairs(np.full(pairs, similarity), np.ones(pairs)).to_metrics()
 
 
 @pytest.mark.parametrize("aggregation", ["fedavg", "median"])
 def test_one_device_claiming_huge_counts_barely_moves_the_threshold(aggregation: str) -> None:
     clean, attacked = strategy(aggregation), strategy(aggregation)
     clean_arrays, _ = clean.aggregate_train(1, honest())
-    attacker = reply(9, 0.5, 10**12, torch.full((SIZE,), 1000.0))
+    attacker = reply(9, duplicates_at(0.5, 10**6), 10**12, torch.full((SIZE,), 1000.0))
     attacked_arrays, _ = attacked.aggregate_train(1, [*honest(), attacker])
     assert abs(attacked.threshold - clean.threshold) <= 0.02
-    assert attacked.threshold >= GLOBAL_TAU - defaults().limits.threshold_band
+    assert attacked.threshold >= GLOBAL_TAU - defaults().threshold_rule.max_step
     moved = attacked_arrays.to_torch_state_dict()["w"]  # type: ignore[union-attr]
     assert float(moved.norm()) <= defaults().limits.max_update_norm + 1e-6
     screened = attacked.screened[1]
-    assert screened.clipped_updates == 1 and screened.clipped_thresholds == 1
+    assert screened.clipped_updates == 1 and screened.clamped_evidence == 1
+    assert screened.evidence[-1].pairs == 100  # the round's median
     assert clean_arrays is not None
 
 
+EVIDENCE = duplicates_at(0.5, 100)
+
+
 @pytest.mark.parametrize("bad", [
-    reply(9, float("nan"), 100, torch.zeros(SIZE)),
-    reply(9, 0.8, 1e-6, torch.zeros(SIZE)),
-    reply(9, 1e-6 - 1, 100, torch.zeros(SIZE)),
-    reply(9, 0.8, 100, torch.full((SIZE,), float("nan"))),
-    reply(9, 0.8, float("inf"), torch.zeros(SIZE)),
-    reply(9, 0.8, 100, torch.zeros(SIZE + 1)),
-], ids=["nan-threshold", "fractional-count", "negative-threshold", "nan-weights",
-        "infinite-count", "other-shape"])
+    reply(9, {**EVIDENCE, DUPLICATES: [float("nan")] * BINS}, 100, torch.zeros(SIZE)),
+    reply(9, EVIDENCE, 1e-6, torch.zeros(SIZE)),
+    reply(9, {**EVIDENCE, DUPLICATES: [-5] * BINS}, 100, torch.zeros(SIZE)),
+    reply(9, {**EVIDENCE, DUPLICATES: [1] * (BINS + 1)}, 100, torch.zeros(SIZE)),
+    reply(9, {}, 100, torch.zeros(SIZE)),
+    reply(9, EVIDENCE, 100, torch.full((SIZE,), float("nan"))),
+    reply(9, EVIDENCE, float("inf"), torch.zeros(SIZE)),
+    reply(9, EVIDENCE, 100, torch.zeros(SIZE + 1)),
+], ids=["nan-evidence", "fractional-count", "negative-evidence", "long-evidence",
+        "no-evidence", "nan-weights", "infinite-count", "other-shape"])
 def test_a_malformed_reply_is_rejected_and_the_round_completes(bad: Message) -> None:
     clean, attacked = strategy(), strategy()
     expected, _ = clean.aggregate_train(1, honest())
@@ -87,20 +111,25 @@ def test_a_malformed_reply_is_rejected_and_the_round_completes(bad: Message) -> 
     assert attacked.threshold == pytest.approx(clean.threshold)
 
 
-def test_counts_are_clamped_to_the_median() -> None:
+def test_counts_and_evidence_are_clamped_to_the_median() -> None:
     run = strategy()
-    replies = [reply(1, 0.78, 100, torch.zeros(SIZE)), reply(2, 0.79, 100, torch.zeros(SIZE)),
-               reply(3, 0.82, 900, torch.zeros(SIZE))]
+    replies = [reply(1, around(0.78, 100, 1), 100, torch.zeros(SIZE)),
+               reply(2, around(0.79, 100, 2), 100, torch.zeros(SIZE)),
+               reply(3, around(0.9, 900, 3), 900, torch.zeros(SIZE))]
     run.aggregate_train(1, replies)
-    assert run.threshold == pytest.approx((0.78 + 0.79 + 0.82) / 3)  # 900 counts as 100
+    screened = run.screened[1]
+    assert [e.pairs for e in screened.evidence][:2] == [100, 100]
+    assert screened.evidence[2].pairs == 100  # 900 pairs count as 100
+    assert _metrics_of(screened.kept[2])["num-examples"] == 100 and screened.clamped_evidence == 1
 
 
-def test_weighted_median() -> None:
-    assert weighted_median([0.9, 0.1, 0.5], [1, 1, 1]) == 0.5
-    assert weighted_median([0.9, 0.1, 0.5], [10, 1, 1]) == 0.9
+def _metrics_of(sent: Message) -> MetricRecord:
+    return next(iter(sent.content.metric_records.values()))
 
 
 def test_the_poisoning_bounds_are_validated() -> None:
+    with pytest.raises(ValueError, match="'threshold-min-pairs' must be >= 1"):
+        defaults(**{"threshold-min-pairs": 0})
     with pytest.raises(ValueError, match="'max-update-norm' must be > 0"):
         defaults(**{"max-update-norm": 0.0})
     with pytest.raises(ValueError, match="'aggregation' must be one of"):

@@ -10,6 +10,7 @@ import torch
 from flwr.app import ArrayRecord
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from meancache.client.fl.client_app import app as client_app
+from meancache.fl_server.pooled_threshold import ThresholdRule
 from meancache.fl_server.privacy import PrivacyLedger, SampledClientsDP
 from meancache.fl_server.screening import ReplyLimits
 from meancache.fl_server.strategy import ThresholdFedAvg
@@ -24,7 +25,7 @@ from tests.test_fl import (  # noqa: F401 (tiny, tiny_dir: fixtures)
     tiny_dir,
     train_message,
 )
-from tests.test_fl_poisoning import reply
+from tests.test_fl_poisoning import around, reply
 
 
 @pytest.mark.parametrize("top_layers", [0, 1, 2, 3])  # the tiny encoder has 2 layers
@@ -50,17 +51,18 @@ def test_no_embedding_row_is_in_any_outgoing_message(
 
 # central differential privacy -------------------------------------------------------------
 def test_with_dp_every_device_counts_once_and_the_noise_fits_those_averaged() -> None:
-    limits = ReplyLimits(max_examples=10**6, max_update_norm=1e6, threshold_band=1.0)
+    limits = ReplyLimits(max_examples=10**6, max_update_norm=1e6)
     strategy = ThresholdFedAvg(0.8, ArrayRecord({"w": torch.zeros(3)}), limits,
-                               unweighted=True, min_train_nodes=1, min_available_nodes=1)
+                               ThresholdRule(500, 50, 0.05), unweighted=True,
+                               min_train_nodes=1, min_available_nodes=1)
     dp = SampledClientsDP(strategy, noise_multiplier=1e-9, clipping_norm=1.0, delta=1e-5)
-    replies = [reply(1, 0.80, 100, torch.full((3,), 1.0)),
-               reply(2, 0.70, 10, torch.full((3,), 4.0)),
-               reply(3, 0.75, 50, torch.full((3,), float("nan")))]  # rejected
+    replies = [reply(1, around(0.8, 40, 1), 100, torch.full((3,), 1.0)),
+               reply(2, around(0.7, 40, 2), 10, torch.full((3,), 4.0)),
+               reply(3, around(0.75, 40, 3), 50, torch.full((3,), float("nan")))]  # rejected
     arrays, _ = dp.aggregate_train(1, replies)
     assert arrays is not None
     assert torch.allclose(arrays.to_torch_state_dict()["w"], torch.full((3,), 2.5))
-    assert strategy.threshold == pytest.approx(0.75)  # unweighted as well
+    assert strategy.pooled[1].pairs == 80  # the rejected device's evidence is not pooled
     assert dp.num_sampled_clients == 2  # the noise is for the two averaged, not three
     assert dp.ledger.releases == 1
 

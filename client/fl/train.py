@@ -1,5 +1,6 @@
 """Local training, as in MeanCache: multiple-negatives ranking loss on duplicate pairs
-plus a contrastive loss on all labelled pairs, then the F0.5-best local threshold."""
+plus a contrastive loss on all labelled pairs. (The threshold is tuned by the server on
+the devices' pooled validation evidence: shared.fl.evidence.)"""
 
 import random
 from dataclasses import dataclass
@@ -8,7 +9,6 @@ import numpy as np
 import torch
 from meancache.shared.fl.weights import federated_names, freeze_all_but
 from meancache.shared.pairs import Pair
-from meancache.shared.threshold import best_threshold
 from sentence_transformers import SentenceTransformer, losses
 
 
@@ -77,10 +77,3 @@ def pair_similarities(model: SentenceTransformer, pairs: list[Pair]) -> np.ndarr
     b = model.encode([p.q2 for p in pairs], normalize_embeddings=True, batch_size=64)
     return (a * b).sum(1)
 
-
-def local_threshold(model: SentenceTransformer, validation: list[Pair]) -> float | None:
-    """The F0.5-best threshold on the validation pairs; None without both classes."""
-    labels = np.array([p.label for p in validation])
-    if labels.size == 0 or labels.min() == labels.max():
-        return None
-    return best_threshold(pair_similarities(model, validation), labels).threshold
