@@ -3,9 +3,9 @@
 Clients train the encoder on partitions of the QQP train split (Flower simulation engine,
 Ray, through `flwr run` as `meancache fl simulate` does); after every round the global
 model is scored on held-out dev pairs at the global threshold (tuned on the devices'
-pooled similarity evidence: fl_server/pooled_threshold.py), and at its own best threshold. Round 0 is the zero-shot
-encoder. Reports F0.5, F1, precision, recall, threshold, wall time and bytes per client
-per round.
+pooled similarity evidence: fl_server/pooled_threshold.py), and at its own best
+threshold. Round 0 is the zero-shot encoder. Reports F0.5, F1, precision, recall,
+threshold, wall time and bytes per client per round.
 
     python benchmarks/fl_quality.py                   # 10 clients, 4 per round, 5 rounds
     python benchmarks/fl_quality.py --quick           # tiny: 4 clients, 2 rounds

@@ -68,7 +68,9 @@ def test_a_bfloat16_valued_embedding_is_kept_in_bfloat16_and_reads_back_exactly(
 
 
 def test_an_embedding_that_is_not_bfloat16_valued_stays_float32() -> None:
-    model = load_model("builtin:tiny-gemma3", device="cpu", precision="fp16-int8").model
+    loaded = load_model("builtin:tiny-gemma3", device="cpu", precision="fp16-int8")
+    assert loaded.parameters == load_model("builtin:tiny-gemma3", device="cpu").parameters
+    model = loaded.model
     assert not isinstance(model.get_input_embeddings(), BFloat16Embedding)
     assert model.get_input_embeddings().weight.dtype == torch.float32
     assert isinstance(model.get_output_embeddings(), ShortlistOutput)

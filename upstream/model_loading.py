@@ -1,7 +1,7 @@
 """Load the causal LM the server runs: a local Hugging Face directory or a built-in one."""
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -40,6 +40,12 @@ class LoadedModel:
     architecture: str
     untrained: bool  # a built-in random-init model: its text is meaningless
     stop: tuple[str, ...] = ()  # where the model starts a turn its template does not end
+    # Counted as loaded: the packed float16/int8 weights a precision installs are not
+    # torch parameters (upstream.compact_weights).
+    parameters: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parameters", sum(p.numel() for p in self.model.parameters()))
 
     @property
     def context_length(self) -> int:
@@ -50,10 +56,6 @@ class LoadedModel:
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-    @property
-    def parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
 
 
 def load_model(spec: str = DEFAULT_MODEL, device: str | None = None,
