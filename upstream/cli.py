@@ -46,7 +46,7 @@ def add_commands(commands: Any) -> None:
                            help=f"{text} (default: %(default)s)")
     serve.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
                        help="fp16-int8: float16 layers and an int8 output layer whose "
-                       "best words are scored exactly (about twice float32's decode speed "
+                       "best words are scored exactly (about 1.6x float32's decode speed "
                        "on a CPU, same next tokens; see benchmarks/generation_speed.py), or "
                        "float32 as loaded (default: %(default)s)")
     serve.add_argument("--packs-dir", type=Path, help="publish the newest instruction "

@@ -1,7 +1,7 @@
 """The numeric precision the upstream serves a model in: ``float32`` as loaded, or
 ``fp16-int8`` (upstream.compact_weights: float16 linear layers, an int8 output layer
 with an exactly scored shortlist, a lossless bfloat16 embedding), which reads a third of
-the bytes per decoded token and so decodes about twice as fast on a CPU."""
+the bytes per decoded token and so decodes about 1.6x as fast on a CPU."""
 
 import logging
 from typing import TYPE_CHECKING
