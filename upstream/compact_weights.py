@@ -8,8 +8,8 @@ that leaves the answers as they were (measured by benchmarks/generation_speed.py
 - transformer linear layers: float16 weights, float32 arithmetic (fbgemm). Weights that
   came from a bfloat16 or GGUF file are nearly all exact in float16. int8 here changed the
   next token after 1 decode step in 18 (and 1 in 60 with only attention in int8).
-- output layer: int8 (fbgemm, one scale per word, 8-bit activations) only to choose a
-  shortlist; its ``SHORTLIST`` best words are scored again with their exact rows, so the
+- output layer: int8 (fbgemm, one scale per word, 8-bit activations where the CPU's
+  kernel does not saturate, else 7-bit) only to choose a shortlist; its ``SHORTLIST`` best words are scored again with their exact rows, so the
   next token is float32's whenever float32's choice is on the shortlist. The int8 logits
   stand for the rest of the vocabulary when sampling.
 - input embedding: stored in bfloat16 when every value is a bfloat16 (then lossless) and
@@ -19,6 +19,7 @@ Prompts and decode steps run on the same weights, so Prompt Cache's reused modul
 give the same answer as an uncached prompt within this precision, as in float32.
 """
 
+import functools
 import logging
 import warnings
 
@@ -41,6 +42,27 @@ def _quantize(module: torch.nn.Module, qconfig: object) -> torch.nn.Module:
         return quantize_dynamic(module, {torch.nn.Linear: qconfig}, inplace=True)
 
 
+@functools.cache
+def activations_reduce_range() -> bool:
+    """Whether int8 activations must keep to 7 bits on this CPU. fbgemm's AVX2 kernel adds
+    pairs of u8 x s8 products in 16 bits (vpmaddubsw) and saturates on 8-bit activations,
+    halving large logits; its VNNI kernel adds in 32 bits. 8-bit activations change the
+    shortlist less often, so they are used wherever they are exact: found by one probe whose
+    every pair of products saturates 16 bits (255 x 127 x 2), not by reading CPU flags
+    (fbgemm may be told to take its AVX2 path on any CPU)."""
+    probe = torch.nn.Linear(64, 1, bias=False)
+    with torch.no_grad():
+        probe.weight.fill_(1.0)
+    packed = _quantize(torch.nn.Sequential(probe), per_channel_dynamic_qconfig)[0]
+    ones = torch.ones(1, 64)
+    full = torch.ops.quantized.linear_dynamic(ones, packed._packed_params._packed_params,
+                                              reduce_range=False)
+    saturates = bool((full - 64).abs().max() > 1)  # exact: 64, one step off at most
+    if saturates:
+        log.info("int8 kernel saturates 8-bit activations: output layer uses 7-bit ones")
+    return saturates
+
+
 class ShortlistOutput(torch.nn.Module):
     """An output layer whose int8 logits pick the words that ``rows`` (its exact weight
     rows, float32 or lossless bfloat16) then score exactly."""
@@ -51,11 +73,14 @@ class ShortlistOutput(torch.nn.Module):
         self.int8 = quantized._packed_params._packed_params
         self.register_buffer("rows", rows, persistent=False)
         self.shortlist = min(SHORTLIST, output.out_features)
+        self.reduce_range = activations_reduce_range()
+
+    def int8_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """The int8 logits that choose the shortlist (and stand for the other words)."""
+        return torch.ops.quantized.linear_dynamic(x, self.int8, reduce_range=self.reduce_range)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # reduce_range=False: 8-bit activations, not fbgemm's default 7, which changes
-        # the shortlist more often (VNNI CPUs do not saturate).
-        logits = torch.ops.quantized.linear_dynamic(x, self.int8, reduce_range=False)
+        logits = self.int8_logits(x)
         best = logits.topk(self.shortlist, dim=-1).indices
         exact = x.unsqueeze(-2) @ self.rows[best].to(x.dtype).transpose(-1, -2)
         return logits.scatter_(-1, best, exact.squeeze(-2))
