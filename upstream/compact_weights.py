@@ -10,8 +10,9 @@ that leaves the answers as they were (measured by benchmarks/generation_speed.py
   next token after 1 decode step in 18 (and 1 in 60 with only attention in int8).
 - output layer: int8 (fbgemm, one scale per word, 8-bit activations where the CPU's
   kernel does not saturate, else 7-bit) only to choose a shortlist; its ``SHORTLIST``
-  best words are scored again with their exact rows, so the next token is float32's whenever float32's choice is on the shortlist. The int8 logits
-  stand for the rest of the vocabulary when sampling.
+  best words are scored again with their exact rows, so the next token is float32's
+  whenever float32's choice is on the shortlist. The int8 logits stand for the rest of
+  the vocabulary when sampling.
 - input embedding: stored in bfloat16 when every value is a bfloat16 (then lossless) and
   read back as float32; the output layer's exact rows come from the same table.
 
