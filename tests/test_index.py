@@ -116,8 +116,15 @@ def test_random_operations_match_a_brute_force_reference() -> None:
             got = index.search(query, k=len(reference))[0]
             want = sorted(((k, float(v @ query)) for k, v in reference.items()),
                           key=lambda kv: -kv[1])
-            assert [k for k, _ in got] == [k for k, _ in want]
-            assert [s for _, s in got] == pytest.approx([s for _, s in want], abs=1e-5)
+            # Best first, every id, every score its reference's: a dot product of 8 float32
+            # terms summed in another order is off by <= 8 x eps (1e-6 for unit vectors), so
+            # only ids whose scores tie within that could swap places on another CPU.
+            scores = [s for _, s in got]
+            assert scores == sorted(scores, reverse=True)
+            assert {k for k, _ in got} == {k for k, _ in want}
+            reference_score = dict(want)
+            assert all(abs(s - reference_score[k]) <= 8 * np.finfo(np.float32).eps
+                       for k, s in got)
     assert sorted(index.ids) == sorted(reference)
     for key, vector in zip(index.ids, index.vectors(), strict=True):
         np.testing.assert_allclose(vector, reference[key])

@@ -133,9 +133,24 @@ def test_a_base_model_on_a_subset_with_its_embedding_frozen_resumes(
         tuned.named_parameters(), saved.parameters(), strict=True) if "embed" not in name)
 
 
-def test_tree_search_keeps_to_the_budget_and_resumes(scratch_lm: tuple[Path, list[int]],
-                                                     tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def float64_lm(scratch_lm: tuple[Path, list[int]], tmp_path_factory: pytest.TempPathFactory
+               ) -> Path:
+    """The scratch LM saved in float64, for the tests that compare two searches. Those
+    batch and reuse KV states in other shapes, so float32 sums differ by ~1e-6 between
+    them: a path whose NLL lies that close to the budget, or to a sibling's at the
+    children limit, could be kept by one search and not the other on some CPU. In float64
+    the differences are ~1e-15, below any gap the searches meet."""
+    out = tmp_path_factory.mktemp("lm64") / "scratch"
     lm = load_lm(scratch_lm[0])
+    lm.model.double().save_pretrained(out)
+    lm.tokenizer.save_pretrained(out)
+    return out
+
+
+def test_tree_search_keeps_to_the_budget_and_resumes(float64_lm: Path, tmp_path: Path) -> None:
+    lm = load_lm(float64_lm)
+    assert lm.model.dtype == torch.float64
     whole = tree_search(lm, SEARCH)
     assert whole.instructions and whole.expanded > len(whole.instructions)
     assert max(whole.instructions.values()) <= SEARCH.sigma
@@ -158,13 +173,14 @@ def test_tree_search_keeps_to_the_budget_and_resumes(scratch_lm: tuple[Path, lis
         tree_search(lm, SEARCH, state, kill_at_depth_three)
     resumed = tree_search(lm, SEARCH, state)  # recomputes the frontier's KV states
     assert resumed.instructions.keys() == whole.instructions.keys()
+    # float64 sums of <= 12 log-probabilities in two orders: ~1e-13 apart; 1e-4 is loose.
     assert all(math.isclose(resumed.instructions[t], n, abs_tol=1e-4)
                for t, n in whole.instructions.items())
 
 
 def test_a_narrow_kv_budget_finds_the_same_holding_few_paths_states(
-        scratch_lm: tuple[Path, list[int]]) -> None:
-    lm = load_lm(scratch_lm[0])
+        float64_lm: Path) -> None:
+    lm = load_lm(float64_lm)
     whole = tree_search(lm, SEARCH)
     narrow = tree_search(lm, replace(SEARCH, batch_size=4, kv_paths=8))
     assert narrow.instructions.keys() == whole.instructions.keys()
@@ -239,11 +255,11 @@ def test_commands_train_plan_build_then_the_device_updates(
 
 
 def test_ray_subtrees_find_what_one_process_finds_and_resume_after_a_kill(
-        scratch_lm: tuple[Path, list[int]], tmp_path: Path) -> None:
+        float64_lm: Path, tmp_path: Path) -> None:
     import ray
     from meancache.upstream.pack.parallel import parallel_search
 
-    one = tree_search(load_lm(scratch_lm[0]), SEARCH)
+    one = tree_search(load_lm(float64_lm), SEARCH)
     job = tmp_path / "ray-job"
 
     def kill_after_two(done: int, total: int) -> None:
@@ -252,14 +268,14 @@ def test_ray_subtrees_find_what_one_process_finds_and_resume_after_a_kill(
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # one start for all
     try:
-        spread = parallel_search(scratch_lm[0], SEARCH, workers=2, split_depth=2)
+        spread = parallel_search(float64_lm, SEARCH, workers=2, split_depth=2)
         with pytest.raises(Killed):
-            parallel_search(scratch_lm[0], SEARCH, workers=2, work_dir=job,
+            parallel_search(float64_lm, SEARCH, workers=2, work_dir=job,
                             progress=kill_after_two)
         finished = {p: p.stat().st_mtime_ns for p in job.glob("subtree-*.json")}
         assert len(finished) == 2
         done: list[tuple[int, int]] = []
-        resumed = parallel_search(scratch_lm[0], SEARCH, workers=3, work_dir=job,
+        resumed = parallel_search(float64_lm, SEARCH, workers=3, work_dir=job,
                                   progress=lambda d, t: done.append((d, t)))
     finally:
         ray.shutdown()
