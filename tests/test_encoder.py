@@ -11,6 +11,9 @@ from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.errors import EncoderError, ModelNotFoundError
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 
+# Compares the results of numeric kernels: CI runs these on AVX2 kernels too.
+pytestmark = pytest.mark.kernels
+
 QUERIES = [
     "What is the capital of France?",
     "hi",

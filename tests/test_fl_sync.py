@@ -4,18 +4,14 @@ loopback, real checkpoints on disk, real httpx. Faults are injected on the serve
 
 import dataclasses
 import json
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
 import httpx
 import pytest
 import torch
-import uvicorn
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.config import Settings, load_settings
@@ -42,6 +38,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from tests.upstream_server import serving
+
 
 # a server on loopback --------------------------------------------------------------------
 class CountingApp:
@@ -58,25 +56,6 @@ class CountingApp:
 
     def weights_requests(self) -> int:
         return sum(n for path, n in self.paths.items() if path.endswith("/weights"))
-
-
-@contextmanager
-def serving(app: ASGIApp) -> Iterator[str]:
-    """Run ``app`` with uvicorn on a daemon thread; yields its base URL."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None,
-                                           access_log=False, lifespan="off", ws="none"))
-    thread = threading.Thread(target=server.run, name="fl-model-endpoint", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
-        time.sleep(0.01)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
 
 
 # fixtures --------------------------------------------------------------------------------

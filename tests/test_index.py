@@ -4,6 +4,9 @@ import numpy as np
 import pytest
 from meancache.client.cache.index import VectorIndex
 
+# Compares the results of numeric kernels: CI runs these on AVX2 kernels too.
+pytestmark = pytest.mark.kernels
+
 
 def unit(rng: np.random.Generator, n: int, dim: int) -> np.ndarray:
     """n random unit vectors."""

@@ -20,6 +20,9 @@ from meancache.upstream.pack.nll import instruction_nll
 from meancache.upstream.pack.plan import SizeModel, predicted_hit_rate, sigma_for_hit_rate
 from meancache.upstream.pack.search import SearchConfig, tree_search
 
+# Compares the results of numeric kernels: CI runs these on AVX2 kernels too.
+pytestmark = pytest.mark.kernels
+
 TINY = TrainConfig(epochs=20, batch_size=8, layers=1, hidden=64, heads=2, vocab_size=300,
                    max_tokens=16, checkpoint_every=4, learning_rate=3e-3)
 SEARCH = SearchConfig(sigma=12.0, max_depth=12, limits=((2, 6), (10**9, 3)), batch_size=64)

@@ -16,6 +16,9 @@ from meancache.upstream.prompt_cache.engine import (
 )
 from meancache.upstream.sampling import SamplingParams
 
+# Compares the results of numeric kernels: CI runs these on AVX2 kernels too.
+pytestmark = pytest.mark.kernels
+
 DOC = ('<schema name="doc"><module name="text">A document about rivers and the bridges '
        "over them, and the towns between the bridges.</module></schema>")
 ASK = '<prompt schema="doc"><text/>Summarise it.</prompt>'

@@ -16,6 +16,9 @@ from meancache.upstream.prompt_cache.layout import LEADING
 from meancache.upstream.prompt_cache.states import additive_mask, attention_mask
 from meancache.upstream.sampling import SamplingParams, TextStream
 
+# Compares the results of numeric kernels: CI runs these on AVX2 kernels too.
+pytestmark = pytest.mark.kernels
+
 # Cached and uncached paths differ only in float32 summation order: worst case about
 # float32 eps (1.2e-7) x the longest reduction (hidden 64-128, attention over < 200
 # positions) x the size of the values (logits and states of these tiny models stay below

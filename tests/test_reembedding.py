@@ -132,7 +132,9 @@ def test_closing_stops_a_background_job_and_the_next_open_resumes_it(
     stored_under_pca(make_cache, torch_encoder, pca16, questions)
     cache = make_cache(enc=encoder, background=True)
     assert paused_embedding.started.wait(60)
-    threading.Timer(0.5, paused_embedding.release).start()
+    # The batch in hand finishes only once the stop was asked for, however slow this thread.
+    threading.Thread(target=lambda: cache.background._stop.wait(60)
+                     and paused_embedding.release(), daemon=True).start()
     cache.close()  # asks the job to stop; it finishes the batch in hand, then stops
     assert not cache.background.running
 

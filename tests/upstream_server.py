@@ -2,11 +2,10 @@
 scripted OpenAI-compatible stub for the faults a real server cannot produce on demand."""
 
 import json
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
-import uvicorn
+from meancache.shared.loopback_server import LoopbackServer
 from meancache.shared.processes import free_port
 from meancache.upstream.server.app import ServerSettings
 from meancache.upstream.server.serve import BackgroundServer
@@ -14,8 +13,9 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
+from starlette.types import ASGIApp
 
-__all__ = ["SCRIPTED_MODEL", "free_port", "running_upstream", "scripted_upstream"]
+__all__ = ["SCRIPTED_MODEL", "free_port", "running_upstream", "scripted_upstream", "serving"]
 
 SCRIPTED_MODEL = "scripted"
 
@@ -80,15 +80,16 @@ def scripted_app() -> Starlette:
 @contextmanager
 def scripted_upstream() -> Iterator[str]:
     """Yields the root URL of the stub; ``{url}/KIND`` is one scripted upstream."""
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(scripted_app(), host="127.0.0.1", port=port,
-                                           log_config=None))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        threading.Event().wait(0.02)
+    with serving(scripted_app()) as url:
+        yield url
+
+
+@contextmanager
+def serving(app: ASGIApp) -> Iterator[str]:
+    """Serves ``app`` on loopback until the block ends; yields its base URL."""
+    server = LoopbackServer(app, "test-server", lifespan="off", ws="none")
+    assert server.start(), "the server did not start"
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield server.url
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+        server.stop()

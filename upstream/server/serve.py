@@ -5,12 +5,10 @@ import dataclasses
 import logging
 import secrets
 import sys
-import threading
-import time
 from pathlib import Path
 
 import uvicorn
-from meancache.shared.processes import free_port
+from meancache.shared.loopback_server import LoopbackServer
 from meancache.shared.progress import Progress
 from meancache.upstream.errors import UpstreamError
 from meancache.upstream.model_loading import LoadedModel, load_model
@@ -63,15 +61,12 @@ class BackgroundServer:
         self.loaded = load_model(model, data_dir=data_dir, progress=progress,
                                  precision=precision)
         app = create_app(PromptCacheEngine(self.loaded, module_budget_bytes), self.settings)
-        self.port = free_port()
-        self._server = uvicorn.Server(uvicorn.Config(
-            app, host="127.0.0.1", port=self.port, log_config=None, access_log=False))
-        self._thread = threading.Thread(target=self._server.run, name="upstream",
-                                        daemon=True)
+        self._server = LoopbackServer(app, "upstream")
+        self.port = self._server.port
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return self._server.url
 
     @property
     def api_key(self) -> str | None:
@@ -82,21 +77,16 @@ class BackgroundServer:
         kind = "untrained demo model" if self.loaded.untrained else "local model"
         return f"{self.loaded.name} ({kind})"
 
-    def start(self, timeout: float = 30.0) -> "BackgroundServer":
-        self._thread.start()
-        deadline = time.monotonic() + timeout
-        while not self._server.started:
-            if time.monotonic() > deadline or not self._thread.is_alive():
-                raise UpstreamError(f"the embedded upstream server did not start within "
-                                    f"{timeout:.0f}s (its log says why); pass --upstream URL "
-                                    "to use a running server instead")
-            time.sleep(0.02)
+    def start(self, timeout: float = 60.0) -> "BackgroundServer":
+        if not self._server.start(timeout):
+            raise UpstreamError(f"the embedded upstream server did not start within "
+                                f"{timeout:.0f}s (its log says why); pass --upstream URL "
+                                "to use a running server instead")
         log.info("embedded upstream %s at %s", self.loaded.name, self.url)
         return self
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+        self._server.stop()
 
     def __enter__(self) -> "BackgroundServer":
         return self.start()
