@@ -20,6 +20,7 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.cache.summary import stored_stats
 from meancache.client.config import Settings, with_upstream
 from meancache.shared.errors import MeanCacheError
+from meancache.shared.files import write_atomic
 from meancache.shared.progress_bar import ProgressBar
 from rich.console import Console
 from rich.markup import escape
@@ -123,10 +124,8 @@ def cmd_cache_export(args: argparse.Namespace, settings: Settings) -> int:
         sys.stdout.write(text)
     else:
         path = Path(args.file)
-        tmp = path.with_name(f".{path.name}.tmp")
         try:
-            tmp.write_text(text, encoding="utf-8")
-            tmp.replace(path)
+            write_atomic(path, text)
         except OSError as exc:
             raise MeanCacheError(f"cannot write {path}: {exc.strerror}") from None
         err.print(f"exported {len(rows)} entries to {path}")

@@ -10,21 +10,14 @@ import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import platformdirs
-from meancache.client.cache.policy import CLUSTERINGS, POLICIES, check_choice
+from meancache.client.cache import CacheSettings
 from meancache.client.errors import ConfigError
-from meancache.shared.encoder import (
-    BACKENDS,
-    DEFAULT_PCA_DIMS,
-    DEFAULT_PROFILE,
-    profile_threshold,
-)
-from meancache.shared.threshold import DEFAULT_THRESHOLD, check_threshold
-
-if TYPE_CHECKING:
-    from meancache.client.cache import CacheSettings
+from meancache.client.upstream_client import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
+from meancache.shared.encoder import BACKENDS, DEFAULT_PROFILE, profile_threshold
+from meancache.shared.threshold import check_threshold
 
 APP_NAME = "meancache"
 ENV_PREFIX = "MEANCACHE_"
@@ -37,26 +30,29 @@ class Settings:
     data_dir: Path
     encoder_model: str = DEFAULT_PROFILE  # "mpnet", "minilm" or a local model directory
     encoder_backend: str = "onnx"
-    # The global tau until the FL server sends one; unset, the encoder profile's default.
-    threshold: float = DEFAULT_THRESHOLD
-    context_aware: bool = True
-    verify_hits: bool = True  # veto candidates that look alike but differ (negation, number, ...)
-    entry_thresholds: bool = True  # each entry's own threshold, learned from its feedback
-    max_entries: int = 100_000
-    max_bytes: int = 512 * 1024 * 1024
-    eviction_policy: str = "lru"  # "lru", "lfu", "scalm-co", "scalm-se"
-    pattern_clustering: str = "kmeans"  # SCALM's patterns: "kmeans" (fast) or "dbscan"
-    pca_dims: int = DEFAULT_PCA_DIMS
-    pca_min_entries: int = 1000
-    tune_min_per_class: int = 5
+    # The cache's settings, passed on by cache_settings(); their defaults are the cache's
+    # own. threshold: the global tau until the FL server sends one (unset, the encoder
+    # profile's default).
+    threshold: float = CacheSettings.global_threshold
+    context_aware: bool = CacheSettings.context_aware
+    verify_hits: bool = CacheSettings.verify_hits  # veto look-alikes (negation, number, ...)
+    entry_thresholds: bool = CacheSettings.entry_thresholds  # learned from each one's feedback
+    max_entries: int = CacheSettings.max_entries
+    max_bytes: int = CacheSettings.max_bytes
+    eviction_policy: str = CacheSettings.eviction_policy  # "lru", "lfu", "scalm-co", "scalm-se"
+    pattern_clustering: str = CacheSettings.pattern_clustering  # "kmeans" (fast) or "dbscan"
+    pca_dims: int = CacheSettings.pca_dims
+    pca_min_entries: int = CacheSettings.pca_min_entries
+    tune_min_per_class: int = CacheSettings.tune_min_per_class
     log_level: str = "INFO"
     upstream_url: str | None = None  # None: the chat starts an embedded upstream
     # The model asked for: `upstream serve` and the embedded upstream run it (unset:
     # EMBEDDED_MODEL); an external upstream is sent its name (unset: the first it lists).
     upstream_model: str | None = None
     upstream_api_key: str | None = None  # the bearer key the upstream asks for / is sent
-    answer_max_tokens: int = 512
-    temperature: float = 0.0  # greedy: a cached answer should be the model's best one
+    # What the chat asks the upstream for; the defaults are the upstream client's.
+    answer_max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = DEFAULT_TEMPERATURE  # greedy: a cached answer is the model's best
     keymap: dict[str, str] = field(default_factory=dict)  # chat binding id -> keys
     fl_server_url: str | None = None  # the FL server's global-model endpoint (sync)
     fl_superlink: str | None = None  # HOST:PORT of the SuperLink the chat may join
@@ -110,22 +106,15 @@ class Settings:
     def log_file(self) -> Path:
         return self.data_dir / "logs" / "meancache.log"
 
-    def cache_settings(self) -> "CacheSettings":
-        from meancache.client.cache import CacheSettings  # imports torch: only when used
+    def cache_settings(self) -> CacheSettings:
+        """The cache's settings: every one this has (``threshold`` is the cache's
+        ``global_threshold``); the rest keep the cache's defaults."""
+        return CacheSettings(global_threshold=self.threshold,
+                             **{name: getattr(self, name) for name in _CACHE_FIELDS})
 
-        return CacheSettings(
-            global_threshold=self.threshold,
-            max_entries=self.max_entries,
-            max_bytes=self.max_bytes,
-            eviction_policy=self.eviction_policy,
-            pattern_clustering=self.pattern_clustering,
-            context_aware=self.context_aware,
-            verify_hits=self.verify_hits,
-            entry_thresholds=self.entry_thresholds,
-            pca_dims=self.pca_dims,
-            pca_min_entries=self.pca_min_entries,
-            tune_min_per_class=self.tune_min_per_class,
-        )
+
+# The settings both have under one name (checked by the tests: each one is passed on).
+_CACHE_FIELDS = {f.name for f in fields(CacheSettings)} & {f.name for f in fields(Settings)}
 
 
 _DIR_FIELDS = {"config_dir", "data_dir"}
@@ -244,8 +233,7 @@ def load_settings(
     except ValueError as exc:
         raise ConfigError(f"threshold: {exc}") from None
     try:
-        check_choice("eviction_policy", settings.eviction_policy, POLICIES)
-        check_choice("pattern_clustering", settings.pattern_clustering, CLUSTERINGS)
+        settings.cache_settings()  # the cache's own checks (policy and clustering names)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return settings

@@ -73,7 +73,12 @@ class UpstreamRequestError(MeanCacheError):
 
 
 class UpstreamUnavailableError(UpstreamRequestError):
-    """No connection (after the connect retries), a timeout, or a 5xx."""
+    """No connection (after the connect retries), a timeout, or a 429 or 5xx (``status``;
+    None when there was no answer)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class UpstreamRejectedError(UpstreamRequestError):

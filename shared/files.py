@@ -1,11 +1,17 @@
-"""Writing files that must survive a crash, and checking what was written: the model
-assembly and conversion, and the federated checkpoints, all write a directory beside its
-final place, fsync it, and rename it in."""
+"""Writing files that must survive a crash, and checking what was written. A file is
+written beside its final place and renamed in (``atomic_path``, ``atomic_write``,
+``write_atomic``, ``write_json_atomic``: the one way meancache replaces a file); the model
+assembly and conversion, and the federated checkpoints, do the same with a directory."""
 
+import contextlib
 import hashlib
 import json
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 
 def sha256_file(path: Path) -> str:
@@ -31,8 +37,42 @@ def fsync_tree(root: Path) -> None:
     fsync_path(root)
 
 
-def write_json_atomic(path: Path, value: object) -> None:
-    """Write JSON beside ``path`` and rename it in: a kill mid-write keeps the old file."""
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(value), encoding="utf-8")
-    os.replace(partial, path)
+@contextmanager
+def atomic_path(path: Path, durable: bool = False) -> Iterator[Path]:
+    """A path beside ``path`` for the block to write the new file at; renamed over
+    ``path`` when the block ends without an error, removed when it raises. Either way a
+    kill or a crash mid-write leaves the old file (or none), never half of the new one.
+
+    ``durable``: the new file's bytes, then the rename, are flushed to disk (fsync), so
+    they also survive a power cut; without it they survive the process dying.
+    """
+    partial = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_ident()}.partial")
+    try:
+        yield partial
+        if durable:
+            fsync_path(partial)
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        raise
+    if durable:
+        fsync_path(path.parent)
+
+
+@contextmanager
+def atomic_write(path: Path, durable: bool = False) -> Iterator[BinaryIO]:
+    """``atomic_path``, opened for binary writing (e.g. for ``np.save``)."""
+    with atomic_path(path, durable) as partial, partial.open("wb") as fh:
+        yield fh
+
+
+def write_atomic(path: Path, data: bytes | str, durable: bool = False) -> None:
+    """Replace ``path`` with ``data`` (text as UTF-8), atomically."""
+    with atomic_write(path, durable) as fh:
+        fh.write(data.encode() if isinstance(data, str) else data)
+
+
+def write_json_atomic(path: Path, value: object, durable: bool = False) -> None:
+    """Replace ``path`` with ``value`` as JSON (UTF-8), atomically."""
+    write_atomic(path, json.dumps(value, ensure_ascii=False), durable)

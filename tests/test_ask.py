@@ -10,7 +10,7 @@ from meancache.client.chat.conversations import ConversationStore
 from meancache.client.tui.text import printable
 
 from meancache.cli import main
-from tests.upstream_server import free_port, scripted_upstream
+from tests.upstream_server import RECEIVED, free_port, scripted_upstream
 
 QUESTION = "How do I reverse a list in Python?"
 PARAPHRASE = "how can I reverse a python list?"
@@ -108,3 +108,17 @@ def test_ask_warns_of_an_unreachable_upstream_and_still_answers_from_the_cache(
     assert captured.err.replace("\n", "").startswith(
         f"warning: cannot reach the upstream at {gone} (")
     assert "answering from the cache only" in captured.err.replace("\n", "")
+
+
+def test_ask_sends_the_configured_temperature_and_answer_length(
+        data_dir: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    RECEIVED.clear()
+    with scripted_upstream() as stub:
+        assert main(["ask", QUESTION, "--upstream", f"{stub}/ok"]) == 0
+        monkeypatch.setenv("MEANCACHE_TEMPERATURE", "0.3")
+        monkeypatch.setenv("MEANCACHE_ANSWER_MAX_TOKENS", "7")
+        assert main(["ask", "What is the capital of France?", "--upstream", f"{stub}/ok"]) == 0
+    capsys.readouterr()
+    sent = [(body["temperature"], body["max_tokens"]) for body in RECEIVED]
+    assert sent == [(0.0, 512), (0.3, 7)]  # README's defaults, then the configured ones

@@ -1,10 +1,12 @@
 """Settings precedence: defaults < config.toml < MEANCACHE_* < flags; clear errors."""
 
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import platformdirs
 import pytest
-from meancache.client.config import load_settings, with_upstream
+from meancache.client.cache import CacheSettings
+from meancache.client.config import Settings, load_settings, with_upstream
 from meancache.client.errors import ConfigError
 from meancache.shared.threshold import DEFAULT_THRESHOLD, MPNET_THRESHOLD
 
@@ -37,6 +39,21 @@ def test_an_unset_threshold_comes_from_the_encoder_profile(tmp_path: Path, encod
     assert load_settings(config_dir=tmp_path, environ=env, threshold=0.5).threshold == 0.5
     write_config(tmp_path, "threshold = 0.75\n")
     assert load_settings(config_dir=tmp_path, environ=env).threshold == 0.75
+
+
+def test_the_cache_is_given_every_cache_setting_and_shares_its_defaults(
+        tmp_path: Path) -> None:
+    settings = Settings(tmp_path, tmp_path / "data")
+    assert settings.cache_settings() == CacheSettings()
+    changed = {"threshold": 0.9, "context_aware": False, "verify_hits": False,
+               "entry_thresholds": False, "max_entries": 7, "max_bytes": 9,
+               "eviction_policy": "lfu", "pattern_clustering": "dbscan", "pca_dims": 0,
+               "pca_min_entries": 3, "tune_min_per_class": 2}
+    expected = {("global_threshold" if name == "threshold" else name): value
+                for name, value in changed.items()}
+    got = asdict(replace(settings, **changed).cache_settings())
+    assert got == asdict(CacheSettings()) | expected
+    assert set(got) - set(expected) == {"candidates"}  # the others are the user's to set
 
 
 def test_toml_then_environment_then_flags(tmp_path: Path) -> None:
@@ -80,6 +97,8 @@ def test_config_dir_from_environment(tmp_path: Path) -> None:
                                             "'torch', not 'tensorflow'"),
         ("max_entries = 0\n", "max_entries must be a positive whole number, not 0"),
         ("max_bytes = -1\n", "max_bytes must be a positive whole number, not -1"),
+        ('eviction_policy = "fifo"\n', "eviction_policy 'fifo' is unknown; valid: lru, lfu, "
+                                        "scalm-co, scalm-se"),
     ],
 )
 def test_bad_config_names_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:

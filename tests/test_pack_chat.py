@@ -5,11 +5,12 @@ import asyncio
 import dataclasses
 from pathlib import Path
 
-from meancache.client.config import load_settings
+from meancache.client.config import Settings, load_settings
 from meancache.client.tui.app import MeanCacheApp
 from meancache.shared.encoder import Encoder
 from meancache.shared.pack import write_pack
 from meancache.upstream.server.app import ServerSettings
+from meancache.upstream.server.serve import BackgroundServer, private_settings
 from textual.widgets import ProgressBar
 
 from tests.test_chat_app import ask, badge, started, wait_for
@@ -18,16 +19,21 @@ from tests.upstream_server import running_upstream
 ANSWER = "Boil it for eight minutes."
 
 
-def test_update_pack_action_then_a_pack_answer(tmp_path: Path, encoder: Encoder,
-                                               encoder_cache_dir: Path) -> None:
+def publish_and_prepare(tmp_path: Path, encoder_cache_dir: Path) -> tuple[Path, Settings]:
+    """A published pack, and settings whose data dir reuses the session's encoder."""
     published = tmp_path / "published"
     write_pack(published / "p.mcpack", [("How do I boil an egg?", ANSWER)],
                model="builtin:tiny", sigma=3.0)
     data = tmp_path / "data"
     data.mkdir()
     (data / "encoder").symlink_to(encoder_cache_dir, target_is_directory=True)
-    base = load_settings(config_dir=tmp_path / "config", data_dir=data, environ={},
-                         encoder_model="minilm")
+    return published, load_settings(config_dir=tmp_path / "config", data_dir=data,
+                                    environ={}, encoder_model="minilm")
+
+
+def test_update_pack_action_then_a_pack_answer(tmp_path: Path, encoder: Encoder,
+                                               encoder_cache_dir: Path) -> None:
+    published, base = publish_and_prepare(tmp_path, encoder_cache_dir)
 
     async def run(url: str) -> None:
         app = MeanCacheApp(dataclasses.replace(base, upstream_url=url, answer_max_tokens=8))
@@ -53,3 +59,33 @@ def test_update_pack_action_then_a_pack_answer(tmp_path: Path, encoder: Encoder,
 
     with running_upstream(settings=ServerSettings(packs_dir=published)) as url:
         asyncio.run(run(url))
+
+
+def test_the_pack_action_sends_the_embedded_upstreams_own_key(
+        tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path) -> None:
+    """The embedded upstream's key is made at its start: the pack download sends it (no
+    configured key would be accepted)."""
+    published, base = publish_and_prepare(tmp_path, encoder_cache_dir)
+    servers: list[BackgroundServer] = []
+
+    def start_upstream(model: str, data_dir: Path, progress: object) -> BackgroundServer:
+        settings = dataclasses.replace(private_settings(), packs_dir=published)
+        servers.append(BackgroundServer(model, settings, data_dir=data_dir).start())
+        return servers[-1]
+
+    async def run() -> None:
+        app = MeanCacheApp(dataclasses.replace(base, upstream_model="builtin:tiny",
+                                               upstream_api_key="a-configured-key",
+                                               answer_max_tokens=8), start_upstream)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            notices: list[str] = []
+            app.notify = lambda message, **kw: notices.append(str(message))  # type: ignore
+            await pilot.press("f6")
+            await wait_for(pilot, lambda: bool(notices))
+            assert "1 instructions now answered" in notices[0], notices
+            await ask(pilot, "how do i boil an egg")
+            assert app.chat.conversation.turns[-1].source == "pack"
+
+    asyncio.run(run())
+    assert servers and servers[0].api_key not in (None, "a-configured-key")

@@ -33,7 +33,7 @@ def test_round_trip_normalises_and_keeps_the_first_of_duplicates(tmp_path: Path)
     assert pack.lookup("what is python") == ("what is python", "A programming language.")
     assert pack.lookup("How do I boil an egg?")[1].startswith("Put it")
     assert pack.lookup("what is rust") is None
-    assert not path.with_name("p.mcpack.partial").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["p.mcpack"]  # nothing left beside it
 
 
 def test_a_truncated_or_altered_pack_is_refused(tmp_path: Path) -> None:

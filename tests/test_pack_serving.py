@@ -11,6 +11,7 @@ import httpx
 import pytest
 from meancache.client.errors import PackDownloadError
 from meancache.client.pack import PackStore, download_pack
+from meancache.client.upstream_client import UpstreamClient
 from meancache.shared.errors import PackCorruptError, PackMismatchError
 from meancache.shared.pack import read_pack, write_pack
 from meancache.upstream.server.app import ServerSettings
@@ -31,6 +32,10 @@ def packs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(packs_dir: Path) -> Iterator[str]:
     with running_upstream(MODEL, ServerSettings(api_key=KEY, packs_dir=packs_dir)) as url:
         yield url
+
+
+def upstream(url: str, key: str = KEY) -> UpstreamClient:
+    return UpstreamClient(url, key, connect_retries=0)
 
 
 def publish(packs_dir: Path, name: str, entries: list[tuple[str, str]] = ENTRIES,
@@ -74,18 +79,19 @@ def test_download_installs_then_304_then_resumes(server: str, packs_dir: Path,
     publish(packs_dir, "b")
     target = tmp_path / "packs" / "current.mcpack"
     seen: list[tuple[int, int]] = []
-    first = download_pack(server, target, KEY, progress=lambda d, t: seen.append((d, t)))
+    first = download_pack(upstream(server), target,
+                          progress=lambda d, t: seen.append((d, t)))
     assert first.changed and first.manifest.count == 50
     assert seen[-1][0] == seen[-1][1] == target.stat().st_size
     assert PackStore(target.parent).lookup("what is the number 7").answer.startswith("It is 7.")
-    assert not download_pack(server, target, KEY).changed  # 304: already has it
+    assert not download_pack(upstream(server), target).changed  # 304: already has it
 
     newer = publish(packs_dir, "c", ENTRIES[:30])
     sha = read_pack(newer).manifest.body_sha256
     partial = target.with_name("current.mcpack.download")
     partial.write_bytes(newer.read_bytes()[:500])  # a download cut after 500 bytes
     target.with_name("current.mcpack.download.etag").write_text(f'"{sha}"')
-    resumed = download_pack(server, target, KEY)
+    resumed = download_pack(upstream(server), target)
     assert (resumed.changed, resumed.resumed_from, resumed.manifest.count) == (True, 500, 30)
     assert target.read_bytes() == newer.read_bytes() and not partial.exists()
 
@@ -98,15 +104,15 @@ def test_bad_downloads_leave_the_old_pack_in_use(server: str, packs_dir: Path,
 
     publish(packs_dir, "d", model="another-model")
     with pytest.raises(PackMismatchError, match="another-model"):
-        download_pack(server, target, KEY)
+        download_pack(upstream(server), target)
     published = publish(packs_dir, "e")
     with pytest.raises(PackDownloadError, match="over the 1000-byte limit"):
-        download_pack(server, target, KEY, max_bytes=1000)
+        download_pack(upstream(server), target, max_bytes=1000)
     published.write_bytes(published.read_bytes().replace(b"It is 4.", b"It is 5."))
     with pytest.raises(PackCorruptError, match="sha256"):
-        download_pack(server, target, KEY)
+        download_pack(upstream(server), target)
     with pytest.raises(PackDownloadError, match="401"):
-        download_pack(server, target, "wrong-key")
+        download_pack(upstream(server, "wrong-key"), target)
     assert target.read_bytes() == old
     assert sorted(p.name for p in tmp_path.iterdir()) == ["current.mcpack"]
 
@@ -140,7 +146,7 @@ def test_a_cut_download_keeps_the_old_pack_and_can_resume(tmp_path: Path) -> Non
     write_pack(source, ENTRIES, model=MODEL, sigma=1.0)
     url, listener = cut_off_server(source.read_bytes()[:700], source.stat().st_size)
     with listener, pytest.raises(PackDownloadError, match="cut off.*resume"):
-        download_pack(url, target, timeout=5)
+        download_pack(UpstreamClient(url, connect_retries=0), target)
     assert target.read_bytes() == old
     assert target.with_name("current.mcpack.download").read_bytes() == \
         source.read_bytes()[:700]  # kept for the next update to resume from
@@ -156,7 +162,10 @@ def test_pack_update_and_stats_commands(server: str, packs_dir: Path, tmp_path: 
     assert "missing or wrong API key" in capsys.readouterr().err
     assert main([*base, "update", "--upstream", server, "--api-key", KEY]) == 0
     assert "50 instructions answered by builtin:tiny" in capsys.readouterr().out
+    publish(packs_dir, "g", ENTRIES[:40])  # a base URL ending in /v1 names the same server
+    assert main([*base, "update", "--upstream", f"{server}/v1/", "--api-key", KEY]) == 0
+    assert "40 instructions answered by builtin:tiny" in capsys.readouterr().out
     assert main([*base, "stats", "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
-    assert (stats["entries"], stats["model"], stats["hits"]) == (50, MODEL, 0)
-    assert stats["size_bytes"] == (packs_dir / "f.mcpack").stat().st_size
+    assert (stats["entries"], stats["model"], stats["hits"]) == (40, MODEL, 0)
+    assert stats["size_bytes"] == (packs_dir / "g.mcpack").stat().st_size

@@ -12,10 +12,9 @@ from meancache.client.upstream_client import (
     UpstreamRejectedError,
     UpstreamUnavailableError,
     api_root,
-    check_upstream,
 )
 
-from tests.upstream_server import free_port, scripted_upstream
+from tests.upstream_server import RECEIVED, free_port, scripted_upstream
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +57,8 @@ def test_an_error_event_mid_answer_raises_after_what_arrived(server_url: str) ->
 def test_a_5xx_is_unavailable_and_a_4xx_is_rejected(server_url: str) -> None:
     _, error = collect(f"{server_url}/busy")
     assert isinstance(error, UpstreamUnavailableError)
-    assert str(error) == "the upstream answered 503: overloaded"
+    assert str(error) == f"the upstream at {server_url}/busy answered 503: overloaded"
+    assert error.status == 503
     _, error = collect(f"{server_url}/bad")
     assert isinstance(error, UpstreamRejectedError)
     assert (str(error), error.status) == ("max_tokens too large", 400)
@@ -97,6 +97,12 @@ def test_an_empty_answer_keeps_the_servers_finish_reason(server_url: str) -> Non
     assert (done.text, done.finish_reason) == (" \n", "stop")
 
 
+def check_upstream(url: str, api_key: str | None, model: str | None) -> str:
+    client = UpstreamClient(url, api_key, model)
+    assert client.check() == client.model
+    return client.model
+
+
 def test_the_start_check_returns_the_model_to_ask_for(server_url: str) -> None:
     assert check_upstream(f"{server_url}/ok/v1", None, None) == "scripted"
     assert check_upstream(f"{server_url}/ok", "key", "scripted") == "scripted"
@@ -120,3 +126,17 @@ def test_the_start_check_names_the_url_and_what_is_wrong(server_url: str) -> Non
     assert str(unreachable.value).startswith(f"cannot reach the upstream at {gone} (")
     for error in (missing, refused, unreachable):
         assert "\n" not in str(error.value)
+
+
+def test_a_request_without_generation_settings_carries_the_settings_defaults(
+        server_url: str) -> None:
+    from pathlib import Path
+
+    from meancache.client.config import Settings
+
+    RECEIVED.clear()
+    got, error = collect(f"{server_url}/ok")
+    assert error is None
+    defaults = Settings(Path("config"), Path("data"))
+    assert (RECEIVED[-1]["temperature"], RECEIVED[-1]["max_tokens"]) == (
+        defaults.temperature, defaults.answer_max_tokens) == (0.0, 512)

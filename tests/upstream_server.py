@@ -15,9 +15,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp
 
-__all__ = ["SCRIPTED_MODEL", "free_port", "running_upstream", "scripted_upstream", "serving"]
+__all__ = ["RECEIVED", "SCRIPTED_MODEL", "free_port", "running_upstream", "scripted_upstream",
+           "serving"]
 
 SCRIPTED_MODEL = "scripted"
+RECEIVED: list[dict[str, object]] = []  # every chat request body the stub was sent, in order
 
 
 @contextmanager
@@ -69,9 +71,14 @@ ANSWERS: dict[str, Callable[[], Response]] = {
 def scripted_app() -> Starlette:
     def mount(kind: str) -> Mount:
         models = refused_key if kind == "locked" else listed
+
+        async def chat(request: Request) -> Response:
+            RECEIVED.append(await request.json())
+            return ANSWERS[kind]()
+
         return Mount(f"/{kind}", routes=[
             Route("/v1/models", models),
-            Route("/v1/chat/completions", lambda request: ANSWERS[kind](), methods=["POST"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
         ])
 
     return Starlette(routes=[mount(kind) for kind in ANSWERS])

@@ -1,13 +1,14 @@
 """The persistent, context-aware semantic cache (public API).
 
-SemanticCache and CacheSettings are imported on first use (PEP 562): their module pulls in
-the encoder's torch layers, which commands that only read the store never need.
+SemanticCache is imported on first use (PEP 562): its module pulls in the encoder's torch
+layers, which commands that only read the store never need.
 """
 
 from typing import TYPE_CHECKING
 
 from meancache.client.cache.entry import Context, Entry
 from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
+from meancache.client.cache.settings import CacheSettings
 from meancache.client.cache.source import Source
 from meancache.client.cache.store import repair
 from meancache.client.errors import (
@@ -19,7 +20,7 @@ from meancache.client.errors import (
 )
 
 if TYPE_CHECKING:
-    from meancache.client.cache.semantic_cache import CacheSettings, SemanticCache
+    from meancache.client.cache.semantic_cache import SemanticCache
 
 __all__ = [
     "CacheAccessError", "CacheCorruptError", "CacheError", "CacheSettings", "CacheStats",
@@ -29,8 +30,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> object:
-    if name in ("CacheSettings", "SemanticCache"):
-        from meancache.client.cache import semantic_cache
+    if name == "SemanticCache":
+        from meancache.client.cache.semantic_cache import SemanticCache
 
-        return getattr(semantic_cache, name)
+        return SemanticCache
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

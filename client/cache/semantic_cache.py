@@ -8,7 +8,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
@@ -18,42 +18,22 @@ from meancache.client.cache.background import BackgroundWork
 from meancache.client.cache.context import context_agrees
 from meancache.client.cache.entry import STORED_DTYPE, Context, Entry
 from meancache.client.cache.index import VectorIndex
-from meancache.client.cache.policy import CLUSTERINGS, POLICIES, check_choice
 from meancache.client.cache.policy.cache_policy import CachePolicy, PolicySettings
 from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
+from meancache.client.cache.settings import CacheSettings
 from meancache.client.cache.source import Source
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.summary import cache_stats
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.cache.verification import Veto, verify
 from meancache.client.errors import EntryNotFoundError
-from meancache.shared.encoder import DEFAULT_PCA_DIMS, Encoder, PCAProjection
+from meancache.shared.encoder import Encoder, PCAProjection
 from meancache.shared.encoder.pca import neighbour_similarities
 from meancache.shared.progress import Progress
 from meancache.shared.query import clean_query
-from meancache.shared.threshold import DEFAULT_THRESHOLD, best_threshold, nearest_threshold
+from meancache.shared.threshold import best_threshold, nearest_threshold
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class CacheSettings:
-    global_threshold: float = DEFAULT_THRESHOLD
-    max_entries: int = 100_000
-    max_bytes: int = 512 * 1024 * 1024
-    context_aware: bool = True
-    pca_dims: int = DEFAULT_PCA_DIMS  # 0 keeps full embeddings
-    pca_min_entries: int = 1000
-    tune_min_per_class: int = 5
-    candidates: int = 8  # nearest entries checked for context agreement
-    eviction_policy: str = "lru"  # "lru", "lfu", "scalm-co", "scalm-se" (policy/)
-    pattern_clustering: str = "kmeans"  # SCALM's clustering: "kmeans" or "dbscan"
-    verify_hits: bool = True  # veto look-alike candidates that need another answer
-    entry_thresholds: bool = True  # each entry's own threshold, learned from its feedback
-
-    def __post_init__(self) -> None:
-        check_choice("eviction_policy", self.eviction_policy, POLICIES)
-        check_choice("pattern_clustering", self.pattern_clustering, CLUSTERINGS)
 
 
 class SemanticCache:

@@ -21,7 +21,13 @@ from meancache.client.chat.conversations import (
 )
 from meancache.client.chat.documents import chat_schema, document_prompt, read_document
 from meancache.client.pack import PackHit, PackStore
-from meancache.client.upstream_client import Completed, Delta, UpstreamClient
+from meancache.client.upstream_client import (
+    DEFAULT_MAX_TOKENS,
+    DEFAULT_TEMPERATURE,
+    Completed,
+    Delta,
+    UpstreamClient,
+)
 from meancache.shared.query import clean_query
 
 OnDelta = Callable[[str], Awaitable[None]]  # awaited per streamed piece of the answer
@@ -37,8 +43,9 @@ class Correction:
 
 class AnswerService:
     def __init__(self, cache: SemanticCache, upstream: UpstreamClient,
-                 conversations: ConversationStore, max_tokens: int = 512,
-                 temperature: float = 0.7, packs: PackStore | None = None) -> None:
+                 conversations: ConversationStore, max_tokens: int = DEFAULT_MAX_TOKENS,
+                 temperature: float = DEFAULT_TEMPERATURE, packs: PackStore | None = None
+                 ) -> None:
         self.cache = cache
         self.packs = packs  # the instruction pack, asked before the semantic cache
         if packs is not None:

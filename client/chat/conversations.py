@@ -3,7 +3,6 @@ leaves the previous version)."""
 
 import json
 import logging
-import os
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -12,6 +11,7 @@ from typing import Any
 
 from meancache.client.cache.source import Source
 from meancache.client.errors import ConversationNotFoundError
+from meancache.shared.files import write_json_atomic
 from meancache.shared.pack import normalise_instruction
 
 log = logging.getLogger(__name__)
@@ -136,10 +136,7 @@ class ConversationStore:
         return self.directory / f"{conversation_id}.json"
 
     def save(self, conversation: Conversation) -> None:
-        path = self._path(conversation.id)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(conversation.to_json(), ensure_ascii=False), encoding="utf-8")
-        tmp.replace(path)
+        write_json_atomic(self._path(conversation.id), conversation.to_json())
 
     def load(self, conversation_id: str) -> Conversation:
         path = self._path(conversation_id)

@@ -14,7 +14,7 @@ from meancache.client.config import Settings
 from meancache.client.encoder import load_device_encoder
 from meancache.client.errors import ConfigError, UpstreamUnavailableError
 from meancache.client.pack import PackStore
-from meancache.client.upstream_client import UpstreamClient, check_upstream
+from meancache.client.upstream_client import UpstreamClient
 from meancache.shared.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -60,28 +60,28 @@ class ChatSession:
         from a worker thread in the app. ``background``: the cache re-embeds and fits PCA
         on its own thread (the chat) instead of before returning (one-shot commands).
         """
-        url, model, problem = settings.upstream_url, None, None
+        url, problem, upstream = settings.upstream_url, None, None
         if url:  # checked first: a wrong key or model fails at once
+            upstream = UpstreamClient(url, settings.upstream_api_key, settings.upstream_model)
             try:
-                model = check_upstream(url, settings.upstream_api_key, settings.upstream_model)
+                upstream.check()
             except UpstreamUnavailableError as exc:  # the cache still answers what it holds
-                model, problem = settings.upstream_model, str(exc)
+                problem = str(exc)
         elif start_upstream is None:
             raise ConfigError("no upstream_url is configured: set it, or pass --upstream URL")
         encoder = load_device_encoder(settings)
         cache = SemanticCache(settings.cache_dir, encoder, settings.cache_settings(), progress,
                               background=background)
-        embedded, api_key = None, settings.upstream_api_key
-        if url:
-            label = (f"upstream {url}" + (f" · {model}" if model else "")
+        embedded = None
+        if upstream is not None:
+            label = (f"upstream {url}" + (f" · {upstream.model}" if upstream.model else "")
                      + (" (unreachable at start)" if problem else ""))
         else:
             assert start_upstream is not None
             embedded = start_upstream(settings.embedded_model, settings.data_dir,
                                       upstream_progress)
-            url, label = embedded.url, f"embedded upstream: {embedded.label}"
-            api_key = embedded.api_key
-        upstream = UpstreamClient(url, api_key, model)
+            label = f"embedded upstream: {embedded.label}"
+            upstream = UpstreamClient(embedded.url, embedded.api_key)
         conversations = ConversationStore(settings.conversations_dir)
         answers = AnswerService(cache, upstream, conversations, settings.answer_max_tokens,
                                 settings.temperature, PackStore(settings.packs_dir))

@@ -114,6 +114,9 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
 
 # talking to the server -------------------------------------------------------------------
 def _client(base: str, timeout: float, verify: ssl.SSLContext | bool) -> httpx.Client:
+    # Not client.upstream_client, which every request to the upstream goes through: this is
+    # another server (the FL server's global-model endpoint, fl_server_url), trusted through
+    # the FL CA, never followed through a redirect, and failing with SyncError.
     try:
         return httpx.Client(base_url=base, timeout=httpx.Timeout(timeout),
                             follow_redirects=False, verify=verify)

@@ -26,6 +26,7 @@ def run_update(args: argparse.Namespace, settings: Any) -> int:
     from meancache.client.errors import ConfigError
     from meancache.client.pack.download import download_pack
     from meancache.client.pack.store import PACK_FILE
+    from meancache.client.upstream_client import UpstreamClient
     from meancache.shared.progress_bar import ProgressBar
     from rich.console import Console
 
@@ -34,8 +35,8 @@ def run_update(args: argparse.Namespace, settings: Any) -> int:
         raise ConfigError("no upstream to fetch the pack from: pass --upstream URL or set "
                           "upstream_url in config.toml")
     with ProgressBar("downloading the instruction pack", Console(stderr=True)) as progress:
-        update = download_pack(url, settings.packs_dir / PACK_FILE,
-                               args.api_key or settings.upstream_api_key,
+        upstream = UpstreamClient(url, args.api_key or settings.upstream_api_key)
+        update = download_pack(upstream, settings.packs_dir / PACK_FILE,
                                int(args.max_mb * 2**20), progress)
     manifest = update.manifest
     if update.changed:

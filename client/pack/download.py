@@ -7,18 +7,27 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import httpx
-from meancache.client.errors import PackDownloadError
-from meancache.client.http_errors import describe, error_message
+from meancache.client.errors import (
+    PackDownloadError,
+    UpstreamRejectedError,
+    UpstreamRequestError,
+    UpstreamUnavailableError,
+)
+from meancache.client.upstream_client import UpstreamClient
 from meancache.shared.errors import PackError
 from meancache.shared.files import fsync_path
 from meancache.shared.pack import PackManifest, read_manifest, read_pack
 from meancache.shared.progress import Progress
 
+if TYPE_CHECKING:
+    import httpx
+
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_PACK_BYTES = 256 * 1024 * 1024
+LATEST = "/v1/packs/latest"
 
 
 @dataclass(frozen=True)
@@ -28,65 +37,60 @@ class PackUpdate:
     resumed_from: int = 0  # bytes kept from an earlier, cut download
 
 
-def download_pack(base_url: str, target: Path, api_key: str | None = None,
-                  max_bytes: int = DEFAULT_MAX_PACK_BYTES, progress: Progress | None = None,
-                  timeout: float = 30.0) -> PackUpdate:
-    """Make ``target`` the upstream's newest pack, answered by the model it serves."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+def download_pack(upstream: UpstreamClient, target: Path,
+                  max_bytes: int = DEFAULT_MAX_PACK_BYTES,
+                  progress: Progress | None = None) -> PackUpdate:
+    """Make ``target`` the upstream's newest pack, answered by the model it serves.
+
+    Blocking: run it in a worker thread from the app."""
     partial = target.with_name(target.name + ".download")
     etag_file = target.with_name(target.name + ".download.etag")
     target.parent.mkdir(parents=True, exist_ok=True)
-    with httpx.Client(base_url=base_url.rstrip("/"), headers=headers,
-                      timeout=httpx.Timeout(timeout)) as http:
-        model = _served_model(http)
-        request_headers = {}
-        if target.exists():
-            try:
-                request_headers["If-None-Match"] = f'"{read_manifest(target).body_sha256}"'
-            except PackError:
-                pass  # the pack in use is unreadable: fetch the whole new one
-        start = partial.stat().st_size if partial.exists() and etag_file.exists() else 0
-        if start:
-            request_headers |= {"Range": f"bytes={start}-", "If-Range": etag_file.read_text()}
+    try:
+        served = upstream.served_models()
+    except UpstreamRequestError as exc:
+        raise _failed(upstream, exc, "the request") from None
+    model = served[0] if served else None  # a pack of another model's answers is refused
+    headers: dict[str, str] = {}
+    if target.exists():
         try:
-            with http.stream("GET", "/v1/packs/latest", headers=request_headers) as response:
-                if response.status_code == 304:
-                    return PackUpdate(read_pack(target, model=model).manifest, changed=False)
-                if response.status_code >= 400:
-                    response.read()
-                    raise PackDownloadError(f"the upstream at {base_url} refused the pack "
-                                            f"({response.status_code}): "
-                                            f"{error_message(response)}")
-                start = start if response.status_code == 206 else 0
-                total = start + int(response.headers.get("content-length", 0))
-                if total > max_bytes:
-                    raise PackDownloadError(
-                        f"the upstream's pack is {total} bytes, over the {max_bytes}-byte "
-                        "limit; raise it with --max-mb if you want a pack this large")
-                etag_file.write_text(response.headers.get("etag", ""))
-                _stream_to(response, partial, start, max_bytes, progress)
-        except httpx.TransportError as exc:
-            raise PackDownloadError(f"the pack download from {base_url} was cut off "
-                                    f"({describe(exc)}); run the update again to resume "
-                                    "it") from None
+            headers["If-None-Match"] = f'"{read_manifest(target).body_sha256}"'
+        except PackError:
+            pass  # the pack in use is unreadable: fetch the whole new one
+    start = partial.stat().st_size if partial.exists() and etag_file.exists() else 0
+    if start:
+        headers |= {"Range": f"bytes={start}-", "If-Range": etag_file.read_text()}
+    try:
+        with upstream.stream(LATEST, headers) as response:
+            if response.status_code == 304:
+                return PackUpdate(read_pack(target, model=model).manifest, changed=False)
+            start = start if response.status_code == 206 else 0
+            total = start + int(response.headers.get("content-length", 0))
+            if total > max_bytes:
+                raise PackDownloadError(
+                    f"the upstream's pack is {total} bytes, over the {max_bytes}-byte "
+                    "limit; raise it with --max-mb if you want a pack this large")
+            etag_file.write_text(response.headers.get("etag", ""))
+            _stream_to(response, partial, start, max_bytes, progress)
+    except UpstreamUnavailableError as exc:
+        if exc.status is not None:  # a 429 or 5xx: nothing was sent
+            raise _failed(upstream, exc, "the pack") from None
+        raise PackDownloadError(f"the pack download was cut off: {exc}; run the update "
+                                "again to resume it") from None
+    except UpstreamRejectedError as exc:
+        raise _failed(upstream, exc, "the pack") from None
     return _swap_in(partial, etag_file, target, model, start)
 
 
-def _served_model(http: httpx.Client) -> str | None:
-    """The model the upstream answers with: a pack of another model's answers is refused."""
-    try:
-        response = http.get("/v1/models")
-    except httpx.TransportError as exc:
-        raise PackDownloadError(f"cannot reach the upstream at {http.base_url} "
-                                f"({describe(exc)})") from None
-    if response.status_code >= 400:
-        raise PackDownloadError(f"the upstream at {http.base_url} refused the request "
-                                f"({response.status_code}): {error_message(response)}")
-    models = response.json().get("data") or [{}]
-    return models[0].get("id")
+def _failed(upstream: UpstreamClient, exc: UpstreamRequestError, what: str
+            ) -> PackDownloadError:
+    if isinstance(exc, UpstreamRejectedError):
+        return PackDownloadError(f"the upstream at {upstream.base_url} refused {what} "
+                                 f"({exc.status}): {exc}")
+    return PackDownloadError(str(exc))  # it names the upstream
 
 
-def _stream_to(response: httpx.Response, partial: Path, start: int, max_bytes: int,
+def _stream_to(response: "httpx.Response", partial: Path, start: int, max_bytes: int,
                progress: Progress | None) -> None:
     total = start + int(response.headers.get("content-length", 0))
     done = start

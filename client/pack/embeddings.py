@@ -10,7 +10,6 @@ a PCA fit) finds no file of its name and is embedded again, and older files are 
 
 import hashlib
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from meancache.client.cache.background import BackgroundWork, JobStatus
 from meancache.shared.encoder import Encoder
-from meancache.shared.files import fsync_path
+from meancache.shared.files import atomic_write
 from meancache.shared.pack import Pack
 from meancache.shared.progress import Progress
 
@@ -94,7 +93,8 @@ class PackEmbeddings:
         vectors = self._load(path, (len(instructions), encoder.dim))
         if vectors is None:
             vectors = encoder.encode(instructions, progress=progress)
-            _save_atomically(path, vectors)
+            with atomic_write(path, durable=True) as fh:  # a crash leaves the old or none
+                np.save(fh, vectors, allow_pickle=False)
             log.info("embedded %d pack instructions into %s", len(instructions), path)
         for old in self.directory.glob(EMBEDDINGS_GLOB):
             if old != path:
@@ -118,14 +118,3 @@ class PackEmbeddings:
                         vectors.shape, vectors.dtype, shape)
             return None
         return vectors
-
-
-def _save_atomically(path: Path, vectors: np.ndarray) -> None:
-    """Written beside, fsynced, renamed in: a crash leaves the old file or none."""
-    partial = path.with_name(path.name + ".partial")
-    with partial.open("wb") as fh:
-        np.save(fh, vectors, allow_pickle=False)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(partial, path)
-    fsync_path(path.parent)

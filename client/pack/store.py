@@ -8,7 +8,6 @@ Lookups never touch the network: the pack is a local file, read whole into a dic
 
 import json
 import logging
-import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from meancache.client.cache.verification import verify
 from meancache.client.pack.embeddings import PackEmbeddings, stored
 from meancache.shared.encoder import Encoder
 from meancache.shared.errors import PackError
-from meancache.shared.files import fsync_path
+from meancache.shared.files import write_json_atomic
 from meancache.shared.pack import Pack, normalise_instruction, read_pack
 
 log = logging.getLogger(__name__)
@@ -206,11 +205,7 @@ class PackStore:
                  "semantic_hits": self._semantic_hits, "rejected": sorted(self._rejected),
                  "rejected_pairs": sorted(self._rejected_pairs)}
         path = self.directory / STATE_FILE
-        partial = path.with_name(STATE_FILE + ".partial")
         try:
-            partial.write_text(json.dumps(state), encoding="utf-8")
-            os.replace(partial, path)
-            if durable:
-                fsync_path(self.directory)
+            write_json_atomic(path, state, durable)
         except OSError as exc:  # the answer is still right; only the counter is lost
             log.warning("cannot save the pack's hit count in %s: %s", path, exc.strerror)

@@ -13,9 +13,10 @@ def update_pack(session: ChatSession, progress: Progress) -> PackUpdate:
     packs = session.answers.packs
     if packs is None:
         raise PackDownloadError("this chat has no instruction pack store")
-    update = download_pack(session.answers.upstream.base_url,
-                           session.settings.packs_dir / PACK_FILE,
-                           session.settings.upstream_api_key, progress=progress)
+    # The session's upstream client: its URL and key (the embedded upstream's is made at
+    # its start, not configured).
+    update = download_pack(session.answers.upstream, session.settings.packs_dir / PACK_FILE,
+                           progress=progress)
     if update.changed:
         packs.reload()
         packs.prepare(session.cache.encoder)  # the semantic match follows in the background

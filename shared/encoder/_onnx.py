@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from meancache.shared.encoder.pipeline import EmbeddingPipeline
+from meancache.shared.files import atomic_path
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +37,11 @@ def export_pipeline(pipeline: EmbeddingPipeline, tokenizer: object, path: Path) 
     batch = torch.export.Dim("batch")
     seq = torch.export.Dim("seq", max=4096)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     exporter_log = logging.getLogger("torch.onnx")
     level = exporter_log.level
     exporter_log.setLevel(logging.ERROR)  # it warns about torchvision ops we do not use
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    with atomic_path(path) as partial, warnings.catch_warnings(), \
+            contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             pipeline.eval(),
@@ -52,9 +53,8 @@ def export_pipeline(pipeline: EmbeddingPipeline, tokenizer: object, path: Path) 
             external_data=False,
             verbose=False,
         )
-        program.save(str(tmp))
+        program.save(str(partial))
     exporter_log.setLevel(level)
-    tmp.replace(path)
 
 
 def quantize_attention(source: Path, target: Path) -> None:
@@ -82,10 +82,9 @@ def quantize_attention(source: Path, target: Path) -> None:
         for name in node.input)]  # (d, d) weights: query, key, value and output projections
     if not square:
         raise ValueError(f"{source} has no attention projections to quantise")
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    quantize_dynamic(str(source), str(tmp), weight_type=QuantType.QInt8, per_channel=True,
-                     reduce_range=True, nodes_to_quantize=square)
-    tmp.replace(target)
+    with atomic_path(target) as partial:
+        quantize_dynamic(str(source), str(partial), weight_type=QuantType.QInt8,
+                         per_channel=True, reduce_range=True, nodes_to_quantize=square)
 
 
 class OnnxEmbedder:

@@ -3,8 +3,9 @@ of MPNet on every start would cost a second)."""
 
 import hashlib
 import json
-import os
 from pathlib import Path
+
+from meancache.shared.files import write_json_atomic
 
 _HASHED_SUFFIXES = {".safetensors", ".bin", ".json", ".txt", ".model", ".onnx"}
 
@@ -43,9 +44,7 @@ def model_fingerprint(model_dir: Path, memo_file: Path | None = None) -> str:
         memo[key] = fingerprint
         try:
             memo_file.parent.mkdir(parents=True, exist_ok=True)
-            tmp = memo_file.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(memo))
-            tmp.replace(memo_file)
+            write_json_atomic(memo_file, memo)
         except OSError:
             pass  # the memo only saves time
     return fingerprint

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from meancache.shared.encoder import DEFAULT_PCA_DIMS
+from meancache.shared.files import atomic_path
 from safetensors.numpy import load_file, save_file
 from torch import nn
 
@@ -65,9 +66,9 @@ class PCAProjection(nn.Module):
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        save_file({"components": self.components.numpy(), "mean": self.mean.numpy()}, str(tmp))
-        tmp.replace(path)
+        with atomic_path(path) as partial:
+            save_file({"components": self.components.numpy(), "mean": self.mean.numpy()},
+                      str(partial))
 
     @classmethod
     def load(cls, path: Path) -> "PCAProjection":

@@ -14,13 +14,12 @@ are sorted and unique by instruction, which is already normalised (``normalise_i
 import datetime as dt
 import hashlib
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from meancache.shared.errors import PackCorruptError, PackMismatchError, PackVersionError
-from meancache.shared.files import fsync_path
+from meancache.shared.files import write_atomic
 from meancache.shared.pack.normalise import normalise_instruction
 
 FORMAT_NAME = "meancache-pack"
@@ -78,14 +77,7 @@ def write_pack(path: Path, entries: Iterable[tuple[str, str]], model: str, sigma
         body_bytes=len(body), body_sha256=hashlib.sha256(body).hexdigest(), encoder=encoder)
     head = json.dumps(manifest.to_json(), ensure_ascii=False).encode() + b"\n"
     path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    with partial.open("wb") as fh:
-        fh.write(head)
-        fh.write(body)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(partial, path)
-    fsync_path(path.parent)
+    write_atomic(path, head + body, durable=True)
     return manifest
 
 
