@@ -6,6 +6,7 @@
 #   scripts/ci_matrix.sh                 every setting, the whole suite (about 5 x 8 min)
 #   scripts/ci_matrix.sh -m kernels      every setting, only the tests of numeric kernels
 #   MATRIX="avx2 random" scripts/ci_matrix.sh   chosen settings only
+#   MATRIX="plain plain plain" scripts/ci_matrix.sh   the plain suite three times
 #
 # Extra arguments go to pytest. Needs the README's test install (.venv with '.[dev]').
 set -uo pipefail
@@ -15,7 +16,7 @@ LOGS="${LOGS:-$(mktemp -d -t meancache-matrix.XXXX)}"
 SEED="${SEED:-$RANDOM}"  # the random order's seed, printed so a failing order can be replayed
 
 run() {  # run NAME VAR=VALUE... : the suite with those variables set
-    local name=$1; shift
+    local name=$((++runs))-$1; shift
     local start=$SECONDS
     echo "== $name: $*" >&2
     if env "$@" "$PYTHON" -m pytest -q -p no:cacheprovider "${PYTEST_ARGS[@]}" \
@@ -30,6 +31,7 @@ run() {  # run NAME VAR=VALUE... : the suite with those variables set
 
 PYTEST_ARGS=("$@")
 failed=()
+runs=0
 for setting in ${MATRIX:-default avx2 one-thread random}; do
     case "$setting" in
         plain) run plain ;;
