@@ -13,6 +13,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
 LOGS="${LOGS:-$(mktemp -d -t meancache-matrix.XXXX)}"
+mkdir -p "$LOGS"
 SEED="${SEED:-$RANDOM}"  # the random order's seed, printed so a failing order can be replayed
 
 run() {  # run NAME VAR=VALUE... : the suite with those variables set
