@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from meancache.upstream.precision import DEFAULT_PRECISION, PRECISIONS
+from meancache.upstream.sampling_params import SERVER_DEFAULTS, SamplingParams
 from meancache.upstream.server.limits import Limits
 
 
@@ -31,8 +32,18 @@ def add_commands(commands: Any) -> None:
                        help="memory for cached module states (default: %(default)s)")
     serve.add_argument("--max-body-kb", type=int, default=4096,
                        help="largest request body (default: %(default)s)")
-    serve.add_argument("--default-max-tokens", type=int, default=256,
+    defaults = SERVER_DEFAULTS
+    serve.add_argument("--default-max-tokens", type=int, default=defaults.max_tokens,
                        help="max_tokens of a request that sets none (default: %(default)s)")
+    serve.add_argument("--repetition-penalty", type=float, default=defaults.repetition_penalty,
+                       help="lowers tokens seen among the last --repetition-window tokens "
+                       "(1: off; a request's repetition_penalty wins; default: %(default)s)")
+    serve.add_argument("--repetition-window", type=int, default=defaults.repetition_window,
+                       help="tokens the repetition penalty looks back over (default: "
+                       "%(default)s)")
+    serve.add_argument("--no-loop-stop", dest="stop_on_loops", action="store_false",
+                       help="let answers run on when they repeat one phrase over and over "
+                       "(a request's stop_on_loops wins)")
     limits = Limits()
     for name, default, text in (
         ("max-queued", limits.max_queued, "requests waiting for the model (more get 429)"),
@@ -69,7 +80,10 @@ def run_serve(args: argparse.Namespace, settings: Any) -> int:
             api_key=keys[0] if keys else None,
             api_keys=tuple(keys[1:]),
             max_body_bytes=args.max_body_kb * 1024,
-            default_max_tokens=args.default_max_tokens,
+            defaults=SamplingParams(max_tokens=args.default_max_tokens,
+                                    repetition_penalty=args.repetition_penalty,
+                                    repetition_window=args.repetition_window,
+                                    stop_on_loops=args.stop_on_loops),
             limits=Limits(
                 max_queued=args.max_queued, max_prompt_tokens=args.max_prompt_tokens,
                 max_tokens=args.max_completion_tokens,

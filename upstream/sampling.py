@@ -1,29 +1,64 @@
-"""Choosing the next token (greedy, temperature, top-p) and turning tokens into text
-that stops at stop strings."""
+"""Choosing the next token (greedy, temperature, top-p, repetition penalties) and knowing
+when to stop: stop strings, and an answer caught in a loop.
 
-from dataclasses import dataclass
+Small models, Gemma 3 270M among them, fall into loops ("he is a very good actor. he is a
+very good actor. ..."), each costing a whole token budget. Two guards, as llama.cpp and
+Ollama ship them: a repetition penalty over the recent tokens (``repetition_penalty``,
+``repetition_window``, their ``repeat_penalty``/``repeat_last_n``), and a stop once the
+answer has repeated one n-gram ``LOOP_REPEATS`` times (``stop_on_loops``). OpenAI's
+``frequency_penalty`` and ``presence_penalty`` are honoured as its API defines them.
+"""
+
+from collections import Counter
 
 import torch
+from meancache.upstream.sampling_params import SamplingParams
 from transformers import PreTrainedTokenizerBase
 
+LOOP_NGRAM = 4  # tokens in the n-gram whose repeats mark a loop
+LOOP_REPEATS = 8  # its occurrences in one answer that stop it
 
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 256
-    temperature: float = 1.0  # 0 = greedy
-    top_p: float = 1.0
-    stop: tuple[str, ...] = ()
-    seed: int | None = None
 
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError("max_tokens must be at least 1")
-        if not 0.0 <= self.temperature <= 2.0:
-            raise ValueError("temperature must lie in [0, 2]")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError("top_p must lie in (0, 1]")
-        if any(not s for s in self.stop) or len(self.stop) > 4:
-            raise ValueError("stop takes up to 4 non-empty strings")
+class History:
+    """The tokens that the penalties and the loop stop look at: the prompt's tail and the
+    answer so far, with counts kept as tokens arrive (O(1) a token)."""
+
+    def __init__(self, prompt_ids: list[int] | tuple[int, ...], params: SamplingParams) -> None:
+        self._params = params
+        self._recent = list(prompt_ids[-params.repetition_window:]
+                            if params.repetition_window else [])
+        self._answer: list[int] = []
+        self._counts: Counter[int] = Counter()
+        self._ngrams: Counter[tuple[int, ...]] = Counter()
+        self.looping = False
+
+    def add(self, token: int) -> None:
+        self._answer.append(token)
+        self._counts[token] += 1
+        if self._params.repetition_window:
+            self._recent.append(token)
+            del self._recent[:-self._params.repetition_window]
+        if len(self._answer) >= LOOP_NGRAM:
+            ngram = tuple(self._answer[-LOOP_NGRAM:])
+            self._ngrams[ngram] += 1
+            self.looping = self._params.stop_on_loops and self._ngrams[ngram] >= LOOP_REPEATS
+
+    def penalise(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` (vocab,) with the penalties applied, as a new tensor."""
+        params = self._params
+        if not params.penalised:
+            return logits
+        logits = logits.float().clone()
+        if params.repetition_penalty != 1.0 and self._recent:
+            seen = torch.tensor(sorted(set(self._recent)), dtype=torch.long)
+            values = logits[seen]
+            logits[seen] = torch.where(values > 0, values / params.repetition_penalty,
+                                       values * params.repetition_penalty)
+        if self._counts and (params.frequency_penalty or params.presence_penalty):
+            ids = torch.tensor(list(self._counts), dtype=torch.long)
+            counts = torch.tensor(list(self._counts.values()), dtype=logits.dtype)
+            logits[ids] -= counts * params.frequency_penalty + params.presence_penalty
+        return logits
 
 
 def next_token(logits: torch.Tensor, params: SamplingParams,

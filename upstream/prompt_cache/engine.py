@@ -30,7 +30,7 @@ from meancache.upstream.prompt_cache.states import (
     encode_segment,
     sliding_window,
 )
-from meancache.upstream.sampling import SamplingParams, TextStream, next_token
+from meancache.upstream.sampling import History, SamplingParams, TextStream, next_token
 
 Message = dict[str, str]
 
@@ -80,7 +80,7 @@ class Delta:
 
 @dataclass(frozen=True)
 class Finish:
-    reason: str  # "stop", "length" or "cancelled"
+    reason: str  # "stop", "length", "loop" (the loop stop ended it) or "cancelled"
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -302,7 +302,8 @@ class PromptCacheEngine:
             generator = torch.Generator(device=self.loaded.device).manual_seed(params.seed)
         logits, seen, cache = self.prefill(prepared)
         stream = TextStream(self.tokenizer, params.stop + self.loaded.stop)
-        token = next_token(logits, params, generator)
+        history = History(prepared.new_ids, params)
+        token = next_token(history.penalise(logits), params, generator)
         ttft = time.perf_counter() - start
         produced, reason = 0, "length"
         while True:
@@ -319,11 +320,15 @@ class PromptCacheEngine:
             if stream.stopped:
                 reason = "stop"
                 break
+            history.add(token)
+            if history.looping:
+                reason = "loop"
+                break
             if produced >= params.max_tokens:
                 break
             last += 1
             logits, seen = self.decode_step(token, last, seen, cache)
-            token = next_token(logits, params, generator)
+            token = next_token(history.penalise(logits), params, generator)
         tail = stream.flush()
         if tail:
             yield Delta(tail)

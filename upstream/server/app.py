@@ -16,6 +16,7 @@ from meancache.upstream.errors import (
     UpstreamError,
 )
 from meancache.upstream.prompt_cache.engine import Delta, Finish, PromptCacheEngine
+from meancache.upstream.sampling_params import SERVER_DEFAULTS, SamplingParams
 from meancache.upstream.server.error_handlers import exception_handlers
 from meancache.upstream.server.limits import (
     Limits,
@@ -48,7 +49,9 @@ log = logging.getLogger(__name__)
 class ServerSettings:
     api_key: str | None = None
     max_body_bytes: int = 4 * 1024 * 1024
-    default_max_tokens: int = 256
+    # What a request that sets none of these gets: its max_tokens, and the repetition
+    # guard (upstream.sampling) that keeps small models out of loops.
+    defaults: SamplingParams = SERVER_DEFAULTS
     api_keys: tuple[str, ...] = ()  # more keys; each key is a tenant with its own schemas
     allowed_hosts: frozenset[str] | None = None  # Host header names answered; None: any
     limits: Limits = field(default_factory=Limits)
@@ -83,7 +86,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         return parse_json(await read_body(request), limits)
 
     async def chat(request: Request) -> Response:
-        chat_request = parse_chat_request(await read_json(request), settings.default_max_tokens,
+        chat_request = parse_chat_request(await read_json(request), settings.defaults,
                                           model_name)
         check_chat(chat_request, limits)
         tenant = tenant_of(request)

@@ -9,20 +9,25 @@ asks for is ignored in silence.
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from meancache.upstream.errors import BadRequest, UnknownModelError
 from meancache.upstream.prompt_cache.engine import Finish
-from meancache.upstream.sampling import SamplingParams
+from meancache.upstream.sampling_params import SamplingParams
 
 ROLES = ("system", "user", "assistant")
+
+# Beyond OpenAI's API (send them with the SDK's extra_body): the repetition guard, named as
+# vLLM names its penalty; a request that leaves them out gets the server's defaults.
+EXTENSIONS = {"repetition_penalty": float, "repetition_window": int, "stop_on_loops": bool}
 
 # Fields that shape the answer and are honoured as the API defines them; ``model`` may be
 # left out (the served model answers).
 HONOURED = frozenset({
     "messages", "model", "stream", "stream_options", "max_tokens", "max_completion_tokens",
-    "temperature", "top_p", "stop", "seed",
+    "temperature", "top_p", "stop", "seed", "frequency_penalty", "presence_penalty",
+    *EXTENSIONS,
 })
 # Fields that only label a request for the caller's own bookkeeping and change nothing in
 # the answer: accepted.
@@ -32,8 +37,6 @@ LABELS = frozenset({"user", "safety_identifier", "metadata", "prompt_cache_key"}
 UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n": (1,),  # one choice per request: send the request again for another sample
     "audio": (),
-    "frequency_penalty": (0,),
-    "presence_penalty": (0,),
     "function_call": ("none",),
     "functions": ([],),
     "logit_bias": ({},),
@@ -65,7 +68,8 @@ class ChatRequest:
     include_usage: bool
 
 
-def parse_chat_request(body: Any, default_max_tokens: int, served_model: str) -> ChatRequest:
+def parse_chat_request(body: Any, defaults: SamplingParams, served_model: str) -> ChatRequest:
+    """The request in ``body``; what it leaves out comes from ``defaults``."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     _refuse_unsupported(body)
@@ -97,17 +101,23 @@ def parse_chat_request(body: Any, default_max_tokens: int, served_model: str) ->
         stop = (stop,)
     if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
         raise BadRequest("'stop' must be a string or a list of strings")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", default_max_tokens))
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", defaults.max_tokens))
     options = body.get("stream_options") or {}
     if not isinstance(options, dict):
         raise BadRequest("'stream_options' must be an object", "stream_options")
     try:
-        params = SamplingParams(
+        params = replace(
+            defaults,
             max_tokens=_number(max_tokens, "max_tokens", int),
             temperature=_number(body.get("temperature", 1.0), "temperature", float),
             top_p=_number(body.get("top_p", 1.0), "top_p", float),
             stop=tuple(stop),
             seed=None if body.get("seed") is None else _number(body["seed"], "seed", int),
+            frequency_penalty=_number(body.get("frequency_penalty", 0.0), "frequency_penalty",
+                                      float),
+            presence_penalty=_number(body.get("presence_penalty", 0.0), "presence_penalty",
+                                     float),
+            **{name: _extension(body, name, getattr(defaults, name)) for name in EXTENSIONS},
         )
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
@@ -143,6 +153,18 @@ def _number(value: Any, name: str, kind: type) -> Any:
     return kind(value)
 
 
+def _extension(body: dict[str, Any], name: str, default: Any) -> Any:
+    """An extension field's value, or the server's default when it is left out."""
+    if name not in body:
+        return default
+    kind = EXTENSIONS[name]
+    if kind is bool:
+        if not isinstance(body[name], bool):
+            raise BadRequest(f"'{name}' must be true or false", name)
+        return body[name]
+    return _number(body[name], name, kind)
+
+
 def usage(finish: Finish) -> dict[str, Any]:
     return {
         "prompt_tokens": finish.prompt_tokens,
@@ -153,7 +175,8 @@ def usage(finish: Finish) -> dict[str, Any]:
 
 
 def finish_reason(finish: Finish) -> str:
-    return "stop" if finish.reason in ("stop", "cancelled") else "length"
+    """OpenAI's reason: an answer ended by the loop stop ended on the server's terms."""
+    return "stop" if finish.reason in ("stop", "loop", "cancelled") else "length"
 
 
 class Completion:
