@@ -11,6 +11,8 @@
     ├── SyncError
     ├── DocumentError
     ├── ConversationNotFoundError (KeyError)
+    ├── HistoryError
+    ├── RejectionError
     ├── UpstreamRequestError
     │   ├── UpstreamUnavailableError
     │   └── UpstreamRejectedError
@@ -66,6 +68,15 @@ class ConversationNotFoundError(MeanCacheError, KeyError):
     """No conversation with that id."""
 
     __str__ = Exception.__str__  # KeyError's own would quote the message
+
+
+class HistoryError(MeanCacheError):
+    """A chat cannot be saved, exported or deleted (the disk refused)."""
+
+
+class RejectionError(MeanCacheError):
+    """A "wrong answer" that could not be recorded (the turn cannot be rejected, or the
+    chat cannot be saved)."""
 
 
 class UpstreamRequestError(MeanCacheError):

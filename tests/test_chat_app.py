@@ -2,13 +2,16 @@
 
 import asyncio
 import dataclasses
+import threading
 import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from meancache.client.cache import SemanticCache
+from meancache.client.chat.conversations import Conversation
 from meancache.client.config import Settings, load_settings
+from meancache.client.errors import CacheAccessError
 from meancache.client.tui.app import MeanCacheApp
 from meancache.client.tui.widgets import AnswerView
 from meancache.shared.encoder import Encoder
@@ -352,7 +355,6 @@ def test_fl_actions_are_off_until_configured(settings: Settings) -> None:
 def test_sync_downloads_the_global_model_and_re_embeds(
     settings: Settings, torch_encoder: Encoder, tmp_path: Path
 ) -> None:
-    import threading
 
     import uvicorn
     from meancache.fl_server.model_endpoint import create_model_app
@@ -399,7 +401,8 @@ def rounds_timer_running() -> bool:
                for task in asyncio.all_tasks())
 
 
-def test_join_and_leave_leave_no_process_and_no_timer(settings: Settings) -> None:
+def test_join_and_leave_leave_no_process_and_no_timer(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     # Nothing listens on the SuperLink port: the SuperNode starts and keeps retrying.
     configured = dataclasses.replace(settings, fl_superlink=f"127.0.0.1:{free_port()}")
 
@@ -407,6 +410,7 @@ def test_join_and_leave_leave_no_process_and_no_timer(settings: Settings) -> Non
         app = MeanCacheApp(configured)
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)
+            stops = record_threads(monkeypatch, app.chat.federation, "stop")
             status = app.chat.query_one("#status")
             await pilot.press("f8")
             await wait_for(pilot, lambda: "federated learning: joined" in str(status.render()))
@@ -430,6 +434,8 @@ def test_join_and_leave_leave_no_process_and_no_timer(settings: Settings) -> Non
             node = app.chat.federation.process
         assert node is not None and node.poll() is not None
         assert not rounds_timer_running()
+        # stopping a node waits up to 10 s: never on the UI thread, leaving or quitting
+        assert stops and threading.main_thread() not in stops
 
     asyncio.run(run())
 
@@ -464,3 +470,118 @@ def test_server_text_is_shown_as_plain_text(settings: Settings) -> None:
 
     with serving(server) as url:
         asyncio.run(run(url))
+
+
+def test_wrong_answer_while_the_upstream_is_down_keeps_the_app_up(
+        settings: Settings, encoder: Encoder) -> None:
+    with SemanticCache(settings.cache_dir, encoder, settings.cache_settings()) as cache:
+        cache.insert("How do I boil an egg?", "Simmer it for nine minutes.")
+    down = dataclasses.replace(settings, upstream_url=f"http://127.0.0.1:{free_port()}")
+
+    async def run() -> None:
+        app = MeanCacheApp(down)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await ask(pilot, "How do I boil an egg?")
+            assert app.chat.conversation.turns[-1].source == "cache"
+            notices: list[str] = []
+            app.notify = lambda message, **kw: notices.append(str(message))  # type: ignore
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: "the upstream could not answer" in badge(app))
+            await wait_for(pilot, lambda: not app.chat.busy)
+            assert any("cannot reach the upstream" in n for n in notices), notices
+            assert app.is_running and app.screen is app.chat
+
+    asyncio.run(run())
+
+
+def fail_with(error: Exception) -> Callable[..., object]:
+    def fail(*args: object, **kwargs: object) -> object:
+        raise error
+    return fail
+
+
+@pytest.mark.parametrize("part, error", [
+    ("cache", CacheAccessError("cannot write the cache in /nowhere: read-only file system")),
+    ("answers", ValueError("only answers served from a cache, or empty ones, can be "
+                           "rejected")),
+])
+def test_a_failing_wrong_answer_shows_a_notice_and_keeps_the_app_up(
+        settings: Settings, part: str, error: Exception) -> None:
+    """Faults a real cache cannot raise on demand are injected in the reject path."""
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(120, 40)) as pilot:
+            session = (await started(pilot)).session
+            assert session is not None
+            await ask(pilot, "What is the capital of France?")
+            await ask(pilot, "What is the capital of France?")
+            assert app.chat.conversation.turns[-1].source == "cache"
+            target = session.cache if part == "cache" else session.answers
+            target.reject = fail_with(error)  # type: ignore[method-assign]
+            notices: list[str] = []
+            app.notify = lambda message, **kw: notices.append(str(message))  # type: ignore
+            await pilot.press("ctrl+r")
+            await wait_for(pilot, lambda: bool(notices))
+            await wait_for(pilot, lambda: not app.chat.busy)
+            assert notices == [str(error)]  # one line, the error's own words
+            assert app.is_running and app.screen is app.chat
+            await ask(pilot, "Why is the sky blue?")  # the chat goes on
+            assert app.chat.conversation.turns[-1].question == "Why is the sky blue?"
+
+    asyncio.run(run())
+
+
+def record_threads(monkeypatch: pytest.MonkeyPatch, owner: object, name: str
+                   ) -> list[threading.Thread]:
+    """Spy on a real method: the threads it ran on (the real method still runs)."""
+    threads: list[threading.Thread] = []
+    original = getattr(owner, name)
+
+    def spy(*args: object, **kwargs: object) -> object:
+        threads.append(threading.current_thread())
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, spy)
+    return threads
+
+
+def test_stats_export_listing_and_deletion_run_off_the_ui_thread(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(120, 40)) as pilot:
+            session = (await started(pilot)).session
+            assert session is not None
+            ui = threading.current_thread()
+            stats = record_threads(monkeypatch, session.cache, "stats")
+            export = record_threads(monkeypatch, Conversation, "to_markdown")
+            listing = record_threads(monkeypatch, session.conversations, "list")
+            deletion = record_threads(monkeypatch, session.conversations, "delete")
+            await ask(pilot, "How far is the moon?")
+            await pilot.press("ctrl+t")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "StatsScreen")
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: app.screen is app.chat)
+            await pilot.press("ctrl+s")
+            exported = settings.data_dir / "exports" / f"chat-{app.chat.conversation.id}.md"
+            await wait_for(pilot, exported.exists)
+            exported.unlink()
+            await pilot.press("ctrl+o")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
+                           "ConversationsScreen")
+            await pilot.press("e")  # the same export, from the list of chats
+            await wait_for(pilot, exported.exists)
+            assert len(export) == 2
+            await pilot.press("d")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
+                           "ConfirmDeleteScreen")
+            await pilot.press("k")
+            await wait_for(pilot, lambda: bool(deletion))
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ ==
+                           "ConversationsScreen")
+            for name, threads in [("stats", stats), ("export", export),
+                                  ("listing", listing), ("deletion", deletion)]:
+                assert threads and ui not in threads, name
+
+    asyncio.run(run())

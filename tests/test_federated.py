@@ -8,7 +8,7 @@ import pytest
 import torch
 from meancache.client.config import load_settings
 from meancache.client.errors import ConfigError
-from meancache.client.tui.federated import FederatedParticipation
+from meancache.client.fl.participation import FederatedParticipation
 from meancache.shared.fl.checkpoint import save_checkpoint
 
 from tests.upstream_server import free_port
@@ -44,7 +44,7 @@ def test_a_node_that_exits_on_its_own_stops_running(
     process.kill()
     process.wait(timeout=30)
     assert participation.poll() is None
-    assert not participation.running
+    assert not participation.running and participation.exit_code is not None
 
 
 def test_stop_waits_for_the_node(participation: FederatedParticipation) -> None:
@@ -53,6 +53,7 @@ def test_stop_waits_for_the_node(participation: FederatedParticipation) -> None:
     assert process is not None
     participation.stop()
     assert process.returncode is not None and not participation.running
+    assert participation.exit_code is None  # left, not exited on its own
     participation.stop()  # leaving twice is harmless
     with pytest.raises(ConfigError, match="fl_superlink is not configured: set it"):
         FederatedParticipation(dataclasses.replace(participation.settings,

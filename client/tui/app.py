@@ -6,7 +6,8 @@ from collections.abc import Iterable
 
 from meancache.client.chat.session import ChatSession, UpstreamStarter
 from meancache.client.config import Settings
-from meancache.client.tui.screens.chat import CHAT_BINDINGS, ChatScreen
+from meancache.client.tui.bindings import CHAT_BINDINGS
+from meancache.client.tui.screens.chat import ChatScreen
 from meancache.shared.errors import MeanCacheError
 from textual import work
 from textual.app import App, SystemCommand

@@ -1,10 +1,27 @@
-"""The chat's message widgets: a question, and an answer with its source badge."""
+"""The chat's widgets: the question box, a question, an answer with its source badge,
+the list of them, and the status line with its progress bar."""
 
-from meancache.client.chat.conversations import Turn
+from collections.abc import Awaitable, Callable
+
+from meancache.client.chat.answering import OnDelta
+from meancache.client.chat.conversations import Conversation, Turn
+from meancache.client.chat.session import ChatSession
 from meancache.client.tui.text import printable
 from textual.app import ComposeResult
-from textual.containers import Vertical
-from textual.widgets import Markdown, Static
+from textual.containers import Vertical, VerticalScroll
+from textual.events import Paste
+from textual.widgets import Input, Markdown, ProgressBar, Static
+from textual.widgets.markdown import MarkdownStream
+
+
+class QuestionInput(Input):
+    """An input that keeps every line of a multi-line paste (joined by spaces)."""
+
+    def _on_paste(self, event: Paste) -> None:
+        if event.text:
+            self.insert_text_at_cursor(" ".join(event.text.split()))
+        event.prevent_default()  # Input's own handler would paste the first line again
+        event.stop()
 
 
 class QuestionView(Static):
@@ -50,3 +67,117 @@ class AnswerView(Vertical):
 
     def fail(self, message: str) -> None:
         self.badge.update(printable(message))
+
+
+class MessageList(VerticalScroll):
+    """The chat's questions, answers and notices, kept scrolled to the newest."""
+
+    DEFAULT_CSS = """
+    MessageList { height: 1fr; padding: 0 1; }
+    MessageList .notice { color: $text-muted; margin: 1 0 0 0; }
+    """
+
+    def show(self, conversation: Conversation) -> None:
+        self.remove_children()
+        for doc in conversation.documents:
+            self.mount(self._notice(f"attached {doc.path}"))
+        for turn in conversation.turns:
+            self.mount_all([QuestionView(turn.question), AnswerView(turn)])
+        self.scroll_end(animate=False)
+
+    def _notice(self, text: str) -> Static:
+        return Static(printable(text), classes="notice", markup=False)
+
+    def add_notice(self, text: str) -> None:
+        self.mount(self._notice(text))
+
+    async def add_question(self, question: str) -> AnswerView:
+        """The question, and the view its answer will stream into."""
+        view = AnswerView()
+        await self.mount_all([QuestionView(question), view])
+        self.scroll_end(animate=False)
+        return view
+
+    def last_answer(self) -> AnswerView | None:
+        views = list(self.query(AnswerView))
+        return views[-1] if views else None
+
+    async def stream(self, view: AnswerView,
+                     answer: Callable[[OnDelta], Awaitable[Turn]]) -> Turn:
+        """Run ``answer``, showing its text in ``view`` as it comes. The stream starts with
+        the first text: one stopped before its task ran raises CancelledError (Textual 8),
+        which would read as the user's "stop" when an answer fails at once."""
+        stream: MarkdownStream | None = None
+
+        async def show(text: str) -> None:
+            nonlocal stream
+            if not text:
+                return
+            if stream is None:
+                stream = Markdown.get_stream(view.markdown)
+            await stream.write(printable(text))  # yields: the stream's task runs
+            self.scroll_end(animate=False)
+
+        try:
+            return await answer(show)
+        finally:
+            if stream is not None:
+                await stream.stop()
+
+
+class StatusLine(Vertical):
+    """Where answers come from (and whether the device is in FL rounds), or what long work
+    is under way, with its progress; the cache's own background work shows here too."""
+
+    DEFAULT_CSS = """
+    StatusLine { height: auto; }
+    StatusLine #status { height: 1; color: $text-muted; padding: 0 1; }
+    StatusLine #progress { display: none; height: 1; padding: 0 1; }
+    StatusLine #progress.active { display: block; }
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.session: ChatSession | None = None
+        self.extra: Callable[[], str] = lambda: ""  # said after the upstream's label
+        self._showing_background = False
+
+    def compose(self) -> ComposeResult:
+        yield Static("loading the cache and the upstream…", id="status", markup=False)
+        yield ProgressBar(id="progress", show_eta=False)
+
+    def follow(self, session: ChatSession, extra: Callable[[], str]) -> None:
+        """The session is open: say where answers come from, and watch its caches' work."""
+        self.session, self.extra = session, extra
+        self.idle()
+        self.set_interval(0.5, self._show_background, name="cache-work")
+
+    def show(self, text: str) -> None:
+        self.query_one("#status", Static).update(printable(text))
+
+    def work(self, label: str, done: int, total: int) -> None:
+        bar = self.query_one("#progress", ProgressBar)
+        bar.add_class("active")
+        bar.update(total=total or None, progress=done)
+        self.show(label)
+
+    def idle(self, text: str | None = None) -> None:
+        """No work under way: ``text``, or the session's state."""
+        self.query_one("#progress", ProgressBar).remove_class("active")
+        if text is None and self.session is not None:
+            text = self.session.upstream_label + self.extra()
+        self.show(text or "")
+
+    def _show_background(self) -> None:
+        """The cache re-embeds and fits PCA, and the pack embeds its instructions, on their
+        own threads while answers go on."""
+        assert self.session is not None
+        status = self.session.cache.background.status()
+        if status is None and self.session.answers.packs is not None:
+            status = self.session.answers.packs.embeddings.status()
+        if status is not None:
+            self._showing_background = True
+            self.work(f"{status.label} (answers go on meanwhile)…", status.done, status.total)
+        elif self._showing_background:
+            self._showing_background = False
+            self.idle()

@@ -5,6 +5,7 @@ any later chat)."""
 from typing import Literal
 
 from meancache.client.chat.conversations import Conversation
+from meancache.client.chat.history import created_entries
 from meancache.client.tui.text import printable
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -13,13 +14,6 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Label
 
 Deletion = Literal["chat-and-cache", "chat-only"]
-
-
-def created_entries(conversation: Conversation) -> list[str]:
-    """The cache entries this chat's own questions created (answers it was served from the
-    cache belong to the chats that asked first)."""
-    return [t.entry_id for t in conversation.turns
-            if t.entry_id and not t.source.from_cache]
 
 
 class ConfirmDeleteScreen(ModalScreen[Deletion | None]):

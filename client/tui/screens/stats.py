@@ -1,6 +1,8 @@
 """What the caches have done: hit rate, false hits, tokens saved, thresholds, sizes."""
 
 from meancache.client.cache import CacheStats
+from meancache.client.chat.session import ChatSession
+from meancache.client.tui.packs import describe_pack
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -27,6 +29,14 @@ def stats_rows(stats: CacheStats, pack_version: str | None) -> list[tuple[str, s
                             f"{stats.embedding_dim} dims)"),
         ("pack version", pack_version or "no instruction pack"),
     ]
+
+
+def session_rows(session: ChatSession) -> list[tuple[str, str]]:
+    """The rows for the open session. Blocking (the cache's stats take its lock): call it
+    from a worker thread."""
+    packs = session.answers.packs
+    return stats_rows(session.cache.stats(),
+                      None if packs is None else describe_pack(packs.stats()))
 
 
 class StatsScreen(ModalScreen[None]):
