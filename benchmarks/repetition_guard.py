@@ -1,0 +1,129 @@
+"""Degenerate loops of the embedded model with and without the repetition guard.
+
+Answers held-out Arena first turns (the test part of a seeded 80/10/10 split of
+instructions/arena_first_turns.jsonl; the guard's settings were looked at only on the
+validation part) greedily through the Prompt Cache engine, as the server answers them, once
+with the guard off (no penalty, no loop stop) and once with the server's defaults
+(upstream.sampling_params.SERVER_DEFAULTS).
+
+A loop is counted by a rule that is not the guard's own: some run of 6 words (lower-cased,
+punctuation dropped) occurs 3 or more times in the answer. The table also counts answers
+cut at the token cap, answers the loop stop ended, the median answer length and decode
+tokens per second (all tokens over all time).
+
+    python benchmarks/repetition_guard.py            # Gemma 3 270M, 100 questions, 512 tokens
+    python benchmarks/repetition_guard.py --quick    # builtin:tiny-gemma3, 5 questions
+"""
+
+import re
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+
+import torch
+from _common import (
+    apply_defaults,
+    base_parser,
+    heading,
+    machine_load,
+    make_table,
+    note,
+    print_command,
+    print_table,
+)
+from meancache.upstream.model_loading import load_model
+from meancache.upstream.pack.data import read_instructions, split_instructions
+from meancache.upstream.prompt_cache.engine import Delta, Finish, PromptCacheEngine
+from meancache.upstream.sampling_params import SERVER_DEFAULTS, SamplingParams
+
+PHRASE_WORDS = 6
+PHRASE_REPEATS = 3
+
+
+def loops(text: str) -> bool:
+    """Whether some PHRASE_WORDS-word run occurs PHRASE_REPEATS times or more."""
+    words = re.findall(r"[a-z0-9']+", text.lower())
+    runs = Counter(tuple(words[i:i + PHRASE_WORDS]) for i in range(len(words) - 5))
+    return max(runs.values(), default=0) >= PHRASE_REPEATS
+
+
+@dataclass
+class Outcome:
+    loops: int = 0
+    at_cap: int = 0
+    loop_stops: int = 0
+    tokens: list[int] | None = None
+    seconds: float = 0.0
+
+
+def run(engine: PromptCacheEngine, questions: list[str], params: SamplingParams,
+        label: str) -> tuple[Outcome, list[str]]:
+    outcome, answers = Outcome(tokens=[]), []
+    for i, question in enumerate(questions):
+        start = time.perf_counter()
+        prepared = engine.prepare_messages([{"role": "user", "content": question}])
+        events = list(engine.generate(prepared, params))
+        outcome.seconds += time.perf_counter() - start
+        finish = events[-1]
+        assert isinstance(finish, Finish)
+        text = "".join(e.text for e in events if isinstance(e, Delta))
+        answers.append(text)
+        outcome.loops += loops(text)
+        outcome.at_cap += finish.reason == "length"
+        outcome.loop_stops += finish.reason == "loop"
+        assert outcome.tokens is not None
+        outcome.tokens.append(finish.completion_tokens)
+        note(f"{label} {i + 1}/{len(questions)}: {finish.reason}, "
+             f"{finish.completion_tokens} tokens, loops so far {outcome.loops}")
+    return outcome, answers
+
+
+def main() -> None:
+    parser = base_parser(__doc__)
+    parser.add_argument("--model", help="default builtin:gemma-3-270m (--quick: tiny-gemma3)")
+    parser.add_argument("--questions", type=int, help="held-out questions")
+    parser.add_argument("--max-tokens", type=int, default=512,
+                        help="the chat's default answer length")
+    parser.add_argument("--precision", default="fp16-int8",
+                        help="fp16-int8 picks float32's next token (generation_speed.py) "
+                        "at 1.6x its speed")
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--show", type=int, default=0, help="print this many answer pairs")
+    args = apply_defaults(parser.parse_args(),
+                          {"model": "builtin:gemma-3-270m", "questions": 100},
+                          {"model": "builtin:tiny-gemma3", "questions": 5})
+    torch.set_num_threads(args.threads)
+    load_before = machine_load()
+    texts = read_instructions(args.data_dir / "instructions" / "arena_first_turns.jsonl")
+    questions = split_instructions(texts, seed=args.seed).test[:args.questions]
+    engine = PromptCacheEngine(load_model(args.model, device="cpu", data_dir=args.cache_dir,
+                                          precision=args.precision))
+    greedy = replace(SERVER_DEFAULTS, max_tokens=args.max_tokens, temperature=0.0)
+    settings = {
+        "off": replace(greedy, repetition_penalty=1.0, stop_on_loops=False),
+        f"on (penalty {greedy.repetition_penalty} over {greedy.repetition_window} tokens, "
+        "loop stop)": greedy,
+    }
+    results = {label: run(engine, questions, params, label)
+               for label, params in settings.items()}
+
+    heading(f"Repetition guard, {args.model} ({args.precision}), {len(questions)} held-out "
+            f"Arena first turns, greedy, up to {args.max_tokens} tokens, {args.threads} threads")
+    table = make_table(["guard", "answers that loop", "cut at the cap", "ended by the loop stop",
+                        "tokens per answer (median)", "decode tokens/s", "total s"])
+    for label, (outcome, _) in results.items():
+        assert outcome.tokens is not None
+        table.add_row(label, f"{outcome.loops}", f"{outcome.at_cap}", f"{outcome.loop_stops}",
+                      f"{statistics.median(outcome.tokens):.0f}",
+                      f"{sum(outcome.tokens) / outcome.seconds:.1f}", f"{outcome.seconds:.0f}")
+    print_table(table)
+    (_, before), (_, after) = results.values()
+    for question, old, new in list(zip(questions, before, after, strict=True))[:args.show]:
+        print(f"\nQ: {question[:200]}\n  off: {old[:300]!r}\n  on:  {new[:300]!r}")
+    note(f"machine: {load_before} at the start; {machine_load()} at the end")
+    print_command()
+
+
+if __name__ == "__main__":
+    main()
