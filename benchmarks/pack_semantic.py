@@ -50,7 +50,8 @@ from _common import (
 from meancache.client.pack import PackStore
 from meancache.client.pack.store import PACK_FILE
 from meancache.shared.encoder import Encoder
-from meancache.shared.pack import normalise_instruction, write_pack
+from meancache.shared.pack import write_pack
+from meancache.shared.query import normalise_query
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 from meancache.upstream.pack.data import read_instructions, split_instructions
 from meancache.upstream.pack.lm import load_lm
@@ -134,8 +135,8 @@ def main() -> None:
 
 def labelled_pairs_section(args: argparse.Namespace, encoder: Encoder) -> None:
     pairs = [p for p in sample(load_qqp(args.data_dir, "dev"), args.pairs, args.seed)
-             if normalise_instruction(p.q1) != normalise_instruction(p.q2)]
-    labels = {(normalise_instruction(p.q2), normalise_instruction(p.q1)): p.label
+             if normalise_query(p.q1) != normalise_query(p.q2)]
+    labels = {(normalise_query(p.q2), normalise_query(p.q1)): p.label
               for p in pairs}
     with tempfile.TemporaryDirectory() as tmp:
         packs, _ = ready_store(Path(tmp), [p.q1 for p in pairs], encoder)
@@ -150,11 +151,11 @@ def labelled_pairs_section(args: argparse.Namespace, encoder: Encoder) -> None:
                 found = packs.lookup_similar(pair.q2, encoder, tau)
                 if found is None:
                     continue
-                label = labels.get((normalise_instruction(pair.q2), found.instruction))
+                label = labels.get((normalise_query(pair.q2), found.instruction))
                 right += label == 1
                 wrong += label == 0
                 unjudged += label is None
-                own = found.instruction == normalise_instruction(pair.q1)
+                own = found.instruction == normalise_query(pair.q1)
                 served_dup += own and pair.label == 1
                 served_non += own and pair.label == 0
             duplicates = sum(p.label for p in pairs)

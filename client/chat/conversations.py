@@ -12,7 +12,7 @@ from typing import Any
 
 from meancache.client.cache.source import Source
 from meancache.client.errors import ConversationNotFoundError
-from meancache.shared.pack import normalise_instruction
+from meancache.shared.query import normalise_query
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Turn:
     def pack_exact(self) -> bool:
         """A pack answer to the very question (normalised), not to a similar instruction."""
         return self.source is Source.PACK and \
-            self.matched_query == normalise_instruction(self.question)
+            self.matched_query == normalise_query(self.question)
 
     @property
     def badge(self) -> str:

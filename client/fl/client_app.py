@@ -22,7 +22,7 @@ from meancache.client.fl.data import partition, split
 from meancache.client.fl.device import DeviceState
 from meancache.client.fl.run_config import ClientConfig
 from meancache.client.fl.train import pair_similarities, train_locally
-from meancache.shared.encoder import locate_model
+from meancache.shared.encoder import load_sentence_transformer, locate_model
 from meancache.shared.fl.evidence import KEYS as EVIDENCE_KEYS
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.weights import (
@@ -46,8 +46,7 @@ ALLOWED_METRICS = frozenset({"num-examples", "train-loss", "skipped",
 def _base_model(model: str | None, models_dir: Path) -> SentenceTransformer:
     """One base model per process (simulation reuses processes across clients); every
     message overwrites its federated weights before use."""
-    return SentenceTransformer(str(locate_model(model, models_dir)), device="cpu",
-                               local_files_only=True)
+    return load_sentence_transformer(locate_model(model, models_dir))
 
 
 def _models_dir(node: dict[str, Any]) -> Path:

@@ -21,7 +21,8 @@ from meancache.client.pack.embeddings import PackEmbeddings, stored
 from meancache.shared.encoder import Encoder
 from meancache.shared.errors import PackError
 from meancache.shared.files import fsync_path
-from meancache.shared.pack import Pack, normalise_instruction, read_pack
+from meancache.shared.pack import Pack, read_pack
+from meancache.shared.query import normalise_query
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class PackStore:
         ready = self.embeddings.vectors(pack, encoder)
         if ready is None or not ready.instructions:
             return None
-        key = normalise_instruction(query)
+        key = normalise_query(query)
         vector = embed(query) if embed is not None else encoder.encode([query])[0]
         similarities = ready.vectors @ vector
         count = min(SIMILAR_CANDIDATES, len(similarities))
@@ -154,15 +155,15 @@ class PackStore:
     def reject(self, instruction: str) -> None:
         """Never serve this instruction's answer from the current pack again."""
         with self._lock:
-            self._rejected.add(normalise_instruction(instruction))
+            self._rejected.add(normalise_query(instruction))
             self._write_state(durable=True)
 
     def reject_similar(self, query: str, instruction: str) -> None:
         """Never serve ``instruction``'s answer for ``query`` again (a semantic match was
         wrong for this question; the instruction may still answer itself)."""
         with self._lock:
-            self._rejected_pairs.add((normalise_instruction(query),
-                                      normalise_instruction(instruction)))
+            self._rejected_pairs.add((normalise_query(query),
+                                      normalise_query(instruction)))
             self._write_state(durable=True)
 
     def stats(self) -> PackStats:
