@@ -41,6 +41,7 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.cache.verification import Veto, verify
 from meancache.shared.encoder import Encoder
+from meancache.shared.progress import Progress
 from meancache.shared.query import normalise_query
 from meancache.shared.threshold import best_threshold, nearest_threshold
 
@@ -103,9 +104,10 @@ def key_of(text: str) -> str:
     return normalise_query(text) or text
 
 
-def embed_texts(encoder: Encoder, texts: Sequence[str]) -> np.ndarray:
+def embed_texts(encoder: Encoder, texts: Sequence[str], progress: Progress | None = None
+                ) -> np.ndarray:
     """Questions embedded as every match embeds them (see ``key_of``)."""
-    return encoder.encode([key_of(t) for t in texts])
+    return encoder.encode([key_of(t) for t in texts], progress=progress)
 
 
 class Matcher:

@@ -65,14 +65,11 @@ class PackOrigin:
 @dataclass(frozen=True)
 class UpstreamOrigin:
     """Asked the upstream; ``entry_id`` is the cache entry that stored the answer (None
-    when nothing was stored), ``corrected`` when it replaced a rejected cached answer."""
+    when nothing was stored: an empty answer, one about attached documents)."""
 
     entry_id: str | None = None
-    corrected: bool = False
 
-    @property
-    def source(self) -> Source:
-        return Source.USER_CORRECTED if self.corrected else Source.UPSTREAM
+    source = Source.UPSTREAM
 
 
 Matched = CacheOrigin | PackOrigin  # an answer found by a match: the user may reject it
