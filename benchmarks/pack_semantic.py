@@ -47,6 +47,9 @@ from _common import (
     sample,
     time_each,
 )
+from meancache.client.cache.matcher import Matcher
+from meancache.client.cache.store import EntryStore
+from meancache.client.cache.threshold import ThresholdState
 from meancache.client.pack import PackStore
 from meancache.client.pack.store import PACK_FILE
 from meancache.shared.encoder import Encoder
@@ -87,6 +90,12 @@ def read_labels(path: Path) -> dict[tuple[str, str], bool]:
             row = json.loads(line)
             labels[(row["query"], row["matched"])] = bool(row["same"])
     return labels
+
+
+def matcher_at(directory: Path, encoder: Encoder, tau: float) -> Matcher:
+    """The device's decision at a fixed tau (its feedback store a scratch one)."""
+    store = EntryStore(directory / f"matcher-{tau}")
+    return Matcher(encoder, ThresholdState(store, tau), store)
 
 
 def ready_store(directory: Path, instructions: list[str], encoder: Encoder) -> tuple[
@@ -147,8 +156,9 @@ def labelled_pairs_section(args: argparse.Namespace, encoder: Encoder) -> None:
                             "duplicates served", "non-duplicates served"])
         for tau in args.taus:
             right = wrong = unjudged = served_dup = served_non = 0
+            matcher = matcher_at(Path(tmp), encoder, tau)
             for pair in pairs:
-                found = packs.lookup_similar(pair.q2, encoder, tau)
+                found = packs.lookup_similar(pair.q2, matcher)
                 if found is None:
                     continue
                 label = labels.get((normalise_query(pair.q2), found.instruction))
@@ -180,11 +190,11 @@ def held_out_section(args: argparse.Namespace, train: list[str], test: list[str]
         for tau in args.taus:
             exact = sum(packs.lookup(t) is not None for t in test)
             misses = [t for t in test if packs.lookup(t) is None]
-            found = {t: packs.lookup_similar(t, encoder, tau) for t in misses}
+            matcher = matcher_at(Path(tmp), encoder, tau)
+            found = {t: packs.lookup_similar(t, matcher) for t in misses}
             semantic = [(t, f.instruction, f.similarity) for t, f in found.items()
                         if f is not None]
-            latency = time_each(lambda t, tau=tau: packs.lookup_similar(t, encoder, tau),
-                                misses[:200])
+            latency = time_each(lambda t, m=matcher: packs.lookup_similar(t, m), misses[:200])
             table.add_row(fmt(tau), pct(exact / len(test)),
                           pct(len(semantic) / len(test)), fmt(latency.p50, 2),
                           fmt(latency.p99, 2))
@@ -216,8 +226,9 @@ def predicted_section(args: argparse.Namespace, test: list[str], encoder: Encode
         matches: dict[tuple[str, str], float] = {}
         for tau in args.taus:
             misses = [t for t in test if packs.lookup(t) is None]
+            matcher = matcher_at(Path(tmp), encoder, tau)
             found = [(t, f.instruction, f.similarity) for t in misses
-                     if (f := packs.lookup_similar(t, encoder, tau)) is not None]
+                     if (f := packs.lookup_similar(t, matcher)) is not None]
             judged = [labels.get((t, m)) for t, m, _ in found]
             same, different = judged.count(True), judged.count(False)
             table.add_row(fmt(tau), pct((len(test) - len(misses)) / len(test)),
