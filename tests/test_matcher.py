@@ -193,3 +193,27 @@ def test_ask_alone_gets_a_similar_pack_answer_on_every_run(
                      upstream_url, "--json"]) == 0
         reply = json.loads(capsys.readouterr().out)
         assert (reply["source"], reply["answer"]) == ("pack", "Paris (from the pack).")
+
+
+def test_a_cached_answer_in_an_old_conversation_file_is_rejected_through_the_same_path(
+        make_cache: CacheFactory, tmp_path: Path, upstream_url: str) -> None:
+    """A file saved before turns recorded their origin still loads, and its cached answer
+    is rejected like a fresh one: the entry learns, a negative pair, once."""
+    cache = make_cache(settings=CacheSettings(global_threshold=0.3, verify_hits=False))
+    wrong = cache.insert("What is the capital of Germany?", "Berlin.")
+    served = cache.lookup(FRANCE)
+    assert isinstance(served, Hit)
+    store = ConversationStore(tmp_path / "conversations")
+    (store.directory / "old123.json").write_text(json.dumps({
+        "id": "old123", "title": "Old", "created": 1.0, "turns": [
+            {"question": FRANCE, "answer": "Berlin.", "source": "cache",
+             "similarity": served.similarity, "matched_query": served.matched_query,
+             "entry_id": wrong.id, "hit_id": served.hit_id, "created": 2.0}]}))
+    conversation = store.load("old123")
+    assert conversation.turns[0].origin == served.origin
+    answers = AnswerService(cache, UpstreamClient(upstream_url, connect_retries=0), store,
+                            max_tokens=8)
+    asyncio.run(answers.reject(conversation, 0))
+    assert cache.stats().rejections == 1 and cache.store.get(wrong.id).rejections == 1
+    assert labelled_pairs(cache.store) == [Pair(FRANCE, "What is the capital of Germany?", 0)]
+    assert store.load("old123").turns[0].replaced == "Berlin."

@@ -118,7 +118,8 @@ class Matcher:
         self.settings = settings or MatchSettings()
         self.verifier = verifier
         self._store = store  # where the labelled pairs live
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the memo
+        self._feedback = threading.Lock()  # a rejection is checked and recorded at once
         self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
 
     # the question -------------------------------------------------------------------
@@ -196,12 +197,13 @@ class Matcher:
     def rejected(self, question: str, origin: Matched) -> ThresholdChange:
         """The user says the match was wrong: a negative pair, then tau re-tuned. Once per
         hit: rejecting it again (say after the fresh answer failed) records nothing."""
-        if self.already_rejected(origin):
-            tau = self.tau
-            return ThresholdChange(tau, tau, *self._counts(),
-                                   "this answer's rejection was recorded before")
-        self._store.put_pair(origin.hit_id, self.pair(question, origin, 0))
-        self._store.add_to_counter("rejections")
+        with self._feedback:
+            if self.already_rejected(origin):
+                tau = self.tau
+                return ThresholdChange(tau, tau, *self._counts(),
+                                       "this answer's rejection was recorded before")
+            self._store.put_pair(origin.hit_id, self.pair(question, origin, 0))
+            self._store.add_to_counter("rejections")
         return self.retune()
 
     def _counts(self) -> tuple[int, int]:
