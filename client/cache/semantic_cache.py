@@ -1,5 +1,7 @@
-"""The semantic cache: embed the query, find the most similar cached query, serve its
-answer when the cosine similarity reaches tau and the conversational context agrees."""
+"""The semantic cache: embed the query, find the most similar cached queries, serve an
+answer when the conversational context agrees and the ``Matcher`` accepts it (tau or the
+entry's own threshold, then verification: client/cache/matcher.py). The cache owns its
+vector space (the encoder pipeline: base model, global weights, PCA) and its matcher."""
 
 import contextlib
 import logging
@@ -226,22 +228,25 @@ class SemanticCache:
             context_vector = None
             if self.settings.context_aware and context is not None and context.is_follow_up:
                 context_vector = self.matcher.embed(clean_query(context.prev_query or ""))
-            decision = self.matcher.decide(question, self._candidates(found, context_vector))
+            tau = self.threshold
+            decision = self.matcher.decide(question,
+                                           self._candidates(found, context_vector, tau))
             if isinstance(decision, Match):
-                return self._serve(query, decision.candidate, question.truncated)
+                with contextlib.suppress(EntryNotFoundError):  # deleted by another process
+                    return self._serve(query, decision.candidate, question.truncated)
             self.store.add_to_counter("misses")
             reason = decision.reason
-            if reason == NOTHING_CLOSE and best is not None and best >= self.threshold:
+            if reason == NOTHING_CLOSE and best is not None and best >= tau:
                 reason = "similar queries were asked in another context"
             return Miss(query, reason, best, question.truncated)
 
-    def _candidates(self, found: list[tuple[str, float]], context_vector: np.ndarray | None
-                    ) -> Iterator[Candidate]:
+    def _candidates(self, found: list[tuple[str, float]], context_vector: np.ndarray | None,
+                    tau: float) -> Iterator[Candidate]:
         """The entries found, best first, less those asked in another context; each read
         only when the matcher gets to it."""
         for entry_id, similarity in found:
             if self.settings.context_aware and not context_agrees(
-                    self._context_vectors.get(entry_id), context_vector, self.threshold):
+                    self._context_vectors.get(entry_id), context_vector, tau):
                 continue
             try:
                 entry = self.store.get(entry_id)
