@@ -18,7 +18,7 @@ from meancache.client.cache.verification import verify
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import Conversation, ConversationStore
 from meancache.client.pack import PackStore
-from meancache.client.pack.embeddings import EMBEDDINGS_GLOB, JOB_LABEL
+from meancache.client.pack.embeddings import EMBEDDINGS_GLOB, JOB_LABEL, embeddings_path
 from meancache.client.pack.store import PACK_FILE
 from meancache.client.tui.packs import describe_pack
 from meancache.client.upstream_client import UpstreamClient
@@ -262,3 +262,15 @@ def test_the_answer_path_embeds_a_question_once(make_cache: CacheFactory, encode
     turn = asyncio.run(answers.answer(Conversation(), "Why is the sky blue during daytime?"))
     assert (turn.source, turn.answer) == (Source.CACHE, "Rayleigh scattering.")
     assert asked == ["why is the sky blue during daytime"]  # normalised, embedded once
+
+
+def test_vectors_that_cannot_be_kept_still_serve_this_run(matcher: Matcher, encoder: Encoder,
+                                                          tmp_path: Path) -> None:
+    write(tmp_path)
+    packs = PackStore(tmp_path)
+    assert packs.pack is not None
+    blocked = embeddings_path(tmp_path, packs.pack, encoder.version)
+    (blocked / "in-the-way").mkdir(parents=True)  # a directory where the file belongs
+    packs.prepare(encoder, wait=True)
+    assert packs.lookup_similar(PARAPHRASE, matcher) is not None
+    assert blocked.is_dir()

@@ -117,8 +117,13 @@ class PackEmbeddings:
         vectors = self._load(path, (len(instructions), encoder.dim))
         if vectors is None:
             vectors = embed_texts(encoder, instructions, progress)
-            _save_atomically(path, vectors)
-            log.info("embedded %d pack instructions into %s", len(instructions), path)
+            try:
+                _save_atomically(path, vectors)
+            except OSError as exc:  # the vectors still serve this run
+                log.warning("cannot keep the pack's vectors in %s (%s); they are made again "
+                            "on the next start", path, exc.strerror or exc)
+            else:
+                log.info("embedded %d pack instructions into %s", len(instructions), path)
         self._keep(pack, encoder, path, vectors)
 
     def _keep(self, pack: Pack, encoder: Encoder, path: Path, vectors: np.ndarray
