@@ -19,6 +19,7 @@ from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
 from meancache.shared.fl.weights import federated_names, federated_state
 from meancache.shared.pairs import read_pairs
+from meancache.shared.query import embedding_text
 from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,8 @@ def _held_out(model: SentenceTransformer, path: Path, limit: int, seed: int) -> 
     pairs = read_pairs(path, split="dev")
     random.Random(seed).shuffle(pairs)
     pairs = pairs[:limit]
-    return HeldOut(model, [p.q1 for p in pairs], [p.q2 for p in pairs],
+    return HeldOut(model, [embedding_text(p.q1) for p in pairs],  # as devices embed them
+                   [embedding_text(p.q2) for p in pairs],
                    np.array([p.label for p in pairs]))
 
 

@@ -57,3 +57,9 @@ def normalise_query(text: str) -> str:
     text = unicodedata.normalize("NFKC", text).casefold()
     text = _SPACE.sub(" ", text).strip()
     return _TRAILING.sub("", text)
+
+
+def embedding_text(text: str) -> str:
+    """The text a question is embedded as, on every side: normalised, or as given when
+    nothing but punctuation would be left."""
+    return normalise_query(text) or text

@@ -8,8 +8,8 @@ the verifier, the candidate count, and a memo of the last questions' vectors (th
 and then the cache embed the current question once). The rule, the same for every
 source:
 
-- every question is embedded as ``normalise_query`` makes it ("Summarise." and
-  "summarise" are one question, and one vector);
+- every question is embedded as ``shared.query.embedding_text`` makes it (normalised:
+  "Summarise." and "summarise" are one question, and one vector);
 - a source offers its best candidates (at most ``candidates``, similarity >= ``floor``,
   best first), having dropped those it may not serve (another context, rejected before);
 - a candidate counts when its similarity reaches its threshold: tau, or the entry's own
@@ -42,7 +42,7 @@ from meancache.client.cache.threshold import ThresholdState
 from meancache.client.cache.verification import Veto, verify
 from meancache.shared.encoder import Encoder
 from meancache.shared.progress import Progress
-from meancache.shared.query import normalise_query
+from meancache.shared.query import embedding_text
 from meancache.shared.threshold import best_threshold, nearest_threshold
 
 log = logging.getLogger(__name__)
@@ -98,16 +98,10 @@ class NoMatch:
     vetoed: bool = False
 
 
-def key_of(text: str) -> str:
-    """The text a question is embedded as (the cleaned text when nothing but punctuation
-    would be left)."""
-    return normalise_query(text) or text
-
-
 def embed_texts(encoder: Encoder, texts: Sequence[str], progress: Progress | None = None
                 ) -> np.ndarray:
-    """Questions embedded as every match embeds them (see ``key_of``)."""
-    return encoder.encode([key_of(t) for t in texts], progress=progress)
+    """Questions embedded as every match embeds them (``embedding_text``)."""
+    return encoder.encode([embedding_text(t) for t in texts], progress=progress)
 
 
 class Matcher:
@@ -136,7 +130,7 @@ class Matcher:
 
     def embed(self, text: str) -> np.ndarray:
         """``text`` in the current space, remembered for the lookups that follow."""
-        encoder, key = self.encoder, key_of(text)
+        encoder, key = self.encoder, embedding_text(text)
         with self._lock:
             vector = self._memo.get((encoder.version, key))
             if vector is not None:
@@ -151,7 +145,8 @@ class Matcher:
 
     def question(self, text: str) -> Question:
         """``text`` (already cleaned) as sources compare it."""
-        return Question(text, key_of(text), self.embed(text), self.encoder.is_truncated(text))
+        return Question(text, embedding_text(text), self.embed(text),
+                        self.encoder.is_truncated(text))
 
     # the decision -------------------------------------------------------------------
     def decide(self, question: Question, candidates: Iterable[Candidate]) -> Match | NoMatch:
@@ -160,7 +155,7 @@ class Matcher:
         tau, best, rejected_before = self.tau, None, False
         for candidate in islice(candidates, self.settings.candidates):
             best = candidate.similarity if best is None else best
-            if question.truncated and key_of(candidate.text) != question.key:
+            if question.truncated and embedding_text(candidate.text) != question.key:
                 continue
             own = tau if candidate.evidence is None or not self.settings.entry_thresholds \
                 else entry_threshold.threshold(candidate.evidence, tau)

@@ -32,6 +32,7 @@ from meancache.shared.fl.weights import (
     load_federated_state,
 )
 from meancache.shared.pairs import Pair, read_pairs
+from meancache.shared.query import embedding_text
 from meancache.shared.threshold import check_threshold, score_thresholds
 from sentence_transformers import SentenceTransformer
 
@@ -62,11 +63,15 @@ def _qqp(path: Path) -> list[Pair]:
 
 
 def local_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
+    """This node's labelled pairs, normalised as the device's matcher embeds questions:
+    the weights train, and the threshold evidence is measured, in the space tau acts in."""
     if config.qqp_path is not None and config.data_source == "qqp":
-        return partition(_qqp(config.qqp_path), int(node["partition-id"]),
-                         int(node["num-partitions"]), config.pairs_per_client,
-                         config.partitioning, config.train.seed, config.cache_dir)
-    return device_pairs(load_settings(data_dir=Path(str(node["data-dir"]))).cache_dir)
+        pairs = partition(_qqp(config.qqp_path), int(node["partition-id"]),
+                          int(node["num-partitions"]), config.pairs_per_client,
+                          config.partitioning, config.train.seed, config.cache_dir)
+    else:
+        pairs = device_pairs(load_settings(data_dir=Path(str(node["data-dir"]))).cache_dir)
+    return [Pair(embedding_text(p.q1), embedding_text(p.q2), p.label) for p in pairs]
 
 
 def _reply(msg: Message, arrays: ArrayRecord, metrics: dict[str, float | list[int]]
