@@ -47,10 +47,14 @@ from _common import (
     sample,
     time_each,
 )
+from meancache.client.cache.matcher import Matcher
+from meancache.client.cache.store import EntryStore
+from meancache.client.cache.threshold import ThresholdState
 from meancache.client.pack import PackStore
 from meancache.client.pack.store import PACK_FILE
 from meancache.shared.encoder import Encoder
-from meancache.shared.pack import normalise_instruction, write_pack
+from meancache.shared.pack import write_pack
+from meancache.shared.query import normalise_query
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 from meancache.upstream.pack.data import read_instructions, split_instructions
 from meancache.upstream.pack.lm import load_lm
@@ -86,6 +90,12 @@ def read_labels(path: Path) -> dict[tuple[str, str], bool]:
             row = json.loads(line)
             labels[(row["query"], row["matched"])] = bool(row["same"])
     return labels
+
+
+def matcher_at(directory: Path, encoder: Encoder, tau: float) -> Matcher:
+    """The device's decision at a fixed tau (its feedback store a scratch one)."""
+    store = EntryStore(directory / f"matcher-{tau}")
+    return Matcher(encoder, ThresholdState(store, tau), store)
 
 
 def ready_store(directory: Path, instructions: list[str], encoder: Encoder) -> tuple[
@@ -134,8 +144,8 @@ def main() -> None:
 
 def labelled_pairs_section(args: argparse.Namespace, encoder: Encoder) -> None:
     pairs = [p for p in sample(load_qqp(args.data_dir, "dev"), args.pairs, args.seed)
-             if normalise_instruction(p.q1) != normalise_instruction(p.q2)]
-    labels = {(normalise_instruction(p.q2), normalise_instruction(p.q1)): p.label
+             if normalise_query(p.q1) != normalise_query(p.q2)]
+    labels = {(normalise_query(p.q2), normalise_query(p.q1)): p.label
               for p in pairs}
     with tempfile.TemporaryDirectory() as tmp:
         packs, _ = ready_store(Path(tmp), [p.q1 for p in pairs], encoder)
@@ -146,15 +156,16 @@ def labelled_pairs_section(args: argparse.Namespace, encoder: Encoder) -> None:
                             "duplicates served", "non-duplicates served"])
         for tau in args.taus:
             right = wrong = unjudged = served_dup = served_non = 0
+            matcher = matcher_at(Path(tmp), encoder, tau)
             for pair in pairs:
-                found = packs.lookup_similar(pair.q2, encoder, tau)
+                found = packs.lookup_similar(pair.q2, matcher)
                 if found is None:
                     continue
-                label = labels.get((normalise_instruction(pair.q2), found.instruction))
+                label = labels.get((normalise_query(pair.q2), found.instruction))
                 right += label == 1
                 wrong += label == 0
                 unjudged += label is None
-                own = found.instruction == normalise_instruction(pair.q1)
+                own = found.instruction == normalise_query(pair.q1)
                 served_dup += own and pair.label == 1
                 served_non += own and pair.label == 0
             duplicates = sum(p.label for p in pairs)
@@ -179,11 +190,11 @@ def held_out_section(args: argparse.Namespace, train: list[str], test: list[str]
         for tau in args.taus:
             exact = sum(packs.lookup(t) is not None for t in test)
             misses = [t for t in test if packs.lookup(t) is None]
-            found = {t: packs.lookup_similar(t, encoder, tau) for t in misses}
+            matcher = matcher_at(Path(tmp), encoder, tau)
+            found = {t: packs.lookup_similar(t, matcher) for t in misses}
             semantic = [(t, f.instruction, f.similarity) for t, f in found.items()
                         if f is not None]
-            latency = time_each(lambda t, tau=tau: packs.lookup_similar(t, encoder, tau),
-                                misses[:200])
+            latency = time_each(lambda t, m=matcher: packs.lookup_similar(t, m), misses[:200])
             table.add_row(fmt(tau), pct(exact / len(test)),
                           pct(len(semantic) / len(test)), fmt(latency.p50, 2),
                           fmt(latency.p99, 2))
@@ -215,8 +226,9 @@ def predicted_section(args: argparse.Namespace, test: list[str], encoder: Encode
         matches: dict[tuple[str, str], float] = {}
         for tau in args.taus:
             misses = [t for t in test if packs.lookup(t) is None]
+            matcher = matcher_at(Path(tmp), encoder, tau)
             found = [(t, f.instruction, f.similarity) for t in misses
-                     if (f := packs.lookup_similar(t, encoder, tau)) is not None]
+                     if (f := packs.lookup_similar(t, matcher)) is not None]
             judged = [labels.get((t, m)) for t, m, _ in found]
             same, different = judged.count(True), judged.count(False)
             table.add_row(fmt(tau), pct((len(test) - len(misses)) / len(test)),

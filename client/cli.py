@@ -162,8 +162,10 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     settings = _chat_settings(args, settings)
     assemble_encoder(settings)
     with err.status("loading the cache and the upstream"):
-        with ProgressBar("re-embedding cached queries", err) as progress:
-            session = ChatSession.open(settings, progress, args.start_upstream)
+        with ProgressBar("re-embedding cached queries", err) as progress, \
+                ProgressBar("embedding the instruction pack", err) as pack_progress:
+            session = ChatSession.open(settings, progress, args.start_upstream,
+                                       pack_progress=pack_progress)
     if session.upstream_problem is not None:
         err.print(f"[yellow]warning:[/] {escape(session.upstream_problem)}; answering from "
                   "the cache only", highlight=False, soft_wrap=True)

@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 
 import numpy as np
+from meancache.client.cache.matcher import embed_texts
 from meancache.shared.encoder import Encoder
 from meancache.shared.pairs import Pair
 from meancache.shared.progress import Progress
@@ -23,7 +24,7 @@ def evaluate_pairs(
     progress: Progress | None = None,
 ) -> PairsReport:
     texts = [p.q1 for p in pairs] + [p.q2 for p in pairs]
-    vectors = encoder.encode(texts, progress=progress)
+    vectors = embed_texts(encoder, texts, progress)  # as the matcher embeds questions
     n = len(pairs)
     similarities = (vectors[:n] * vectors[n:]).sum(1)
     labels = np.array([p.label for p in pairs])

@@ -14,11 +14,12 @@ from meancache.fl_server.privacy import SampledClientsDP
 from meancache.fl_server.rounds import HeldOut, RoundRecorder
 from meancache.fl_server.run_config import ServerConfig
 from meancache.fl_server.strategy import ThresholdFedAvg
-from meancache.shared.encoder import locate_model, profile_threshold
+from meancache.shared.encoder import load_sentence_transformer, locate_model, profile_threshold
 from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
 from meancache.shared.fl.weights import federated_names, federated_state
 from meancache.shared.pairs import read_pairs
+from meancache.shared.query import embedding_text
 from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,8 @@ def _held_out(model: SentenceTransformer, path: Path, limit: int, seed: int) -> 
     pairs = read_pairs(path, split="dev")
     random.Random(seed).shuffle(pairs)
     pairs = pairs[:limit]
-    return HeldOut(model, [p.q1 for p in pairs], [p.q2 for p in pairs],
+    return HeldOut(model, [embedding_text(p.q1) for p in pairs],  # as devices embed them
+                   [embedding_text(p.q2) for p in pairs],
                    np.array([p.label for p in pairs]))
 
 
@@ -41,7 +43,7 @@ def main(grid: Grid, context: Context) -> None:
 
 def run_rounds(grid: Grid, config: ServerConfig) -> None:
     model_dir = locate_model(config.model.encoder_model, config.models_dir)
-    model = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+    model = load_sentence_transformer(model_dir)
     base = model_fingerprint(model_dir)
     names = federated_names(model, config.model.top_layers)
     initial = federated_state(model, names)

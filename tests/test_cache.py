@@ -18,6 +18,7 @@ from meancache.client.cache import (
     SemanticCache,
     Source,
 )
+from meancache.client.cache.matcher import embed_texts
 from meancache.shared.encoder import Encoder, PCAProjection
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 
@@ -167,7 +168,7 @@ def test_entries_store_every_field(make_cache: CacheFactory, encoder: Encoder) -
     a, b = stored[first.id], stored[follow.id]
     assert (a.query, a.answer) == (FRANCE, "Paris.")
     assert a.embedding.dtype == np.float16 and a.embedding.shape == (384,)
-    expected = encoder.encode([FRANCE])[0]
+    expected = embed_texts(encoder, [FRANCE])[0]  # the question as every match embeds it
     assert float(a.embedding.astype(np.float32) @ expected) == pytest.approx(1.0, abs=2e-3)
     assert a.encoder_version == encoder.version
     assert before <= a.created <= b.created <= after

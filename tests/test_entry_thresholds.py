@@ -7,6 +7,7 @@ from collections.abc import Callable
 import numpy as np
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
 from meancache.client.cache.entry_threshold import MARGIN, RELAX, Evidence
+from meancache.client.cache.matcher import embed_texts
 from meancache.client.config import load_settings
 
 CacheFactory = Callable[..., SemanticCache]
@@ -27,7 +28,7 @@ def hit(result: Hit | Miss) -> Hit:
 
 
 def similarity(cache: SemanticCache, a: str, b: str) -> float:
-    first, second = cache.encoder.encode([a, b])
+    first, second = embed_texts(cache.encoder, [a, b])  # as the matcher embeds questions
     return float(np.dot(first, second))
 
 
@@ -37,7 +38,7 @@ def test_one_rejection_raises_only_that_entrys_threshold(make_cache: CacheFactor
     cache.insert(EGGS, "About seven minutes.")
     wrong = hit(cache.lookup(LOOK_ALIKE))
     assert wrong.entry_id == france.id
-    cache.reject(wrong)
+    cache.reject(wrong.query, wrong.origin)
 
     again = cache.lookup(LOOK_ALIKE)
     assert isinstance(again, Miss) and "rejected before" in again.reason
@@ -79,7 +80,8 @@ def test_the_raised_threshold_survives_a_reopen_and_the_setting_turns_it_off(
 ) -> None:
     cache = make_cache(settings=SETTINGS)
     cache.insert(FRANCE, "Paris.")
-    cache.reject(hit(cache.lookup(LOOK_ALIKE)))
+    wrong = hit(cache.lookup(LOOK_ALIKE))
+    cache.reject(wrong.query, wrong.origin)
     cache.close()
     assert isinstance(make_cache(settings=SETTINGS).lookup(LOOK_ALIKE), Miss)
     off = CacheSettings(global_threshold=0.3, verify_hits=False, entry_thresholds=False)
@@ -103,7 +105,7 @@ def test_a_pca_fit_rescores_the_rejection_in_the_new_space(
     for i, question in enumerate(distinct_questions[:30]):
         cache.insert(question, f"answer {i}")
     wrong = hit(cache.lookup(LOOK_ALIKE))
-    cache.reject(wrong)
+    cache.reject(wrong.query, wrong.origin)
     full_space = cache.encoder.version
     cache.fit_pca()
     assert cache.encoder.version != full_space

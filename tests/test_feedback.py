@@ -34,7 +34,7 @@ def test_reject_records_a_negative_and_waits_for_enough_pairs(make_cache: CacheF
     hit(cache.lookup(POSITIVES[0]))
     wrong = hit(cache.lookup(NEGATIVES[0]))
     assert cache.stats().labelled_positives == 2  # every hit is a (weak) positive
-    change = cache.reject(wrong)
+    change = cache.reject(wrong.query, wrong.origin)
     assert not change.changed and change.old == change.new == 0.3
     assert (change.positives, change.negatives) == (1, 1)
     assert "needs 2" in change.reason
@@ -55,9 +55,9 @@ def test_enough_feedback_moves_tau_above_the_false_hits(make_cache: CacheFactory
     # The data must allow a clean cut: every correct hit above every wrong one.
     assert min(h.similarity for h in good) > max(h.similarity for h in bad) + 0.05
 
-    first = cache.reject(bad[0])
+    first = cache.reject(bad[0].query, bad[0].origin)
     assert not first.changed
-    change = cache.reject(bad[1])
+    change = cache.reject(bad[1].query, bad[1].origin)
     assert change.changed
     assert (change.old, change.positives, change.negatives) == (0.3, 2, 2)
     assert max(h.similarity for h in bad) < change.new <= min(h.similarity for h in good)
@@ -80,7 +80,7 @@ def test_rejecting_a_hit_on_a_deleted_entry_still_counts(make_cache: CacheFactor
     entry = cache.insert(FRANCE, "Paris.")
     wrong = hit(cache.lookup(NEGATIVES[0]))
     cache.delete(entry.id)
-    change = cache.reject(wrong)
+    change = cache.reject(wrong.query, wrong.origin)
     assert not change.changed
     assert cache.stats().labelled_negatives == 1
 
@@ -92,7 +92,7 @@ def test_exact_repeats_teach_nothing_unless_rejected(make_cache: CacheFactory) -
     hit(cache.lookup(POSITIVES[0]))
     repeat = hit(cache.lookup(f"  {FRANCE} "))
     assert labelled_pairs(cache.store) == [Pair(POSITIVES[0], FRANCE, 1)]
-    cache.reject(repeat)  # the cached answer itself was wrong: that teaches
+    cache.reject(repeat.query, repeat.origin)  # the cached answer itself was wrong: that teaches
     expected = [Pair(POSITIVES[0], FRANCE, 1), Pair(FRANCE, FRANCE, 0)]
     assert labelled_pairs(cache.store) == expected
     assert labelled_pairs(cache.store, newest=1) == expected[1:]
@@ -145,7 +145,8 @@ def test_global_threshold_is_used_until_a_local_one_exists(make_cache: CacheFact
     for question in POSITIVES:
         hit(cache.lookup(question))
     for question in NEGATIVES:
-        cache.reject(hit(cache.lookup(question)))
+        wrong = hit(cache.lookup(question))
+        cache.reject(wrong.query, wrong.origin)
     local = cache.stats().local_threshold
     assert local is not None and local > 0.3
     cache.thresholds.set_global(0.5)

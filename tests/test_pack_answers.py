@@ -7,12 +7,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from meancache.client.cache import CacheSettings, SemanticCache, Source
+from meancache.client.cache.feedback import labelled_pairs
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import Conversation, ConversationStore
 from meancache.client.pack import PackStore
 from meancache.client.pack.store import PACK_FILE
 from meancache.client.upstream_client import UpstreamClient
 from meancache.shared.pack import write_pack
+from meancache.shared.pairs import Pair
 
 CacheFactory = Callable[..., SemanticCache]
 ANSWER = "Python is a programming language."
@@ -49,7 +51,7 @@ def test_a_pack_answer_sends_nothing_over_the_network(make_cache: CacheFactory,
     assert answers.packs.stats().hits == 1
 
 
-def test_rejecting_a_pack_answer_requeries_and_keeps_tau(make_cache: CacheFactory,
+def test_rejecting_a_pack_answer_requeries_and_teaches_like_a_cached_one(make_cache: CacheFactory,
                                                          tmp_path: Path,
                                                          upstream_url: str) -> None:
     cache = make_cache(settings=CacheSettings(global_threshold=0.8))
@@ -63,7 +65,10 @@ def test_rejecting_a_pack_answer_requeries_and_keeps_tau(make_cache: CacheFactor
         await answers.answer(conversation, "What is Python?")
         correction = await answers.reject(conversation, 0)
         assert correction.turn.replaced == ANSWER and correction.turn.answer != ANSWER
-        assert not correction.threshold.changed and cache.stats().rejections == 0
+        # The same feedback path as a cached answer's: a labelled negative pair that tau
+        # tuning and federated learning read (tau needs 5 of each kind to move).
+        assert not correction.threshold.changed and cache.stats().rejections == 1
+        assert labelled_pairs(cache.store) == [Pair("What is Python?", "what is python", 0)]
         again = await answers.answer(conversation, "what is python")
         assert again.source is Source.CACHE  # the corrected answer, not the pack's
 

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 from meancache.shared.errors import PackCorruptError, PackMismatchError, PackVersionError
-from meancache.shared.pack import normalise_instruction, read_manifest, read_pack, write_pack
+from meancache.shared.pack import read_manifest, read_pack, write_pack
+from meancache.shared.query import normalise_query
 
 ENTRIES = [("What is Python?", "A programming language."),
            ("how do I boil an egg", "Put it in boiling water for 8 minutes."),
@@ -21,7 +22,7 @@ ENTRIES = [("What is Python?", "A programming language."),
     ("?!...", ""),
 ])
 def test_normalisation(text: str, key: str) -> None:
-    assert normalise_instruction(text) == key
+    assert normalise_query(text) == key
 
 
 def test_round_trip_normalises_and_keeps_the_first_of_duplicates(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from exact matches, re-embedded for a new pack or encoder, and rejected like a c
 answer."""
 
 import asyncio
+import copy
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -12,11 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from meancache.client.cache import CacheSettings, SemanticCache, Source
+from meancache.client.cache.matcher import Matcher, embed_texts
 from meancache.client.cache.verification import verify
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import Conversation, ConversationStore
 from meancache.client.pack import PackStore
-from meancache.client.pack.embeddings import EMBEDDINGS_GLOB, JOB_LABEL
+from meancache.client.pack.embeddings import EMBEDDINGS_GLOB, JOB_LABEL, embeddings_path
 from meancache.client.pack.store import PACK_FILE
 from meancache.client.tui.packs import describe_pack
 from meancache.client.upstream_client import UpstreamClient
@@ -44,6 +46,20 @@ def ready_store(directory: Path, encoder: Encoder) -> PackStore:
     assert packs.embeddings.wait(60)
     assert packs.embeddings.background.last_error is None
     return packs
+
+
+@pytest.fixture
+def matcher(make_cache: CacheFactory, tmp_path: Path) -> Matcher:
+    """The decision the answer path uses for the pack: the cache's, at tau = TAU."""
+    return make_cache(tmp_path / "cache",
+                      settings=CacheSettings(global_threshold=TAU)).matcher
+
+
+def in_space(matcher: Matcher, encoder: Encoder) -> Matcher:
+    """The same decision in another vector space (as after a PCA fit)."""
+    moved = copy.copy(matcher)
+    moved.encoder = encoder
+    return moved
 
 
 @pytest.fixture
@@ -87,46 +103,46 @@ def test_a_paraphrase_is_answered_from_the_pack_sending_nothing(make_cache: Cach
 
 
 def test_before_the_embeddings_are_ready_the_lookup_falls_through(
-        encoder: Encoder, gate: threading.Event, tmp_path: Path) -> None:
+        matcher: Matcher, encoder: Encoder, gate: threading.Event, tmp_path: Path) -> None:
     write(tmp_path)
     packs = PackStore(tmp_path)
-    assert packs.lookup_similar(PARAPHRASE, encoder, TAU) is None  # starts the job, no wait
+    assert packs.lookup_similar(PARAPHRASE, matcher) is None  # starts the job, no wait
     status = packs.embeddings.status()
     assert status is not None and status.label == JOB_LABEL
-    assert packs.lookup_similar(PARAPHRASE, encoder, TAU) is None  # still held: no wait
+    assert packs.lookup_similar(PARAPHRASE, matcher) is None  # still held: no wait
     assert packs.stats().embedding.startswith("embedding 0/")
     assert packs.lookup("how do I reverse a list in python") is not None  # exact still works
     gate.set()
     assert packs.embeddings.wait(60)
-    found = packs.lookup_similar(PARAPHRASE, encoder, TAU)
+    found = packs.lookup_similar(PARAPHRASE, matcher)
     assert found is not None and found.answer == ANSWER
 
 
-def test_a_negated_near_miss_is_not_served(encoder: Encoder, tmp_path: Path) -> None:
+def test_a_negated_near_miss_is_not_served(matcher: Matcher, encoder: Encoder,
+                                           tmp_path: Path) -> None:
     write(tmp_path)
     packs = ready_store(tmp_path, encoder)
     near_miss = "What isn't the capital of France?"
-    a, b = encoder.encode([near_miss, "what is the capital of france"])
+    a, b = embed_texts(encoder, [near_miss, "what is the capital of france"])
     assert float(a @ b) >= TAU  # close enough in embedding space ...
     assert verify(near_miss, "what is the capital of france") is not None  # ... but vetoed
-    assert packs.lookup_similar(near_miss, encoder, TAU) is None
-    assert packs.lookup_similar("Which city is the capital of France?", encoder,
-                                TAU) is not None
+    assert packs.lookup_similar(near_miss, matcher) is None
+    assert packs.lookup_similar("Which city is the capital of France?", matcher) is not None
     assert packs.stats().semantic_hits == 1
 
 
-def test_a_question_past_the_encoder_window_is_not_matched(encoder: Encoder,
-                                                           tmp_path: Path) -> None:
+def test_a_question_past_the_encoder_window_is_not_matched(
+        matcher: Matcher, encoder: Encoder, tmp_path: Path) -> None:
     long_story = "Tell me a long story about a dragon and a knight. " * 40
     write(tmp_path, [(long_story + "The dragon wins.", "A story.")])
     packs = ready_store(tmp_path, encoder)
     question = long_story + "The knight wins."  # differs only past the window
     assert encoder.is_truncated(question)
-    assert packs.lookup_similar(question, encoder, TAU) is None
+    assert packs.lookup_similar(question, matcher) is None
 
 
-def test_a_new_pack_or_encoder_version_is_embedded_again(encoder: Encoder,
-                                                         tmp_path: Path) -> None:
+def test_a_new_pack_or_encoder_version_is_embedded_again(
+        matcher: Matcher, encoder: Encoder, tmp_path: Path) -> None:
     write(tmp_path)
     packs = ready_store(tmp_path, encoder)
     [first] = tmp_path.glob(EMBEDDINGS_GLOB)
@@ -136,7 +152,8 @@ def test_a_new_pack_or_encoder_version_is_embedded_again(encoder: Encoder,
     # A new encoder version (here a PCA layer, as the cache fits one) is embedded anew.
     pca = PCAProjection.fit(encoder.encode_full([q for q, _ in ENTRIES] * 4), dims=3)
     reduced = encoder.with_pca(pca)
-    assert packs.lookup_similar(PARAPHRASE, reduced, TAU) is None  # old space: falls through
+    # The old space's vectors do not fit: the lookup falls through while they are made.
+    assert packs.lookup_similar(PARAPHRASE, in_space(matcher, reduced)) is None
     assert packs.embeddings.wait(60)
     [second] = tmp_path.glob(EMBEDDINGS_GLOB)
     assert second != first and np.load(second).shape == (len(ENTRIES), 3)
@@ -146,16 +163,17 @@ def test_a_new_pack_or_encoder_version_is_embedded_again(encoder: Encoder,
     # A new pack (another sha256) too, and its instructions are the ones matched.
     write(tmp_path, [("Why is the sky blue?", "Rayleigh scattering.")])
     packs.reload()
-    assert packs.lookup_similar("What makes the sky look blue?", encoder, TAU) is None
+    assert packs.lookup_similar("What makes the sky look blue?", matcher) is None
     assert packs.embeddings.wait(60)
     [third] = tmp_path.glob(EMBEDDINGS_GLOB)
     assert third not in (first, second)
-    found = packs.lookup_similar("What makes the sky look blue?", encoder, TAU)
+    found = packs.lookup_similar("What makes the sky look blue?", matcher)
     assert found is not None and found.answer == "Rayleigh scattering."
 
 
-def test_stored_embeddings_are_loaded_not_recomputed(monkeypatch: pytest.MonkeyPatch,
-                                                     encoder: Encoder, tmp_path: Path) -> None:
+def test_stored_embeddings_are_loaded_not_recomputed(
+        matcher: Matcher, monkeypatch: pytest.MonkeyPatch, encoder: Encoder,
+        tmp_path: Path) -> None:
     write(tmp_path)
     ready_store(tmp_path, encoder)
     calls: list[int] = []
@@ -164,26 +182,28 @@ def test_stored_embeddings_are_loaded_not_recomputed(monkeypatch: pytest.MonkeyP
                         or encode(texts, *a, **k))
     reopened = ready_store(tmp_path, encoder)
     assert calls == []
-    assert reopened.lookup_similar(PARAPHRASE, encoder, TAU) is not None
+    assert reopened.lookup_similar(PARAPHRASE, matcher) is not None
     assert calls == [1]  # only the query was embedded
 
 
-def test_a_damaged_embeddings_file_is_embedded_again(encoder: Encoder, tmp_path: Path) -> None:
+def test_a_damaged_embeddings_file_is_embedded_again(matcher: Matcher, encoder: Encoder,
+                                                     tmp_path: Path) -> None:
     write(tmp_path)
     ready_store(tmp_path, encoder)
     [path] = tmp_path.glob(EMBEDDINGS_GLOB)
     path.write_bytes(b"not an array")
     packs = ready_store(tmp_path, encoder)
     assert np.load(path).shape == (len(ENTRIES), encoder.dim)
-    assert packs.lookup_similar(PARAPHRASE, encoder, TAU) is not None
+    assert packs.lookup_similar(PARAPHRASE, matcher) is not None
 
 
-def test_stats_count_exact_and_semantic_hits_apart(encoder: Encoder, tmp_path: Path) -> None:
+def test_stats_count_exact_and_semantic_hits_apart(matcher: Matcher, encoder: Encoder,
+                                                   tmp_path: Path) -> None:
     write(tmp_path)
     packs = ready_store(tmp_path, encoder)
     assert packs.lookup("how do i reverse a list in python?") is not None
-    assert packs.lookup_similar(PARAPHRASE, encoder, TAU) is not None
-    assert packs.lookup_similar("How many legs has a spider got?", encoder, TAU) is not None
+    assert packs.lookup_similar(PARAPHRASE, matcher) is not None
+    assert packs.lookup_similar("How many legs has a spider got?", matcher) is not None
     stats = PackStore(tmp_path).stats()  # and they survive a restart
     assert (stats.hits, stats.semantic_hits) == (1, 2)
     line = describe_pack(packs.stats())
@@ -215,7 +235,7 @@ def test_rejecting_a_semantic_pack_answer_requeries_and_is_not_served_again(
     reopened = PackStore(tmp_path / "packs")  # the rejection survives a restart
     reopened.prepare(encoder)
     assert reopened.embeddings.wait(60)
-    assert reopened.lookup_similar(PARAPHRASE, encoder, TAU) is None
+    assert reopened.lookup_similar(PARAPHRASE, cache.matcher) is None
     assert reopened.stats().rejected == 1
 
 
@@ -239,6 +259,18 @@ def test_the_answer_path_embeds_a_question_once(make_cache: CacheFactory, encode
     monkeypatch.setattr(cache.encoder, "encode", counting)
     answers = AnswerService(cache, UpstreamClient("http://127.0.0.1:9", connect_retries=0),
                             ConversationStore(tmp_path / "conversations"), packs=packs)
-    turn = asyncio.run(answers.answer(Conversation(), "why is the sky blue during the day"))
+    turn = asyncio.run(answers.answer(Conversation(), "Why is the sky blue during daytime?"))
     assert (turn.source, turn.answer) == (Source.CACHE, "Rayleigh scattering.")
-    assert asked == ["why is the sky blue during the day"]
+    assert asked == ["why is the sky blue during daytime"]  # normalised, embedded once
+
+
+def test_vectors_that_cannot_be_kept_still_serve_this_run(matcher: Matcher, encoder: Encoder,
+                                                          tmp_path: Path) -> None:
+    write(tmp_path)
+    packs = PackStore(tmp_path)
+    assert packs.pack is not None
+    blocked = embeddings_path(tmp_path, packs.pack, encoder.version)
+    (blocked / "in-the-way").mkdir(parents=True)  # a directory where the file belongs
+    packs.prepare(encoder, wait=True)
+    assert packs.lookup_similar(PARAPHRASE, matcher) is not None
+    assert blocked.is_dir()

@@ -14,6 +14,7 @@ import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
 from meancache.client.cache import semantic_cache as semantic_cache_module
 from meancache.client.cache.entry import Entry
+from meancache.client.cache.matcher import embed_texts
 from meancache.shared.encoder import Encoder, PCAProjection
 
 CacheFactory = Callable[..., SemanticCache]
@@ -180,6 +181,6 @@ def test_a_pca_fit_projects_stored_vectors_as_the_encoder_would_embed_them(
         cache.insert(question, f"answer {i}")
     cache.fit_pca()
     entries = cache.entries()
-    reembedded = cache.encoder.encode([e.query for e in entries])
+    reembedded = embed_texts(cache.encoder, [e.query for e in entries])  # as matched
     for stored, fresh in zip(entries, reembedded, strict=True):
         assert float(stored.embedding.astype("float32") @ fresh) > 0.995

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 from meancache.client.cache.entry import Entry
+from meancache.shared.query import normalise_query
 
 RELAX = 0.04  # the most an often-accepted entry's threshold falls under the global tau
 ACCEPTS_TO_HALF_RELAX = 4  # accepted paraphrases that bring half of RELAX
@@ -64,7 +65,7 @@ def threshold(evidence: Evidence, global_tau: float) -> float:
 
 
 def _is_repeat(query: str, cached_query: str) -> bool:
-    return query.strip().lower() == cached_query.strip().lower()
+    return normalise_query(query) == normalise_query(cached_query)
 
 
 def after_accept(entry: Entry, query: str) -> Entry:

@@ -1,39 +1,30 @@
 """What the user's feedback teaches, decided once for re-tuning tau and for FL training.
 
-Every served hit is stored as a weak positive pair (the user kept the answer); rejecting
-it turns the same pair into a negative. An accepted exact repeat of a cached question
-(same text, up to case and spaces) teaches nothing about where paraphrases end, so it is
-left out; a rejected one still counts, since the cached answer was wrong.
+Every served match (a cache hit, a pack answer) is stored as a weak positive pair (the
+user kept the answer); rejecting it turns the same pair into a negative. An accepted
+exact repeat of a stored question (the same question, ``normalise_query``) teaches
+nothing about where paraphrases end, so it is left out; a rejected one still counts,
+since the served answer was wrong.
 """
 
-import time
 from pathlib import Path
 from typing import Any
 
-from meancache.client.cache.results import Hit
 from meancache.client.cache.store import EntryStore
 from meancache.shared.pairs import Pair
+from meancache.shared.query import normalise_query
 
 
-def _record(hit: Hit, label: int, now: float) -> dict[str, Any]:
-    """A pair as the store keeps it (plain builtins, readable by any version)."""
-    return {"query": hit.query, "matched_query": hit.matched_query,
-            "similarity": hit.similarity, "label": label, "weak": label == 1,
-            "entry_id": hit.entry_id, "time": now}
-
-
-def accepted(hit: Hit, now: float) -> dict[str, Any]:
-    """The pair of a hit just served: positive until the user rejects it."""
-    return _record(hit, 1, now)
-
-
-def rejected(hit: Hit) -> dict[str, Any]:
-    """The pair of a hit the user said was wrong (stored under the same hit id)."""
-    return _record(hit, 0, time.time())
+def record(query: str, matched_query: str, similarity: float, key: str, label: int,
+           now: float) -> dict[str, Any]:
+    """A pair as the store keeps it (plain builtins, readable by any version); ``key`` names
+    what held the answer (a cache entry id, ``pack:<id>``)."""
+    return {"query": query, "matched_query": matched_query, "similarity": similarity,
+            "label": label, "weak": label == 1, "entry_id": key, "time": now}
 
 
 def _teaches(record: dict[str, Any]) -> bool:
-    repeat = record["query"].strip().lower() == record["matched_query"].strip().lower()
+    repeat = normalise_query(record["query"]) == normalise_query(record["matched_query"])
     return record["label"] == 0 or not repeat
 
 

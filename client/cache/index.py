@@ -10,6 +10,7 @@ from threadpoolctl import ThreadpoolController
 # One BLAS thread for the matrix-vector product: on a small machine a second BLAS thread
 # fights the encoder's threads and costs more than it gains (benchmarks/lookup_latency.py).
 _BLAS = ThreadpoolController()
+TIE_DECIMALS = 5  # stored float16 vectors resolve cosines to about 5e-4: closer is a tie
 
 
 class VectorIndex:
@@ -74,7 +75,11 @@ class VectorIndex:
         with _BLAS.limit(limits=1, user_api="blas"):
             scores = self._matrix[:n] @ query.astype(np.float32, copy=False)
         above = np.flatnonzero(scores >= min_score)
+        # Equal stored vectors score alike only up to BLAS rounding (which depends on the
+        # row's position): ranks compare scores at TIE_DECIMALS, ties keep row order.
+        ranked = np.round(scores[above], TIE_DECIMALS)
         if len(above) > k:
-            above = above[np.argpartition(-scores[above], k - 1)[:k]]
-        above = above[np.argsort(-scores[above], kind="stable")]
+            keep = np.argsort(-ranked, kind="stable")[:k]
+            above, ranked = above[keep], ranked[keep]
+        above = above[np.argsort(-ranked, kind="stable")]
         return [(self._ids[i], float(scores[i])) for i in above], float(scores.max())

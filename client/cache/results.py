@@ -2,12 +2,12 @@
 
 from dataclasses import dataclass
 
-from meancache.client.cache.source import Source
+from meancache.client.cache.source import CacheOrigin, Source
 
 
 @dataclass(frozen=True)
 class Hit:
-    """A cached answer served for ``query``; pass it to ``reject`` if it was wrong."""
+    """A cached answer served for ``query``; pass its origin to ``reject`` if it was wrong."""
 
     query: str
     answer: str
@@ -17,6 +17,11 @@ class Hit:
     source: Source
     hit_id: str
     truncated: bool = False
+
+    @property
+    def origin(self) -> CacheOrigin:
+        """What a turn answered by this hit records, and what ``reject`` takes."""
+        return CacheOrigin(self.hit_id, self.entry_id, self.matched_query, self.similarity)
 
 
 @dataclass(frozen=True)

@@ -1,37 +1,43 @@
-"""The semantic cache: embed the query, find the most similar cached query, serve its
-answer when the cosine similarity reaches tau and the conversational context agrees."""
+"""The semantic cache: embed the query, find the most similar cached queries, serve an
+answer when the conversational context agrees and the ``Matcher`` accepts it (tau or the
+entry's own threshold, then verification: client/cache/matcher.py). The cache owns its
+vector space (the encoder pipeline: base model, global weights, PCA) and its matcher."""
 
 import contextlib
 import logging
 import threading
 import time
 import uuid
-from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 import numpy as np
-from meancache.client.cache import entry_threshold, feedback
+from meancache.client.cache import entry_threshold
 from meancache.client.cache.background import BackgroundWork
 from meancache.client.cache.context import context_agrees
 from meancache.client.cache.entry import STORED_DTYPE, Context, Entry
 from meancache.client.cache.index import VectorIndex
+from meancache.client.cache.matcher import (
+    NOTHING_CLOSE,
+    Candidate,
+    Match,
+    Matcher,
+    embed_texts,
+)
 from meancache.client.cache.policy.cache_policy import CachePolicy, PolicySettings
 from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
 from meancache.client.cache.settings import CacheSettings
-from meancache.client.cache.source import Source
+from meancache.client.cache.source import CacheOrigin, Source
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.summary import cache_stats
 from meancache.client.cache.threshold import ThresholdState
-from meancache.client.cache.verification import Veto, verify
 from meancache.client.errors import EntryNotFoundError
 from meancache.shared.encoder import Encoder, PCAProjection
 from meancache.shared.encoder.pca import neighbour_similarities
 from meancache.shared.progress import Progress
 from meancache.shared.query import clean_query
-from meancache.shared.threshold import best_threshold, nearest_threshold
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +70,12 @@ class SemanticCache:
         self._space_lock = threading.Lock()  # one change of vector space at a time
         self.background = BackgroundWork()
         self._in_background = background
-        self._query_vectors: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self.policy = CachePolicy(self.store, PolicySettings(
             self.settings.eviction_policy, self.settings.pattern_clustering))
         self.thresholds = ThresholdState(self.store, self.settings.global_threshold)
         self.thresholds.persist_default()
-        self.encoder = self._with_stored_pca(encoder)
+        self.matcher = Matcher(self._with_stored_pca(encoder), self.thresholds, self.store,
+                               self.settings.matching)
         self._load()
         if self._stale:
             self._run_job("re-embedding cached questions", self.reembed, progress)
@@ -85,7 +91,17 @@ class SemanticCache:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # encoder state ------------------------------------------------------------------
+    # the vector space ---------------------------------------------------------------
+    @property
+    def encoder(self) -> Encoder:
+        """The whole pipeline of the current vector space (base model, global weights,
+        PCA; ``version`` fingerprints all three). The matcher embeds with it."""
+        return self.matcher.encoder
+
+    @encoder.setter
+    def encoder(self, encoder: Encoder) -> None:
+        self.matcher.encoder = encoder
+
     def _with_stored_pca(self, encoder: Encoder) -> Encoder:
         """Put back the PCA layer this cache fitted, if it was fitted for this base model."""
         meta = self.store.get_meta("pca")
@@ -104,9 +120,14 @@ class SemanticCache:
             else encoder.with_pca(pca)
 
     def set_encoder(self, encoder: Encoder, progress: Progress | None = None) -> int:
-        """Switch to another encoder state (e.g. after an FL round), re-embedding every
-        entry; returns how many were moved."""
+        """Run on ``encoder``'s model (e.g. after an FL sync), with the PCA layer this cache
+        fitted for that model put back unless ``encoder`` brings its own; every entry is
+        re-embedded only when that changes the vector space. Returns how many moved."""
         with self._space_lock:
+            if encoder.pca is None:
+                encoder = self._with_stored_pca(encoder)
+            if encoder.version == self.encoder.version:
+                return 0
             return self._switch_space(encoder, partial(_encode_entries, encoder), progress)
 
     def _run_job(self, label: str, job: Callable[[Progress | None], object],
@@ -162,26 +183,6 @@ class SemanticCache:
         self._load()
         return False
 
-    # embedding ----------------------------------------------------------------------
-    def embed(self, text: str | bytes) -> np.ndarray:
-        """``text`` in the cache's current space, remembered for a lookup that follows (the
-        pack's similar match and the cache then embed a question once)."""
-        with self._lock:
-            return self._embed(clean_query(text))
-
-    def _embed(self, text: str) -> np.ndarray:
-        """Embed one text, remembering the last few (a follow-up's context was the last query)."""
-        key = (self.encoder.version, text)
-        vector = self._query_vectors.get(key)
-        if vector is None:
-            vector = self.encoder.encode([text])[0]
-            self._query_vectors[key] = vector
-            if len(self._query_vectors) > 64:
-                self._query_vectors.popitem(last=False)
-        else:
-            self._query_vectors.move_to_end(key)
-        return vector
-
     # lookup -------------------------------------------------------------------------
     @property
     def threshold(self) -> float:
@@ -189,67 +190,62 @@ class SemanticCache:
         return self.thresholds.current
 
     def lookup(self, query: str | bytes, context: Context | None = None) -> Hit | Miss:
+        """The cached answer the matcher accepts for ``query`` in ``context``, or a miss
+        that says why."""
         query = clean_query(query)
         with self._lock:
             self._sync()
-            truncated = self.encoder.is_truncated(query)
-            tau = self.threshold
-            per_entry = self.settings.entry_thresholds
-            candidates, best = self._index.search(
-                self._embed(query), self.settings.candidates,
-                min_score=entry_threshold.floor(tau) if per_entry else tau)
+            question = self.matcher.question(query)
+            found, best = self._index.search(question.vector, self.settings.candidates,
+                                             min_score=self.matcher.floor)
             context_vector = None
             if self.settings.context_aware and context is not None and context.is_follow_up:
-                context_vector = self._embed(clean_query(context.prev_query or ""))
-            vetoes: list[Veto] = []
-            rejected_before = False
-            for entry_id, similarity in candidates:
-                if self.settings.context_aware and not context_agrees(
-                    self._context_vectors.get(entry_id), context_vector, tau
-                ):
-                    continue
-                try:
-                    entry = self.store.get(entry_id)
-                    if per_entry and similarity < self._entry_threshold(entry, tau):
-                        rejected_before = rejected_before or similarity >= tau
-                        continue
-                    if self.settings.verify_hits:
-                        veto = verify(query, entry.query)
-                        if veto is not None:
-                            log.info("vetoed a cached answer (similarity %.3f): %s",
-                                     similarity, veto.reason)
-                            vetoes.append(veto)
-                            continue
-                    return self._serve(query, entry_id, similarity, truncated)
-                except EntryNotFoundError:  # deleted by another process since our last sync
-                    continue
+                context_vector = self.matcher.embed(clean_query(context.prev_query or ""))
+            tau = self.threshold
+            decision = self.matcher.decide(question,
+                                           self._candidates(found, context_vector, tau))
+            if isinstance(decision, Match):
+                with contextlib.suppress(EntryNotFoundError):  # deleted by another process
+                    return self._serve(query, decision.candidate, question.truncated)
             self.store.add_to_counter("misses")
-            reason = "no cached query is similar enough"
-            if vetoes:
-                reason = vetoes[0].reason
-            elif rejected_before:
-                reason = "a similar question's cached answer was rejected before"
-            elif best is not None and best >= tau:
+            reason = decision.reason
+            if reason == NOTHING_CLOSE and best is not None and best >= tau:
                 reason = "similar queries were asked in another context"
-            return Miss(query, reason, best, truncated)
+            return Miss(query, reason, best, question.truncated)
 
-    def _entry_threshold(self, entry: Entry, tau: float) -> float:
-        """The entry's own threshold, its rejected similarity first re-scored in the current
-        vector space if it was measured in another."""
+    def _candidates(self, found: list[tuple[str, float]], context_vector: np.ndarray | None,
+                    tau: float) -> Iterator[Candidate]:
+        """The entries found, best first, less those asked in another context; each read
+        only when the matcher gets to it."""
+        for entry_id, similarity in found:
+            if self.settings.context_aware and not context_agrees(
+                    self._context_vectors.get(entry_id), context_vector, tau):
+                continue
+            try:
+                entry = self.store.get(entry_id)
+            except EntryNotFoundError:  # deleted by another process since our last sync
+                continue
+            yield Candidate(entry_id, entry.query, similarity,
+                            self._evidence(entry) if self.settings.entry_thresholds else None)
+
+    def _evidence(self, entry: Entry) -> entry_threshold.Evidence:
+        """What the entry's own threshold rests on, its rejected similarity first re-scored
+        in the current vector space if it was measured in another."""
         if entry_threshold.needs_rescoring(entry, self.encoder.version):
-            rejected = self._embed(entry_threshold.Evidence.of(entry).rejected_query or "")
+            rejected = self.matcher.embed(
+                entry_threshold.Evidence.of(entry).rejected_query or "")
             entry = entry_threshold.rescored(entry, rejected, self.encoder.version)
             self.store.touch(entry)
-        return entry_threshold.threshold(entry_threshold.Evidence.of(entry), tau)
+        return entry_threshold.Evidence.of(entry)
 
-    def _serve(self, query: str, entry_id: str, similarity: float, truncated: bool) -> Hit:
-        entry = self.store.get(entry_id)
+    def _serve(self, query: str, candidate: Candidate, truncated: bool) -> Hit:
+        entry = self.store.get(candidate.key)
         now = time.time()
         entry = replace(entry_threshold.after_accept(entry, query), hits=entry.hits + 1,
                         last_hit=now)
-        hit = Hit(query, entry.answer, entry.query, similarity, entry.id, entry.source,
-                  uuid.uuid4().hex, truncated)
-        self.store.record_hit(entry, hit.hit_id, feedback.accepted(hit, now))
+        hit = Hit(query, entry.answer, entry.query, candidate.similarity, entry.id,
+                  entry.source, uuid.uuid4().hex, truncated)
+        self.store.record_hit(entry, hit.hit_id, self.matcher.pair(query, hit.origin, 1))
         self.store.add_to_counter("hits")
         self.store.add_to_counter("tokens_saved", entry.query_tokens + entry.answer_tokens)
         self._usage[entry.id] = (now, entry.nbytes)
@@ -279,11 +275,11 @@ class SemanticCache:
             context_query = clean_query(context.prev_query) if context.prev_query else None
             entry = Entry(
                 query=query, answer=answer,
-                embedding=self._embed(query).astype(STORED_DTYPE),
+                embedding=self.matcher.embed(query).astype(STORED_DTYPE),
                 encoder_version=self.encoder.version,
                 context_query=context_query,
                 context_embedding=None if context_query is None
-                else self._embed(context_query).astype(STORED_DTYPE),
+                else self.matcher.embed(context_query).astype(STORED_DTYPE),
                 conversation_id=context.conversation_id, turn=context.turn,
                 prev_id=context.prev_entry_id, source=source,
                 query_tokens=self.encoder.count_tokens(query) if query_tokens is None
@@ -418,7 +414,8 @@ class SemanticCache:
                     else self.encoder
                 ids, current = self._index.ids, self._index.vectors()
                 in_full_space = base is self.encoder
-            full = current if in_full_space else base.encode([e.query for e in self._read(ids)])
+            full = current if in_full_space \
+                else embed_texts(base, [e.query for e in self._read(ids)])
             pca = PCAProjection.fit(full, self.settings.pca_dims)
             pca.save(self._pca_dir / f"{pca.version}.safetensors")
             target = base.with_pca(pca)
@@ -435,44 +432,21 @@ class SemanticCache:
             return pca
 
     # feedback -----------------------------------------------------------------------
-    def reject(self, hit: Hit) -> ThresholdChange:
-        """The user says ``hit`` was wrong: record a negative pair and re-tune tau.
-
-        The caller then fetches a fresh answer, bypassing the cache.
-        """
+    def reject(self, query: str, origin: CacheOrigin) -> ThresholdChange:
+        """The user says the answer served for ``query`` from ``origin`` was wrong: the
+        entry's own threshold rises above it, a negative pair is recorded and tau
+        re-tuned (``Matcher.rejected``); all once per hit. The caller then fetches a fresh
+        answer, bypassing the cache."""
         with self._lock:
-            self.store.put_pair(hit.hit_id, feedback.rejected(hit))
-            try:
-                entry = self.store.get(hit.entry_id)
-                self.store.touch(entry_threshold.after_reject(
-                    replace(entry, rejections=entry.rejections + 1), hit.query,
-                    hit.similarity, self.encoder.version))
-            except EntryNotFoundError:
-                pass
-            self.store.add_to_counter("rejections")
-            return self.retune()
-
-    def retune(self, max_pairs: int = 2000) -> ThresholdChange:
-        """Maximise F0.5 over the labelled pairs, re-scored with the current encoder."""
-        with self._lock:
-            pairs = feedback.labelled_pairs(self.store, newest=max_pairs)
-            labels = np.array([p.label for p in pairs], dtype=int)
-            positives, negatives = int(labels.sum()), int(len(labels) - labels.sum())
-            old = self.threshold
-            need = self.settings.tune_min_per_class
-            if positives < need or negatives < need:
-                return ThresholdChange(
-                    old, old, positives, negatives,
-                    f"needs {need} accepted and {need} rejected hits to re-tune; "
-                    f"has {positives} and {negatives}",
-                )
-            a = self.encoder.encode([p.q1 for p in pairs])
-            b = self.encoder.encode([p.q2 for p in pairs])
-            best = best_threshold((a * b).sum(1), labels)
-            new = round(nearest_threshold(best.threshold), 4)
-            self.thresholds.set_local(new)
-            return ThresholdChange(old, new, positives, negatives,
-                                   f"F0.5 {best.f05:.3f} on {len(pairs)} labelled pairs")
+            if not self.matcher.already_rejected(origin):
+                try:
+                    entry = self.store.get(origin.entry_id)
+                    self.store.touch(entry_threshold.after_reject(
+                        replace(entry, rejections=entry.rejections + 1), query,
+                        origin.similarity, self.encoder.version))
+                except EntryNotFoundError:
+                    pass
+            return self.matcher.rejected(query, origin)
 
     # inspection ---------------------------------------------------------------------
     def entries(self) -> list[Entry]:
@@ -499,9 +473,9 @@ VectorsOf = Callable[[list[Entry]], tuple[np.ndarray, list[np.ndarray | None]]]
 
 def _encode_entries(encoder: Encoder, entries: list[Entry]
                     ) -> tuple[np.ndarray, list[np.ndarray | None]]:
-    vectors = encoder.encode([e.query for e in entries])
+    vectors = embed_texts(encoder, [e.query for e in entries])
     asked = [e.context_query for e in entries if e.context_query]
-    found = iter(encoder.encode(asked)) if asked else iter(())
+    found = iter(embed_texts(encoder, asked)) if asked else iter(())
     return vectors, [next(found) if e.context_query else None for e in entries]
 
 

@@ -9,6 +9,17 @@ from meancache.shared.threshold import DEFAULT_THRESHOLD
 
 
 @dataclass(frozen=True)
+class MatchSettings:
+    """The part of the cache's settings that decides a hit (client.cache.matcher); its
+    defaults are CacheSettings'."""
+
+    candidates: int  # the best candidates a source offers
+    verify: bool  # veto look-alike candidates that need another answer
+    entry_thresholds: bool  # each entry's own threshold, learned from its feedback
+    tune_min_per_class: int  # labelled pairs of each kind before tau is re-tuned
+
+
+@dataclass(frozen=True)
 class CacheSettings:
     global_threshold: float = DEFAULT_THRESHOLD
     max_entries: int = 100_000
@@ -26,3 +37,8 @@ class CacheSettings:
     def __post_init__(self) -> None:
         check_choice("eviction_policy", self.eviction_policy, POLICIES)
         check_choice("pattern_clustering", self.pattern_clustering, CLUSTERINGS)
+
+    @property
+    def matching(self) -> MatchSettings:
+        return MatchSettings(self.candidates, self.verify_hits, self.entry_thresholds,
+                             self.tune_min_per_class)

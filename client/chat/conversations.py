@@ -1,5 +1,7 @@
 """Conversations persist as one JSON file each, written atomically (a crash mid-save
-leaves the previous version)."""
+leaves the previous version). Files written before turns recorded a typed origin (they
+hold ``source``, ``similarity``, ``matched_query``, ``entry_id`` and ``hit_id``) still
+load: their origin is rebuilt from those fields."""
 
 import json
 import logging
@@ -9,10 +11,18 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meancache.client.cache.source import Source
+from meancache.client.cache.source import (
+    CacheOrigin,
+    Origin,
+    PackOrigin,
+    Source,
+    UpstreamOrigin,
+    origin_from_json,
+    origin_to_json,
+)
 from meancache.client.errors import ConversationNotFoundError
 from meancache.shared.files import write_json_atomic
-from meancache.shared.pack import normalise_instruction
+from meancache.shared.query import normalise_query
 
 log = logging.getLogger(__name__)
 
@@ -21,11 +31,7 @@ log = logging.getLogger(__name__)
 class Turn:
     question: str
     answer: str
-    source: Source
-    similarity: float | None = None
-    matched_query: str | None = None
-    entry_id: str | None = None  # the cache entry that holds (or served) this answer
-    hit_id: str | None = None  # set when served from cache: what "reject" refers to
+    origin: Origin  # what answered: feedback on the answer goes back to it
     ttft_seconds: float | None = None
     cached_tokens: int = 0
     prompt_tokens: int | None = None
@@ -34,6 +40,28 @@ class Turn:
     truncated: bool = False  # the question was longer than the embedding model's window
     created: float = field(default_factory=time.time)
     finish_reason: str | None = None  # why the upstream stopped ("stop", "length", ...)
+
+    @property
+    def source(self) -> Source:
+        return self.origin.source
+
+    @property
+    def similarity(self) -> float | None:
+        return None if isinstance(self.origin, UpstreamOrigin) else self.origin.similarity
+
+    @property
+    def matched_query(self) -> str | None:
+        return None if isinstance(self.origin, UpstreamOrigin) else self.origin.matched_query
+
+    @property
+    def hit_id(self) -> str | None:
+        """The served match a rejection refers to (None for an upstream answer)."""
+        return None if isinstance(self.origin, UpstreamOrigin) else self.origin.hit_id
+
+    @property
+    def entry_id(self) -> str | None:
+        """The cache entry that holds (or served) this answer."""
+        return None if isinstance(self.origin, PackOrigin) else self.origin.entry_id
 
     @property
     def empty(self) -> bool:
@@ -50,8 +78,23 @@ class Turn:
     @property
     def pack_exact(self) -> bool:
         """A pack answer to the very question (normalised), not to a similar instruction."""
-        return self.source is Source.PACK and \
-            self.matched_query == normalise_instruction(self.question)
+        return isinstance(self.origin, PackOrigin) and self.origin.exact
+
+    def to_json(self) -> dict[str, Any]:
+        """The turn's fields, its origin tagged by kind, and its source string (for
+        people reading the file)."""
+        return asdict(self) | {"origin": origin_to_json(self.origin),
+                               "source": str(self.source)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Turn":
+        fields = dict(data)
+        if "origin" in fields:
+            fields.pop("source", None)
+            fields["origin"] = origin_from_json(fields["origin"])
+        else:
+            fields["origin"] = _legacy_origin(fields)
+        return cls(**fields)
 
     @property
     def badge(self) -> str:
@@ -91,13 +134,13 @@ class Conversation:
     documents: list[Document] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self) | {"turns": [turn.to_json() for turn in self.turns]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Conversation":
         return cls(
             id=data["id"], title=data.get("title", "Chat"), created=data["created"],
-            turns=[Turn(**t | {"source": Source(t["source"])}) for t in data.get("turns", [])],
+            turns=[Turn.from_json(t) for t in data.get("turns", [])],
             documents=[Document(**d) for d in data.get("documents", [])],
         )
 
@@ -117,6 +160,22 @@ class Conversation:
             lines += ["", f"**You:** {turn.question}", "", f"**Answer** ({turn.badge}):", "",
                       turn.answer]
         return "\n".join(lines) + "\n"
+
+
+def _legacy_origin(fields: dict[str, Any]) -> Origin:
+    """The origin of a turn saved before origins were recorded (its flat fields are
+    removed from ``fields``)."""
+    source = Source(fields.pop("source"))
+    similarity, matched = fields.pop("similarity", None), fields.pop("matched_query", None)
+    entry_id, hit_id = fields.pop("entry_id", None), fields.pop("hit_id", None)
+    if source is Source.PACK:
+        instruction = matched or normalise_query(fields["question"])
+        pack_id = (hit_id or "").removeprefix("pack:")  # the pack's id named every hit
+        return PackOrigin(uuid.uuid4().hex, pack_id, instruction, similarity or 1.0,
+                          exact=instruction == normalise_query(fields["question"]))
+    if source is Source.CACHE:
+        return CacheOrigin(hit_id or "", entry_id or "", matched or "", similarity or 0.0)
+    return UpstreamOrigin(entry_id)
 
 
 def _not_found(conversation_id: str) -> ConversationNotFoundError:

@@ -20,11 +20,9 @@ def sync_and_switch(session: ChatSession, download: Progress, reembed: Progress
 
 
 def switch_to_latest(session: ChatSession, reembed: Progress) -> int:
-    """Run the newest kept global model; re-embeds the cache if the encoder changed."""
-    encoder = load_device_encoder(session.settings)
-    if encoder.version == session.cache.encoder.version:
-        return 0
-    return session.cache.set_encoder(encoder, reembed)
+    """Run the newest kept global model; the cache re-embeds only if its vector space
+    changed (``SemanticCache.set_encoder`` compares the whole pipeline)."""
+    return session.cache.set_encoder(load_device_encoder(session.settings), reembed)
 
 
 def describe_sync(result: SyncResult, reembedded: int) -> str:

@@ -51,14 +51,17 @@ class ChatSession:
     def open(cls, settings: Settings, progress: Progress | None = None,
              start_upstream: UpstreamStarter | None = None,
              upstream_progress: Progress | None = None,
-             background: bool = False) -> "ChatSession":
+             background: bool = False,
+             pack_progress: Progress | None = None) -> "ChatSession":
         """Load the encoder and cache; check an external upstream (a refused key or an
         unknown model is an error; an unreachable one is noted in ``upstream_problem``, as
         the cache can still answer) or start the embedded one if no URL is set.
 
         Blocking (seconds on the first run, which exports the encoder to ONNX): call it
         from a worker thread in the app. ``background``: the cache re-embeds and fits PCA
-        on its own thread (the chat) instead of before returning (one-shot commands).
+        on its own thread (the chat) instead of before returning (one-shot commands; they
+        also make the instruction pack's vectors before returning, with
+        ``pack_progress``, so its similar match answers alike on every run).
         """
         url, problem, upstream = settings.upstream_url, None, None
         if url:  # checked first: a wrong key or model fails at once
@@ -84,7 +87,8 @@ class ChatSession:
             upstream = UpstreamClient(embedded.url, embedded.api_key)
         conversations = ConversationStore(settings.conversations_dir)
         answers = AnswerService(cache, upstream, conversations, settings.answer_max_tokens,
-                                settings.temperature, PackStore(settings.packs_dir))
+                                settings.temperature, PackStore(settings.packs_dir),
+                                wait_for_pack=not background, pack_progress=pack_progress)
         return cls(settings, cache, answers, conversations, label, embedded, problem)
 
     async def aclose(self) -> None:

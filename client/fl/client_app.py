@@ -22,7 +22,7 @@ from meancache.client.fl.data import partition, split
 from meancache.client.fl.device import DeviceState
 from meancache.client.fl.run_config import ClientConfig
 from meancache.client.fl.train import pair_similarities, train_locally
-from meancache.shared.encoder import locate_model
+from meancache.shared.encoder import load_sentence_transformer, locate_model
 from meancache.shared.fl.evidence import KEYS as EVIDENCE_KEYS
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.weights import (
@@ -32,6 +32,7 @@ from meancache.shared.fl.weights import (
     load_federated_state,
 )
 from meancache.shared.pairs import Pair, read_pairs
+from meancache.shared.query import embedding_text
 from meancache.shared.threshold import check_threshold, score_thresholds
 from sentence_transformers import SentenceTransformer
 
@@ -46,8 +47,7 @@ ALLOWED_METRICS = frozenset({"num-examples", "train-loss", "skipped",
 def _base_model(model: str | None, models_dir: Path) -> SentenceTransformer:
     """One base model per process (simulation reuses processes across clients); every
     message overwrites its federated weights before use."""
-    return SentenceTransformer(str(locate_model(model, models_dir)), device="cpu",
-                               local_files_only=True)
+    return load_sentence_transformer(locate_model(model, models_dir))
 
 
 def _models_dir(node: dict[str, Any]) -> Path:
@@ -63,11 +63,15 @@ def _qqp(path: Path) -> list[Pair]:
 
 
 def local_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
+    """This node's labelled pairs, normalised as the device's matcher embeds questions:
+    the weights train, and the threshold evidence is measured, in the space tau acts in."""
     if config.qqp_path is not None and config.data_source == "qqp":
-        return partition(_qqp(config.qqp_path), int(node["partition-id"]),
-                         int(node["num-partitions"]), config.pairs_per_client,
-                         config.partitioning, config.train.seed, config.cache_dir)
-    return device_pairs(load_settings(data_dir=Path(str(node["data-dir"]))).cache_dir)
+        pairs = partition(_qqp(config.qqp_path), int(node["partition-id"]),
+                          int(node["num-partitions"]), config.pairs_per_client,
+                          config.partitioning, config.train.seed, config.cache_dir)
+    else:
+        pairs = device_pairs(load_settings(data_dir=Path(str(node["data-dir"]))).cache_dir)
+    return [Pair(embedding_text(p.q1), embedding_text(p.q2), p.label) for p in pairs]
 
 
 def _reply(msg: Message, arrays: ArrayRecord, metrics: dict[str, float | list[int]]

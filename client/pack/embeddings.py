@@ -1,11 +1,14 @@
 """The pack's instructions embedded with the cache's own encoder, for the semantic match
 that follows the exact one.
 
-Embedding a pack takes a while (seconds to minutes on a phone-class CPU), so it runs on a
-``BackgroundWork`` thread and lookups fall through until it is done: they never wait. The
-vectors are kept beside the pack in one ``.npy`` file named by the pack's sha256 and the
-encoder's version, written atomically; a new pack or a new encoder version (an FL round,
-a PCA fit) finds no file of its name and is embedded again, and older files are removed.
+Embedding a pack takes a while (seconds to minutes on a phone-class CPU), so in the chat it
+runs on a ``BackgroundWork`` thread and lookups fall through until it is done: they never
+wait for it. A one-shot command (`meancache ask`) makes them before its lookup instead
+(``build``), and vectors already on disk are loaded before the first lookup, so the same
+question gets the same answer on every run. The vectors are kept beside the pack in one
+``.npy`` file named by the pack's sha256 and the encoder's version, written atomically; a
+new pack or a new encoder version (an FL round, a PCA fit) finds no file of its name and
+is embedded again, and older files are removed.
 """
 
 import hashlib
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 from meancache.client.cache.background import BackgroundWork, JobStatus
+from meancache.client.cache.matcher import embed_texts
 from meancache.shared.encoder import Encoder
 from meancache.shared.files import atomic_write
 from meancache.shared.pack import Pack
@@ -63,12 +67,18 @@ class PackEmbeddings:
             return self._ready
 
     def vectors(self, pack: Pack, encoder: Encoder) -> PackVectors | None:
-        """``pack``'s vectors in ``encoder``'s space, or None while they are being made
-        (the first call for a new pack or encoder starts that work; it never waits)."""
+        """``pack``'s vectors in ``encoder``'s space: loaded from disk if stored there
+        (milliseconds), else None while a background job makes them (the first call for a
+        new pack or encoder starts it; it never waits for it)."""
         ready = self.ready
         if ready is not None and ready.pack_sha256 == pack.manifest.body_sha256 \
                 and ready.encoder_version == encoder.version:
             return ready
+        if self.background.status() is None:
+            path = embeddings_path(self.directory, pack, encoder.version)
+            vectors = self._load(path, (len(pack.answers), encoder.dim))
+            if vectors is not None:
+                return self._keep(pack, encoder, path, vectors)
         self.prepare(pack, encoder)
         return None
 
@@ -87,21 +97,47 @@ class PackEmbeddings:
     def close(self) -> None:
         self.background.stop()
 
-    def _build(self, pack: Pack, encoder: Encoder, progress: Progress) -> None:
+    def build(self, pack: Pack, encoder: Encoder, progress: Progress | None = None
+              ) -> PackVectors:
+        """Load or make ``pack``'s vectors on this thread, with ``progress`` (a job already
+        running is waited for first: the work is never done twice)."""
+        self.background.wait()
+        ready = self.ready
+        if ready is None or ready.pack_sha256 != pack.manifest.body_sha256 \
+                or ready.encoder_version != encoder.version:
+            self._build(pack, encoder, progress)
+            ready = self.ready
+        assert ready is not None
+        return ready
+
+    def _build(self, pack: Pack, encoder: Encoder, progress: Progress | None) -> None:
         instructions = tuple(pack.answers)
         path = embeddings_path(self.directory, pack, encoder.version)
         vectors = self._load(path, (len(instructions), encoder.dim))
         if vectors is None:
-            vectors = encoder.encode(instructions, progress=progress)
-            with atomic_write(path, durable=True) as fh:  # a crash leaves the old or none
-                np.save(fh, vectors, allow_pickle=False)
-            log.info("embedded %d pack instructions into %s", len(instructions), path)
+            vectors = embed_texts(encoder, instructions, progress)
+            try:
+                with atomic_write(path, durable=True) as fh:  # a crash leaves the old or none
+                    np.save(fh, vectors, allow_pickle=False)
+            except OSError as exc:  # the vectors still serve this run
+                log.warning("cannot keep the pack's vectors in %s (%s); they are made again "
+                            "on the next start", path, exc.strerror or exc)
+            else:
+                log.info("embedded %d pack instructions into %s", len(instructions), path)
+        self._keep(pack, encoder, path, vectors)
+
+    def _keep(self, pack: Pack, encoder: Encoder, path: Path, vectors: np.ndarray
+              ) -> PackVectors:
+        """Use ``vectors`` (stored at ``path``) from now on; files of older packs or
+        encoders are removed."""
         for old in self.directory.glob(EMBEDDINGS_GLOB):
             if old != path:
                 old.unlink(missing_ok=True)
+        ready = PackVectors(pack.manifest.body_sha256, encoder.version, tuple(pack.answers),
+                            vectors)
         with self._lock:
-            self._ready = PackVectors(pack.manifest.body_sha256, encoder.version,
-                                      instructions, vectors)
+            self._ready = ready
+        return ready
 
     @staticmethod
     def _load(path: Path, shape: tuple[int, int]) -> np.ndarray | None:

@@ -1,7 +1,7 @@
 """The device's instruction pack: loaded once, looked up in O(1) before the semantic
 cache, then by meaning (its instructions embedded with the cache's encoder, see
-client/pack/embeddings.py), with its hit counts and the answers the user rejected kept
-beside it.
+client/pack/embeddings.py, and a hit decided by the cache's ``Matcher``, the same rule as
+the cache's), with its hit counts and the answers the user rejected kept beside it.
 
 Lookups never touch the network: the pack is a local file, read whole into a dict.
 """
@@ -9,22 +9,24 @@ Lookups never touch the network: the pack is a local file, read whole into a dic
 import json
 import logging
 import threading
-from collections.abc import Callable
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from meancache.client.cache.verification import verify
+from meancache.client.cache.matcher import Candidate, Match, Matcher
+from meancache.client.cache.source import PackOrigin
 from meancache.client.pack.embeddings import PackEmbeddings, stored
 from meancache.shared.encoder import Encoder
 from meancache.shared.errors import PackError
 from meancache.shared.files import write_json_atomic
-from meancache.shared.pack import Pack, normalise_instruction, read_pack
+from meancache.shared.pack import Pack, read_pack
+from meancache.shared.progress import Progress
+from meancache.shared.query import normalise_query
 
 log = logging.getLogger(__name__)
-
-SIMILAR_CANDIDATES = 5  # the best instructions at or above tau that verification may veto
 
 PACK_FILE = "current.mcpack"
 STATE_FILE = "state.json"
@@ -32,15 +34,18 @@ STATE_FILE = "state.json"
 
 @dataclass(frozen=True)
 class PackHit:
-    instruction: str  # the normalised instruction that matched
     answer: str
-    pack_id: str
-    similarity: float = 1.0  # below 1: a semantic match (cosine to the instruction)
+    origin: PackOrigin  # what a rejection of this answer refers to
 
     @property
-    def hit_id(self) -> str:
-        """What a rejection of this answer refers to."""
-        return f"pack:{self.pack_id}"
+    def instruction(self) -> str:
+        """The normalised instruction that matched."""
+        return self.origin.instruction
+
+    @property
+    def similarity(self) -> float:
+        """1.0 for an exact match; below it, the cosine of a similar instruction."""
+        return self.origin.similarity
 
 
 @dataclass(frozen=True)
@@ -91,10 +96,17 @@ class PackStore:
         """Stop a running embedding between two batches (it resumes on the next start)."""
         self.embeddings.close()
 
-    def prepare(self, encoder: Encoder) -> None:
-        """Start embedding the pack in use for the semantic match, unless it is ready."""
+    def prepare(self, encoder: Encoder, progress: Progress | None = None, *,
+                wait: bool = False) -> None:
+        """Make the pack in use ready for the semantic match: vectors stored on disk are
+        loaded now, missing ones made on a background job, or here (``wait``, a one-shot
+        command, with ``progress``)."""
         pack = self._pack
-        if pack is not None:
+        if pack is None:
+            return
+        if wait:
+            self.embeddings.build(pack, encoder, progress)
+        else:
             self.embeddings.vectors(pack, encoder)
 
     @property
@@ -110,58 +122,57 @@ class PackStore:
         with self._lock:
             self._hits += 1
             self._write_state(durable=False)
-        return PackHit(found[0], found[1], pack.manifest.pack_id)
+        return PackHit(found[1], PackOrigin(uuid.uuid4().hex, pack.manifest.pack_id,
+                                            found[0], 1.0, exact=True))
 
-    def lookup_similar(self, query: str, encoder: Encoder, tau: float,
-                       embed: Callable[[str], np.ndarray] | None = None) -> PackHit | None:
-        """The answer of the pack instruction most similar to ``query`` (cosine >= tau) that
-        verification does not veto and the user did not reject, or None. None at once
-        while the instructions are still being embedded in ``encoder``'s space, and for a
-        question past the encoder's window (only its beginning would be compared).
-        ``embed``: how to embed the query in that space (the answer path passes the
-        cache's, which remembers it for the cache lookup that may follow)."""
+    def lookup_similar(self, query: str, matcher: Matcher) -> PackHit | None:
+        """The answer of the pack instruction the matcher accepts for ``query`` (the same
+        rule as the semantic cache's: tau, candidate count, verification, over-long
+        questions), among those the user did not reject; None at once while the
+        instructions are being embedded in the matcher's space."""
         pack = self._pack
-        if pack is None or encoder.is_truncated(query):
+        if pack is None:
             return None
-        ready = self.embeddings.vectors(pack, encoder)
+        ready = self.embeddings.vectors(pack, matcher.encoder)
         if ready is None or not ready.instructions:
             return None
-        key = normalise_instruction(query)
-        vector = embed(query) if embed is not None else encoder.encode([query])[0]
-        similarities = ready.vectors @ vector
-        count = min(SIMILAR_CANDIDATES, len(similarities))
+        question = matcher.question(query)
+        similarities = ready.vectors @ question.vector
+        count = min(matcher.settings.candidates, len(similarities))
         best = np.argpartition(-similarities, count - 1)[:count]  # O(n), not a full sort
         best = best[np.argsort(-similarities[best])]
-        for row in best:
-            similarity = float(similarities[row])
-            if similarity < tau:
-                break
-            instruction = ready.instructions[row]
-            if instruction in self._rejected or (key, instruction) in self._rejected_pairs:
-                continue
-            veto = verify(query, instruction)
-            if veto is not None:
-                log.info("pack match %r for %r vetoed: %s", instruction, query, veto.reason)
-                continue
-            with self._lock:
-                self._semantic_hits += 1
-                self._write_state(durable=False)
-            return PackHit(instruction, pack.answers[instruction], pack.manifest.pack_id,
-                           min(similarity, 1.0))
-        return None
 
-    def reject(self, instruction: str) -> None:
-        """Never serve this instruction's answer from the current pack again."""
-        with self._lock:
-            self._rejected.add(normalise_instruction(instruction))
-            self._write_state(durable=True)
+        def candidates() -> Iterator[Candidate]:
+            for row in best:
+                similarity = float(similarities[row])
+                if similarity < matcher.floor:
+                    return
+                instruction = ready.instructions[row]
+                if instruction not in self._rejected and \
+                        (question.key, instruction) not in self._rejected_pairs:
+                    yield Candidate(instruction, instruction, min(similarity, 1.0))
 
-    def reject_similar(self, query: str, instruction: str) -> None:
-        """Never serve ``instruction``'s answer for ``query`` again (a semantic match was
-        wrong for this question; the instruction may still answer itself)."""
+        decision = matcher.decide(question, candidates())
+        if not isinstance(decision, Match):
+            return None
         with self._lock:
-            self._rejected_pairs.add((normalise_instruction(query),
-                                      normalise_instruction(instruction)))
+            self._semantic_hits += 1
+            self._write_state(durable=False)
+        instruction = decision.candidate.key
+        return PackHit(pack.answers[instruction],
+                       PackOrigin(uuid.uuid4().hex, pack.manifest.pack_id, instruction,
+                                  decision.candidate.similarity, exact=False))
+
+    def reject(self, question: str, origin: PackOrigin) -> None:
+        """The pack's answer to ``question`` was wrong: an exact match's answer is never
+        served again, a similar instruction's never again for this question (it may still
+        answer itself). Tau and the labelled pairs learn it through the ``Matcher``."""
+        with self._lock:
+            if origin.exact:
+                self._rejected.add(normalise_query(origin.instruction))
+            else:
+                self._rejected_pairs.add((normalise_query(question),
+                                          normalise_query(origin.instruction)))
             self._write_state(durable=True)
 
     def stats(self) -> PackStats:

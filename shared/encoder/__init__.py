@@ -12,7 +12,7 @@ from meancache.shared.encoder._locate import (
     packaged_minilm_dir,
     profile_threshold,
 )
-from meancache.shared.encoder.encoder import BACKENDS, Encoder
+from meancache.shared.encoder.encoder import BACKENDS, Encoder, load_sentence_transformer
 
 if TYPE_CHECKING:
     from meancache.shared.encoder.pca import PCAProjection
@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 DEFAULT_PCA_DIMS = 64  # MeanCache's compressed embedding size
 
 __all__ = ["BACKENDS", "DEFAULT_PCA_DIMS", "DEFAULT_PROFILE", "Encoder", "PCAProjection",
-           "locate_model", "packaged_minilm_dir", "profile_threshold"]
+           "load_sentence_transformer", "locate_model", "packaged_minilm_dir",
+           "profile_threshold"]
 
 
 def __getattr__(name: str) -> object:

@@ -90,17 +90,8 @@ class Encoder:
         ``global_weights`` is an FL checkpoint directory (shared.fl.checkpoint) whose
         weights are loaded over the base model's; the version covers both.
         """
-        from sentence_transformers import SentenceTransformer
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()  # never draw on the user's terminal
         model_dir = locate_model(model)
-        try:
-            st = SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
-        except Exception as exc:  # the library raises many types for a broken directory
-            raise EncoderError(
-                f"could not load the embedding model in {model_dir}: {exc}; check that the "
-                "directory holds a complete sentence-transformers model") from exc
+        st = load_sentence_transformer(model_dir)
         memo = cache_dir / "fingerprints.json" if cache_dir else None
         version = model_fingerprint(model_dir, memo)
         if global_weights is not None:
@@ -293,6 +284,22 @@ class Encoder:
         self.fallback_reason = reason
         self.backend = "torch"
         log.warning("encoder runs on PyTorch instead of onnxruntime: %s", reason)
+
+
+def load_sentence_transformer(model_dir: Path) -> "SentenceTransformer":
+    """The PyTorch model in ``model_dir`` on the CPU, offline: the one way every side builds
+    it (the cache's ``Encoder`` and both Flower apps), with one error for a broken
+    directory."""
+    from sentence_transformers import SentenceTransformer
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # never draw on the user's terminal
+    try:
+        return SentenceTransformer(str(model_dir), device="cpu", local_files_only=True)
+    except Exception as exc:  # the library raises many types for a broken directory
+        raise EncoderError(
+            f"could not load the embedding model in {model_dir}: {exc}; check that the "
+            "directory holds a complete sentence-transformers model") from exc
 
 
 def _space_version(base_version: str, pca: "PCAProjection | None") -> str:

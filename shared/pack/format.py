@@ -8,7 +8,7 @@ Layout (UTF-8)::
 
 The manifest's ``body_sha256`` and ``body_bytes`` cover every byte after the manifest
 line, so a truncated or altered file is refused before anything of it is used. Entries
-are sorted and unique by instruction, which is already normalised (``normalise_instruction``).
+are sorted and unique by instruction, which is already normalised (``normalise_query``).
 """
 
 import datetime as dt
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from meancache.shared.errors import PackCorruptError, PackMismatchError, PackVersionError
 from meancache.shared.files import write_atomic
-from meancache.shared.pack.normalise import normalise_instruction
+from meancache.shared.query import normalise_query
 
 FORMAT_NAME = "meancache-pack"
 FORMAT_VERSION = 1
@@ -55,7 +55,7 @@ class Pack:
 
     def lookup(self, query: str) -> tuple[str, str] | None:
         """The (instruction, answer) whose instruction is ``query`` normalised: O(1)."""
-        key = normalise_instruction(query)
+        key = normalise_query(query)
         answer = self.answers.get(key)
         return None if answer is None else (key, answer)
 
@@ -66,7 +66,7 @@ def write_pack(path: Path, entries: Iterable[tuple[str, str]], model: str, sigma
     normalised here, and of two that normalise alike the first is kept."""
     answers: dict[str, str] = {}
     for instruction, answer in entries:
-        key = normalise_instruction(instruction)
+        key = normalise_query(instruction)
         if key and answer.strip():
             answers.setdefault(key, answer)
     body = b"".join(json.dumps([key, answers[key]], ensure_ascii=False).encode() + b"\n"

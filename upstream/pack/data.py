@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meancache.shared.errors import PackError
-from meancache.shared.pack import normalise_instruction
+from meancache.shared.query import normalise_query
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ def read_instructions(path: Path) -> list[str]:
         except (ValueError, KeyError, TypeError):
             raise PackError(f"{path}, line {number}: expected a JSON object with a "
                             "\"text\" field") from None
-        if isinstance(text, str) and (key := normalise_instruction(text)):
+        if isinstance(text, str) and (key := normalise_query(text)):
             texts.append(key)
     if not texts:
         raise PackError(f"{path} holds no instructions")

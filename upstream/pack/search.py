@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 from meancache.shared.files import write_json_atomic
-from meancache.shared.pack import normalise_instruction
 from meancache.shared.progress import Progress
+from meancache.shared.query import normalise_query
 from meancache.upstream.pack.lm import InstructionLM
 from transformers import DynamicCache
 
@@ -142,7 +142,7 @@ def _expand(lm: InstructionLM, config: SearchConfig, frontier: Frontier, kv: KV 
                     break  # sorted: every later child is less likely still
                 nll = frontier.nll[row] - lp
                 if token == lm.eos:
-                    text = normalise_instruction(lm.decode(frontier.paths[row][1:]))
+                    text = normalise_query(lm.decode(frontier.paths[row][1:]))
                     if text and nll < frontier.emitted.get(text, float("inf")):
                         frontier.emitted[text] = nll
                 elif depth < config.max_depth:  # else it could never reach its end token

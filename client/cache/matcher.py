@@ -1,0 +1,220 @@
+"""The one decision of "this stored question answers that one", for every answer source
+that matches by meaning (the instruction pack's similar match and the semantic cache),
+and the one path of feedback on such a match.
+
+The ``Matcher`` holds what the decision needs: the encoder (the vector space, switched
+only by the cache that owns it), tau (``ThresholdState``) and the per-entry thresholds,
+the verifier, the candidate count, and a memo of the last questions' vectors (the pack
+and then the cache embed the current question once). The rule, the same for every
+source:
+
+- every question is embedded as ``shared.query.embedding_text`` makes it (normalised:
+  "Summarise." and "summarise" are one question, and one vector);
+- a source offers its best candidates (at most ``candidates``, similarity >= ``floor``,
+  best first), having dropped those it may not serve (another context, rejected before);
+- a candidate counts when its similarity reaches its threshold: tau, or the entry's own
+  one where the entry has feedback evidence (``entry_threshold``);
+- a question past the encoder's window matches only the very same question (its
+  embedding sees only the beginning);
+- the verifier looks at the best counting candidate only: a veto is a miss, never a
+  reason to serve a lower candidate.
+
+Feedback: every served match is a weakly positive labelled pair; "wrong answer" turns it
+negative, once per hit (a second rejection of the same hit changes nothing), and re-tunes
+tau by F0.5. Those pairs are what federated learning trains on (``feedback.device_pairs``).
+"""
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import islice
+from typing import Protocol
+
+import numpy as np
+from meancache.client.cache import entry_threshold, feedback
+from meancache.client.cache.results import ThresholdChange
+from meancache.client.cache.settings import CacheSettings, MatchSettings
+from meancache.client.cache.source import Matched
+from meancache.client.cache.store import EntryStore
+from meancache.client.cache.threshold import ThresholdState
+from meancache.client.cache.verification import Veto, verify
+from meancache.shared.encoder import Encoder
+from meancache.shared.progress import Progress
+from meancache.shared.query import embedding_text
+from meancache.shared.threshold import best_threshold, nearest_threshold
+
+log = logging.getLogger(__name__)
+
+MEMO_SIZE = 64  # question vectors remembered (a follow-up's context was the last question)
+NOTHING_CLOSE = "no cached query is similar enough"
+
+
+class Verifier(Protocol):
+    """Says why ``candidate`` must not answer ``query`` although they look alike, or None.
+    The rule-based ``verification.verify`` today; a learned one plugs in the same way."""
+
+    def __call__(self, query: str, candidate: str) -> Veto | None: ...
+
+
+@dataclass(frozen=True)
+class Question:
+    """A question as every source compares it."""
+
+    text: str  # cleaned (``clean_query``): what the verifier reads
+    key: str  # normalised: what is embedded, and "the same question"
+    vector: np.ndarray
+    truncated: bool  # past the encoder's window
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A stored question a source offers, with what its threshold depends on."""
+
+    key: str  # the source's own id (a cache entry id, a pack instruction)
+    text: str  # the stored question
+    similarity: float
+    evidence: entry_threshold.Evidence | None = None  # None: held to tau
+
+
+@dataclass(frozen=True)
+class Match:
+    candidate: Candidate
+
+
+@dataclass(frozen=True)
+class NoMatch:
+    reason: str
+    best_similarity: float | None = None
+    vetoed: bool = False
+
+
+def embed_texts(encoder: Encoder, texts: Sequence[str], progress: Progress | None = None
+                ) -> np.ndarray:
+    """Questions embedded as every match embeds them (``embedding_text``)."""
+    return encoder.encode([embedding_text(t) for t in texts], progress=progress)
+
+
+class Matcher:
+    def __init__(self, encoder: Encoder, thresholds: ThresholdState, store: EntryStore,
+                 settings: MatchSettings | None = None, verifier: Verifier = verify) -> None:
+        self.encoder = encoder  # the cache's current vector space (see SemanticCache)
+        self.thresholds = thresholds
+        self.settings = settings or CacheSettings().matching
+        self.verifier = verifier
+        self._store = store  # where the labelled pairs live
+        self._lock = threading.Lock()  # the memo
+        self._feedback = threading.Lock()  # a rejection is checked and recorded at once
+        self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+
+    # the question -------------------------------------------------------------------
+    @property
+    def tau(self) -> float:
+        return self.thresholds.current
+
+    @property
+    def floor(self) -> float:
+        """The lowest similarity a candidate may have: under tau by what an entry's own
+        threshold may relax."""
+        tau = self.tau
+        return entry_threshold.floor(tau) if self.settings.entry_thresholds else tau
+
+    def embed(self, text: str) -> np.ndarray:
+        """``text`` in the current space, remembered for the lookups that follow."""
+        encoder, key = self.encoder, embedding_text(text)
+        with self._lock:
+            vector = self._memo.get((encoder.version, key))
+            if vector is not None:
+                self._memo.move_to_end((encoder.version, key))
+                return vector
+        vector = encoder.encode([key])[0]
+        with self._lock:
+            self._memo[(encoder.version, key)] = vector
+            if len(self._memo) > MEMO_SIZE:
+                self._memo.popitem(last=False)
+        return vector
+
+    def question(self, text: str) -> Question:
+        """``text`` (already cleaned) as sources compare it."""
+        return Question(text, embedding_text(text), self.embed(text),
+                        self.encoder.is_truncated(text))
+
+    # the decision -------------------------------------------------------------------
+    def decide(self, question: Question, candidates: Iterable[Candidate]) -> Match | NoMatch:
+        """The candidate that answers ``question``, or why none does. ``candidates`` come
+        best first; only the first ``settings.candidates`` are looked at."""
+        tau, best, rejected_before = self.tau, None, False
+        for candidate in islice(candidates, self.settings.candidates):
+            best = candidate.similarity if best is None else best
+            if question.truncated and embedding_text(candidate.text) != question.key:
+                continue
+            own = tau if candidate.evidence is None or not self.settings.entry_thresholds \
+                else entry_threshold.threshold(candidate.evidence, tau)
+            if candidate.similarity < own:
+                rejected_before = rejected_before or candidate.similarity >= tau
+                continue
+            if self.settings.verify:
+                veto = self.verifier(question.text, candidate.text)
+                if veto is not None:
+                    log.info("vetoed %r for %r (similarity %.3f): %s", candidate.text,
+                             question.text, candidate.similarity, veto.reason)
+                    return NoMatch(veto.reason, best, vetoed=True)
+            return Match(candidate)
+        if rejected_before:
+            return NoMatch("a similar question's cached answer was rejected before", best)
+        if question.truncated and best is not None and best >= tau:
+            return NoMatch("the question is longer than the embedding model's window, and "
+                           "only the very same question matches it", best)
+        return NoMatch(NOTHING_CLOSE, best)
+
+    # feedback -----------------------------------------------------------------------
+    def accepted(self, question: str, origin: Matched) -> None:
+        """A match was served: a weakly positive pair until the user rejects it."""
+        self._store.put_pair(origin.hit_id, self.pair(question, origin, 1))
+
+    def pair(self, question: str, origin: Matched, label: int) -> dict[str, object]:
+        return feedback.record(question, origin.matched_query, origin.similarity,
+                               origin.feedback_key, label, time.time())
+
+    def already_rejected(self, origin: Matched) -> bool:
+        record = self._store.get_pair(origin.hit_id)
+        return record is not None and record.get("label") == 0
+
+    def rejected(self, question: str, origin: Matched) -> ThresholdChange:
+        """The user says the match was wrong: a negative pair, then tau re-tuned. Once per
+        hit: rejecting it again (say after the fresh answer failed) records nothing."""
+        with self._feedback:
+            if self.already_rejected(origin):
+                tau = self.tau
+                return ThresholdChange(tau, tau, *self._counts(),
+                                       "this answer's rejection was recorded before")
+            self._store.put_pair(origin.hit_id, self.pair(question, origin, 0))
+            self._store.add_to_counter("rejections")
+        return self.retune()
+
+    def _counts(self) -> tuple[int, int]:
+        labels = [p.label for p in feedback.labelled_pairs(self._store)]
+        return sum(labels), len(labels) - sum(labels)
+
+    def retune(self, max_pairs: int = 2000) -> ThresholdChange:
+        """Maximise F0.5 over the labelled pairs, re-scored in the current space."""
+        pairs = feedback.labelled_pairs(self._store, newest=max_pairs)
+        labels = np.array([p.label for p in pairs], dtype=int)
+        positives, negatives = int(labels.sum()), int(len(labels) - labels.sum())
+        old = self.tau
+        need = self.settings.tune_min_per_class
+        if positives < need or negatives < need:
+            return ThresholdChange(
+                old, old, positives, negatives,
+                f"needs {need} accepted and {need} rejected hits to re-tune; "
+                f"has {positives} and {negatives}",
+            )
+        a = embed_texts(self.encoder, [p.q1 for p in pairs])
+        b = embed_texts(self.encoder, [p.q2 for p in pairs])
+        best = best_threshold((a * b).sum(1), labels)
+        new = round(nearest_threshold(best.threshold), 4)
+        self.thresholds.set_local(new)
+        return ThresholdChange(old, new, positives, negatives,
+                               f"F0.5 {best.f05:.3f} on {len(pairs)} labelled pairs")

@@ -1,0 +1,148 @@
+"""The answer sources, asked in order by ``AnswerService``: the instruction pack, the
+semantic cache, the upstream. Each takes a question with its context and returns a turn
+whose typed origin says what answered, or None; the two that match by meaning decide
+through the one ``Matcher`` and take feedback ("wrong answer") on what they served.
+
+The pack and the cache answer nothing about attached documents: such an answer depends on
+the documents, so it is neither served from nor stored in a cache.
+"""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from meancache.client.cache import Context, Hit, SemanticCache, Source, ThresholdChange
+from meancache.client.cache.matcher import Matcher
+from meancache.client.cache.source import CacheOrigin, Matched, PackOrigin, UpstreamOrigin
+from meancache.client.chat.conversations import Conversation, Turn
+from meancache.client.chat.documents import document_prompt
+from meancache.client.pack import PackStore
+from meancache.client.upstream_client import Completed, Delta, UpstreamClient
+
+OnDelta = Callable[[str], Awaitable[None]]  # awaited per streamed piece of the answer
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A question (cleaned) and its context: what every source is given."""
+
+    question: str
+    conversation: Conversation
+    turn_index: int  # the turn the answer becomes (the turns before it are the history)
+    on_delta: OnDelta | None = None
+
+    @property
+    def context(self) -> Context:
+        """The cache context: the conversation and the turn before this one."""
+        if self.turn_index == 0:
+            return Context(self.conversation.id, 0)
+        last = self.conversation.turns[self.turn_index - 1]
+        return Context(self.conversation.id, self.turn_index, last.entry_id, last.question)
+
+    @property
+    def about_documents(self) -> bool:
+        return bool(self.conversation.documents)
+
+
+class AnswerSource(Protocol):
+    async def answer(self, asked: Asked) -> Turn | None: ...
+
+
+class MatchingSource(AnswerSource, Protocol):
+    """A source that serves matches: "wrong answer" on one reaches it here."""
+
+    async def reject(self, question: str, origin: Matched) -> ThresholdChange: ...
+
+
+class PackSource:
+    """The instruction pack: the very question, then a similar instruction."""
+
+    def __init__(self, packs: PackStore, matcher: Matcher) -> None:
+        self.packs = packs
+        self.matcher = matcher
+
+    async def answer(self, asked: Asked) -> Turn | None:
+        if asked.about_documents:
+            return None
+        return await asyncio.to_thread(self._lookup, asked.question)
+
+    def _lookup(self, question: str) -> Turn | None:
+        found = self.packs.lookup(question) or self.packs.lookup_similar(question,
+                                                                         self.matcher)
+        if found is None:
+            return None
+        self.matcher.accepted(question, found.origin)
+        return Turn(question, found.answer, found.origin)
+
+    async def reject(self, question: str, origin: Matched) -> ThresholdChange:
+        assert isinstance(origin, PackOrigin)
+        return await asyncio.to_thread(self._reject, question, origin)
+
+    def _reject(self, question: str, origin: PackOrigin) -> ThresholdChange:
+        self.packs.reject(question, origin)
+        return self.matcher.rejected(question, origin)
+
+
+class CacheSource:
+    """The semantic cache."""
+
+    def __init__(self, cache: SemanticCache) -> None:
+        self.cache = cache
+
+    async def answer(self, asked: Asked) -> Turn | None:
+        if asked.about_documents:
+            return None
+        result = await asyncio.to_thread(self.cache.lookup, asked.question, asked.context)
+        if not isinstance(result, Hit):
+            return None
+        return Turn(asked.question, result.answer, result.origin, truncated=result.truncated)
+
+    async def reject(self, question: str, origin: Matched) -> ThresholdChange:
+        assert isinstance(origin, CacheOrigin)
+        return await asyncio.to_thread(self.cache.reject, question, origin)
+
+
+class UpstreamSource:
+    """The upstream: always answers (or raises), streamed, and the complete answer stored
+    in the cache (a cancelled or broken stream stores nothing)."""
+
+    def __init__(self, upstream: UpstreamClient, cache: SemanticCache, max_tokens: int,
+                 temperature: float) -> None:
+        self.upstream = upstream
+        self.cache = cache
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+
+    async def answer(self, asked: Asked, corrected: bool = False) -> Turn:
+        """``corrected``: the answer replaces a rejected match (stored as such)."""
+        messages = Conversation(turns=asked.conversation.turns[:asked.turn_index]).messages()
+        content = document_prompt(asked.conversation.documents, asked.question) \
+            if asked.about_documents else asked.question
+        messages.append({"role": "user", "content": content})
+        completed: Completed | None = None
+        async for event in self.upstream.stream_chat(messages, self.max_tokens,
+                                                     self.temperature):
+            if isinstance(event, Delta):
+                if asked.on_delta is not None:
+                    await asked.on_delta(event.text)
+            else:
+                completed = event
+        assert completed is not None  # stream_chat always ends with Completed or raises
+        entry_id, truncated = None, False
+        if not asked.about_documents:
+            truncated = await asyncio.to_thread(self.cache.encoder.is_truncated,
+                                                asked.question)
+            if completed.text.strip():
+                entry = await asyncio.to_thread(
+                    self.cache.insert, asked.question, completed.text, asked.context,
+                    Source.USER_CORRECTED if corrected else Source.UPSTREAM,
+                    completed.prompt_tokens, completed.completion_tokens,
+                )
+                entry_id = entry.id
+        return Turn(asked.question, completed.text, UpstreamOrigin(entry_id),
+                    ttft_seconds=completed.ttft_seconds,
+                    cached_tokens=completed.cached_tokens,
+                    prompt_tokens=completed.prompt_tokens,
+                    completion_tokens=completed.completion_tokens,
+                    finish_reason=completed.finish_reason, truncated=truncated)
