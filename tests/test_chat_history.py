@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from meancache.client.cache.source import Source
+from meancache.client.cache.source import CacheOrigin, UpstreamOrigin
 from meancache.client.chat.conversations import Conversation, ConversationStore, Turn
 from meancache.client.chat.history import ChatHistory
 from meancache.client.errors import ConversationNotFoundError, HistoryError
@@ -16,8 +16,9 @@ def chat_with_entries(history: ChatHistory) -> tuple[Conversation, str]:
     own = history.cache.insert("How far is the moon?", "About 384,000 km.").id
     other = history.cache.insert("Why is the sky blue?", "Rayleigh scattering.").id
     conversation = Conversation(turns=[
-        Turn("How far is the moon?", "About 384,000 km.", Source.UPSTREAM, entry_id=own),
-        Turn("Why's the sky blue?", "Rayleigh scattering.", Source.CACHE, entry_id=other),
+        Turn("How far is the moon?", "About 384,000 km.", UpstreamOrigin(entry_id=own)),
+        Turn("Why's the sky blue?", "Rayleigh scattering.",
+             CacheOrigin("hit-1", other, "Why is the sky blue?", 0.95)),
     ])
     history.save(conversation)
     return conversation, other
