@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meancache.shared.http_limits import GuardRequests
 from meancache.shared.pml import PML_MEDIA_TYPE
 from meancache.upstream.errors import (
     BadRequest,
@@ -218,7 +219,8 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
 
     labels = {route.endpoint: route.name for route in routes}
     app = Starlette(routes=routes, exception_handlers=exception_handlers(), lifespan=lifespan,
-                    middleware=[Middleware(CountRequests, count, labels)])
+                    middleware=[Middleware(GuardRequests),
+                                Middleware(CountRequests, count, labels)])
     app.state.engine = engine
     app.state.metrics = metrics
     app.state.worker = worker
