@@ -58,7 +58,7 @@ class ServerSettings:
 
 def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None) -> Starlette:
     settings = settings or ServerSettings()
-    worker = ModelWorker(settings.limits.max_queued)
+    worker = ModelWorker(settings.limits.max_queued, settings.limits.max_queued_per_key)
     limits = settings.limits
     metrics = ServerMetrics(engine)
     model_name = engine.loaded.name
@@ -84,12 +84,13 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         return parse_json(await read_body(request), limits)
 
     async def chat(request: Request) -> Response:
+        tenant = tenant_of(request)
+        worker.admit(tenant)  # a key with its queue full costs no body read or parse
         chat_request = parse_chat_request(await read_json(request), settings.default_max_tokens,
                                           model_name)
         check_chat(chat_request, limits)
-        tenant = tenant_of(request)
         prepared = await worker.call(lambda: engine.prepare_messages(chat_request.messages,
-                                                                     tenant))
+                                                                     tenant), tenant)
         check_prompt(prepared, limits)
         engine.check_fits(prepared, chat_request.params)
         completion = Completion(model_name)
@@ -99,7 +100,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
 
         if not chat_request.stream:
             text, finish = "", None
-            async for event in worker.stream(run):
+            async for event in worker.stream(run, tenant):
                 if isinstance(event, Delta):
                     text += event.text
                     if await request.is_disconnected():
@@ -116,7 +117,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
             yield _sse(completion.chunk({"role": "assistant", "content": ""}))
             finished = False
             try:
-                async for event in worker.stream(run):
+                async for event in worker.stream(run, tenant):
                     if isinstance(event, Delta):
                         yield _sse(completion.chunk({"content": event.text}))
                     elif isinstance(event, Finish):
@@ -149,6 +150,8 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         }]})
 
     async def add_schema(request: Request) -> Response:
+        tenant = tenant_of(request)
+        worker.admit(tenant)
         body = await read_body(request)
         if request.headers.get("content-type", "").startswith("application/json"):
             payload = parse_json(body, limits)
@@ -161,25 +164,24 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
                 source = body.decode("utf-8")
             except UnicodeDecodeError:
                 raise BadRequest("the schema is not UTF-8 text; send it UTF-8 encoded") from None
-        tenant = tenant_of(request)
         info = await worker.call(lambda: engine.add_schema(
-            source, tenant, lambda usage: check_schema_usage(usage, limits)))
+            source, tenant, lambda usage: check_schema_usage(usage, limits)), tenant)
         return JSONResponse(_schema_json(info), status_code=201)
 
     # Schemas are read on the model thread, which alone changes them.
     async def list_schemas(request: Request) -> Response:
         tenant = tenant_of(request)
-        infos = await worker.call(lambda: engine.schema_infos(tenant))
+        infos = await worker.call(lambda: engine.schema_infos(tenant), tenant)
         return JSONResponse({"object": "list", "data": [_schema_json(i) for i in infos]})
 
     async def get_schema(request: Request) -> Response:
         name, tenant = request.path_params["name"], tenant_of(request)
         return JSONResponse(_schema_json(await worker.call(
-            lambda: engine.schema_info(name, tenant))))
+            lambda: engine.schema_info(name, tenant), tenant)))
 
     async def delete_schema(request: Request) -> Response:
         name, tenant = request.path_params["name"], tenant_of(request)
-        await worker.call(lambda: engine.remove_schema(name, tenant))
+        await worker.call(lambda: engine.remove_schema(name, tenant), tenant)
         return JSONResponse({"id": name, "deleted": True})
 
     async def health(request: Request) -> Response:
