@@ -78,10 +78,10 @@ def server_config(app: ASGIApp, header_seconds: float = HEADER_SECONDS,
                   **options: Any) -> uvicorn.Config:
     """uvicorn's Config for ``app`` with this module's limits (``options``: host, port,
     TLS files and the like)."""
+    defaults: dict[str, Any] = {"ws": "none", "log_config": None, "access_log": False}
     return uvicorn.Config(app, http=guarded_h11(header_seconds),
                           h11_max_incomplete_event_size=MAX_HEADER_BYTES,
-                          timeout_keep_alive=KEEP_ALIVE_SECONDS, ws="none",
-                          log_config=None, access_log=False, **options)
+                          timeout_keep_alive=KEEP_ALIVE_SECONDS, **(defaults | options))
 
 
 def _error(message: str, code: str) -> bytes:

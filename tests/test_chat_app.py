@@ -353,23 +353,27 @@ def test_sync_downloads_the_global_model_and_re_embeds(
     settings: Settings, torch_encoder: Encoder, tmp_path: Path
 ) -> None:
     import threading
+    from functools import partial
 
     import uvicorn
     from meancache.fl_server.model_endpoint import create_model_app
     from meancache.shared.fl.checkpoint import save_checkpoint
+    from meancache.shared.fl.signing import PUBLIC_KEY, server_key, sign
     from meancache.shared.fl.weights import federated_names, federated_state
 
     model = torch_encoder.sentence_transformer
     names = federated_names(model, 1)
     nudged = {k: v * 1.01 for k, v in federated_state(model, names).items()}
-    save_checkpoint(tmp_path / "server", 4, nudged, 0.88, torch_encoder.base_version, 1)
+    save_checkpoint(tmp_path / "server", 4, nudged, 0.88, torch_encoder.base_version, 1,
+                    sign=partial(sign, key=server_key(tmp_path / "server")))
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(create_model_app(tmp_path / "server"),
                                            host="127.0.0.1", port=port, log_config=None))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     configured = dataclasses.replace(settings, fl_server_url=f"http://127.0.0.1:{port}",
-                                     encoder_backend="torch")
+                                     encoder_backend="torch",
+                                     fl_server_public_key=str(tmp_path / "server" / PUBLIC_KEY))
 
     async def run() -> None:
         app = MeanCacheApp(configured)

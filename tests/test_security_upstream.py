@@ -19,7 +19,6 @@ from meancache.upstream.prompt_cache.engine import PromptCacheEngine
 from meancache.upstream.prompt_cache.module_store import ModuleStore
 from meancache.upstream.prompt_cache.states import SegmentStates
 from meancache.upstream.server.app import ServerSettings, create_app
-from meancache.upstream.server.limits import Limits
 from meancache.upstream.server.tenants import tenant_id
 from meancache.upstream.server.worker import ModelWorker
 
