@@ -93,7 +93,8 @@ def _error(message: str, code: str) -> bytes:
 class GuardRequests:
     """ASGI middleware: 431 for a request with more than ``max_headers`` header fields;
     408 (and the connection closed) when its body has not fully arrived ``body_seconds``
-    after the app first asks for it; the app then reads a disconnect."""
+    after the app first asks for it (the app then reads a disconnect); and the connection
+    closed after any answer sent before the body was read."""
 
     def __init__(self, app: ASGIApp, max_headers: int = MAX_HEADERS,
                  body_seconds: float = BODY_SECONDS) -> None:
@@ -112,7 +113,8 @@ class GuardRequests:
             return
         loop = asyncio.get_running_loop()
         deadline: float | None = None
-        body_done = timed_out = started = False
+        body_done = not _has_body(scope)
+        timed_out = started = False
 
         async def receive_in_time() -> Message:
             nonlocal deadline, body_done, timed_out
@@ -138,10 +140,21 @@ class GuardRequests:
             nonlocal started
             if timed_out and not started:
                 return  # the 408 went out instead
+            if message["type"] == "http.response.start" and not body_done:
+                # Answered before its body was read (401, 413, 415...): close the connection
+                # after the answer instead of reading the rest of the body to discard it.
+                message = {**message, "headers": [*message.get("headers", ()),
+                                                  (b"connection", b"close")]}
             started = True
             await send(message)
 
         await self.app(scope, receive_in_time, send_unless_answered)
+
+
+def _has_body(scope: Scope) -> bool:
+    """Whether the request says a body follows its headers."""
+    headers = dict(scope["headers"])
+    return b"transfer-encoding" in headers or headers.get(b"content-length", b"0") != b"0"
 
 
 async def _respond(send: Send, status: int, body: bytes) -> None:

@@ -311,3 +311,26 @@ def test_an_unauthenticated_big_body_is_never_read(served: Served) -> None:
                  b"Host: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: 400000000\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 401"), answer[:100]
+
+
+def test_an_answer_before_the_body_closes_the_connection(served: Served) -> None:
+    """A 401 to a request announcing 400 MB: the connection is closed after the answer,
+    so the server neither buffers nor reads and discards the rest (today it reads on)."""
+    with socket.create_connection(("127.0.0.1", served.server.port), timeout=30) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: 400000000\r\n\r\n")
+        assert sock.recv(100).startswith(b"HTTP/1.1 401")
+        sent = 0
+        with pytest.raises(OSError):
+            for sent in range(400):  # noqa: B007
+                sock.sendall(b"a" * (1 << 20))
+        assert sent < 64, f"the server read {sent} MiB of a body nobody authenticated"
+
+
+def test_kept_alive_connections_still_serve_many_requests(served: Served) -> None:
+    """Closing after an early answer does not close the connection of any other."""
+    with served.client(GREEDY) as greedy:
+        answers = [greedy.get("/v1/models"), greedy.get("/health"),
+                   greedy.post("/v1/schemas", content=schema("kept"), headers=PML)]
+    assert [a.status_code for a in answers] == [200, 200, 201]
+    assert all(a.headers.get("connection") != "close" for a in answers)
