@@ -58,9 +58,10 @@ class Settings:
     fl_superlink: str | None = None  # HOST:PORT of the SuperLink the chat may join
     fl_root_certificate: str | None = None  # the FL CA certificate, for TLS
     fl_insecure: bool = False  # allow plain connections to a non-loopback FL server
-    # The FL server's signing-key.pub (its one line, or the file's path): set, a global
-    # model is installed only with the server's signature (shared.fl.signing).
+    # The FL server's signing-key.pub (its one line, or the file's path): a global model is
+    # installed only with the server's signature (shared.fl.signing); unset, none is.
     fl_server_public_key: str | None = None
+    fl_allow_unsigned: bool = False  # a lab: install global models nobody signed (warned)
 
     @property
     def embedded_model(self) -> str:

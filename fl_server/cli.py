@@ -111,7 +111,8 @@ def run_server(args: argparse.Namespace, settings: Any) -> int:
     print(f"meancache fl server: Fleet API for devices on {args.host}:{args.port}, run "
           f"submission on 127.0.0.1:{args.control_port} only, global model on "
           f"{scheme}://{args.host}:{args.model_port}/v1/global-model; logs in {state}; "
-          f"devices verify global models with {checkpoint_dir(settings) / PUBLIC_KEY}",
+          f"hand devices {checkpoint_dir(settings) / PUBLIC_KEY} (`fl sync --server-key` or "
+          "fl_server_public_key): they install only global models signed with it",
           file=sys.stderr, flush=True)
     ca = None if args.certificates is None else args.certificates / "ca.crt"
     try:
@@ -188,5 +189,6 @@ def run_simulate(args: argparse.Namespace, settings: Any) -> int:
         meta = publish(config.checkpoint_dir, server_dir)
         err.print(f"published the global model as round {meta.round} (threshold "
                   f"{meta.threshold:.3f}) in {server_dir}: `meancache fl server` serves it; "
-                  f"devices verify it with {server_dir / PUBLIC_KEY}")
+                  f"devices install it only with {server_dir / PUBLIC_KEY} as their "
+                  "`fl sync --server-key` (or fl_server_public_key)")
     return 0

@@ -4,8 +4,10 @@ execute the submitted app) stays on loopback, where only the operator reaches it
 
 flwr 1.4x serves both APIs on one port and its open-source distribution has no login for
 the Control API, so `meancache fl server` binds the SuperLink to loopback (its control
-port) and serves this proxy on the public address: it forwards ``POST /v1/fleet/...`` and
-answers anything else with 403.
+port) and serves this proxy on the public address. It forwards exactly the Fleet methods a
+SuperNode calls, matched on the request's raw path as sent (no decoding, no dot-segment
+resolution: ``/v1/fleet/../control/start-run`` is not ``/v1/fleet/`` anything), to the
+SuperLink path of that method, and answers anything else with 403.
 """
 
 import logging
@@ -15,14 +17,38 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+from meancache.shared.http_limits import GuardRequests
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Scope
 
 log = logging.getLogger(__name__)
 
-FLEET = "/v1/fleet/"
+# The gRPC methods of flwr.proto.Fleet a SuperNode calls (flwr/supernode/fleet_http_client.py),
+# and the path of each on the SuperLink's HTTP transport.
+FLEET_METHODS: dict[str, str] = {
+    "/flwr.proto.Fleet/RegisterNode": "/v1/fleet/register-node",
+    "/flwr.proto.Fleet/ActivateNode": "/v1/fleet/activate-node",
+    "/flwr.proto.Fleet/DeactivateNode": "/v1/fleet/deactivate-node",
+    "/flwr.proto.Fleet/UnregisterNode": "/v1/fleet/unregister-node",
+    "/flwr.proto.Fleet/SendNodeHeartbeat": "/v1/fleet/send-node-heartbeat",
+    "/flwr.proto.Fleet/PullMessages": "/v1/fleet/pull-messages",
+    "/flwr.proto.Fleet/PushMessages": "/v1/fleet/push-messages",
+    "/flwr.proto.Fleet/GetRun": "/v1/fleet/get-run",
+    "/flwr.proto.Fleet/GetFab": "/v1/fleet/get-fab",
+    "/flwr.proto.Fleet/PushObject": "/v1/fleet/push-object",
+    "/flwr.proto.Fleet/PullObject": "/v1/fleet/pull-object",
+    "/flwr.proto.Fleet/ConfirmMessageReceived": "/v1/fleet/confirm-message-received",
+}
+_ROUTES = frozenset(FLEET_METHODS.values())
+# The largest Fleet request: a PushObject carries one array chunk (flwr splits arrays into
+# 5 MB chunks, FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE) plus its framing.
+MAX_BODY_BYTES = 16 * 1024 * 1024
+# How long the SuperLink may take to answer one call (a SuperNode's own timeout is 30 s).
+UPSTREAM_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 # Hop-by-hop and recomputed headers are not forwarded.
 _DROP = frozenset({"host", "connection", "keep-alive", "transfer-encoding", "te", "trailer",
                    "upgrade", "proxy-authorization", "proxy-authenticate", "content-length"})
@@ -34,27 +60,64 @@ def _forwardable(headers: httpx.Headers | dict[str, str], *also: str) -> dict[st
     return {k: v for k, v in headers.items() if k.lower() not in _DROP | set(also)}
 
 
-def create_gateway(superlink: str, root_certificate: Path | None) -> Starlette:
+def fleet_route(scope: Scope) -> str | None:
+    """The SuperLink path this request may be forwarded to, or None. The raw path must be
+    one of the Fleet paths byte for byte, so a dot segment, a percent-escape (``%2e``,
+    ``%2f``), a double slash or a query string never matches."""
+    raw = scope.get("raw_path") or scope["path"].encode()
+    if scope["method"] != "POST" or scope.get("query_string"):
+        return None
+    path = raw.decode("latin-1")
+    return path if path in _ROUTES else None
+
+
+def _error(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+async def _read_capped(request: Request) -> bytes | None:
+    """The body, or None once it passes MAX_BODY_BYTES (never buffered beyond that)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return None
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            return None
+    return bytes(body)
+
+
+def create_gateway(superlink: str, root_certificate: Path | None,
+                   timeout: httpx.Timeout = UPSTREAM_TIMEOUT) -> Starlette:
     """A proxy to the SuperLink at ``superlink`` (HOST:PORT on loopback; https when
-    ``root_certificate`` verifies it) that passes the Fleet API only."""
+    ``root_certificate`` verifies it) that passes the Fleet API only; ``timeout`` bounds
+    each call to the SuperLink."""
     scheme = "https" if root_certificate else "http"
     verify: ssl.SSLContext | bool = (ssl.create_default_context(cafile=str(root_certificate))
                                      if root_certificate else True)
     client = httpx.AsyncClient(base_url=f"{scheme}://{superlink}", verify=verify,
-                               timeout=httpx.Timeout(None))
+                               timeout=timeout)
 
     async def forward(request: Request) -> Response:
-        if request.method != "POST" or not request.url.path.startswith(FLEET):
-            log.warning("refused %s %s from %s", request.method, request.url.path,
+        route = fleet_route(request.scope)
+        if route is None:
+            log.warning("refused %s %r from %s", request.method,
+                        request.scope.get("raw_path", b"")[:200],
                         request.client.host if request.client else "?")
-            return JSONResponse({"error": {"message": REFUSED}}, status_code=403)
+            return _error(REFUSED, 403)
         try:
-            answer = await client.post(request.url.path, content=await request.body(),
+            body = await _read_capped(request)
+        except ClientDisconnect:
+            return Response(status_code=499)
+        if body is None:
+            return _error(f"a Fleet request body may hold at most {MAX_BODY_BYTES} bytes", 413)
+        try:
+            answer = await client.post(route, content=body,
                                        headers=_forwardable(request.headers))
         except httpx.HTTPError as exc:
-            log.warning("the SuperLink did not answer %s: %s", request.url.path, exc)
-            return JSONResponse({"error": {"message": "the SuperLink is not reachable"}},
-                                status_code=502)
+            log.warning("the SuperLink did not answer %s: %s", route, exc)
+            return _error("the SuperLink is not reachable", 502)
         return Response(answer.content, status_code=answer.status_code,  # decoded by httpx:
                         headers=_forwardable(answer.headers, "content-encoding"))
 
@@ -65,4 +128,4 @@ def create_gateway(superlink: str, root_certificate: Path | None) -> Starlette:
 
     return Starlette(routes=[Route("/{path:path}", forward,
                                    methods=["GET", "POST", "PUT", "PATCH", "DELETE"])],
-                     lifespan=lifespan)
+                     middleware=[Middleware(GuardRequests)], lifespan=lifespan)

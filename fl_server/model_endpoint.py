@@ -20,7 +20,9 @@ from meancache.shared.fl.checkpoint import (
     read_meta,
     round_dir,
 )
+from meancache.shared.http_limits import GuardRequests
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -104,4 +106,4 @@ def create_model_app(checkpoint_dir: Path) -> Starlette:
         Route("/v1/global-model", describe),
         Route("/v1/global-model/weights", latest_weights),
         Route("/v1/global-model/rounds/{round:int}/weights", round_weights),
-    ])
+    ], middleware=[Middleware(GuardRequests)])

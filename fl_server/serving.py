@@ -5,6 +5,7 @@ import asyncio
 from pathlib import Path
 
 import uvicorn
+from meancache.shared.http_limits import server_config
 from starlette.types import ASGIApp
 
 
@@ -18,9 +19,8 @@ def tls_options(certificates: Path | None) -> dict[str, str]:
 
 def serve(apps: list[tuple[ASGIApp, int]], host: str, certificates: Path | None) -> None:
     """Serve every (app, port) on ``host`` in the foreground until stopped."""
-    servers = [uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_config=None,
-                                             access_log=False, ws="none",
-                                             **tls_options(certificates)))
+    servers = [uvicorn.Server(server_config(app, host=host, port=port,
+                                            **tls_options(certificates)))
                for app, port in apps]
 
     async def all_of_them() -> None:

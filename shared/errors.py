@@ -61,6 +61,15 @@ and never the other way round)::
 
 from __future__ import annotations
 
+#: At most this many characters of a caller's text are quoted back in an error message.
+EXCERPT_CHARS = 40
+
+
+def excerpt(text: str, limit: int = EXCERPT_CHARS) -> str:
+    """``text`` quoted for an error message, cut to ``limit`` characters: a caller's long
+    name or value is never echoed whole."""
+    return repr(text) if len(text) <= limit else f"{text[:limit]!r}... ({len(text)} chars)"
+
 
 class MeanCacheError(Exception):
     """Base of every error meancache raises on purpose."""

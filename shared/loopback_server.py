@@ -1,6 +1,7 @@
 """An ASGI app served by uvicorn on a daemon thread, on a loopback port: the chat's
 embedded upstream and the servers tests start. The port is the one a socket bound here
-got from the kernel and hands to uvicorn, so no other process can take it in between."""
+got from the kernel and hands to uvicorn, so no other process can take it in between.
+It keeps the limits of every server (meancache.shared.http_limits)."""
 
 import socket
 import threading
@@ -8,6 +9,7 @@ import time
 from typing import Any
 
 import uvicorn
+from meancache.shared.http_limits import server_config
 
 
 class LoopbackServer:
@@ -15,8 +17,7 @@ class LoopbackServer:
         self._socket = socket.socket()
         self._socket.bind(("127.0.0.1", 0))
         self.port = int(self._socket.getsockname()[1])
-        self._server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False,
-                                                     **config))
+        self._server = uvicorn.Server(server_config(app, **config))
         self._thread = threading.Thread(target=self._server.run, name=name, daemon=True,
                                         kwargs={"sockets": [self._socket]})
 

@@ -355,26 +355,24 @@ def test_fl_actions_are_off_until_configured(settings: Settings) -> None:
 def test_sync_downloads_the_global_model_and_re_embeds(
     settings: Settings, torch_encoder: Encoder, tmp_path: Path
 ) -> None:
+    from functools import partial
 
-    import uvicorn
     from meancache.fl_server.model_endpoint import create_model_app
     from meancache.shared.fl.checkpoint import save_checkpoint
+    from meancache.shared.fl.signing import PUBLIC_KEY, server_key, sign
     from meancache.shared.fl.weights import federated_names, federated_state
 
     model = torch_encoder.sentence_transformer
     names = federated_names(model, 1)
     nudged = {k: v * 1.01 for k, v in federated_state(model, names).items()}
-    save_checkpoint(tmp_path / "server", 4, nudged, 0.88, torch_encoder.base_version, 1)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_model_app(tmp_path / "server"),
-                                           host="127.0.0.1", port=port, log_config=None))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    configured = dataclasses.replace(settings, fl_server_url=f"http://127.0.0.1:{port}",
-                                     encoder_backend="torch")
+    save_checkpoint(tmp_path / "server", 4, nudged, 0.88, torch_encoder.base_version, 1,
+                    sign=partial(sign, key=server_key(tmp_path / "server")))
 
-    async def run() -> None:
-        app = MeanCacheApp(configured)
+
+    async def run(url: str) -> None:
+        app = MeanCacheApp(dataclasses.replace(
+            settings, fl_server_url=url, encoder_backend="torch",
+            fl_server_public_key=str(tmp_path / "server" / PUBLIC_KEY)))
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)
             await ask(pilot, "How do I learn to swim?")
@@ -389,11 +387,8 @@ def test_sync_downloads_the_global_model_and_re_embeds(
             await ask(pilot, "How do I learn to swim?")
             assert app.chat.conversation.turns[-1].source == "cache"
 
-    try:
-        asyncio.run(run())
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serving(create_model_app(tmp_path / "server")) as url:
+        asyncio.run(run(url))
 
 
 def rounds_timer_running() -> bool:

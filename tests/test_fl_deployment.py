@@ -111,7 +111,8 @@ def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
 
     # A new user downloads the global model and starts from it.
     carol = tmp_path / "carol"
-    sync = processes.start(carol, "fl", "sync", "--server", f"http://127.0.0.1:{model_port}")
+    sync = processes.start(carol, "fl", "sync", "--server", f"http://127.0.0.1:{model_port}",
+                           "--server-key", str(checkpoints / "signing-key.pub"))
     assert sync.wait(timeout=120) == 0, (tmp_path / "carol-sync.log").read_text()
     installed = latest_checkpoint(carol / "fl" / "global")
     assert installed is not None and read_meta(installed).sha256 == meta.sha256

@@ -2,7 +2,6 @@
 loopback, real checkpoints on disk, real httpx. Faults are injected on the server's side
 (damaged weights, a server that is down, one with no model, one that answers nonsense)."""
 
-import dataclasses
 import json
 from collections import Counter
 from collections.abc import Iterator
@@ -76,19 +75,23 @@ def url(counted: CountingApp) -> Iterator[str]:
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    """A fresh device: nothing under its data dir yet."""
+def settings(tmp_path: Path, server_root: Path) -> Settings:
+    """A fresh device (nothing under its data dir yet) that trusts the key the FL server
+    made beside its checkpoints."""
+    server_key(server_root)
     return load_settings(config_dir=tmp_path / "cfg", data_dir=tmp_path / "data", environ={},
-                         encoder_model="minilm")
+                         encoder_model="minilm",
+                         fl_server_public_key=str(server_root / PUBLIC_KEY))
 
 
 def publish(root: Path, round_number: int, threshold: float, seed: int | None = None
             ) -> GlobalModel:
-    """A checkpoint as the FL server writes one after a round."""
+    """A checkpoint as the FL server writes one after a round, signed with its key."""
     generator = torch.Generator().manual_seed(round_number if seed is None else seed)
     state = {"w": torch.randn(4, 4, generator=generator), "b": torch.randn(4, generator=generator)}
     return save_checkpoint(root, round_number, state, threshold, base_model="base",
-                           top_layers=0, metrics={"f1": 0.5 + round_number / 100})
+                           top_layers=0, metrics={"f1": 0.5 + round_number / 100},
+                           sign=partial(sign, key=server_key(root)))
 
 
 def cache_threshold(settings: Settings) -> float:
@@ -322,7 +325,8 @@ def test_oversized_downloads_are_cut_off(url: str, server_root: Path, settings: 
 def test_non_finite_weights_are_refused(url: str, server_root: Path, settings: Settings
                                         ) -> None:
     save_checkpoint(server_root, 1, {"w": torch.tensor([1.0, float("nan")])}, 0.8,
-                    base_model="base", top_layers=0)
+                    base_model="base", top_layers=0,
+                    sign=partial(sign, key=server_key(server_root)))
     with pytest.raises(CheckpointError, match=r"not usable \(the weights hold non-finite"):
         sync_global_model(url, settings)
     assert not (settings.global_model_dir / LATEST).exists() and leftovers(settings) == []
@@ -339,22 +343,10 @@ def test_only_the_newest_rounds_are_kept(url: str, server_root: Path, settings: 
 
 
 # the server's signature ------------------------------------------------------------------
-def signed_device(settings: Settings, server_root: Path) -> Settings:
-    """A device that trusts the key the FL server made beside its checkpoints."""
-    server_key(server_root)
-    return dataclasses.replace(settings, fl_server_public_key=str(server_root / PUBLIC_KEY))
-
-
-def publish_signed(root: Path, round_number: int, threshold: float) -> GlobalModel:
-    state = {"w": torch.randn(4, 4, generator=torch.Generator().manual_seed(round_number))}
-    return save_checkpoint(root, round_number, state, threshold, base_model="base",
-                           top_layers=0, sign=partial(sign, key=server_key(root)))
-
-
 def test_a_signed_global_model_is_installed(url: str, server_root: Path, settings: Settings
                                             ) -> None:
-    device = signed_device(settings, server_root)
-    published = publish_signed(server_root, 1, 0.8)
+    device = settings
+    published = publish(server_root, 1, 0.8)
     assert published.signature
     result = sync_global_model(url, device)
     assert result.changed and load_checkpoint(result.path)[0] == published
@@ -362,10 +354,10 @@ def test_a_signed_global_model_is_installed(url: str, server_root: Path, setting
 
 def test_a_tampered_checkpoint_is_refused(url: str, server_root: Path, settings: Settings
                                           ) -> None:
-    device = signed_device(settings, server_root)
-    kept = publish_signed(server_root, 1, 0.8)
+    device = settings
+    kept = publish(server_root, 1, 0.8)
     sync_global_model(url, device)
-    publish_signed(server_root, 2, 0.8)
+    publish(server_root, 2, 0.8)
     # Whoever can write the served files swaps in weights of theirs and fixes the hash.
     directory = round_dir(server_root, 2)
     save_file({"w": torch.full((4, 4), 9.0)}, str(directory / WEIGHTS))
@@ -382,8 +374,9 @@ def test_a_tampered_checkpoint_is_refused(url: str, server_root: Path, settings:
 def test_an_unsigned_or_foreign_checkpoint_is_refused(url: str, server_root: Path,
                                                       settings: Settings, tmp_path: Path
                                                       ) -> None:
-    device = signed_device(settings, server_root)
-    publish(server_root, 1, 0.8)  # no signature
+    device = settings
+    save_checkpoint(server_root, 1, {"w": torch.zeros(2)}, 0.8, base_model="base",
+                    top_layers=0)  # no signature
     with pytest.raises(CheckpointError, match="not signed by the FL server's key"):
         sync_global_model(url, device)
     other = tmp_path / "other-server"

@@ -15,6 +15,7 @@ from meancache.client.errors import ConfigError, SyncError
 from meancache.client.fl.supernode import supernode_command
 from meancache.client.fl.sync import sync_global_model
 from meancache.fl_server.model_endpoint import create_model_app
+from meancache.shared.fl.signing import PUBLIC_KEY
 from meancache.shared.processes import free_port
 
 from meancache.cli import main
@@ -26,8 +27,10 @@ SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "make-certificates.sh"
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
+    """A device trusting the key of the FL server under tmp_path/server (see https_url)."""
     return load_settings(config_dir=tmp_path / "cfg", data_dir=tmp_path / "data", environ={},
-                         encoder_model="minilm")
+                         encoder_model="minilm",
+                         fl_server_public_key=str(tmp_path / "server" / PUBLIC_KEY))
 
 
 @pytest.fixture(scope="module")

@@ -47,6 +47,8 @@ def add_commands(commands: Any) -> None:
     limits = Limits()
     for name, default, text in (
         ("max-queued", limits.max_queued, "requests waiting for the model (more get 429)"),
+        ("max-queued-per-key", limits.max_queued_per_key,
+         "requests one API key may have waiting (the keys take turns)"),
         ("max-prompt-tokens", limits.max_prompt_tokens, "new prompt tokens per request"),
         ("max-completion-tokens", limits.max_tokens, "the largest max_tokens a request may set"),
         ("max-schemas-per-key", limits.max_schemas_per_key, "PML schemas one key may hold"),
@@ -85,7 +87,8 @@ def run_serve(args: argparse.Namespace, settings: Any) -> int:
                                     repetition_window=args.repetition_window,
                                     stop_on_loops=args.stop_on_loops),
             limits=Limits(
-                max_queued=args.max_queued, max_prompt_tokens=args.max_prompt_tokens,
+                max_queued=args.max_queued, max_queued_per_key=args.max_queued_per_key,
+                max_prompt_tokens=args.max_prompt_tokens,
                 max_tokens=args.max_completion_tokens,
                 max_schemas_per_key=args.max_schemas_per_key,
                 max_schema_tokens_per_key=args.max_schema_tokens_per_key,

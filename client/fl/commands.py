@@ -29,6 +29,14 @@ def add_commands(fl: Any) -> None:
                       help="the CA certificate of an https server (None: fl_root_certificate)")
     sync.add_argument("--insecure", action="store_true",
                       help="allow plain http to a server on another host")
+    sync.add_argument("--server-key", metavar="KEY_OR_FILE",
+                      help="the FL server's signing-key.pub (its one line, or the file): "
+                      "only a global model signed with it is installed (None: "
+                      "fl_server_public_key)")
+    sync.add_argument("--allow-unsigned", action="store_true",
+                      help="install a global model without checking the FL server's "
+                      "signature (a lab only: whoever can change what the server sends "
+                      "chooses this device's model)")
     sync.set_defaults(handler=run_sync)
 
 
@@ -54,8 +62,11 @@ def run_sync(args: argparse.Namespace, settings: Any) -> int:
     from rich.console import Console
 
     certificate = args.root_certificate or settings.fl_root_certificate
-    device = dataclasses.replace(settings, fl_insecure=args.insecure or settings.fl_insecure,
-                                 fl_root_certificate=str(certificate) if certificate else None)
+    device = dataclasses.replace(
+        settings, fl_insecure=args.insecure or settings.fl_insecure,
+        fl_root_certificate=str(certificate) if certificate else None,
+        fl_server_public_key=args.server_key or settings.fl_server_public_key,
+        fl_allow_unsigned=args.allow_unsigned or settings.fl_allow_unsigned)
     err = Console(stderr=True)
     with ProgressBar("downloading the global model", err) as progress:
         result = sync_global_model(args.server, device, progress)

@@ -1,11 +1,15 @@
 """Fetching the FL server's newest global model, so a device that never took part in a
 round (a new user) starts from what the federation learned.
 
-The weights are downloaded into a temporary directory inside the device's global-model
-dir, checked against the sha256 the server announced (whose description is verified against the
-server's Ed25519 signature when ``fl_server_public_key`` is set) and only then installed with a
-rename and a LATEST pointer swap (shared.fl.checkpoint.install_checkpoint): a broken or
-tampered download never replaces the model the device already has. The cache's global
+The description the server sends (round, threshold, the weights' sha256) must carry the
+FL server's Ed25519 signature under the key the device trusts (``fl_server_public_key``, or
+`fl sync --server-key`); without a key, or with a wrong or missing signature, nothing is
+installed and the threshold is not touched. Only ``fl_allow_unsigned`` (`--allow-unsigned`,
+for a lab) installs an unverified model, with a warning. The weights are downloaded into
+a temporary directory inside the device's global-model dir, checked against the signed
+sha256 and only then installed with a rename and a LATEST pointer swap
+(shared.fl.checkpoint.install_checkpoint): a broken or tampered download never replaces
+the model the device already has. The cache's global
 threshold is updated at once; the encoder switches to the new weights the next time the
 cache opens (client.encoder.load_device_encoder, which also refuses weights trained from a
 different base model and keeps the base model then).
@@ -24,12 +28,14 @@ import logging
 import os
 import shutil
 import ssl
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings
 from meancache.client.errors import SyncError
@@ -46,7 +52,7 @@ from meancache.shared.fl.checkpoint import (
     prune_rounds,
     read_meta,
 )
-from meancache.shared.fl.signing import read_public_key, verify
+from meancache.shared.fl.signing import PUBLIC_KEY, read_public_key, verify
 from meancache.shared.fl.weights import check_finite
 from meancache.shared.progress import Progress
 from meancache.shared.threshold import check_threshold
@@ -88,13 +94,17 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
     base = url.rstrip("/")
     root = settings.global_model_dir
     verify_tls = http_verify(base, settings.fl_certificate, settings.fl_insecure)
+    server_key = _trusted_key(settings)
     with _client(base, timeout, verify_tls) as http:
         remote = _fetch_meta(http, base)
-        if settings.fl_server_public_key:
-            verify(remote.meta, read_public_key(settings.fl_server_public_key))
+        if server_key is not None:
+            verify(remote.meta, server_key)
         else:
-            log.warning("no fl_server_public_key set: the global model from %s is checked "
-                        "against its sha256 only", base)
+            warning = (f"warning: installing the global model of round {remote.meta.round} "
+                       f"from {base} unverified (fl_allow_unsigned): whoever can change what "
+                       "that server sends chooses this device's model and threshold")
+            log.warning(warning)
+            print(warning, file=sys.stderr, flush=True)
         installed = _installed(root)
         if installed is not None and _same(installed[1], remote.meta):
             path, changed = installed[0], False
@@ -110,6 +120,20 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
                  remote.meta.round, remote.meta.threshold, base)
     return SyncResult(remote.meta.round, remote.meta.threshold, remote.meta.sha256, changed,
                       path)
+
+
+def _trusted_key(settings: Settings) -> Ed25519PublicKey | None:
+    """The FL server's key this device verifies global models with; None only when the
+    user allowed unsigned models and set no key. No key otherwise: SyncError, before
+    anything is downloaded."""
+    if settings.fl_server_public_key:
+        return read_public_key(settings.fl_server_public_key)
+    if settings.fl_allow_unsigned:
+        return None
+    raise SyncError(f"refusing to install a global model nobody can verify: set "
+                    f"fl_server_public_key (or pass --server-key) to the FL server's "
+                    f"{PUBLIC_KEY}, or pass --allow-unsigned (fl_allow_unsigned) to accept "
+                    "unsigned models in a lab; the installed model was kept")
 
 
 # talking to the server -------------------------------------------------------------------

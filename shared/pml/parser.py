@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import cast
 from xml.parsers import expat
 
-from meancache.shared.errors import MisplacedContentError, PMLError, PMLSyntaxError
+from meancache.shared.errors import MisplacedContentError, PMLError, PMLSyntaxError, excerpt
 from meancache.shared.pml.model import (
     ROLE_NAMES,
     Import,
@@ -36,6 +36,14 @@ RESERVED_NAMES = frozenset({"schema", "module", "param", "union", "prompt", *ROL
 MAX_DEPTH = 100
 #: A parameter's ``len`` has at most this many digits (no context comes near 10^9).
 MAX_LEN_DIGITS = 9
+
+#: Schema, module and parameter names have at most this many characters.
+MAX_NAME_CHARS = 64
+#: What one schema may hold: every module is encoded (a forward pass) when it is added.
+MAX_MODULES = 64
+MAX_UNION_MEMBERS = 32
+#: Modules nested inside modules, counting the outermost as 1.
+MAX_MODULE_DEPTH = 4
 
 # Module, parameter and schema names become tag and attribute names in prompts, so they
 # must be XML names (without ':' so that namespaces never get involved).
@@ -200,13 +208,24 @@ def _attrs(el: _Element, required: tuple[str, ...]) -> None:
 
 def _name(el: _Element, attr: str) -> str:
     value = el.attrs[attr]
+    _check_length(value, f"{attr} on <{_short(el.tag)}>", el.pos)
     if not _NAME.fullmatch(value):
         raise _syntax(
-            f"invalid {attr} '{value}' on <{el.tag}>: it must start with a letter or '_' and "
-            "hold only letters, digits, '_', '-' and '.'",
+            f"invalid {attr} {excerpt(value)} on <{el.tag}>: it must start with a letter or "
+            "'_' and hold only letters, digits, '_', '-' and '.'",
             el.pos,
         )
     return value
+
+
+def _check_length(name: str, what: str, pos: Position) -> None:
+    if len(name) > MAX_NAME_CHARS:
+        raise _syntax(f"the {what} {excerpt(name)} is too long: names have at most "
+                      f"{MAX_NAME_CHARS} characters", pos)
+
+
+def _short(tag: str) -> str:
+    return tag if len(tag) <= MAX_NAME_CHARS else tag[:MAX_NAME_CHARS] + "..."
 
 
 # --- pass 2a: schemas ------------------------------------------------------------------
@@ -218,6 +237,7 @@ class _SchemaReader:
     def __init__(self) -> None:
         self.modules: dict[str, Position] = {}
         self.params: dict[str, dict[str, Position]] = {}
+        self.depth = 0  # modules open around the one being read
 
     def read(self, root: _Element) -> Schema:
         if root.tag != "schema":
@@ -266,9 +286,17 @@ class _SchemaReader:
             raise _syntax(
                 f"duplicate module name '{name}' (first defined at {self.modules[name]})", el.pos
             )
+        if len(self.modules) >= MAX_MODULES:
+            raise _syntax(f"a schema holds at most {MAX_MODULES} modules; split it into "
+                          "several schemas", el.pos)
+        if self.depth >= MAX_MODULE_DEPTH:
+            raise _syntax(f"modules nested more than {MAX_MODULE_DEPTH} deep", el.pos)
         self.modules[name] = el.pos
         self.params[name] = {}
-        return Module(name, self._children(el, module=name, in_role=in_role), el.pos)
+        self.depth += 1
+        children = self._children(el, module=name, in_role=in_role)
+        self.depth -= 1
+        return Module(name, children, el.pos)
 
     def _param(self, el: _Element, module: str | None) -> Param:
         if module is None:
@@ -307,6 +335,9 @@ class _SchemaReader:
                         "text directly inside <union> (it holds only modules)", child.pos
                     )
             elif child.tag == "module":
+                if len(members) >= MAX_UNION_MEMBERS:
+                    raise _syntax(f"a <union> holds at most {MAX_UNION_MEMBERS} modules",
+                                  child.pos)
                 members.append(self._module(child, in_role))
             elif child.tag == "union":
                 raise _misplaced("<union> inside another <union>", child.pos)
@@ -360,6 +391,9 @@ def _prompt_role(el: _Element) -> Role:
 
 
 def _import(el: _Element) -> Import:
+    _check_length(el.tag, "imported module", el.pos)
+    for arg in el.attrs:
+        _check_length(arg, f"argument of <{el.tag}>", el.pos)
     children: list[Import] = []
     for child in el.children:
         if isinstance(child, _Chars):
@@ -387,6 +421,7 @@ def parse_prompt(source: str) -> Prompt:
     _attrs(root, ("schema",))
     if not root.attrs["schema"].strip():
         raise _syntax("empty schema attribute on <prompt>", root.pos)
+    _check_length(root.attrs["schema"], "schema", root.pos)
     nodes: list[PromptNode] = []
     for child in root.children:
         if isinstance(child, _Chars):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from meancache.shared.errors import DuplicateSchemaError, UnknownSchemaError
+from meancache.shared.errors import DuplicateSchemaError, UnknownSchemaError, excerpt
 from meancache.shared.pml.model import Position, Prompt, Schema
 from meancache.shared.pml.parser import parse_schema
 from meancache.shared.pml.validate import TokenCounter, validate_prompt
@@ -42,10 +42,9 @@ class SchemaRegistry:
         """The schema called ``name``; ``pos`` (the prompt's) locates the error if missing."""
         with self._lock:
             schema = self._schemas.get(name)
-            known = ", ".join(sorted(self._schemas)) or "none"
         if schema is None:
             raise UnknownSchemaError(
-                f"unknown schema '{name}' (registered: {known}); register it first",
+                f"unknown schema {excerpt(name)}; register it first",
                 pos.line if pos else None,
                 pos.column if pos else None,
             )
@@ -56,8 +55,8 @@ class SchemaRegistry:
         with self._lock:
             schema = self._schemas.pop(name, None)
         if schema is None:
-            raise UnknownSchemaError(f"unknown schema '{name}'; it was never registered or "
-                                     "is already removed")
+            raise UnknownSchemaError(f"unknown schema {excerpt(name)}; it was never registered "
+                                     "or is already removed")
         return schema
 
     def list(self) -> list[str]:

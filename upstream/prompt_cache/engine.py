@@ -128,9 +128,16 @@ class PromptCacheEngine:
     def add_schema(self, source: str, tenant: str = LOCAL_TENANT,
                    admit: Callable[[SchemaUsage], None] | None = None) -> SchemaInfo:
         """Parse, lay out and encode every segment of a schema (replacing one of that name
-        of the same tenant). ``admit`` sees what the tenant would then hold, and raises to
-        refuse it before anything is encoded."""
+        of the same tenant). ``admit`` sees what the tenant would then hold and raises to
+        refuse it: first right after parsing (this schema's tokens not yet counted), so a
+        key over its quota costs no tokenizing, then after layout, before any encoding."""
         schema = parse_schema(source)
+        registry = self.registry(tenant)
+        others = [self.layouts[schema_key(tenant, n)] for n in registry.list()
+                  if n != schema.name]
+        held = sum(other.cached_tokens for other in others)
+        if admit is not None:
+            admit(SchemaUsage(len(others) + 1, held))
         layout = lay_out(schema, self.tokenizer, self.roles)
         if layout.end >= self.loaded.context_length:
             raise PromptTooLongError(
@@ -138,12 +145,8 @@ class PromptCacheEngine:
                 f"holds {self.loaded.context_length}; shorten its modules or serve a model "
                 "with a longer context"
             )
-        registry = self.registry(tenant)
         if admit is not None:
-            others = [self.layouts[schema_key(tenant, n)] for n in registry.list()
-                      if n != schema.name]
-            admit(SchemaUsage(len(others) + 1, layout.cached_tokens
-                              + sum(other.cached_tokens for other in others)))
+            admit(SchemaUsage(len(others) + 1, held + layout.cached_tokens))
         key = schema_key(tenant, schema.name)
         registry.add(schema, replace=True)
         self.modules.drop_schema(key)

@@ -18,6 +18,7 @@ class ModuleStore:
         self.budget_bytes = budget_bytes
         self._states: OrderedDict[Key, SegmentStates] = OrderedDict()
         self._lock = threading.Lock()
+        self._nbytes = self._tokens = 0  # of the states held, kept as they come and go
         self.evictions = 0
         self.encodings = 0
 
@@ -25,15 +26,12 @@ class ModuleStore:
     def nbytes(self) -> int:
         """Bytes held; safe to read from any thread (the metrics endpoint does)."""
         with self._lock:
-            return self._nbytes()
+            return self._nbytes
 
     @property
     def tokens(self) -> int:
         with self._lock:
-            return sum(s.tokens for s in self._states.values())
-
-    def _nbytes(self) -> int:
-        return sum(s.nbytes for s in self._states.values())
+            return self._tokens
 
     def __contains__(self, key: object) -> bool:
         with self._lock:
@@ -51,21 +49,33 @@ class ModuleStore:
         states = encode()
         with self._lock:
             self.encodings += 1
+            self._pop(key)
             self._states[key] = states
+            self._nbytes += states.nbytes
+            self._tokens += states.tokens
             self._shrink(pinned | {key})
         return states
 
     def drop_schema(self, schema: str) -> None:
         with self._lock:
             for key in [k for k in self._states if k[0] == schema]:
-                del self._states[key]
+                self._pop(key)
+
+    def _pop(self, key: Key) -> None:
+        states = self._states.pop(key, None)
+        if states is not None:
+            self._nbytes -= states.nbytes
+            self._tokens -= states.tokens
 
     def _shrink(self, pinned: frozenset[Key]) -> None:
-        total = self._nbytes()
+        """Evict the least recently used, never a pinned key, until within budget (an
+        insert that stays within it costs O(1))."""
+        if self._nbytes <= self.budget_bytes:
+            return
         for key in list(self._states):
-            if total <= self.budget_bytes:
+            if self._nbytes <= self.budget_bytes:
                 break
             if key in pinned:
                 continue
-            total -= self._states.pop(key).nbytes
+            self._pop(key)
             self.evictions += 1

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from meancache.shared.http_limits import GuardRequests
 from meancache.shared.pml import PML_MEDIA_TYPE
 from meancache.upstream.errors import (
     BadRequest,
@@ -60,7 +61,7 @@ class ServerSettings:
 
 def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None) -> Starlette:
     settings = settings or ServerSettings()
-    worker = ModelWorker(settings.limits.max_queued)
+    worker = ModelWorker(settings.limits.max_queued, settings.limits.max_queued_per_key)
     limits = settings.limits
     metrics = ServerMetrics(engine)
     model_name = engine.loaded.name
@@ -86,12 +87,13 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         return parse_json(await read_body(request), limits)
 
     async def chat(request: Request) -> Response:
+        tenant = tenant_of(request)
+        worker.admit(tenant)  # a key with its queue full costs no body read or parse
         chat_request = parse_chat_request(await read_json(request), settings.defaults,
                                           model_name)
         check_chat(chat_request, limits)
-        tenant = tenant_of(request)
         prepared = await worker.call(lambda: engine.prepare_messages(chat_request.messages,
-                                                                     tenant))
+                                                                     tenant), tenant)
         check_prompt(prepared, limits)
         engine.check_fits(prepared, chat_request.params)
         completion = Completion(model_name)
@@ -101,7 +103,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
 
         if not chat_request.stream:
             text, finish = "", None
-            async for event in worker.stream(run):
+            async for event in worker.stream(run, tenant):
                 if isinstance(event, Delta):
                     text += event.text
                     if await request.is_disconnected():
@@ -118,7 +120,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
             yield _sse(completion.chunk({"role": "assistant", "content": ""}))
             finished = False
             try:
-                async for event in worker.stream(run):
+                async for event in worker.stream(run, tenant):
                     if isinstance(event, Delta):
                         yield _sse(completion.chunk({"content": event.text}))
                     elif isinstance(event, Finish):
@@ -151,6 +153,8 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         }]})
 
     async def add_schema(request: Request) -> Response:
+        tenant = tenant_of(request)
+        worker.admit(tenant)
         body = await read_body(request)
         if request.headers.get("content-type", "").startswith("application/json"):
             payload = parse_json(body, limits)
@@ -163,25 +167,24 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
                 source = body.decode("utf-8")
             except UnicodeDecodeError:
                 raise BadRequest("the schema is not UTF-8 text; send it UTF-8 encoded") from None
-        tenant = tenant_of(request)
         info = await worker.call(lambda: engine.add_schema(
-            source, tenant, lambda usage: check_schema_usage(usage, limits)))
+            source, tenant, lambda usage: check_schema_usage(usage, limits)), tenant)
         return JSONResponse(_schema_json(info), status_code=201)
 
     # Schemas are read on the model thread, which alone changes them.
     async def list_schemas(request: Request) -> Response:
         tenant = tenant_of(request)
-        infos = await worker.call(lambda: engine.schema_infos(tenant))
+        infos = await worker.call(lambda: engine.schema_infos(tenant), tenant)
         return JSONResponse({"object": "list", "data": [_schema_json(i) for i in infos]})
 
     async def get_schema(request: Request) -> Response:
         name, tenant = request.path_params["name"], tenant_of(request)
         return JSONResponse(_schema_json(await worker.call(
-            lambda: engine.schema_info(name, tenant))))
+            lambda: engine.schema_info(name, tenant), tenant)))
 
     async def delete_schema(request: Request) -> Response:
         name, tenant = request.path_params["name"], tenant_of(request)
-        await worker.call(lambda: engine.remove_schema(name, tenant))
+        await worker.call(lambda: engine.remove_schema(name, tenant), tenant)
         return JSONResponse({"id": name, "deleted": True})
 
     async def health(request: Request) -> Response:
@@ -221,7 +224,8 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
 
     labels = {route.endpoint: route.name for route in routes}
     app = Starlette(routes=routes, exception_handlers=exception_handlers(), lifespan=lifespan,
-                    middleware=[Middleware(CountRequests, count, labels)])
+                    middleware=[Middleware(GuardRequests),
+                                Middleware(CountRequests, count, labels)])
     app.state.engine = engine
     app.state.metrics = metrics
     app.state.worker = worker

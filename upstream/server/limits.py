@@ -23,7 +23,8 @@ SEED_LIMIT = 2**63  # torch.Generator.manual_seed takes a signed 64-bit seed
 class Limits:
     """The server's limits; the defaults suit one small model on a CPU."""
 
-    max_queued: int = 16  # requests waiting for the model thread; more get 429
+    max_queued: int = 64  # requests waiting for the model thread; more get 429
+    max_queued_per_key: int = 8  # of those, one API key's (the keys take turns)
     max_prompt_tokens: int = 4096  # new tokens one request makes the model read at once
     max_tokens: int = 4096  # the largest max_tokens (response size) a request may ask for
     max_stop_chars: int = 64  # length of each stop string (there are at most 4)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import uvicorn
+from meancache.shared.http_limits import server_config
 from meancache.shared.loopback_server import LoopbackServer
 from meancache.shared.progress import Progress
 from meancache.upstream.errors import UpstreamError
@@ -46,7 +47,7 @@ def serve(model: str, host: str, port: int, settings: ServerSettings,
     log.info("serving %s on http://%s:%d", loaded.name, host, port)
     print(f"meancache upstream: serving {describe(loaded)} on http://{host}:{port}",
           file=sys.stderr, flush=True)
-    uvicorn.run(app, host=host, port=port, log_config=None, access_log=False)
+    uvicorn.Server(server_config(app, host=host, port=port)).run()
 
 
 class BackgroundServer:

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.types import Scope
 
 _SCOPE_KEY = "meancache.tenant"
+MAX_KEY_CHARS = 256  # an API key's length: a longer bearer token is refused unread
 
 
 def tenant_id(api_key: str) -> str:
@@ -24,12 +25,17 @@ class Tenants:
 
     def __init__(self, keys: Iterable[str]) -> None:
         self._by_key = {key: tenant_id(key) for key in keys if key}
+        too_long = [key for key in self._by_key if len(key) > MAX_KEY_CHARS]
+        if too_long:
+            raise ValueError(f"an API key has at most {MAX_KEY_CHARS} characters")
 
     def __bool__(self) -> bool:
         return bool(self._by_key)
 
     def identify(self, token: str) -> str | None:
         """The tenant of a bearer token, or None; every key is compared in constant time."""
+        if len(token) > MAX_KEY_CHARS:
+            return None
         found = None
         for key, tenant in self._by_key.items():
             if secrets.compare_digest(token.encode(), key.encode()):

@@ -12,11 +12,13 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
+from meancache.shared.errors import EXCERPT_CHARS, excerpt
 from meancache.upstream.errors import BadRequest, UnknownModelError
 from meancache.upstream.prompt_cache.engine import Finish
 from meancache.upstream.sampling_params import SamplingParams
 
 ROLES = ("system", "user", "assistant")
+MAX_MODEL_CHARS = 128  # a model id's length
 
 # Beyond OpenAI's API (send them with the SDK's extra_body): the repetition guard, named as
 # vLLM names its penalty; a request that leaves them out gets the server's defaults.
@@ -77,9 +79,12 @@ def parse_chat_request(body: Any, defaults: SamplingParams, served_model: str) -
     model = body.get("model", served_model)
     if not isinstance(model, str):
         raise BadRequest("'model' must be a string", "model")
+    if len(model) > MAX_MODEL_CHARS:
+        raise BadRequest(f"'model' has {len(model)} characters; a model id has at most "
+                         f"{MAX_MODEL_CHARS}", "model")
     if model != served_model:
-        raise UnknownModelError(f"the model {model!r} does not exist here; this server serves "
-                                f"{served_model!r} (GET /v1/models lists it)", "model")
+        raise UnknownModelError(f"the model {excerpt(model)} does not exist here; this server "
+                                f"serves {served_model!r} (GET /v1/models lists it)", "model")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise BadRequest("'messages' must be a non-empty list")
@@ -133,13 +138,13 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
             raise BadRequest(f"{name!r} = {json.dumps(value)[:80]} is not supported by this "
                              f"server; leave it out (or send {allowed})", name)
         if name not in HONOURED | LABELS | UNSUPPORTED.keys():
-            raise BadRequest(f"unknown field {name!r}: it is not part of the chat-completions "
-                             "API this server implements", name)
+            raise BadRequest(f"unknown field {excerpt(name)}: it is not part of the "
+                             "chat-completions API this server implements", name[:EXCERPT_CHARS])
     options = body.get("stream_options")
     for name, value in (options.items() if isinstance(options, dict) else ()):
         param = f"stream_options.{name}"
         if name not in STREAM_OPTIONS:
-            raise BadRequest(f"unknown field {param!r}", param)
+            raise BadRequest(f"unknown field {excerpt(param)}", param[:EXCERPT_CHARS])
         if value not in STREAM_OPTIONS[name]:
             raise BadRequest(f"{param!r} = {json.dumps(value)} is not supported by this server",
                              param)

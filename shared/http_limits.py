@@ -1,0 +1,165 @@
+"""What one HTTP client may cost a server before any route sees its request: header size
+and count, and the time it may take to send its headers and its body. Every server of
+the project (the upstream, the FL model endpoint and Fleet gateway, the chat's embedded
+upstream) is uvicorn started with :func:`server_config`.
+
+uvicorn 0.49 picks httptools when it is installed, which reads headers of any size (a
+128 MB header is parsed before any middleware runs), and neither of its parsers has a
+deadline for reading a request: a client that trickles its headers or body (slowloris)
+holds its socket forever. So the servers use uvicorn's h11 parser, which refuses a request
+whose line and headers pass ``h11_max_incomplete_event_size`` with 400 as it reads them,
+a subclass of its protocol that closes a connection whose headers do not arrive in
+time, and :class:`GuardRequests`, ASGI middleware that refuses too many header fields
+(431) and a body that does not arrive in time (408).
+"""
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import h11
+import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger(__name__)
+
+MAX_HEADER_BYTES = 16 * 1024  # the request line and all headers together (h11's default)
+MAX_HEADERS = 100  # header fields in one request
+HEADER_SECONDS = 10.0  # to send the request line and headers, from the first byte
+BODY_SECONDS = 60.0  # to send the whole body, from the end of the headers
+KEEP_ALIVE_SECONDS = 5  # an idle connection between requests
+
+
+def guarded_h11(header_seconds: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol that closes a connection whose request line and headers
+    take longer than ``header_seconds`` to arrive (from connecting, or from the first byte
+    of a later request on a kept-alive connection)."""
+
+    class GuardedH11Protocol(H11Protocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._watch_headers()
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            self._watch_headers()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_watching()
+            super().connection_lost(exc)
+
+        def _watch_headers(self) -> None:
+            """Headers are awaited while the client's side is IDLE (h11: no request yet)."""
+            if self.conn.their_state is not h11.IDLE:
+                self._stop_watching()
+            elif self._header_timer is None:
+                self._header_timer = self.loop.call_later(header_seconds, self._headers_late)
+
+        def _stop_watching(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_late(self) -> None:
+            self._header_timer = None
+            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+                log.warning("closed a connection from %s: its request headers took over "
+                            "%.0f s", self.client[0] if self.client else "?", header_seconds)
+                self.transport.close()
+
+    return GuardedH11Protocol
+
+
+def server_config(app: ASGIApp, header_seconds: float = HEADER_SECONDS,
+                  **options: Any) -> uvicorn.Config:
+    """uvicorn's Config for ``app`` with this module's limits (``options``: host, port,
+    TLS files and the like)."""
+    defaults: dict[str, Any] = {"ws": "none", "log_config": None, "access_log": False}
+    return uvicorn.Config(app, http=guarded_h11(header_seconds),
+                          h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+                          timeout_keep_alive=KEEP_ALIVE_SECONDS, **(defaults | options))
+
+
+def _error(message: str, code: str) -> bytes:
+    """The OpenAI-style error body (what every server of the project answers with)."""
+    return json.dumps({"error": {"message": message, "type": "invalid_request_error",
+                                 "param": None, "code": code}}).encode()
+
+
+class GuardRequests:
+    """ASGI middleware: 431 for a request with more than ``max_headers`` header fields;
+    408 (and the connection closed) when its body has not fully arrived ``body_seconds``
+    after the app first asks for it (the app then reads a disconnect); and the connection
+    closed after any answer sent before the body was read."""
+
+    def __init__(self, app: ASGIApp, max_headers: int = MAX_HEADERS,
+                 body_seconds: float = BODY_SECONDS) -> None:
+        self.app = app
+        self.max_headers = max_headers
+        self.body_seconds = body_seconds
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if len(scope["headers"]) > self.max_headers:
+            await _respond(send, 431, _error(
+                f"the request has {len(scope['headers'])} header fields; at most "
+                f"{self.max_headers} are accepted", "too_many_headers"))
+            return
+        loop = asyncio.get_running_loop()
+        deadline: float | None = None
+        body_done = not _has_body(scope)
+        timed_out = started = False
+
+        async def receive_in_time() -> Message:
+            nonlocal deadline, body_done, timed_out
+            if body_done:  # after the body: a disconnect may be awaited for as long as it takes
+                return await receive()
+            if timed_out:
+                return {"type": "http.disconnect"}
+            deadline = deadline or loop.time() + self.body_seconds
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                timed_out = True
+                if not started:
+                    await _respond(send, 408, _error(
+                        f"the request body did not arrive within {self.body_seconds:.0f} s",
+                        "request_timeout"))
+                return {"type": "http.disconnect"}
+            body_done = message["type"] != "http.request" or not message.get("more_body")
+            return message
+
+        async def send_unless_answered(message: Message) -> None:
+            nonlocal started
+            if timed_out and not started:
+                return  # the 408 went out instead
+            if message["type"] == "http.response.start" and not body_done:
+                # Answered before its body was read (401, 413, 415...): close the connection
+                # after the answer instead of reading the rest of the body to discard it.
+                message = {**message, "headers": [*message.get("headers", ()),
+                                                  (b"connection", b"close")]}
+            started = True
+            await send(message)
+
+        await self.app(scope, receive_in_time, send_unless_answered)
+
+
+def _has_body(scope: Scope) -> bool:
+    """Whether the request says a body follows its headers."""
+    headers = dict(scope["headers"])
+    return b"transfer-encoding" in headers or headers.get(b"content-length", b"0") != b"0"
+
+
+async def _respond(send: Send, status: int, body: bytes) -> None:
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
