@@ -87,7 +87,7 @@ def test_an_unknown_model_is_a_404_in_openais_shape(client: openai.OpenAI) -> No
     ("tools", [{"type": "function", "function": {"name": "f"}}]),
     ("logprobs", True),
     ("response_format", {"type": "json_object"}),
-    ("frequency_penalty", 0.5),
+    ("top_logprobs", 3),
 ])
 def test_a_field_the_server_cannot_honour_is_refused_by_name(
         client: openai.OpenAI, field: str, value: object) -> None:

@@ -192,11 +192,11 @@ def metric(client: httpx.Client, name: str) -> float:
 
 def test_a_client_leaving_mid_stream_frees_the_model(client: httpx.Client) -> None:
     cancelled = metric(client, "meancache_upstream_cancelled_total")
-    # Greedy: the stream makes the tokens this unstreamed answer made, which reach the
-    # token cap (checked here, on this machine): it cannot end on its own before the
-    # client leaves, only by being cancelled.
+    # Greedy and unguarded: the stream makes the tokens this unstreamed answer made, which
+    # reach the token cap (checked here, on this machine): it cannot end on its own before
+    # the client leaves, only by being cancelled.
     body = {"messages": [{"role": "user", "content": "write a lot"}], "max_tokens": 300,
-            "temperature": 0}
+            "temperature": 0, "repetition_penalty": 1, "stop_on_loops": False}
     whole = client.post("/v1/chat/completions", json=body).json()
     assert whole["choices"][0]["finish_reason"] == "length", whole
     with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}

@@ -290,12 +290,14 @@ def test_a_client_dropping_mid_stream_stops_its_generation(base_url: str) -> Non
                    if line.startswith("meancache_upstream_cancelled_total"))
 
     before = cancelled()
-    # Greedy, and checked to run to its token cap: only a cancel can end it early.
+    # Greedy, unguarded, and checked to run to its token cap: only a cancel can end it early.
+    long = {"max_tokens": 300, "temperature": 0, "repetition_penalty": 1,
+            "stop_on_loops": False}
     whole = httpx.post(f"{base_url}/v1/chat/completions", headers=JSON, timeout=120,
-                       content=body(max_tokens=300, temperature=0)).json()
+                       content=body(**long)).json()
     assert whole["choices"][0]["finish_reason"] == "length", whole
     with httpx.stream("POST", f"{base_url}/v1/chat/completions", headers=JSON, timeout=60,
-                      content=body(stream=True, max_tokens=300, temperature=0)) as response:
+                      content=body(stream=True, **long)) as response:
         assert response.status_code == 200
         next(response.iter_lines())
     normal_chat(base_url)

@@ -36,14 +36,15 @@ def add_commands(commands: Any) -> None:
     serve.add_argument("--default-max-tokens", type=int, default=defaults.max_tokens,
                        help="max_tokens of a request that sets none (default: %(default)s)")
     serve.add_argument("--repetition-penalty", type=float, default=defaults.repetition_penalty,
-                       help="lowers tokens seen among the last --repetition-window tokens "
-                       "(1: off; a request's repetition_penalty wins; default: %(default)s)")
+                       help="lowers tokens seen among the last --repetition-window tokens; "
+                       "1 turns it off, a request's repetition_penalty wins "
+                       "(default: %(default)s)")
     serve.add_argument("--repetition-window", type=int, default=defaults.repetition_window,
                        help="tokens the repetition penalty looks back over (default: "
                        "%(default)s)")
     serve.add_argument("--no-loop-stop", dest="stop_on_loops", action="store_false",
-                       help="let answers run on when they repeat one phrase over and over "
-                       "(a request's stop_on_loops wins)")
+                       help="let answers run on when they repeat one phrase over and over; a "
+                       "request's stop_on_loops wins (default: the loop stop is on)")
     limits = Limits()
     for name, default, text in (
         ("max-queued", limits.max_queued, "requests waiting for the model (more get 429)"),
