@@ -38,6 +38,8 @@ and never the other way round)::
     ├── SyncError
     ├── DocumentError
     ├── ConversationNotFoundError (KeyError)
+    ├── HistoryError
+    ├── RejectionError
     ├── UpstreamRequestError
     │   ├── UpstreamUnavailableError
     │   └── UpstreamRejectedError
