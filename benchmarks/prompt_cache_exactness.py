@@ -1,4 +1,4 @@
-"""Prompt Cache exactness on a real model: the checks tests/test_prompt_cache.py runs on
+"""Prompt Cache exactness on a real model: the checks tests/upstream/test_prompt_cache.py runs on
 tiny random-init models in CI, here on the real Gemma 3 270M (or any --model), reporting
 the largest logit (or key/value) difference of each against its uncached reference.
 

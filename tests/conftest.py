@@ -13,7 +13,7 @@ import pytest
 from meancache.client.cache import CacheSettings, SemanticCache
 from meancache.shared.encoder import Encoder, PCAProjection
 
-DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+from tests.support.paths import DATA_DIR
 
 # The app's default encoder is MPNet, assembled (438 MB) on first use: tests and the
 # `meancache` processes they start run the packaged MiniLM unless a test says otherwise
@@ -127,7 +127,7 @@ def data_dir(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path,
 @pytest.fixture(scope="session")
 def upstream_url() -> Iterator[str]:
     """A real upstream server running builtin:tiny on loopback, for the whole session."""
-    from tests.upstream_server import running_upstream
+    from tests.support.servers import running_upstream
 
     with running_upstream() as url:
         yield url

@@ -2,13 +2,14 @@
 
 import json
 import re
-from pathlib import Path
 
 from meancache.upstream.model_loading import load_model
 from meancache.upstream.prompt_cache.engine import Finish, PromptCacheEngine
 from meancache.upstream.sampling import SamplingParams
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+from tests.support.paths import REPO
+
+README = (REPO / "README.md").read_text()
 
 
 def test_the_schema_and_prompt_in_the_readme_serve() -> None:

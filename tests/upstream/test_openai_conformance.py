@@ -9,7 +9,7 @@ from meancache.upstream.server.app import ServerSettings
 from meancache.upstream.server.wire import HONOURED, LABELS, UNSUPPORTED
 from openai.types.chat.completion_create_params import CompletionCreateParamsBase
 
-from tests.upstream_server import running_upstream
+from tests.support.servers import running_upstream
 
 KEY = "conformance-key"
 MODEL = "builtin:tiny"

@@ -25,7 +25,7 @@ from meancache.shared.pack import write_pack
 from meancache.shared.pairs import Pair
 
 from meancache.cli import main
-from tests.upstream_server import free_port
+from tests.support.servers import free_port
 
 CacheFactory = Callable[..., SemanticCache]
 

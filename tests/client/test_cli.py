@@ -12,8 +12,9 @@ from meancache.client.config import load_settings
 from meancache.shared.encoder import Encoder
 
 from meancache.cli import build_parser, main
+from tests.support.paths import DATA_DIR
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+DATA = DATA_DIR
 
 
 def dev_pairs(n: int) -> list[dict[str, object]]:

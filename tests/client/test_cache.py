@@ -22,9 +22,10 @@ from meancache.client.cache.matcher import embed_texts
 from meancache.shared.encoder import Encoder, PCAProjection
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 
+from tests.support.paths import REPO
+
 CacheFactory = Callable[..., SemanticCache]
 
-REPO = Path(__file__).resolve().parents[1]
 
 FRANCE = "What is the capital of France?"
 FRANCE_PARAPHRASE = "what is france's capital city?"

@@ -14,7 +14,7 @@ from meancache.shared.pml import PML_MEDIA_TYPE
 from meancache.upstream.server.app import ServerSettings
 from meancache.upstream.server.limits import Limits
 
-from tests.upstream_server import running_upstream
+from tests.support.servers import running_upstream
 
 KEY = "hostile-test-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -16,9 +16,9 @@ from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
 from meancache.shared.fl.signing import PUBLIC_KEY
 
 from meancache.cli import main
-from tests.test_fl_sync import cache_threshold
-from tests.tiny_encoder import make_tiny_encoder
-from tests.upstream_server import serving
+from tests.support.fl import cache_threshold
+from tests.support.servers import serving
+from tests.support.tiny_encoder import make_tiny_encoder
 
 
 def test_a_simulated_global_model_is_published_and_a_new_user_installs_it(

@@ -6,14 +6,16 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import CacheFactory
 from meancache.client.cache import CacheSettings, Hit, Miss
 from meancache.client.cache.matcher import embed_texts
 from meancache.client.cache.verification import verify
 from meancache.client.config import load_settings
 from meancache.shared.encoder import Encoder
 
-NEAR_MISS_FILE = Path(__file__).parent / "data" / "near_miss.jsonl"
+from tests.conftest import CacheFactory
+from tests.support.paths import TEST_DATA
+
+NEAR_MISS_FILE = TEST_DATA / "near_miss.jsonl"
 FRANCE = "What is the capital of France?"
 
 

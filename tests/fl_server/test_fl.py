@@ -4,7 +4,6 @@ a simulation on the engine (Ray) through `flwr run`."""
 
 import io
 import re
-import time
 import tomllib
 import zipfile
 from importlib.metadata import version
@@ -13,10 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from meancache.client.cache.store import EntryStore
-from meancache.client.config import load_settings
 from meancache.client.fl.client_app import app as client_app
 from meancache.client.fl.client_app import wire_audit_mod
 from meancache.client.fl.run_config import ClientConfig
@@ -44,25 +42,23 @@ from meancache.shared.fl.signing import PUBLIC_KEY, read_public_key, verify
 from meancache.shared.fl.weights import federated_names, federated_state, load_federated_state
 from sentence_transformers import SentenceTransformer
 
-from tests.tiny_encoder import make_tiny_encoder
+from tests.support.fl import (
+    FEEDBACK,
+    device_context,
+    device_with_feedback,
+    gaussian_rdp_epsilon,
+    message,
+    train_message,
+)
+from tests.support.paths import DATA_DIR
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_encoder(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def tiny(tiny_dir: Path) -> SentenceTransformer:
-    return SentenceTransformer(str(tiny_dir), device="cpu")
+DATA = DATA_DIR
 
 
-def message(content: RecordDict, kind: str = "train", dst: int = 7) -> Message:
-    return Message(content=content, metadata=Metadata(
-        run_id=1, message_id=f"m{dst}", src_node_id=0, dst_node_id=dst, reply_to_message_id="",
-        group_id="1", created_at=time.time(), ttl=3600, message_type=kind))
+
+
+
+
 
 
 # weights and checkpoints ------------------------------------------------------------------
@@ -107,37 +103,12 @@ def test_encoder_with_global_weights_has_its_own_version(tmp_path: Path, tiny_di
 
 
 # the ClientApp on a device ----------------------------------------------------------------
-def device_with_feedback(data_dir: Path, questions: list[tuple[str, str, int]]) -> None:
-    settings = load_settings(config_dir=data_dir / "cfg", data_dir=data_dir, environ={},
-                             encoder_model="minilm")
-    store = EntryStore(settings.cache_dir)
-    for i, (q1, q2, label) in enumerate(questions):
-        store.put_pair(f"p{i}", {"query": q1, "matched_query": q2, "similarity": 0.9,
-                                 "label": label, "weak": label == 1, "entry_id": "e",
-                                 "time": float(i)})
-    store.close()
 
 
-FEEDBACK = [
-    (f"how do I cook rice number {i}", f"best way to cook rice {i}", 1) for i in range(12)
-] + [(f"what is the capital of country {i}", f"what is the currency of country {i}", 0)
-     for i in range(12)]
 
 
-def device_context(data_dir: Path, tiny_dir: Path) -> Context:
-    """A SuperNode's context: the app's run config (with a run's overrides) and the
-    user's data dir."""
-    run_config = {**default_run_config(), "encoder-model": str(tiny_dir), "top-layers": 1,
-                  "min-pairs": 10}
-    return Context(run_id=1, node_id=7, node_config={"data-dir": str(data_dir)},
-                   state=RecordDict(), run_config=run_config)
 
 
-def train_message(tiny: SentenceTransformer, top_layers: int, threshold: float = 0.8
-                  ) -> Message:
-    arrays = ArrayRecord(federated_state(tiny, federated_names(tiny, top_layers)))
-    return message(RecordDict({"arrays": arrays, "config": ConfigRecord(
-        {"threshold": threshold, "server-round": 3})}))
 
 
 def test_device_training_sends_only_weights_counts_and_similarity_evidence(
@@ -286,14 +257,6 @@ def test_a_run_config_from_another_version_is_refused() -> None:
         ServerConfig.from_run_config(default_run_config())
 
 
-def gaussian_rdp_epsilon(sigma: float, rounds: int, delta: float) -> float:
-    """Epsilon of ``rounds`` Gaussian releases without subsampling, computed by hand: the
-    RDP of one release at order a is a / (2 sigma^2), rounds add up, and the conversion
-    to (epsilon, delta) is Balle et al. 2020's, minimised over the orders 1.1 .. 63."""
-    orders = np.concatenate([np.linspace(1.1, 10.9, 99), np.arange(12, 64)])
-    rdp = rounds * orders / (2 * sigma**2)
-    eps = rdp - (np.log(delta) + np.log(orders)) / (orders - 1) + np.log((orders - 1) / orders)
-    return float(eps.min())
 
 
 # simulation on the engine -----------------------------------------------------------------

@@ -9,7 +9,7 @@ from meancache.shared.pml import PML_MEDIA_TYPE
 from meancache.upstream.server.app import ServerSettings
 from meancache.upstream.server.limits import Limits
 
-from tests.upstream_server import running_upstream
+from tests.support.servers import running_upstream
 
 OWNER, OTHER, SMALL = "key-of-owner", "key-of-other", "key-of-small"
 LIMITS = Limits(max_schemas_per_key=2, max_schema_tokens_per_key=300)

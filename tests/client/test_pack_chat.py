@@ -13,8 +13,8 @@ from meancache.upstream.server.app import ServerSettings
 from meancache.upstream.server.serve import BackgroundServer, private_settings
 from textual.widgets import ProgressBar
 
-from tests.test_chat_app import ask, badge, started, wait_for
-from tests.upstream_server import running_upstream
+from tests.support.pilot import ask, badge, started, wait_for
+from tests.support.servers import running_upstream
 
 ANSWER = "Boil it for eight minutes."
 

@@ -14,7 +14,7 @@ from meancache.client.chat.conversations import Conversation, ConversationStore
 from meancache.client.upstream_client import UpstreamClient, UpstreamUnavailableError
 from meancache.shared.pairs import Pair
 
-from tests.upstream_server import free_port, scripted_upstream
+from tests.support.servers import free_port, scripted_upstream
 
 CacheFactory = Callable[..., SemanticCache]
 

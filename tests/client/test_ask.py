@@ -10,7 +10,7 @@ from meancache.client.chat.conversations import ConversationStore
 from meancache.client.tui.text import printable
 
 from meancache.cli import main
-from tests.upstream_server import RECEIVED, free_port, scripted_upstream
+from tests.support.servers import RECEIVED, free_port, scripted_upstream
 
 QUESTION = "How do I reverse a list in Python?"
 PARAPHRASE = "how can I reverse a python list?"

@@ -16,16 +16,15 @@ from meancache.fl_server.screening import ReplyLimits
 from meancache.fl_server.strategy import ThresholdFedAvg
 from sentence_transformers import SentenceTransformer
 
-from tests.test_fl import (  # noqa: F401 (tiny, tiny_dir: fixtures)
+from tests.support.fl import (
     FEEDBACK,
+    around,
     device_context,
     device_with_feedback,
     gaussian_rdp_epsilon,
-    tiny,
-    tiny_dir,
+    reply,
     train_message,
 )
-from tests.test_fl_poisoning import around, reply
 
 
 @pytest.mark.parametrize("top_layers", [0, 1, 2, 3])  # the tiny encoder has 2 layers

@@ -18,8 +18,8 @@ from meancache.shared.fl.checkpoint import LATEST, META, round_dir, save_checkpo
 from meancache.shared.fl.signing import PUBLIC_KEY, server_key, sign
 
 from meancache.cli import main
-from tests.test_fl_sync import cache_threshold, publish
-from tests.upstream_server import serving
+from tests.support.fl import cache_threshold, publish
+from tests.support.servers import serving
 
 Sync = Callable[..., tuple[int, str]]
 Make = Callable[[Path, int, float], None]

@@ -227,7 +227,7 @@ def test_commands_train_plan_build_then_the_device_updates(
     from meancache.upstream.server.app import ServerSettings
 
     from meancache.cli import main
-    from tests.upstream_server import running_upstream
+    from tests.support.servers import running_upstream
 
     base = ["--config-dir", str(tmp_path / "config"), "--data-dir", str(tmp_path / "data")]
     lm, packs = tmp_path / "lm", tmp_path / "published"

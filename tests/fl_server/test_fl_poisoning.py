@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MetricRecord
 from meancache.client.fl.client_app import app as client_app
 from meancache.fl_server.app_declaration import default_run_config
 from meancache.fl_server.run_config import ServerConfig
@@ -14,13 +14,12 @@ from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.fl.evidence import BINS, DUPLICATES, Evidence
 from sentence_transformers import SentenceTransformer
 
-from tests.test_fl import (  # noqa: F401 (tiny, tiny_dir: fixtures)
+from tests.support.fl import (
     FEEDBACK,
+    around,
     device_context,
     device_with_feedback,
-    message,
-    tiny,
-    tiny_dir,
+    reply,
     train_message,
 )
 
@@ -41,22 +40,8 @@ def strategy(aggregation: str = "fedavg") -> ThresholdFedAvg:
                            min_available_nodes=1)
 
 
-def around(tau: float, pairs: int, seed: int) -> dict[str, list[int]]:
-    """Validation evidence whose duplicates lie above ``tau`` and distinct pairs below."""
-    rng = np.random.default_rng(seed)
-    labels = rng.random(pairs) < 0.4
-    sims = np.where(labels, rng.normal(tau + 0.05, 0.03, pairs), rng.normal(tau - 0.05, 0.03,
-                                                                           pairs))
-    return Evidence.of_pairs(sims, labels).to_metrics()
 
 
-def reply(node: int, evidence: dict[str, object], examples: float, weights: torch.Tensor
-          ) -> Message:
-    return Message(RecordDict({
-        "arrays": ArrayRecord({"w": weights}),
-        "metrics": MetricRecord({"num-examples": examples, "train-loss": 0.1, "skipped": 0,
-                                 **evidence})}),
-        reply_to=message(RecordDict({"config": ConfigRecord({})}), dst=node))
 
 
 def honest() -> list[Message]:

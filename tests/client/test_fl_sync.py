@@ -11,8 +11,6 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from meancache.client.cache.store import EntryStore
-from meancache.client.cache.threshold import ThresholdState
 from meancache.client.config import Settings, load_settings
 from meancache.client.errors import SyncError
 from meancache.client.fl.sync import SyncResult, sync_global_model
@@ -23,7 +21,6 @@ from meancache.shared.fl.checkpoint import (
     LATEST,
     META,
     WEIGHTS,
-    GlobalModel,
     load_checkpoint,
     round_dir,
     save_checkpoint,
@@ -37,7 +34,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tests.upstream_server import serving
+from tests.support.fl import cache_threshold, publish
+from tests.support.servers import serving
 
 
 # a server on loopback --------------------------------------------------------------------
@@ -84,22 +82,8 @@ def settings(tmp_path: Path, server_root: Path) -> Settings:
                          fl_server_public_key=str(server_root / PUBLIC_KEY))
 
 
-def publish(root: Path, round_number: int, threshold: float, seed: int | None = None
-            ) -> GlobalModel:
-    """A checkpoint as the FL server writes one after a round, signed with its key."""
-    generator = torch.Generator().manual_seed(round_number if seed is None else seed)
-    state = {"w": torch.randn(4, 4, generator=generator), "b": torch.randn(4, generator=generator)}
-    return save_checkpoint(root, round_number, state, threshold, base_model="base",
-                           top_layers=0, metrics={"f1": 0.5 + round_number / 100},
-                           sign=partial(sign, key=server_key(root)))
 
 
-def cache_threshold(settings: Settings) -> float:
-    store = EntryStore(settings.cache_dir)
-    try:
-        return ThresholdState(store).global_value
-    finally:
-        store.close()
 
 
 def latest_name(settings: Settings) -> str:

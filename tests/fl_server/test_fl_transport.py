@@ -19,10 +19,11 @@ from meancache.shared.fl.signing import PUBLIC_KEY
 from meancache.shared.processes import free_port
 
 from meancache.cli import main
-from tests.test_fl_sync import publish
+from tests.support.fl import publish
+from tests.support.paths import REPO
 
 REMOTE = "203.0.113.7"  # TEST-NET-3: never reached, the refusal comes first
-SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "make-certificates.sh"
+SCRIPT = REPO / "deploy" / "make-certificates.sh"
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from meancache.client.errors import ConfigError
 from meancache.client.fl.participation import FederatedParticipation
 from meancache.shared.fl.checkpoint import save_checkpoint
 
-from tests.upstream_server import free_port
+from tests.support.servers import free_port
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from meancache.shared.pml import PML_MEDIA_TYPE
 from meancache.upstream.server.app import ServerSettings
 
-from tests.upstream_server import free_port, running_upstream
+from tests.support.servers import free_port, running_upstream
 
 KEY = "test-key"
 SCHEMA = """<schema name="manual">

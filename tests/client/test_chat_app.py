@@ -15,11 +15,11 @@ from meancache.client.errors import CacheAccessError
 from meancache.client.tui.app import MeanCacheApp
 from meancache.client.tui.widgets import AnswerView
 from meancache.shared.encoder import Encoder
-from textual.pilot import Pilot
 from textual.widgets._toast import Toast
 
 from meancache.embedded import start_embedded_upstream
-from tests.upstream_server import free_port, scripted_upstream, serving
+from tests.support.pilot import ask, badge, started, wait_for
+from tests.support.servers import free_port, scripted_upstream, serving
 
 
 @pytest.fixture
@@ -34,37 +34,12 @@ def settings(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path,
                                tune_min_per_class=1)
 
 
-async def wait_for(pilot: Pilot, condition: Callable[[], bool], seconds: float = 30) -> None:
-    for _ in range(int(seconds * 20)):
-        if condition():
-            return
-        await pilot.pause(0.05)
-    raise AssertionError("timed out waiting for the app")
 
 
-async def started(pilot: Pilot) -> MeanCacheApp:
-    app = pilot.app
-    assert isinstance(app, MeanCacheApp)
-    await wait_for(pilot, lambda: app.session is not None)
-    return app
 
 
-async def ask(pilot: Pilot, question: str) -> None:
-    app = pilot.app
-    assert isinstance(app, MeanCacheApp)
-    count = len(app.chat.conversation.turns)
-    pilot.app.chat.query_one("#question").value = question  # type: ignore[attr-defined]
-    await pilot.press("enter")
-    await wait_for(pilot, lambda: len(app.chat.conversation.turns) > count
-                   or ("no answer" in str(app.chat.last_answer().badge.render())
-                       if app.chat.last_answer() else False))
-    await wait_for(pilot, lambda: not app.chat.busy)
 
 
-def badge(app: MeanCacheApp) -> str:
-    view = app.chat.last_answer()
-    assert view is not None
-    return str(view.badge.render())
 
 
 def test_miss_then_repeat_then_paraphrase(settings: Settings) -> None:

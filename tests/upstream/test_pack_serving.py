@@ -16,7 +16,7 @@ from meancache.shared.errors import PackCorruptError, PackMismatchError
 from meancache.shared.pack import read_pack, write_pack
 from meancache.upstream.server.app import ServerSettings
 
-from tests.upstream_server import running_upstream
+from tests.support.servers import running_upstream
 
 MODEL = "builtin:tiny"
 KEY = "pack-key"

@@ -14,7 +14,7 @@ from meancache.client.upstream_client import (
     api_root,
 )
 
-from tests.upstream_server import RECEIVED, free_port, scripted_upstream
+from tests.support.servers import RECEIVED, free_port, scripted_upstream
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,11 @@ from meancache.shared.encoder import Encoder
 from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
 from meancache.shared.processes import free_port
 
-from tests.test_fl import FEEDBACK, device_with_feedback
-from tests.tiny_encoder import make_tiny_encoder
+from tests.support.fl import FEEDBACK, device_with_feedback
+from tests.support.paths import REPO
+from tests.support.tiny_encoder import make_tiny_encoder
 
-SCRIPT = Path(__file__).resolve().parents[1] / "deploy" / "make-certificates.sh"
+SCRIPT = REPO / "deploy" / "make-certificates.sh"
 
 
 def wait_for_port(port: int, seconds: float = 60) -> None:

@@ -27,9 +27,10 @@ from meancache.client.cache import (
 )
 from meancache.shared.errors import InvalidQueryError
 
+from tests.support.paths import REPO
+
 CacheFactory = Callable[..., SemanticCache]
 
-REPO = Path(__file__).resolve().parents[1]
 FRANCE = "What is the capital of France?"
 GUITAR = "What is the best way to learn to play the guitar?"
 GARBAGE = b"this is not an SQLite database \x00\xff" * 200

@@ -10,6 +10,8 @@ from meancache.client.config import Settings, load_settings, with_upstream
 from meancache.client.errors import ConfigError
 from meancache.shared.threshold import DEFAULT_THRESHOLD, MPNET_THRESHOLD
 
+from tests.support.paths import REPO
+
 
 def write_config(config_dir: Path, text: str) -> None:
     config_dir.mkdir(parents=True, exist_ok=True)
@@ -114,7 +116,7 @@ def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
 
 
 def test_the_example_config_in_deploy_is_valid(tmp_path: Path) -> None:
-    example = Path(__file__).resolve().parents[1] / "deploy" / "config.example.toml"
+    example = REPO / "deploy" / "config.example.toml"
     write_config(tmp_path, example.read_text())
     settings = load_settings(config_dir=tmp_path, environ={})
     assert settings.upstream_url == "http://127.0.0.1:8080"

@@ -1,0 +1,18 @@
+"""The tiny random-init encoder the federated tests train (a module's worth each)."""
+
+from pathlib import Path
+
+import pytest
+from sentence_transformers import SentenceTransformer
+
+from tests.support.tiny_encoder import make_tiny_encoder
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_dir: Path) -> SentenceTransformer:
+    return SentenceTransformer(str(tiny_dir), device="cpu")

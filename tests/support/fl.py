@@ -1,0 +1,107 @@
+"""Federated learning in tests: devices with feedback, messages as a SuperNode gets
+them, replies as the server screens them, and global models as the server publishes them."""
+
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
+from meancache.client.cache.store import EntryStore
+from meancache.client.cache.threshold import ThresholdState
+from meancache.client.config import Settings, load_settings
+from meancache.fl_server.app_declaration import default_run_config
+from meancache.shared.fl.checkpoint import (
+    GlobalModel,
+    save_checkpoint,
+)
+from meancache.shared.fl.evidence import Evidence
+from meancache.shared.fl.signing import server_key, sign
+from meancache.shared.fl.weights import federated_names, federated_state
+from sentence_transformers import SentenceTransformer
+
+
+def message(content: RecordDict, kind: str = "train", dst: int = 7) -> Message:
+    return Message(content=content, metadata=Metadata(
+        run_id=1, message_id=f"m{dst}", src_node_id=0, dst_node_id=dst, reply_to_message_id="",
+        group_id="1", created_at=time.time(), ttl=3600, message_type=kind))
+
+
+def device_with_feedback(data_dir: Path, questions: list[tuple[str, str, int]]) -> None:
+    settings = load_settings(config_dir=data_dir / "cfg", data_dir=data_dir, environ={},
+                             encoder_model="minilm")
+    store = EntryStore(settings.cache_dir)
+    for i, (q1, q2, label) in enumerate(questions):
+        store.put_pair(f"p{i}", {"query": q1, "matched_query": q2, "similarity": 0.9,
+                                 "label": label, "weak": label == 1, "entry_id": "e",
+                                 "time": float(i)})
+    store.close()
+
+
+FEEDBACK = [
+    (f"how do I cook rice number {i}", f"best way to cook rice {i}", 1) for i in range(12)
+] + [(f"what is the capital of country {i}", f"what is the currency of country {i}", 0)
+     for i in range(12)]
+
+
+def device_context(data_dir: Path, tiny_dir: Path) -> Context:
+    """A SuperNode's context: the app's run config (with a run's overrides) and the
+    user's data dir."""
+    run_config = {**default_run_config(), "encoder-model": str(tiny_dir), "top-layers": 1,
+                  "min-pairs": 10}
+    return Context(run_id=1, node_id=7, node_config={"data-dir": str(data_dir)},
+                   state=RecordDict(), run_config=run_config)
+
+
+def train_message(tiny: SentenceTransformer, top_layers: int, threshold: float = 0.8
+                  ) -> Message:
+    arrays = ArrayRecord(federated_state(tiny, federated_names(tiny, top_layers)))
+    return message(RecordDict({"arrays": arrays, "config": ConfigRecord(
+        {"threshold": threshold, "server-round": 3})}))
+
+
+def around(tau: float, pairs: int, seed: int) -> dict[str, list[int]]:
+    """Validation evidence whose duplicates lie above ``tau`` and distinct pairs below."""
+    rng = np.random.default_rng(seed)
+    labels = rng.random(pairs) < 0.4
+    sims = np.where(labels, rng.normal(tau + 0.05, 0.03, pairs), rng.normal(tau - 0.05, 0.03,
+                                                                           pairs))
+    return Evidence.of_pairs(sims, labels).to_metrics()
+
+
+def reply(node: int, evidence: dict[str, object], examples: float, weights: torch.Tensor
+          ) -> Message:
+    return Message(RecordDict({
+        "arrays": ArrayRecord({"w": weights}),
+        "metrics": MetricRecord({"num-examples": examples, "train-loss": 0.1, "skipped": 0,
+                                 **evidence})}),
+        reply_to=message(RecordDict({"config": ConfigRecord({})}), dst=node))
+
+
+def publish(root: Path, round_number: int, threshold: float, seed: int | None = None
+            ) -> GlobalModel:
+    """A checkpoint as the FL server writes one after a round, signed with its key."""
+    generator = torch.Generator().manual_seed(round_number if seed is None else seed)
+    state = {"w": torch.randn(4, 4, generator=generator), "b": torch.randn(4, generator=generator)}
+    return save_checkpoint(root, round_number, state, threshold, base_model="base",
+                           top_layers=0, metrics={"f1": 0.5 + round_number / 100},
+                           sign=partial(sign, key=server_key(root)))
+
+
+def cache_threshold(settings: Settings) -> float:
+    store = EntryStore(settings.cache_dir)
+    try:
+        return ThresholdState(store).global_value
+    finally:
+        store.close()
+
+
+def gaussian_rdp_epsilon(sigma: float, rounds: int, delta: float) -> float:
+    """Epsilon of ``rounds`` Gaussian releases without subsampling, computed by hand: the
+    RDP of one release at order a is a / (2 sigma^2), rounds add up, and the conversion
+    to (epsilon, delta) is Balle et al. 2020's, minimised over the orders 1.1 .. 63."""
+    orders = np.concatenate([np.linspace(1.1, 10.9, 99), np.arange(12, 64)])
+    rdp = rounds * orders / (2 * sigma**2)
+    eps = rdp - (np.log(delta) + np.log(orders)) / (orders - 1) + np.log((orders - 1) / orders)
+    return float(eps.min())
