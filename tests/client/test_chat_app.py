@@ -122,11 +122,15 @@ def test_follow_up_in_another_context_is_not_served_from_cache(settings: Setting
     asyncio.run(run())
 
 
-def test_upstream_down_still_serves_cached_answers(settings: Settings, encoder: Encoder
-                                                   ) -> None:
+@pytest.fixture
+def down(settings: Settings, encoder: Encoder) -> Settings:
+    """Settings whose upstream is down (nothing listens), with one answer in the cache."""
     with SemanticCache(settings.cache_dir, encoder, settings.cache_settings()) as cache:
         cache.insert("How do I boil an egg?", "Simmer it for nine minutes.")
-    down = dataclasses.replace(settings, upstream_url=f"http://127.0.0.1:{free_port()}")
+    return dataclasses.replace(settings, upstream_url=f"http://127.0.0.1:{free_port()}")
+
+
+def test_upstream_down_still_serves_cached_answers(down: Settings) -> None:
 
     async def run() -> None:
         app = MeanCacheApp(down)
@@ -442,11 +446,7 @@ def test_server_text_is_shown_as_plain_text(settings: Settings) -> None:
         asyncio.run(run(url))
 
 
-def test_wrong_answer_while_the_upstream_is_down_keeps_the_app_up(
-        settings: Settings, encoder: Encoder) -> None:
-    with SemanticCache(settings.cache_dir, encoder, settings.cache_settings()) as cache:
-        cache.insert("How do I boil an egg?", "Simmer it for nine minutes.")
-    down = dataclasses.replace(settings, upstream_url=f"http://127.0.0.1:{free_port()}")
+def test_wrong_answer_while_the_upstream_is_down_keeps_the_app_up(down: Settings) -> None:
 
     async def run() -> None:
         app = MeanCacheApp(down)

@@ -5,7 +5,6 @@ SuperNode killed mid-round; then a new user syncs the global model."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,19 +20,10 @@ from meancache.shared.processes import free_port
 
 from tests.support.fl import FEEDBACK, device_with_feedback
 from tests.support.paths import REPO
+from tests.support.servers import wait_for_port
 from tests.support.tiny_encoder import make_tiny_encoder
 
 SCRIPT = REPO / "deploy" / "make-certificates.sh"
-
-
-def wait_for_port(port: int, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise AssertionError(f"nothing listens on port {port}")
 
 
 class Processes:

@@ -15,6 +15,8 @@ from meancache.fl_server.processes import superlink_command
 from meancache.shared.loopback_server import LoopbackServer
 from meancache.shared.processes import flower_environment, free_port
 
+from tests.support.servers import wait_for_port
+
 PROTOBUF = {"Content-Type": "application/protobuf"}
 ESCAPES = [
     "/v1/fleet/../control/list-runs",
@@ -44,16 +46,6 @@ def post(port: int, path: str, body: bytes = b"", headers: dict[str, str] | None
         return answer.status, answer.read()
     finally:
         connection.close()
-
-
-def wait_for_port(port: int, seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise AssertionError(f"nothing listens on port {port}")
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,8 @@
 scripted OpenAI-compatible stub for the faults a real server cannot produce on demand."""
 
 import json
+import socket
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
@@ -16,7 +18,7 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp
 
 __all__ = ["RECEIVED", "SCRIPTED_MODEL", "free_port", "running_upstream", "scripted_upstream",
-           "serving"]
+           "serving", "wait_for_port"]
 
 SCRIPTED_MODEL = "scripted"
 RECEIVED: list[dict[str, object]] = []  # every chat request body the stub was sent, in order
@@ -100,3 +102,14 @@ def serving(app: ASGIApp) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+def wait_for_port(port: int, seconds: float = 60) -> None:
+    """Until something listens on the loopback ``port`` (a server another process starts)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"nothing listens on port {port}")
