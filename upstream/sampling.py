@@ -15,8 +15,8 @@ import torch
 from meancache.upstream.sampling_params import SamplingParams
 from transformers import PreTrainedTokenizerBase
 
-LOOP_NGRAM = 4  # tokens in the n-gram whose repeats mark a loop
-LOOP_REPEATS = 8  # its occurrences in one answer that stop it
+LOOP_NGRAM = 8  # tokens in the span whose repeats mark a loop (about one phrase)
+LOOP_REPEATS = 4  # its occurrences in one answer that stop it: a phrase said 4 times
 
 
 class History:
