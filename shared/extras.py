@@ -8,6 +8,8 @@ from meancache.shared.errors import MissingExtraError
 
 def require(module: str, extra: str, purpose: str) -> None:
     """Raise a one-line :class:`MissingExtraError` when ``module`` is not installed."""
-    if importlib.util.find_spec(module) is None:
-        raise MissingExtraError(f"{purpose} needs {module}, which is not installed: "
-                                f"pip install 'meancache[{extra}]'")
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:  # None, or a stray directory of that name
+        raise MissingExtraError(f"{purpose} needs {module}, which is not installed: it comes "
+                                f"with meancache's {extra} extra (pip install -e '.[{extra}]' "
+                                "in the meancache checkout)")
