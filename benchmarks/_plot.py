@@ -71,8 +71,9 @@ def line_chart(path: Path, title: str, x_label: str, y_label: str, lines: Series
     fig.suptitle(title, fontsize=12)
     if subtitle:
         ax.set_title(textwrap.fill(subtitle, 105), fontsize=9, color="dimgray")
-    fig.text(0.01, 0.01, "python " + " ".join(sys.argv), fontsize=7, color="gray")
-    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    command = textwrap.wrap("python " + " ".join(sys.argv), 125)
+    fig.text(0.01, 0.01, "\n".join(command), fontsize=7, color="gray")
+    fig.tight_layout(rect=(0, 0.03 * len(command), 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path)
     plt.close(fig)

@@ -443,14 +443,14 @@ def print_targets(rows: list[ScaleRow], lookups: list[LookupRow], bytes_per: dic
 
 def plot_scaling(rows: list[ScaleRow], args: argparse.Namespace, encoder: Encoder) -> None:
     """p50 against the number of entries: search alone and end to end, per dims."""
-    lines = {}
-    for dims in dict.fromkeys(row.dims for row in rows):
-        mine = [row for row in rows if row.dims == dims]
-        sizes = [row.size for row in mine]
-        lines[f"search alone, {dims}-d"] = (sizes, [row.search.p50 for row in mine])
-        for backend in args.backends:
-            lines[f"embed + search ({backend}), {dims}-d"] = (
-                sizes, [row.e2e[backend].p50 for row in mine])
+    by_dims = {dims: [row for row in rows if row.dims == dims] for dims in
+               dict.fromkeys(row.dims for row in rows)}
+    lines = {f"search alone, {dims}-d": ([r.size for r in mine], [r.search.p50 for r in mine])
+             for dims, mine in by_dims.items()}
+    for backend in args.backends:
+        for dims, mine in by_dims.items():
+            lines[f"embed 1 query ({backend}) + search, {dims}-d"] = (
+                [r.size for r in mine], [r.e2e[backend].p50 for r in mine])
     line_chart(args.plot, "Semantic cache lookup latency against cache size (p50)",
                "entries in the cache", "p50 latency (ms)", lines, log_x=True, log_y=True,
                subtitle=f"{args.encoder} encoder ({encoder.full_dim}-d, PCA to "
