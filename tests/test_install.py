@@ -27,7 +27,6 @@ README = (REPO / "README.md").read_text(encoding="utf-8")
 ALLOWED = {
     "pip",  # made by `python3 -m venv`
     "setuptools",  # also made by `python3 -m venv` on Python < 3.12, and the build backend
-    "wheel",  # setuptools' companion for building the editable install
 }
 
 
