@@ -21,6 +21,7 @@ point's hit rate).
     python benchmarks/entry_thresholds.py            # MiniLM, 2,000 pairs x 4 repeats
     python benchmarks/entry_thresholds.py --stream hubs   # other look-alikes, no repeats
     python benchmarks/entry_thresholds.py --quick
+    python benchmarks/entry_thresholds.py --plot docs/precision_hit_ratio.png   # and a chart
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from _common import (
     sample,
     unique,
 )
+from _plot import add_plot_option, line_chart
 from meancache.client.cache import entry_threshold
 from meancache.client.cache.entry import STORED_DTYPE, Entry
 from meancache.client.cache.verification import verify
@@ -71,6 +73,7 @@ def parse_args() -> argparse.Namespace:
                         help="global taus swept")
     parser.add_argument("--no-verify", action="store_true",
                         help="leave the verification step out of both modes")
+    add_plot_option(parser)
     args = parser.parse_args()
     if args.stream == "hubs":
         args.repeats = 1
@@ -187,8 +190,10 @@ def main() -> None:
                    for tau in args.taus] for mode in (False, True)}
     note("replayed every tau in both modes")
 
-    heading(f"{args.encoder}, stream {args.stream}: {len(stream.queries):,} queries on "
-            f"{len(stream.entries):,} entries; verification {'off' if args.no_verify else 'on'}")
+    setup = (f"{args.encoder}, stream {args.stream}: {len(stream.queries):,} queries on "
+             f"{len(stream.entries):,} entries; verification "
+             f"{'off' if args.no_verify else 'on'}")
+    heading(setup)
     table = make_table(["tau", "global hit rate", "global precision", "global false hits",
                         "per-entry hit rate", "per-entry precision", "per-entry false hits",
                         "global false hits at per-entry hit rate", "false hits avoided"])
@@ -206,6 +211,16 @@ def main() -> None:
         for name, run in (("global", one), ("per-entry", own)):
             table.add_row(fmt(tau, 2), name, *map(str, run.false_by_quarter))
     print_table(table)
+    if args.plot:
+        line_chart(args.plot, "Precision against hit ratio: one global tau vs per-entry "
+                   "thresholds", "hit ratio (share of queries served from the cache)",
+                   "precision (share of served hits that are right)", {
+                       name: ([r.hit_rate for r in runs[mode] if r.hits],
+                              [r.precision for r in runs[mode] if r.hits])
+                       for name, mode in (("one global tau", False),
+                                          ("per-entry thresholds", True))},
+                   subtitle=f"QQP dev, {setup}; one point per tau, {args.taus[0]:g} (right) "
+                            f"to {args.taus[-1]:g} (left)")
 
 
 if __name__ == "__main__":

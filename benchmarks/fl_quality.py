@@ -9,6 +9,7 @@ threshold, wall time and bytes per client per round.
 
     python benchmarks/fl_quality.py                   # 10 clients, 4 per round, 5 rounds
     python benchmarks/fl_quality.py --quick           # tiny: 4 clients, 2 rounds
+    python benchmarks/fl_quality.py --plot docs/fl_rounds.png   # and a chart
 """
 
 import tempfile
@@ -24,6 +25,7 @@ from _common import (
     print_command,
     print_table,
 )
+from _plot import add_plot_option, line_chart
 from meancache.fl_server.simulate import SimulationConfig, simulate
 
 
@@ -37,6 +39,7 @@ def main() -> None:
     parser.add_argument("--top-layers", type=int, default=2)
     parser.add_argument("--partitioning", choices=("iid", "topic"), default="iid")
     parser.add_argument("--encoder", help="a local sentence-transformers model (default MiniLM)")
+    add_plot_option(parser)
     args = apply_defaults(parser.parse_args(),
                           {"clients": 10, "per_round": 4, "rounds": 5, "pairs_per_client": 300,
                            "held_out": 1000},
@@ -59,11 +62,18 @@ def main() -> None:
         table.add_row(str(int(row["round"])), *(f"{row[k]:.3f}" for k in (
             "f05", "f1", "precision", "recall", "threshold", "best_threshold", "best_f05")),
             f"{row['seconds']:.1f}", f"{row.get('bytes_per_client', 0) / 2**20:.2f}")
-    heading(f"Federated rounds: {args.clients} clients, {args.per_round} per round, "
-            f"{args.pairs_per_client} {args.partitioning} train pairs each, top "
-            f"{args.top_layers} layers trained and sent; scored on {args.held_out} dev pairs "
-            "(round 0 = zero-shot)")
+    setup = (f"{args.clients} clients, {args.per_round} per round, {args.pairs_per_client} "
+             f"{args.partitioning} train pairs each, top {args.top_layers} layers trained and "
+             f"sent; scored on {args.held_out} dev pairs")
+    heading(f"Federated rounds: {setup} (round 0 = zero-shot)")
     print_table(table)
+    if args.plot:
+        rounds = [int(row["round"]) for row in rows]
+        line_chart(args.plot, "Federated learning: F0.5 of the global model per round",
+                   "round (0 = the zero-shot encoder)", "F0.5 on held-out QQP dev pairs", {
+                       "at the shipped (pooled) threshold": (rounds, [r["f05"] for r in rows]),
+                       "at its best threshold": (rounds, [r["best_f05"] for r in rows])},
+                   subtitle=setup)
     print_command()
     note(machine_load())
 

@@ -11,6 +11,7 @@ is out of the search's reach and counts as infinite. Each model's NLLs are cache
 Train the two LMs first (see benchmarks/README.md), then:
 
     python benchmarks/instruction_lm_cdf.py --tuned DIR --scratch DIR
+    python benchmarks/instruction_lm_cdf.py --tuned DIR --scratch DIR --plot docs/nll_cdf.png
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from _common import (
     print_command,
     print_table,
 )
+from _plot import add_plot_option, line_chart
 from meancache.upstream.model_loading import GEMMA, load_model
 from meancache.upstream.pack.data import read_instructions, split_instructions
 from meancache.upstream.pack.lm import META_FILE, InstructionLM, load_lm, wrap
@@ -81,6 +83,7 @@ def main() -> None:
                         "(from scratch)")
     parser.add_argument("--max-depth", type=int, default=24)
     parser.add_argument("--threads", type=int, default=2)
+    add_plot_option(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print_command()
@@ -111,6 +114,15 @@ def main() -> None:
         table.add_row(name, *(pct(predicted_hit_rate(nlls, x)) for x in XS),
                       f"{median:.1f}", pct(len(finite) / len(nlls)))
     print_table(table)
+    if args.plot:
+        grid = [XS[-1] * i / 100 for i in range(101)]
+        line_chart(args.plot, "Instruction LMs: NLL CDF (InstCache's predicted hit rate)",
+                   "NLL budget sigma (nats)", "validation instructions with NLL <= sigma (%)",
+                   {name: (grid, [100 * predicted_hit_rate(nlls, x) for x in grid])
+                    for name, nlls in models.items()},
+                   subtitle=f"{len(validation)} Arena validation instructions, seed "
+                            f"{args.seed}; max depth {args.max_depth} tokens",
+                   y_limits=(0, 100))
     note(f"fine-tuned: {described(args.tuned)}")
     note(f"from scratch: {described(args.scratch)}")
     note(machine_load())

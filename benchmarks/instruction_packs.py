@@ -17,6 +17,7 @@ Run from the repository root (the full run takes several minutes):
 
     python benchmarks/instruction_packs.py
     python benchmarks/instruction_packs.py --quick
+    python benchmarks/instruction_packs.py --plot docs/pack_hit_rate.png   # and a chart
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from _common import (
     print_table,
     time_each,
 )
+from _plot import add_plot_option, line_chart
 from meancache.shared.pack import read_pack, write_pack
 from meancache.upstream.pack.data import read_instructions, split_instructions
 from meancache.upstream.pack.lm import TrainConfig, load_lm, train_lm
@@ -71,6 +73,7 @@ def main() -> None:
                         "first --sigmas value with this many local Ray workers (0: skip)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (a shared "
                         "2-core machine: more threads only contend)")
+    add_plot_option(parser)
     args = apply_defaults(parser.parse_args(), FULL, QUICK)
     torch.set_num_threads(args.threads)
     print_command()
@@ -123,16 +126,31 @@ def main() -> None:
     table = make_table(["sigma", "pack size", "fitted", "size error", "predicted hit",
                         "measured exact hit", "nodes expanded", "nodes/s (1 worker)"])
     biggest: dict[str, float] = {}
+    measured: list[float] = []
     for sigma in args.sigmas:
         result = search(sigma)
         size, expected = len(result.instructions), model.size(sigma)
         hits = sum(t in result.instructions for t in split.test) / max(len(split.test), 1)
+        measured.append(100 * hits)
         table.add_row(f"{sigma:g}", str(size), f"{expected:.0f}",
                       pct((size - expected) / expected), pct(predicted_hit_rate(
                           validation, sigma)), pct(hits), str(result.expanded),
                       f"{result.expanded / result.seconds:.0f}")
         biggest = result.instructions
     print_table(table)
+    if args.plot:
+        top = max(args.sigmas) * 1.5
+        grid = [top * i / 100 for i in range(101)]
+        line_chart(args.plot, "Instruction pack: predicted hit rate (NLL CDF) vs measured",
+                   "NLL budget sigma (nats)", "hit rate (%)", {
+                       f"predicted: share of {len(validation)} validation instructions with "
+                       "NLL <= sigma": (grid, [100 * predicted_hit_rate(validation, x)
+                                               for x in grid])},
+                   points={f"measured: exact hits of {len(test)} held-out instructions in "
+                           "the pack built at sigma": (args.sigmas, measured)},
+                   subtitle=f"from-scratch GPT-2 instruction LM on {len(lines)} Arena first "
+                            f"turns; children {args.children[0]} / {args.children[1]}, max "
+                            f"depth {args.max_depth}")
 
     if args.ray_workers:
         from meancache.upstream.pack.parallel import parallel_search

@@ -36,6 +36,7 @@ Run from the repository root (the full run takes several minutes; needs ~4 GB of
     python benchmarks/lookup_latency.py
     python benchmarks/lookup_latency.py --quick
     python benchmarks/lookup_latency.py --sizes 1000 10000 --queries 500
+    python benchmarks/lookup_latency.py --plot docs/lookup_latency.png   # and a chart
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ from _common import (
     time_each,
     unit_rows,
 )
+from _plot import add_plot_option, line_chart
 from meancache.client.cache import CacheSettings, Context, Entry, Hit, SemanticCache
 from meancache.client.cache.entry import STORED_DTYPE
 from meancache.client.cache.index import VectorIndex
@@ -116,6 +118,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--blas-threads", type=int, default=0,
                         help="limit numpy's BLAS threads while timing (0: leave the library "
                              "default, as the cache runs)")
+    add_plot_option(parser)
     args = parser.parse_args()
     return apply_defaults(
         args,
@@ -438,6 +441,23 @@ def print_targets(rows: list[ScaleRow], lookups: list[LookupRow], bytes_per: dic
     print_table(table)
 
 
+def plot_scaling(rows: list[ScaleRow], args: argparse.Namespace, encoder: Encoder) -> None:
+    """p50 against the number of entries: search alone and end to end, per dims."""
+    by_dims = {dims: [row for row in rows if row.dims == dims] for dims in
+               dict.fromkeys(row.dims for row in rows)}
+    lines = {f"search alone, {dims}-d": ([r.size for r in mine], [r.search.p50 for r in mine])
+             for dims, mine in by_dims.items()}
+    for backend in args.backends:
+        for dims, mine in by_dims.items():
+            lines[f"embed 1 query ({backend}) + search, {dims}-d"] = (
+                [r.size for r in mine], [r.e2e[backend].p50 for r in mine])
+    line_chart(args.plot, "Semantic cache lookup latency against cache size (p50)",
+               "entries in the cache", "p50 latency (ms)", lines, log_x=True, log_y=True,
+               subtitle=f"{args.encoder} encoder ({encoder.full_dim}-d, PCA to "
+                        f"{args.pca_dims}-d), k={args.k}, {args.queries} QQP dev queries "
+                        f"per point; {machine_load()}")
+
+
 def blas_threads() -> str:
     """numpy's BLAS library and its thread count now."""
     pools = [p for p in threadpool_info() if p["user_api"] == "blas"]
@@ -465,6 +485,8 @@ def main() -> None:
                   f"{len(work.query_texts)} distinct QQP dev questions timed per cell; "
                   f"numpy BLAS threads: {blas}")
     print_scaling(scale, args.backends, args)
+    if args.plot:
+        plot_scaling(scale, args, base)
     print_embedding(embed, work)
     print_real(fill, lookups, fit_s, onnx, work, args)
     print_bytes(bytes_per, base.full_dim, args)

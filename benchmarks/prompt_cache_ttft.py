@@ -10,6 +10,7 @@ encoding the schema once and the memory per cached token.
     python benchmarks/prompt_cache_ttft.py            # 512, 1K, 2K, 4K tokens, 3 runs each
     python benchmarks/prompt_cache_ttft.py --quick    # builtin:tiny, small sizes
     python benchmarks/prompt_cache_ttft.py --model builtin:gemma-3-270m   # the real Gemma 3
+    python benchmarks/prompt_cache_ttft.py --plot docs/prompt_cache_ttft.png  # and a chart
 """
 
 import statistics
@@ -25,6 +26,7 @@ from _common import (
     print_command,
     print_table,
 )
+from _plot import add_plot_option, line_chart
 from meancache.client.config import load_settings
 from meancache.upstream.model_loading import load_model
 from meancache.upstream.prompt_cache.engine import Finish, PreparedPrompt, PromptCacheEngine
@@ -52,6 +54,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", help="module lengths in tokens")
     parser.add_argument("--runs", type=int, help="timed runs per cell (after one warm-up)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    add_plot_option(parser)
     args = apply_defaults(parser.parse_args(),
                           {"model": "builtin:base", "lengths": [512, 1024, 2048, 4096],
                            "runs": 3},
@@ -62,6 +65,8 @@ def main() -> None:
     note(f"{loaded.name}: {loaded.parameters / 1e6:.1f}M parameters, {loaded.architecture}")
     question = module_text(engine, QUESTION_TOKENS)
 
+    full_curve: list[float] = []
+    cached_curve: list[float] = []
     table = make_table(["module tokens", "full prefill TTFT (ms)", "Prompt Cache TTFT (ms)",
                         "speed-up", "schema encode (ms)", "cached tokens", "module MiB"])
     for length in args.lengths:
@@ -83,15 +88,25 @@ def main() -> None:
             cached_times.append(ttft(engine, cached))
         full_ms = statistics.median(full_times) * 1000
         cached_ms = statistics.median(cached_times) * 1000
+        full_curve.append(full_ms)
+        cached_curve.append(cached_ms)
         table.add_row(str(length), f"{full_ms:.1f}", f"{cached_ms:.1f}",
                       f"{full_ms / cached_ms:.1f}x", f"{info.encode_seconds * 1000:.1f}",
                       str(info.cached_tokens), f"{info.nbytes / 2**20:.1f}")
         engine.remove_schema(f"s{length}")
 
-    heading(f"Time to first token, {loaded.name} ({loaded.parameters / 1e6:.1f}M parameters, "
-            f"float32, CPU, {args.threads} threads), {QUESTION_TOKENS}-token question, "
-            f"median of {args.runs} runs after a warm-up")
+    setup = (f"{loaded.name} ({loaded.parameters / 1e6:.1f}M parameters, float32, CPU, "
+             f"{args.threads} threads), {QUESTION_TOKENS}-token question, median of "
+             f"{args.runs} runs after a warm-up")
+    heading(f"Time to first token, {setup}")
     print_table(table)
+    if args.plot:
+        line_chart(args.plot, "Time to first token: full prefill vs Prompt Cache module reuse",
+                   f"module length (tokens; the question adds {QUESTION_TOKENS})",
+                   "time to first token (ms)",
+                   {"full prefill": (args.lengths, full_curve),
+                    "Prompt Cache (module states reused)": (args.lengths, cached_curve)},
+                   subtitle=f"{setup}; {machine_load()}", log_x=True, log_y=True)
     config = loaded.model.config
     heading(
         f"memory per cached token: {engine.bytes_per_token} bytes = 2 x "

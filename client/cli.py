@@ -25,6 +25,7 @@ from meancache.shared.progress_bar import ProgressBar
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 if TYPE_CHECKING:
     from meancache.client.cache import SemanticCache
@@ -62,8 +63,11 @@ def open_cache(settings: Settings, directory: Path | None = None) -> "SemanticCa
 
 # cache -------------------------------------------------------------------------------
 def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
+    from meancache.client.stats_plots import stats_plots
+
     with closing(EntryStore(settings.cache_dir)) as store:  # no encoder: nothing to embed
         stats = stored_stats(store, settings.threshold, settings.encoder_backend)
+        plots = [] if args.json else stats_plots(store, stats.threshold)
     if args.json:
         print_json(dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate,
                                                 "token_saving_ratio": stats.token_saving_ratio})
@@ -74,6 +78,9 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
     table.add_row("hit rate", f"{stats.hit_rate:.1%}")
     table.add_row("token saving ratio", f"{stats.token_saving_ratio:.1%}")
     out.print(table)
+    for plot in plots:
+        out.print()
+        out.print(Text.from_ansi(plot))  # colours on a terminal, plain text in a pipe
     return 0
 
 

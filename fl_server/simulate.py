@@ -25,6 +25,7 @@ from meancache.fl_server.app_declaration import default_run_config, write_app
 from meancache.fl_server.processes import run_command, superlink_command
 from meancache.fl_server.rounds import HISTORY
 from meancache.shared.errors import FlowerCommandError
+from meancache.shared.extras import require
 from meancache.shared.processes import flower_environment, free_port
 
 Row = dict[str, float]
@@ -72,6 +73,7 @@ def simulate(config: SimulationConfig, flwr_home: Path,
     """Run the rounds from scratch; returns one row of metrics per round (round 0 = before
     training). ``flwr_home`` is Flower's home (never ~/.flwr): the installed app and
     Flower's output (simulation.log) go there."""
+    require("ray", "server", "`meancache fl simulate` (Flower's simulation engine)")
     _fresh_checkpoint_dir(config.checkpoint_dir)
     flwr_home.mkdir(parents=True, exist_ok=True)
     log_file = flwr_home / "simulation.log"

@@ -13,6 +13,7 @@ and never the other way round)::
     ├── CheckpointError
     ├── PairsFileError
     ├── FlowerCommandError
+    ├── MissingExtraError
     ├── RunConfigError (ValueError)
     ├── PMLError
     │   ├── PMLSyntaxError
@@ -87,6 +88,10 @@ class EncoderError(MeanCacheError):
 
 class ModelNotFoundError(EncoderError):
     """A model was named that is not available locally (nothing is downloaded)."""
+
+
+class MissingExtraError(MeanCacheError):
+    """An optional package is needed that this install left out (an extra names it)."""
 
 
 class OnnxBackendError(EncoderError):

@@ -35,7 +35,7 @@ def flower_command(name: str) -> str:
     candidate = Path(sys.executable).with_name(name)
     found = str(candidate) if candidate.exists() else shutil.which(name)
     if found is None:
-        raise FlowerCommandError(f"{name} is not installed (pip install 'flwr[simulation]')")
+        raise FlowerCommandError(f"{name} is not installed; it comes with Flower: pip install flwr")
     return found
 
 

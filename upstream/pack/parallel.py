@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from meancache.shared.extras import require
 from meancache.shared.files import write_json_atomic
 from meancache.shared.progress import Progress
 from meancache.upstream.pack.lm import load_lm
@@ -75,6 +76,7 @@ def parallel_search(lm_dir: Path, config: SearchConfig, workers: int = 2,
                     progress: Progress | None = None,
                     work_dir: Path | None = None) -> SearchResult:
     """``work_dir``: where the job's state lives, to resume after a kill (None: none)."""
+    require("ray", "server", "building a pack on several workers (--workers, --ray-address)")
     import ray
 
     start = time.perf_counter()
