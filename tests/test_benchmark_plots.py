@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from tests.support.paths import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
 from _plot import add_plot_option, line_chart  # noqa: E402
 
 

@@ -18,8 +18,8 @@ from packaging.requirements import Requirement
 from packaging.utils import NormalizedName, canonicalize_name
 
 from meancache.cli import main
+from tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
 MODELS_FILE = REPO / "requirements-models.txt"
 README = (REPO / "README.md").read_text(encoding="utf-8")
 
