@@ -111,6 +111,8 @@ class Turn:
         if self.replaced is not None:
             line += " · replaced " + ("a rejected cached answer" if self.replaced.strip()
                                       else "an empty answer")
+        if self.finish_reason == "length":
+            line += f" · cut at the {self.completion_tokens or '?'}-token limit (answer_max_tokens)"
         if self.truncated:
             line += " · question truncated for matching"
         return line

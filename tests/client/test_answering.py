@@ -2,6 +2,7 @@
 it serves, what it caches, and that every answered or corrected turn is saved."""
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -9,8 +10,9 @@ from pathlib import Path
 import pytest
 from meancache.client.cache import CacheSettings, SemanticCache, Source
 from meancache.client.cache.feedback import labelled_pairs
+from meancache.client.cache.source import UpstreamOrigin
 from meancache.client.chat.answering import AnswerService
-from meancache.client.chat.conversations import Conversation, ConversationStore
+from meancache.client.chat.conversations import Conversation, ConversationStore, Turn
 from meancache.client.upstream_client import UpstreamClient, UpstreamUnavailableError
 from meancache.shared.pairs import Pair
 
@@ -197,3 +199,11 @@ def test_an_empty_answer_is_shown_as_such_never_cached_and_rejectable(
     saved = store.load(conversation.id)
     assert [t.finish_reason for t in saved.turns] == ["stop", "stop"]
     assert saved.turns[1].replaced == " \n"
+
+
+def test_an_answer_cut_at_the_token_limit_says_so_in_its_badge() -> None:
+    cut = Turn("List twenty countries.", "France, Germany", UpstreamOrigin("e1"),
+               ttft_seconds=0.1, completion_tokens=24, finish_reason="length")
+    ended = dataclasses.replace(cut, finish_reason="stop")
+    assert cut.badge.endswith("· cut at the 24-token limit (answer_max_tokens)")
+    assert "cut at" not in ended.badge
