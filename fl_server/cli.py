@@ -96,8 +96,9 @@ def run_server(args: argparse.Namespace, settings: Any) -> int:
     from meancache.fl_server.processes import superlink_command
     from meancache.fl_server.serving import serve
     from meancache.shared.fl.signing import PUBLIC_KEY, server_key
-    from meancache.shared.processes import flower_environment
+    from meancache.shared.processes import exit_on_sigterm, flower_environment
 
+    exit_on_sigterm()  # the SuperLink below stops with us
     state = settings.data_dir / "fl-server"
     state.mkdir(parents=True, exist_ok=True)
     env = flower_environment(MEANCACHE_DATA_DIR=str(settings.data_dir),

@@ -4,6 +4,7 @@ executables and their environment, and a foreground child that stops with us."""
 import ipaddress
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -57,3 +58,11 @@ def run_foreground(command: list[str], env: dict[str, str] | None = None) -> int
     except KeyboardInterrupt:
         process.terminate()
         return process.wait(timeout=30)
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (a service manager's stop) end this process as Ctrl+C does: by an
+    exception, so every ``finally`` that stops a child process runs. Without it SIGTERM
+    kills at once (uvicorn, too, hands the signal back once its servers have shut down),
+    and children such as the SuperLink are left running, holding their ports."""
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))

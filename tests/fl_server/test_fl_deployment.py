@@ -5,6 +5,7 @@ SuperNode killed mid-round; then a new user syncs the global model."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -211,3 +212,46 @@ def test_supernode_authentication_refuses_an_unregistered_key(
     listed = flwr("ls", "meancache", "--format", "json")
     assert listed.count('"online"') == 1, listed  # alice only
     assert mallory.poll() is None or mallory.returncode != 0
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (read from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie awaiting its reaper)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_sigterm_stops_the_fl_server_and_its_superlink(tmp_path: Path,
+                                                       processes: Processes) -> None:
+    """A service manager's stop (SIGTERM to the server alone) leaves no SuperLink behind
+    holding the control port."""
+    link, model_port, control = free_port(), free_port(), free_port()
+    server = processes.start(tmp_path / "server", "fl", "server", "--port", str(link),
+                             "--model-port", str(model_port), "--control-port", str(control))
+    wait_for_port(control)
+    wait_for_port(model_port)
+    superlinks = children(server.pid)
+    assert superlinks, "the server started no SuperLink"
+    server.send_signal(signal.SIGTERM)
+    server.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while any(running(pid) for pid in superlinks):
+        assert time.monotonic() < deadline, "the SuperLink outlived its server"
+        time.sleep(0.2)
+    with socket.socket() as sock:
+        assert sock.connect_ex(("127.0.0.1", control)) != 0  # nothing holds the port
