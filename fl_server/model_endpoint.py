@@ -33,6 +33,9 @@ CHUNK = 1 << 20
 NO_MODEL = "the FL server has no global model yet"
 
 
+MAX_ROUND = 10**9  # far beyond any federation's rounds, and a short directory name
+
+
 def weights_path(round_number: int) -> str:
     """The URL path serving exactly one round's weights."""
     return f"/v1/global-model/rounds/{round_number}/weights"
@@ -96,6 +99,9 @@ def create_model_app(checkpoint_dir: Path) -> Starlette:
 
     async def round_weights(request: Request) -> Response:
         number: int = request.path_params["round"]
+        if not 0 <= number <= MAX_ROUND:  # a 300-digit round makes no file name
+            return _error(404, "no such round: round numbers run from 0 to "
+                          f"{MAX_ROUND:,}")
         directory = round_dir(root, number)
         if not directory.is_dir():
             return _error(404, f"the FL server no longer keeps round {number}")

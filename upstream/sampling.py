@@ -15,6 +15,9 @@ import torch
 from meancache.upstream.sampling_params import SamplingParams
 from transformers import PreTrainedTokenizerBase
 
+# Below this temperature sampling is the argmax (logits / 1e-40 overflow float32 to inf,
+# and the softmax of infinities is not a distribution).
+GREEDY_BELOW = 1e-4
 LOOP_NGRAM = 8  # tokens in the span whose repeats mark a loop (about one phrase)
 LOOP_REPEATS = 4  # its occurrences in one answer that stop it: a phrase said 4 times
 
@@ -64,12 +67,13 @@ class History:
 def next_token(logits: torch.Tensor, params: SamplingParams,
                generator: torch.Generator | None) -> int:
     """Pick a token from (vocab,) logits."""
-    if params.temperature == 0.0:
+    if params.temperature < GREEDY_BELOW:
         return int(logits.argmax())
     probs = torch.softmax(logits.float() / params.temperature, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
-        keep = sorted_probs.cumsum(0) - sorted_probs < params.top_p  # the first always stays
+        keep = sorted_probs.cumsum(0) - sorted_probs < params.top_p
+        keep[0] = True  # the likeliest token always stays, however small top_p
         probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
     return int(torch.multinomial(probs, 1, generator=generator))
 

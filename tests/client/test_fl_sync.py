@@ -369,3 +369,11 @@ def test_an_unsigned_or_foreign_checkpoint_is_refused(url: str, server_root: Pat
     with pytest.raises(CheckpointError, match="not signed by the FL server's key"):
         sync_global_model(url, device)
     assert not (device.global_model_dir / LATEST).exists()
+
+
+def test_a_round_number_past_any_file_name_is_a_404(server_root: Path) -> None:
+    publish(server_root, 1, 0.8)
+    with serving(create_model_app(server_root)) as base:
+        reply = httpx.get(f"{base}/v1/global-model/rounds/{'9' * 300}/weights", timeout=30)
+    assert reply.status_code == 404
+    assert "round numbers run from 0 to" in reply.json()["error"]["message"]

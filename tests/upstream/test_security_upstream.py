@@ -338,3 +338,28 @@ def test_kept_alive_connections_still_serve_many_requests(served: Served) -> Non
                    greedy.post("/v1/schemas", content=schema("kept"), headers=PML)]
     assert [a.status_code for a in answers] == [200, 200, 201]
     assert all(a.headers.get("connection") != "close" for a in answers)
+
+
+# --- item 6: numbers at the edge of their range, a string for a flag ----------------------
+@pytest.mark.parametrize("fields", [{"temperature": 1e-40}, {"temperature": 1e-300},
+                                    {"top_p": 1e-46}, {"temperature": 0.5, "top_p": 1e-300}],
+                         ids=["tiny-temperature", "tinier-temperature", "tiny-top-p",
+                              "both"])
+def test_extreme_sampling_values_answer_instead_of_failing(served: Served,
+                                                           fields: dict[str, float]) -> None:
+    with served.client(GREEDY) as http:
+        for stream in (False, True):
+            reply = http.post("/v1/chat/completions", json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "stream": stream, **fields})
+            assert reply.status_code == 200, reply.text
+            if stream:
+                assert reply.text.rstrip().endswith("data: [DONE]")  # the stream ended whole
+
+
+def test_stream_must_be_a_boolean(served: Served) -> None:
+    with served.client(GREEDY) as http:
+        reply = http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "stream": "false"})
+    assert reply.status_code == 400
+    assert "'stream' must be true or false" in reply.json()["error"]["message"]

@@ -126,7 +126,10 @@ def parse_chat_request(body: Any, defaults: SamplingParams, served_model: str) -
         )
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
-    return ChatRequest(clean, params, bool(body.get("stream", False)),
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):  # "false" is a non-empty string, not false
+        raise BadRequest("'stream' must be true or false", "stream")
+    return ChatRequest(clean, params, stream,
                        bool(options.get("include_usage")))
 
 
