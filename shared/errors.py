@@ -47,6 +47,7 @@ and never the other way round)::
     └── UpstreamError                     meancache.upstream.errors
         ├── BadRequest
         ├── InvalidApiKeyError
+        ├── OperatorOnlyError
         ├── RequestTooLargeError
         ├── UnknownModelError
         ├── ModelLoadError

@@ -3,6 +3,7 @@
     UpstreamError                 400 invalid_request_error
     ├── BadRequest                400 invalid_request_error
     ├── InvalidApiKeyError        401 authentication_error   invalid_api_key
+    ├── OperatorOnlyError         403 permission_error       operator_only
     ├── RequestTooLargeError      413 invalid_request_error  request_too_large
     ├── UnknownModelError         404 invalid_request_error  model_not_found
     ├── ModelLoadError            400 invalid_request_error
@@ -39,6 +40,11 @@ class BadRequest(UpstreamError):
 
 class InvalidApiKeyError(UpstreamError):
     """The request carries no API key, or not the one the server was started with."""
+
+
+class OperatorOnlyError(UpstreamError):
+    """A tenant's key asked for what only the operator's key may see (the server-wide
+    metrics, which count every tenant's traffic)."""
 
 
 class RequestTooLargeError(UpstreamError):
@@ -98,6 +104,7 @@ class HTTPErrorKind:
 HTTP_ERRORS: dict[type[MeanCacheError], HTTPErrorKind] = {
     UpstreamError: HTTPErrorKind(400, "invalid_request_error"),
     InvalidApiKeyError: HTTPErrorKind(401, "authentication_error", "invalid_api_key"),
+    OperatorOnlyError: HTTPErrorKind(403, "permission_error", "operator_only"),
     RequestTooLargeError: HTTPErrorKind(413, "invalid_request_error", "request_too_large"),
     UnknownModelError: HTTPErrorKind(404, "invalid_request_error", "model_not_found"),
     PromptTooLongError: HTTPErrorKind(400, "invalid_request_error", "context_length_exceeded"),

@@ -98,3 +98,16 @@ def test_without_keys_every_request_is_the_one_tenant() -> None:
         with httpx.Client(base_url=url, timeout=60) as again:
             assert ids(again) == ["manual"]
             assert again.post("/v1/chat/completions", json=prompt("manual")).status_code == 200
+
+
+def test_only_the_operators_key_reads_the_server_wide_metrics(base_url: str) -> None:
+    """/metrics counts every tenant's requests: another tenant learns nothing of them."""
+    with as_key(base_url, OTHER) as other, as_key(base_url, OWNER) as owner:
+        other.get("/v1/models")
+        refused = other.get("/metrics")
+        assert refused.status_code == 403
+        assert refused.json()["error"]["code"] == "operator_only"
+        assert "meancache_upstream_requests_total" not in refused.text
+        shown = owner.get("/metrics")
+        assert shown.status_code == 200
+        assert "meancache_upstream_requests_total" in shown.text

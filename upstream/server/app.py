@@ -13,6 +13,7 @@ from meancache.shared.pml import PML_MEDIA_TYPE
 from meancache.upstream.errors import (
     BadRequest,
     ClientGoneError,
+    OperatorOnlyError,
     RequestTooLargeError,
     UpstreamError,
 )
@@ -34,7 +35,7 @@ from meancache.upstream.server.middleware import (
     RequireMediaType,
 )
 from meancache.upstream.server.packs import pack_routes
-from meancache.upstream.server.tenants import Tenants, tenant_of
+from meancache.upstream.server.tenants import Tenants, tenant_id, tenant_of
 from meancache.upstream.server.wire import Completion, error_body, parse_chat_request
 from meancache.upstream.server.worker import ModelWorker
 from starlette.applications import Starlette
@@ -190,10 +191,17 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": model_name, "queued": worker.queued})
 
+    tenants = Tenants((settings.api_key or "", *settings.api_keys))
+    operator = tenant_id(settings.api_key) if settings.api_key else None
+
     async def metrics_route(request: Request) -> Response:
+        # The totals count every tenant's traffic: with several keys only the first, the
+        # operator's, may read them.
+        if settings.api_keys and tenant_of(request) != operator:
+            raise OperatorOnlyError("/metrics counts every key's requests: only the "
+                                    "operator's key (the server's first) may read it")
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
-    tenants = Tenants((settings.api_key or "", *settings.api_keys))
     hosts = [Middleware(RequireHost, settings.allowed_hosts)] if settings.allowed_hosts else []
     auth = hosts + ([Middleware(RequireApiKey, tenants)] if tenants else [])
     json_body = [Middleware(RequireMediaType, ("application/json",))]
