@@ -63,6 +63,10 @@ def add_commands(commands: Any) -> None:
                        "best words are scored exactly (about 1.6x float32's decode speed "
                        "on a CPU, same next tokens; see benchmarks/generation_speed.py), or "
                        "float32 as loaded (default: %(default)s)")
+    serve.add_argument("--allow-host", action="append", metavar="NAME", type=host_argument,
+                       help="also answer requests whose Host header names NAME (repeat for "
+                       "more; loopback names are always answered). A server on a network "
+                       "address that names none answers any Host (default: none)")
     serve.add_argument("--packs-dir", type=Path, help="publish the newest instruction "
                        "pack (*.mcpack) in this directory at /v1/packs/latest (default: "
                        "none)")
@@ -95,9 +99,29 @@ def run_serve(args: argparse.Namespace, settings: Any) -> int:
                 max_schema_tokens_per_key=args.max_schema_tokens_per_key,
             ),
             packs_dir=args.packs_dir,
+            allowed_hosts=allowed_hosts(args.allow_host),
         ),
         module_budget_bytes=args.module_budget_mb * 1024 * 1024,
         data_dir=settings.data_dir,
         precision=args.precision,
     )
     return 0
+
+
+
+def host_argument(value: str) -> str:
+    """An --allow-host name: a host as a Host header carries it, without a port."""
+    from meancache.upstream.server.hosts import host_name
+
+    name = host_name(value)
+    if name is None or name != value.lower():
+        raise argparse.ArgumentTypeError(f"a host name without a port, not {value[:80]!r}")
+    return name
+
+
+def allowed_hosts(names: list[str] | None) -> frozenset[str] | None:
+    """The Host names a served API answers: the loopback ones and ``names``, or None (any)
+    when none are named (serve() then keeps a loopback server to the loopback names)."""
+    from meancache.upstream.server.hosts import LOOPBACK_NAMES
+
+    return LOOPBACK_NAMES | set(names) if names else None

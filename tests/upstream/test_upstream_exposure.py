@@ -19,7 +19,7 @@ from meancache.upstream.prompt_cache.engine import PromptCacheEngine
 from meancache.upstream.prompt_cache.module_store import ModuleStore
 from meancache.upstream.prompt_cache.states import SegmentStates
 from meancache.upstream.server.app import ServerSettings, create_app
-from meancache.upstream.server.hosts import open_server_warning
+from meancache.upstream.server.hosts import host_name, open_server_warning
 from meancache.upstream.server.limits import Limits
 from starlette.testclient import TestClient
 
@@ -178,3 +178,30 @@ def test_module_memory_can_be_read_while_the_model_thread_changes_it() -> None:
         stop.set()
         thread.join()
         sys.setswitchinterval(switch)
+
+
+@pytest.mark.parametrize("header", [
+    "localhost:abc", "localhost:80:90", "localhost:99999", "[::1", "[::1]x", "[zz::1]:80",
+    "local host", "user@localhost", "localhost/x", "", "-localhost",
+])
+def test_a_malformed_host_header_is_refused(header: str) -> None:
+    """Host names are parsed strictly: nothing that merely starts like a loopback name."""
+    assert host_name(header) is None
+    app = create_app(PromptCacheEngine(load_model("builtin:tiny")),
+                     ServerSettings(allowed_hosts=frozenset({"localhost", "[::1]"})))
+    with TestClient(app, base_url="http://localhost") as client:
+        refused = client.get("/v1/models", headers={"Host": header})
+        assert refused.status_code == 400
+        assert refused.json()["error"]["code"] == "host_not_allowed"
+        assert client.get("/v1/models", headers={"Host": "localhost:8080"}).status_code == 200
+
+
+def test_allow_host_adds_names_to_the_loopback_ones() -> None:
+    from meancache.upstream.cli import allowed_hosts, host_argument
+
+    assert allowed_hosts(None) is None
+    assert allowed_hosts([host_argument("Upstream.Example")]) == {
+        "localhost", "127.0.0.1", "[::1]", "upstream.example"}
+    for bad in ("upstream.example:8080", "up stream", "[::1"):
+        with pytest.raises(Exception, match="a host name without a port"):
+            host_argument(bad)

@@ -3,16 +3,31 @@ web page the user opens: DNS rebinding points the page's own name at 127.0.0.1, 
 browser then sends that name in the Host header. Answering only loopback names stops it."""
 
 import ipaddress
+import re
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 
 
-def host_name(header: str) -> str:
-    """The name in a Host header, without the port, lower-cased (``[::1]:80`` -> ``[::1]``)."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[: header.find("]") + 1]
-    return header.partition(":")[0]
+# A Host header as RFC 9110 allows it: a DNS name or IPv4 address, or an IPv6 address in
+# brackets, then an optional port. Anything else (spaces, a second colon, a non-numeric
+# port, userinfo) is refused rather than guessed at.
+_HOST = re.compile(r"(?P<name>\[[0-9a-f:.]+\]|[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?)"
+                   r"(?::(?P<port>[0-9]{1,5}))?")
+
+
+def host_name(header: str) -> str | None:
+    """The name in a Host header, lower-cased, without its port (``[::1]:80`` ->
+    ``[::1]``); None when the header is not a well-formed host."""
+    found = _HOST.fullmatch(header.lower())
+    if found is None or (found["port"] is not None and int(found["port"]) > 65535):
+        return None
+    name = found["name"]
+    if name.startswith("["):
+        try:
+            ipaddress.IPv6Address(name[1:-1])
+        except ValueError:
+            return None
+    return name
 
 
 def is_loopback(address: str) -> bool:

@@ -45,7 +45,11 @@ class RequireHost:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         header = Headers(scope=scope).get("host", "")
-        if host_name(header) not in self.names:
+        name = host_name(header)
+        if name is None:
+            raise HostNotAllowedError(f"the Host header {header[:100]!r} is not a host name "
+                                      "with an optional port")
+        if name not in self.names:
             raise HostNotAllowedError(
                 f"this server answers only to {', '.join(sorted(self.names))}; the request "
                 f"named {header[:100]!r} in its Host header")
