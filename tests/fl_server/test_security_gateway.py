@@ -113,11 +113,18 @@ def test_a_chunked_body_is_cut_off_at_the_cap(gateway: int) -> None:
             yield b"\0" * (1 << 20)
 
     connection = http.client.HTTPConnection("127.0.0.1", gateway, timeout=30)
-    connection.request("POST", "/v1/fleet/push-object", body=chunks(),
-                       headers={**PROTOBUF, "Transfer-Encoding": "chunked"},
-                       encode_chunked=True)
-    assert connection.getresponse().status == 413
-    connection.close()
+    try:
+        connection.request("POST", "/v1/fleet/push-object", body=chunks(),
+                           headers={**PROTOBUF, "Transfer-Encoding": "chunked"},
+                           encode_chunked=True)
+        assert connection.getresponse().status == 413
+    except (BrokenPipeError, ConnectionResetError):
+        # The gateway answered 413 and closed while the rest was still on its way: the
+        # reset itself shows it stopped reading (a server that read the whole body and
+        # then answered would have left nothing unread to reset on).
+        pass
+    finally:
+        connection.close()
 
 
 def test_a_slow_client_is_disconnected(gateway: int) -> None:
