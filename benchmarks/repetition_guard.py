@@ -83,16 +83,17 @@ def main() -> None:
     parser = base_parser(__doc__)
     parser.add_argument("--model", help="default builtin:gemma-3-270m (--quick: tiny-gemma3)")
     parser.add_argument("--questions", type=int, help="held-out questions")
-    parser.add_argument("--max-tokens", type=int, default=512,
-                        help="the chat's default answer length")
+    parser.add_argument("--max-tokens", type=int,
+                        help="default 512, the chat's answer length (--quick: 48)")
     parser.add_argument("--precision", default="fp16-int8",
                         help="fp16-int8 picks float32's next token (generation_speed.py) "
                         "at 1.6x its speed")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--show", type=int, default=0, help="print this many answer pairs")
     args = apply_defaults(parser.parse_args(),
-                          {"model": "builtin:gemma-3-270m", "questions": 100},
-                          {"model": "builtin:tiny-gemma3", "questions": 5})
+                          {"model": "builtin:gemma-3-270m", "questions": 100,
+                           "max_tokens": 512},
+                          {"model": "builtin:tiny-gemma3", "questions": 5, "max_tokens": 48})
     torch.set_num_threads(args.threads)
     load_before = machine_load()
     texts = read_instructions(args.data_dir / "instructions" / "arena_first_turns.jsonl")
