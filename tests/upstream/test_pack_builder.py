@@ -292,3 +292,22 @@ def test_ray_subtrees_find_what_one_process_finds_and_resume_after_a_kill(
         assert all(math.isclose(found.instructions[t], n, abs_tol=1e-4)
                    for t, n in one.instructions.items())
         assert found.expanded == one.expanded
+
+
+def test_a_depth_beyond_the_lms_positions_is_refused_in_one_line(
+        scratch_lm: tuple[Path, list[int]], instructions_file: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The scratch LM has TINY.max_tokens + 2 positions: a deeper search or NLL would run
+    off GPT-2's position table (an IndexError before), so plan and build say so first."""
+    from meancache.cli import main
+
+    base = ["--config-dir", str(tmp_path / "config"), "--data-dir", str(tmp_path / "data")]
+    deepest = TINY.max_tokens
+    for command in (["plan", "--data", str(instructions_file), "--sigma", "8",
+                     "--fit-sigmas", "6", "8"],
+                    ["build", "--sigma", "8", "--packs-dir", str(tmp_path / "packs")]):
+        assert main([*base, "pack", *command, "--lm", str(scratch_lm[0]), "--max-depth",
+                     str(deepest + 1)]) == 2
+        err = capsys.readouterr().err
+        assert f"at most --max-depth {deepest}" in err and "Traceback" not in err
+    load_lm(scratch_lm[0]).check_depth(deepest)  # the deepest it has positions for is fine

@@ -83,6 +83,7 @@ def expand_levels(lm: InstructionLM, config: SearchConfig, roots: Frontier | Non
                   until_depth: int | None = None) -> Frontier:
     """Expand level by level until no path is open, or until the open paths are
     ``until_depth`` tokens past the begin token (the base tree of a parallel search)."""
+    lm.check_depth(config.max_depth)
     frontier = _resume(state_path, config) if state_path else None
     if frontier is None:
         frontier = roots or Frontier([[lm.bos]], [0.0])
