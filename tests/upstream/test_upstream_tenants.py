@@ -24,8 +24,10 @@ def prompt(name: str, module: str = "chapter") -> dict[str, object]:
     return {"messages": [{"role": "user", "content": pml}], "max_tokens": 2}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def base_url() -> Iterator[str]:
+    """A server of its own for each test: the per-key quotas count what earlier tests
+    registered, so a shared one would make a test's outcome depend on the order."""
     settings = ServerSettings(api_key=OWNER, api_keys=(OTHER, SMALL), limits=LIMITS)
     with running_upstream(settings=settings) as url:
         yield url

@@ -71,17 +71,23 @@ class InstructionLM:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode([i for i in ids if i not in (self.bos, self.eos)])
 
-    def check_depth(self, max_depth: int) -> None:
-        """Refuse, in one line, a depth the model has no positions for: a path is its
-        begin token, ``max_depth`` tokens and its end token (a learned position table,
-        GPT-2's, ends at ``n_positions``; a rotary model reaches much further)."""
+    @property
+    def deepest(self) -> int | None:
+        """The deepest path the model has positions for (None: no limit it states): a
+        path is its begin token, this many tokens and its end token (GPT-2's learned
+        position table ends at ``n_positions``; a rotary model reaches much further)."""
         config = self.model.config
         positions = getattr(config, "n_positions", None) \
             or getattr(config, "max_position_embeddings", None)
-        if positions is not None and max_depth + 2 > positions:
+        return None if positions is None else positions - 2
+
+    def check_depth(self, max_depth: int) -> None:
+        """Refuse, in one line, a search deeper than the model can represent."""
+        if self.deepest is not None and max_depth > self.deepest:
             raise PackError(f"--max-depth {max_depth} is beyond this instruction LM: it has "
-                            f"{positions} positions, so at most --max-depth {positions - 2} "
-                            "(train it with a larger --max-tokens for deeper instructions)")
+                            f"{self.deepest + 2} positions, so at most --max-depth "
+                            f"{self.deepest} (train it with a larger --max-tokens for deeper "
+                            "instructions)")
 
 
 def wrap(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> InstructionLM:

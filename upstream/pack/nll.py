@@ -12,7 +12,8 @@ def instruction_nll(lm: InstructionLM, texts: list[str], max_depth: int,
                     batch_size: int = 32) -> list[float]:
     """The NLL (nats) of ``tokens + eos`` after ``bos`` for each text; inf for a text the
     search cannot reach (more than ``max_depth`` tokens with its end token)."""
-    lm.check_depth(max_depth)
+    if lm.deepest is not None:  # a longer instruction is out of the search's reach too
+        max_depth = min(max_depth, lm.deepest)
     rows = [lm.encode(t, max_depth) for t in texts]
     reachable = [i for i, row in enumerate(rows) if len(row) - 1 <= max_depth]
     out = [math.inf] * len(texts)
