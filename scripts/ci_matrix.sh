@@ -42,7 +42,8 @@ for setting in ${MATRIX:-default avx2 one-thread random}; do
         avx2) run avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
                   FBGEMM_ENABLE_INSTRUCTIONS=AVX2 ;;
         one-thread) run one-thread OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 ;;
-        random) PYTEST_ARGS+=(--random-order "--random-order-seed=$SEED")
+        random) echo "   (random order seed $SEED: SEED=$SEED replays it)" >&2
+                PYTEST_ARGS+=(--random-order "--random-order-seed=$SEED")
                 run random
                 PYTEST_ARGS=("$@") ;;
         *) echo "unknown setting '$setting' (plain, default, avx2, one-thread, random)" >&2
