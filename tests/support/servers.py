@@ -18,7 +18,8 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp
 
 __all__ = ["RECEIVED", "SCRIPTED_MODEL", "free_port", "running_upstream", "scripted_upstream",
-           "serving", "wait_for_port"]
+           "closes_trickled_headers", "serving",
+           "wait_for_port"]
 
 SCRIPTED_MODEL = "scripted"
 RECEIVED: list[dict[str, object]] = []  # every chat request body the stub was sent, in order
@@ -113,3 +114,23 @@ def wait_for_port(port: int, seconds: float = 60) -> None:
                 return
         time.sleep(0.2)
     raise AssertionError(f"nothing listens on port {port}")
+
+
+def closes_trickled_headers(port: int, request_line: bytes, seconds: float) -> bool:
+    """Send ``request_line`` and then one header line every 0.25 s (slowloris) for up to
+    ``seconds``; whether the server closed the connection in that time."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request_line)
+        for _ in range(int(seconds / 0.25)):
+            time.sleep(0.25)
+            try:
+                sock.sendall(b"X-A: b\r\n")
+                sock.settimeout(0.01)
+                if sock.recv(1) == b"":
+                    return True
+            except TimeoutError:
+                pass
+            except OSError:
+                return True
+            sock.settimeout(30)
+    return False

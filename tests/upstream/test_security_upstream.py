@@ -22,6 +22,8 @@ from meancache.upstream.server.app import ServerSettings, create_app
 from meancache.upstream.server.tenants import tenant_id
 from meancache.upstream.server.worker import ModelWorker
 
+from tests.support.servers import closes_trickled_headers
+
 GREEDY, OTHER = "key-of-greedy", "key-of-other"
 PML = {"Content-Type": PML_MEDIA_TYPE}
 
@@ -276,23 +278,9 @@ def test_too_many_headers_are_refused(served: Served) -> None:
 def test_a_slowloris_client_is_disconnected_when_a_key_is_set(served: Served) -> None:
     """Headers trickled in with an API key set (today never timed out): closed once the
     header deadline (1 s here) passes."""
-    with socket.create_connection(("127.0.0.1", served.server.port), timeout=30) as sock:
-        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        closed = False
-        for _ in range(120):
-            time.sleep(0.25)
-            try:
-                sock.sendall(b"X-A: b\r\n")
-                sock.settimeout(0.01)
-                closed = sock.recv(1) == b""
-            except TimeoutError:
-                pass
-            except OSError:
-                closed = True
-            if closed:
-                break
-            sock.settimeout(30)
-        assert closed, "the connection stayed open for 30 s of headers"
+    assert closes_trickled_headers(served.server.port,
+                                   b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n", 30), \
+        "the connection stayed open for 30 s of headers"
 
 
 def test_a_body_that_never_arrives_is_answered_408(engine: PromptCacheEngine) -> None:
