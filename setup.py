@@ -11,5 +11,8 @@ setup(
     packages=["meancache", *(f"meancache.{name}" for name in
                              find_packages(include=[f"{side}*" for side in SIDES]))],
     # The Flower app declaration `meancache fl run|simulate` submit (no code in it).
-    package_data={"meancache.fl_server": ["flower_app/pyproject.toml"]},
+    package_data={"meancache.fl_server": ["flower_app/pyproject.toml"],
+                  # the learned verifier: int8 ONNX and its card (sha256, threshold)
+                  "meancache.shared": ["verifier/artefact/verifier.onnx",
+                                       "verifier/artefact/verifier.json"]},
 )

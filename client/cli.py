@@ -202,20 +202,48 @@ def cmd_eval_pairs(args: argparse.Namespace, settings: Settings) -> int:
     with open_cache(settings) as cache:
         threshold = args.threshold if args.threshold is not None else cache.threshold
         with ProgressBar(f"embedding {len(pairs)} pairs", err) as progress:
-            report = evaluate_pairs(pairs, cache.encoder, threshold, sweep, progress)
+            report = evaluate_pairs(pairs, cache.matcher, threshold, sweep, progress)
+    verified = cache.settings.verify_hits
     if args.json:
         print_json(report.current.as_dict() | {
             "encoder_version": cache.encoder.version,
+            "decision": report.decision.as_dict() | {"verifier": verified},
             "sweep": [s.as_dict() for s in report.sweep],
         })
         return 0
-    table = Table("threshold", "precision", "recall", "F1", "F0.5", "accuracy",
+    table = Table("decision", "precision", "recall", "F1", "F0.5", "accuracy",
                   title=f"{len(pairs)} pairs from {args.file}")
-    for scores in [report.current, *report.sweep]:
-        style = "bold" if scores is report.current else None
-        table.add_row(f"{scores.threshold:.3f}" + (" (current)" if style else ""),
-                      *(f"{v:.4f}" for v in (scores.precision, scores.recall, scores.f1,
-                                              scores.f05, scores.accuracy)), style=style)
+    whole = "whole decision" + (" (verifier on)" if verified else " (verifier off)")
+    rows = [(f"{whole}, tau {report.decision.threshold:.3f}", report.decision, "bold"),
+            (f"embedding only, {report.current.threshold:.3f}", report.current, None),
+            *((f"embedding only, {s.threshold:.3f}", s, "dim") for s in report.sweep)]
+    for label, scores, style in rows:
+        table.add_row(label, *(f"{v:.4f}" for v in (scores.precision, scores.recall,
+                                                     scores.f1, scores.f05, scores.accuracy)),
+                      style=style)
+    out.print(table)
+    return 0
+
+
+def cmd_eval_replay(args: argparse.Namespace, settings: Settings) -> int:
+    import tempfile
+
+    from meancache.client.eval_replay import replay
+    from meancache.shared.pairs import read_pairs
+
+    pairs = read_pairs(Path(args.file), split=args.split, limit=args.limit)
+    with tempfile.TemporaryDirectory(prefix="meancache-replay-") as directory, \
+            open_cache(settings, Path(directory)) as cache, \
+            ProgressBar(f"replaying {len(pairs)} pairs", err) as progress:
+        report = replay(cache, pairs, progress)
+    if args.json:
+        print_json(report.as_dict())
+        return 0
+    table = Table("right", "wrong", "miss", "hit precision", "hit rate",
+                  title=f"{report.stored} questions stored, {len(pairs)} asked "
+                  f"({args.file})")
+    table.add_row(str(report.right), str(report.wrong), str(report.miss),
+                  f"{report.hit_precision:.1%}", f"{report.hit_rate:.1%}")
     out.print(table)
     return 0
 
@@ -283,3 +311,13 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter") -> None:
                        help="thresholds to report too (default: 0.5 0.95 0.05)")
     pairs.add_argument("--json", action="store_true", help="one JSON object for scripts")
     pairs.set_defaults(handler=cmd_eval_pairs)
+    replaying = eval_commands.add_parser(
+        "replay", help="a cache benchmark: store every q1 with its own answer in a fresh "
+        "cache, ask every q2; right / wrong / miss")
+    replaying.add_argument("file", help="JSONL with q1, q2, label (0/1); a label-0 q2 is "
+                           "right only as a miss")
+    replaying.add_argument("--split", help="keep rows whose 'split' field equals this "
+                           "(default: every row)")
+    replaying.add_argument("--limit", type=int, help="use at most N pairs (default: all)")
+    replaying.add_argument("--json", action="store_true", help="one JSON object for scripts")
+    replaying.set_defaults(handler=cmd_eval_replay)

@@ -35,7 +35,7 @@ class Settings:
     # profile's default).
     threshold: float = CacheSettings.global_threshold
     context_aware: bool = CacheSettings.context_aware
-    verify_hits: bool = CacheSettings.verify_hits  # veto look-alikes (negation, number, ...)
+    verify_hits: bool = CacheSettings.verify_hits  # the learned verifier checks every hit
     entry_thresholds: bool = CacheSettings.entry_thresholds  # learned from each one's feedback
     max_entries: int = CacheSettings.max_entries
     max_bytes: int = CacheSettings.max_bytes

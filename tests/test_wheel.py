@@ -47,6 +47,9 @@ def test_the_wheel_holds_every_side_under_one_namespace(installed: Path) -> None
         assert not (installed / side).exists(), f"a top-level '{side}' package was installed"
     # The Flower app that `meancache fl run` submits ships inside the package.
     assert (package / "fl_server" / "flower_app" / "pyproject.toml").is_file()
+    # So does the learned verifier, with the card its hash is checked against.
+    for name in ("verifier.onnx", "verifier.json"):
+        assert (package / "shared" / "verifier" / "artefact" / name).is_file(), name
 
 
 def test_installed_commands_run_without_the_source_tree(installed: Path) -> None:

@@ -12,12 +12,16 @@ source:
   "Summarise." and "summarise" are one question, and one vector);
 - a source offers its best candidates (at most ``candidates``, similarity >= ``floor``,
   best first), having dropped those it may not serve (another context, rejected before);
-- a candidate counts when its similarity reaches its threshold: tau, or the entry's own
-  one where the entry has feedback evidence (``entry_threshold``);
+- a candidate counts when its similarity reaches its threshold: the recall tau
+  (tau less ``settings.recall_margin``), or the entry's own one relative to it where the
+  entry has feedback evidence (``entry_threshold``);
 - a question past the encoder's window matches only the very same question (its
   embedding sees only the beginning);
-- the verifier looks at the best counting candidate only: a veto is a miss, never a
-  reason to serve a lower candidate.
+- the learned verifier (``shared.verifier``) scores every counting candidate in one
+  batched call; the one it finds most likely the same question is served if its
+  probability reaches the verifier's threshold, else nothing is: a veto is a miss, never
+  a reason to serve a lower candidate. No candidate is served without passing it (the
+  very same question, normalised, passes by identity).
 
 Feedback: every served match is a weakly positive labelled pair; "wrong answer" turns it
 negative, once per hit (a second rejection of the same hit changes nothing), and re-tunes
@@ -30,6 +34,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from itertools import islice
 from typing import Protocol
 
@@ -40,23 +45,32 @@ from meancache.client.cache.settings import CacheSettings, MatchSettings
 from meancache.client.cache.source import Matched
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
-from meancache.client.cache.verification import Veto, verify
 from meancache.shared.encoder import Encoder
 from meancache.shared.progress import Progress
 from meancache.shared.query import embedding_text
 from meancache.shared.threshold import best_threshold, nearest_threshold
+from meancache.shared.verifier.runtime import LearnedVerifier
 
 log = logging.getLogger(__name__)
 
 MEMO_SIZE = 64  # question vectors remembered (a follow-up's context was the last question)
 NOTHING_CLOSE = "no cached query is similar enough"
+VERIFIED_AT_MOST = 5  # counting candidates the verifier scores (most similar first)
 
 
 class Verifier(Protocol):
-    """Says why ``candidate`` must not answer ``query`` although they look alike, or None.
-    The rule-based ``verification.verify`` today; a learned one plugs in the same way."""
+    """How likely each candidate asks the same as the query (one batched call), and the
+    probability from which that counts; ``shared.verifier.LearnedVerifier``."""
 
-    def __call__(self, query: str, candidate: str) -> Veto | None: ...
+    threshold: float
+
+    def probabilities(self, query: str, candidates: Sequence[str]) -> np.ndarray: ...
+
+
+@lru_cache(maxsize=1)
+def shipped_verifier() -> LearnedVerifier:
+    """The verifier that ships with meancache, loaded (and hash-checked) once."""
+    return LearnedVerifier.load()
 
 
 @dataclass(frozen=True)
@@ -82,6 +96,7 @@ class Candidate:
 @dataclass(frozen=True)
 class Match:
     candidate: Candidate
+    probability: float | None = None  # the verifier's; None without verification
 
 
 @dataclass(frozen=True)
@@ -99,11 +114,13 @@ def embed_texts(encoder: Encoder, texts: Sequence[str], progress: Progress | Non
 
 class Matcher:
     def __init__(self, encoder: Encoder, thresholds: ThresholdState, store: EntryStore,
-                 settings: MatchSettings | None = None, verifier: Verifier = verify) -> None:
+                 settings: MatchSettings | None = None, verifier: Verifier | None = None
+                 ) -> None:
+        """``verifier``: the shipped one by default, loaded on the first decision."""
         self.encoder = encoder  # the cache's current vector space (see SemanticCache)
         self.thresholds = thresholds
         self.settings = settings or CacheSettings().matching
-        self.verifier = verifier
+        self._verifier = verifier
         self._store = store  # where the labelled pairs live
         self._lock = threading.Lock()  # the memo
         self._feedback = threading.Lock()  # a rejection is checked and recorded at once
@@ -115,10 +132,23 @@ class Matcher:
         return self.thresholds.current
 
     @property
+    def verifier(self) -> Verifier:
+        if self._verifier is None:
+            self._verifier = shipped_verifier()
+        return self._verifier
+
+    @property
+    def recall_tau(self) -> float:
+        """Where candidates start: under tau by ``recall_margin`` when the verifier checks
+        them (it, not the similarity, decides), tau itself without it."""
+        margin = self.settings.recall_margin if self.settings.verify else 0.0
+        return self.tau - margin
+
+    @property
     def floor(self) -> float:
-        """The lowest similarity a candidate may have: under tau by what an entry's own
-        threshold may relax."""
-        tau = self.tau
+        """The lowest similarity a candidate may have: under the recall tau by what an
+        entry's own threshold may relax."""
+        tau = self.recall_tau
         return entry_threshold.floor(tau) if self.settings.entry_thresholds else tau
 
     def embed(self, text: str) -> np.ndarray:
@@ -145,7 +175,8 @@ class Matcher:
     def decide(self, question: Question, candidates: Iterable[Candidate]) -> Match | NoMatch:
         """The candidate that answers ``question``, or why none does. ``candidates`` come
         best first; only the first ``settings.candidates`` are looked at."""
-        tau, best, rejected_before = self.tau, None, False
+        tau, best, rejected_before = self.recall_tau, None, False
+        counting: list[Candidate] = []
         for candidate in islice(candidates, self.settings.candidates):
             best = candidate.similarity if best is None else best
             if question.truncated and embedding_text(candidate.text) != question.key:
@@ -155,19 +186,37 @@ class Matcher:
             if candidate.similarity < own:
                 rejected_before = rejected_before or candidate.similarity >= tau
                 continue
-            if self.settings.verify:
-                veto = self.verifier(question.text, candidate.text)
-                if veto is not None:
-                    log.info("vetoed %r for %r (similarity %.3f): %s", candidate.text,
-                             question.text, candidate.similarity, veto.reason)
-                    return NoMatch(veto.reason, best, vetoed=True)
-            return Match(candidate)
+            if not self.settings.verify:
+                return Match(candidate)
+            counting.append(candidate)
+            if len(counting) == VERIFIED_AT_MOST:
+                break
+        if counting:
+            return self._verified(question, counting, best)
         if rejected_before:
             return NoMatch("a similar question's cached answer was rejected before", best)
         if question.truncated and best is not None and best >= tau:
             return NoMatch("the question is longer than the embedding model's window, and "
                            "only the very same question matches it", best)
         return NoMatch(NOTHING_CLOSE, best)
+
+    def _verified(self, question: Question, counting: list[Candidate], best: float | None
+                  ) -> Match | NoMatch:
+        """The counting candidate the verifier finds most likely the same question, if it
+        clears the verifier's threshold; the very same question passes by identity."""
+        for candidate in counting:
+            if embedding_text(candidate.text) == question.key:
+                return Match(candidate, 1.0)
+        verifier = self.verifier
+        probabilities = verifier.probabilities(question.text, [c.text for c in counting])
+        top = int(np.argmax(probabilities))
+        probability = float(probabilities[top])
+        if probability >= verifier.threshold:
+            return Match(counting[top], probability)
+        log.info("verifier vetoed %d candidates for %r (best %r, p=%.3f)", len(counting),
+                 question.text, counting[top].text, probability)
+        return NoMatch(f"the verifier judged it a different question (p={probability:.2f})",
+                       best, vetoed=True)
 
     # feedback -----------------------------------------------------------------------
     def accepted(self, question: str, origin: Matched) -> None:

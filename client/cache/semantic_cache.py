@@ -24,6 +24,7 @@ from meancache.client.cache.matcher import (
     Candidate,
     Match,
     Matcher,
+    Verifier,
     embed_texts,
 )
 from meancache.client.cache.policy.cache_policy import CachePolicy, PolicySettings
@@ -62,7 +63,9 @@ class SemanticCache:
         progress: Progress | None = None,
         *,
         background: bool = False,
+        verifier: Verifier | None = None,
     ) -> None:
+        """``verifier``: the shipped learned one unless another is given."""
         self.settings = settings or CacheSettings()
         self.store = EntryStore(Path(directory))
         self._pca_dir = Path(directory) / "pca"
@@ -75,7 +78,7 @@ class SemanticCache:
         self.thresholds = ThresholdState(self.store, self.settings.global_threshold)
         self.thresholds.persist_default()
         self.matcher = Matcher(self._with_stored_pca(encoder), self.thresholds, self.store,
-                               self.settings.matching)
+                               self.settings.matching, verifier)
         self._load()
         if self._stale:
             self._run_job("re-embedding cached questions", self.reembed, progress)

@@ -7,6 +7,11 @@ from meancache.client.cache.policy import CLUSTERINGS, POLICIES, check_choice
 from meancache.shared.encoder import DEFAULT_PCA_DIMS
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 
+# How far under tau a candidate still reaches the learned verifier: the embedding only
+# recalls, the verifier decides. A round value, not tuned; benchmarks/verification.py
+# measures the decision it gives.
+RECALL_MARGIN = 0.1
+
 
 @dataclass(frozen=True)
 class MatchSettings:
@@ -14,9 +19,10 @@ class MatchSettings:
     defaults are CacheSettings'."""
 
     candidates: int  # the best candidates a source offers
-    verify: bool  # veto look-alike candidates that need another answer
+    verify: bool  # the learned verifier decides among the candidates
     entry_thresholds: bool  # each entry's own threshold, learned from its feedback
     tune_min_per_class: int  # labelled pairs of each kind before tau is re-tuned
+    recall_margin: float = 0.0  # how far under tau candidates reach the verifier
 
 
 @dataclass(frozen=True)
@@ -31,7 +37,8 @@ class CacheSettings:
     candidates: int = 8  # nearest entries checked for context agreement
     eviction_policy: str = "lru"  # "lru", "lfu", "scalm-co", "scalm-se" (policy/)
     pattern_clustering: str = "kmeans"  # SCALM's clustering: "kmeans" or "dbscan"
-    verify_hits: bool = True  # veto look-alike candidates that need another answer
+    verify_hits: bool = True  # the learned verifier decides among the candidates
+    recall_margin: float = RECALL_MARGIN  # candidates reach the verifier from tau - this
     entry_thresholds: bool = True  # each entry's own threshold, learned from its feedback
 
     def __post_init__(self) -> None:
@@ -41,4 +48,4 @@ class CacheSettings:
     @property
     def matching(self) -> MatchSettings:
         return MatchSettings(self.candidates, self.verify_hits, self.entry_thresholds,
-                             self.tune_min_per_class)
+                             self.tune_min_per_class, self.recall_margin)

@@ -198,3 +198,53 @@ def test_every_device_and_upstream_option_says_its_default() -> None:
             assert "(default: " in help_text, (path, action.option_strings)
             checked += 1
     assert checked >= 15
+
+
+def test_eval_pairs_measures_the_whole_decision_by_default(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The decision row is Matcher.decide's: recall tau, then the shipped verifier."""
+    from meancache.client.cache.matcher import embed_texts, shipped_verifier
+    from meancache.client.cache.settings import RECALL_MARGIN
+
+    dev = dev_pairs(40)
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in dev))
+    assert main(["eval", "pairs", str(path), "--json"]) == 0
+    decision = json.loads(capsys.readouterr().out)["decision"]
+    assert decision["verifier"] is True
+
+    encoder = Encoder.load(cache_dir=data_dir / "encoder")
+    a = embed_texts(encoder, [r["q1"] for r in dev])  # normalised, as every match embeds
+    b = embed_texts(encoder, [r["q2"] for r in dev])
+    verifier = shipped_verifier()
+    served = np.array([
+        float(va @ vb) >= decision["threshold"] - RECALL_MARGIN
+        and verifier.probabilities(r["q2"], [r["q1"]])[0] >= verifier.threshold
+        for r, va, vb in zip(dev, a, b, strict=True)])
+    labels = np.array([r["label"] for r in dev]).astype(bool)
+    tp = int((served & labels).sum())
+    assert decision["precision"] == pytest.approx(tp / max(served.sum(), 1), abs=1e-9)
+    assert decision["recall"] == pytest.approx(tp / labels.sum(), abs=1e-9)
+
+
+def test_eval_replay_counts_right_wrong_and_miss(
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        {"q1": "What is the capital of France?", "q2": "what is the capital of france",
+         "label": 1},  # the same question: served by identity, its own answer
+        {"q1": "How do I bake sourdough bread?", "q2": "Who won the 1998 World Cup?",
+         "label": 0},  # nothing alike: a miss
+        {"q1": "How do I bake sourdough bread?", "q2": "How do I bake sourdough bread?",
+         "label": 0},  # served, but labelled another question: wrong
+    ]
+    path = tmp_path / "replay.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["eval", "replay", str(path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["stored"], report["right"], report["wrong"], report["miss"]) == (2, 1, 1, 1)
+    assert report["hit_precision"] == pytest.approx(0.5)
+    assert report["hit_rate"] == pytest.approx(2 / 3)
+    assert main(["eval", "replay", str(tmp_path / "missing.jsonl")]) == 2
+    assert "cannot read" in capsys.readouterr().err

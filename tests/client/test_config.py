@@ -55,7 +55,8 @@ def test_the_cache_is_given_every_cache_setting_and_shares_its_defaults(
                 for name, value in changed.items()}
     got = asdict(replace(settings, **changed).cache_settings())
     assert got == asdict(CacheSettings()) | expected
-    assert set(got) - set(expected) == {"candidates"}  # the others are the user's to set
+    # the others are the user's to set; the recall margin goes with the shipped verifier
+    assert set(got) - set(expected) == {"candidates", "recall_margin"}
 
 
 def test_toml_then_environment_then_flags(tmp_path: Path) -> None:

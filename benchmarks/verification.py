@@ -1,0 +1,347 @@
+"""Which candidate the cache serves: precision against cache-hit ratio over the thresholds
+(the curve the Redis LangCache paper proposes, with the area under it) for three deciders:
+
+- embedding only: the most similar stored question is served if its cosine >= t;
+- rules: the same, unless the retired rule verifier (``_rules.py``) vetoes it (a veto is
+  a miss, as it was in the client);
+- learned: the candidates at cosine >= the recall tau (tau - ``RECALL_MARGIN``, at most
+  ``VERIFIED_AT_MOST``) are scored by the learned verifier in one batch; the most probable
+  one is served if its probability >= t (the client's decision, ``Matcher.decide``).
+
+Data, none of it used to train the verifier or choose its threshold except dev-a:
+1. QQP dev, split by a hash of each pair into dev-a (where the shipped verifier threshold
+   was chosen, F0.5) and dev-b (never used for any choice): stored q1, asked q2.
+2. benchmarks/data/near_miss_heldout.jsonl: 206 near-misses and 208 paraphrases written
+   for this benchmark (never trained or tuned on).
+3. the contextual sets' standalone and follow-up questions (unique_u0/u1): every question
+   asked of a cache holding all the others; none is a duplicate, so every hit is wrong.
+4. a replay of --replay QQP dev duplicates: every q1 stored, every q2 asked against all of
+   them (top --k by cosine): right = its own q1 served.
+Each table row gives the operating point the client ships (tau, the card's threshold)
+with precision, hit ratio (served / asked), recall (right / answerable) and F0.5, and the
+area under the whole curve. Lookup latency: p50/p99 of ``SemanticCache.lookup`` at
+--entries entries with and without the verifier, interleaved query by query.
+
+Run from the repository root (QQP embeddings are cached under --cache-dir):
+
+    python benchmarks/verification.py --plot docs/verification.png
+    python benchmarks/verification.py --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from _common import (
+    REPO_ROOT,
+    Latency,
+    apply_defaults,
+    base_parser,
+    embed_cached,
+    fmt,
+    heading,
+    load_encoder,
+    load_json,
+    load_qqp,
+    machine_load,
+    make_table,
+    note,
+    pct,
+    print_command,
+    print_table,
+    sample,
+    unique,
+)
+from _plot import add_plot_option, line_chart
+from _rules import verify
+from meancache.client.cache import CacheSettings, Context, SemanticCache
+from meancache.client.cache.entry import STORED_DTYPE, Entry
+from meancache.client.cache.matcher import VERIFIED_AT_MOST
+from meancache.client.cache.settings import RECALL_MARGIN
+from meancache.shared.encoder import Encoder, profile_threshold
+from meancache.shared.pairs import Pair
+from meancache.shared.query import embedding_text
+from meancache.shared.verifier.runtime import LearnedVerifier
+from meancache.shared.verifier.train import dev_half
+
+NEAR_MISS = REPO_ROOT / "benchmarks" / "data" / "near_miss_heldout.jsonl"
+SYSTEMS = ("embedding only", "rules", "learned")
+
+
+@dataclass(frozen=True)
+class Asked:
+    """One question asked of a cache: its candidates (most similar first), which of them
+    would be a right answer, and whether any is (answerable)."""
+
+    query: str
+    texts: list[str]
+    cosines: np.ndarray
+    right: np.ndarray  # bool per candidate
+
+
+@dataclass(frozen=True)
+class Served:
+    """Per question: the score the decider serves at (served iff score >= t) and whether
+    what it serves is right."""
+
+    scores: np.ndarray
+    right: np.ndarray
+    answerable: int
+
+
+def pairs_as_asked(pairs: Sequence[tuple[str, str, int]], a: np.ndarray, b: np.ndarray
+                   ) -> list[Asked]:
+    """A stored q1 and an asked q2 per pair: one candidate each."""
+    return [Asked(q2, [q1], np.array([float(va @ vb)]), np.array([label == 1]))
+            for (q1, q2, label), va, vb in zip(pairs, a, b, strict=True)]
+
+
+def retrieval_as_asked(queries: list[str], qv: np.ndarray, stored: list[str], sv: np.ndarray,
+                       own: list[int | None], k: int) -> list[Asked]:
+    """Each query against every stored question, its top ``k`` by cosine."""
+    sims = qv @ sv.T
+    out = []
+    for i, query in enumerate(queries):
+        top = np.argsort(-sims[i])[:k]
+        out.append(Asked(query, [stored[j] for j in top], sims[i, top],
+                         np.array([own[i] == j for j in top])))
+    return out
+
+
+def decide(asked: list[Asked], system: str, recall_tau: float,
+           verifier: LearnedVerifier) -> Served:
+    scores, right = np.full(len(asked), -np.inf), np.zeros(len(asked), dtype=bool)
+    if system == "learned":
+        jobs = [(i, j) for i, a in enumerate(asked)
+                for j in range(min(len(a.texts), VERIFIED_AT_MOST))
+                if a.cosines[j] >= recall_tau]
+        probs = verifier.pair_probabilities([asked[i].query for i, _ in jobs],
+                                            [asked[i].texts[j] for i, j in jobs])
+        for (i, j), p in zip(jobs, probs, strict=True):
+            if embedding_text(asked[i].texts[j]) == embedding_text(asked[i].query):
+                p = 1.0  # the very same question passes by identity, as in the client
+            if p > scores[i]:
+                scores[i], right[i] = p, asked[i].right[j]
+    else:
+        for i, a in enumerate(asked):
+            if system == "rules" and verify(a.query, a.texts[0]) is not None:
+                continue
+            scores[i], right[i] = a.cosines[0], a.right[0]
+    return Served(scores, right, int(sum(a.right.any() for a in asked)))
+
+
+@dataclass(frozen=True)
+class Point:
+    threshold: float
+    precision: float
+    hit_ratio: float
+    recall: float
+    f05: float
+
+
+def at(served: Served, t: float) -> Point:
+    hit = served.scores >= t
+    n_hit, n_right = int(hit.sum()), int((hit & served.right).sum())
+    precision = n_right / n_hit if n_hit else 1.0
+    recall = n_right / served.answerable if served.answerable else 0.0
+    f05 = 1.25 * precision * recall / (0.25 * precision + recall) if n_right else 0.0
+    return Point(t, precision, n_hit / len(served.scores), recall, f05)
+
+
+def curve(served: Served) -> tuple[np.ndarray, np.ndarray, float]:
+    """Hit ratio and precision at every cut, and the area under precision(hit ratio)."""
+    finite = np.isfinite(served.scores)
+    order = np.argsort(-served.scores[finite], kind="stable")
+    right = served.right[finite][order]
+    hits = np.arange(1, len(right) + 1)
+    ratio = hits / len(served.scores)
+    precision = np.cumsum(right) / hits
+    if len(ratio) == 0:
+        return ratio, precision, 0.0
+    area = float(np.trapezoid(np.r_[precision[0], precision], np.r_[0.0, ratio]))
+    return ratio, precision, area
+
+
+def operating_points(tau: float, verifier: LearnedVerifier) -> dict[str, float]:
+    return {"embedding only": tau, "rules": tau, "learned": verifier.threshold}
+
+
+# data ---------------------------------------------------------------------------------
+def near_miss_rows() -> list[dict]:
+    return [json.loads(line) for line in NEAR_MISS.read_text(encoding="utf-8").splitlines()]
+
+
+def pair_sets(args: argparse.Namespace, encoder: Encoder) -> dict[str, list[Asked]]:
+    dev = sample(load_qqp(args.data_dir, "dev"), args.dev_pairs, args.seed)
+    sets: dict[str, list[tuple[str, str, int]]] = {"QQP dev-a": [], "QQP dev-b": []}
+    for p in dev:
+        half = dev_half(Pair(p.q1.strip(), p.q2.strip(), p.label))  # as read_pairs reads it
+        sets[f"QQP {half}"].append((p.q1, p.q2, p.label))
+    sets["near-miss (held out)"] = [(r["q1"], r["q2"], r["label"]) for r in near_miss_rows()]
+    out = {}
+    for name, pairs in sets.items():
+        a = embed_cached(encoder, [embedding_text(p[0]) for p in pairs], args.cache_dir)
+        b = embed_cached(encoder, [embedding_text(p[1]) for p in pairs], args.cache_dir)
+        out[name] = pairs_as_asked(pairs, a, b)
+    return out
+
+
+def contextual_set(args: argparse.Namespace, encoder: Encoder) -> list[Asked]:
+    folder = args.data_dir / "contextual"
+    texts = unique(q for name in ("unique_u0.json", "unique_u1.json")
+                   for q in load_json(folder / name) if isinstance(q, str) and q.strip())
+    vectors = embed_cached(encoder, [embedding_text(t) for t in texts], args.cache_dir)
+    asked = []
+    for i, text in enumerate(texts):  # the others stored: none answers it
+        others = [j for j in range(len(texts)) if j != i]
+        asked += retrieval_as_asked([text], vectors[i:i + 1], [texts[j] for j in others],
+                                    vectors[others], [None], args.k)
+    return asked
+
+
+def replay_set(args: argparse.Namespace, encoder: Encoder) -> list[Asked]:
+    duplicates = [p for p in load_qqp(args.data_dir, "dev") if p.label == 1]
+    chosen = sample(duplicates, args.replay, args.seed)
+    stored = unique(p.q1 for p in chosen)
+    index = {q: i for i, q in enumerate(stored)}
+    sv = embed_cached(encoder, [embedding_text(q) for q in stored], args.cache_dir)
+    qv = embed_cached(encoder, [embedding_text(p.q2) for p in chosen], args.cache_dir)
+    return retrieval_as_asked([p.q2 for p in chosen], qv, stored, sv,
+                              [index[p.q1] for p in chosen], args.k)
+
+
+# latency ------------------------------------------------------------------------------
+def latency(args: argparse.Namespace, encoder: Encoder) -> dict[str, Latency]:
+    """Lookups of QQP dev duplicates' q2 in a real cache of --entries entries: their q1
+    (embedded) plus filler entries at random unit vectors (a brute-force search costs the
+    same whatever the values, and none of them reaches the recall tau), verifier on and
+    off interleaved query by query so that machine load hits both alike."""
+    dev = sample([p for p in load_qqp(args.data_dir, "dev") if p.label == 1],
+                 args.latency_queries + 10, args.seed + 1)
+    stored = unique(p.q1 for p in dev)
+    vectors = embed_cached(encoder, [embedding_text(t) for t in stored], args.cache_dir)
+    filler = max(0, args.entries - len(stored))
+    rng = np.random.default_rng(args.seed)
+    random = rng.standard_normal((filler, vectors.shape[1])).astype(np.float32)
+    random /= np.linalg.norm(random, axis=1, keepdims=True)
+    texts = stored + [f"filler question number {i}" for i in range(filler)]
+    vectors = np.concatenate([vectors, random])
+    times: dict[str, list[float]] = {"verifier on": [], "verifier off": []}
+    with tempfile.TemporaryDirectory(prefix="meancache-verification-") as tmp:
+        tau = profile_threshold(args.latency_encoder)
+        settings = CacheSettings(pca_dims=0, global_threshold=tau)
+        with SemanticCache(Path(tmp), encoder, settings) as cache:
+            for start in range(0, len(texts), 1000):
+                cache.store.put_many([
+                    Entry(query=q, answer=f"answer to {q}", embedding=v.astype(STORED_DTYPE),
+                          encoder_version=encoder.version, query_tokens=8, answer_tokens=8)
+                    for q, v in zip(texts[start:start + 1000], vectors[start:start + 1000],
+                                    strict=True)])
+        with SemanticCache(Path(tmp), encoder, settings) as cache:
+            on = cache.matcher.settings
+            off = replace(on, verify=False)
+            for p in dev[:10]:  # warm-up, untimed
+                cache.lookup(p.q2, Context())
+            for p in dev[10:]:
+                for label, chosen in (("verifier on", on), ("verifier off", off)):
+                    cache.matcher.settings = chosen
+                    started = time.perf_counter()
+                    cache.lookup(p.q2, Context())
+                    times[label].append(time.perf_counter() - started)
+    return {label: Latency.of(seconds) for label, seconds in times.items()}
+
+
+# report -------------------------------------------------------------------------------
+def by_kind(asked: list[Asked], points: dict[str, float], recall_tau: float,
+            verifier: LearnedVerifier) -> None:
+    """Served share of the held-out near-miss set per kind, at each operating point."""
+    kinds = [row["kind"] for row in near_miss_rows()]
+    served = {system: decide(asked, system, recall_tau, verifier).scores >= points[system]
+              for system in SYSTEMS}
+    heading("held-out near-miss set: served per kind (paraphrases: hit)")
+    table = make_table(["kind", "pairs", *SYSTEMS])
+    for kind in dict.fromkeys(kinds):
+        rows = np.array([k == kind for k in kinds])
+        table.add_row(kind, str(int(rows.sum())),
+                      *(pct(float(served[s][rows].mean())) for s in SYSTEMS))
+    print_table(table)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = base_parser(__doc__)
+    parser.add_argument("--encoder", default="minilm", help="minilm (default) or mpnet")
+    parser.add_argument("--dev-pairs", type=int, help="QQP dev pairs (default: all 9,636)")
+    parser.add_argument("--replay", type=int, help="QQP dev duplicates replayed "
+                        "(default 1500)")
+    parser.add_argument("--k", type=int, default=VERIFIED_AT_MOST,
+                        help="candidates per question in the replays")
+    parser.add_argument("--entries", type=int, help="cache size for latency (default 10000)")
+    parser.add_argument("--latency-encoder", default="mpnet",
+                        help="the encoder of the latency table (the app's default)")
+    parser.add_argument("--latency-queries", type=int, help="lookups timed per setting "
+                        "(default 200)")
+    add_plot_option(parser)
+    args = parser.parse_args()
+    return apply_defaults(args, full={"dev_pairs": None, "replay": 1500, "entries": 10_000,
+                                      "latency_queries": 200},
+                          quick={"dev_pairs": 600, "replay": 200, "entries": 1000,
+                                 "latency_queries": 20})
+
+
+def main() -> None:
+    args = parse_args()
+    print_command()
+    note(machine_load())
+    encoder = load_encoder("onnx", args.cache_dir, model=args.encoder)
+    verifier = LearnedVerifier.load()
+    tau = profile_threshold(args.encoder)
+    recall_tau = tau - RECALL_MARGIN
+    sets = pair_sets(args, encoder)
+    sets["contextual (all wrong)"] = contextual_set(args, encoder)
+    sets[f"replay of {args.replay} QQP dev duplicates"] = replay_set(args, encoder)
+    points = operating_points(tau, verifier)
+    heading(f"decision quality ({args.encoder}, tau {tau}, recall tau {recall_tau:.3f}, "
+            f"verifier threshold {verifier.threshold:.3f} chosen on QQP dev-a)")
+    table = make_table(["data", "decider", "asked", "precision", "hit ratio", "recall",
+                        "F0.5", "area (precision x hit ratio)"], right_from=2)
+    lines = {}
+    for name, asked in sets.items():
+        for system in SYSTEMS:
+            served = decide(asked, system, recall_tau, verifier)
+            point = at(served, points[system])
+            ratio, precision, area = curve(served)
+            answerable = served.answerable > 0
+            table.add_row(name, system, str(len(asked)), pct(point.precision),
+                          pct(point.hit_ratio), pct(point.recall) if answerable else "-",
+                          fmt(point.f05) if answerable else "-",
+                          fmt(area) if answerable else "-")
+            if answerable and name != "QQP dev-a":
+                lines[f"{name}: {system} (area {area:.3f})"] = (list(ratio), list(precision))
+    print_table(table)
+    by_kind(sets["near-miss (held out)"], points, recall_tau, verifier)
+    if args.plot:
+        line_chart(args.plot, "precision against cache-hit ratio over the thresholds",
+                   "cache-hit ratio (served / asked)", "precision (right / served)",
+                   {k: (v[0][::max(1, len(v[0]) // 200)], v[1][::max(1, len(v[1]) // 200)])
+                    for k, v in lines.items()},
+                   subtitle=f"{args.encoder}; QQP dev-b, held-out near-misses, replay")
+        note(f"wrote {args.plot}")
+    heading(f"lookup latency at {args.entries:,} entries ({args.latency_encoder}, ms)")
+    table = make_table(["setting", "lookups", "p50", "p99"])
+    timed = encoder if args.latency_encoder == args.encoder else load_encoder(
+        "onnx", args.cache_dir, model=args.latency_encoder)
+    for label, lat in latency(args, timed).items():
+        table.add_row(label, str(lat.n), f"{lat.p50:.1f}", f"{lat.p99:.1f}")
+    print_table(table)
+    note(machine_load())
+
+
+if __name__ == "__main__":
+    main()

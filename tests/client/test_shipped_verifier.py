@@ -1,0 +1,49 @@
+"""The shipped verifier in the real cache (MiniLM, default settings), on a few questions
+written for this test: the candidate served is the one the verifier judges the same
+question, not the most similar one, and a veto is a miss that says so."""
+
+from collections.abc import Callable
+
+import pytest
+from meancache.client.cache import Hit, Miss, SemanticCache
+from meancache.client.cache.matcher import embed_texts
+from meancache.shared.encoder import Encoder
+from meancache.shared.verifier.runtime import LearnedVerifier
+
+CacheFactory = Callable[..., SemanticCache]
+# (asked, a look-alike that needs another answer, a paraphrase): the look-alike is the
+# more similar of the two in MiniLM's space
+TRIPLES = [
+    ("Is Python faster than Java?", "Is Java faster than Python?",
+     "Does Python run faster than Java?"),
+]
+
+
+def test_the_shipped_verifier_loads_with_its_hash_and_a_probability_threshold() -> None:
+    verifier = LearnedVerifier.load()
+    assert 0 < verifier.threshold < 1
+    assert verifier.path.stat().st_size <= 25 * 1024 * 1024
+
+
+def test_a_paraphrase_is_served_and_a_look_alike_is_a_miss_that_says_why(
+        make_cache: CacheFactory) -> None:
+    cache = make_cache()
+    cache.insert("What is the capital of France?", "Paris")
+    hit = cache.lookup("Which city is the capital of France?")
+    assert isinstance(hit, Hit) and hit.answer == "Paris"
+    miss = cache.lookup("What isn't the capital of France?")
+    assert isinstance(miss, Miss)
+    assert miss.reason.startswith("the verifier judged it a different question (p=0.")
+
+
+@pytest.mark.parametrize(("asked", "look_alike", "paraphrase"), TRIPLES)
+def test_the_verified_candidate_is_served_not_the_most_similar(
+        make_cache: CacheFactory, encoder: Encoder, asked: str, look_alike: str,
+        paraphrase: str) -> None:
+    a, near, same = embed_texts(encoder, [asked, look_alike, paraphrase])
+    cache = make_cache()
+    assert float(a @ near) > float(a @ same) >= cache.matcher.recall_tau  # both offered
+    cache.insert(look_alike, "the look-alike's answer")
+    cache.insert(paraphrase, "the paraphrase's answer")
+    hit = cache.lookup(asked)
+    assert isinstance(hit, Hit) and hit.answer == "the paraphrase's answer"

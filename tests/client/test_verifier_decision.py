@@ -1,0 +1,130 @@
+"""The decision with the learned verifier, on a tiny random-init cross-encoder made the
+way the shipped one is (its probabilities mean nothing; the mechanics are what is tested):
+the counting candidates are scored in one batched call, the most probable one is served
+only if it clears the verifier's threshold, a veto is a miss (never a fall-through), and
+feedback's per-entry thresholds keep working on top."""
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
+from meancache.client.cache.matcher import VERIFIED_AT_MOST
+from meancache.shared.encoder import Encoder
+from meancache.shared.verifier.runtime import Card, LearnedVerifier, read_card
+
+from tests.client.test_matcher import pack_with
+from tests.support.tiny_verifier import make_tiny_verifier
+
+CacheFactory = Callable[..., SemanticCache]
+ASKED = "What is the capital city of France?"
+STORED = ["What is the capital of France?", "Which city is the capital of France?",
+          "What is the capital of Spain?"]
+LOW_TAU = CacheSettings(global_threshold=0.3, recall_margin=0.0)  # every candidate counts
+
+
+class Counting:
+    """The real verifier, counting the calls made to it."""
+
+    def __init__(self, verifier: LearnedVerifier) -> None:
+        self.verifier, self.threshold, self.calls = verifier, verifier.threshold, []
+
+    def probabilities(self, query: str, candidates: Sequence[str]) -> np.ndarray:
+        self.calls.append(list(candidates))
+        return self.verifier.probabilities(query, candidates)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_verifier(tmp_path_factory.mktemp("tiny-verifier"))
+
+
+def tiny(directory: Path, threshold: float) -> Counting:
+    card = read_card(directory)
+    return Counting(LearnedVerifier(directory / "verifier.onnx",
+                                    Card(card.sha256, threshold)))
+
+
+def stored_by_similarity(cache: SemanticCache, encoder: Encoder) -> list[str]:
+    vectors = encoder.encode(STORED + [ASKED])
+    return [STORED[i] for i in np.argsort(-(vectors[:-1] @ vectors[-1]))]
+
+
+def test_the_most_probable_candidate_is_served_after_one_batched_call(
+        make_cache: CacheFactory, encoder: Encoder, tiny_dir: Path) -> None:
+    probe = tiny(tiny_dir, 0.5)
+    cache = make_cache(settings=LOW_TAU, verifier=probe)
+    for question in STORED:
+        cache.insert(question, f"answer to {question}")
+    order = stored_by_similarity(cache, encoder)
+    probabilities = probe.verifier.probabilities(ASKED, order)
+    best = order[int(np.argmax(probabilities))]
+    probe.threshold = float(probabilities.max()) - 1e-4
+    probe.calls.clear()
+    hit = cache.lookup(ASKED)
+    assert isinstance(hit, Hit) and hit.answer == f"answer to {best}"
+    assert probe.calls == [order]  # one call, every counting candidate, best first
+
+
+def test_a_veto_is_a_miss_that_says_so_never_a_lower_candidate(
+        make_cache: CacheFactory, tiny_dir: Path) -> None:
+    probe = tiny(tiny_dir, 0.999)
+    cache = make_cache(settings=LOW_TAU, verifier=probe)
+    for question in STORED:
+        cache.insert(question, f"answer to {question}")
+    miss = cache.lookup(ASKED)
+    assert isinstance(miss, Miss)
+    assert miss.reason.startswith("the verifier judged it a different question (p=0.")
+    assert len(probe.calls) == 1 and len(probe.calls[0]) == len(STORED)
+    decision = cache.matcher.decide(cache.matcher.question(ASKED), [])
+    assert not decision.vetoed  # nothing to verify is no veto
+
+
+def test_the_verifier_sees_at_most_its_candidates_and_only_those_over_the_recall_tau(
+        make_cache: CacheFactory, tiny_dir: Path) -> None:
+    probe = tiny(tiny_dir, 0.999)
+    cache = make_cache(settings=CacheSettings(global_threshold=0.2, recall_margin=0.0),
+                       verifier=probe)
+    for n in range(VERIFIED_AT_MOST + 3):
+        cache.insert(f"What is the capital of country number {n}?", f"answer {n}")
+    cache.lookup("What is the capital of country number 99?")
+    assert [len(call) for call in probe.calls] == [VERIFIED_AT_MOST]
+    probe.calls.clear()
+    high = make_cache(directory=cache.store.directory.parent / "high",
+                      settings=CacheSettings(global_threshold=0.999, recall_margin=0.0),
+                      verifier=probe)
+    high.insert("Tell me a joke", "a joke")
+    assert isinstance(high.lookup("What is the capital of Peru?"), Miss)
+    assert probe.calls == []  # nothing counting: the verifier is not run
+
+
+def test_the_very_same_question_passes_by_identity(make_cache: CacheFactory,
+                                                   tiny_dir: Path) -> None:
+    probe = tiny(tiny_dir, 0.999)
+    cache = make_cache(settings=LOW_TAU, verifier=probe)
+    cache.insert(STORED[0], "Paris")
+    hit = cache.lookup("  what is the capital of france ")
+    assert isinstance(hit, Hit) and hit.answer == "Paris" and probe.calls == []
+
+
+def test_a_rejected_entry_stays_tightened_on_top_of_the_verifier(
+        make_cache: CacheFactory, tiny_dir: Path) -> None:
+    probe = tiny(tiny_dir, 0.0)  # the verifier passes everything: only feedback decides
+    cache = make_cache(settings=LOW_TAU, verifier=probe)
+    cache.insert(STORED[0], "Paris")
+    hit = cache.lookup(ASKED)
+    assert isinstance(hit, Hit)
+    cache.reject(ASKED, hit.origin)
+    again = cache.lookup(ASKED)
+    assert isinstance(again, Miss) and "rejected before" in again.reason
+
+
+def test_the_pack_decides_with_the_same_verifier(make_cache: CacheFactory, encoder: Encoder,
+                                                 tmp_path: Path, tiny_dir: Path) -> None:
+    packs = pack_with(tmp_path / "packs", STORED, encoder)
+    vetoing = make_cache(settings=LOW_TAU, verifier=tiny(tiny_dir, 0.999))
+    assert packs.lookup_similar(ASKED, vetoing.matcher) is None
+    passing = make_cache(directory=tmp_path / "other", settings=LOW_TAU,
+                         verifier=tiny(tiny_dir, 0.0))
+    assert packs.lookup_similar(ASKED, passing.matcher) is not None
