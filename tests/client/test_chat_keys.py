@@ -45,7 +45,8 @@ def test_every_footer_key_acts_or_shows_a_notice(settings: Settings) -> None:
             for key in keys:
                 before, screen = len(notices), app.screen
                 await pilot.press(key)
-                await wait_for(pilot, lambda: len(notices) > before or app.screen is not screen)
+                await wait_for(pilot, lambda b=before, s=screen: len(notices) > b  # type: ignore
+                               or app.screen is not s)
                 if app.screen is not screen:  # it opened a screen: close it again
                     await pilot.press("escape")
                     await wait_for(pilot, lambda: app.screen is app.chat)
