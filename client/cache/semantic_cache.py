@@ -24,6 +24,7 @@ from meancache.client.cache.matcher import (
     Candidate,
     Match,
     Matcher,
+    NoMatch,
     embed_texts,
 )
 from meancache.client.cache.policy.cache_policy import CachePolicy, PolicySettings
@@ -31,7 +32,7 @@ from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChang
 from meancache.client.cache.settings import CacheSettings
 from meancache.client.cache.source import CacheOrigin, Source
 from meancache.client.cache.store import EntryStore
-from meancache.client.cache.summary import cache_stats
+from meancache.client.cache.summary import DECLINED, cache_stats, decline_kind
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.errors import EntryNotFoundError
 from meancache.shared.encoder import Encoder, PCAProjection
@@ -208,7 +209,10 @@ class SemanticCache:
                 with contextlib.suppress(EntryNotFoundError):  # deleted by another process
                     return self._serve(query, decision.candidate, question.truncated)
             self.store.add_to_counter("misses")
-            reason = decision.reason
+            reason = decision.reason if isinstance(decision, NoMatch) else NOTHING_CLOSE
+            if isinstance(decision, NoMatch) and decision.vetoed:  # counted by reason
+                self.store.add_to_counter(DECLINED + decline_kind(reason))
+                return Miss(query, reason, decision.best_similarity, question.truncated, True)
             if reason == NOTHING_CLOSE and best is not None and best >= tau:
                 reason = "similar queries were asked in another context"
             return Miss(query, reason, best, question.truncated)

@@ -19,6 +19,7 @@ from meancache.client.chat.sources import (
     AnswerSource,
     Asked,
     CacheSource,
+    Declined,
     MatchingSource,
     OnDelta,
     PackSource,
@@ -69,12 +70,17 @@ class AnswerService:
         conversation saved (a first question also names it)."""
         question = clean_query(question)
         asked = Asked(question, conversation, len(conversation.turns), on_delta)
-        turn = None
+        turn, declined = None, None
         for source in self.sources:
-            turn = await source.answer(asked)
-            if turn is not None:
+            outcome = await source.answer(asked)
+            if isinstance(outcome, Declined):
+                declined = outcome
+            elif outcome is not None:
+                turn = outcome
                 break
         assert turn is not None  # the upstream always answers or raises
+        if declined is not None:
+            turn = replace(turn, declined=declined.note)
         if not conversation.turns:
             conversation.title = question[:60]
         conversation.turns.append(turn)

@@ -45,8 +45,21 @@ class Asked:
         return bool(self.conversation.documents)
 
 
+@dataclass(frozen=True)
+class Declined:
+    """A source had a near match and its verifier refused it: no answer from it, and the
+    answer that follows says so in its badge (else the reason is only in the log)."""
+
+    similarity: float
+    reason: str
+
+    @property
+    def note(self) -> str:
+        return f"cache declined a near match ({self.similarity:.2f}): {self.reason}"
+
+
 class AnswerSource(Protocol):
-    async def answer(self, asked: Asked) -> Turn | None: ...
+    async def answer(self, asked: Asked) -> Turn | Declined | None: ...
 
 
 class MatchingSource(AnswerSource, Protocol):
@@ -90,12 +103,13 @@ class CacheSource:
     def __init__(self, cache: SemanticCache) -> None:
         self.cache = cache
 
-    async def answer(self, asked: Asked) -> Turn | None:
+    async def answer(self, asked: Asked) -> Turn | Declined | None:
         if asked.about_documents:
             return None
         result = await asyncio.to_thread(self.cache.lookup, asked.question, asked.context)
         if not isinstance(result, Hit):
-            return None
+            return Declined(result.best_similarity or 0.0, result.reason) if result.vetoed \
+                else None
         return Turn(asked.question, result.answer, result.origin, truncated=result.truncated)
 
     async def reject(self, question: str, origin: Matched) -> ThresholdChange:
