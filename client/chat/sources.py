@@ -65,7 +65,7 @@ class AnswerSource(Protocol):
 class MatchingSource(AnswerSource, Protocol):
     """A source that serves matches: "wrong answer" on one reaches it here."""
 
-    async def reject(self, question: str, origin: Matched) -> ThresholdChange: ...
+    async def reject(self, asked: Asked, origin: Matched) -> ThresholdChange: ...
 
 
 class PackSource:
@@ -88,9 +88,9 @@ class PackSource:
         self.matcher.accepted(question, found.origin)
         return Turn(question, found.answer, found.origin)
 
-    async def reject(self, question: str, origin: Matched) -> ThresholdChange:
+    async def reject(self, asked: Asked, origin: Matched) -> ThresholdChange:
         assert isinstance(origin, PackOrigin)
-        return await asyncio.to_thread(self._reject, question, origin)
+        return await asyncio.to_thread(self._reject, asked.question, origin)
 
     def _reject(self, question: str, origin: PackOrigin) -> ThresholdChange:
         self.packs.reject(question, origin)
@@ -112,9 +112,11 @@ class CacheSource:
                 else None
         return Turn(asked.question, result.answer, result.origin, truncated=result.truncated)
 
-    async def reject(self, question: str, origin: Matched) -> ThresholdChange:
+    async def reject(self, asked: Asked, origin: Matched) -> ThresholdChange:
+        """The context the hit was served in decides what the rejection teaches."""
         assert isinstance(origin, CacheOrigin)
-        return await asyncio.to_thread(self.cache.reject, question, origin)
+        return await asyncio.to_thread(self.cache.reject, asked.question, origin,
+                                       asked.context)
 
 
 class UpstreamSource:
