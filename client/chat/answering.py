@@ -81,9 +81,7 @@ class AnswerService:
         assert turn is not None  # the upstream always answers or raises
         if declined is not None:
             turn = replace(turn, declined=declined.note)
-        if not conversation.turns:
-            conversation.title = question[:60]
-        conversation.turns.append(turn)
+        conversation.add(turn)
         await asyncio.to_thread(self.conversations.save, conversation)
         return turn
 
@@ -95,16 +93,16 @@ class AnswerService:
         the upstream (bypassing the caches) takes the turn's place and the conversation
         is saved."""
         turn = conversation.turns[turn_index]
+        asked = Asked(turn.question, conversation, turn_index, on_delta)
         change = None
         if isinstance(turn.origin, CacheOrigin | PackOrigin):
             source = self._matching.get(type(turn.origin))
             if source is None:
                 raise ValueError("this chat has no instruction pack to take the rejection")
-            change = await source.reject(turn.question, turn.origin)
+            change = await source.reject(asked, turn.origin)
         elif not turn.empty:
             raise ValueError("only answers served from a cache, or empty ones, can be rejected")
-        fresh = await self.fresh.answer(Asked(turn.question, conversation, turn_index,
-                                              on_delta), corrected=change is not None)
+        fresh = await self.fresh.answer(asked, corrected=change is not None)
         correction = Correction(replace(fresh, replaced=turn.answer), change)
         conversation.turns[turn_index] = correction.turn
         await asyncio.to_thread(self.conversations.save, conversation)

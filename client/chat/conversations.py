@@ -148,6 +148,12 @@ class Conversation:
             documents=[Document(**d) for d in data.get("documents", [])],
         )
 
+    def add(self, turn: Turn) -> None:
+        """The next turn (a first question also names the conversation)."""
+        if not self.turns:
+            self.title = turn.question[:60]
+        self.turns.append(turn)
+
     def messages(self) -> list[dict[str, str]]:
         """The history as chat messages, for the upstream."""
         out: list[dict[str, str]] = []
