@@ -15,12 +15,13 @@ from meancache.shared.loopback_server import LoopbackServer
 from meancache.shared.processes import exit_on_sigterm
 from meancache.shared.progress import Progress
 from meancache.shared.running_upstream import BACKGROUND, RunningUpstream, register, unregister
-from meancache.upstream.errors import UpstreamError
+from meancache.upstream.errors import NoPackError, UpstreamError
 from meancache.upstream.model_loading import LoadedModel, load_model
 from meancache.upstream.precision import DEFAULT_PRECISION
 from meancache.upstream.prompt_cache.engine import PromptCacheEngine
 from meancache.upstream.server.app import ServerSettings, create_app
 from meancache.upstream.server.hosts import LOOPBACK_NAMES, is_loopback, open_server_warning
+from meancache.upstream.server.packs import latest_pack
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,18 @@ log = logging.getLogger(__name__)
 def describe(loaded: LoadedModel) -> str:
     kind = "an untrained random-init demo model" if loaded.untrained else loaded.architecture
     return f"{loaded.name} ({kind}, {loaded.parameters / 1e6:.1f}M parameters)"
+
+
+def describe_packs(settings: ServerSettings) -> str:
+    """What the start line says about instruction packs ("" when none are published)."""
+    if settings.packs_dir is None:
+        return ""
+    try:
+        path, manifest = latest_pack(settings.packs_dir)
+    except NoPackError:
+        return f", and no instruction pack yet (none in {settings.packs_dir})"
+    return (f", and instruction pack {manifest.pack_id} ({manifest.count} instructions, "
+            f"{path.name})")
 
 
 def report_conversion(done: int, total: int) -> None:
@@ -49,9 +62,9 @@ def serve(model: str, host: str, port: int, settings: ServerSettings,
     loaded = load_model(model, data_dir=data_dir, progress=report_conversion,
                         precision=precision)
     app = create_app(PromptCacheEngine(loaded, module_budget_bytes), settings)
-    log.info("serving %s on http://%s:%d", loaded.name, host, port)
-    print(f"meancache upstream: serving {describe(loaded)} on http://{host}:{port}",
-          file=sys.stderr, flush=True)
+    line = f"serving {describe(loaded)} on http://{host}:{port}{describe_packs(settings)}"
+    log.info(line)
+    print(f"meancache upstream: {line}", file=sys.stderr, flush=True)
     uvicorn.Server(server_config(app, host=host, port=port)).run()
 
 
