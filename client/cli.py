@@ -192,8 +192,7 @@ def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.tui.app import MeanCacheApp
 
     settings = _chat_settings(args, settings)
-    assemble_encoder(settings)
-    MeanCacheApp(settings, args.start_upstream).run()
+    MeanCacheApp(settings, args.start_upstream).run()  # it assembles the encoder itself
     return 0
 
 
