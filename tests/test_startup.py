@@ -65,3 +65,13 @@ def test_an_exact_pack_hit_is_answered_before_any_model_loads(tmp_path: Path) ->
     [saved] = ConversationStore(data / "conversations").list()
     assert [(t.question, t.answer, str(t.source)) for t in saved.turns] == [
         ("what is python", "A programming language.", "pack")]
+
+
+def test_the_chat_app_draws_before_any_model_library_loads() -> None:
+    """The app's own module is light: its start screen is drawn before the worker loads
+    the cache, the encoder's runtime and torch (a new user saw nothing for 6 to 13 s)."""
+    probe = (f"import sys; from meancache.client.tui.app import MeanCacheApp; "
+             f"print(*[name for name in {HEAVY!r} if name in sys.modules])")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert result.stdout.split() == [], result.stdout + result.stderr

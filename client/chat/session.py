@@ -10,6 +10,7 @@ from typing import Protocol
 from meancache.client.cache import SemanticCache
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import ConversationStore
+from meancache.client.chat.steps import StepReporter
 from meancache.client.config import Settings
 from meancache.client.encoder import load_device_encoder
 from meancache.client.errors import ConfigError, UpstreamUnavailableError
@@ -36,20 +37,6 @@ class EmbeddedUpstream(Protocol):
 # The client cannot import the upstream (the sides never import each other): the
 # `meancache` command joins them and passes this.
 UpstreamStarter = Callable[[str, Path, Progress | None], EmbeddedUpstream]
-
-
-# Opens a named step of the start and returns its (done, total) callback: the chat app
-# shows each step (client/tui/widgets.py: StatusLine) instead of one bare "loading".
-StepReporter = Callable[[str], Progress]
-
-
-def startup_steps(settings: Settings) -> list[str]:
-    """The steps ``ChatSession.open`` takes with these settings, in order."""
-    first = ["checking the upstream"] if settings.upstream_url else []
-    last = [] if settings.upstream_url else [
-        "starting the language model (the first start prepares it)"]
-    return [*first, "assembling the encoder (first start only)",
-            "loading the encoder (the first start exports it)", "opening the cache", *last]
 
 
 def _timed(steps: StepReporter | None, name: str) -> Progress | None:
@@ -85,7 +72,7 @@ class ChatSession:
         on its own thread (the chat) instead of before returning (one-shot commands; they
         also make the instruction pack's vectors before returning, with
         ``pack_progress``, so its similar match answers alike on every run). ``steps``
-        hears each step of ``startup_steps`` as it begins (the chat shows them).
+        hears each step of ``steps.startup_steps`` as it begins (the chat shows them).
         """
         url, problem, upstream = settings.upstream_url, None, None
         if url:  # checked first: a wrong key or model fails at once

@@ -10,7 +10,7 @@ from meancache.client.chat.answering import OnDelta
 from meancache.client.chat.conversations import Conversation, Document, Turn
 from meancache.client.chat.feedback import can_reject, reject_last
 from meancache.client.chat.history import ChatHistory
-from meancache.client.chat.session import ChatSession, startup_steps
+from meancache.client.chat.session import ChatSession
 from meancache.client.config import Settings
 from meancache.client.errors import UpstreamRequestError
 from meancache.client.fl.participation import FederatedParticipation
@@ -21,6 +21,7 @@ from meancache.client.tui.packs import update_pack
 from meancache.client.tui.screens.attach import AttachScreen
 from meancache.client.tui.screens.conversations import ConversationChoice, ConversationsScreen
 from meancache.client.tui.screens.stats import StatsScreen, session_rows
+from meancache.client.tui.start import StartSteps
 from meancache.client.tui.text import printable
 from meancache.client.tui.widgets import AnswerView, MessageList, QuestionInput, StatusLine
 from meancache.shared.errors import MeanCacheError
@@ -40,14 +41,15 @@ class ChatScreen(Screen[None]):
     BINDINGS = CHAT_BINDINGS
     DEFAULT_CSS = "#question { dock: bottom; }"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, start: StartSteps | None = None) -> None:
+        """``start``: the app's start, which the status line goes on showing."""
         super().__init__()
         self.settings = settings
         self.conversation = Conversation()
         self.busy = False
         self._session: ChatSession | None = None
         self.messages = MessageList(id="messages")
-        self.status_line = StatusLine(startup_steps(settings))
+        self.status_line = StatusLine(start)
         self.federation = FederatedParticipation(settings)
         self.fl = FederationControl(self.federation, self.progress)
 
