@@ -47,7 +47,10 @@ def _zombie(pid: int) -> bool:
 
 
 def register(data_dir: Path, running: RunningUpstream) -> None:
-    write_json_atomic(data_dir / FILE, asdict(running))
+    """Owner-only whatever the umask: the file holds the server's key."""
+    path = data_dir / FILE
+    write_json_atomic(path, asdict(running))
+    path.chmod(0o600)
 
 
 def registered(data_dir: Path) -> RunningUpstream | None:

@@ -33,6 +33,7 @@ def test_a_second_ask_reuses_the_background_upstream_until_stopped(
         first = json.loads(capsys.readouterr().out)
         running = registered(data_dir)
         assert running is not None and running.owner == BACKGROUND
+        assert (data_dir / FILE).stat().st_mode & 0o077 == 0  # it holds the server's key
         assert running.pid != os.getpid()  # its own process, outliving the `ask`
         assert main([*ask, "Why is the sky blue?"]) == 0
         captured = capsys.readouterr()
