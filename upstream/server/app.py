@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meancache.shared.http_limits import GuardRequests
+from meancache.shared.http_limits import GuardRequests, error_body
 from meancache.shared.pml import PML_MEDIA_TYPE
 from meancache.upstream.errors import (
     BadRequest,
@@ -36,7 +36,7 @@ from meancache.upstream.server.middleware import (
 )
 from meancache.upstream.server.packs import pack_routes
 from meancache.upstream.server.tenants import Tenants, tenant_id, tenant_of
-from meancache.upstream.server.wire import Completion, error_body, parse_chat_request
+from meancache.upstream.server.wire import Completion, parse_chat_request
 from meancache.upstream.server.worker import ModelWorker
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
