@@ -268,3 +268,21 @@ def test_an_upstream_that_breaks_or_refuses_is_an_error_never_a_500(
             assert kept is not None and len(kept.cache) == 0  # nothing half-made is stored
         finally:
             proxy.close()
+
+
+def test_configured_apps_are_let_in_by_their_key_only_and_may_share_a_cache(
+        tmp_path: Path, settings: Settings) -> None:
+    apps = {"editor": "sk-editor", "notes": "sk-notes"}
+    with echo_upstream() as upstream:
+        for shared in (False, True):
+            proxy = Proxy.open(proxy_settings(tmp_path / str(shared), upstream,
+                                              proxy_apps=apps, proxy_shared=shared))
+            try:
+                url = proxy.start()
+                with pytest.raises(openai.AuthenticationError):
+                    ask(url, QUESTION, key="sk-stranger")
+                assert ask(url, QUESTION, key="sk-editor")[0] == "miss"
+                header = ask(url, QUESTION, key="sk-notes")[0]
+                assert header.startswith("hit") if shared else header == "miss"
+            finally:
+                proxy.close()
