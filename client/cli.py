@@ -93,7 +93,7 @@ def _entry_row(entry: object) -> dict[str, object]:
 
 def cmd_cache_list(args: argparse.Namespace, settings: Settings) -> int:
     """The chat's entries and those `meancache proxy` stored for each app, oldest first."""
-    from meancache.client.proxy.partitions import cache_dirs
+    from meancache.client.proxy.layout import cache_dirs
 
     found = []
     for namespace, directory in [("chat", settings.cache_dir), *cache_dirs(settings)]:

@@ -7,15 +7,14 @@ order (the instruction pack only where there are no system messages, as its answ
 made without any), the same ``Matcher``, its own tau tuned by its own feedback, starting
 from the chat cache's global one.
 
-Layout: ``DATA_DIR/proxy/NAMESPACE/PARTITION/`` with ``cache/`` (a SemanticCache),
-``exchanges/`` (client/proxy/exchanges.py) and ``preamble.json``.
+Where they live: client/proxy/layout.py.
 """
 
 import hashlib
 import json
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from meancache.client.chat.answering import AnswerService
 from meancache.client.config import Settings
 from meancache.client.pack import PackStore
 from meancache.client.proxy.exchanges import ExchangeStore
+from meancache.client.proxy.layout import proxy_dir
 from meancache.client.upstream_client import UpstreamClient
 from meancache.shared.encoder import Encoder
 from meancache.shared.files import write_json_atomic
@@ -36,21 +36,10 @@ MAX_PER_NAMESPACE = 16
 PREAMBLE_FILE = "preamble.json"
 
 
-def proxy_dir(settings: Settings) -> Path:
-    return settings.data_dir / "proxy"
-
-
 def partition_id(preamble: Sequence[tuple[str, str]]) -> str:
     """16 hex digits naming a set of system messages (also for none)."""
     text = json.dumps([list(message) for message in preamble], ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def cache_dirs(settings: Settings) -> Iterator[tuple[str, Path]]:
-    """(namespace, cache directory) of every proxy cache on disk."""
-    root = proxy_dir(settings)
-    for directory in sorted(root.glob("*/*/cache")) if root.is_dir() else ():
-        yield directory.parent.parent.name, directory
 
 
 @dataclass
