@@ -244,6 +244,9 @@ async def _streamed(answers: AnswerService, conversation: Conversation, question
         except MeanCacheError as exc:
             log.warning("a streamed answer failed: %s", exc)
             yield stream_error(str(exc))
+        except Exception:
+            log.exception("a streamed answer failed")
+            yield stream_error("the proxy failed on this answer (its log has the details)")
         finally:
             await events.aclose()
 

@@ -14,6 +14,7 @@ import pytest
 from meancache.client.config import Settings, load_settings
 from meancache.client.proxy.apps import key_digest
 from meancache.client.proxy.service import Proxy
+from meancache.shared.errors import MeanCacheError
 
 from meancache.cli import main
 from tests.support.servers import ECHO_MODEL, echo_upstream, scripted_upstream
@@ -248,6 +249,30 @@ def test_paths_are_normalised_and_others_refused(base_url: str) -> None:
     assert httpx.get(f"{root}/v1/secrets").json()["error"]["code"] == "not_found"
     refused = httpx.get(f"{root}/v1/chat/completions")
     assert refused.status_code == 405 and refused.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("kind", "extra", "status", "code"), [
+    ("busy", {}, 502, "upstream_unavailable"),  # a 503 upstream
+    ("bad", {}, 400, "upstream_refused"),  # the upstream's 400 and its message
+    ("plain", {}, 502, "upstream_unavailable"),  # JSON where an event stream was asked for
+    ("broken", {"n": 2}, 502, "bad_upstream_answer"),  # relayed: an event stream, not JSON
+])
+def test_what_an_upstream_answers_is_checked(kind: str, extra: dict[str, Any], status: int,
+                                             code: str, tmp_path: Path) -> None:
+    with scripted_upstream() as stub:
+        proxy = Proxy.open(proxy_settings(tmp_path, f"{stub}/{kind}"))
+        try:
+            response = httpx.post(f"{proxy.start()}/chat/completions", json={
+                "model": "scripted", "messages": [{"role": "user", "content": "hi"}]} | extra)
+        finally:
+            proxy.close()
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == code
+
+
+def test_an_upstream_that_refuses_the_proxys_key_stops_it_at_start(tmp_path: Path) -> None:
+    with scripted_upstream() as stub, pytest.raises(MeanCacheError, match="refused the API"):
+        Proxy.open(proxy_settings(tmp_path, f"{stub}/locked"))
 
 
 def test_an_upstream_that_breaks_or_refuses_is_an_error_never_a_500(
