@@ -5,12 +5,14 @@ all in one run, with the official openai SDK as the app.
 
 Upstream: the embedded meancache upstream on loopback (`builtin:tiny` by default, a
 random-init Llama whose timing does not depend on its weights; `--model
-builtin:gemma-3-270m` for the real one). Both paths ask it greedily for `--max-tokens`.
+builtin:gemma-3-270m` for the real one, converted once into the data dir). Both paths
+ask it greedily for `--max-tokens`.
 Questions: distinct QQP dev questions (held out from every tuning); each is asked once
 as a miss and then again (the hit). Encoder: MiniLM on ONNX, the client's runtime.
 
     python benchmarks/proxy_overhead.py            # 40 questions
     python benchmarks/proxy_overhead.py --quick    # 8 questions
+    python benchmarks/proxy_overhead.py --model builtin:gemma-3-270m --questions 15
 """
 
 import shutil
@@ -84,7 +86,9 @@ def main() -> None:
     data = args.cache_dir / "proxy-bench"
     shutil.rmtree(data / "proxy", ignore_errors=True)  # every run starts with empty caches
     note(f"starting the upstream ({args.model}) and the proxy; {machine_load()}")
-    with BackgroundServer(args.model, ServerSettings(api_key="bench")) as upstream:
+    # builtin:gemma-3-270m is converted once into the user's data dir (MEANCACHE_DATA_DIR)
+    with BackgroundServer(args.model, ServerSettings(api_key="bench"),
+                          data_dir=load_settings().data_dir) as upstream:
         settings = load_settings(data / "config", data, environ={}, encoder_model="minilm",
                                  upstream_url=upstream.url, upstream_api_key="bench",
                                  answer_max_tokens=args.max_tokens)
