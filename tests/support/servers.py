@@ -1,6 +1,7 @@
 """Upstream servers on loopback for tests, stopped when the block ends: the real one, and a
 scripted OpenAI-compatible stub for the faults a real server cannot produce on demand."""
 
+import asyncio
 import json
 import socket
 import time
@@ -17,8 +18,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp
 
-__all__ = ["ECHO_MODEL", "RECEIVED", "SCRIPTED_MODEL", "free_port", "running_upstream",
-           "scripted_upstream", "echo_upstream", "closes_trickled_headers", "serving",
+__all__ = ["ECHO_MODEL", "LONG_LINES", "RECEIVED", "SCRIPTED_MODEL", "closes_trickled_headers",
+           "echo_upstream", "free_port", "running_upstream", "scripted_upstream", "serving",
            "wait_for_port"]
 
 SCRIPTED_MODEL = "scripted"
@@ -39,12 +40,28 @@ DELTAS = [{"choices": [{"delta": {"content": "Hel"}}]},
                                     "prompt_tokens_details": {"cached_tokens": 7}}}]
 
 
-def events(*chunks: object) -> StreamingResponse:
+def events(*chunks: object, pause: float = 0.0) -> StreamingResponse:
+    """``chunks`` as server-sent events, ``pause`` seconds apart."""
     async def body() -> AsyncIterator[str]:
         for chunk in chunks:
             yield f"data: {json.dumps(chunk) if not isinstance(chunk, str) else chunk}\n\n"
+            if pause:
+                await asyncio.sleep(pause)
 
     return StreamingResponse(body(), media_type="text/event-stream")
+
+
+LONG_LINES = 60
+
+
+def long_answer() -> StreamingResponse:
+    """An answer of LONG_LINES lines (more than a screen), one line an event, streamed over
+    a few seconds so that a test can scroll while it comes."""
+    lines = [{"choices": [{"delta": {"content": f"Line {n} of the long answer.\n\n"}}]}
+             for n in range(1, LONG_LINES + 1)]
+    end = {"choices": [{"delta": {}, "finish_reason": "stop"}],
+           "usage": {"prompt_tokens": 9, "completion_tokens": 6 * LONG_LINES}}
+    return events(*lines, end, "[DONE]", pause=0.05)
 
 
 def listed(request: Request) -> Response:
@@ -68,6 +85,7 @@ ANSWERS: dict[str, Callable[[], Response]] = {
     "empty": lambda: events({"choices": [{"delta": {"role": "assistant", "content": " \n"}}]},
                             {"choices": [{"delta": {}, "finish_reason": "stop"}]}, "[DONE]"),
     "locked": refused_key,
+    "long": long_answer,
 }
 
 
