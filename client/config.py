@@ -62,6 +62,10 @@ class Settings:
     # installed only with the server's signature (shared.fl.signing); unset, none is.
     fl_server_public_key: str | None = None
     fl_allow_unsigned: bool = False  # a lab: install global models nobody signed (warned)
+    # The operator's app-signing-key.pub (its ssh-ed25519 line, or the file's path): the
+    # SuperNode runs only Flower apps signed with it (shared.fl.app_signing).
+    fl_app_public_key: str | None = None
+    fl_allow_unsigned_apps: bool = False  # a lab: run whatever app the FL server hands out
 
     @property
     def embedded_model(self) -> str:
