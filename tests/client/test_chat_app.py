@@ -109,6 +109,27 @@ def test_follow_up_in_another_context_is_not_served_from_cache(settings: Setting
     asyncio.run(run())
 
 
+def test_a_first_turn_is_not_served_to_the_same_words_inside_another_conversation(
+        settings: Settings) -> None:
+    """The issue's scenario: "What about Germany?" asked first is cached as a first turn;
+    asked after "What is the capital of France?" it asks something else: the upstream
+    answers. Asked first again, the cache does."""
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await ask(pilot, "What about Germany?")
+            await pilot.press("ctrl+n")
+            await ask(pilot, "What is the capital of France?")
+            await ask(pilot, "What about Germany?")
+            assert app.chat.conversation.turns[-1].source == "upstream"
+            await pilot.press("ctrl+n")
+            await ask(pilot, "What about Germany?")
+            assert app.chat.conversation.turns[-1].source == "cache"
+
+    asyncio.run(run())
+
+
 @pytest.fixture
 def down(settings: Settings, encoder: Encoder) -> Settings:
     """Settings whose upstream is down (nothing listens), with one answer in the cache."""
