@@ -74,6 +74,8 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     table = Table("statistic", "value", title=f"cache in {settings.cache_dir}")
     for key, value in dataclasses.asdict(stats).items():
+        if key == "declines":
+            value = stats.declines_line
         table.add_row(key.replace("_", " "), "-" if value is None else str(value))
     table.add_row("hit rate", f"{stats.hit_rate:.1%}")
     table.add_row("token saving ratio", f"{stats.token_saving_ratio:.1%}")

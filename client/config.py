@@ -69,6 +69,10 @@ class Settings:
     proxy_apps: dict[str, str] = field(default_factory=dict)
     proxy_shared: bool = False
     proxy_greedy_only: bool = False
+    # The operator's app-signing-key.pub (its ssh-ed25519 line, or the file's path): the
+    # SuperNode runs only Flower apps signed with it (shared.fl.app_signing).
+    fl_app_public_key: str | None = None
+    fl_allow_unsigned_apps: bool = False  # a lab: run whatever app the FL server hands out
 
     @property
     def embedded_model(self) -> str:

@@ -11,6 +11,7 @@ and never the other way round)::
     │   ├── ModelNotFoundError
     │   └── OnnxBackendError
     ├── CheckpointError
+    ├── AppSignatureError
     ├── PairsFileError
     ├── FlowerCommandError
     ├── MissingExtraError
@@ -102,6 +103,10 @@ class OnnxBackendError(EncoderError):
 
 class CheckpointError(MeanCacheError):
     """A checkpoint that is missing, damaged or does not match its hash."""
+
+
+class AppSignatureError(MeanCacheError):
+    """An operator's app key or app signature that cannot be read or does not fit."""
 
 
 class PairsFileError(MeanCacheError):

@@ -21,6 +21,7 @@ from meancache.client.chat.sources import (
     AnswerSource,
     Asked,
     CacheSource,
+    Declined,
     MatchingSource,
     OnDelta,
     PackSource,
@@ -81,15 +82,18 @@ class AnswerService:
         asked, recorded with a stored answer."""
         question = clean_query(question)
         asked = Asked(question, conversation, len(conversation.turns), on_delta, asked_by)
-        turn = None
+        turn, declined = None, None
         for source in self.sources:
-            turn = await source.answer(asked)
-            if turn is not None:
+            outcome = await source.answer(asked)
+            if isinstance(outcome, Declined):
+                declined = outcome
+            elif outcome is not None:
+                turn = outcome
                 break
         assert turn is not None  # the upstream always answers or raises
-        if not conversation.turns:
-            conversation.title = question[:60]
-        conversation.turns.append(turn)
+        if declined is not None:
+            turn = replace(turn, declined=declined.note)
+        conversation.add(turn)
         await asyncio.to_thread(self.conversations.save, conversation)
         return turn
 
@@ -102,16 +106,16 @@ class AnswerService:
         the upstream (bypassing the caches) takes the turn's place and the conversation
         is saved."""
         turn = conversation.turns[turn_index]
+        asked = Asked(turn.question, conversation, turn_index, on_delta, asked_by)
         change = None
         if isinstance(turn.origin, CacheOrigin | PackOrigin):
             source = self._matching.get(type(turn.origin))
             if source is None:
                 raise ValueError("this chat has no instruction pack to take the rejection")
-            change = await source.reject(turn.question, turn.origin)
+            change = await source.reject(asked, turn.origin)
         elif not turn.empty:
             raise ValueError("only answers served from a cache, or empty ones, can be rejected")
-        fresh = await self.fresh.answer(Asked(turn.question, conversation, turn_index,
-                                              on_delta, asked_by), corrected=change is not None)
+        fresh = await self.fresh.answer(asked, corrected=change is not None)
         correction = Correction(replace(fresh, replaced=turn.answer), change)
         conversation.turns[turn_index] = correction.turn
         await asyncio.to_thread(self.conversations.save, conversation)

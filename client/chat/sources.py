@@ -46,14 +46,27 @@ class Asked:
         return bool(self.conversation.documents)
 
 
+@dataclass(frozen=True)
+class Declined:
+    """A source had a near match and its verifier refused it: no answer from it, and the
+    answer that follows says so in its badge (else the reason is only in the log)."""
+
+    similarity: float
+    reason: str
+
+    @property
+    def note(self) -> str:
+        return f"cache declined a near match ({self.similarity:.2f}): {self.reason}"
+
+
 class AnswerSource(Protocol):
-    async def answer(self, asked: Asked) -> Turn | None: ...
+    async def answer(self, asked: Asked) -> Turn | Declined | None: ...
 
 
 class MatchingSource(AnswerSource, Protocol):
     """A source that serves matches: "wrong answer" on one reaches it here."""
 
-    async def reject(self, question: str, origin: Matched) -> ThresholdChange: ...
+    async def reject(self, asked: Asked, origin: Matched) -> ThresholdChange: ...
 
 
 class PackSource:
@@ -76,9 +89,9 @@ class PackSource:
         self.matcher.accepted(question, found.origin)
         return Turn(question, found.answer, found.origin)
 
-    async def reject(self, question: str, origin: Matched) -> ThresholdChange:
+    async def reject(self, asked: Asked, origin: Matched) -> ThresholdChange:
         assert isinstance(origin, PackOrigin)
-        return await asyncio.to_thread(self._reject, question, origin)
+        return await asyncio.to_thread(self._reject, asked.question, origin)
 
     def _reject(self, question: str, origin: PackOrigin) -> ThresholdChange:
         self.packs.reject(question, origin)
@@ -91,17 +104,20 @@ class CacheSource:
     def __init__(self, cache: SemanticCache) -> None:
         self.cache = cache
 
-    async def answer(self, asked: Asked) -> Turn | None:
+    async def answer(self, asked: Asked) -> Turn | Declined | None:
         if asked.about_documents:
             return None
         result = await asyncio.to_thread(self.cache.lookup, asked.question, asked.context)
         if not isinstance(result, Hit):
-            return None
+            return Declined(result.best_similarity or 0.0, result.reason) if result.vetoed \
+                else None
         return Turn(asked.question, result.answer, result.origin, truncated=result.truncated)
 
-    async def reject(self, question: str, origin: Matched) -> ThresholdChange:
+    async def reject(self, asked: Asked, origin: Matched) -> ThresholdChange:
+        """The context the hit was served in decides what the rejection teaches."""
         assert isinstance(origin, CacheOrigin)
-        return await asyncio.to_thread(self.cache.reject, question, origin)
+        return await asyncio.to_thread(self.cache.reject, asked.question, origin,
+                                       asked.context)
 
 
 class UpstreamSource:

@@ -1,6 +1,9 @@
 """Federated learning in tests: devices with feedback, messages as a SuperNode gets
 them, replies as the server screens them, and global models as the server publishes them."""
 
+import os
+import signal
+import subprocess
 import time
 from functools import partial
 from pathlib import Path
@@ -105,3 +108,13 @@ def gaussian_rdp_epsilon(sigma: float, rounds: int, delta: float) -> float:
     rdp = rounds * orders / (2 * sigma**2)
     eps = rdp - (np.log(delta) + np.log(orders)) / (orders - 1) + np.log((orders - 1) / orders)
     return float(eps.min())
+
+
+def kill_group(process: "subprocess.Popen[bytes]") -> None:
+    """Kill a process started with ``start_new_session=True`` and everything it started
+    (a SuperLink's ServerApp, a SuperNode's ClientApp)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=30)

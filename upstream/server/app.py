@@ -34,10 +34,13 @@ from meancache.upstream.server.middleware import (
     RequireHost,
     RequireMediaType,
 )
+from meancache.upstream.server.openapi import openapi_document
 from meancache.upstream.server.packs import pack_routes
+from meancache.upstream.server.request_models import SchemaUpload
 from meancache.upstream.server.tenants import Tenants, tenant_id, tenant_of
 from meancache.upstream.server.wire import Completion, parse_chat_request
 from meancache.upstream.server.worker import ModelWorker
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
@@ -158,11 +161,11 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         worker.admit(tenant)
         body = await read_body(request)
         if request.headers.get("content-type", "").startswith("application/json"):
-            payload = parse_json(body, limits)
-            if not isinstance(payload, dict) or not isinstance(payload.get("schema"), str):
+            try:
+                source = SchemaUpload.model_validate(parse_json(body, limits)).pml
+            except ValidationError:
                 raise BadRequest(f"send the PML as {PML_MEDIA_TYPE}, or JSON "
-                                 "{\"schema\": \"<schema ...>\"}")
-            source = payload["schema"]
+                                 "{\"schema\": \"<schema ...>\"}") from None
         else:
             try:
                 source = body.decode("utf-8")
@@ -188,10 +191,15 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         await worker.call(lambda: engine.remove_schema(name, tenant), tenant)
         return JSONResponse({"id": name, "deleted": True})
 
+    tenants = Tenants((settings.api_key or "", *settings.api_keys))
+    published = openapi_document(f"meancache upstream ({model_name})", bool(tenants))
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(published)
+
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": model_name, "queued": worker.queued})
 
-    tenants = Tenants((settings.api_key or "", *settings.api_keys))
     operator = tenant_id(settings.api_key) if settings.api_key else None
 
     async def metrics_route(request: Request) -> Response:
@@ -218,6 +226,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         Route("/v1/schemas/{name}", delete_schema, methods=["DELETE"], name="schemas",
               middleware=auth),
         Route("/health", health, methods=["GET"], name="health", middleware=hosts),
+        Route("/openapi.json", openapi, methods=["GET"], name="openapi", middleware=hosts),
         Route("/metrics", metrics_route, methods=["GET"], name="metrics", middleware=auth),
         *pack_routes(settings.packs_dir, auth),
     ]

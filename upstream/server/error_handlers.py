@@ -39,7 +39,8 @@ def _answer(kind: HTTPErrorKind) -> Callable[[Request, Exception], Awaitable[Res
 
 async def _no_route(request: Request, exc: Exception) -> Response:
     message = (f"no route {request.method} {request.url.path}; the API serves "
-               "/v1/chat/completions, /v1/models, /v1/schemas, /health and /metrics")
+               "/v1/chat/completions, /v1/models, /v1/schemas, /health, /metrics and "
+               "/openapi.json")
     return JSONResponse(error_body(message, "invalid_request_error", "not_found"),
                         status_code=404)
 
