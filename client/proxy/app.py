@@ -46,6 +46,7 @@ from meancache.shared.errors import MeanCacheError
 from meancache.shared.hosts import host_name
 from meancache.shared.http_limits import GuardRequests, error_body
 from starlette.applications import Starlette
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
@@ -252,7 +253,8 @@ async def _streamed(answers: AnswerService, conversation: Conversation, question
 
     shown = first if isinstance(first, Turn) else None
     return StreamingResponse(body(), media_type="text/event-stream",
-                             headers=header(shown) if shown else {HEADER: "miss"})
+                             headers=header(shown) if shown else {HEADER: "miss"},
+                             background=BackgroundTask(events.aclose))  # a client gone early
 
 
 # errors ------------------------------------------------------------------------------

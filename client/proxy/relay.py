@@ -16,6 +16,7 @@ from meancache.client.http_errors import describe
 from meancache.client.proxy.wire import header
 from meancache.client.upstream_client import UpstreamClient
 from meancache.shared.http_limits import error_body
+from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ async def relay(upstream: UpstreamClient, body: bytes, stream: bool, reason: str
         await stack.aclose()
         raise _bad_answer("not an event stream")
     return StreamingResponse(_events(response, stack), media_type="text/event-stream",
-                             headers=headers)
+                             headers=headers, background=BackgroundTask(stack.aclose))
 
 
 async def _events(response: httpx.Response, stack: AsyncExitStack) -> AsyncIterator[str]:

@@ -12,9 +12,11 @@ import httpx
 import openai
 import pytest
 from meancache.client.config import Settings, load_settings
+from meancache.client.pack.store import PACK_FILE
 from meancache.client.proxy.apps import key_digest
 from meancache.client.proxy.service import Proxy
 from meancache.shared.errors import MeanCacheError
+from meancache.shared.pack import write_pack
 
 from meancache.cli import main
 from tests.support.servers import ECHO_MODEL, echo_upstream, scripted_upstream
@@ -311,3 +313,28 @@ def test_configured_apps_are_let_in_by_their_key_only_and_may_share_a_cache(
                 assert header.startswith("hit") if shared else header == "miss"
             finally:
                 proxy.close()
+
+
+def test_the_instruction_pack_answers_first_and_only_without_system_messages(
+        tmp_path: Path) -> None:
+    with echo_upstream() as upstream:
+        settings = proxy_settings(tmp_path, upstream)
+        write_pack(settings.packs_dir / PACK_FILE, [("How do I boil an egg?", "Eight minutes.")],
+                   model="builtin:tiny", sigma=3.0)
+        proxy = Proxy.open(settings)
+        try:
+            url = proxy.start()
+            header, answer, completion = ask(url, "how do I boil an egg")
+            assert header.startswith("hit; similarity=1.0000") and header.endswith("source=pack")
+            assert answer == "Eight minutes."
+            pirate = client(url).chat.completions.with_raw_response.create(
+                model=ECHO_MODEL, messages=[{"role": "system", "content": "Be a pirate."},
+                                            {"role": "user", "content": "How do I boil an egg?"}])
+            assert pirate.headers["x-meancache"] == "miss"
+            fresh = httpx.post(f"{url}/meancache/feedback", json={"id": completion.id},
+                               headers={"Authorization": "Bearer key-one"})
+            assert fresh.status_code == 200
+            assert fresh.json()["choices"][0]["message"]["content"].startswith("Answer ")
+            assert ask(url, "how do I boil an egg")[1] != "Eight minutes."  # never again
+        finally:
+            proxy.close()
