@@ -136,8 +136,8 @@ def create_app(state: ProxyState) -> Starlette:
             return await relay(state.upstream, body, stream, found.reason)
         partition = await asyncio.to_thread(state.partitions.get, app.namespace,
                                             found.preamble)
-        if partition is None:
-            return await relay(state.upstream, body, stream, "system-prompts")
+        if isinstance(partition, Bypass):
+            return await relay(state.upstream, body, stream, partition.reason)
         conversation = await _conversation(partition.exchanges.known, found)
         if conversation is None:
             return await relay(state.upstream, body, stream, "history")

@@ -1,7 +1,8 @@
 """The proxy's caches: one per app namespace and set of system messages. An answer given
 after one system prompt ("answer like a pirate") must never answer the same question
 asked after another, so each namespace keeps a cache per system prompt it has seen (at
-most ``MAX_PER_NAMESPACE``; a request with yet another one goes straight upstream). Each
+most ``MAX_PER_NAMESPACE``; a request with yet another one goes straight upstream, as
+does one of an app past the first ``MAX_NAMESPACES``: keys are free to make). Each
 is a whole semantic cache with the chat's settings: the same answer sources in the same
 order (the instruction pack only where there are no system messages, as its answers were
 made without any), the same ``Matcher``, its own tau tuned by its own feedback, starting
@@ -24,6 +25,7 @@ from meancache.client.cache.threshold import ThresholdState
 from meancache.client.chat.answering import AnswerService
 from meancache.client.config import Settings
 from meancache.client.pack import PackStore
+from meancache.client.proxy.eligibility import Bypass
 from meancache.client.proxy.exchanges import ExchangeStore
 from meancache.client.proxy.layout import proxy_dir
 from meancache.client.upstream_client import UpstreamClient
@@ -33,6 +35,7 @@ from meancache.shared.files import write_json_atomic
 log = logging.getLogger(__name__)
 
 MAX_PER_NAMESPACE = 16
+MAX_NAMESPACES = 32
 PREAMBLE_FILE = "preamble.json"
 
 
@@ -40,6 +43,10 @@ def partition_id(preamble: Sequence[tuple[str, str]]) -> str:
     """16 hex digits naming a set of system messages (also for none)."""
     text = json.dumps([list(message) for message in preamble], ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _count_dirs(directory: Path) -> int:
+    return sum(1 for p in directory.iterdir() if p.is_dir()) if directory.is_dir() else 0
 
 
 @dataclass
@@ -77,20 +84,22 @@ class Partitions:
         finally:
             store.close()
 
-    def get(self, namespace: str, preamble: Sequence[tuple[str, str]]) -> Partition | None:
-        """The cache of ``namespace`` for these system messages, made if need be; None when
-        the namespace has MAX_PER_NAMESPACE caches already. Blocking: a first open loads
-        the cache (run it in a worker thread)."""
+    def get(self, namespace: str, preamble: Sequence[tuple[str, str]]
+            ) -> Partition | Bypass:
+        """The cache of ``namespace`` for these system messages, made if need be, or why
+        none may be made (the limits above). Blocking: a first open loads the cache (run
+        it in a worker thread)."""
         pid = partition_id(preamble)
         directory = proxy_dir(self.settings) / namespace / pid
         with self._lock:
             if (namespace, pid) in self._open:
                 return self._open[(namespace, pid)]
+            if not directory.parent.exists() and \
+                    _count_dirs(directory.parent.parent) >= MAX_NAMESPACES:
+                return Bypass("apps")
             if not directory.exists():
-                siblings = [p for p in directory.parent.glob("*") if p.is_dir()] \
-                    if directory.parent.exists() else []
-                if len(siblings) >= MAX_PER_NAMESPACE:
-                    return None
+                if _count_dirs(directory.parent) >= MAX_PER_NAMESPACE:
+                    return Bypass("system-prompts")
                 directory.mkdir(parents=True)
                 write_json_atomic(directory / PREAMBLE_FILE, [list(m) for m in preamble])
             return self._load(namespace, pid, directory, preamble)

@@ -13,7 +13,9 @@ import openai
 import pytest
 from meancache.client.config import Settings, load_settings
 from meancache.client.pack.store import PACK_FILE
+from meancache.client.proxy import partitions
 from meancache.client.proxy.apps import key_digest
+from meancache.client.proxy.partitions import Partition
 from meancache.client.proxy.service import Proxy
 from meancache.shared.errors import MeanCacheError
 from meancache.shared.pack import write_pack
@@ -292,7 +294,7 @@ def test_an_upstream_that_breaks_or_refuses_is_an_error_never_a_500(
                     model="scripted", stream=True,
                     messages=[{"role": "user", "content": "hello there"}]))
             kept = proxy.state.partitions.get(key_digest("key-one"), ())
-            assert kept is not None and len(kept.cache) == 0  # nothing half-made is stored
+            assert isinstance(kept, Partition) and len(kept.cache) == 0  # nothing half-made
         finally:
             proxy.close()
 
@@ -336,5 +338,24 @@ def test_the_instruction_pack_answers_first_and_only_without_system_messages(
             assert fresh.status_code == 200
             assert fresh.json()["choices"][0]["message"]["content"].startswith("Answer ")
             assert ask(url, "how do I boil an egg")[1] != "Eight minutes."  # never again
+        finally:
+            proxy.close()
+
+
+def test_past_its_limits_an_app_or_a_system_prompt_goes_straight_upstream(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(partitions, "MAX_PER_NAMESPACE", 1)
+    monkeypatch.setattr(partitions, "MAX_NAMESPACES", 1)
+    with echo_upstream() as upstream:
+        proxy = Proxy.open(proxy_settings(tmp_path, upstream))
+        try:
+            url = proxy.start()
+            assert ask(url, QUESTION)[0] == "miss"
+            assert ask(url, QUESTION)[0].startswith("hit")
+            assert ask(url, QUESTION, key="another")[0] == "bypass; reason=apps"
+            pirate = client(url).chat.completions.with_raw_response.create(
+                model=ECHO_MODEL, messages=[{"role": "system", "content": "Be a pirate."},
+                                            {"role": "user", "content": QUESTION}])
+            assert pirate.headers["x-meancache"] == "bypass; reason=system-prompts"
         finally:
             proxy.close()

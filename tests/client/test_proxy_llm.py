@@ -9,6 +9,7 @@ import llm
 import pytest
 import yaml
 from meancache.client.proxy.apps import key_digest
+from meancache.client.proxy.partitions import Partition
 from meancache.client.proxy.service import Proxy
 
 from tests.client.test_proxy import proxy_settings
@@ -42,6 +43,6 @@ def test_llm_gets_a_cached_answer_to_a_paraphrase(proxy_url: tuple[str, Proxy],
     assert second == first  # the upstream would have named the paraphrase
     # llm sends its placeholder key: the entries are that key's, labelled by its header
     partition = proxy.state.partitions.get(key_digest("DUMMY_KEY"), ())
-    assert partition is not None
+    assert isinstance(partition, Partition)
     (entry,) = partition.cache.entries()
     assert entry.hits == 1 and entry.asked_by == "llm"
