@@ -10,8 +10,9 @@ from the device's global one (copied from the chat cache's when the cache is mad
 kept up to date by FL: client/fl/device.py).
 
 At most ``MAX_OPEN`` caches are open at once: opening one more closes the least recently
-used (a request still using it keeps it until its ``release``), and it opens again on
-demand. Where they live: client/device_caches.py.
+used (a request still using it keeps it until its ``release``; opened again meanwhile,
+the two stay in step through the store's generation, as two processes' caches do), and
+it opens again on demand. Where they live: client/device_caches.py.
 """
 
 import hashlib
@@ -170,4 +171,5 @@ class Partitions:
                 partition.close()
             self._open.clear()
             self._retired.clear()
-        log.info("closed %d proxy caches", len(closing))
+        if closing:
+            log.info("closed %d proxy caches", len(closing))
