@@ -45,6 +45,7 @@ and never the other way round)::
     ├── UpstreamRequestError
     │   ├── UpstreamUnavailableError
     │   └── UpstreamRejectedError
+    ├── ProxyRequestError                 (`meancache proxy`: status and OpenAI error)
     └── UpstreamError                     meancache.upstream.errors
         ├── BadRequest
         ├── InvalidApiKeyError

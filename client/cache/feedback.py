@@ -23,7 +23,16 @@ def record(query: str, matched_query: str, similarity: float, key: str, label: i
             "label": label, "weak": label == 1, "entry_id": key, "time": now}
 
 
+def context_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A rejected hit whose fault was the conversation, not the match (the same question
+    in another context): kept, so that the hit counts as rejected once, but it teaches
+    neither tau nor FL: the two questions do mean the same out of context."""
+    return record | {"context": True}
+
+
 def _teaches(record: dict[str, Any]) -> bool:
+    if record.get("context"):
+        return False
     repeat = normalise_query(record["query"]) == normalise_query(record["matched_query"])
     return record["label"] == 0 or not repeat
 

@@ -2,7 +2,7 @@
 which does the rest; every chat action is also in the command palette."""
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from meancache.client.chat.session import ChatSession, UpstreamStarter
 from meancache.client.config import Settings
@@ -10,7 +10,9 @@ from meancache.client.tui.bindings import CHAT_BINDINGS
 from meancache.client.tui.screens.chat import ChatScreen
 from meancache.shared.errors import MeanCacheError
 from textual import work
+from textual.actions import ActionParseResult
 from textual.app import App, SystemCommand
+from textual.dom import DOMNode
 from textual.notifications import SeverityLevel
 from textual.screen import Screen
 
@@ -36,6 +38,28 @@ class MeanCacheApp(App[None]):
         """Always plain text: notifications quote servers' replies, file names and the
         user's text, where "[" is a character, not the start of Rich markup."""
         super().notify(message, title=title, severity=severity, timeout=timeout, markup=False)
+
+    async def run_action(self, action: "str | ActionParseResult",
+                         default_namespace: DOMNode | None = None,
+                         namespaces: Mapping[str, DOMNode] | None = None) -> bool:
+        """A chat key (or palette command) that cannot act says why in a notice instead
+        of doing nothing."""
+        if await super().run_action(action, default_namespace, namespaces):
+            return True
+        why = self.chat.why_not(action) if isinstance(action, str) and (
+            default_namespace is self.chat) else None
+        if why is None:
+            return False
+        self.notify(why, title="Nothing to do", timeout=4)
+        return True
+
+    def action_help_quit(self) -> None:
+        """Textual's ctrl+c notice is Rich markup, which ``notify`` here shows as plain
+        text: the same notice, written plain."""
+        for key, active in self.active_bindings.items():
+            if active.binding.action in ("quit", "app.quit"):
+                self.notify(f"Press {key} to quit the app", title="Do you want to quit?")
+                return
 
     def on_mount(self) -> None:
         self.push_screen(self.chat)

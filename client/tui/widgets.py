@@ -70,7 +70,13 @@ class AnswerView(Vertical):
 
 
 class MessageList(VerticalScroll):
-    """The chat's questions, answers and notices, kept scrolled to the newest."""
+    """The chat's questions, answers and notices, kept scrolled to the newest: anchored to
+    its end, so that a streaming answer and then its badge stay in view while they grow,
+    until the user scrolls up (Textual releases the anchor; back at the end, or a new
+    question, takes it again)."""
+
+    def on_mount(self) -> None:
+        self.anchor()
 
     DEFAULT_CSS = """
     MessageList { height: 1fr; padding: 0 1; }
@@ -116,7 +122,6 @@ class MessageList(VerticalScroll):
             if stream is None:
                 stream = Markdown.get_stream(view.markdown)
             await stream.write(printable(text))  # yields: the stream's task runs
-            self.scroll_end(animate=False)
 
         try:
             return await answer(show)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meancache.shared.http_limits import GuardRequests
+from meancache.shared.http_limits import GuardRequests, error_body
 from meancache.shared.pml import PML_MEDIA_TYPE
 from meancache.upstream.errors import (
     BadRequest,
@@ -38,7 +38,7 @@ from meancache.upstream.server.openapi import openapi_document
 from meancache.upstream.server.packs import pack_routes
 from meancache.upstream.server.request_models import SchemaUpload
 from meancache.upstream.server.tenants import Tenants, tenant_id, tenant_of
-from meancache.upstream.server.wire import Completion, error_body, parse_chat_request
+from meancache.upstream.server.wire import Completion, parse_chat_request
 from meancache.upstream.server.worker import ModelWorker
 from pydantic import ValidationError
 from starlette.applications import Starlette

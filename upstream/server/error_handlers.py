@@ -10,8 +10,8 @@ logs the traceback and the client never sees it.
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from meancache.shared.http_limits import error_body
 from meancache.upstream.errors import HTTP_ERRORS, HTTPErrorKind
-from meancache.upstream.server.wire import error_body
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import uvicorn
+from meancache.shared.hosts import LOOPBACK_NAMES, is_loopback, open_server_warning
 from meancache.shared.http_limits import server_config
 from meancache.shared.loopback_server import LoopbackServer
 from meancache.shared.progress import Progress
@@ -16,7 +17,6 @@ from meancache.upstream.model_loading import LoadedModel, load_model
 from meancache.upstream.precision import DEFAULT_PRECISION
 from meancache.upstream.prompt_cache.engine import PromptCacheEngine
 from meancache.upstream.server.app import ServerSettings, create_app
-from meancache.upstream.server.hosts import LOOPBACK_NAMES, is_loopback, open_server_warning
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ def serve(model: str, host: str, port: int, settings: ServerSettings,
 
 class BackgroundServer:
     """The upstream on a daemon thread, on a free loopback port, until ``stop``. It answers
-    only to loopback names (see meancache.upstream.server.hosts)."""
+    only to loopback names (see meancache.shared.hosts)."""
 
     def __init__(self, model: str = "builtin:tiny", settings: ServerSettings | None = None,
                  module_budget_bytes: int = 512 << 20, data_dir: Path | None = None,

@@ -216,8 +216,3 @@ class Completion:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                 "model": self.model, "choices": [], "usage": usage(finish)}
 
-
-def error_body(message: str, kind: str, code: str | None = None,
-               param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error shape."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

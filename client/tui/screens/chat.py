@@ -30,6 +30,8 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
 
+ACTIONS = frozenset(binding.action for binding in CHAT_BINDINGS)
+
 
 class ChatScreen(Screen[None]):
     """The chat: given the settings when built and the session once it is open (``ready``),
@@ -91,20 +93,40 @@ class ChatScreen(Screen[None]):
     def last_answer(self) -> AnswerView | None:
         return self.messages.last_answer()
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "reject":
-            rejectable = can_reject(self.conversation) and not self.busy
-            return True if rejectable and self._session else None
+    def why_not(self, action: str) -> str | None:
+        """Why the chat action ``action`` cannot act now, or None when it can. The footer
+        dims such a key; pressing it (or choosing it in the palette) shows this line."""
         if action == "cancel":
-            return True if self.busy else None
-        if action in ("attach", "stats", "export", "new_chat", "conversations",
-                      "pack_update"):
-            return True if self._session else None
-        if action == "fl_sync":
-            return True if self._session and self.settings.fl_server_url else None
-        if action == "fl_join":
-            return True if self._session and self.settings.fl_superlink else None
-        return True
+            return None if self.busy else "nothing to stop: no answer is streaming"
+        if action not in ACTIONS:
+            return None
+        if self._session is None:
+            return "still starting: the cache and the upstream are loading"
+        if action == "reject":
+            return self._why_not_reject()
+        if action == "new_chat" and not self.conversation.turns:
+            return "this chat is already new"
+        if action == "export" and not self.conversation.turns:
+            return "nothing to export yet: ask a question first"
+        if action == "fl_sync" and not self.settings.fl_server_url:
+            return "no federated server: set fl_server_url in config.toml"
+        if action == "fl_join" and not self.settings.fl_superlink:
+            return "no federated rounds to join: set fl_superlink in config.toml"
+        return None
+
+    def _why_not_reject(self) -> str | None:
+        if self.busy:
+            return "an answer is streaming: wait for it, or press esc to stop it"
+        if not self.conversation.turns:
+            return "nothing to reject: no answer yet"
+        if not can_reject(self.conversation):
+            return ("nothing to reject: this answer came from the model, not from a cache "
+                    "(only cached or empty answers can be marked wrong)")
+        return None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A chat action that cannot act now stays in the footer, dimmed."""
+        return True if self.why_not(action) is None else None
 
     def show_conversation(self, conversation: Conversation) -> None:
         self.conversation = conversation
@@ -204,9 +226,6 @@ class ChatScreen(Screen[None]):
             self.show_conversation(Conversation())
 
     def action_export(self) -> None:
-        if not self.conversation.turns:
-            self.notify("Nothing to export yet.", severity="warning")
-            return
         history, conversation = self.history, self.conversation
         run_blocking(self, lambda: f"Exported to {history.export(conversation)}",
                      group="history", title="Export", failed="Cannot export")
