@@ -1,12 +1,14 @@
-"""Property tests (hypothesis) for what parses untrusted text: PML schemas and prompts, and
-pack manifests and files. Whatever the input, the parser answers with its own error type
-(which the servers turn into a 4xx) or a value, never another exception."""
+"""Property tests (hypothesis) for what parses untrusted input: PML schemas and prompts, pack
+manifests and files, the Fleet gateway's routing and its GetFab rewrite. Whatever the
+input, the parser answers with its own error type (which the servers turn into a 4xx) or a
+value, never another exception."""
 
 import json
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from meancache.fl_server.fleet_gateway import FLEET_METHODS, attach_signature, fleet_route
 from meancache.shared.errors import PackError, PMLError
 from meancache.shared.pack import manifest_from_json, read_pack, write_pack
 from meancache.shared.pml import SchemaRegistry, parse_prompt, parse_schema, write_schema
@@ -83,3 +85,25 @@ def test_a_damaged_pack_file_is_refused_with_a_pack_error(
     except PackError:
         return
     assert pack.manifest.count == len(pack.answers)
+
+
+SEGMENTS = st.sampled_from(["v1", "fleet", "control", "get-run", "get-fab", "start-run",
+                            "list-runs", "..", ".", "", "%2e%2e", "%2E%2e", "%2f", "..%2f",
+                            "%67et-run", "push-object", "register-node"])
+RAW_PATHS = st.lists(SEGMENTS, min_size=1, max_size=6).map(lambda parts: "/" + "/".join(parts))
+
+
+@FEW
+@given(RAW_PATHS, st.sampled_from(["POST", "GET", "PUT"]), st.sampled_from([b"", b"x=1"]))
+def test_the_gateway_routes_exactly_the_fleet_paths(path: str, method: str,
+                                                     query: bytes) -> None:
+    route = fleet_route({"method": method, "path": path, "raw_path": path.encode(),
+                         "query_string": query})
+    expected = path in FLEET_METHODS.values() and method == "POST" and not query
+    assert route == (path if expected else None)
+
+
+@FEW
+@given(st.binary(max_size=200))
+def test_attaching_a_signature_to_any_answer_never_fails(answer: bytes) -> None:
+    assert isinstance(attach_signature(answer, Path("/nonexistent")), bytes)
