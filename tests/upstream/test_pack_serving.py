@@ -171,3 +171,17 @@ def test_pack_update_and_stats_commands(server: str, packs_dir: Path, tmp_path: 
     stats = json.loads(capsys.readouterr().out)
     assert (stats["entries"], stats["model"], stats["hits"]) == (40, MODEL, 0)
     assert stats["size_bytes"] == (packs_dir / "g.mcpack").stat().st_size
+
+
+def test_the_start_line_names_the_pack_it_serves(tmp_path: Path) -> None:
+    from meancache.upstream.server.serve import describe_packs
+
+    packs = tmp_path / "packs"
+    packs.mkdir()
+    assert describe_packs(ServerSettings()) == ""  # publishes none: says nothing of packs
+    assert describe_packs(ServerSettings(packs_dir=packs)) == (
+        f", and no instruction pack yet (none in {packs})")
+    manifest = write_pack(packs / "pack-1.mcpack", [("What is Python?", "A language.")],
+                          model="builtin:tiny", sigma=4.0)
+    assert describe_packs(ServerSettings(packs_dir=packs)) == (
+        f", and instruction pack {manifest.pack_id} (1 instructions, pack-1.mcpack)")
