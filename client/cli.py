@@ -95,10 +95,10 @@ def _entry_row(entry: object) -> dict[str, object]:
 
 def cmd_cache_list(args: argparse.Namespace, settings: Settings) -> int:
     """The chat's entries and those `meancache proxy` stored for each app, oldest first."""
-    from meancache.client.proxy.layout import cache_dirs
+    from meancache.client.device_caches import device_cache_dirs
 
     found = []
-    for namespace, directory in [("chat", settings.cache_dir), *cache_dirs(settings)]:
+    for namespace, directory in device_cache_dirs(settings):
         with closing(EntryStore(directory)) as store:  # no encoder: nothing to embed
             found += [(namespace, entry) for entry in store.entries()]
     found.sort(key=lambda item: item[1].created)
@@ -205,7 +205,9 @@ def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.proxy.service import Proxy, listen_warning
+    from meancache.shared.processes import exit_on_sigterm
 
+    exit_on_sigterm()  # a service manager's stop closes the caches and upstream as Ctrl+C does
     settings = _chat_settings(args, settings)
     port = settings.proxy_port if args.port is None else args.port
     if not 0 < port < 65536:

@@ -46,7 +46,7 @@ from meancache.shared.errors import MeanCacheError
 from meancache.shared.hosts import host_name
 from meancache.shared.http_limits import GuardRequests, error_body
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
+from starlette.background import BackgroundTask, BackgroundTasks
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
@@ -138,15 +138,24 @@ def create_app(state: ProxyState) -> Starlette:
                                             found.preamble)
         if isinstance(partition, Bypass):
             return await relay(state.upstream, body, stream, partition.reason)
-        conversation = await _conversation(partition.exchanges.known, found)
-        if conversation is None:
-            return await relay(state.upstream, body, stream, "history")
-        completion = Completion(f"chatcmpl-{partition.id}{conversation.id}", state.model)
-        if not stream:
-            turn = await partition.answers.answer(conversation, found.text, asked_by=app.label)
-            return JSONResponse(completion.whole(turn), headers=header(turn))
-        return await _streamed(partition.answers, conversation, found.text, app.label,
-                               completion, asked.include_usage)
+        streaming = False  # a stream releases the cache once it is sent
+        try:
+            conversation = await _conversation(partition.exchanges.known, found)
+            if conversation is None:
+                return await relay(state.upstream, body, stream, "history")
+            completion = Completion(f"chatcmpl-{partition.id}{conversation.id}", state.model)
+            if not stream:
+                turn = await partition.answers.answer(conversation, found.text,
+                                                      asked_by=app.label)
+                return JSONResponse(completion.whole(turn), headers=header(turn))
+            response = await _streamed(partition.answers, conversation, found.text,
+                                       app.label, completion, asked.include_usage,
+                                       BackgroundTask(state.partitions.release, partition))
+            streaming = True
+            return response
+        finally:
+            if not streaming:
+                await asyncio.to_thread(state.partitions.release, partition)
 
     async def feedback(request: Request) -> Response:
         app = identify(request)
@@ -154,13 +163,18 @@ def create_app(state: ProxyState) -> Starlette:
         found = RESPONSE_ID.fullmatch(asked.id)
         partition = None if found is None else await asyncio.to_thread(
             state.partitions.find, app.namespace, found[1])
-        conversation = None if partition is None or found is None else \
-            await asyncio.to_thread(partition.exchanges.load, found[2])
-        if partition is None or conversation is None or found is None:
-            raise ProxyRequestError(404, f"no answer {asked.id[:80]!r} of this app is known "
-                                    "here (an id from another app, or forgotten)",
-                                    "response_not_found", "id")
-        correction = await reject_last(partition.answers, conversation, asked_by=app.label)
+        try:
+            conversation = None if partition is None or found is None else \
+                await asyncio.to_thread(partition.exchanges.load, found[2])
+            if partition is None or conversation is None or found is None:
+                raise ProxyRequestError(404, f"no answer {asked.id[:80]!r} of this app is "
+                                        "known here (an id from another app, or forgotten)",
+                                        "response_not_found", "id")
+            correction = await reject_last(partition.answers, conversation,
+                                           asked_by=app.label)
+        finally:
+            if partition is not None:
+                await asyncio.to_thread(state.partitions.release, partition)
         turn = correction.turn
         answer = Completion(asked.id, state.model).whole(turn)
         answer["meancache"] |= {"rejected": True, "threshold": None if correction.threshold
@@ -223,9 +237,11 @@ async def _answer_events(answers: AnswerService, conversation: Conversation, que
 
 
 async def _streamed(answers: AnswerService, conversation: Conversation, question: str,
-                    asked_by: str, completion: Completion, include_usage: bool) -> Response:
+                    asked_by: str, completion: Completion, include_usage: bool,
+                    after: BackgroundTask) -> Response:
     """The answer as SSE. Its headers wait for the first piece (or a cache's answer), so
-    that ``x-meancache`` can say which it is and an early failure is a plain error."""
+    that ``x-meancache`` can say which it is and an early failure is a plain error.
+    ``after`` runs once the response is over (sent, or its client gone)."""
     events = _answer_events(answers, conversation, question, asked_by)
     first = await anext(events)
 
@@ -254,7 +270,8 @@ async def _streamed(answers: AnswerService, conversation: Conversation, question
     shown = first if isinstance(first, Turn) else None
     return StreamingResponse(body(), media_type="text/event-stream",
                              headers=header(shown) if shown else {HEADER: "miss"},
-                             background=BackgroundTask(events.aclose))  # a client gone early
+                             background=BackgroundTasks([  # a client gone early, too
+                                 BackgroundTask(events.aclose), after]))
 
 
 # errors ------------------------------------------------------------------------------

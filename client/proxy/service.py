@@ -58,7 +58,8 @@ class Proxy:
         return cls(create_app(state), state, embedded)
 
     def serve(self, host: str, port: int) -> None:
-        """In the foreground until Ctrl+C."""
+        """In the foreground until Ctrl+C (or SIGTERM: shared.processes.exit_on_sigterm);
+        then the app's lifespan and ``close`` close every cache."""
         try:
             uvicorn.Server(server_config(self.app, host=host, port=port)).run()
         finally:

@@ -3,6 +3,7 @@ that no body, however malformed, gets a 500 or a traceback (a property test agai
 running proxy)."""
 
 import json
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -117,8 +118,11 @@ def test_no_body_gets_a_500(base_url: str, body: bytes) -> None:
         assert answer["choices"][0]["message"]["content"] is not None
 
 
-def test_the_command_serves_an_unmodified_openai_client(tmp_path: Path) -> None:
-    """`meancache proxy` as a user runs it (a process, a port), and a plain SDK client."""
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_the_command_serves_an_unmodified_openai_client(tmp_path: Path,
+                                                        stop: signal.Signals) -> None:
+    """`meancache proxy` as a user runs it (a process, a port), and a plain SDK client;
+    a service manager's stop (SIGTERM) or Ctrl+C (SIGINT) closes its caches and exits."""
     import subprocess
     import sys
 
@@ -144,7 +148,10 @@ def test_the_command_serves_an_unmodified_openai_client(tmp_path: Path) -> None:
                                  "What's the boiling point of water?")]
             assert answers[1] == answers[0]  # the paraphrase got the cached answer
         finally:
-            process.terminate()
+            process.send_signal(stop)
             _, err = process.communicate(timeout=30)
     assert b"Traceback" not in err, err.decode()
     assert f"http://127.0.0.1:{port}/v1".encode() in err
+    assert process.returncode == 128 + stop  # exited, its `finally`s run: not killed
+    log = (tmp_path / "data" / "logs" / "meancache.log").read_text()
+    assert "closed 1 proxy caches" in log
