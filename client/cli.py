@@ -172,10 +172,13 @@ def _chat_settings(args: argparse.Namespace, settings: Settings) -> Settings:
 
 
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
-    from meancache.client.ask import run_ask
-    from meancache.client.chat.session import ChatSession
+    from meancache.client.ask import answer_exactly, run_ask
 
     settings = _chat_settings(args, settings)
+    if answer_exactly(settings, " ".join(args.question), args.conversation, args.json):
+        return 0  # an exact pack hit: nothing needed loading
+    from meancache.client.chat.session import ChatSession
+
     assemble_encoder(settings)
     with err.status("loading the cache and the upstream"):
         with ProgressBar("re-embedding cached queries", err) as progress, \
@@ -185,6 +188,9 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     if session.upstream_problem is not None:
         err.print(f"[yellow]warning:[/] {escape(session.upstream_problem)}; answering from "
                   "the cache only", highlight=False, soft_wrap=True)
+    if session.embedded is not None:  # say what runs, and how it ends
+        err.print(escape(session.upstream_label), style="dim", highlight=False,
+                  soft_wrap=True)
     run_ask(session, " ".join(args.question), args.conversation, args.json)
     return 0
 
@@ -193,8 +199,7 @@ def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.tui.app import MeanCacheApp
 
     settings = _chat_settings(args, settings)
-    assemble_encoder(settings)
-    MeanCacheApp(settings, args.start_upstream).run()
+    MeanCacheApp(settings, args.start_upstream).run()  # it assembles the encoder itself
     return 0
 
 
@@ -264,8 +269,10 @@ def _add_upstream_options(command: argparse.ArgumentParser) -> None:
                          "OPENAI_API_KEY goes with OPENAI_BASE_URL)")
 
 
-def add_commands(commands: Any, start_upstream: "UpstreamStarter") -> None:
-    """Register the device's commands; ``start_upstream`` runs the embedded upstream."""
+def add_commands(commands: Any, start_upstream: "UpstreamStarter",
+                 start_shared_upstream: "UpstreamStarter") -> None:
+    """Register the device's commands; ``start_upstream`` runs the chat's embedded upstream,
+    ``start_shared_upstream`` finds (or starts) the one `ask` uses across runs."""
     cache = commands.add_parser("cache", help="inspect and manage the semantic cache")
     cache_commands = cache.add_subparsers(dest="cache_command", required=True)
     stats = cache_commands.add_parser("stats", help="hit rate, entries, threshold, encoder")
@@ -297,7 +304,7 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter") -> None:
                      help="continue this conversation (default: a new one)")
     _add_upstream_options(ask)
     ask.add_argument("--json", action="store_true", help="one JSON object for scripts")
-    ask.set_defaults(handler=cmd_ask, start_upstream=start_upstream)
+    ask.set_defaults(handler=cmd_ask, start_upstream=start_shared_upstream)
 
     proxy = commands.add_parser("proxy", help="an OpenAI-compatible caching proxy on "
                                 "loopback, for any app (OPENAI_BASE_URL)")

@@ -35,6 +35,8 @@ DEFAULT_MAX_TOKENS = 512
 DEFAULT_TEMPERATURE = 0.0  # greedy: a cached answer should be the model's best one
 
 MODELS = "/v1/models"
+MAX_MODEL_LIST_BYTES = 1024 * 1024  # a model list is a few hundred bytes
+MAX_MODEL_ID_CHARS = 256
 
 
 def api_root(url: str) -> str:
@@ -127,18 +129,22 @@ class UpstreamClient:
     def served_models(self, timeout: float | None = None,
                       retries: int | None = None) -> list[str]:
         """``GET /v1/models``: the ids of the models the upstream serves, in its order."""
+        not_a_list = (f"the upstream at {self.base_url} did not answer GET {MODELS} with a "
+                      "model list; is it an OpenAI-compatible server?")
         try:
-            with self._blocking(timeout, retries) as http:
-                response = http.get(MODELS)
+            with self._blocking(timeout, retries) as http, http.stream("GET", MODELS) as response:
+                self._raise_for_status_streamed(response)
+                body = read_capped(response, MAX_MODEL_LIST_BYTES)
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from None
-        self._raise_for_status(response)
         try:
-            return [str(entry["id"]) for entry in response.json()["data"]]
-        except (ValueError, KeyError, TypeError):
-            raise UpstreamRejectedError(
-                f"the upstream at {self.base_url} did not answer GET {MODELS} with a model "
-                "list; is it an OpenAI-compatible server?", response.status_code) from None
+            ids = [entry["id"] for entry in json.loads(body)["data"]] if body is not None else 0
+        except (ValueError, KeyError, TypeError, RecursionError):
+            ids = 0
+        if not isinstance(ids, list) or not all(
+                isinstance(i, str) and 0 < len(i) <= MAX_MODEL_ID_CHARS for i in ids):
+            raise UpstreamRejectedError(not_a_list, response.status_code)
+        return ids
 
     def check(self, timeout: float = 10.0) -> str:
         """The check before the first question: return the model to ask for (``model``, or
@@ -177,9 +183,7 @@ class UpstreamClient:
         UpstreamUnavailableError (what was read so far stays read)."""
         try:
             with self._blocking() as http, http.stream("GET", path, headers=headers) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    self._raise_for_status(response)
+                self._raise_for_status_streamed(response)
                 try:
                     yield response
                 except httpx.TransportError as exc:
@@ -188,6 +192,33 @@ class UpstreamClient:
                         f"({describe(exc)})") from None
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from None
+
+    def _raise_for_status_streamed(self, response: httpx.Response) -> None:
+        """A 4xx or 5xx raises, with the start of its body as the reason."""
+        if response.status_code >= 400:
+            body = read_capped(response, MAX_ERROR_BYTES) or b""
+            self._raise_for_status(httpx.Response(response.status_code, content=body,
+                                                  headers={"content-type": response.headers.get(
+                                                      "content-type", "")},
+                                                  request=response.request))
+
+    def small_json(self, path: str, max_bytes: int) -> Any:
+        """``GET path`` answered with JSON of at most ``max_bytes``; None when the upstream
+        has no such resource (404). Anything else odd is UpstreamRejectedError."""
+        try:
+            with self._blocking() as http, http.stream("GET", path) as response:
+                if response.status_code == 404:
+                    return None
+                self._raise_for_status_streamed(response)
+                body = read_capped(response, max_bytes)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from None
+        try:
+            return json.loads(body) if body is not None else json.loads("not JSON")
+        except (ValueError, RecursionError):
+            raise UpstreamRejectedError(f"the upstream at {self.base_url} answered GET {path} "
+                                        f"with something other than JSON of at most "
+                                        f"{max_bytes} bytes", response.status_code) from None
 
     # the answer path ----------------------------------------------------------------
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -328,3 +359,15 @@ def _count(value: object) -> int | None:
     """A token count as the upstream sent it, or None when it is not a count."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
         else None
+
+def read_capped(response: httpx.Response, max_bytes: int) -> bytes | None:
+    """The body, or None once it passes ``max_bytes`` (never buffered beyond that)."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        return None
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > max_bytes:
+            return None
+    return bytes(body)

@@ -93,6 +93,11 @@ class ModelNotFoundError(EncoderError):
     """A model was named that is not available locally (nothing is downloaded)."""
 
 
+class VerifierError(MeanCacheError):
+    """The learned verifier cannot be loaded or trained (a missing or altered model file,
+    unusable training data)."""
+
+
 class MissingExtraError(MeanCacheError):
     """An optional package is needed that this install left out (an extra names it)."""
 

@@ -67,14 +67,12 @@ class MeanCacheApp(App[None]):
 
     @work(thread=True, exclusive=True, group="session")
     def open_session(self) -> None:
-        """Loading the encoder and starting the embedded upstream takes seconds (a minute
-        or more on the first start, which prepares the built-in model: its steps show)."""
+        """Assembling and loading the encoder and starting the embedded upstream take
+        seconds (minutes on the first start): the status line names each step, with its
+        time and an estimate. Nothing is drawn outside the app."""
         try:
-            session = ChatSession.open(
-                self.settings, start_upstream=self.start_upstream,
-                upstream_progress=self.chat.progress(
-                    "preparing the language model (once, on the first start)…"),
-                background=True)
+            session = ChatSession.open(self.settings, start_upstream=self.start_upstream,
+                                       background=True, steps=self.chat.start_step)
         except MeanCacheError as exc:
             self.call_from_thread(self._failed, str(exc))
             return

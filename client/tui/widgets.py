@@ -1,6 +1,7 @@
 """The chat's widgets: the question box, a question, an answer with its source badge,
 the list of them, and the status line with its progress bar."""
 
+import time
 from collections.abc import Awaitable, Callable
 
 from meancache.client.chat.answering import OnDelta
@@ -130,6 +131,46 @@ class MessageList(VerticalScroll):
                 await stream.stop()
 
 
+class StartSteps:
+    """Where the start is: the step under way (numbered among the known steps), its time
+    so far, its share when it reports one, and an estimate from its own rate. A step whose
+    total changes (a new part of it: joining, then unpacking) starts its estimate anew."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+        self.name: str | None = None
+        self.began = self.part_began = time.monotonic()
+        self.done = self.total = 0
+        self.ended = False
+
+    def begin(self, name: str) -> None:
+        self.name, self.done, self.total = name, 0, 0
+        self.began = self.part_began = time.monotonic()
+
+    def progress(self, done: int, total: int) -> None:
+        if total != self.total:
+            self.part_began = time.monotonic()
+        self.done, self.total = done, total
+
+    def end(self) -> None:
+        self.ended = True
+
+    def line(self) -> str | None:
+        if self.ended or self.name is None:
+            return None
+        now = time.monotonic()
+        number = (f"step {self.names.index(self.name) + 1} of {len(self.names)}: "
+                  if self.name in self.names else "")
+        line = f"{number}{self.name}… {now - self.began:.0f} s"
+        if self.total:
+            share = self.done / self.total
+            line += f" · {share:.0%}"
+            spent = now - self.part_began
+            if 0.05 <= share < 1 and spent >= 1:
+                line += f" · about {spent * (1 - share) / share:.0f} s left"
+        return line
+
+
 class StatusLine(Vertical):
     """Where answers come from (and whether the device is in FL rounds), or what long work
     is under way, with its progress; the cache's own background work shows here too."""
@@ -141,11 +182,13 @@ class StatusLine(Vertical):
     StatusLine #progress.active { display: block; }
     """
 
-    def __init__(self) -> None:
+    def __init__(self, steps: list[str] | None = None) -> None:
+        """``steps``: the names of the start's steps (``startup_steps``), to number them."""
         super().__init__()
         self.session: ChatSession | None = None
         self.extra: Callable[[], str] = lambda: ""  # said after the upstream's label
         self._showing_background = False
+        self.start = StartSteps(steps or [])
 
     def compose(self) -> ComposeResult:
         yield Static("loading the cache and the upstream…", id="status", markup=False)
@@ -154,8 +197,33 @@ class StatusLine(Vertical):
     def follow(self, session: ChatSession, extra: Callable[[], str]) -> None:
         """The session is open: say where answers come from, and watch its caches' work."""
         self.session, self.extra = session, extra
+        self.start.end()
         self.idle()
         self.set_interval(0.5, self._show_background, name="cache-work")
+
+    # the start --------------------------------------------------------------------
+    def on_mount(self) -> None:
+        self.set_interval(0.5, self._show_start, name="start-steps")
+
+    def begin_step(self, name: str) -> None:
+        self.start.begin(name)
+        self._show_start()
+
+    def step_progress(self, done: int, total: int) -> None:
+        self.start.progress(done, total)
+        self._show_start()
+
+    def _show_start(self) -> None:
+        line = self.start.line()
+        if line is None:
+            return
+        bar = self.query_one("#progress", ProgressBar)
+        if self.start.total:
+            bar.add_class("active")
+            bar.update(total=self.start.total, progress=self.start.done)
+        else:
+            bar.remove_class("active")
+        self.show(line)
 
     def show(self, text: str) -> None:
         self.query_one("#status", Static).update(printable(text))

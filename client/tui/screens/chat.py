@@ -10,7 +10,7 @@ from meancache.client.chat.answering import OnDelta
 from meancache.client.chat.conversations import Conversation, Document, Turn
 from meancache.client.chat.feedback import can_reject, reject_last
 from meancache.client.chat.history import ChatHistory
-from meancache.client.chat.session import ChatSession
+from meancache.client.chat.session import ChatSession, startup_steps
 from meancache.client.config import Settings
 from meancache.client.errors import UpstreamRequestError
 from meancache.client.fl.participation import FederatedParticipation
@@ -47,7 +47,7 @@ class ChatScreen(Screen[None]):
         self.busy = False
         self._session: ChatSession | None = None
         self.messages = MessageList(id="messages")
-        self.status_line = StatusLine()
+        self.status_line = StatusLine(startup_steps(settings))
         self.federation = FederatedParticipation(settings)
         self.fl = FederationControl(self.federation, self.progress)
 
@@ -79,7 +79,15 @@ class ChatScreen(Screen[None]):
         self.refresh_bindings()
 
     def failed(self, message: str) -> None:
+        self.status_line.start.end()
         self.status_line.idle(f"cannot start: {message}")
+
+    def start_step(self, name: str) -> Progress:
+        """The start's step ``name`` begins (from the worker that opens the session): the
+        status line names it; the callback returned reports its progress."""
+        self.app.call_from_thread(self.status_line.begin_step, name)
+        return lambda done, total: self.app.call_from_thread(self.status_line.step_progress,
+                                                             done, total)
 
     def progress(self, label: str) -> Progress:
         """A (done, total) callback, safe to call from a worker thread."""
