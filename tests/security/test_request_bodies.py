@@ -38,6 +38,7 @@ def upstream() -> Iterator[httpx.Client]:
                       headers={"Authorization": f"Bearer {KEY}"}) as client:
         yield client
     server.stop()
+    print(f"\nrequests by surface and status class: {SEEN}")  # shown with -s
 
 
 @pytest.fixture(scope="module")

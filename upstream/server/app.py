@@ -96,18 +96,34 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         chat_request = parse_chat_request(await read_json(request), settings.defaults,
                                           model_name)
         check_chat(chat_request, limits)
-        prepared = await worker.call(lambda: engine.prepare_messages(chat_request.messages,
-                                                                     tenant), tenant)
-        check_prompt(prepared, limits)
-        engine.check_fits(prepared, chat_request.params)
         completion = Completion(model_name)
 
         def run(cancel: Any) -> Any:
+            # One job, one turn: preparing the prompt and generating as two jobs would let
+            # another key's request run in between, doubling what a greedy key costs others.
+            prepared = engine.prepare_messages(chat_request.messages, tenant)
+            check_prompt(prepared, limits)
+            engine.check_fits(prepared, chat_request.params)
             return engine.generate(prepared, chat_request.params, cancel)
+
+        events = worker.stream(run, tenant)
+        try:  # a prompt that is refused is a 4xx before any answer starts
+            first = await anext(events)
+        except StopAsyncIteration:
+            first = None
+
+        async def all_events() -> AsyncIterator[Any]:
+            try:
+                if first is not None:
+                    yield first
+                    async for event in events:
+                        yield event
+            finally:  # a client gone: the model thread stops at its next token
+                await events.aclose()
 
         if not chat_request.stream:
             text, finish = "", None
-            async for event in worker.stream(run, tenant):
+            async for event in all_events():
                 if isinstance(event, Delta):
                     text += event.text
                     if await request.is_disconnected():
@@ -124,7 +140,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
             yield _sse(completion.chunk({"role": "assistant", "content": ""}))
             finished = False
             try:
-                async for event in worker.stream(run, tenant):
+                async for event in all_events():
                     if isinstance(event, Delta):
                         yield _sse(completion.chunk({"content": event.text}))
                     elif isinstance(event, Finish):
