@@ -94,19 +94,26 @@ def _entry_row(entry: object) -> dict[str, object]:
 
 
 def cmd_cache_list(args: argparse.Namespace, settings: Settings) -> int:
-    with closing(EntryStore(settings.cache_dir)) as store:  # no encoder: nothing to embed
-        entries = sorted(store.entries(), key=lambda entry: entry.created)
-    entries = entries[-args.limit:] if args.limit else entries
+    """The chat's entries and those `meancache proxy` stored for each app, oldest first."""
+    from meancache.client.device_caches import device_cache_dirs
+
+    found = []
+    for namespace, directory in device_cache_dirs(settings):
+        with closing(EntryStore(directory)) as store:  # no encoder: nothing to embed
+            found += [(namespace, entry) for entry in store.entries()]
+    found.sort(key=lambda item: item[1].created)
+    found = found[-args.limit:] if args.limit else found
     if args.json:
-        for entry in entries:
-            print_json(_entry_row(entry))
+        for namespace, entry in found:
+            print_json(_entry_row(entry) | {"cache": namespace})
         return 0
-    table = Table("id", "created", "hits", "source", "turn", "query")
+    table = Table("id", "created", "hits", "source", "turn", "asked by", "query")
     from datetime import datetime
 
-    for entry in entries:
+    for _, entry in found:
         table.add_row(entry.id[:8], datetime.fromtimestamp(entry.created).strftime("%F %T"),
-                      str(entry.hits), str(entry.source), str(entry.turn), entry.query[:80])
+                      str(entry.hits), str(entry.source), str(entry.turn),
+                      entry.asked_by or "chat", entry.query[:80])
     out.print(table)
     return 0
 
@@ -196,6 +203,27 @@ def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
+def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
+    from meancache.client.proxy.service import Proxy, listen_warning
+    from meancache.shared.processes import exit_on_sigterm
+
+    exit_on_sigterm()  # a service manager's stop closes the caches and upstream as Ctrl+C does
+    settings = _chat_settings(args, settings)
+    port = settings.proxy_port if args.port is None else args.port
+    if not 0 < port < 65536:
+        raise MeanCacheError(f"--port {port} is not a port; give one from 1 to 65535")
+    warning = listen_warning(args.host)
+    if warning:
+        err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    assemble_encoder(settings)
+    with err.status("loading the encoder and checking the upstream"):
+        proxy = Proxy.open(settings, args.start_upstream, loopback=warning is None)
+    err.print(f"meancache proxy: serving {escape(proxy.state.model)} on "
+              f"http://{args.host}:{port}/v1 (set OPENAI_BASE_URL to it)", highlight=False)
+    proxy.serve(args.host, port)
+    return 0
+
+
 # eval --------------------------------------------------------------------------------
 def cmd_eval_pairs(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.eval_pairs import evaluate_pairs
@@ -277,6 +305,15 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter",
     _add_upstream_options(ask)
     ask.add_argument("--json", action="store_true", help="one JSON object for scripts")
     ask.set_defaults(handler=cmd_ask, start_upstream=start_shared_upstream)
+
+    proxy = commands.add_parser("proxy", help="an OpenAI-compatible caching proxy on "
+                                "loopback, for any app (OPENAI_BASE_URL)")
+    proxy.add_argument("--port", type=int, help="the port (default: proxy_port in "
+                       "config.toml, 8788)")
+    proxy.add_argument("--host", default="127.0.0.1", help="the address to listen on "
+                       "(default: %(default)s; anything else is reachable from the network)")
+    _add_upstream_options(proxy)
+    proxy.set_defaults(handler=cmd_proxy, start_upstream=start_upstream)
 
     evaluate = commands.add_parser("eval", help="measure the cache's match decision")
     eval_commands = evaluate.add_subparsers(dest="eval_command", required=True)

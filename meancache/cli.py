@@ -18,6 +18,7 @@ from meancache.embedded import start_embedded_upstream, start_shared_upstream
 from meancache.fl_server import cli as fl_server_commands
 from meancache.shared.encoder import BACKENDS
 from meancache.shared.errors import MeanCacheError
+from meancache.shared.verifier import commands as verifier_commands
 from meancache.upstream import cli as upstream_commands
 from meancache.upstream.pack import commands as pack_builder_commands
 
@@ -49,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     fl_commands = fl.add_subparsers(dest="fl_command", required=True)
     fl_server_commands.add_commands(fl_commands)
     fl_device_commands.add_commands(fl_commands)
+    verifier_commands.add_commands(commands)
     return parser
 
 

@@ -11,6 +11,7 @@ and never the other way round)::
     │   ├── ModelNotFoundError
     │   └── OnnxBackendError
     ├── CheckpointError
+    ├── AppSignatureError
     ├── PairsFileError
     ├── FlowerCommandError
     ├── MissingExtraError
@@ -44,6 +45,7 @@ and never the other way round)::
     ├── UpstreamRequestError
     │   ├── UpstreamUnavailableError
     │   └── UpstreamRejectedError
+    ├── ProxyRequestError                 (`meancache proxy`: status and OpenAI error)
     └── UpstreamError                     meancache.upstream.errors
         ├── BadRequest
         ├── InvalidApiKeyError
@@ -91,6 +93,11 @@ class ModelNotFoundError(EncoderError):
     """A model was named that is not available locally (nothing is downloaded)."""
 
 
+class VerifierError(MeanCacheError):
+    """The learned verifier cannot be loaded or trained (a missing or altered model file,
+    unusable training data)."""
+
+
 class MissingExtraError(MeanCacheError):
     """An optional package is needed that this install left out (an extra names it)."""
 
@@ -101,6 +108,10 @@ class OnnxBackendError(EncoderError):
 
 class CheckpointError(MeanCacheError):
     """A checkpoint that is missing, damaged or does not match its hash."""
+
+
+class AppSignatureError(MeanCacheError):
+    """An operator's app key or app signature that cannot be read or does not fit."""
 
 
 class PairsFileError(MeanCacheError):

@@ -161,7 +161,7 @@ def run_serve(args: argparse.Namespace, settings: Any) -> int:
 
 def host_argument(value: str) -> str:
     """An --allow-host name: a host as a Host header carries it, without a port."""
-    from meancache.upstream.server.hosts import host_name
+    from meancache.shared.hosts import host_name
 
     name = host_name(value)
     if name is None or name != value.lower():
@@ -172,6 +172,6 @@ def host_argument(value: str) -> str:
 def allowed_hosts(names: list[str] | None) -> frozenset[str] | None:
     """The Host names a served API answers: the loopback ones and ``names``, or None (any)
     when none are named (serve() then keeps a loopback server to the loopback names)."""
-    from meancache.upstream.server.hosts import LOOPBACK_NAMES
+    from meancache.shared.hosts import LOOPBACK_NAMES
 
     return LOOPBACK_NAMES | set(names) if names else None

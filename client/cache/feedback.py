@@ -7,6 +7,8 @@ nothing about where paraphrases end, so it is left out; a rejected one still cou
 since the served answer was wrong.
 """
 
+from collections.abc import Iterable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -45,12 +47,12 @@ def labelled_pairs(store: EntryStore, newest: int | None = None) -> list[Pair]:
     return [Pair(r["query"], r["matched_query"], int(r["label"])) for r in records]
 
 
-def device_pairs(cache_dir: Path) -> list[Pair]:
-    """The labelled pairs of the cache in ``cache_dir`` (none before it exists), for FL."""
-    if not cache_dir.exists():
-        return []
-    store = EntryStore(cache_dir)
-    try:
-        return labelled_pairs(store)
-    finally:
-        store.close()
+def device_pairs(cache_dirs: Iterable[Path]) -> list[Pair]:
+    """The labelled pairs of the caches in ``cache_dirs`` (none of one that does not
+    exist), one cache after another, for FL: the device's own training data."""
+    pairs: list[Pair] = []
+    for cache_dir in cache_dirs:
+        if cache_dir.exists():
+            with closing(EntryStore(cache_dir)) as store:
+                pairs += labelled_pairs(store)
+    return pairs

@@ -274,8 +274,10 @@ class SemanticCache:
         query_tokens: int | None = None,
         answer_tokens: int | None = None,
         progress: Progress | None = None,
+        asked_by: str | None = None,
     ) -> Entry:
-        """Store an answer. Token counts default to the encoder tokenizer's count. A full cache
+        """Store an answer (``asked_by``: the app that asked, for `cache list`). Token counts
+        default to the encoder tokenizer's count. A full cache
         under a SCALM policy stores only queries of mid- and high-rank patterns; the entry is
         returned either way (``len`` and ``entries`` tell whether it was kept)."""
         query = clean_query(query)
@@ -298,6 +300,7 @@ class SemanticCache:
                 else query_tokens,
                 answer_tokens=self.encoder.count_tokens(answer) if answer_tokens is None
                 else answer_tokens,
+                asked_by=asked_by,
             )
             self.store.add_to_counter("tokens_upstream", entry.query_tokens + entry.answer_tokens)
             self.policy.asked(entry, self.threshold)

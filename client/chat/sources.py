@@ -8,7 +8,7 @@ the documents, so it is neither served from nor stored in a cache.
 """
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,6 +31,7 @@ class Asked:
     conversation: Conversation
     turn_index: int  # the turn the answer becomes (the turns before it are the history)
     on_delta: OnDelta | None = None
+    asked_by: str | None = None  # the app that asked (`meancache proxy`); None: the chat
 
     @property
     def context(self) -> Context:
@@ -121,18 +122,22 @@ class CacheSource:
 
 class UpstreamSource:
     """The upstream: always answers (or raises), streamed, and the complete answer stored
-    in the cache (a cancelled or broken stream stores nothing)."""
+    in the cache (a cancelled or broken stream stores nothing). ``preamble``: the system
+    messages every question is sent after (the proxy's; the chat sends none), the same for
+    every answer this cache stores."""
 
     def __init__(self, upstream: UpstreamClient, cache: SemanticCache, max_tokens: int,
-                 temperature: float) -> None:
+                 temperature: float, preamble: Sequence[dict[str, str]] = ()) -> None:
         self.upstream = upstream
         self.cache = cache
         self.max_tokens = max_tokens
         self.temperature = temperature
+        self.preamble = list(preamble)
 
     async def answer(self, asked: Asked, corrected: bool = False) -> Turn:
         """``corrected``: the answer replaces a rejected match (stored as such)."""
-        messages = Conversation(turns=asked.conversation.turns[:asked.turn_index]).messages()
+        messages = self.preamble + Conversation(
+            turns=asked.conversation.turns[:asked.turn_index]).messages()
         content = document_prompt(asked.conversation.documents, asked.question) \
             if asked.about_documents else asked.question
         messages.append({"role": "user", "content": content})
@@ -154,6 +159,7 @@ class UpstreamSource:
                     self.cache.insert, asked.question, completed.text, asked.context,
                     Source.USER_CORRECTED if corrected else Source.UPSTREAM,
                     completed.prompt_tokens, completed.completion_tokens,
+                    asked_by=asked.asked_by,
                 )
                 entry_id = entry.id
         return Turn(asked.question, completed.text, UpstreamOrigin(entry_id),

@@ -15,6 +15,7 @@ from meancache.client.errors import CacheAccessError
 from meancache.client.tui.app import MeanCacheApp
 from meancache.client.tui.widgets import AnswerView
 from meancache.shared.encoder import Encoder
+from meancache.shared.fl.app_signing import operator_key
 from textual.widgets._toast import Toast
 
 from meancache.embedded import start_embedded_upstream
@@ -385,7 +386,10 @@ def rounds_timer_running() -> bool:
 def test_join_and_leave_leave_no_process_and_no_timer(
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     # Nothing listens on the SuperLink port: the SuperNode starts and keeps retrying.
-    configured = dataclasses.replace(settings, fl_superlink=f"127.0.0.1:{free_port()}")
+    operator_key(settings.data_dir / "operator" / "app-signing-key")
+    configured = dataclasses.replace(
+        settings, fl_superlink=f"127.0.0.1:{free_port()}",
+        fl_app_public_key=str(settings.data_dir / "operator" / "app-signing-key.pub"))
 
     async def run() -> None:
         app = MeanCacheApp(configured)
@@ -400,6 +404,7 @@ def test_join_and_leave_leave_no_process_and_no_timer(
             args = list(node.args)  # type: ignore[arg-type]
             node_config = Path(args[args.index("--node-config") + 1])
             assert tomllib.loads(node_config.read_text()) == {"data-dir": str(configured.data_dir)}
+            assert "--trusted-entities" in args  # the node runs only operator-signed apps
             assert rounds_timer_running()
             await pilot.press("f8")
             await wait_for(pilot, lambda: "federated learning" not in str(status.render()))

@@ -18,8 +18,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp
 
-__all__ = ["LONG_LINES", "RECEIVED", "SCRIPTED_MODEL", "closes_trickled_headers", "free_port",
-           "running_upstream", "scripted_upstream", "serving", "wait_for_port"]
+__all__ = ["ECHO_MODEL", "LONG_LINES", "RECEIVED", "SCRIPTED_MODEL", "closes_trickled_headers",
+           "echo_upstream", "free_port", "running_upstream", "scripted_upstream", "serving",
+           "wait_for_port"]
 
 SCRIPTED_MODEL = "scripted"
 RECEIVED: list[dict[str, object]] = []  # every chat request body the stub was sent, in order
@@ -86,6 +87,53 @@ ANSWERS: dict[str, Callable[[], Response]] = {
     "locked": refused_key,
     "long": long_answer,
 }
+
+
+ECHO_MODEL = "echo"
+
+
+def echo_app(received: list[dict[str, object]]) -> Starlette:
+    """An OpenAI-compatible upstream whose answers name the last user message and count
+    up ("Answer 3: ..."), so that a fresh answer differs from a cached one; whole or
+    streamed in three pieces, with usage; every request body is appended to
+    ``received``."""
+    count = 0
+
+    async def chat(request: Request) -> Response:
+        nonlocal count
+        body = await request.json()
+        received.append(body)
+        count += 1
+        text = f"Answer {count}: {body['messages'][-1]['content']}"
+        usage = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
+                 "prompt_tokens_details": {"cached_tokens": 0}}
+        head = {"id": f"up-{count}", "created": 0, "model": ECHO_MODEL}
+        if not body.get("stream"):
+            return JSONResponse(head | {"object": "chat.completion", "usage": usage,
+                                        "choices": [{"index": 0, "finish_reason": "stop",
+                                                     "message": {"role": "assistant",
+                                                                 "content": text}}]})
+        third = len(text) // 3
+        pieces = [text[:third], text[third:2 * third], text[2 * third:]]
+        chunk = head | {"object": "chat.completion.chunk"}
+        return events(*[chunk | {"choices": [{"index": 0, "delta": {"content": piece},
+                                              "finish_reason": None}]} for piece in pieces],
+                      chunk | {"choices": [{"index": 0, "delta": {},
+                                            "finish_reason": "stop"}]},
+                      chunk | {"choices": [], "usage": usage}, "[DONE]")
+
+    def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": ECHO_MODEL, "object": "model"}]})
+
+    return Starlette(routes=[Route("/v1/models", models),
+                             Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+@contextmanager
+def echo_upstream(received: list[dict[str, object]] | None = None) -> Iterator[str]:
+    """Yields the base URL of an echo upstream (``echo_app``) until the block ends."""
+    with serving(echo_app([] if received is None else received)) as url:
+        yield url
 
 
 def scripted_app() -> Starlette:

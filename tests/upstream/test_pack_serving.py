@@ -122,11 +122,13 @@ def cut_off_server(body: bytes, declared: int) -> tuple[str, socket.socket]:
     listener = socket.create_server(("127.0.0.1", 0))
 
     def serve() -> None:
-        for _ in range(2):
+        for _ in range(3):  # the model list, the manifest (none here), the pack
             conn, _ = listener.accept()
             with conn:
                 request = conn.recv(65536)
-                if b"/v1/models" in request:
+                if b"/manifest" in request:
+                    conn.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                elif b"/v1/models" in request:
                     payload = json.dumps({"data": [{"id": MODEL}]}).encode()
                     conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                                  b"content-length: %d\r\n\r\n%s" % (len(payload), payload))

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import uvicorn
+from meancache.shared.hosts import LOOPBACK_NAMES, is_loopback, open_server_warning
 from meancache.shared.http_limits import server_config
 from meancache.shared.loopback_server import LoopbackServer
 from meancache.shared.processes import exit_on_sigterm
@@ -20,7 +21,6 @@ from meancache.upstream.model_loading import LoadedModel, load_model
 from meancache.upstream.precision import DEFAULT_PRECISION
 from meancache.upstream.prompt_cache.engine import PromptCacheEngine
 from meancache.upstream.server.app import ServerSettings, create_app
-from meancache.upstream.server.hosts import LOOPBACK_NAMES, is_loopback, open_server_warning
 from meancache.upstream.server.packs import latest_pack
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -94,7 +94,7 @@ class Activity:
 
 class BackgroundServer:
     """The upstream on a daemon thread, on a free loopback port, until ``stop``. It answers
-    only to loopback names (see meancache.upstream.server.hosts)."""
+    only to loopback names (see meancache.shared.hosts)."""
 
     def __init__(self, model: str = "builtin:tiny", settings: ServerSettings | None = None,
                  module_budget_bytes: int = 512 << 20, data_dir: Path | None = None,

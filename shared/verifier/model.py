@@ -1,0 +1,92 @@
+"""The verifier's network: a BERT backbone reading the pair as one sequence, mean-pooled
+(as all-MiniLM-L6-v2 was trained to pool), and one logit: "the same question".
+
+Built from the packaged all-MiniLM-L6-v2 for training, or tiny and random for tests of the
+mechanics. Exported to ONNX and quantised to int8 here, so the test models and the shipped
+one are made the same way. Imports torch: training and export only, never the client.
+"""
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+from meancache.shared.files import atomic_path
+from torch import nn
+
+INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class CrossEncoder(nn.Module):
+    """A question pair in, the logit of "the same question" out."""
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(backbone.config.hidden_size, 1)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                token_type_ids: torch.Tensor) -> torch.Tensor:
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                               token_type_ids=token_type_ids).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        return self.head(pooled).squeeze(-1)
+
+
+def from_packaged_minilm() -> CrossEncoder:
+    """The backbone of the packaged all-MiniLM-L6-v2 (offline), with a fresh head."""
+    from meancache.shared.encoder import packaged_minilm_dir
+    from transformers import AutoModel
+
+    backbone = AutoModel.from_pretrained(str(packaged_minilm_dir()), local_files_only=True,
+                                         add_pooling_layer=False)
+    return CrossEncoder(backbone)
+
+
+def tiny_random(seed: int = 0) -> CrossEncoder:
+    """A two-layer, 32-wide random model over MiniLM's vocabulary: tests of the mechanics."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64,
+                        max_position_embeddings=512)
+    return CrossEncoder(BertModel(config, add_pooling_layer=False))
+
+
+def export_onnx(model: CrossEncoder, path: Path) -> None:
+    """Float32 ONNX with dynamic batch and length, atomically. The dynamo exporter: the
+    legacy tracer bakes the example's length into transformers 5.x attention masks."""
+    sample = {name: torch.ones(2, 8, dtype=torch.int64) for name in INPUTS}
+    sample["token_type_ids"] = torch.zeros(2, 8, dtype=torch.int64)
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq", max=512)
+    exporter_log = logging.getLogger("torch.onnx")
+    level = exporter_log.level
+    exporter_log.setLevel(logging.ERROR)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path) as partial, warnings.catch_warnings(), \
+            contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(
+            model.eval(), tuple(sample[name] for name in INPUTS), input_names=list(INPUTS),
+            output_names=["logit"], dynamic_shapes=tuple({0: batch, 1: seq} for _ in INPUTS),
+            dynamo=True, external_data=False, verbose=False)
+        program.save(str(partial))
+    exporter_log.setLevel(level)
+
+
+def quantize_int8(source: Path, target: Path) -> None:
+    """Every MatMul and the embedding tables in int8 (per-channel weights, activations
+    quantised per call), atomically. Weights keep to 7 bits (``reduce_range``), so that
+    onnxruntime's u8 x s8 kernels on AVX2 and AVX-512 CPUs without VNNI cannot saturate and
+    the same file gives the same probabilities on every x86-64 CPU (see
+    shared/encoder/_onnx.quantize_attention)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    with atomic_path(target) as partial:
+        quantize_dynamic(str(source), str(partial), weight_type=QuantType.QInt8,
+                         per_channel=True, reduce_range=True,
+                         op_types_to_quantize=["MatMul", "Gather"])

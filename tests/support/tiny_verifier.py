@@ -1,0 +1,21 @@
+"""A tiny random-init cross-encoder (2 BERT layers, 32 dims), exported and quantised the
+way the shipped verifier is, with a card naming its hash: the verifier's mechanics in
+tests, where the real one's weights would say nothing about the mechanics."""
+
+import json
+from pathlib import Path
+
+from meancache.shared.verifier.model import export_onnx, quantize_int8, tiny_random
+from meancache.shared.verifier.runtime import CARD_FILE, MODEL_FILE, file_sha256
+
+
+def make_tiny_verifier(directory: Path, threshold: float = 0.5) -> Path:
+    """``directory`` holding verifier.onnx and its card; returns ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    full = directory / "float32.onnx"
+    export_onnx(tiny_random(), full)
+    quantize_int8(full, directory / MODEL_FILE)
+    full.unlink()
+    card = {"sha256": file_sha256(directory / MODEL_FILE), "threshold": threshold}
+    (directory / CARD_FILE).write_text(json.dumps(card), encoding="utf-8")
+    return directory
