@@ -12,6 +12,7 @@ and never the other way round)::
     │   └── OnnxBackendError
     ├── CheckpointError
     ├── AppSignatureError
+    ├── VerifierError
     ├── PairsFileError
     ├── FlowerCommandError
     ├── MissingExtraError
