@@ -50,9 +50,9 @@ from _common import (
     unique,
 )
 from _plot import add_plot_option, line_chart
-from _rules import verify
 from meancache.client.cache import entry_threshold
 from meancache.client.cache.entry import STORED_DTYPE, Entry
+from meancache.client.cache.verification import verify
 
 QUARTERS = 4
 

@@ -1,11 +1,6 @@
 """Near-misses: how often the cache serves the answer of a question that only looks the same,
 with the verification step (``CacheSettings.verify_hits``) off and on.
 
-Since issue 24 ``verify_hits`` runs the learned verifier (shared/verifier): the served
-shares "verification on" are its; the veto reasons, the QQP "not vetoed" rows and
-``verify()`` timed alone are the retired rules' (``_rules.py``), kept for comparison.
-benchmarks/verification.py compares the three deciders on held-out data.
-
 Three tables per encoder (MiniLM and MPNet by default), each at the encoder profile's
 shipped tau:
 
@@ -64,9 +59,9 @@ from _common import (
     qqp_questions,
     sample,
 )
-from _rules import verify
 from meancache.client.cache import CacheSettings, Context, Hit, SemanticCache
 from meancache.client.cache.entry import STORED_DTYPE, Entry
+from meancache.client.cache.verification import verify
 from meancache.shared.encoder import Encoder, profile_threshold
 from meancache.shared.threshold import MatchScores, best_threshold, score_thresholds
 

@@ -2,11 +2,13 @@
 (the curve the Redis LangCache paper proposes, with the area under it) for three deciders:
 
 - embedding only: the most similar stored question is served if its cosine >= t;
-- rules: the same, unless the retired rule verifier (``_rules.py``) vetoes it (a veto is
-  a miss, as it was in the client);
+- rules: the same, unless the rule verifier (``client.cache.verification``, the client's
+  default) vetoes it (a veto is a miss, as in the client);
 - learned: the candidates at cosine >= the recall tau (tau - ``RECALL_MARGIN``, at most
   ``VERIFIED_AT_MOST``) are scored by the learned verifier in one batch; the most probable
-  one is served if its probability >= t (the client's decision, ``Matcher.decide``).
+  one is served if its probability >= t (the client's decision with ``verifier =
+  "learned"``, ``Matcher.decide``).
+``--verifier`` picks which of them to run (none = embedding only; default: all three).
 
 Data, none of it used to train the verifier or choose its threshold except dev-a:
 1. QQP dev, split by a hash of each pair into dev-a (where the shipped verifier threshold
@@ -20,7 +22,8 @@ Data, none of it used to train the verifier or choose its threshold except dev-a
 Each table row gives the operating point the client ships (tau, the card's threshold)
 with precision, hit ratio (served / asked), recall (right / answerable) and F0.5, and the
 area under the whole curve. Lookup latency: p50/p99 of ``SemanticCache.lookup`` at
---entries entries with and without the verifier, interleaved query by query.
+--entries entries with each chosen verifier, interleaved query by query, each question
+embedded beforehand (the decision's cost, not the embedding's).
 
 Run from the repository root (QQP embeddings are cached under --cache-dir):
 
@@ -60,11 +63,11 @@ from _common import (
     unique,
 )
 from _plot import add_plot_option, line_chart
-from _rules import verify
 from meancache.client.cache import CacheSettings, Context, SemanticCache
 from meancache.client.cache.entry import STORED_DTYPE, Entry
 from meancache.client.cache.matcher import VERIFIED_AT_MOST
 from meancache.client.cache.settings import RECALL_MARGIN
+from meancache.client.cache.verification import verify
 from meancache.shared.encoder import Encoder, profile_threshold
 from meancache.shared.pairs import Pair
 from meancache.shared.query import embedding_text
@@ -72,7 +75,7 @@ from meancache.shared.verifier.runtime import LearnedVerifier
 from meancache.shared.verifier.train import dev_half
 
 NEAR_MISS = REPO_ROOT / "benchmarks" / "data" / "near_miss_heldout.jsonl"
-SYSTEMS = ("embedding only", "rules", "learned")
+DECIDERS = {"none": "embedding only", "rules": "rules", "learned": "learned"}  # --verifier
 
 
 @dataclass(frozen=True)
@@ -116,9 +119,10 @@ def retrieval_as_asked(queries: list[str], qv: np.ndarray, stored: list[str], sv
 
 
 def decide(asked: list[Asked], system: str, recall_tau: float,
-           verifier: LearnedVerifier) -> Served:
+           verifier: LearnedVerifier | None) -> Served:
     scores, right = np.full(len(asked), -np.inf), np.zeros(len(asked), dtype=bool)
     if system == "learned":
+        assert verifier is not None
         jobs = [(i, j) for i, a in enumerate(asked)
                 for j in range(min(len(a.texts), VERIFIED_AT_MOST))
                 if a.cosines[j] >= recall_tau]
@@ -169,8 +173,9 @@ def curve(served: Served) -> tuple[np.ndarray, np.ndarray, float]:
     return ratio, precision, area
 
 
-def operating_points(tau: float, verifier: LearnedVerifier) -> dict[str, float]:
-    return {"embedding only": tau, "rules": tau, "learned": verifier.threshold}
+def operating_points(tau: float, verifier: LearnedVerifier | None) -> dict[str, float]:
+    return {"embedding only": tau, "rules": tau,
+            "learned": verifier.threshold if verifier else float("nan")}
 
 
 # data ---------------------------------------------------------------------------------
@@ -221,8 +226,8 @@ def replay_set(args: argparse.Namespace, encoder: Encoder) -> list[Asked]:
 def latency(args: argparse.Namespace, encoder: Encoder) -> dict[str, Latency]:
     """Lookups of QQP dev duplicates' q2 in a real cache of --entries entries: their q1
     (embedded) plus filler entries at random unit vectors (a brute-force search costs the
-    same whatever the values, and none of them reaches the recall tau), verifier on and
-    off interleaved query by query so that machine load hits both alike."""
+    same whatever the values, and none of them reaches the recall tau), each chosen
+    verifier interleaved query by query so that machine load hits them alike."""
     dev = sample([p for p in load_qqp(args.data_dir, "dev") if p.label == 1],
                  args.latency_queries + 10, args.seed + 1)
     stored = unique(p.q1 for p in dev)
@@ -233,7 +238,7 @@ def latency(args: argparse.Namespace, encoder: Encoder) -> dict[str, Latency]:
     random /= np.linalg.norm(random, axis=1, keepdims=True)
     texts = stored + [f"filler question number {i}" for i in range(filler)]
     vectors = np.concatenate([vectors, random])
-    times: dict[str, list[float]] = {"verifier on": [], "verifier off": []}
+    times: dict[str, list[float]] = {f"verifier: {v}": [] for v in args.verifier}
     with tempfile.TemporaryDirectory(prefix="meancache-verification-") as tmp:
         tau = profile_threshold(args.latency_encoder)
         settings = CacheSettings(pca_dims=0, global_threshold=tau)
@@ -245,13 +250,16 @@ def latency(args: argparse.Namespace, encoder: Encoder) -> dict[str, Latency]:
                     for q, v in zip(texts[start:start + 1000], vectors[start:start + 1000],
                                     strict=True)])
         with SemanticCache(Path(tmp), encoder, settings) as cache:
-            on = cache.matcher.settings
-            off = replace(on, verify=False)
+            chosen = {f"verifier: {v}": replace(cache.matcher.settings, verify=v != "none",
+                                                verifier="rules" if v == "none" else v)
+                      for v in args.verifier}
             for p in dev[:10]:  # warm-up, untimed
                 cache.lookup(p.q2, Context())
             for p in dev[10:]:
-                for label, chosen in (("verifier on", on), ("verifier off", off)):
-                    cache.matcher.settings = chosen
+                cache.lookup(p.q2, Context())  # untimed: the question's vector is memoised,
+                # so no setting pays the embedding that the first one would
+                for label, match_settings in chosen.items():
+                    cache.matcher.settings = match_settings
                     started = time.perf_counter()
                     cache.lookup(p.q2, Context())
                     times[label].append(time.perf_counter() - started)
@@ -260,17 +268,17 @@ def latency(args: argparse.Namespace, encoder: Encoder) -> dict[str, Latency]:
 
 # report -------------------------------------------------------------------------------
 def by_kind(asked: list[Asked], points: dict[str, float], recall_tau: float,
-            verifier: LearnedVerifier) -> None:
+            verifier: LearnedVerifier | None, systems: list[str]) -> None:
     """Served share of the held-out near-miss set per kind, at each operating point."""
     kinds = [row["kind"] for row in near_miss_rows()]
     served = {system: decide(asked, system, recall_tau, verifier).scores >= points[system]
-              for system in SYSTEMS}
+              for system in systems}
     heading("held-out near-miss set: served per kind (paraphrases: hit)")
-    table = make_table(["kind", "pairs", *SYSTEMS])
+    table = make_table(["kind", "pairs", *systems])
     for kind in dict.fromkeys(kinds):
         rows = np.array([k == kind for k in kinds])
         table.add_row(kind, str(int(rows.sum())),
-                      *(pct(float(served[s][rows].mean())) for s in SYSTEMS))
+                      *(pct(float(served[s][rows].mean())) for s in systems))
     print_table(table)
 
 
@@ -287,6 +295,9 @@ def parse_args() -> argparse.Namespace:
                         help="the encoder of the latency table (the app's default)")
     parser.add_argument("--latency-queries", type=int, help="lookups timed per setting "
                         "(default 200)")
+    parser.add_argument("--verifier", nargs="+", choices=list(DECIDERS),
+                        default=list(DECIDERS), help="the deciders to compare: none "
+                        "(embedding only), rules, learned (default: all three)")
     add_plot_option(parser)
     args = parser.parse_args()
     return apply_defaults(args, full={"dev_pairs": None, "replay": 1500, "entries": 10_000,
@@ -300,7 +311,8 @@ def main() -> None:
     print_command()
     note(machine_load())
     encoder = load_encoder("onnx", args.cache_dir, model=args.encoder)
-    verifier = LearnedVerifier.load()
+    systems = [DECIDERS[v] for v in args.verifier]
+    verifier = LearnedVerifier.load() if "learned" in args.verifier else None
     tau = profile_threshold(args.encoder)
     recall_tau = tau - RECALL_MARGIN
     sets = pair_sets(args, encoder)
@@ -308,12 +320,12 @@ def main() -> None:
     sets[f"replay of {args.replay} QQP dev duplicates"] = replay_set(args, encoder)
     points = operating_points(tau, verifier)
     heading(f"decision quality ({args.encoder}, tau {tau}, recall tau {recall_tau:.3f}, "
-            f"verifier threshold {verifier.threshold:.3f} chosen on QQP dev-a)")
+            f"verifier threshold {points['learned']:.3f} chosen on QQP dev-a)")
     table = make_table(["data", "decider", "asked", "precision", "hit ratio", "recall",
                         "F0.5", "area (precision x hit ratio)"], right_from=2)
     lines = {}
     for name, asked in sets.items():
-        for system in SYSTEMS:
+        for system in systems:
             served = decide(asked, system, recall_tau, verifier)
             point = at(served, points[system])
             ratio, precision, area = curve(served)
@@ -325,7 +337,7 @@ def main() -> None:
             if answerable and name != "QQP dev-a":
                 lines[f"{name}: {system} (area {area:.3f})"] = (list(ratio), list(precision))
     print_table(table)
-    by_kind(sets["near-miss (held out)"], points, recall_tau, verifier)
+    by_kind(sets["near-miss (held out)"], points, recall_tau, verifier, systems)
     if args.plot:
         line_chart(args.plot, "precision against cache-hit ratio over the thresholds",
                    "cache-hit ratio (served / asked)", "precision (right / served)",
@@ -333,7 +345,8 @@ def main() -> None:
                     for k, v in lines.items()},
                    subtitle=f"{args.encoder}; QQP dev-b, held-out near-misses, replay")
         note(f"wrote {args.plot}")
-    heading(f"lookup latency at {args.entries:,} entries ({args.latency_encoder}, ms)")
+    heading(f"lookup latency at {args.entries:,} entries ({args.latency_encoder}, ms; "
+            "the question embedded beforehand)")
     table = make_table(["setting", "lookups", "p50", "p99"])
     timed = encoder if args.latency_encoder == args.encoder else load_encoder(
         "onnx", args.cache_dir, model=args.latency_encoder)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from meancache.client.cache import repair
+from meancache.client.cache.settings import VERIFIERS
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.summary import stored_stats
 from meancache.client.config import Settings, with_upstream
@@ -74,6 +75,8 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     table = Table("statistic", "value", title=f"cache in {settings.cache_dir}")
     for key, value in dataclasses.asdict(stats).items():
+        if key == "declines":
+            value = stats.declines_line
         table.add_row(key.replace("_", " "), "-" if value is None else str(value))
     table.add_row("hit rate", f"{stats.hit_rate:.1%}")
     table.add_row("token saving ratio", f"{stats.token_saving_ratio:.1%}")
@@ -92,19 +95,26 @@ def _entry_row(entry: object) -> dict[str, object]:
 
 
 def cmd_cache_list(args: argparse.Namespace, settings: Settings) -> int:
-    with closing(EntryStore(settings.cache_dir)) as store:  # no encoder: nothing to embed
-        entries = sorted(store.entries(), key=lambda entry: entry.created)
-    entries = entries[-args.limit:] if args.limit else entries
+    """The chat's entries and those `meancache proxy` stored for each app, oldest first."""
+    from meancache.client.device_caches import device_cache_dirs
+
+    found = []
+    for namespace, directory in device_cache_dirs(settings):
+        with closing(EntryStore(directory)) as store:  # no encoder: nothing to embed
+            found += [(namespace, entry) for entry in store.entries()]
+    found.sort(key=lambda item: item[1].created)
+    found = found[-args.limit:] if args.limit else found
     if args.json:
-        for entry in entries:
-            print_json(_entry_row(entry))
+        for namespace, entry in found:
+            print_json(_entry_row(entry) | {"cache": namespace})
         return 0
-    table = Table("id", "created", "hits", "source", "turn", "query")
+    table = Table("id", "created", "hits", "source", "turn", "asked by", "query")
     from datetime import datetime
 
-    for entry in entries:
+    for _, entry in found:
         table.add_row(entry.id[:8], datetime.fromtimestamp(entry.created).strftime("%F %T"),
-                      str(entry.hits), str(entry.source), str(entry.turn), entry.query[:80])
+                      str(entry.hits), str(entry.source), str(entry.turn),
+                      entry.asked_by or "chat", entry.query[:80])
     out.print(table)
     return 0
 
@@ -163,10 +173,13 @@ def _chat_settings(args: argparse.Namespace, settings: Settings) -> Settings:
 
 
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
-    from meancache.client.ask import run_ask
-    from meancache.client.chat.session import ChatSession
+    from meancache.client.ask import answer_exactly, run_ask
 
     settings = _chat_settings(args, settings)
+    if answer_exactly(settings, " ".join(args.question), args.conversation, args.json):
+        return 0  # an exact pack hit: nothing needed loading
+    from meancache.client.chat.session import ChatSession
+
     assemble_encoder(settings)
     with err.status("loading the cache and the upstream"):
         with ProgressBar("re-embedding cached queries", err) as progress, \
@@ -176,6 +189,9 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     if session.upstream_problem is not None:
         err.print(f"[yellow]warning:[/] {escape(session.upstream_problem)}; answering from "
                   "the cache only", highlight=False, soft_wrap=True)
+    if session.embedded is not None:  # say what runs, and how it ends
+        err.print(escape(session.upstream_label), style="dim", highlight=False,
+                  soft_wrap=True)
     run_ask(session, " ".join(args.question), args.conversation, args.json)
     return 0
 
@@ -184,12 +200,48 @@ def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.tui.app import MeanCacheApp
 
     settings = _chat_settings(args, settings)
+    MeanCacheApp(settings, args.start_upstream).run()  # it assembles the encoder itself
+    return 0
+
+
+def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
+    from meancache.client.proxy.service import Proxy, listen_warning
+    from meancache.shared.processes import exit_on_sigterm
+
+    exit_on_sigterm()  # a service manager's stop closes the caches and upstream as Ctrl+C does
+    settings = _chat_settings(args, settings)
+    port = settings.proxy_port if args.port is None else args.port
+    if not 0 < port < 65536:
+        raise MeanCacheError(f"--port {port} is not a port; give one from 1 to 65535")
+    warning = listen_warning(args.host)
+    if warning:
+        err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
     assemble_encoder(settings)
-    MeanCacheApp(settings, args.start_upstream).run()
+    with err.status("loading the encoder and checking the upstream"):
+        proxy = Proxy.open(settings, args.start_upstream, loopback=warning is None)
+    err.print(f"meancache proxy: serving {escape(proxy.state.model)} on "
+              f"http://{args.host}:{port}/v1 (set OPENAI_BASE_URL to it)", highlight=False)
+    proxy.serve(args.host, port)
     return 0
 
 
 # eval --------------------------------------------------------------------------------
+VERIFIER_CHOICES = (*VERIFIERS, "none")
+
+
+def with_verifier(settings: Settings, choice: str | None) -> Settings:
+    """``--verifier``: the configured verifier unless the flag names one ("none": off)."""
+    if choice is None:
+        return settings
+    if choice == "none":
+        return dataclasses.replace(settings, verify_hits=False)
+    return dataclasses.replace(settings, verify_hits=True, verifier=choice)
+
+
+def verifier_name(settings: Settings) -> str:
+    return settings.verifier if settings.verify_hits else "none"
+
+
 def cmd_eval_pairs(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.eval_pairs import evaluate_pairs
     from meancache.shared.pairs import read_pairs
@@ -199,11 +251,12 @@ def cmd_eval_pairs(args: argparse.Namespace, settings: Settings) -> int:
     if not (0 <= start < stop <= 1 and step > 0):
         raise MeanCacheError("--sweep takes START STOP STEP with 0 <= START < STOP <= 1")
     sweep = np.round(np.arange(start, stop + step / 2, step), 6)
+    settings = with_verifier(settings, args.verifier)
+    verified = verifier_name(settings)
     with open_cache(settings) as cache:
         threshold = args.threshold if args.threshold is not None else cache.threshold
         with ProgressBar(f"embedding {len(pairs)} pairs", err) as progress:
             report = evaluate_pairs(pairs, cache.matcher, threshold, sweep, progress)
-    verified = cache.settings.verify_hits
     if args.json:
         print_json(report.current.as_dict() | {
             "encoder_version": cache.encoder.version,
@@ -213,7 +266,7 @@ def cmd_eval_pairs(args: argparse.Namespace, settings: Settings) -> int:
         return 0
     table = Table("decision", "precision", "recall", "F1", "F0.5", "accuracy",
                   title=f"{len(pairs)} pairs from {args.file}")
-    whole = "whole decision" + (" (verifier on)" if verified else " (verifier off)")
+    whole = f"whole decision (verifier: {verified})"
     rows = [(f"{whole}, tau {report.decision.threshold:.3f}", report.decision, "bold"),
             (f"embedding only, {report.current.threshold:.3f}", report.current, None),
             *((f"embedding only, {s.threshold:.3f}", s, "dim") for s in report.sweep)]
@@ -232,16 +285,17 @@ def cmd_eval_replay(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.shared.pairs import read_pairs
 
     pairs = read_pairs(Path(args.file), split=args.split, limit=args.limit)
+    settings = with_verifier(settings, args.verifier)
     with tempfile.TemporaryDirectory(prefix="meancache-replay-") as directory, \
             open_cache(settings, Path(directory)) as cache, \
             ProgressBar(f"replaying {len(pairs)} pairs", err) as progress:
         report = replay(cache, pairs, progress)
     if args.json:
-        print_json(report.as_dict())
+        print_json(report.as_dict() | {"verifier": verifier_name(settings)})
         return 0
     table = Table("right", "wrong", "miss", "hit precision", "hit rate",
                   title=f"{report.stored} questions stored, {len(pairs)} asked "
-                  f"({args.file})")
+                  f"({args.file}; verifier: {verifier_name(settings)})")
     table.add_row(str(report.right), str(report.wrong), str(report.miss),
                   f"{report.hit_precision:.1%}", f"{report.hit_rate:.1%}")
     out.print(table)
@@ -262,8 +316,10 @@ def _add_upstream_options(command: argparse.ArgumentParser) -> None:
                          "OPENAI_API_KEY goes with OPENAI_BASE_URL)")
 
 
-def add_commands(commands: Any, start_upstream: "UpstreamStarter") -> None:
-    """Register the device's commands; ``start_upstream`` runs the embedded upstream."""
+def add_commands(commands: Any, start_upstream: "UpstreamStarter",
+                 start_shared_upstream: "UpstreamStarter") -> None:
+    """Register the device's commands; ``start_upstream`` runs the chat's embedded upstream,
+    ``start_shared_upstream`` finds (or starts) the one `ask` uses across runs."""
     cache = commands.add_parser("cache", help="inspect and manage the semantic cache")
     cache_commands = cache.add_subparsers(dest="cache_command", required=True)
     stats = cache_commands.add_parser("stats", help="hit rate, entries, threshold, encoder")
@@ -295,7 +351,16 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter") -> None:
                      help="continue this conversation (default: a new one)")
     _add_upstream_options(ask)
     ask.add_argument("--json", action="store_true", help="one JSON object for scripts")
-    ask.set_defaults(handler=cmd_ask, start_upstream=start_upstream)
+    ask.set_defaults(handler=cmd_ask, start_upstream=start_shared_upstream)
+
+    proxy = commands.add_parser("proxy", help="an OpenAI-compatible caching proxy on "
+                                "loopback, for any app (OPENAI_BASE_URL)")
+    proxy.add_argument("--port", type=int, help="the port (default: proxy_port in "
+                       "config.toml, 8788)")
+    proxy.add_argument("--host", default="127.0.0.1", help="the address to listen on "
+                       "(default: %(default)s; anything else is reachable from the network)")
+    _add_upstream_options(proxy)
+    proxy.set_defaults(handler=cmd_proxy, start_upstream=start_upstream)
 
     evaluate = commands.add_parser("eval", help="measure the cache's match decision")
     eval_commands = evaluate.add_subparsers(dest="eval_command", required=True)
@@ -310,6 +375,9 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter") -> None:
                        metavar=("START", "STOP", "STEP"),
                        help="thresholds to report too (default: 0.5 0.95 0.05)")
     pairs.add_argument("--json", action="store_true", help="one JSON object for scripts")
+    pairs.add_argument("--verifier", choices=VERIFIER_CHOICES,
+                       help="the verifier to measure with: rules, learned or none "
+                       "(default: the configured one, verifier and verify_hits)")
     pairs.set_defaults(handler=cmd_eval_pairs)
     replaying = eval_commands.add_parser(
         "replay", help="a cache benchmark: store every q1 with its own answer in a fresh "
@@ -320,4 +388,7 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter") -> None:
                            "(default: every row)")
     replaying.add_argument("--limit", type=int, help="use at most N pairs (default: all)")
     replaying.add_argument("--json", action="store_true", help="one JSON object for scripts")
+    replaying.add_argument("--verifier", choices=VERIFIER_CHOICES,
+                           help="the verifier to measure with: rules, learned or none "
+                           "(default: the configured one, verifier and verify_hits)")
     replaying.set_defaults(handler=cmd_eval_replay)

@@ -35,7 +35,8 @@ class Settings:
     # profile's default).
     threshold: float = CacheSettings.global_threshold
     context_aware: bool = CacheSettings.context_aware
-    verify_hits: bool = CacheSettings.verify_hits  # the learned verifier checks every hit
+    verify_hits: bool = CacheSettings.verify_hits  # a verifier checks every hit
+    verifier: str = CacheSettings.verifier  # "rules" (word rules) or "learned" (opt-in)
     entry_thresholds: bool = CacheSettings.entry_thresholds  # learned from each one's feedback
     max_entries: int = CacheSettings.max_entries
     max_bytes: int = CacheSettings.max_bytes
@@ -62,6 +63,17 @@ class Settings:
     # installed only with the server's signature (shared.fl.signing); unset, none is.
     fl_server_public_key: str | None = None
     fl_allow_unsigned: bool = False  # a lab: install global models nobody signed (warned)
+    # `meancache proxy` (client/proxy): the loopback port it serves; app name -> the API key
+    # that app sends (empty: any key is accepted and is an app of its own); one cache for
+    # every app instead of one each; requests with a temperature above 0 go upstream.
+    proxy_port: int = 8788
+    proxy_apps: dict[str, str] = field(default_factory=dict)
+    proxy_shared: bool = False
+    proxy_greedy_only: bool = False
+    # The operator's app-signing-key.pub (its ssh-ed25519 line, or the file's path): the
+    # SuperNode runs only Flower apps signed with it (shared.fl.app_signing).
+    fl_app_public_key: str | None = None
+    fl_allow_unsigned_apps: bool = False  # a lab: run whatever app the FL server hands out
 
     @property
     def embedded_model(self) -> str:
@@ -125,8 +137,8 @@ def _coerce(name: str, value: Any, where: str) -> Any:
     """Convert a TOML or environment value to the type of setting ``name``."""
     kind = {f.name: f.type for f in fields(Settings)}[name]
     text = isinstance(value, str)
-    if name == "keymap":
-        return _keymap(value, where)
+    if name in _TABLES:
+        return _table(name, value, where)
     try:
         if kind in ("bool", bool):
             if text:
@@ -154,17 +166,23 @@ def _coerce(name: str, value: Any, where: str) -> Any:
         raise ConfigError(f"{where}: {name} = {value!r} is not a valid {kind}") from None
 
 
-def _keymap(value: Any, where: str) -> dict[str, str]:
-    """A TOML table ``[keymap]`` or, from the environment, ``"reject=ctrl+x,stats=f5"``."""
+# The settings that are tables of strings: what each maps, and an example.
+_TABLES = {"keymap": ("binding ids to keys", "reject=ctrl+x,stats=f5"),
+           "proxy_apps": ("app names to API keys", "editor=KEY1,notes=KEY2")}
+
+
+def _table(name: str, value: Any, where: str) -> dict[str, str]:
+    """A TOML table (``[keymap]``) or, from the environment, ``"a=b,c=d"``."""
+    what, example = _TABLES[name]
     if isinstance(value, str):
         pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
         if any(len(pair) != 2 for pair in pairs):
-            raise ConfigError(f"{where}: keymap must look like 'reject=ctrl+x,stats=f5'")
+            raise ConfigError(f"{where}: {name} must look like '{example}'")
         value = {k.strip(): v.strip() for k, v in pairs}
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
-        raise ConfigError(f"{where}: keymap must map binding ids to keys")
+        raise ConfigError(f"{where}: {name} must map {what}")
     return dict(value)
 
 

@@ -16,6 +16,7 @@
     ├── UpstreamRequestError
     │   ├── UpstreamUnavailableError
     │   └── UpstreamRejectedError
+    ├── ProxyRequestError
     └── PackError (meancache.shared.errors)
         └── PackDownloadError
 
@@ -98,6 +99,19 @@ class UpstreamRejectedError(UpstreamRequestError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+class ProxyRequestError(MeanCacheError):
+    """A request `meancache proxy` refuses: answered with ``status`` and OpenAI's error body
+    (``kind`` is its ``type``, ``code`` and ``param`` its fields)."""
+
+    def __init__(self, status: int, message: str, code: str | None = None,
+                 param: str | None = None, kind: str = "invalid_request_error") -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.param = param
+        self.kind = kind
 
 
 class PackDownloadError(PackError):

@@ -1,7 +1,8 @@
 """`meancache eval pairs`: how well the cache's match decision separates labelled pairs.
 
-By default it measures the whole decision, as a lookup makes it (``Matcher.decide``: the
-recall tau, the learned verifier, its threshold): ``q1`` is the stored question, ``q2``
+It measures the whole decision, as a lookup makes it (``Matcher.decide``, with the
+configured verifier: the rules at tau, or the learned one from the recall tau at its
+threshold): ``q1`` is the stored question, ``q2``
 the one asked. Beside it, the embedding alone ("similarity >= threshold") at the current
 tau and at each threshold of the sweep.
 """

@@ -17,9 +17,10 @@ long (its import: 0.68 s vs 0.26 s), and it neither posts PML nor resumes a down
 """
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +35,8 @@ DEFAULT_MAX_TOKENS = 512
 DEFAULT_TEMPERATURE = 0.0  # greedy: a cached answer should be the model's best one
 
 MODELS = "/v1/models"
+MAX_MODEL_LIST_BYTES = 1024 * 1024  # a model list is a few hundred bytes
+MAX_MODEL_ID_CHARS = 256
 
 
 def api_root(url: str) -> str:
@@ -126,18 +129,22 @@ class UpstreamClient:
     def served_models(self, timeout: float | None = None,
                       retries: int | None = None) -> list[str]:
         """``GET /v1/models``: the ids of the models the upstream serves, in its order."""
+        not_a_list = (f"the upstream at {self.base_url} did not answer GET {MODELS} with a "
+                      "model list; is it an OpenAI-compatible server?")
         try:
-            with self._blocking(timeout, retries) as http:
-                response = http.get(MODELS)
+            with self._blocking(timeout, retries) as http, http.stream("GET", MODELS) as response:
+                self._raise_for_status_streamed(response)
+                body = read_capped(response, MAX_MODEL_LIST_BYTES)
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from None
-        self._raise_for_status(response)
         try:
-            return [str(entry["id"]) for entry in response.json()["data"]]
-        except (ValueError, KeyError, TypeError):
-            raise UpstreamRejectedError(
-                f"the upstream at {self.base_url} did not answer GET {MODELS} with a model "
-                "list; is it an OpenAI-compatible server?", response.status_code) from None
+            ids = [entry["id"] for entry in json.loads(body)["data"]] if body is not None else 0
+        except (ValueError, KeyError, TypeError, RecursionError):
+            ids = 0
+        if not isinstance(ids, list) or not all(
+                isinstance(i, str) and 0 < len(i) <= MAX_MODEL_ID_CHARS for i in ids):
+            raise UpstreamRejectedError(not_a_list, response.status_code)
+        return ids
 
     def check(self, timeout: float = 10.0) -> str:
         """The check before the first question: return the model to ask for (``model``, or
@@ -176,9 +183,7 @@ class UpstreamClient:
         UpstreamUnavailableError (what was read so far stays read)."""
         try:
             with self._blocking() as http, http.stream("GET", path, headers=headers) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    self._raise_for_status(response)
+                self._raise_for_status_streamed(response)
                 try:
                     yield response
                 except httpx.TransportError as exc:
@@ -187,6 +192,33 @@ class UpstreamClient:
                         f"({describe(exc)})") from None
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from None
+
+    def _raise_for_status_streamed(self, response: httpx.Response) -> None:
+        """A 4xx or 5xx raises, with the start of its body as the reason."""
+        if response.status_code >= 400:
+            body = read_capped(response, MAX_ERROR_BYTES) or b""
+            self._raise_for_status(httpx.Response(response.status_code, content=body,
+                                                  headers={"content-type": response.headers.get(
+                                                      "content-type", "")},
+                                                  request=response.request))
+
+    def small_json(self, path: str, max_bytes: int) -> Any:
+        """``GET path`` answered with JSON of at most ``max_bytes``; None when the upstream
+        has no such resource (404). Anything else odd is UpstreamRejectedError."""
+        try:
+            with self._blocking() as http, http.stream("GET", path) as response:
+                if response.status_code == 404:
+                    return None
+                self._raise_for_status_streamed(response)
+                body = read_capped(response, max_bytes)
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from None
+        try:
+            return json.loads(body) if body is not None else json.loads("not JSON")
+        except (ValueError, RecursionError):
+            raise UpstreamRejectedError(f"the upstream at {self.base_url} answered GET {path} "
+                                        f"with something other than JSON of at most "
+                                        f"{max_bytes} bytes", response.status_code) from None
 
     # the answer path ----------------------------------------------------------------
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
@@ -238,19 +270,23 @@ class UpstreamClient:
 
     async def _read_stream(self, source: EventSource, start: float
                            ) -> AsyncIterator[Delta | Completed]:
+        """The events of an answer, each checked: the upstream's JSON is untrusted input."""
         text, ttft, finish, usage = "", None, None, {}
         try:
             async for sse in source.aiter_sse():
                 if sse.data == "[DONE]":
                     break
-                chunk = sse.json()
+                chunk = _object(sse.data)
                 if "error" in chunk:
+                    error = chunk["error"]
+                    message = error.get("message") if isinstance(error, dict) else error
                     raise UpstreamUnavailableError(
-                        f"the upstream failed mid-answer: {chunk['error'].get('message')}")
-                usage = chunk.get("usage") or usage
-                for choice in chunk.get("choices") or []:
-                    piece = (choice.get("delta") or {}).get("content") or ""
-                    finish = choice.get("finish_reason") or finish
+                        f"the upstream failed mid-answer: {str(message)[:200]}")
+                usage = _field(chunk, "usage", dict) or usage
+                for choice in _field(chunk, "choices", list) or []:
+                    choice = choice if isinstance(choice, dict) else {}
+                    piece = _field(_field(choice, "delta", dict) or {}, "content", str) or ""
+                    finish = _field(choice, "finish_reason", str) or finish
                     if piece:
                         if ttft is None:
                             ttft = time.perf_counter() - start
@@ -263,9 +299,75 @@ class UpstreamClient:
             raise UpstreamUnavailableError(
                 f"the connection to the upstream broke mid-answer ({describe(exc)})"
             ) from None
-        details = usage.get("prompt_tokens_details") or {}
+        details = _field(usage, "prompt_tokens_details", dict) or {}
         yield Completed(
-            text, usage.get("prompt_tokens"), usage.get("completion_tokens"),
-            int(details.get("cached_tokens") or 0),
+            text, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")),
+            _count(details.get("cached_tokens")) or 0,
             ttft if ttft is not None else time.perf_counter() - start, finish,
         )
+
+    # the proxy's pass-through -------------------------------------------------------
+    @asynccontextmanager
+    async def relay_chat(self, body: bytes) -> AsyncIterator[httpx.Response]:
+        """POST an app's own chat request (``body`` as it sent it: the proxy's requests the
+        cache must not answer) with this client's key; the response is open in the block,
+        its body still to read. A 4xx or 5xx raises before the block, as every call here."""
+        try:
+            async with self._http.stream("POST", "/v1/chat/completions", content=body,
+                                         headers={"Content-Type": "application/json"}
+                                         ) as response:
+                if response.status_code >= 400:
+                    self._raise_for_status(await _bounded(response))
+                yield response
+        except httpx.TransportError as exc:
+            raise self._unreachable(exc) from None
+
+
+MAX_ERROR_BYTES = 64 * 1024  # of an upstream's error body: its message is all that is read
+
+
+async def _bounded(response: httpx.Response) -> httpx.Response:
+    """A streamed error response with at most MAX_ERROR_BYTES of its body read."""
+    data = b""
+    async for chunk in response.aiter_bytes():
+        data += chunk
+        if len(data) >= MAX_ERROR_BYTES:
+            break
+    return httpx.Response(response.status_code, headers=response.headers,
+                          content=data[:MAX_ERROR_BYTES], request=response.request)
+
+
+def _object(data: str) -> dict[str, Any]:
+    """One streamed event's JSON object."""
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        chunk = None
+    if not isinstance(chunk, dict):
+        raise UpstreamUnavailableError(
+            f"the upstream sent an event that is not a JSON object: {data[:80]!r}")
+    return chunk
+
+
+def _field(record: dict[str, Any], name: str, kind: type) -> Any:
+    """``record[name]`` if it is a ``kind``, else None (an upstream's JSON is untrusted)."""
+    value = record.get(name)
+    return value if isinstance(value, kind) else None
+
+
+def _count(value: object) -> int | None:
+    """A token count as the upstream sent it, or None when it is not a count."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 \
+        else None
+
+def read_capped(response: httpx.Response, max_bytes: int) -> bytes | None:
+    """The body, or None once it passes ``max_bytes`` (never buffered beyond that)."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        return None
+    body = bytearray()
+    for chunk in response.iter_bytes():
+        body += chunk
+        if len(body) > max_bytes:
+            return None
+    return bytes(body)

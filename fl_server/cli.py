@@ -68,7 +68,21 @@ def add_commands(fl: Any) -> None:
     server.add_argument("--supernode-auth", action="store_true",
                         help="admit only SuperNodes whose public key was registered with "
                         "`flwr supernode register` (needs --certificates)")
+    server.add_argument("--app-signatures", type=Path,
+                        help="the operator's app signatures (`fl sign-app --out`), handed to "
+                        "SuperNodes with the app (None: <data dir>/fl-server/app-signatures)")
     server.set_defaults(handler=run_server)
+
+    sign_app = fl.add_parser("sign-app", help="sign the Flower app `fl run` submits with the "
+                             "operator's key: SuperNodes run only an app signed so",
+                             formatter_class=formatter)
+    sign_app.add_argument("--key", type=Path, help="the operator's Ed25519 key (OpenSSH, as "
+                          "ssh-keygen -t ed25519 -N '' writes it; made on first use; None: "
+                          "<data dir>/fl-operator/app-signing-key)")
+    sign_app.add_argument("--out", type=Path, help="where the FL server's gateway finds the "
+                          "signature (its --app-signatures; None: <data dir>/fl-server/"
+                          "app-signatures)")
+    sign_app.set_defaults(handler=run_sign_app)
 
     run = fl.add_parser("run", help="start federated rounds on a running FL server",
                         formatter_class=formatter)
@@ -86,6 +100,30 @@ def add_commands(fl: Any) -> None:
 
 def checkpoint_dir(settings: Any) -> Path:
     return settings.data_dir / "fl-server" / "checkpoints"
+
+
+def app_signature_dir(settings: Any) -> Path:
+    return settings.data_dir / "fl-server" / "app-signatures"
+
+
+def run_sign_app(args: argparse.Namespace, settings: Any) -> int:
+    """Build the FAB `fl run` submits (flwr builds it byte for byte the same: fixed dates,
+    sorted files) and keep the operator's signature of it where the gateway looks."""
+    import tempfile
+
+    from flwr.cli.build import build_fab_from_disk
+    from meancache.fl_server.app_declaration import write_app
+    from meancache.shared.fl.app_signing import operator_key, save_signature, sign_fab
+
+    key_path = args.key or settings.data_dir / "fl-operator" / "app-signing-key"
+    key = operator_key(key_path)
+    with tempfile.TemporaryDirectory() as tmp:
+        fab = build_fab_from_disk(write_app(Path(tmp)))
+    saved = save_signature(sign_fab(fab, key), args.out or app_signature_dir(settings))
+    print(f"signed the app (sha256 {saved.stem}) with {key_path}: {saved}; devices join "
+          f"with `fl join --app-key {key_path}.pub` (or fl_app_public_key) and run only "
+          "apps signed with it", file=sys.stderr)
+    return 0
 
 
 def run_server(args: argparse.Namespace, settings: Any) -> int:
@@ -116,9 +154,11 @@ def run_server(args: argparse.Namespace, settings: Any) -> int:
           "fl_server_public_key): they install only global models signed with it",
           file=sys.stderr, flush=True)
     ca = None if args.certificates is None else args.certificates / "ca.crt"
+    app_signatures = args.app_signatures or app_signature_dir(settings)
     try:
         serve([(create_model_app(checkpoint_dir(settings)), args.model_port),
-               (create_gateway(f"127.0.0.1:{args.control_port}", ca), args.port)],
+               (create_gateway(f"127.0.0.1:{args.control_port}", ca, app_signatures),
+                args.port)],
               args.host, args.certificates)
     finally:
         superlink.terminate()

@@ -8,8 +8,15 @@ port) and serves this proxy on the public address. It forwards exactly the Fleet
 SuperNode calls, matched on the request's raw path as sent (no decoding, no dot-segment
 resolution: ``/v1/fleet/../control/start-run`` is not ``/v1/fleet/`` anything), to the
 SuperLink path of that method, and answers anything else with 403.
+
+It also hands SuperNodes the operator's signature of the app they are asked to run: the
+stock SuperLink drops ``verifications`` of a locally submitted FAB, so the gateway puts the
+signature kept for that FAB's digest (`meancache fl sign-app`, shared.fl.app_signing) into
+each GetFab answer. A FAB nobody signed goes out without one, and a SuperNode started with
+``--trusted-entities`` (every `meancache fl join`) refuses to run it.
 """
 
+import hashlib
 import logging
 import ssl
 from collections.abc import AsyncIterator
@@ -17,6 +24,9 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
+from flwr.proto.fab_pb2 import GetFabResponse
+from google.protobuf.message import DecodeError
+from meancache.shared.fl.app_signing import find_signature
 from meancache.shared.http_limits import GuardRequests
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -44,6 +54,7 @@ FLEET_METHODS: dict[str, str] = {
     "/flwr.proto.Fleet/ConfirmMessageReceived": "/v1/fleet/confirm-message-received",
 }
 _ROUTES = frozenset(FLEET_METHODS.values())
+GET_FAB = FLEET_METHODS["/flwr.proto.Fleet/GetFab"]
 # The largest Fleet request: a PushObject carries one array chunk (flwr splits arrays into
 # 5 MB chunks, FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE) plus its framing.
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -71,6 +82,25 @@ def fleet_route(scope: Scope) -> str | None:
     return path if path in _ROUTES else None
 
 
+def attach_signature(answer: bytes, signatures: Path) -> bytes:
+    """A GetFab answer with the operator's signature of its FAB in ``verifications`` (as
+    the SuperLink sent it when none is kept for that FAB)."""
+    response = GetFabResponse()
+    try:
+        response.ParseFromString(answer)
+    except DecodeError:
+        return answer
+    digest = hashlib.sha256(response.fab.content).hexdigest()
+    signature = find_signature(signatures, digest)
+    if signature is None:
+        log.warning("no operator signature for the app %s (%s): SuperNodes will refuse it; "
+                    "sign it with `meancache fl sign-app`", digest[:16], signatures)
+        return answer
+    response.fab.verifications.clear()
+    response.fab.verifications.update(signature.verifications())
+    return response.SerializeToString(deterministic=True)
+
+
 def _error(message: str, status: int) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
@@ -88,11 +118,12 @@ async def _read_capped(request: Request) -> bytes | None:
     return bytes(body)
 
 
-def create_gateway(superlink: str, root_certificate: Path | None,
+def create_gateway(superlink: str, root_certificate: Path | None, app_signatures: Path,
                    timeout: httpx.Timeout = UPSTREAM_TIMEOUT) -> Starlette:
     """A proxy to the SuperLink at ``superlink`` (HOST:PORT on loopback; https when
-    ``root_certificate`` verifies it) that passes the Fleet API only; ``timeout`` bounds
-    each call to the SuperLink."""
+    ``root_certificate`` verifies it) that passes the Fleet API only, handing out the
+    app signatures kept in ``app_signatures``; ``timeout`` bounds each call to the
+    SuperLink."""
     scheme = "https" if root_certificate else "http"
     verify: ssl.SSLContext | bool = (ssl.create_default_context(cafile=str(root_certificate))
                                      if root_certificate else True)
@@ -118,7 +149,10 @@ def create_gateway(superlink: str, root_certificate: Path | None,
         except httpx.HTTPError as exc:
             log.warning("the SuperLink did not answer %s: %s", route, exc)
             return _error("the SuperLink is not reachable", 502)
-        return Response(answer.content, status_code=answer.status_code,  # decoded by httpx:
+        content = answer.content
+        if route == GET_FAB and answer.status_code == 200:
+            content = attach_signature(content, app_signatures)
+        return Response(content, status_code=answer.status_code,  # decoded by httpx:
                         headers=_forwardable(answer.headers, "content-encoding"))
 
     @asynccontextmanager

@@ -14,7 +14,7 @@ from meancache.client.fl import commands as fl_device_commands
 from meancache.client.logs import setup_logging
 from meancache.client.pack import commands as pack_device_commands
 from meancache.client.private_files import check_data_dir, owner_only_files
-from meancache.embedded import start_embedded_upstream
+from meancache.embedded import start_embedded_upstream, start_shared_upstream
 from meancache.fl_server import cli as fl_server_commands
 from meancache.shared.encoder import BACKENDS
 from meancache.shared.errors import MeanCacheError
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "evicts: lru, lfu, scalm-co or scalm-se (default: eviction_policy "
                         "in config.toml, lru)")
     commands = parser.add_subparsers(dest="command", required=True)
-    device_commands.add_commands(commands, start_embedded_upstream)
+    device_commands.add_commands(commands, start_embedded_upstream, start_shared_upstream)
     upstream_commands.add_commands(commands)
     pack = commands.add_parser("pack", help="instruction packs (InstCache): build on the "
                                "upstream, download and answer on the device")

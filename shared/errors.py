@@ -11,6 +11,8 @@ and never the other way round)::
     │   ├── ModelNotFoundError
     │   └── OnnxBackendError
     ├── CheckpointError
+    ├── AppSignatureError
+    ├── VerifierError
     ├── PairsFileError
     ├── FlowerCommandError
     ├── MissingExtraError
@@ -44,6 +46,7 @@ and never the other way round)::
     ├── UpstreamRequestError
     │   ├── UpstreamUnavailableError
     │   └── UpstreamRejectedError
+    ├── ProxyRequestError                 (`meancache proxy`: status and OpenAI error)
     └── UpstreamError                     meancache.upstream.errors
         ├── BadRequest
         ├── InvalidApiKeyError
@@ -106,6 +109,10 @@ class OnnxBackendError(EncoderError):
 
 class CheckpointError(MeanCacheError):
     """A checkpoint that is missing, damaged or does not match its hash."""
+
+
+class AppSignatureError(MeanCacheError):
+    """An operator's app key or app signature that cannot be read or does not fit."""
 
 
 class PairsFileError(MeanCacheError):

@@ -84,10 +84,14 @@ def server_config(app: ASGIApp, header_seconds: float = HEADER_SECONDS,
                           timeout_keep_alive=KEEP_ALIVE_SECONDS, **(defaults | options))
 
 
+def error_body(message: str, kind: str, code: str | None = None,
+               param: str | None = None) -> dict[str, Any]:
+    """OpenAI's error shape: what every server of the project answers an error with."""
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+
 def _error(message: str, code: str) -> bytes:
-    """The OpenAI-style error body (what every server of the project answers with)."""
-    return json.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                 "param": None, "code": code}}).encode()
+    return json.dumps(error_body(message, "invalid_request_error", code)).encode()
 
 
 class GuardRequests:

@@ -4,6 +4,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from meancache.upstream.errors import UpstreamError
 from meancache.upstream.precision import DEFAULT_PRECISION, PRECISIONS
 from meancache.upstream.sampling_params import SERVER_DEFAULTS, SamplingParams
 from meancache.upstream.server.limits import Limits
@@ -71,6 +72,55 @@ def add_commands(commands: Any) -> None:
                        "pack (*.mcpack) in this directory at /v1/packs/latest (default: "
                        "none)")
     serve.set_defaults(handler=run_serve)
+    background = sub.add_parser(
+        "background", help="the embedded upstream in its own process for `meancache ask` "
+        "to reuse (ask starts it); exits when idle")
+    background.add_argument("--model", help="the model to serve (default: upstream_model in "
+                            "config.toml)")
+    background.add_argument("--idle-exit", type=float, default=DEFAULT_IDLE_EXIT_S,
+                            metavar="SECONDS", help="exit after this long without a request "
+                            f"(default: {DEFAULT_IDLE_EXIT_S:.0f})")
+    background.set_defaults(handler=run_background)
+    stop = sub.add_parser("stop", help="stop the background upstream `meancache ask` started")
+    stop.set_defaults(handler=run_stop)
+
+
+DEFAULT_IDLE_EXIT_S = 600.0
+
+
+def run_background(args: argparse.Namespace, settings: Any) -> int:
+    from meancache.upstream.server.serve import serve_until_idle
+
+    if args.idle_exit <= 0:
+        raise UpstreamError("--idle-exit takes a number of seconds above 0")
+    serve_until_idle(args.model or settings.embedded_model, settings.data_dir, args.idle_exit)
+    return 0
+
+
+def run_stop(args: argparse.Namespace, settings: Any) -> int:
+    """Stop the registered background upstream (SIGTERM; it unregisters itself)."""
+    import os
+    import signal
+    import sys
+    import time
+
+    from meancache.shared.running_upstream import BACKGROUND, registered, unregister
+
+    running = registered(settings.data_dir)
+    if running is None:
+        print("no embedded upstream is running", file=sys.stderr)
+        return 0
+    if running.owner != BACKGROUND:
+        raise UpstreamError(f"the embedded upstream at {running.url} is a chat's own (pid "
+                            f"{running.pid}): it stops when that chat quits")
+    os.kill(running.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while running.alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+    unregister(settings.data_dir, running.pid)
+    print(f"stopped the background upstream ({running.model}, pid {running.pid})",
+          file=sys.stderr)
+    return 0
 
 
 def run_serve(args: argparse.Namespace, settings: Any) -> int:
@@ -111,7 +161,7 @@ def run_serve(args: argparse.Namespace, settings: Any) -> int:
 
 def host_argument(value: str) -> str:
     """An --allow-host name: a host as a Host header carries it, without a port."""
-    from meancache.upstream.server.hosts import host_name
+    from meancache.shared.hosts import host_name
 
     name = host_name(value)
     if name is None or name != value.lower():
@@ -122,6 +172,6 @@ def host_argument(value: str) -> str:
 def allowed_hosts(names: list[str] | None) -> frozenset[str] | None:
     """The Host names a served API answers: the loopback ones and ``names``, or None (any)
     when none are named (serve() then keeps a loopback server to the loopback names)."""
-    from meancache.upstream.server.hosts import LOOPBACK_NAMES
+    from meancache.shared.hosts import LOOPBACK_NAMES
 
     return LOOPBACK_NAMES | set(names) if names else None

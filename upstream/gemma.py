@@ -14,7 +14,9 @@ stops where it starts the next question (see README, "Gemma 3 270M").
 """
 
 import base64
+import contextlib
 import hashlib
+import io
 import logging
 import os
 import shutil
@@ -187,9 +189,12 @@ def assemble(directory: Path) -> Path:
 
 
 def dequantise(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load the GGUF (transformers dequantises it) and make it saveable as plain weights."""
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                 dtype=torch.float32)
+    """Load the GGUF (transformers dequantises it) and make it saveable as plain weights.
+    transformers draws a tqdm bar on stderr meanwhile: bare text across the chat's screen,
+    so it goes nowhere (the step shows in the app, and in the log)."""
+    with contextlib.redirect_stderr(io.StringIO()):
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                     dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # A model loaded from GGUF refuses save_pretrained while it still looks quantised.
     model.hf_quantizer = None

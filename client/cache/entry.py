@@ -50,6 +50,10 @@ class Entry:
     rejections: int = 0
     # What feedback taught about this entry's own threshold (client/cache/entry_threshold.py)
     threshold_evidence: dict[str, object] | None = None
+    asked_by: str | None = None  # the app that asked through `meancache proxy` (None: the chat)
+    # Rejected in another context although the same question: answers only in its own
+    # (client/cache/context.py)
+    context_bound: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -87,6 +91,8 @@ class Entry:
             "query_tokens": self.query_tokens, "answer_tokens": self.answer_tokens,
             "created": self.created, "last_hit": self.last_hit, "hits": self.hits,
             "rejections": self.rejections, "threshold_evidence": self.threshold_evidence,
+            "asked_by": self.asked_by,
+            "context_bound": self.context_bound,
         }
 
     @classmethod
@@ -110,4 +116,6 @@ class Entry:
             hits=int(record.get("hits", 0)),  # type: ignore[arg-type]
             rejections=int(record.get("rejections", 0)),  # type: ignore[arg-type]
             threshold_evidence=record.get("threshold_evidence"),  # type: ignore[arg-type]
+            asked_by=record.get("asked_by"),  # type: ignore[arg-type]
+            context_bound=bool(record.get("context_bound", False)),
         )

@@ -7,6 +7,8 @@ nothing about where paraphrases end, so it is left out; a rejected one still cou
 since the served answer was wrong.
 """
 
+from collections.abc import Iterable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,16 @@ def record(query: str, matched_query: str, similarity: float, key: str, label: i
             "label": label, "weak": label == 1, "entry_id": key, "time": now}
 
 
+def context_record(record: dict[str, Any]) -> dict[str, Any]:
+    """A rejected hit whose fault was the conversation, not the match (the same question
+    in another context): kept, so that the hit counts as rejected once, but it teaches
+    neither tau nor FL: the two questions do mean the same out of context."""
+    return record | {"context": True}
+
+
 def _teaches(record: dict[str, Any]) -> bool:
+    if record.get("context"):
+        return False
     repeat = normalise_query(record["query"]) == normalise_query(record["matched_query"])
     return record["label"] == 0 or not repeat
 
@@ -36,12 +47,12 @@ def labelled_pairs(store: EntryStore, newest: int | None = None) -> list[Pair]:
     return [Pair(r["query"], r["matched_query"], int(r["label"])) for r in records]
 
 
-def device_pairs(cache_dir: Path) -> list[Pair]:
-    """The labelled pairs of the cache in ``cache_dir`` (none before it exists), for FL."""
-    if not cache_dir.exists():
-        return []
-    store = EntryStore(cache_dir)
-    try:
-        return labelled_pairs(store)
-    finally:
-        store.close()
+def device_pairs(cache_dirs: Iterable[Path]) -> list[Pair]:
+    """The labelled pairs of the caches in ``cache_dirs`` (none of one that does not
+    exist), one cache after another, for FL: the device's own training data."""
+    pairs: list[Pair] = []
+    for cache_dir in cache_dirs:
+        if cache_dir.exists():
+            with closing(EntryStore(cache_dir)) as store:
+                pairs += labelled_pairs(store)
+    return pairs

@@ -34,6 +34,10 @@ class VectorIndex:
         """A copy of the stored vectors, in the order of ``ids``."""
         return self._matrix[: len(self._ids)].copy()
 
+    def vector(self, entry_id: str) -> np.ndarray:
+        """The entry's vector (a view: do not write to it)."""
+        return self._matrix[self._row[entry_id]]
+
     def add(self, entry_id: str, vector: np.ndarray) -> None:
         if vector.shape != (self.dim,):
             raise ValueError(f"vector has shape {vector.shape}, index holds {self.dim}-d vectors")

@@ -12,16 +12,19 @@ source:
   "Summarise." and "summarise" are one question, and one vector);
 - a source offers its best candidates (at most ``candidates``, similarity >= ``floor``,
   best first), having dropped those it may not serve (another context, rejected before);
-- a candidate counts when its similarity reaches its threshold: the recall tau
-  (tau less ``settings.recall_margin``), or the entry's own one relative to it where the
-  entry has feedback evidence (``entry_threshold``);
+- a candidate counts when its similarity reaches its threshold: tau (with the learned
+  verifier, the recall tau: tau less ``settings.recall_margin``), or the entry's own one
+  relative to it where the entry has feedback evidence (``entry_threshold``);
 - a question past the encoder's window matches only the very same question (its
   embedding sees only the beginning);
-- the learned verifier (``shared.verifier``) scores every counting candidate in one
-  batched call; the one it finds most likely the same question is served if its
-  probability reaches the verifier's threshold, else nothing is: a veto is a miss, never
-  a reason to serve a lower candidate. No candidate is served without passing it (the
-  very same question, normalised, passes by identity).
+- the verifier (``settings.verifier``), with ``settings.verify`` on, decides; a veto is a
+  miss, never a reason to serve a lower candidate:
+  - "rules" (the default; ``verification.verify``) looks at the best counting candidate
+    only and vetoes it when the two differ in a negation, number, name, ...;
+  - "learned" (``shared.verifier``, opt-in) scores up to ``VERIFIED_AT_MOST`` counting
+    candidates in one batched call; the most probable is served if its probability
+    reaches the verifier's threshold (the very same question passes by identity). It is
+    loaded only when this is chosen.
 
 Feedback: every served match is a weakly positive labelled pair; "wrong answer" turns it
 negative, once per hit (a second rejection of the same hit changes nothing), and re-tunes
@@ -45,6 +48,7 @@ from meancache.client.cache.settings import CacheSettings, MatchSettings
 from meancache.client.cache.source import Matched
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
+from meancache.client.cache.verification import verify
 from meancache.shared.encoder import Encoder
 from meancache.shared.progress import Progress
 from meancache.shared.query import embedding_text
@@ -59,8 +63,9 @@ VERIFIED_AT_MOST = 5  # counting candidates the verifier scores (most similar fi
 
 
 class Verifier(Protocol):
-    """How likely each candidate asks the same as the query (one batched call), and the
-    probability from which that counts; ``shared.verifier.LearnedVerifier``."""
+    """The learned verifier (``settings.verifier == "learned"``): how likely each
+    candidate asks the same as the query (one batched call), and the probability from
+    which that counts; ``shared.verifier.LearnedVerifier``."""
 
     threshold: float
 
@@ -116,7 +121,8 @@ class Matcher:
     def __init__(self, encoder: Encoder, thresholds: ThresholdState, store: EntryStore,
                  settings: MatchSettings | None = None, verifier: Verifier | None = None
                  ) -> None:
-        """``verifier``: the shipped one by default, loaded on the first decision."""
+        """``verifier``: the learned one, used only when the settings choose it; the
+        shipped one by default, loaded on the first decision that needs it."""
         self.encoder = encoder  # the cache's current vector space (see SemanticCache)
         self.thresholds = thresholds
         self.settings = settings or CacheSettings().matching
@@ -139,9 +145,9 @@ class Matcher:
 
     @property
     def recall_tau(self) -> float:
-        """Where candidates start: under tau by ``recall_margin`` when the verifier checks
-        them (it, not the similarity, decides), tau itself without it."""
-        margin = self.settings.recall_margin if self.settings.verify else 0.0
+        """Where candidates start: under tau by ``recall_margin`` when the learned verifier
+        checks them (it, not the similarity, decides), tau itself otherwise."""
+        margin = self.settings.recall_margin if self.settings.learned else 0.0
         return self.tau - margin
 
     @property
@@ -186,8 +192,8 @@ class Matcher:
             if candidate.similarity < own:
                 rejected_before = rejected_before or candidate.similarity >= tau
                 continue
-            if not self.settings.verify:
-                return Match(candidate)
+            if not self.settings.learned:
+                return self._ruled(question, candidate, best)
             counting.append(candidate)
             if len(counting) == VERIFIED_AT_MOST:
                 break
@@ -199,6 +205,16 @@ class Matcher:
             return NoMatch("the question is longer than the embedding model's window, and "
                            "only the very same question matches it", best)
         return NoMatch(NOTHING_CLOSE, best)
+
+    def _ruled(self, question: Question, candidate: Candidate, best: float | None
+               ) -> Match | NoMatch:
+        """The best counting candidate, unless the rules (when on) veto it."""
+        veto = verify(question.text, candidate.text) if self.settings.verify else None
+        if veto is None:
+            return Match(candidate)
+        log.info("vetoed %r for %r (similarity %.3f): %s", candidate.text, question.text,
+                 candidate.similarity, veto.reason)
+        return NoMatch(veto.reason, best, vetoed=True)
 
     def _verified(self, question: Question, counting: list[Candidate], best: float | None
                   ) -> Match | NoMatch:

@@ -1,6 +1,6 @@
 """What the cache's operations return."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meancache.client.cache.source import CacheOrigin, Source
 
@@ -30,6 +30,7 @@ class Miss:
     reason: str
     best_similarity: float | None = None
     truncated: bool = False
+    vetoed: bool = False  # a near match the verifier declined (``reason`` says why)
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,16 @@ class CacheStats:
     embedding_dim: int
     bytes_per_embedding: int
     tokens_upstream: int = 0  # query + answer tokens of the answers the upstream gave
+    declines: dict[str, int] = field(default_factory=dict)  # near matches vetoed, by reason
+
+    @property
+    def declines_line(self) -> str:
+        """The declined near matches in one line, most frequent reason first."""
+        if not self.declines:
+            return "none"
+        ranked = sorted(self.declines.items(), key=lambda item: (-item[1], item[0]))
+        return f"{sum(self.declines.values())} (" + "; ".join(
+            f"{count} {reason}" for reason, count in ranked) + ")"
 
     @property
     def hit_rate(self) -> float:

@@ -14,9 +14,9 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from meancache.client.cache import entry_threshold
+from meancache.client.cache import entry_threshold, feedback
 from meancache.client.cache.background import BackgroundWork
-from meancache.client.cache.context import context_agrees
+from meancache.client.cache.context import SAME, context_agrees, same_context
 from meancache.client.cache.entry import STORED_DTYPE, Context, Entry
 from meancache.client.cache.index import VectorIndex
 from meancache.client.cache.matcher import (
@@ -24,6 +24,7 @@ from meancache.client.cache.matcher import (
     Candidate,
     Match,
     Matcher,
+    NoMatch,
     Verifier,
     embed_texts,
 )
@@ -32,7 +33,7 @@ from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChang
 from meancache.client.cache.settings import CacheSettings
 from meancache.client.cache.source import CacheOrigin, Source
 from meancache.client.cache.store import EntryStore
-from meancache.client.cache.summary import cache_stats
+from meancache.client.cache.summary import DECLINED, cache_stats, decline_kind
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.errors import EntryNotFoundError
 from meancache.shared.encoder import Encoder, PCAProjection
@@ -147,6 +148,7 @@ class SemanticCache:
             self._generation = self.store.generation
             index = VectorIndex(self.encoder.dim)
             self._context_vectors: dict[str, np.ndarray] = {}
+            self._bound: set[str] = set()  # entries that answer only in their own context
             self._usage: dict[str, tuple[float, int]] = {}  # id -> (last used, bytes)
             self.policy.forget_all()
             self._stale: set[str] = set()  # stored in another space: not searchable yet
@@ -164,6 +166,8 @@ class SemanticCache:
         target.add(entry.id, entry.embedding.astype(np.float32))
         if entry.context_embedding is not None:
             self._context_vectors[entry.id] = entry.context_embedding.astype(np.float32)
+        if entry.context_bound:
+            self._bound.add(entry.id)
         self._usage[entry.id] = (entry.last_used, entry.nbytes)
         self.policy.track(entry)
 
@@ -201,9 +205,7 @@ class SemanticCache:
             question = self.matcher.question(query)
             found, best = self._index.search(question.vector, self.settings.candidates,
                                              min_score=self.matcher.floor)
-            context_vector = None
-            if self.settings.context_aware and context is not None and context.is_follow_up:
-                context_vector = self.matcher.embed(clean_query(context.prev_query or ""))
+            context_vector = self._context_vector(context)
             tau = self.threshold
             decision = self.matcher.decide(question,
                                            self._candidates(found, context_vector, tau))
@@ -211,18 +213,28 @@ class SemanticCache:
                 with contextlib.suppress(EntryNotFoundError):  # deleted by another process
                     return self._serve(query, decision.candidate, question.truncated)
             self.store.add_to_counter("misses")
-            reason = decision.reason
+            reason = decision.reason if isinstance(decision, NoMatch) else NOTHING_CLOSE
+            if isinstance(decision, NoMatch) and decision.vetoed:  # counted by reason
+                self.store.add_to_counter(DECLINED + decline_kind(reason))
+                return Miss(query, reason, decision.best_similarity, question.truncated, True)
             if reason == NOTHING_CLOSE and best is not None and best >= tau:
                 reason = "similar queries were asked in another context"
             return Miss(query, reason, best, question.truncated)
 
+    def _context_vector(self, context: Context | None) -> np.ndarray | None:
+        """The previous question's vector (None for a first turn, or without context rules)."""
+        if not self.settings.context_aware or context is None or not context.is_follow_up:
+            return None
+        return self.matcher.embed(clean_query(context.prev_query or ""))
+
     def _candidates(self, found: list[tuple[str, float]], context_vector: np.ndarray | None,
                     tau: float) -> Iterator[Candidate]:
-        """The entries found, best first, less those asked in another context; each read
-        only when the matcher gets to it."""
+        """The entries found, best first, less those asked in another context
+        (client/cache/context.py); each read only when the matcher gets to it."""
         for entry_id, similarity in found:
             if self.settings.context_aware and not context_agrees(
-                    self._context_vectors.get(entry_id), context_vector, tau):
+                    self._context_vectors.get(entry_id), context_vector, tau,
+                    self._index.vector(entry_id), entry_id in self._bound):
                 continue
             try:
                 entry = self.store.get(entry_id)
@@ -265,8 +277,10 @@ class SemanticCache:
         query_tokens: int | None = None,
         answer_tokens: int | None = None,
         progress: Progress | None = None,
+        asked_by: str | None = None,
     ) -> Entry:
-        """Store an answer. Token counts default to the encoder tokenizer's count. A full cache
+        """Store an answer (``asked_by``: the app that asked, for `cache list`). Token counts
+        default to the encoder tokenizer's count. A full cache
         under a SCALM policy stores only queries of mid- and high-rank patterns; the entry is
         returned either way (``len`` and ``entries`` tell whether it was kept)."""
         query = clean_query(query)
@@ -289,6 +303,7 @@ class SemanticCache:
                 else query_tokens,
                 answer_tokens=self.encoder.count_tokens(answer) if answer_tokens is None
                 else answer_tokens,
+                asked_by=asked_by,
             )
             self.store.add_to_counter("tokens_upstream", entry.query_tokens + entry.answer_tokens)
             self.policy.asked(entry, self.threshold)
@@ -320,6 +335,7 @@ class SemanticCache:
     def _forget(self, entry_id: str) -> None:
         self._index.remove(entry_id)
         self._context_vectors.pop(entry_id, None)
+        self._bound.discard(entry_id)
         self._usage.pop(entry_id, None)
         self.policy.forget(entry_id)
 
@@ -435,21 +451,48 @@ class SemanticCache:
             return pca
 
     # feedback -----------------------------------------------------------------------
-    def reject(self, query: str, origin: CacheOrigin) -> ThresholdChange:
-        """The user says the answer served for ``query`` from ``origin`` was wrong: the
-        entry's own threshold rises above it, a negative pair is recorded and tau
-        re-tuned (``Matcher.rejected``); all once per hit. The caller then fetches a fresh
-        answer, bypassing the cache."""
+    def reject(self, query: str, origin: CacheOrigin, context: Context | None = None
+               ) -> ThresholdChange:
+        """The user says the answer served for ``query`` (asked in ``context``) from
+        ``origin`` was wrong. Once per hit:
+
+        - the same question (similarity >= ``context.SAME``) served in another context: the
+          context was wrong, not tau. The entry is bound to its own context, and the hit's
+          pair is kept out of what tunes tau and trains FL (it says nothing about where
+          paraphrases end); tau stays;
+        - otherwise the entry's own threshold rises above the similarity, a negative pair
+          is recorded and tau re-tuned (``Matcher.rejected``).
+
+        The caller then fetches a fresh answer, bypassing the cache."""
         with self._lock:
-            if not self.matcher.already_rejected(origin):
-                try:
-                    entry = self.store.get(origin.entry_id)
-                    self.store.touch(entry_threshold.after_reject(
-                        replace(entry, rejections=entry.rejections + 1), query,
-                        origin.similarity, self.encoder.version))
-                except EntryNotFoundError:
-                    pass
+            if self.matcher.already_rejected(origin):
+                return self.matcher.rejected(query, origin)  # records nothing again
+            try:
+                entry = self.store.get(origin.entry_id)
+            except EntryNotFoundError:
+                return self.matcher.rejected(query, origin)
+            entry = replace(entry, rejections=entry.rejections + 1)
+            if self.settings.context_aware and origin.similarity >= SAME and not same_context(
+                    entry.context_embedding, self._context_vector(context)):
+                return self._bind_to_context(query, origin, entry)
+            self.store.touch(entry_threshold.after_reject(entry, query, origin.similarity,
+                                                          self.encoder.version))
             return self.matcher.rejected(query, origin)
+
+    def _bind_to_context(self, query: str, origin: CacheOrigin, entry: Entry
+                         ) -> ThresholdChange:
+        """A rejection the context rule learns from, not tau."""
+        if self._wrote(self.store.put(replace(entry, context_bound=True))):
+            self._bound.add(entry.id)
+        self.store.put_pair(origin.hit_id, feedback.context_record(
+            feedback.record(query, origin.matched_query, origin.similarity,
+                            origin.feedback_key, 0, time.time())))
+        self.store.add_to_counter("rejections")
+        labels = [pair.label for pair in feedback.labelled_pairs(self.store)]
+        tau = self.threshold
+        return ThresholdChange(tau, tau, sum(labels), len(labels) - sum(labels),
+                               "the same question in another conversation: the entry now "
+                               "answers only after the question it was first asked after")
 
     # inspection ---------------------------------------------------------------------
     def entries(self) -> list[Entry]:

@@ -9,8 +9,12 @@ from meancache.shared.threshold import DEFAULT_THRESHOLD
 
 # How far under tau a candidate still reaches the learned verifier: the embedding only
 # recalls, the verifier decides. A round value, not tuned; benchmarks/verification.py
-# measures the decision it gives.
+# measures the decision it gives. The rules check candidates from tau itself.
 RECALL_MARGIN = 0.1
+# Which verifier checks a hit (with verify_hits on): the word rules
+# (client.cache.verification), or the learned cross-encoder (shared.verifier), which is
+# opt-in: as trained so far it serves more near-misses than the rules (docs/verification.md).
+VERIFIERS = ("rules", "learned")
 
 
 @dataclass(frozen=True)
@@ -19,10 +23,16 @@ class MatchSettings:
     defaults are CacheSettings'."""
 
     candidates: int  # the best candidates a source offers
-    verify: bool  # the learned verifier decides among the candidates
+    verify: bool  # the verifier checks candidates (see ``verifier``)
     entry_thresholds: bool  # each entry's own threshold, learned from its feedback
     tune_min_per_class: int  # labelled pairs of each kind before tau is re-tuned
-    recall_margin: float = 0.0  # how far under tau candidates reach the verifier
+    recall_margin: float = 0.0  # how far under tau candidates reach the learned verifier
+    verifier: str = "rules"  # one of VERIFIERS
+
+    @property
+    def learned(self) -> bool:
+        """The learned verifier decides (else the rules veto, or nothing checks)."""
+        return self.verify and self.verifier == "learned"
 
 
 @dataclass(frozen=True)
@@ -37,15 +47,17 @@ class CacheSettings:
     candidates: int = 8  # nearest entries checked for context agreement
     eviction_policy: str = "lru"  # "lru", "lfu", "scalm-co", "scalm-se" (policy/)
     pattern_clustering: str = "kmeans"  # SCALM's clustering: "kmeans" or "dbscan"
-    verify_hits: bool = True  # the learned verifier decides among the candidates
-    recall_margin: float = RECALL_MARGIN  # candidates reach the verifier from tau - this
+    verify_hits: bool = True  # a verifier checks each hit (``verifier`` says which)
+    verifier: str = "rules"  # "rules" or "learned" (VERIFIERS)
+    recall_margin: float = RECALL_MARGIN  # the learned verifier's candidates: from tau - this
     entry_thresholds: bool = True  # each entry's own threshold, learned from its feedback
 
     def __post_init__(self) -> None:
         check_choice("eviction_policy", self.eviction_policy, POLICIES)
         check_choice("pattern_clustering", self.pattern_clustering, CLUSTERINGS)
+        check_choice("verifier", self.verifier, VERIFIERS)
 
     @property
     def matching(self) -> MatchSettings:
         return MatchSettings(self.candidates, self.verify_hits, self.entry_thresholds,
-                             self.tune_min_per_class, self.recall_margin)
+                             self.tune_min_per_class, self.recall_margin, self.verifier)

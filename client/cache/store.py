@@ -124,6 +124,14 @@ class EntryStore:
     def counter(self, name: str) -> int:
         return int(self._db.get((_META, "count:" + name), 0))
 
+    def counters(self, prefix: str) -> dict[str, int]:
+        """{name less ``prefix``: total} of every counter whose name starts with it."""
+        start = "count:" + prefix
+        return {str(key[1])[len(start):]: int(self._db.get(key, 0))
+                for key in self._db.iterkeys()
+                if isinstance(key, tuple) and key[0] == _META
+                and str(key[1]).startswith(start)}
+
     @property
     def generation(self) -> int:
         return int(self._db.get((_META, "generation"), 0))

@@ -2,12 +2,22 @@
 their homes); what the encoder adds is passed in, so `meancache cache stats` can report
 without loading the encoder (seconds, and torch) just to count entries."""
 
+import re
+
 import numpy as np
 from meancache.client.cache import feedback
 from meancache.client.cache.entry import STORED_DTYPE
 from meancache.client.cache.results import CacheStats
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
+
+DECLINED = "declined:"  # counter prefix: near matches the verifier vetoed, by reason
+
+
+def decline_kind(reason: str) -> str:
+    """A veto's reason as its counter counts it: without a closing "(...)" detail, which
+    quotes the question's own words (one counter per kind, not per question)."""
+    return re.sub(r"\s*\([^()]*\)\s*$", "", reason) or reason
 
 
 def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, nbytes: int,
@@ -25,6 +35,7 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
         evictions=store.counter("evictions"),
         tokens_saved=store.counter("tokens_saved"),
         tokens_upstream=store.counter("tokens_upstream"),
+        declines=store.counters(DECLINED),
         threshold=thresholds.current,
         global_threshold=thresholds.global_value,
         local_threshold=thresholds.local_value,

@@ -8,17 +8,20 @@ they were.
 """
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Protocol
 
 from meancache.client.cache import SemanticCache, ThresholdChange
 from meancache.client.cache.source import CacheOrigin, PackOrigin
-from meancache.client.chat.conversations import Conversation, ConversationStore, Document, Turn
+from meancache.client.chat.conversations import Conversation, Document, Turn
 from meancache.client.chat.documents import chat_schema, read_document
 from meancache.client.chat.sources import (
     AnswerSource,
     Asked,
     CacheSource,
+    Declined,
     MatchingSource,
     OnDelta,
     PackSource,
@@ -28,6 +31,13 @@ from meancache.client.pack import PackStore
 from meancache.client.upstream_client import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, UpstreamClient
 from meancache.shared.progress import Progress
 from meancache.shared.query import clean_query
+
+
+class SavesConversations(Protocol):
+    """Where answered conversations are kept: the chat's ConversationStore, or the proxy's
+    bounded store of the exchanges it answered."""
+
+    def save(self, conversation: Conversation) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -43,17 +53,19 @@ class AnswerService:
     answer" back to the source that answered."""
 
     def __init__(self, cache: SemanticCache, upstream: UpstreamClient,
-                 conversations: ConversationStore, max_tokens: int = DEFAULT_MAX_TOKENS,
+                 conversations: SavesConversations, max_tokens: int = DEFAULT_MAX_TOKENS,
                  temperature: float = DEFAULT_TEMPERATURE, packs: PackStore | None = None, *,
-                 wait_for_pack: bool = False, pack_progress: Progress | None = None) -> None:
+                 wait_for_pack: bool = False, pack_progress: Progress | None = None,
+                 preamble: Sequence[dict[str, str]] = ()) -> None:
         """``wait_for_pack``: make the pack's vectors before returning (a one-shot command,
-        with ``pack_progress``) instead of on a background job (the chat)."""
+        with ``pack_progress``) instead of on a background job (the chat). ``preamble``:
+        the system messages the upstream is asked after (see ``UpstreamSource``)."""
         self.cache = cache
         self.matcher = cache.matcher
         self.packs = packs  # the instruction pack, asked before the semantic cache
         self.upstream = upstream
         self.conversations = conversations
-        self.fresh = UpstreamSource(upstream, cache, max_tokens, temperature)
+        self.fresh = UpstreamSource(upstream, cache, max_tokens, temperature, preamble)
         cached = CacheSource(cache)
         self._matching: dict[type, MatchingSource] = {CacheOrigin: cached}
         self.sources: list[AnswerSource] = [cached, self.fresh]
@@ -64,41 +76,46 @@ class AnswerService:
             self.sources.insert(0, pack)
 
     async def answer(self, conversation: Conversation, question: str,
-                     on_delta: OnDelta | None = None) -> Turn:
+                     on_delta: OnDelta | None = None, asked_by: str | None = None) -> Turn:
         """Answer ``question`` as the next turn of ``conversation``: appended, and the
-        conversation saved (a first question also names it)."""
+        conversation saved (a first question also names it). ``asked_by``: the app that
+        asked, recorded with a stored answer."""
         question = clean_query(question)
-        asked = Asked(question, conversation, len(conversation.turns), on_delta)
-        turn = None
+        asked = Asked(question, conversation, len(conversation.turns), on_delta, asked_by)
+        turn, declined = None, None
         for source in self.sources:
-            turn = await source.answer(asked)
-            if turn is not None:
+            outcome = await source.answer(asked)
+            if isinstance(outcome, Declined):
+                declined = outcome
+            elif outcome is not None:
+                turn = outcome
                 break
         assert turn is not None  # the upstream always answers or raises
-        if not conversation.turns:
-            conversation.title = question[:60]
-        conversation.turns.append(turn)
+        if declined is not None:
+            turn = replace(turn, declined=declined.note)
+        conversation.add(turn)
         await asyncio.to_thread(self.conversations.save, conversation)
         return turn
 
     async def reject(self, conversation: Conversation, turn_index: int,
-                     on_delta: OnDelta | None = None) -> Correction:
+                     on_delta: OnDelta | None = None, asked_by: str | None = None
+                     ) -> Correction:
         """The answer of turn ``turn_index`` was wrong: a served match goes back to the
         source that served it (recorded once, however often this is called for it); an
         empty one (never cached) is simply asked again. Either way a fresh answer from
         the upstream (bypassing the caches) takes the turn's place and the conversation
         is saved."""
         turn = conversation.turns[turn_index]
+        asked = Asked(turn.question, conversation, turn_index, on_delta, asked_by)
         change = None
         if isinstance(turn.origin, CacheOrigin | PackOrigin):
             source = self._matching.get(type(turn.origin))
             if source is None:
                 raise ValueError("this chat has no instruction pack to take the rejection")
-            change = await source.reject(turn.question, turn.origin)
+            change = await source.reject(asked, turn.origin)
         elif not turn.empty:
             raise ValueError("only answers served from a cache, or empty ones, can be rejected")
-        fresh = await self.fresh.answer(Asked(turn.question, conversation, turn_index,
-                                              on_delta), corrected=change is not None)
+        fresh = await self.fresh.answer(asked, corrected=change is not None)
         correction = Correction(replace(fresh, replaced=turn.answer), change)
         conversation.turns[turn_index] = correction.turn
         await asyncio.to_thread(self.conversations.save, conversation)

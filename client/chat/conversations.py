@@ -40,6 +40,7 @@ class Turn:
     truncated: bool = False  # the question was longer than the embedding model's window
     created: float = field(default_factory=time.time)
     finish_reason: str | None = None  # why the upstream stopped ("stop", "length", ...)
+    declined: str | None = None  # a near match the cache's verifier refused, and why
 
     @property
     def source(self) -> Source:
@@ -106,8 +107,9 @@ class Turn:
                    f"“{self.matched_query}”"
         else:
             ttft = "?" if self.ttft_seconds is None else f"{self.ttft_seconds * 1000:.0f} ms"
-            line = f"{self.source} · first token {ttft} · {self.cached_tokens} prompt tokens " \
-                   "reused"
+            declined = "" if self.declined is None else f" · {self.declined}"
+            line = f"{self.source}{declined} · first token {ttft} · {self.cached_tokens} " \
+                   "prompt tokens reused"
         if self.replaced is not None:
             line += " · replaced " + ("a rejected cached answer" if self.replaced.strip()
                                       else "an empty answer")
@@ -145,6 +147,12 @@ class Conversation:
             turns=[Turn.from_json(t) for t in data.get("turns", [])],
             documents=[Document(**d) for d in data.get("documents", [])],
         )
+
+    def add(self, turn: Turn) -> None:
+        """The next turn (a first question also names the conversation)."""
+        if not self.turns:
+            self.title = turn.question[:60]
+        self.turns.append(turn)
 
     def messages(self) -> list[dict[str, str]]:
         """The history as chat messages, for the upstream."""

@@ -14,13 +14,16 @@ def can_reject(conversation: Conversation) -> bool:
 
 
 async def reject_last(answers: AnswerService, conversation: Conversation,
-                      on_delta: OnDelta | None = None) -> Correction:
-    """Record the last answer as wrong and replace it with a fresh one from the upstream."""
+                      on_delta: OnDelta | None = None, asked_by: str | None = None
+                      ) -> Correction:
+    """Record the last answer as wrong and replace it with a fresh one from the upstream
+    (``asked_by``: the app whose answer it was, `meancache proxy`'s feedback)."""
     if not can_reject(conversation):
         raise RejectionError("only an answer served from a cache, or an empty one, can be "
                              "marked wrong")
     try:
-        return await answers.reject(conversation, len(conversation.turns) - 1, on_delta)
+        return await answers.reject(conversation, len(conversation.turns) - 1, on_delta,
+                                    asked_by)
     except ValueError as exc:
         raise RejectionError(str(exc)) from exc
     except OSError as exc:

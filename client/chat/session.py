@@ -10,11 +10,13 @@ from typing import Protocol
 from meancache.client.cache import SemanticCache
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import ConversationStore
+from meancache.client.chat.steps import StepReporter
 from meancache.client.config import Settings
 from meancache.client.encoder import load_device_encoder
 from meancache.client.errors import ConfigError, UpstreamUnavailableError
 from meancache.client.pack import PackStore
 from meancache.client.upstream_client import UpstreamClient
+from meancache.shared.encoder import locate_model
 from meancache.shared.progress import Progress
 
 log = logging.getLogger(__name__)
@@ -37,6 +39,13 @@ class EmbeddedUpstream(Protocol):
 UpstreamStarter = Callable[[str, Path, Progress | None], EmbeddedUpstream]
 
 
+def _timed(steps: StepReporter | None, name: str) -> Progress | None:
+    """Open step ``name`` (and log when it began: the log shows where a start's time
+    went)."""
+    log.info("start: %s", name)
+    return None if steps is None else steps(name)
+
+
 @dataclass
 class ChatSession:
     settings: Settings
@@ -52,7 +61,8 @@ class ChatSession:
              start_upstream: UpstreamStarter | None = None,
              upstream_progress: Progress | None = None,
              background: bool = False,
-             pack_progress: Progress | None = None) -> "ChatSession":
+             pack_progress: Progress | None = None,
+             steps: StepReporter | None = None) -> "ChatSession":
         """Load the encoder and cache; check an external upstream (a refused key or an
         unknown model is an error; an unreachable one is noted in ``upstream_problem``, as
         the cache can still answer) or start the embedded one if no URL is set.
@@ -61,10 +71,12 @@ class ChatSession:
         from a worker thread in the app. ``background``: the cache re-embeds and fits PCA
         on its own thread (the chat) instead of before returning (one-shot commands; they
         also make the instruction pack's vectors before returning, with
-        ``pack_progress``, so its similar match answers alike on every run).
+        ``pack_progress``, so its similar match answers alike on every run). ``steps``
+        hears each step of ``steps.startup_steps`` as it begins (the chat shows them).
         """
         url, problem, upstream = settings.upstream_url, None, None
         if url:  # checked first: a wrong key or model fails at once
+            _timed(steps, "checking the upstream")
             upstream = UpstreamClient(url, settings.upstream_api_key, settings.upstream_model)
             try:
                 upstream.check()
@@ -72,7 +84,11 @@ class ChatSession:
                 problem = str(exc)
         elif start_upstream is None:
             raise ConfigError("no upstream_url is configured: set it, or pass --upstream URL")
+        locate_model(settings.encoder_model, settings.models_dir,
+                     _timed(steps, "assembling the encoder (first start only)"))
+        _timed(steps, "loading the encoder (the first start exports it)")
         encoder = load_device_encoder(settings)
+        _timed(steps, "opening the cache")
         cache = SemanticCache(settings.cache_dir, encoder, settings.cache_settings(), progress,
                               background=background)
         embedded = None
@@ -81,8 +97,10 @@ class ChatSession:
                      + (" (unreachable at start)" if problem else ""))
         else:
             assert start_upstream is not None
+            preparing = _timed(steps, "starting the language model (the first start "
+                                      "prepares it)")
             embedded = start_upstream(settings.embedded_model, settings.data_dir,
-                                      upstream_progress)
+                                      upstream_progress or preparing)
             label = f"embedded upstream: {embedded.label}"
             upstream = UpstreamClient(embedded.url, embedded.api_key)
         conversations = ConversationStore(settings.conversations_dir)

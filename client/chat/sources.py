@@ -8,7 +8,7 @@ the documents, so it is neither served from nor stored in a cache.
 """
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -31,6 +31,7 @@ class Asked:
     conversation: Conversation
     turn_index: int  # the turn the answer becomes (the turns before it are the history)
     on_delta: OnDelta | None = None
+    asked_by: str | None = None  # the app that asked (`meancache proxy`); None: the chat
 
     @property
     def context(self) -> Context:
@@ -45,14 +46,27 @@ class Asked:
         return bool(self.conversation.documents)
 
 
+@dataclass(frozen=True)
+class Declined:
+    """A source had a near match and its verifier refused it: no answer from it, and the
+    answer that follows says so in its badge (else the reason is only in the log)."""
+
+    similarity: float
+    reason: str
+
+    @property
+    def note(self) -> str:
+        return f"cache declined a near match ({self.similarity:.2f}): {self.reason}"
+
+
 class AnswerSource(Protocol):
-    async def answer(self, asked: Asked) -> Turn | None: ...
+    async def answer(self, asked: Asked) -> Turn | Declined | None: ...
 
 
 class MatchingSource(AnswerSource, Protocol):
     """A source that serves matches: "wrong answer" on one reaches it here."""
 
-    async def reject(self, question: str, origin: Matched) -> ThresholdChange: ...
+    async def reject(self, asked: Asked, origin: Matched) -> ThresholdChange: ...
 
 
 class PackSource:
@@ -75,9 +89,9 @@ class PackSource:
         self.matcher.accepted(question, found.origin)
         return Turn(question, found.answer, found.origin)
 
-    async def reject(self, question: str, origin: Matched) -> ThresholdChange:
+    async def reject(self, asked: Asked, origin: Matched) -> ThresholdChange:
         assert isinstance(origin, PackOrigin)
-        return await asyncio.to_thread(self._reject, question, origin)
+        return await asyncio.to_thread(self._reject, asked.question, origin)
 
     def _reject(self, question: str, origin: PackOrigin) -> ThresholdChange:
         self.packs.reject(question, origin)
@@ -90,33 +104,40 @@ class CacheSource:
     def __init__(self, cache: SemanticCache) -> None:
         self.cache = cache
 
-    async def answer(self, asked: Asked) -> Turn | None:
+    async def answer(self, asked: Asked) -> Turn | Declined | None:
         if asked.about_documents:
             return None
         result = await asyncio.to_thread(self.cache.lookup, asked.question, asked.context)
         if not isinstance(result, Hit):
-            return None
+            return Declined(result.best_similarity or 0.0, result.reason) if result.vetoed \
+                else None
         return Turn(asked.question, result.answer, result.origin, truncated=result.truncated)
 
-    async def reject(self, question: str, origin: Matched) -> ThresholdChange:
+    async def reject(self, asked: Asked, origin: Matched) -> ThresholdChange:
+        """The context the hit was served in decides what the rejection teaches."""
         assert isinstance(origin, CacheOrigin)
-        return await asyncio.to_thread(self.cache.reject, question, origin)
+        return await asyncio.to_thread(self.cache.reject, asked.question, origin,
+                                       asked.context)
 
 
 class UpstreamSource:
     """The upstream: always answers (or raises), streamed, and the complete answer stored
-    in the cache (a cancelled or broken stream stores nothing)."""
+    in the cache (a cancelled or broken stream stores nothing). ``preamble``: the system
+    messages every question is sent after (the proxy's; the chat sends none), the same for
+    every answer this cache stores."""
 
     def __init__(self, upstream: UpstreamClient, cache: SemanticCache, max_tokens: int,
-                 temperature: float) -> None:
+                 temperature: float, preamble: Sequence[dict[str, str]] = ()) -> None:
         self.upstream = upstream
         self.cache = cache
         self.max_tokens = max_tokens
         self.temperature = temperature
+        self.preamble = list(preamble)
 
     async def answer(self, asked: Asked, corrected: bool = False) -> Turn:
         """``corrected``: the answer replaces a rejected match (stored as such)."""
-        messages = Conversation(turns=asked.conversation.turns[:asked.turn_index]).messages()
+        messages = self.preamble + Conversation(
+            turns=asked.conversation.turns[:asked.turn_index]).messages()
         content = document_prompt(asked.conversation.documents, asked.question) \
             if asked.about_documents else asked.question
         messages.append({"role": "user", "content": content})
@@ -138,6 +159,7 @@ class UpstreamSource:
                     self.cache.insert, asked.question, completed.text, asked.context,
                     Source.USER_CORRECTED if corrected else Source.UPSTREAM,
                     completed.prompt_tokens, completed.completion_tokens,
+                    asked_by=asked.asked_by,
                 )
                 entry_id = entry.id
         return Turn(asked.question, completed.text, UpstreamOrigin(entry_id),

@@ -16,7 +16,6 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
-from meancache.client.cache.feedback import device_pairs
 from meancache.client.config import load_settings
 from meancache.client.fl.data import partition, split
 from meancache.client.fl.device import DeviceState
@@ -63,14 +62,15 @@ def _qqp(path: Path) -> list[Pair]:
 
 
 def local_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
-    """This node's labelled pairs, normalised as the device's matcher embeds questions:
-    the weights train, and the threshold evidence is measured, in the space tau acts in."""
+    """This node's labelled pairs (on a device: of the chat's cache and every proxy
+    cache), normalised as the device's matcher embeds questions: the weights train, and
+    the threshold evidence is measured, in the space tau acts in."""
     if config.qqp_path is not None and config.data_source == "qqp":
         pairs = partition(_qqp(config.qqp_path), int(node["partition-id"]),
                           int(node["num-partitions"]), config.pairs_per_client,
                           config.partitioning, config.train.seed, config.cache_dir)
     else:
-        pairs = device_pairs(load_settings(data_dir=Path(str(node["data-dir"]))).cache_dir)
+        pairs = DeviceState(Path(str(node["data-dir"]))).pairs()
     return [Pair(embedding_text(p.q1), embedding_text(p.q2), p.label) for p in pairs]
 
 

@@ -19,6 +19,13 @@ def add_commands(fl: Any) -> None:
                       help="allow a plain connection to a SuperLink on another host")
     join.add_argument("--auth-key", type=Path, help="this device's private key, for a "
                       "SuperLink started with --supernode-auth (its .pub registered there)")
+    join.add_argument("--app-key", metavar="KEY_OR_FILE",
+                      help="the operator's app-signing-key.pub (its ssh-ed25519 line, or the "
+                      "file): the node runs only Flower apps signed with it (None: "
+                      "fl_app_public_key)")
+    join.add_argument("--allow-unsigned-apps", action="store_true",
+                      help="run whatever Flower app the FL server hands out (a lab only: "
+                      "whoever submits a run there runs code on this device)")
     join.set_defaults(handler=run_join)
 
     sync = fl.add_parser("sync", help="download the newest global model and threshold",
@@ -43,14 +50,21 @@ def add_commands(fl: Any) -> None:
 def run_join(args: argparse.Namespace, settings: Any) -> int:
     import sys
 
-    from meancache.client.fl.supernode import supernode_command, supernode_environment
+    from meancache.client.fl.supernode import (
+        supernode_command,
+        supernode_environment,
+        trusted_entities,
+    )
     from meancache.shared.processes import run_foreground
 
-    print(f"meancache fl join: training on {settings.data_dir} for {args.superlink}",
-          file=sys.stderr, flush=True)
+    trusted = trusted_entities(settings.data_dir, args.app_key or settings.fl_app_public_key,
+                               args.allow_unsigned_apps or settings.fl_allow_unsigned_apps)
+    signed = "apps signed by the operator's key" if trusted else "any app (unsigned allowed)"
+    print(f"meancache fl join: training on {settings.data_dir} for {args.superlink}, "
+          f"running {signed}", file=sys.stderr, flush=True)
     command = supernode_command(args.superlink, args.port, settings.data_dir,
                                 args.root_certificate or settings.fl_certificate,
-                                args.insecure or settings.fl_insecure, args.auth_key)
+                                args.insecure or settings.fl_insecure, args.auth_key, trusted)
     return run_foreground(command, supernode_environment(settings.data_dir))
 
 

@@ -7,7 +7,7 @@ import threading
 
 from meancache.client.config import Settings
 from meancache.client.errors import ConfigError
-from meancache.client.fl.supernode import start_supernode
+from meancache.client.fl.supernode import start_supernode, trusted_entities
 from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
 from meancache.shared.processes import free_port
 
@@ -42,11 +42,13 @@ class FederatedParticipation:
         with self._lock:
             if self.process is not None:
                 return
+            trusted = trusted_entities(settings.data_dir, settings.fl_app_public_key,
+                                       settings.fl_allow_unsigned_apps)
             self.known_round, self.exit_code = latest_round(settings), None
             self.process = start_supernode(settings.fl_superlink, free_port(),
                                            settings.data_dir, settings.fl_certificate,
                                            settings.data_dir / "logs" / "supernode.log",
-                                           settings.fl_insecure)
+                                           settings.fl_insecure, trusted)
 
     def stop(self) -> None:
         """Terminate the SuperNode and wait for it (killing it if it will not stop)."""

@@ -9,10 +9,10 @@ for a lab) installs an unverified model, with a warning. The weights are downloa
 a temporary directory inside the device's global-model dir, checked against the signed
 sha256 and only then installed with a rename and a LATEST pointer swap
 (shared.fl.checkpoint.install_checkpoint): a broken or tampered download never replaces
-the model the device already has. The cache's global
-threshold is updated at once; the encoder switches to the new weights the next time the
-cache opens (client.encoder.load_device_encoder, which also refuses weights trained from a
-different base model and keeps the base model then).
+the model the device already has. The global threshold of every cache on the device is
+updated at once (client.fl.device.DeviceState); the encoder switches to the new weights
+the next time the cache opens (client.encoder.load_device_encoder, which also refuses
+weights trained from a different base model and keeps the base model then).
 
 Downloads stay on the configured server (redirects are refused, and a ``weights_url`` must
 be a path on it), are capped in size (the description at MAX_DESCRIPTION_BYTES, the weights
@@ -36,10 +36,9 @@ from urllib.parse import urlsplit
 
 import httpx
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings
 from meancache.client.errors import SyncError
-from meancache.client.fl.device import KEEP_ROUNDS
+from meancache.client.fl.device import KEEP_ROUNDS, DeviceState
 from meancache.client.fl.transport import http_verify
 from meancache.client.http_errors import error_message
 from meancache.shared.errors import CheckpointError
@@ -114,7 +113,7 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
             path, changed = _download(http, base, remote, root, progress,
                                       max_weights_bytes), True
     prune_rounds(root, KEEP_ROUNDS)
-    set_global_threshold(settings.cache_dir, remote.meta.threshold)
+    DeviceState(settings).set_global_threshold(remote.meta.threshold)
     if changed:
         log.info("installed global model of round %d (threshold %.4f) from %s",
                  remote.meta.round, remote.meta.threshold, base)

@@ -5,6 +5,7 @@ pack in use stays as it was."""
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,7 +19,8 @@ from meancache.client.errors import (
 from meancache.client.upstream_client import UpstreamClient
 from meancache.shared.errors import PackError
 from meancache.shared.files import fsync_path
-from meancache.shared.pack import PackManifest, read_manifest, read_pack
+from meancache.shared.pack import PackManifest, manifest_from_json, read_manifest, read_pack
+from meancache.shared.pack.format import MAX_MANIFEST_BYTES, check_compatible
 from meancache.shared.progress import Progress
 
 if TYPE_CHECKING:
@@ -28,6 +30,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_PACK_BYTES = 256 * 1024 * 1024
 LATEST = "/v1/packs/latest"
+MANIFEST = "/v1/packs/latest/manifest"
+# However slowly an upstream sends, a download ends by then (256 MB at 0.5 MB/s fits).
+PACK_DEADLINE_SECONDS = 600.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +56,10 @@ def download_pack(upstream: UpstreamClient, target: Path,
     except UpstreamRequestError as exc:
         raise _failed(upstream, exc, "the request") from None
     model = served[0] if served else None  # a pack of another model's answers is refused
+    try:
+        _check_announced(upstream, model, max_bytes)
+    except UpstreamRequestError as exc:
+        raise _failed(upstream, exc, "the pack's manifest") from None
     headers: dict[str, str] = {}
     if target.exists():
         try:
@@ -65,13 +74,17 @@ def download_pack(upstream: UpstreamClient, target: Path,
             if response.status_code == 304:
                 return PackUpdate(read_pack(target, model=model).manifest, changed=False)
             start = start if response.status_code == 206 else 0
-            total = start + int(response.headers.get("content-length", 0))
+            total = start + _length(response)
             if total > max_bytes:
                 raise PackDownloadError(
                     f"the upstream's pack is {total} bytes, over the {max_bytes}-byte "
                     "limit; raise it with --max-mb if you want a pack this large")
-            etag_file.write_text(response.headers.get("etag", ""))
+            etag_file.write_text(response.headers.get("etag", "")[:200])
             _stream_to(response, partial, start, max_bytes, progress)
+    except PackDownloadError:
+        partial.unlink(missing_ok=True)
+        etag_file.unlink(missing_ok=True)
+        raise
     except UpstreamUnavailableError as exc:
         if exc.status is not None:  # a 429 or 5xx: nothing was sent
             raise _failed(upstream, exc, "the pack") from None
@@ -80,6 +93,22 @@ def download_pack(upstream: UpstreamClient, target: Path,
     except UpstreamRejectedError as exc:
         raise _failed(upstream, exc, "the pack") from None
     return _swap_in(partial, etag_file, target, model, start)
+
+
+def _check_announced(upstream: UpstreamClient, model: str | None, max_bytes: int) -> None:
+    """Refuse, before any of its body comes down, a pack whose manifest (the upstream's
+    manifest endpoint; one without it is checked once downloaded) names another model or
+    a body over the limit."""
+    data = upstream.small_json(MANIFEST, MAX_MANIFEST_BYTES)
+    if data is None:
+        return
+    where = f"the upstream's pack ({upstream.base_url})"
+    manifest = manifest_from_json(data, where)
+    check_compatible(Path(where), manifest, model, None)
+    if manifest.body_bytes > max_bytes:
+        raise PackDownloadError(
+            f"the upstream's pack is {manifest.body_bytes} bytes, over the {max_bytes}-byte "
+            "limit; raise it with --max-mb if you want a pack this large")
 
 
 def _failed(upstream: UpstreamClient, exc: UpstreamRequestError, what: str
@@ -92,14 +121,17 @@ def _failed(upstream: UpstreamClient, exc: UpstreamRequestError, what: str
 
 def _stream_to(response: "httpx.Response", partial: Path, start: int, max_bytes: int,
                progress: Progress | None) -> None:
-    total = start + int(response.headers.get("content-length", 0))
+    total = start + _length(response)
     done = start
+    deadline = time.monotonic() + PACK_DEADLINE_SECONDS
     with partial.open("ab" if start else "wb") as fh:
         for chunk in response.iter_bytes():  # as received: a cut keeps what came
             done += len(chunk)
+            if time.monotonic() > deadline:
+                raise PackDownloadError(f"the pack download took longer than "
+                                        f"{PACK_DEADLINE_SECONDS:.0f} s and was discarded; "
+                                        "try again when the upstream is faster")
             if done > max_bytes:  # a server that sent no or a wrong Content-Length
-                fh.close()
-                partial.unlink()
                 raise PackDownloadError(f"the pack grew past the {max_bytes}-byte limit "
                                         "while downloading; it was discarded")
             fh.write(chunk)
@@ -107,6 +139,11 @@ def _stream_to(response: "httpx.Response", partial: Path, start: int, max_bytes:
                 progress(done, total)
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def _length(response: "httpx.Response") -> int:
+    declared = response.headers.get("content-length", "")
+    return int(declared) if declared.isdigit() and len(declared) < 20 else 0
 
 
 def _swap_in(partial: Path, etag_file: Path, target: Path, model: str | None,

@@ -13,10 +13,9 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from meancache.client.cache.matcher import Candidate, Match, Matcher
 from meancache.client.cache.source import PackOrigin
 from meancache.client.pack.embeddings import PackEmbeddings, stored
 from meancache.shared.encoder import Encoder
@@ -25,6 +24,10 @@ from meancache.shared.files import write_json_atomic
 from meancache.shared.pack import Pack, read_pack
 from meancache.shared.progress import Progress
 from meancache.shared.query import normalise_query
+
+if TYPE_CHECKING:  # the matcher (its verifier loads scikit-learn, seconds) is imported
+    # only by the similar match: an exact lookup (`meancache ask`'s fast path) needs none
+    from meancache.client.cache.matcher import Candidate, Matcher
 
 log = logging.getLogger(__name__)
 
@@ -125,11 +128,13 @@ class PackStore:
         return PackHit(found[1], PackOrigin(uuid.uuid4().hex, pack.manifest.pack_id,
                                             found[0], 1.0, exact=True))
 
-    def lookup_similar(self, query: str, matcher: Matcher) -> PackHit | None:
+    def lookup_similar(self, query: str, matcher: "Matcher") -> PackHit | None:
         """The answer of the pack instruction the matcher accepts for ``query`` (the same
         rule as the semantic cache's: tau, candidate count, verification, over-long
         questions), among those the user did not reject; None at once while the
         instructions are being embedded in the matcher's space."""
+        from meancache.client.cache.matcher import Candidate, Match
+
         pack = self._pack
         if pack is None:
             return None
@@ -142,7 +147,7 @@ class PackStore:
         best = np.argpartition(-similarities, count - 1)[:count]  # O(n), not a full sort
         best = best[np.argsort(-similarities[best])]
 
-        def candidates() -> Iterator[Candidate]:
+        def candidates() -> Iterator["Candidate"]:
             for row in best:
                 similarity = float(similarities[row])
                 if similarity < matcher.floor:

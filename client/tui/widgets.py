@@ -2,16 +2,20 @@
 the list of them, and the status line with its progress bar."""
 
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
-from meancache.client.chat.answering import OnDelta
 from meancache.client.chat.conversations import Conversation, Turn
-from meancache.client.chat.session import ChatSession
+from meancache.client.tui.start import StartSteps
 from meancache.client.tui.text import printable
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.events import Paste
 from textual.widgets import Input, Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownStream
+
+if TYPE_CHECKING:  # heavy (the cache, torch): the app draws before they load
+    from meancache.client.chat.answering import OnDelta
+    from meancache.client.chat.session import ChatSession
 
 
 class QuestionInput(Input):
@@ -70,7 +74,13 @@ class AnswerView(Vertical):
 
 
 class MessageList(VerticalScroll):
-    """The chat's questions, answers and notices, kept scrolled to the newest."""
+    """The chat's questions, answers and notices, kept scrolled to the newest: anchored to
+    its end, so that a streaming answer and then its badge stay in view while they grow,
+    until the user scrolls up (Textual releases the anchor; back at the end, or a new
+    question, takes it again)."""
+
+    def on_mount(self) -> None:
+        self.anchor()
 
     DEFAULT_CSS = """
     MessageList { height: 1fr; padding: 0 1; }
@@ -103,7 +113,7 @@ class MessageList(VerticalScroll):
         return views[-1] if views else None
 
     async def stream(self, view: AnswerView,
-                     answer: Callable[[OnDelta], Awaitable[Turn]]) -> Turn:
+                     answer: "Callable[[OnDelta], Awaitable[Turn]]") -> Turn:
         """Run ``answer``, showing its text in ``view`` as it comes. The stream starts with
         the first text: one stopped before its task ran raises CancelledError (Textual 8),
         which would read as the user's "stop" when an answer fails at once."""
@@ -116,7 +126,6 @@ class MessageList(VerticalScroll):
             if stream is None:
                 stream = Markdown.get_stream(view.markdown)
             await stream.write(printable(text))  # yields: the stream's task runs
-            self.scroll_end(animate=False)
 
         try:
             return await answer(show)
@@ -136,21 +145,49 @@ class StatusLine(Vertical):
     StatusLine #progress.active { display: block; }
     """
 
-    def __init__(self) -> None:
+    def __init__(self, start: StartSteps | None = None) -> None:
+        """``start``: the app's start, shown until ``follow`` (see client/tui/start.py)."""
         super().__init__()
         self.session: ChatSession | None = None
         self.extra: Callable[[], str] = lambda: ""  # said after the upstream's label
         self._showing_background = False
+        self.start = start or StartSteps([])
 
     def compose(self) -> ComposeResult:
         yield Static("loading the cache and the upstream…", id="status", markup=False)
         yield ProgressBar(id="progress", show_eta=False)
 
-    def follow(self, session: ChatSession, extra: Callable[[], str]) -> None:
+    def follow(self, session: "ChatSession", extra: Callable[[], str]) -> None:
         """The session is open: say where answers come from, and watch its caches' work."""
         self.session, self.extra = session, extra
+        self.start.end()
         self.idle()
         self.set_interval(0.5, self._show_background, name="cache-work")
+
+    # the start --------------------------------------------------------------------
+    def on_mount(self) -> None:
+        self._show_start()  # from the first frame
+        self.set_interval(0.5, self._show_start, name="start-steps")
+
+    def begin_step(self, name: str) -> None:
+        self.start.begin(name)
+        self._show_start()
+
+    def step_progress(self, done: int, total: int) -> None:
+        self.start.progress(done, total)
+        self._show_start()
+
+    def _show_start(self) -> None:
+        line = self.start.line()
+        if line is None or not self.is_mounted:
+            return
+        bar = self.query_one("#progress", ProgressBar)
+        if self.start.total:
+            bar.add_class("active")
+            bar.update(total=self.start.total, progress=self.start.done)
+        else:
+            bar.remove_class("active")
+        self.show(line)
 
     def show(self, text: str) -> None:
         self.query_one("#status", Static).update(printable(text))

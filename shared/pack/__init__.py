@@ -6,10 +6,11 @@ from meancache.shared.pack.format import (
     FORMAT_VERSION,
     Pack,
     PackManifest,
+    manifest_from_json,
     read_manifest,
     read_pack,
     write_pack,
 )
 
-__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Pack", "PackManifest", "read_manifest", "read_pack",
-           "write_pack"]
+__all__ = ["FORMAT_NAME", "FORMAT_VERSION", "Pack", "PackManifest", "manifest_from_json",
+           "read_manifest", "read_pack", "write_pack"]

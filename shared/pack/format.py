@@ -14,6 +14,7 @@ are sorted and unique by instruction, which is already normalised (``normalise_q
 import datetime as dt
 import hashlib
 import json
+import os
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -25,6 +26,8 @@ from meancache.shared.query import normalise_query
 FORMAT_NAME = "meancache-pack"
 FORMAT_VERSION = 1
 MAX_MANIFEST_BYTES = 64 * 1024  # a manifest is a few hundred bytes; more means not a pack
+MAX_BODY_BYTES = 2**40  # far beyond any pack; a manifest claiming more is not believed
+MAX_MODEL_CHARS = 256
 
 
 @dataclass(frozen=True)
@@ -92,9 +95,10 @@ def read_pack(path: Path, model: str | None = None, encoder: str | None = None) 
     with _open(path) as fh:
         manifest = _parse_manifest(path, fh.readline(MAX_MANIFEST_BYTES + 1))
         check_compatible(path, manifest, model, encoder)
-        body = fh.read(manifest.body_bytes + 1)
-    if len(body) != manifest.body_bytes:
-        size = "longer" if len(body) > manifest.body_bytes else "shorter"
+        remaining = os.fstat(fh.fileno()).st_size - fh.tell()
+        body = fh.read(manifest.body_bytes + 1) if remaining == manifest.body_bytes else b""
+    if remaining != manifest.body_bytes:  # read nothing of a size the manifest lies about
+        size = "longer" if remaining > manifest.body_bytes else "shorter"
         raise PackCorruptError(f"{path}: the pack is {size} than its manifest says "
                                f"({manifest.body_bytes} body bytes); "
                                "it was cut short or altered: download it again")
@@ -142,22 +146,39 @@ def _parse_manifest(path: Path, line: bytes) -> PackManifest:
         raise PackCorruptError(f"{path} is not a meancache pack (no manifest line)")
     try:
         data = json.loads(line)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         raise PackCorruptError(f"{path} is not a meancache pack (its first line is not "
                                "a JSON manifest)") from None
+    return manifest_from_json(data, str(path))
+
+
+def manifest_from_json(data: object, where: str) -> PackManifest:
+    """A manifest from its JSON (a pack's first line, or an upstream's manifest endpoint),
+    every field checked for type and range: nothing a server claims is taken on trust."""
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
-        raise PackCorruptError(f"{path} is not a meancache pack (no 'format': "
+        raise PackCorruptError(f"{where} is not a meancache pack (no 'format': "
                                f"{FORMAT_NAME!r} in its manifest)")
     if data.get("version") != FORMAT_VERSION:
-        raise PackVersionError(f"{path}: pack format version {data.get('version')!r} is not "
+        raise PackVersionError(f"{where}: pack format version {data.get('version')!r} is not "
                                f"the version {FORMAT_VERSION} this meancache reads; update "
                                "meancache or fetch a pack built for it")
     known = {f.name for f in fields(PackManifest)}
     try:
         manifest = PackManifest(**{k: v for k, v in data.items() if k in known})
     except TypeError as exc:
-        raise PackCorruptError(f"{path}: the manifest lacks a field ({exc})") from None
-    if not (isinstance(manifest.body_bytes, int) and isinstance(manifest.count, int)
-            and isinstance(manifest.body_sha256, str) and isinstance(manifest.model, str)):
-        raise PackCorruptError(f"{path}: the manifest has a field of the wrong type")
+        raise PackCorruptError(f"{where}: the manifest lacks a field ({exc})") from None
+    if not (_count(manifest.body_bytes, MAX_BODY_BYTES)
+            and _count(manifest.count, manifest.body_bytes)
+            and isinstance(manifest.body_sha256, str) and len(manifest.body_sha256) == 64
+            and isinstance(manifest.model, str) and len(manifest.model) <= MAX_MODEL_CHARS
+            and isinstance(manifest.created, str) and len(manifest.created) <= 64
+            and isinstance(manifest.sigma, int | float) and not isinstance(manifest.sigma, bool)
+            and (manifest.encoder is None or (isinstance(manifest.encoder, str)
+                                              and len(manifest.encoder) <= MAX_MODEL_CHARS))):
+        raise PackCorruptError(f"{where}: the manifest has a field of the wrong type or "
+                               "out of range")
     return manifest
+
+
+def _count(value: object, most: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most

@@ -140,6 +140,11 @@ class _TreeBuilder:
             self.parser.Parse(source, True)
         except expat.ExpatError as exc:
             raise self._translate(exc) from None
+        except UnicodeEncodeError as exc:  # a lone surrogate: no UTF-8 spells it
+            line = source.count("\n", 0, exc.start) + 1
+            column = exc.start - (source.rfind("\n", 0, exc.start) + 1) + 1
+            raise PMLSyntaxError(f"character {source[exc.start]!r} is not valid Unicode text "
+                                 "(a lone surrogate); remove it", line, column) from None
         assert self.root is not None  # expat fails on a document without an element
         return self.root
 

@@ -8,11 +8,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from meancache.client.cache import CacheSettings, SemanticCache, Source
+from meancache.client.cache import CacheSettings, Miss, SemanticCache, Source
 from meancache.client.cache.feedback import labelled_pairs
 from meancache.client.cache.source import UpstreamOrigin
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import Conversation, ConversationStore, Turn
+from meancache.client.tui.screens.stats import stats_rows
 from meancache.client.upstream_client import UpstreamClient, UpstreamUnavailableError
 from meancache.shared.pairs import Pair
 
@@ -207,3 +208,27 @@ def test_an_answer_cut_at_the_token_limit_says_so_in_its_badge() -> None:
     ended = dataclasses.replace(cut, finish_reason="stop")
     assert cut.badge.endswith("· cut at the 24-token limit (answer_max_tokens)")
     assert "cut at" not in ended.badge
+
+
+def test_a_declined_near_match_says_so_in_its_badge_and_is_counted_by_reason(
+        make_cache: CacheFactory, store: ConversationStore, upstream_url: str) -> None:
+    """The verifier refuses a look-alike: the upstream answers, its badge says which near
+    match the cache declined and why, and the cache's store counts the decline by reason
+    (the stats screen and `meancache cache stats` show it)."""
+    answers = service(make_cache, store, upstream_url,
+                      threshold=CacheSettings().global_threshold)
+    answers.cache.insert("What is the capital of France?", "Paris.")
+    asked = "What isn't the capital of France?"
+    probe = answers.cache.lookup(asked)  # the decision the answer path will meet
+    assert isinstance(probe, Miss) and probe.vetoed and probe.best_similarity is not None
+    conversation = Conversation()
+    turn = asyncio.run(answers.answer(conversation, asked))
+    assert turn.source is Source.UPSTREAM
+    note = f"cache declined a near match ({probe.best_similarity:.2f}): {probe.reason}"
+    assert turn.badge.startswith(f"upstream · {note} · first token ")
+    assert store.load(conversation.id).turns[0].badge == turn.badge  # kept in the file
+    stats = answers.cache.stats()
+    assert sum(stats.declines.values()) == 2 and len(stats.declines) == 1  # one reason
+    [(reason, _)] = stats.declines.items()
+    assert probe.reason.startswith(reason) and "(" not in reason  # the kind, not the words
+    assert dict(stats_rows(stats, None))["near matches declined"] == f"2 (2 {reason})"

@@ -10,36 +10,23 @@ from pathlib import Path
 import pytest
 from meancache.client.cache import SemanticCache
 from meancache.client.chat.conversations import Conversation
-from meancache.client.config import Settings, load_settings
+from meancache.client.config import Settings
 from meancache.client.errors import CacheAccessError
 from meancache.client.tui.app import MeanCacheApp
 from meancache.client.tui.widgets import AnswerView
 from meancache.shared.encoder import Encoder
+from meancache.shared.fl.app_signing import operator_key
 from textual.widgets._toast import Toast
 
 from meancache.embedded import start_embedded_upstream
-from tests.support.pilot import ask, badge, started, wait_for
+from tests.support.pilot import ask, badge, chat_settings, started, wait_for
 from tests.support.servers import free_port, scripted_upstream, serving
 
 
 @pytest.fixture
 def settings(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path,
              upstream_url: str) -> Settings:
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "encoder").symlink_to(encoder_cache_dir, target_is_directory=True)
-    base = load_settings(config_dir=tmp_path / "config", data_dir=data, environ={},
-                         encoder_model="minilm")
-    return dataclasses.replace(base, upstream_url=upstream_url, answer_max_tokens=24,
-                               tune_min_per_class=1)
-
-
-
-
-
-
-
-
+    return chat_settings(tmp_path, encoder_cache_dir, upstream_url)
 
 
 def test_miss_then_repeat_then_paraphrase(settings: Settings) -> None:
@@ -118,6 +105,27 @@ def test_follow_up_in_another_context_is_not_served_from_cache(settings: Setting
             await ask(pilot, "What is the capital of France?")
             await ask(pilot, "What famous landmark can you find there?")
             assert app.chat.conversation.turns[-1].source == "cache"  # same context: a hit
+
+    asyncio.run(run())
+
+
+def test_a_first_turn_is_not_served_to_the_same_words_inside_another_conversation(
+        settings: Settings) -> None:
+    """The issue's scenario: "What about Germany?" asked first is cached as a first turn;
+    asked after "What is the capital of France?" it asks something else: the upstream
+    answers. Asked first again, the cache does."""
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await ask(pilot, "What about Germany?")
+            await pilot.press("ctrl+n")
+            await ask(pilot, "What is the capital of France?")
+            await ask(pilot, "What about Germany?")
+            assert app.chat.conversation.turns[-1].source == "upstream"
+            await pilot.press("ctrl+n")
+            await ask(pilot, "What about Germany?")
+            assert app.chat.conversation.turns[-1].source == "cache"
 
     asyncio.run(run())
 
@@ -378,7 +386,10 @@ def rounds_timer_running() -> bool:
 def test_join_and_leave_leave_no_process_and_no_timer(
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     # Nothing listens on the SuperLink port: the SuperNode starts and keeps retrying.
-    configured = dataclasses.replace(settings, fl_superlink=f"127.0.0.1:{free_port()}")
+    operator_key(settings.data_dir / "operator" / "app-signing-key")
+    configured = dataclasses.replace(
+        settings, fl_superlink=f"127.0.0.1:{free_port()}",
+        fl_app_public_key=str(settings.data_dir / "operator" / "app-signing-key.pub"))
 
     async def run() -> None:
         app = MeanCacheApp(configured)
@@ -393,6 +404,7 @@ def test_join_and_leave_leave_no_process_and_no_timer(
             args = list(node.args)  # type: ignore[arg-type]
             node_config = Path(args[args.index("--node-config") + 1])
             assert tomllib.loads(node_config.read_text()) == {"data-dir": str(configured.data_dir)}
+            assert "--trusted-entities" in args  # the node runs only operator-signed apps
             assert rounds_timer_running()
             await pilot.press("f8")
             await wait_for(pilot, lambda: "federated learning" not in str(status.render()))

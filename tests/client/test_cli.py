@@ -200,10 +200,11 @@ def test_every_device_and_upstream_option_says_its_default() -> None:
     assert checked >= 15
 
 
-def test_eval_pairs_measures_the_whole_decision_by_default(
+def test_eval_pairs_measures_the_whole_decision_with_the_chosen_verifier(
     data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The decision row is Matcher.decide's: recall tau, then the shipped verifier."""
+    """The decision row is Matcher.decide's; with ``--verifier learned``: the recall tau,
+    then the shipped verifier."""
     from meancache.client.cache.matcher import embed_texts, shipped_verifier
     from meancache.client.cache.settings import RECALL_MARGIN
 
@@ -211,8 +212,10 @@ def test_eval_pairs_measures_the_whole_decision_by_default(
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in dev))
     assert main(["eval", "pairs", str(path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["decision"]["verifier"] == "rules"
+    assert main(["eval", "pairs", str(path), "--json", "--verifier", "learned"]) == 0
     decision = json.loads(capsys.readouterr().out)["decision"]
-    assert decision["verifier"] is True
+    assert decision["verifier"] == "learned"
 
     encoder = Encoder.load(cache_dir=data_dir / "encoder")
     a = embed_texts(encoder, [r["q1"] for r in dev])  # normalised, as every match embeds

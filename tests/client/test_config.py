@@ -50,12 +50,12 @@ def test_the_cache_is_given_every_cache_setting_and_shares_its_defaults(
     changed = {"threshold": 0.9, "context_aware": False, "verify_hits": False,
                "entry_thresholds": False, "max_entries": 7, "max_bytes": 9,
                "eviction_policy": "lfu", "pattern_clustering": "dbscan", "pca_dims": 0,
-               "pca_min_entries": 3, "tune_min_per_class": 2}
+               "pca_min_entries": 3, "tune_min_per_class": 2, "verifier": "learned"}
     expected = {("global_threshold" if name == "threshold" else name): value
                 for name, value in changed.items()}
     got = asdict(replace(settings, **changed).cache_settings())
     assert got == asdict(CacheSettings()) | expected
-    # the others are the user's to set; the recall margin goes with the shipped verifier
+    # the others are the user's to set; the recall margin goes with the learned verifier
     assert set(got) - set(expected) == {"candidates", "recall_margin"}
 
 
@@ -102,6 +102,7 @@ def test_config_dir_from_environment(tmp_path: Path) -> None:
         ("max_bytes = -1\n", "max_bytes must be a positive whole number, not -1"),
         ('eviction_policy = "fifo"\n', "eviction_policy 'fifo' is unknown; valid: lru, lfu, "
                                         "scalm-co, scalm-se"),
+        ('verifier = "bert"\n', "verifier 'bert' is unknown; valid: rules, learned"),
     ],
 )
 def test_bad_config_names_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:

@@ -9,6 +9,7 @@ import torch
 from meancache.client.config import load_settings
 from meancache.client.errors import ConfigError
 from meancache.client.fl.participation import FederatedParticipation
+from meancache.shared.fl.app_signing import operator_key
 from meancache.shared.fl.checkpoint import save_checkpoint
 
 from tests.support.servers import free_port
@@ -17,9 +18,11 @@ from tests.support.servers import free_port
 @pytest.fixture
 def participation(tmp_path: Path) -> Iterator[FederatedParticipation]:
     # Nothing listens on the SuperLink port: the SuperNode starts and keeps retrying.
+    operator_key(tmp_path / "operator" / "app-signing-key")
     settings = dataclasses.replace(
         load_settings(config_dir=tmp_path / "config", data_dir=tmp_path / "data", environ={}),
-        fl_superlink=f"127.0.0.1:{free_port()}")
+        fl_superlink=f"127.0.0.1:{free_port()}",
+        fl_app_public_key=str(tmp_path / "operator" / "app-signing-key.pub"))
     federation = FederatedParticipation(settings)
     yield federation
     federation.stop()
@@ -28,6 +31,8 @@ def participation(tmp_path: Path) -> Iterator[FederatedParticipation]:
 def test_poll_reports_each_new_round_once(participation: FederatedParticipation) -> None:
     participation.start()
     assert participation.running and participation.known_round is None
+    assert participation.process is not None
+    assert "--trusted-entities" in participation.process.args  # type: ignore[operator]
     assert participation.poll() is None
     save_checkpoint(participation.settings.global_model_dir, 3, {"w": torch.zeros(2)},
                     0.9, "base", 1)
@@ -58,3 +63,6 @@ def test_stop_waits_for_the_node(participation: FederatedParticipation) -> None:
     with pytest.raises(ConfigError, match="fl_superlink is not configured: set it"):
         FederatedParticipation(dataclasses.replace(participation.settings,
                                                    fl_superlink=None)).start()
+    with pytest.raises(ConfigError, match="no operator app key"):  # runs only signed apps
+        FederatedParticipation(dataclasses.replace(participation.settings,
+                                                   fl_app_public_key=None)).start()

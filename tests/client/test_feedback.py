@@ -100,8 +100,8 @@ def test_exact_repeats_teach_nothing_unless_rejected(make_cache: CacheFactory) -
     assert (stats.labelled_positives, stats.labelled_negatives) == (1, 1)
     cache.close()
     # Federated learning trains on exactly these pairs.
-    assert device_pairs(cache.store.directory) == expected
-    assert device_pairs(cache.store.directory / "missing") == []
+    assert device_pairs([cache.store.directory]) == expected
+    assert device_pairs([cache.store.directory / "missing"]) == []
 
 
 @pytest.mark.parametrize("value", [0.0, -0.1, 1.0, 1.5, math.nan, True, "0.5"])

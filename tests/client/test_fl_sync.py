@@ -11,7 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from meancache.client.cache.store import EntryStore
+from meancache.client.cache.threshold import ThresholdState
 from meancache.client.config import Settings, load_settings
+from meancache.client.device_caches import proxy_dir
 from meancache.client.errors import SyncError
 from meancache.client.fl.sync import SyncResult, sync_global_model
 from meancache.fl_server.model_endpoint import create_model_app
@@ -156,6 +159,18 @@ def test_sync_installs_the_global_model(url: str, server_root: Path,
     assert calls and calls[-1] == (size, size)
     assert [done for done, _ in calls] == sorted(done for done, _ in calls)
     assert leftovers(settings) == []
+
+
+def test_sync_sets_the_tau_of_every_proxy_cache_even_an_open_one(
+        url: str, server_root: Path, settings: Settings) -> None:
+    opened = EntryStore(proxy_dir(settings) / "key-one" / "0000000000000000" / "cache")
+    try:
+        publish(server_root, 3, 0.77)
+        sync_global_model(url, settings)
+        assert ThresholdState(opened).global_value == pytest.approx(0.77)
+    finally:
+        opened.close()
+    assert cache_threshold(settings) == pytest.approx(0.77)
 
 
 def test_second_sync_downloads_nothing(url: str, server_root: Path, settings: Settings,

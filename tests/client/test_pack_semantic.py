@@ -1,5 +1,5 @@
 """The semantic match of pack instructions: embedded in the background with the cache's
-own encoder (MiniLM), served at cosine >= tau unless the verifier vetoes it, counted apart
+own encoder (MiniLM), served at cosine >= tau unless verification vetoes it, counted apart
 from exact matches, re-embedded for a new pack or encoder, and rejected like a cached
 answer."""
 
@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from meancache.client.cache import CacheSettings, SemanticCache, Source
-from meancache.client.cache.matcher import Matcher, embed_texts, shipped_verifier
+from meancache.client.cache.matcher import Matcher, embed_texts
+from meancache.client.cache.verification import verify
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import Conversation, ConversationStore
 from meancache.client.pack import PackStore
@@ -124,9 +125,7 @@ def test_a_negated_near_miss_is_not_served(matcher: Matcher, encoder: Encoder,
     near_miss = "What isn't the capital of France?"
     a, b = embed_texts(encoder, [near_miss, "what is the capital of france"])
     assert float(a @ b) >= TAU  # close enough in embedding space ...
-    verifier = shipped_verifier()  # ... but the learned verifier tells them apart
-    assert verifier.probabilities(near_miss, ["what is the capital of france"])[0] \
-        < verifier.threshold
+    assert verify(near_miss, "what is the capital of france") is not None  # ... but vetoed
     assert packs.lookup_similar(near_miss, matcher) is None
     assert packs.lookup_similar("Which city is the capital of France?", matcher) is not None
     assert packs.stats().semantic_hits == 1
@@ -247,8 +246,7 @@ def test_the_answer_path_embeds_a_question_once(make_cache: CacheFactory, encode
     (MPNet spends ~25 ms on each)."""
     write(tmp_path / "packs")
     packs = ready_store(tmp_path / "packs", encoder)
-    # the verifier embeds nothing: off, so that the count alone decides the hit
-    cache = make_cache(settings=CacheSettings(global_threshold=TAU, verify_hits=False))
+    cache = make_cache(settings=CacheSettings(global_threshold=TAU))
     question = "Why is the sky blue during the day?"  # in the cache, not in the pack
     cache.insert(question, "Rayleigh scattering.")
     asked: list[str] = []

@@ -1,16 +1,17 @@
-"""The shipped verifier in the real cache (MiniLM, default settings), on a few questions
+"""The shipped verifier in the real cache (MiniLM, ``verifier = "learned"``), on a few questions
 written for this test: the candidate served is the one the verifier judges the same
 question, not the most similar one, and a veto is a miss that says so."""
 
 from collections.abc import Callable
 
 import pytest
-from meancache.client.cache import Hit, Miss, SemanticCache
+from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
 from meancache.client.cache.matcher import embed_texts
 from meancache.shared.encoder import Encoder
 from meancache.shared.verifier.runtime import LearnedVerifier
 
 CacheFactory = Callable[..., SemanticCache]
+LEARNED = CacheSettings(verifier="learned")
 # (asked, a look-alike that needs another answer, a paraphrase): the look-alike is the
 # more similar of the two in MiniLM's space
 TRIPLES = [
@@ -27,7 +28,7 @@ def test_the_shipped_verifier_loads_with_its_hash_and_a_probability_threshold() 
 
 def test_a_paraphrase_is_served_and_a_look_alike_is_a_miss_that_says_why(
         make_cache: CacheFactory) -> None:
-    cache = make_cache()
+    cache = make_cache(settings=LEARNED)
     cache.insert("What is the capital of France?", "Paris")
     hit = cache.lookup("Which city is the capital of France?")
     assert isinstance(hit, Hit) and hit.answer == "Paris"
@@ -41,7 +42,7 @@ def test_the_verified_candidate_is_served_not_the_most_similar(
         make_cache: CacheFactory, encoder: Encoder, asked: str, look_alike: str,
         paraphrase: str) -> None:
     a, near, same = embed_texts(encoder, [asked, look_alike, paraphrase])
-    cache = make_cache()
+    cache = make_cache(settings=LEARNED)
     assert float(a @ near) > float(a @ same) >= cache.matcher.recall_tau  # both offered
     cache.insert(look_alike, "the look-alike's answer")
     cache.insert(paraphrase, "the paraphrase's answer")

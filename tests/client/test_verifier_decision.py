@@ -1,5 +1,6 @@
-"""The decision with the learned verifier, on a tiny random-init cross-encoder made the
-way the shipped one is (its probabilities mean nothing; the mechanics are what is tested):
+"""The decision with the learned verifier (``verifier = "learned"``, opt-in), on a tiny
+random-init cross-encoder made the way the shipped one is (its probabilities mean
+nothing; the mechanics are what is tested):
 the counting candidates are scored in one batched call, the most probable one is served
 only if it clears the verifier's threshold, a veto is a miss (never a fall-through), and
 feedback's per-entry thresholds keep working on top."""
@@ -10,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
-from meancache.client.cache.matcher import VERIFIED_AT_MOST
+from meancache.client.cache.matcher import VERIFIED_AT_MOST, shipped_verifier
 from meancache.shared.encoder import Encoder
 from meancache.shared.verifier.runtime import Card, LearnedVerifier, read_card
 
@@ -21,7 +22,8 @@ CacheFactory = Callable[..., SemanticCache]
 ASKED = "What is the capital city of France?"
 STORED = ["What is the capital of France?", "Which city is the capital of France?",
           "What is the capital of Spain?"]
-LOW_TAU = CacheSettings(global_threshold=0.3, recall_margin=0.0)  # every candidate counts
+LEARNED = "learned"
+LOW_TAU = CacheSettings(global_threshold=0.3, recall_margin=0.0, verifier=LEARNED)  # all count
 
 
 class Counting:
@@ -84,7 +86,8 @@ def test_a_veto_is_a_miss_that_says_so_never_a_lower_candidate(
 def test_the_verifier_sees_at_most_its_candidates_and_only_those_over_the_recall_tau(
         make_cache: CacheFactory, tiny_dir: Path) -> None:
     probe = tiny(tiny_dir, 0.999)
-    cache = make_cache(settings=CacheSettings(global_threshold=0.2, recall_margin=0.0),
+    cache = make_cache(settings=CacheSettings(global_threshold=0.2, recall_margin=0.0,
+                                                verifier=LEARNED),
                        verifier=probe)
     for n in range(VERIFIED_AT_MOST + 3):
         cache.insert(f"What is the capital of country number {n}?", f"answer {n}")
@@ -92,7 +95,8 @@ def test_the_verifier_sees_at_most_its_candidates_and_only_those_over_the_recall
     assert [len(call) for call in probe.calls] == [VERIFIED_AT_MOST]
     probe.calls.clear()
     high = make_cache(directory=cache.store.directory.parent / "high",
-                      settings=CacheSettings(global_threshold=0.999, recall_margin=0.0),
+                      settings=CacheSettings(global_threshold=0.999, recall_margin=0.0,
+                                                verifier=LEARNED),
                       verifier=probe)
     high.insert("Tell me a joke", "a joke")
     assert isinstance(high.lookup("What is the capital of Peru?"), Miss)
@@ -128,3 +132,20 @@ def test_the_pack_decides_with_the_same_verifier(make_cache: CacheFactory, encod
     passing = make_cache(directory=tmp_path / "other", settings=LOW_TAU,
                          verifier=tiny(tiny_dir, 0.0))
     assert packs.lookup_similar(ASKED, passing.matcher) is not None
+
+
+def test_the_default_rules_never_load_the_learned_verifier(make_cache: CacheFactory) -> None:
+    """The default decides with the word rules; the model is neither read nor run."""
+    shipped_verifier.cache_clear()
+    cache = make_cache()
+    assert cache.settings.verifier == "rules" and cache.matcher.recall_tau == cache.matcher.tau
+    cache.insert(STORED[0], "Paris")
+    assert isinstance(cache.lookup(ASKED), Hit)
+    vetoed = cache.lookup("What isn't the capital of France?")
+    assert isinstance(vetoed, Miss) and "negation" in vetoed.reason
+    assert shipped_verifier.cache_info().currsize == 0 and cache.matcher._verifier is None
+
+
+def test_an_unknown_verifier_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="verifier 'bert' is unknown; valid: rules, learned"):
+        CacheSettings(verifier="bert")

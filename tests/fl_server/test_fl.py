@@ -154,6 +154,26 @@ def test_a_device_with_too_little_data_trains_nothing_and_says_so(
     assert all(torch.equal(echoed[k], original[k]) for k in original)
 
 
+def test_a_device_trains_on_the_pairs_of_every_proxy_cache_and_sets_their_tau(
+    tmp_path: Path, tiny_dir: Path, tiny: SentenceTransformer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Feedback given through `meancache proxy` (two apps' caches) trains as the chat's
+    does: too few pairs in the chat's cache alone, enough with the apps'."""
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    device_with_feedback(tmp_path, FEEDBACK[:3])
+    device_with_feedback(tmp_path, FEEDBACK[3:13], cache="key-one/0000000000000000")
+    device_with_feedback(tmp_path, FEEDBACK[13:], cache="app-notes/0000000000000001")
+    reply = client_app(train_message(tiny, 1, threshold=0.77),
+                       device_context(tmp_path, tiny_dir))
+    metrics = reply.content["metrics"]
+    assert metrics["skipped"] == 0 and metrics["num-examples"] == int(24 * 0.8)
+    assert Evidence.from_metrics(metrics).pairs == 24 - int(24 * 0.8)
+    for cache in (tmp_path / "cache", *sorted((tmp_path / "proxy").glob("*/*/cache"))):
+        store = EntryStore(cache)
+        assert store.get_meta("threshold.global") == pytest.approx(0.77), cache
+        store.close()
+
+
 def test_the_wire_audit_refuses_anything_but_weights_and_counts() -> None:
     request = message(RecordDict({"config": ConfigRecord({"threshold": 0.8})}))
 

@@ -19,7 +19,7 @@ from meancache.shared.encoder import Encoder
 from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
 from meancache.shared.processes import free_port
 
-from tests.support.fl import FEEDBACK, device_with_feedback
+from tests.support.fl import FEEDBACK, device_with_feedback, kill_group
 from tests.support.paths import REPO
 from tests.support.servers import wait_for_port
 from tests.support.tiny_encoder import make_tiny_encoder
@@ -45,11 +45,7 @@ class Processes:
         return process
 
     def kill(self, process: subprocess.Popen[bytes]) -> None:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        process.wait(timeout=30)
+        kill_group(process)
 
     def stop_all(self) -> None:
         for process in self.started:
@@ -71,15 +67,18 @@ def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
     # Bob has more to learn from: his training is still running when he drops out.
     device_with_feedback(bob, FEEDBACK * 60)
     link, model_port, control = free_port(), free_port(), free_port()
+    # The operator signs the app once; the devices run only apps signed with that key.
+    assert processes.start(server, "fl", "sign-app").wait(timeout=120) == 0
+    app_key = str(server / "fl-operator" / "app-signing-key.pub")
     processes.start(server, "fl", "server", "--port", str(link),
                     "--model-port", str(model_port), "--control-port", str(control))
     wait_for_port(control)
     wait_for_port(link)
     wait_for_port(model_port)
     processes.start(alice, "fl", "join", "--superlink", f"127.0.0.1:{link}",
-                    "--port", str(free_port()))
+                    "--port", str(free_port()), "--app-key", app_key)
     bob_node = processes.start(bob, "fl", "join", "--superlink", f"127.0.0.1:{link}",
-                               "--port", str(free_port()))
+                               "--port", str(free_port()), "--app-key", app_key)
     run = processes.start(server, "fl", "run", "--superlink", f"127.0.0.1:{control}",
                           "--rounds", "1", "--run-config",
                           "top-layers=1 min-pairs=10 min-available-nodes=2 min-train-nodes=1 "
@@ -127,7 +126,7 @@ def test_supernodes_connect_over_tls_with_the_certificate_script(
     wait_for_port(link)
     processes.start(tmp_path / "alice", "fl", "join", "--superlink", f"127.0.0.1:{link}",
                     "--port", str(free_port()), "--root-certificate",
-                    str(certificates / "ca.crt"))
+                    str(certificates / "ca.crt"), "--allow-unsigned-apps")
     from meancache.fl_server.processes import write_connection
     from meancache.shared.processes import flower_command, flower_environment
 
@@ -200,7 +199,8 @@ def test_supernode_authentication_refuses_an_unregistered_key(
         return processes.start(tmp_path / name, "fl", "join", "--superlink",
                                f"127.0.0.1:{link}", "--port", str(free_port()),
                                "--root-certificate", str(certificates / "ca.crt"),
-                               "--auth-key", str(certificates / key))
+                               "--auth-key", str(certificates / key),
+                               "--allow-unsigned-apps")
 
     join("alice", "supernode-1")
     mallory = join("mallory", "supernode-2")  # its key was never registered

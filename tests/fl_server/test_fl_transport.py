@@ -64,7 +64,8 @@ def test_fl_join_and_sync_refuse_plain_remote_servers(
 ) -> None:
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
     data = ["--data-dir", str(tmp_path / "data")]
-    assert main([*data, "fl", "join", "--superlink", f"{REMOTE}:9092"]) == 2
+    assert main([*data, "fl", "join", "--superlink", f"{REMOTE}:9092",
+                 "--allow-unsigned-apps"]) == 2
     assert "refusing a plain (unencrypted) connection" in capsys.readouterr().err
     assert main([*data, "fl", "sync", "--server", f"http://{REMOTE}:9100"]) == 2
     assert "pass --insecure" in " ".join(capsys.readouterr().err.split())

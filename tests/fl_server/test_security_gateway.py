@@ -6,6 +6,7 @@ import http.client
 import socket
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -64,8 +65,9 @@ def superlink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
 
 
 @pytest.fixture(scope="module")
-def gateway(superlink: int) -> Iterator[int]:
-    server = LoopbackServer(create_gateway(f"127.0.0.1:{superlink}", None), "gateway",
+def gateway(superlink: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    server = LoopbackServer(create_gateway(f"127.0.0.1:{superlink}", None,
+                                           tmp_path_factory.mktemp("signatures")), "gateway",
                             header_seconds=1.0)
     assert server.start()
     yield server.port
@@ -151,7 +153,7 @@ def test_a_superlink_that_never_answers_times_out() -> None:
         stalled.bind(("127.0.0.1", 0))
         stalled.listen()
         port = stalled.getsockname()[1]
-        server = LoopbackServer(create_gateway(f"127.0.0.1:{port}", None,
+        server = LoopbackServer(create_gateway(f"127.0.0.1:{port}", None, Path("none"),
                                                timeout=httpx.Timeout(0.5)), "gateway")
         assert server.start()
         try:

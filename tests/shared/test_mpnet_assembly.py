@@ -85,8 +85,10 @@ def test_assembles_once_with_progress_and_reuses_the_copy(fake: PackagedModel,
         assert (target / name).read_bytes() == data
     assert (target / MANIFEST).is_file() and check_assembled(fake, target) is None
     assert leftovers(models) == []  # no temp dir or zip left beside it
-    assert calls and all(0 < done <= total for done, total in calls)
+    assert calls and all(0 <= done <= total for done, total in calls)
     assert calls[-1][0] == calls[-1][1]
+    assert len({total for _, total in calls}) == 1  # one total from start to end
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)  # never back
     stamp = (target / "model.safetensors").stat().st_mtime_ns
 
     again: list[tuple[int, int]] = []

@@ -1,6 +1,9 @@
 """Federated learning in tests: devices with feedback, messages as a SuperNode gets
 them, replies as the server screens them, and global models as the server publishes them."""
 
+import os
+import signal
+import subprocess
 import time
 from functools import partial
 from pathlib import Path
@@ -11,6 +14,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, Metr
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.config import Settings, load_settings
+from meancache.client.device_caches import proxy_dir
 from meancache.fl_server.app_declaration import default_run_config
 from meancache.shared.fl.checkpoint import (
     GlobalModel,
@@ -28,10 +32,13 @@ def message(content: RecordDict, kind: str = "train", dst: int = 7) -> Message:
         group_id="1", created_at=time.time(), ttl=3600, message_type=kind))
 
 
-def device_with_feedback(data_dir: Path, questions: list[tuple[str, str, int]]) -> None:
+def device_with_feedback(data_dir: Path, questions: list[tuple[str, str, int]],
+                         cache: str | None = None) -> None:
+    """Labelled pairs in the chat's cache, or in the proxy cache ``cache``
+    (NAMESPACE/PARTITION under the proxy's directory)."""
     settings = load_settings(config_dir=data_dir / "cfg", data_dir=data_dir, environ={},
                              encoder_model="minilm")
-    store = EntryStore(settings.cache_dir)
+    store = EntryStore(proxy_dir(settings) / cache / "cache" if cache else settings.cache_dir)
     for i, (q1, q2, label) in enumerate(questions):
         store.put_pair(f"p{i}", {"query": q1, "matched_query": q2, "similarity": 0.9,
                                  "label": label, "weak": label == 1, "entry_id": "e",
@@ -105,3 +112,13 @@ def gaussian_rdp_epsilon(sigma: float, rounds: int, delta: float) -> float:
     rdp = rounds * orders / (2 * sigma**2)
     eps = rdp - (np.log(delta) + np.log(orders)) / (orders - 1) + np.log((orders - 1) / orders)
     return float(eps.min())
+
+
+def kill_group(process: "subprocess.Popen[bytes]") -> None:
+    """Kill a process started with ``start_new_session=True`` and everything it started
+    (a SuperLink's ServerApp, a SuperNode's ClientApp)."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    process.wait(timeout=30)

@@ -1,9 +1,24 @@
 """Driving the chat app with Textual's Pilot: wait on a condition, never a sleep."""
 
+import dataclasses
 from collections.abc import Callable
+from pathlib import Path
 
+from meancache.client.config import Settings, load_settings
 from meancache.client.tui.app import MeanCacheApp
 from textual.pilot import Pilot
+
+
+def chat_settings(tmp_path: Path, encoder_cache_dir: Path, upstream_url: str) -> Settings:
+    """A fresh data dir under ``tmp_path`` (the session's encoder exports linked in), the
+    packaged MiniLM, the upstream at ``upstream_url``, short answers."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "encoder").symlink_to(encoder_cache_dir, target_is_directory=True)
+    base = load_settings(config_dir=tmp_path / "config", data_dir=data, environ={},
+                         encoder_model="minilm")
+    return dataclasses.replace(base, upstream_url=upstream_url, answer_max_tokens=24,
+                               tune_min_per_class=1)
 
 
 async def wait_for(pilot: Pilot, condition: Callable[[], bool], seconds: float = 30) -> None:

@@ -1,6 +1,7 @@
 """Upstream servers on loopback for tests, stopped when the block ends: the real one, and a
 scripted OpenAI-compatible stub for the faults a real server cannot produce on demand."""
 
+import asyncio
 import json
 import socket
 import time
@@ -17,8 +18,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp
 
-__all__ = ["RECEIVED", "SCRIPTED_MODEL", "free_port", "running_upstream", "scripted_upstream",
-           "closes_trickled_headers", "serving",
+__all__ = ["ECHO_MODEL", "LONG_LINES", "RECEIVED", "SCRIPTED_MODEL", "closes_trickled_headers",
+           "echo_upstream", "free_port", "running_upstream", "scripted_upstream", "serving",
            "wait_for_port"]
 
 SCRIPTED_MODEL = "scripted"
@@ -39,12 +40,28 @@ DELTAS = [{"choices": [{"delta": {"content": "Hel"}}]},
                                     "prompt_tokens_details": {"cached_tokens": 7}}}]
 
 
-def events(*chunks: object) -> StreamingResponse:
+def events(*chunks: object, pause: float = 0.0) -> StreamingResponse:
+    """``chunks`` as server-sent events, ``pause`` seconds apart."""
     async def body() -> AsyncIterator[str]:
         for chunk in chunks:
             yield f"data: {json.dumps(chunk) if not isinstance(chunk, str) else chunk}\n\n"
+            if pause:
+                await asyncio.sleep(pause)
 
     return StreamingResponse(body(), media_type="text/event-stream")
+
+
+LONG_LINES = 60
+
+
+def long_answer() -> StreamingResponse:
+    """An answer of LONG_LINES lines (more than a screen), one line an event, streamed over
+    a few seconds so that a test can scroll while it comes."""
+    lines = [{"choices": [{"delta": {"content": f"Line {n} of the long answer.\n\n"}}]}
+             for n in range(1, LONG_LINES + 1)]
+    end = {"choices": [{"delta": {}, "finish_reason": "stop"}],
+           "usage": {"prompt_tokens": 9, "completion_tokens": 6 * LONG_LINES}}
+    return events(*lines, end, "[DONE]", pause=0.05)
 
 
 def listed(request: Request) -> Response:
@@ -68,7 +85,55 @@ ANSWERS: dict[str, Callable[[], Response]] = {
     "empty": lambda: events({"choices": [{"delta": {"role": "assistant", "content": " \n"}}]},
                             {"choices": [{"delta": {}, "finish_reason": "stop"}]}, "[DONE]"),
     "locked": refused_key,
+    "long": long_answer,
 }
+
+
+ECHO_MODEL = "echo"
+
+
+def echo_app(received: list[dict[str, object]]) -> Starlette:
+    """An OpenAI-compatible upstream whose answers name the last user message and count
+    up ("Answer 3: ..."), so that a fresh answer differs from a cached one; whole or
+    streamed in three pieces, with usage; every request body is appended to
+    ``received``."""
+    count = 0
+
+    async def chat(request: Request) -> Response:
+        nonlocal count
+        body = await request.json()
+        received.append(body)
+        count += 1
+        text = f"Answer {count}: {body['messages'][-1]['content']}"
+        usage = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
+                 "prompt_tokens_details": {"cached_tokens": 0}}
+        head = {"id": f"up-{count}", "created": 0, "model": ECHO_MODEL}
+        if not body.get("stream"):
+            return JSONResponse(head | {"object": "chat.completion", "usage": usage,
+                                        "choices": [{"index": 0, "finish_reason": "stop",
+                                                     "message": {"role": "assistant",
+                                                                 "content": text}}]})
+        third = len(text) // 3
+        pieces = [text[:third], text[third:2 * third], text[2 * third:]]
+        chunk = head | {"object": "chat.completion.chunk"}
+        return events(*[chunk | {"choices": [{"index": 0, "delta": {"content": piece},
+                                              "finish_reason": None}]} for piece in pieces],
+                      chunk | {"choices": [{"index": 0, "delta": {},
+                                            "finish_reason": "stop"}]},
+                      chunk | {"choices": [], "usage": usage}, "[DONE]")
+
+    def models(request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [{"id": ECHO_MODEL, "object": "model"}]})
+
+    return Starlette(routes=[Route("/v1/models", models),
+                             Route("/v1/chat/completions", chat, methods=["POST"])])
+
+
+@contextmanager
+def echo_upstream(received: list[dict[str, object]] | None = None) -> Iterator[str]:
+    """Yields the base URL of an echo upstream (``echo_app``) until the block ends."""
+    with serving(echo_app([] if received is None else received)) as url:
+        yield url
 
 
 def scripted_app() -> Starlette:

@@ -241,7 +241,11 @@ def test_commands_train_plan_build_then_the_device_updates(
     assert plan["validation_instructions"] == 4 and 0 <= plan["predicted_hit_rate"] <= 1
     assert main([*base, "pack", "build", *search, "--sigma", "12", "--model", "builtin:tiny",
                  "--packs-dir", str(packs), "--max-tokens", "4"]) == 0
-    assert "published" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "published" in captured.out
+    # stderr is not a terminal here: progress comes as lines, each step's last at 100%
+    for line in ("search depth: 12/12 (100%)", "answering: "):
+        assert line in captured.err, captured.err
     # Bars on the terminal; the log file has the progress of a job run in the background.
     logged = (tmp_path / "data" / "logs" / "meancache.log").read_text(encoding="utf-8")
     assert "training steps: 80/80" in logged and "search depth: 12/12" in logged
@@ -249,6 +253,13 @@ def test_commands_train_plan_build_then_the_device_updates(
     [published] = packs.glob("*.mcpack")
     built = read_pack(published, model="builtin:tiny")
     assert built.manifest.count > 0 and built.manifest.sigma == 12.0
+    assert main([*base, "pack", "plan", *search, "--data", str(instructions_file),
+                 "--fit-sigmas", "10", "13", "--sigma", "14", "--packs-dir", str(packs),
+                 "--json"]) == 0
+    checked = json.loads(capsys.readouterr().out.splitlines()[-1])["last_build"]
+    assert (checked["pack_id"], checked["sigma"], checked["count"]) == (
+        built.manifest.pack_id, 12.0, built.manifest.count)
+    assert checked["ratio"] == pytest.approx(checked["predicted"] / built.manifest.count)
     with running_upstream(settings=ServerSettings(packs_dir=packs)) as url:
         assert main([*base, "pack", "update", "--upstream", url]) == 0
     assert main([*base, "pack", "stats", "--json"]) == 0

@@ -122,11 +122,13 @@ def cut_off_server(body: bytes, declared: int) -> tuple[str, socket.socket]:
     listener = socket.create_server(("127.0.0.1", 0))
 
     def serve() -> None:
-        for _ in range(2):
+        for _ in range(3):  # the model list, the manifest (none here), the pack
             conn, _ = listener.accept()
             with conn:
                 request = conn.recv(65536)
-                if b"/v1/models" in request:
+                if b"/manifest" in request:
+                    conn.sendall(b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\n\r\n")
+                elif b"/v1/models" in request:
                     payload = json.dumps({"data": [{"id": MODEL}]}).encode()
                     conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
                                  b"content-length: %d\r\n\r\n%s" % (len(payload), payload))
@@ -169,3 +171,17 @@ def test_pack_update_and_stats_commands(server: str, packs_dir: Path, tmp_path: 
     stats = json.loads(capsys.readouterr().out)
     assert (stats["entries"], stats["model"], stats["hits"]) == (40, MODEL, 0)
     assert stats["size_bytes"] == (packs_dir / "g.mcpack").stat().st_size
+
+
+def test_the_start_line_names_the_pack_it_serves(tmp_path: Path) -> None:
+    from meancache.upstream.server.serve import describe_packs
+
+    packs = tmp_path / "packs"
+    packs.mkdir()
+    assert describe_packs(ServerSettings()) == ""  # publishes none: says nothing of packs
+    assert describe_packs(ServerSettings(packs_dir=packs)) == (
+        f", and no instruction pack yet (none in {packs})")
+    manifest = write_pack(packs / "pack-1.mcpack", [("What is Python?", "A language.")],
+                          model="builtin:tiny", sigma=4.0)
+    assert describe_packs(ServerSettings(packs_dir=packs)) == (
+        f", and instruction pack {manifest.pack_id} (1 instructions, pack-1.mcpack)")

@@ -13,13 +13,13 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
+from meancache.shared.hosts import host_name, open_server_warning
 from meancache.shared.processes import free_port
 from meancache.upstream.model_loading import load_model
 from meancache.upstream.prompt_cache.engine import PromptCacheEngine
 from meancache.upstream.prompt_cache.module_store import ModuleStore
 from meancache.upstream.prompt_cache.states import SegmentStates
 from meancache.upstream.server.app import ServerSettings, create_app
-from meancache.upstream.server.hosts import host_name, open_server_warning
 from meancache.upstream.server.limits import Limits
 from starlette.testclient import TestClient
 

@@ -53,6 +53,9 @@ def add_commands(pack: Any) -> None:
     goal = plan.add_mutually_exclusive_group(required=True)
     goal.add_argument("--sigma", type=float, help="the budget to predict for")
     goal.add_argument("--hit-rate", type=float, help="the hit rate (0-1) to find sigma for")
+    plan.add_argument("--packs-dir", type=Path, help="where `pack build` published packs: "
+                      "the newest one's size is set against what this fit predicts for its "
+                      "sigma (default: none)")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(handler=run_plan)
 
@@ -157,14 +160,48 @@ def run_plan(args: argparse.Namespace, settings: Any) -> int:
               "predicted_hit_rate": predicted_hit_rate(nlls, sigma),
               "fit": {"a": model.a, "b": model.b, "sigmas": [small, large], "sizes": sizes},
               "validation_instructions": len(validation)}
+    built = last_build(args.packs_dir) if args.packs_dir is not None else None
+    if built is not None:
+        result["last_build"] = built_against_fit(built, model)
     if args.json:
         print(json.dumps(result))
-    else:
-        print(f"sigma {sigma:.2f}: about {result['predicted_size']:,} instructions, predicted "
-              f"hit rate {result['predicted_hit_rate']:.1%} (N = {model.a:.3g}"
-              f"(e^({model.b:.3g} sigma) - 1), fitted on N({small:g}) = {sizes[0]}, "
-              f"N({large:g}) = {sizes[1]}; {len(validation)} validation instructions)")
+        return 0
+    print(f"sigma {sigma:.2f}: about {result['predicted_size']:,} instructions, predicted "
+          f"hit rate {result['predicted_hit_rate']:.1%} (N = {model.a:.3g}"
+          f"(e^({model.b:.3g} sigma) - 1), fitted on N({small:g}) = {sizes[0]}, "
+          f"N({large:g}) = {sizes[1]}; {len(validation)} validation instructions)")
+    if built is not None:
+        check = result["last_build"]
+        off = f"{check['ratio']:.2f}x the build" if check["ratio"] else "the build is empty"
+        print(f"the newest build in {args.packs_dir} (pack {check['pack_id']}, sigma "
+              f"{check['sigma']:g}) holds {check['count']:,} instructions; this fit predicts "
+              f"{check['predicted']:,} there ({off})")
+    elif args.packs_dir is not None:
+        print(f"no build in {args.packs_dir} to check this fit against")
     return 0
+
+
+def last_build(packs_dir: Path) -> Any:
+    """The manifest of the newest readable pack in ``packs_dir`` (by its ``created``), or
+    None."""
+    from meancache.shared.errors import PackError
+    from meancache.shared.pack import read_manifest
+
+    found = []
+    for path in packs_dir.glob("*.mcpack"):
+        try:
+            found.append(read_manifest(path))
+        except PackError:
+            continue
+    return max(found, key=lambda manifest: manifest.created, default=None)
+
+
+def built_against_fit(built: Any, model: Any) -> dict[str, Any]:
+    """How far the fit is from a build: its prediction at the build's sigma, and
+    prediction / found (1.0: exact; the pack holds the instructions that got an answer)."""
+    predicted = round(model.size(built.sigma))
+    return {"pack_id": built.pack_id, "sigma": built.sigma, "count": built.count,
+            "predicted": predicted, "ratio": predicted / built.count if built.count else None}
 
 
 def run_build(args: argparse.Namespace, settings: Any) -> int:

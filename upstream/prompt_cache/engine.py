@@ -30,6 +30,7 @@ from meancache.upstream.prompt_cache.states import (
     encode_segment,
     sliding_window,
 )
+from meancache.upstream.prompt_cache.user_text import UserText
 from meancache.upstream.sampling import History, SamplingParams, TextStream, next_token
 
 Message = dict[str, str]
@@ -100,6 +101,7 @@ class PromptCacheEngine:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.roles = role_template(self.tokenizer)
+        self.user_text = UserText(self.tokenizer)
         self._registries: dict[str, SchemaRegistry] = {}
         self.layouts: dict[str, SchemaLayout] = {}  # by schema_key
         self.modules = ModuleStore(module_budget_bytes)
@@ -118,7 +120,7 @@ class PromptCacheEngine:
         return value if isinstance(value, list) else [value] if value is not None else []
 
     def count_tokens(self, text: str) -> int:
-        return len(self.tokenizer.encode(text, add_special_tokens=False))
+        return len(self.user_text.ids(text))
 
     # schemas ------------------------------------------------------------------------
     def registry(self, tenant: str = LOCAL_TENANT) -> SchemaRegistry:
@@ -138,7 +140,7 @@ class PromptCacheEngine:
         held = sum(other.cached_tokens for other in others)
         if admit is not None:
             admit(SchemaUsage(len(others) + 1, held))
-        layout = lay_out(schema, self.tokenizer, self.roles)
+        layout = lay_out(schema, self.user_text, self.roles)
         if layout.end >= self.loaded.context_length:
             raise PromptTooLongError(
                 f"schema '{schema.name}' takes {layout.end} positions; the model's context "
@@ -197,10 +199,11 @@ class PromptCacheEngine:
         last = messages[-1].get("content", "")
         if last.lstrip().startswith("<prompt"):
             return self.prepare_pml(parse_prompt(last), messages[:-1], tenant)
-        ids = self.tokenizer.apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=True, return_dict=False
-        )
-        ids = list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        escaped = [{**m, "content": self.user_text.escape(m.get("content", ""))}
+                   for m in messages]
+        rendered = self.tokenizer.apply_chat_template(
+            escaped, tokenize=False, add_generation_prompt=True)
+        ids = self.user_text.encode(str(rendered))
         return PreparedPrompt((), tuple(ids), tuple(range(len(ids))))
 
     def prepare_pml_source(self, source: str) -> PreparedPrompt:
@@ -225,21 +228,22 @@ class PromptCacheEngine:
         for item in imports:  # arguments at their parameters' reserved positions
             for name, arg in item.args.items():
                 slot = layout.params[(item.name, name)]
-                arg_ids = self.tokenizer.encode(arg, add_special_tokens=False)[: slot.length]
+                arg_ids = self.user_text.ids(arg)[: slot.length]
                 ids.extend(arg_ids)
                 positions.extend(range(slot.start, slot.start + len(arg_ids)))
+        escape = self.user_text.escape
         text = "".join(
-            self.roles.prefix[m["role"]] + m["content"] + self.roles.suffix[m["role"]]
+            self.roles.prefix[m["role"]] + escape(m["content"]) + self.roles.suffix[m["role"]]
             for m in history
         )
         for node in prompt.children:
             if isinstance(node, Text):
-                text += node.text
+                text += escape(node.text)
             elif isinstance(node, Role):
-                inner = "".join(child.text for child in node.children)
+                inner = escape("".join(child.text for child in node.children))
                 text += self.roles.prefix[node.role] + inner + self.roles.suffix[node.role]
         text += self.roles.generation_prefix
-        new = self.tokenizer.encode(text, add_special_tokens=False)
+        new = self.user_text.encode(text)
         ids.extend(new)
         positions.extend(range(layout.end, layout.end + len(new)))
         return PreparedPrompt(tuple(cached), tuple(ids), tuple(positions))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from meancache.shared.pml import Module, Param, Role, Schema, Text, Union
 from meancache.upstream.prompt_cache.roles import RoleTemplate
-from transformers import PreTrainedTokenizerBase
+from meancache.upstream.prompt_cache.user_text import UserText
 
 LEADING = "<leading>"  # the template's opening tokens (BOS), at position 0
 SCHEMA_TEXT = ""  # the segment of a schema's always-included text
@@ -59,8 +59,8 @@ class SchemaLayout:
 
 
 class _Walker:
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, roles: RoleTemplate) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, user_text: UserText, roles: RoleTemplate) -> None:
+        self.user_text = user_text
         self.roles = roles
         self.position = 0
         self.segments: dict[str, Segment] = {
@@ -68,8 +68,11 @@ class _Walker:
         }
         self.params: dict[tuple[str, str], ParamSlot] = {}
 
-    def emit(self, owner: str, text: str) -> None:
-        ids = self.tokenizer.encode(text, add_special_tokens=False) if text else []
+    def emit(self, owner: str, text: str, markup: bool = False) -> None:
+        """``text``'s tokens: the role tags' ``markup`` may hold special tokens, a
+        schema's own text never does."""
+        ids = (self.user_text.encode(text) if markup else self.user_text.ids(text)
+               ) if text else []
         segment = self.segments[owner]
         segment.token_ids.extend(ids)
         segment.positions.extend(range(self.position, self.position + len(ids)))
@@ -84,9 +87,9 @@ class _Walker:
                                                             node.length)
                 self.position += node.length
             elif isinstance(node, Role):
-                self.emit(owner, self.roles.prefix[node.role])
+                self.emit(owner, self.roles.prefix[node.role], markup=True)
                 self.walk(node.children, owner)
-                self.emit(owner, self.roles.suffix[node.role])
+                self.emit(owner, self.roles.suffix[node.role], markup=True)
             elif isinstance(node, Module):
                 self.segments[node.name] = Segment(node.name)
                 self.walk(node.children, node.name)
@@ -99,10 +102,9 @@ class _Walker:
                 self.position = end
 
 
-def lay_out(schema: Schema, tokenizer: PreTrainedTokenizerBase, roles: RoleTemplate
-            ) -> SchemaLayout:
-    walker = _Walker(tokenizer, roles)
+def lay_out(schema: Schema, user_text: UserText, roles: RoleTemplate) -> SchemaLayout:
+    walker = _Walker(user_text, roles)
     if roles.leading:
-        walker.emit(LEADING, roles.leading)
+        walker.emit(LEADING, roles.leading, markup=True)
     walker.walk(schema.children, SCHEMA_TEXT)
     return SchemaLayout(schema, walker.segments, walker.params, walker.position)

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meancache.shared.http_limits import GuardRequests
+from meancache.shared.http_limits import GuardRequests, error_body
 from meancache.shared.pml import PML_MEDIA_TYPE
 from meancache.upstream.errors import (
     BadRequest,
@@ -34,10 +34,13 @@ from meancache.upstream.server.middleware import (
     RequireHost,
     RequireMediaType,
 )
+from meancache.upstream.server.openapi import openapi_document
 from meancache.upstream.server.packs import pack_routes
+from meancache.upstream.server.request_models import SchemaUpload
 from meancache.upstream.server.tenants import Tenants, tenant_id, tenant_of
-from meancache.upstream.server.wire import Completion, error_body, parse_chat_request
+from meancache.upstream.server.wire import Completion, parse_chat_request
 from meancache.upstream.server.worker import ModelWorker
+from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
@@ -93,18 +96,34 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         chat_request = parse_chat_request(await read_json(request), settings.defaults,
                                           model_name)
         check_chat(chat_request, limits)
-        prepared = await worker.call(lambda: engine.prepare_messages(chat_request.messages,
-                                                                     tenant), tenant)
-        check_prompt(prepared, limits)
-        engine.check_fits(prepared, chat_request.params)
         completion = Completion(model_name)
 
         def run(cancel: Any) -> Any:
+            # One job, one turn: preparing the prompt and generating as two jobs would let
+            # another key's request run in between, doubling what a greedy key costs others.
+            prepared = engine.prepare_messages(chat_request.messages, tenant)
+            check_prompt(prepared, limits)
+            engine.check_fits(prepared, chat_request.params)
             return engine.generate(prepared, chat_request.params, cancel)
+
+        events = worker.stream(run, tenant)
+        try:  # a prompt that is refused is a 4xx before any answer starts
+            first = await anext(events)
+        except StopAsyncIteration:
+            first = None
+
+        async def all_events() -> AsyncIterator[Any]:
+            try:
+                if first is not None:
+                    yield first
+                    async for event in events:
+                        yield event
+            finally:  # a client gone: the model thread stops at its next token
+                await events.aclose()
 
         if not chat_request.stream:
             text, finish = "", None
-            async for event in worker.stream(run, tenant):
+            async for event in all_events():
                 if isinstance(event, Delta):
                     text += event.text
                     if await request.is_disconnected():
@@ -121,7 +140,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
             yield _sse(completion.chunk({"role": "assistant", "content": ""}))
             finished = False
             try:
-                async for event in worker.stream(run, tenant):
+                async for event in all_events():
                     if isinstance(event, Delta):
                         yield _sse(completion.chunk({"content": event.text}))
                     elif isinstance(event, Finish):
@@ -158,11 +177,11 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         worker.admit(tenant)
         body = await read_body(request)
         if request.headers.get("content-type", "").startswith("application/json"):
-            payload = parse_json(body, limits)
-            if not isinstance(payload, dict) or not isinstance(payload.get("schema"), str):
+            try:
+                source = SchemaUpload.model_validate(parse_json(body, limits)).pml
+            except ValidationError:
                 raise BadRequest(f"send the PML as {PML_MEDIA_TYPE}, or JSON "
-                                 "{\"schema\": \"<schema ...>\"}")
-            source = payload["schema"]
+                                 "{\"schema\": \"<schema ...>\"}") from None
         else:
             try:
                 source = body.decode("utf-8")
@@ -188,10 +207,15 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         await worker.call(lambda: engine.remove_schema(name, tenant), tenant)
         return JSONResponse({"id": name, "deleted": True})
 
+    tenants = Tenants((settings.api_key or "", *settings.api_keys))
+    published = openapi_document(f"meancache upstream ({model_name})", bool(tenants))
+
+    async def openapi(request: Request) -> Response:
+        return JSONResponse(published)
+
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "model": model_name, "queued": worker.queued})
 
-    tenants = Tenants((settings.api_key or "", *settings.api_keys))
     operator = tenant_id(settings.api_key) if settings.api_key else None
 
     async def metrics_route(request: Request) -> Response:
@@ -218,6 +242,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         Route("/v1/schemas/{name}", delete_schema, methods=["DELETE"], name="schemas",
               middleware=auth),
         Route("/health", health, methods=["GET"], name="health", middleware=hosts),
+        Route("/openapi.json", openapi, methods=["GET"], name="openapi", middleware=hosts),
         Route("/metrics", metrics_route, methods=["GET"], name="metrics", middleware=auth),
         *pack_routes(settings.packs_dir, auth),
     ]

@@ -10,8 +10,8 @@ logs the traceback and the client never sees it.
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from meancache.shared.http_limits import error_body
 from meancache.upstream.errors import HTTP_ERRORS, HTTPErrorKind
-from meancache.upstream.server.wire import error_body
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -39,7 +39,8 @@ def _answer(kind: HTTPErrorKind) -> Callable[[Request, Exception], Awaitable[Res
 
 async def _no_route(request: Request, exc: Exception) -> Response:
     message = (f"no route {request.method} {request.url.path}; the API serves "
-               "/v1/chat/completions, /v1/models, /v1/schemas, /health and /metrics")
+               "/v1/chat/completions, /v1/models, /v1/schemas, /health, /metrics and "
+               "/openapi.json")
     return JSONResponse(error_body(message, "invalid_request_error", "not_found"),
                         status_code=404)
 

@@ -3,12 +3,12 @@ and the request counter."""
 
 from collections.abc import Callable
 
+from meancache.shared.hosts import host_name
 from meancache.upstream.errors import (
     HostNotAllowedError,
     InvalidApiKeyError,
     UnsupportedMediaTypeError,
 )
-from meancache.upstream.server.hosts import host_name
 from meancache.upstream.server.tenants import Tenants, set_tenant
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -37,7 +37,7 @@ class RequireApiKey:
 
 class RequireHost:
     """Route middleware: raises HostNotAllowedError unless the Host header names one of
-    ``names`` (see meancache.upstream.server.hosts: a DNS-rebinding page sends its own)."""
+    ``names`` (see meancache.shared.hosts: a DNS-rebinding page sends its own)."""
 
     def __init__(self, app: ASGIApp, names: frozenset[str]) -> None:
         self.app = app

@@ -3,20 +3,26 @@ thread on loopback (the chat app's embedded upstream, and the tests)."""
 
 import dataclasses
 import logging
+import os
 import secrets
 import sys
+import time
 from pathlib import Path
 
 import uvicorn
+from meancache.shared.hosts import LOOPBACK_NAMES, is_loopback, open_server_warning
 from meancache.shared.http_limits import server_config
 from meancache.shared.loopback_server import LoopbackServer
+from meancache.shared.processes import exit_on_sigterm
 from meancache.shared.progress import Progress
-from meancache.upstream.errors import UpstreamError
+from meancache.shared.running_upstream import BACKGROUND, RunningUpstream, register, unregister
+from meancache.upstream.errors import NoPackError, UpstreamError
 from meancache.upstream.model_loading import LoadedModel, load_model
 from meancache.upstream.precision import DEFAULT_PRECISION
 from meancache.upstream.prompt_cache.engine import PromptCacheEngine
 from meancache.upstream.server.app import ServerSettings, create_app
-from meancache.upstream.server.hosts import LOOPBACK_NAMES, is_loopback, open_server_warning
+from meancache.upstream.server.packs import latest_pack
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +30,18 @@ log = logging.getLogger(__name__)
 def describe(loaded: LoadedModel) -> str:
     kind = "an untrained random-init demo model" if loaded.untrained else loaded.architecture
     return f"{loaded.name} ({kind}, {loaded.parameters / 1e6:.1f}M parameters)"
+
+
+def describe_packs(settings: ServerSettings) -> str:
+    """What the start line says about instruction packs ("" when none are published)."""
+    if settings.packs_dir is None:
+        return ""
+    try:
+        path, manifest = latest_pack(settings.packs_dir)
+    except NoPackError:
+        return f", and no instruction pack yet (none in {settings.packs_dir})"
+    return (f", and instruction pack {manifest.pack_id} ({manifest.count} instructions, "
+            f"{path.name})")
 
 
 def report_conversion(done: int, total: int) -> None:
@@ -44,15 +62,39 @@ def serve(model: str, host: str, port: int, settings: ServerSettings,
     loaded = load_model(model, data_dir=data_dir, progress=report_conversion,
                         precision=precision)
     app = create_app(PromptCacheEngine(loaded, module_budget_bytes), settings)
-    log.info("serving %s on http://%s:%d", loaded.name, host, port)
-    print(f"meancache upstream: serving {describe(loaded)} on http://{host}:{port}",
-          file=sys.stderr, flush=True)
+    line = f"serving {describe(loaded)} on http://{host}:{port}{describe_packs(settings)}"
+    log.info(line)
+    print(f"meancache upstream: {line}", file=sys.stderr, flush=True)
     uvicorn.Server(server_config(app, host=host, port=port)).run()
+
+
+class Activity:
+    """ASGI wrapper that knows how long the app has had no request under way (a streamed
+    answer counts until its last byte), so that a background server can exit when idle."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.running = 0
+        self.last = time.monotonic()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        self.running += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.running -= 1
+            self.last = time.monotonic()
+
+    def idle_seconds(self) -> float:
+        return 0.0 if self.running else time.monotonic() - self.last
 
 
 class BackgroundServer:
     """The upstream on a daemon thread, on a free loopback port, until ``stop``. It answers
-    only to loopback names (see meancache.upstream.server.hosts)."""
+    only to loopback names (see meancache.shared.hosts)."""
 
     def __init__(self, model: str = "builtin:tiny", settings: ServerSettings | None = None,
                  module_budget_bytes: int = 512 << 20, data_dir: Path | None = None,
@@ -61,8 +103,10 @@ class BackgroundServer:
                                             allowed_hosts=LOOPBACK_NAMES)
         self.loaded = load_model(model, data_dir=data_dir, progress=progress,
                                  precision=precision)
-        app = create_app(PromptCacheEngine(self.loaded, module_budget_bytes), self.settings)
-        self._server = LoopbackServer(app, "upstream")
+        self.activity = Activity(create_app(PromptCacheEngine(self.loaded,
+                                                              module_budget_bytes),
+                                            self.settings))
+        self._server = LoopbackServer(self.activity, "upstream")
         self.port = self._server.port
 
     @property
@@ -100,3 +144,27 @@ def private_settings() -> ServerSettings:
     """Settings of a server only its starter may use: a random key made for this run (a
     process on the machine, or a page in its browser, cannot guess it)."""
     return ServerSettings(api_key=secrets.token_urlsafe(32))
+
+
+def serve_until_idle(model: str, data_dir: Path, idle_exit_s: float,
+                     poll_s: float = 1.0) -> None:
+    """`meancache upstream background`: the embedded upstream in its own process, with a
+    private key, registered in ``data_dir`` (shared.running_upstream) for `meancache ask`
+    to reuse, until it has been idle ``idle_exit_s`` seconds or is stopped (SIGTERM, as
+    `meancache upstream stop` sends). It unregisters itself on the way out."""
+    exit_on_sigterm()
+    server = BackgroundServer(model, private_settings(), data_dir=data_dir,
+                              progress=report_conversion).start()
+    pid = os.getpid()
+    register(data_dir, RunningUpstream(server.url, server.api_key, model, pid, BACKGROUND,
+                                       idle_exit_s))
+    print(f"meancache upstream: serving {describe(server.loaded)} on {server.url} in the "
+          f"background (pid {pid}); it exits after {idle_exit_s:.0f} s idle, or on "
+          "`meancache upstream stop`", file=sys.stderr, flush=True)
+    try:
+        while server.activity.idle_seconds() < idle_exit_s:
+            time.sleep(poll_s)
+        log.info("idle for %.0f s: the background upstream exits", idle_exit_s)
+    finally:
+        unregister(data_dir, pid)
+        server.stop()

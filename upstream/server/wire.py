@@ -16,13 +16,19 @@ from meancache.shared.errors import EXCERPT_CHARS, excerpt
 from meancache.upstream.errors import BadRequest, UnknownModelError
 from meancache.upstream.prompt_cache.engine import Finish
 from meancache.upstream.sampling_params import SamplingParams
+from meancache.upstream.server.request_models import ChatCompletionRequest
+from pydantic import ValidationError
 
 ROLES = ("system", "user", "assistant")
 MAX_MODEL_CHARS = 128  # a model id's length
 
 # Beyond OpenAI's API (send them with the SDK's extra_body): the repetition guard, named as
 # vLLM names its penalty; a request that leaves them out gets the server's defaults.
-EXTENSIONS = {"repetition_penalty": float, "repetition_window": int, "stop_on_loops": bool}
+EXTENSIONS = ("repetition_penalty", "repetition_window", "stop_on_loops")
+_INTEGERS = frozenset({"max_tokens", "max_completion_tokens", "seed", "repetition_window"})
+_REALS = frozenset({"temperature", "top_p", "frequency_penalty", "presence_penalty",
+                    "repetition_penalty"})
+_BOOLS = frozenset({"stream", "stop_on_loops"})
 
 # Fields that shape the answer and are honoured as the API defines them; ``model`` may be
 # left out (the served model answers).
@@ -75,62 +81,71 @@ def parse_chat_request(body: Any, defaults: SamplingParams, served_model: str) -
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     _refuse_unsupported(body)
-    body = {name: value for name, value in body.items() if value is not None}  # null: unset
-    model = body.get("model", served_model)
-    if not isinstance(model, str):
-        raise BadRequest("'model' must be a string", "model")
-    if len(model) > MAX_MODEL_CHARS:
-        raise BadRequest(f"'model' has {len(model)} characters; a model id has at most "
-                         f"{MAX_MODEL_CHARS}", "model")
+    # null: unset; an unsupported field that asks for nothing (n=1) is dropped too.
+    body = {name: value for name, value in body.items()
+            if value is not None and name not in UNSUPPORTED}
+    try:
+        request = ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        raise _bad_field(exc.errors()[0]) from None
+    model = served_model if request.model is None else request.model
     if model != served_model:
         raise UnknownModelError(f"the model {excerpt(model)} does not exist here; this server "
                                 f"serves {served_model!r} (GET /v1/models lists it)", "model")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise BadRequest("'messages' must be a non-empty list")
-    clean: list[dict[str, str]] = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") not in ROLES:
-            raise BadRequest(f"messages[{i}] needs a 'role' of {', '.join(ROLES)}")
-        content = message.get("content")
-        if isinstance(content, list):  # the structured form: a list of text parts
-            if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise BadRequest(f"messages[{i}].content: only text parts are supported; send "
-                                 "the content as a string or a list of text parts")
-            content = "".join(str(p.get("text", "")) for p in content)
-        if not isinstance(content, str):
-            raise BadRequest(f"messages[{i}].content must be a string")
-        clean.append({"role": message["role"], "content": content})
-    stop = body.get("stop") or ()
-    if isinstance(stop, str):
-        stop = (stop,)
-    if not isinstance(stop, list | tuple) or not all(isinstance(s, str) for s in stop):
-        raise BadRequest("'stop' must be a string or a list of strings")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens", defaults.max_tokens))
-    options = body.get("stream_options") or {}
-    if not isinstance(options, dict):
-        raise BadRequest("'stream_options' must be an object", "stream_options")
+    clean = [{"role": m.role, "content": m.text()} for m in request.messages]
+    stop = request.stop or ()
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+
+    def given(name: str, default: Any) -> Any:
+        value = getattr(request, name)
+        return default if value is None else value
+
+    max_tokens = given("max_completion_tokens", given("max_tokens", defaults.max_tokens))
     try:
         params = replace(
-            defaults,
-            max_tokens=_number(max_tokens, "max_tokens", int),
-            temperature=_number(body.get("temperature", 1.0), "temperature", float),
-            top_p=_number(body.get("top_p", 1.0), "top_p", float),
-            stop=tuple(stop),
-            seed=None if body.get("seed") is None else _number(body["seed"], "seed", int),
-            frequency_penalty=_number(body.get("frequency_penalty", 0.0), "frequency_penalty",
-                                      float),
-            presence_penalty=_number(body.get("presence_penalty", 0.0), "presence_penalty",
-                                     float),
-            **{name: _extension(body, name, getattr(defaults, name)) for name in EXTENSIONS},
-        )
+            defaults, max_tokens=max_tokens, stop=stop, seed=request.seed,
+            temperature=given("temperature", 1.0), top_p=given("top_p", 1.0),
+            frequency_penalty=given("frequency_penalty", 0.0),
+            presence_penalty=given("presence_penalty", 0.0),
+            **{name: given(name, getattr(defaults, name)) for name in EXTENSIONS})
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):  # "false" is a non-empty string, not false
-        raise BadRequest("'stream' must be true or false", "stream")
-    return ChatRequest(clean, params, stream,
-                       bool(options.get("include_usage")))
+    options = request.stream_options
+    return ChatRequest(clean, params, bool(request.stream),
+                       bool(options is not None and options.include_usage))
+
+
+def _bad_field(error: Any) -> BadRequest:
+    """A 400 for pydantic's first complaint, in this API's words, naming the field."""
+    loc = [str(part) for part in error["loc"]]
+    field = loc[0] if loc else ""
+    param = ".".join(loc)[:EXCERPT_CHARS] or None
+    if field == "messages":
+        if len(loc) == 1:
+            return BadRequest("'messages' must be a non-empty list", param)
+        where = f"messages[{loc[1]}]"
+        if len(loc) > 2 and loc[2] == "content":
+            return BadRequest(f"{where}.content must be a string, or a list of text parts "
+                              "({\"type\": \"text\", \"text\": ...})", param)
+        return BadRequest(f"{where} needs a 'role' of {', '.join(ROLES)} and a 'content'",
+                          param)
+    if field in _INTEGERS and error["msg"].endswith("out of range"):
+        return BadRequest(f"'{field}' is out of range", param)
+    messages = {
+        "model": f"'model' must be a string of at most {MAX_MODEL_CHARS} characters",
+        "stop": "'stop' must be a string or a list of strings",
+        "stream_options": "'stream_options' must be an object",
+        "metadata": "'metadata' must be an object of strings",
+    }
+    if field in messages:
+        return BadRequest(messages[field], param)
+    if field in _INTEGERS:
+        return BadRequest(f"'{field}' must be a number (an integer)", param)
+    if field in _REALS:
+        return BadRequest(f"'{field}' must be a number", param)
+    if field in _BOOLS:
+        return BadRequest(f"'{field}' must be true or false", param)
+    return BadRequest(f"'{field}': {error['msg']}", param)
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
@@ -151,26 +166,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         if value not in STREAM_OPTIONS[name]:
             raise BadRequest(f"{param!r} = {json.dumps(value)} is not supported by this server",
                              param)
-
-
-def _number(value: Any, name: str, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, int | float) or (
-        kind is int and not float(value).is_integer()
-    ):
-        raise BadRequest(f"'{name}' must be a number" + (" (an integer)" if kind is int else ""))
-    return kind(value)
-
-
-def _extension(body: dict[str, Any], name: str, default: Any) -> Any:
-    """An extension field's value, or the server's default when it is left out."""
-    if name not in body:
-        return default
-    kind = EXTENSIONS[name]
-    if kind is bool:
-        if not isinstance(body[name], bool):
-            raise BadRequest(f"'{name}' must be true or false", name)
-        return body[name]
-    return _number(body[name], name, kind)
 
 
 def usage(finish: Finish) -> dict[str, Any]:
@@ -221,8 +216,3 @@ class Completion:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                 "model": self.model, "choices": [], "usage": usage(finish)}
 
-
-def error_body(message: str, kind: str, code: str | None = None,
-               param: str | None = None) -> dict[str, Any]:
-    """OpenAI's error shape."""
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}

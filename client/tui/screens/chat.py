@@ -21,6 +21,7 @@ from meancache.client.tui.packs import update_pack
 from meancache.client.tui.screens.attach import AttachScreen
 from meancache.client.tui.screens.conversations import ConversationChoice, ConversationsScreen
 from meancache.client.tui.screens.stats import StatsScreen, session_rows
+from meancache.client.tui.start import StartSteps
 from meancache.client.tui.text import printable
 from meancache.client.tui.widgets import AnswerView, MessageList, QuestionInput, StatusLine
 from meancache.shared.errors import MeanCacheError
@@ -30,6 +31,8 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
 
+ACTIONS = frozenset(binding.action for binding in CHAT_BINDINGS)
+
 
 class ChatScreen(Screen[None]):
     """The chat: given the settings when built and the session once it is open (``ready``),
@@ -38,14 +41,15 @@ class ChatScreen(Screen[None]):
     BINDINGS = CHAT_BINDINGS
     DEFAULT_CSS = "#question { dock: bottom; }"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, start: StartSteps | None = None) -> None:
+        """``start``: the app's start, which the status line goes on showing."""
         super().__init__()
         self.settings = settings
         self.conversation = Conversation()
         self.busy = False
         self._session: ChatSession | None = None
         self.messages = MessageList(id="messages")
-        self.status_line = StatusLine()
+        self.status_line = StatusLine(start)
         self.federation = FederatedParticipation(settings)
         self.fl = FederationControl(self.federation, self.progress)
 
@@ -77,7 +81,15 @@ class ChatScreen(Screen[None]):
         self.refresh_bindings()
 
     def failed(self, message: str) -> None:
+        self.status_line.start.end()
         self.status_line.idle(f"cannot start: {message}")
+
+    def start_step(self, name: str) -> Progress:
+        """The start's step ``name`` begins (from the worker that opens the session): the
+        status line names it; the callback returned reports its progress."""
+        self.app.call_from_thread(self.status_line.begin_step, name)
+        return lambda done, total: self.app.call_from_thread(self.status_line.step_progress,
+                                                             done, total)
 
     def progress(self, label: str) -> Progress:
         """A (done, total) callback, safe to call from a worker thread."""
@@ -91,20 +103,40 @@ class ChatScreen(Screen[None]):
     def last_answer(self) -> AnswerView | None:
         return self.messages.last_answer()
 
-    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        if action == "reject":
-            rejectable = can_reject(self.conversation) and not self.busy
-            return True if rejectable and self._session else None
+    def why_not(self, action: str) -> str | None:
+        """Why the chat action ``action`` cannot act now, or None when it can. The footer
+        dims such a key; pressing it (or choosing it in the palette) shows this line."""
         if action == "cancel":
-            return True if self.busy else None
-        if action in ("attach", "stats", "export", "new_chat", "conversations",
-                      "pack_update"):
-            return True if self._session else None
-        if action == "fl_sync":
-            return True if self._session and self.settings.fl_server_url else None
-        if action == "fl_join":
-            return True if self._session and self.settings.fl_superlink else None
-        return True
+            return None if self.busy else "nothing to stop: no answer is streaming"
+        if action not in ACTIONS:
+            return None
+        if self._session is None:
+            return "still starting: the cache and the upstream are loading"
+        if action == "reject":
+            return self._why_not_reject()
+        if action == "new_chat" and not self.conversation.turns:
+            return "this chat is already new"
+        if action == "export" and not self.conversation.turns:
+            return "nothing to export yet: ask a question first"
+        if action == "fl_sync" and not self.settings.fl_server_url:
+            return "no federated server: set fl_server_url in config.toml"
+        if action == "fl_join" and not self.settings.fl_superlink:
+            return "no federated rounds to join: set fl_superlink in config.toml"
+        return None
+
+    def _why_not_reject(self) -> str | None:
+        if self.busy:
+            return "an answer is streaming: wait for it, or press esc to stop it"
+        if not self.conversation.turns:
+            return "nothing to reject: no answer yet"
+        if not can_reject(self.conversation):
+            return ("nothing to reject: this answer came from the model, not from a cache "
+                    "(only cached or empty answers can be marked wrong)")
+        return None
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        """A chat action that cannot act now stays in the footer, dimmed."""
+        return True if self.why_not(action) is None else None
 
     def show_conversation(self, conversation: Conversation) -> None:
         self.conversation = conversation
@@ -204,9 +236,6 @@ class ChatScreen(Screen[None]):
             self.show_conversation(Conversation())
 
     def action_export(self) -> None:
-        if not self.conversation.turns:
-            self.notify("Nothing to export yet.", severity="warning")
-            return
         history, conversation = self.history, self.conversation
         run_blocking(self, lambda: f"Exported to {history.export(conversation)}",
                      group="history", title="Export", failed="Cannot export")

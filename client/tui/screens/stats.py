@@ -15,6 +15,7 @@ def stats_rows(stats: CacheStats, pack_version: str | None) -> list[tuple[str, s
     return [
         ("hit rate", f"{stats.hit_rate:.1%} ({stats.hits} hits, {stats.misses} misses)"),
         ("false hits (rejected)", str(stats.rejections)),
+        ("near matches declined", stats.declines_line),
         ("tokens saved", str(stats.tokens_saved)),
         ("token saving ratio", f"{stats.token_saving_ratio:.1%} of "
                                f"{stats.tokens_saved + stats.tokens_upstream} answered tokens"),

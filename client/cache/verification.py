@@ -1,8 +1,4 @@
-"""The retired rule verifier, kept as a baseline for the benchmarks (verification.py,
-near_miss.py, entry_thresholds.py): the client's decision uses the learned verifier
-(shared/verifier, issue 24) since word lists did not generalise to data nobody here wrote.
-
-Verification of candidate hits: a cheap, explainable veto on two questions that look alike
+"""Verification of candidate hits: a cheap, explainable veto on two questions that look alike
 (cosine >= tau) but need different answers.
 
 Embeddings put "What is the capital of France?" and "What isn't the capital of France?" at a

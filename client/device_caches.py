@@ -1,0 +1,31 @@
+"""Where the device's caches live on disk, found without loading any of them (`cache list`
+reads them with no model loaded): the chat's in ``settings.cache_dir``, and the proxy's
+in ``DATA_DIR/proxy/NAMESPACE/PARTITION/``, each of which holds ``cache/`` (a
+SemanticCache), ``exchanges/`` (client/proxy/exchanges.py) and ``preamble.json`` (the
+system messages its answers were made after; client/proxy/partitions.py).
+
+Federated learning trains on the pairs of all of them and sets the global tau of all of
+them (client/fl/device.py), while a lookup only ever reads its own app's. Outside
+client/proxy/, since FL (which the chat uses) must not import the proxy."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from meancache.client.config import Settings
+
+
+def proxy_dir(settings: Settings) -> Path:
+    return settings.data_dir / "proxy"
+
+
+def cache_dirs(settings: Settings) -> Iterator[tuple[str, Path]]:
+    """(namespace, cache directory) of every proxy cache on disk."""
+    root = proxy_dir(settings)
+    for directory in sorted(root.glob("*/*/cache")) if root.is_dir() else ():
+        yield directory.parent.parent.name, directory
+
+
+def device_cache_dirs(settings: Settings) -> list[tuple[str, Path]]:
+    """(name, cache directory) of every cache on the device: the chat's (``chat``, whether
+    or not it exists yet) first, then each proxy cache's (named by its namespace)."""
+    return [("chat", settings.cache_dir), *cache_dirs(settings)]

@@ -1,0 +1,161 @@
+"""The OpenAI Chat Completions wire format as the proxy reads and writes it: request
+bodies validated by pydantic (strict JSON types, OpenAI's ranges; fields the proxy does
+not interpret are kept, for the upstream), and the completion, chunk and error objects it
+answers with. Every answer carries a ``meancache`` field (clients ignore unknown fields)
+and the ``x-meancache`` header saying where it came from."""
+
+import time
+from collections.abc import Sequence
+from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import quote
+
+from meancache.client.chat.conversations import Turn
+from meancache.client.errors import ProxyRequestError
+from meancache.shared.errors import excerpt
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+MAX_MESSAGES = 256  # in one request
+MAX_MODEL_CHARS = 256
+HEADER = "x-meancache"
+FINISH_REASONS = ("stop", "length", "content_filter", "tool_calls", "function_call")
+
+_REQUEST = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+class ContentPart(BaseModel):
+    """One part of a structured ``content``: text, or what the cache cannot match (an
+    image, audio)."""
+
+    model_config = _REQUEST
+    type: str = Field(min_length=1, max_length=64)
+    text: str | None = None
+
+
+class Message(BaseModel):
+    model_config = _REQUEST
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
+
+    def text(self) -> str | None:
+        """The content as text; None when it holds anything but text (or nothing)."""
+        if isinstance(self.content, str):
+            return self.content
+        if not self.content or any(p.type != "text" or p.text is None for p in self.content):
+            return None
+        return "".join(p.text or "" for p in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = _REQUEST
+    include_usage: bool | None = None
+
+
+class ChatRequest(BaseModel):
+    """``POST /v1/chat/completions``: what the proxy reads of it (the rest is kept in
+    ``model_extra`` and decides whether the cache may answer)."""
+
+    model_config = _REQUEST
+    model: str = Field(min_length=1, max_length=MAX_MODEL_CHARS)
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    max_tokens: Annotated[int, Field(ge=1)] | None = None
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    n: Annotated[int, Field(ge=1, le=128)] | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class FeedbackRequest(BaseModel):
+    """``POST /v1/meancache/feedback``: the response whose answer was wrong."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    id: str = Field(min_length=1, max_length=128)
+    wrong: Literal[True] = True  # the one feedback there is: "wrong answer"
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def parse(model: type[Body], body: bytes) -> Body:
+    """``body`` as ``model``, or a 400 naming the first field at fault."""
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(part) for part in error["loc"])
+        raise ProxyRequestError(400, f"{excerpt(where) + ': ' if where else ''}{error['msg']}",
+                                param=where[:64] or None) from None
+
+
+# answers ----------------------------------------------------------------------------
+def usage(turn: Turn) -> dict[str, Any]:
+    """What the upstream computed for this answer: nothing for an answer from a cache."""
+    if turn.source.from_cache:
+        prompt, completion, cached = 0, 0, 0
+    else:
+        prompt, completion = turn.prompt_tokens or 0, turn.completion_tokens or 0
+        cached = turn.cached_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def provenance(turn: Turn) -> dict[str, Any]:
+    """The ``meancache`` field: where the answer came from."""
+    return {"source": str(turn.source), "similarity": turn.similarity,
+            "matched_query": turn.matched_query}
+
+
+def header(turn: Turn | None, bypass: str | None = None) -> dict[str, str]:
+    """The ``x-meancache`` header: ``hit; similarity=0.93; matched=<the stored question,
+    percent-encoded>; source=cache``, ``miss``, or ``bypass; reason=...``."""
+    if turn is None:
+        return {HEADER: f"bypass; reason={bypass}"}
+    if not turn.source.from_cache:
+        return {HEADER: "miss"}
+    matched = quote((turn.matched_query or "")[:200], safe=" ,.?!'()-_:/")
+    return {HEADER: f"hit; similarity={turn.similarity or 0.0:.4f}; matched={matched}; "
+                    f"source={turn.source}"}
+
+
+def finish_reason(turn: Turn) -> str:
+    """The upstream's reason if it is one of OpenAI's (its answer is untrusted)."""
+    return turn.finish_reason if turn.finish_reason in FINISH_REASONS else "stop"
+
+
+class Completion:
+    """The response objects of one answer, whole or streamed."""
+
+    def __init__(self, response_id: str, model: str) -> None:
+        self.id = response_id
+        self.model = model
+        self.created = int(time.time())
+
+    def _head(self, kind: str) -> dict[str, Any]:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
+
+    def whole(self, turn: Turn) -> dict[str, Any]:
+        return self._head("chat.completion") | {
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": turn.answer},
+                         "finish_reason": finish_reason(turn)}],
+            "usage": usage(turn), "meancache": provenance(turn)}
+
+    def chunk(self, delta: dict[str, str], turn: Turn | None = None) -> dict[str, Any]:
+        chunk = self._head("chat.completion.chunk") | {"choices": [{
+            "index": 0, "delta": delta,
+            "finish_reason": None if turn is None else finish_reason(turn)}]}
+        if turn is not None:
+            chunk["meancache"] = provenance(turn)
+        return chunk
+
+    def usage_chunk(self, turn: Turn) -> dict[str, Any]:
+        return self._head("chat.completion.chunk") | {"choices": [], "usage": usage(turn)}
+
+
+def model_list(models: Sequence[str]) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                        "owned_by": "upstream"} for name in models]}

@@ -1,0 +1,66 @@
+"""The chat's start, inside the app: each step named and numbered on the status line, with
+its time so far (Pilot, the embedded upstream on builtin:tiny)."""
+
+import asyncio
+import dataclasses
+import time
+from pathlib import Path
+
+import pytest
+from meancache.client.chat.steps import LOADING, startup_steps
+from meancache.client.config import Settings
+from meancache.client.tui.app import MeanCacheApp
+from meancache.client.tui.start import StartSteps
+from meancache.client.tui.widgets import StatusLine
+from meancache.shared.encoder import Encoder
+
+from meancache.embedded import start_embedded_upstream
+from tests.support.pilot import chat_settings, started
+
+
+@pytest.fixture
+def settings(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path) -> Settings:
+    return dataclasses.replace(chat_settings(tmp_path, encoder_cache_dir, ""),
+                               upstream_url=None, upstream_model="builtin:tiny")
+
+
+def test_the_start_names_each_step_in_the_app(settings: Settings,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    shown: list[str] = []
+    show = StatusLine.show
+    monkeypatch.setattr(StatusLine, "show",
+                        lambda self, text: (shown.append(text), show(self, text))[1])
+    steps = startup_steps(settings)
+    assert len(steps) == 5 and steps[-1].startswith("starting the language model")
+    assert steps[0] == LOADING  # the program's heavy parts load inside the app too
+
+    async def run() -> None:
+        app = MeanCacheApp(settings, start_embedded_upstream)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await started(pilot)
+            assert "embedded upstream: builtin:tiny" in shown[-1]
+
+    asyncio.run(run())
+    numbered = [line for line in shown if line.startswith("step ")]
+    began = list(dict.fromkeys(line.split(": ", 1)[1].split("…")[0] for line in numbered))
+    # every step of the session's opening, in order, named (loading the program is too, but
+    # here it is done before the first frame: this process has imported it already)
+    assert [step for step in steps if step in began] == began
+    assert set(steps[1:]) <= set(began)
+    assert all(line.split("… ")[1].split(" s")[0].isdigit() for line in numbered)
+
+
+def test_a_step_with_progress_says_its_share_and_an_estimate() -> None:
+    start = StartSteps(["assembling the encoder"])
+    start.begin("assembling the encoder")
+    start.began = start.part_began = time.monotonic() - 10  # ten seconds in
+    start.progress(25, 100)
+    start.part_began = time.monotonic() - 10
+    line = start.line()
+    assert line is not None and line.startswith("step 1 of 1: assembling the encoder… 10 s")
+    left = float(line.split("about ")[1].split(" s left")[0])
+    assert 29 <= left <= 31  # a quarter in 10 s: about 30 s more
+    start.progress(10, 400)  # a new part (its total changed): its estimate starts anew
+    assert "about" not in (start.line() or "")
+    start.end()
+    assert start.line() is None

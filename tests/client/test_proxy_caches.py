@@ -1,0 +1,110 @@
+"""The proxy's caches as the device's: at most ``MAX_OPEN`` open (the least recently used
+closed, or once its last request is done; reopened on demand), all closed when the proxy
+stops, and the device's global tau reaching them, open or made later. The upstream is
+the echo stub (tests/support/servers.py); the encoder MiniLM. That a cache is closed is
+seen as the process holding no file under its directory."""
+
+import gc
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from meancache.client.config import Settings
+from meancache.client.device_caches import proxy_dir
+from meancache.client.fl.device import DeviceState
+from meancache.client.proxy import partitions
+from meancache.client.proxy.apps import key_digest
+from meancache.client.proxy.partitions import Partition
+from meancache.client.proxy.service import Proxy
+
+from tests.client.test_proxy import PARAPHRASE, QUESTION, ask, proxy_settings
+from tests.support.servers import echo_upstream
+
+
+def open_files(under: Path) -> int:
+    """Files under ``under`` this process holds open (a closed cache's connections go
+    with its last reference)."""
+    gc.collect()
+    count = 0
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            count += os.readlink(fd).startswith(f"{under}/")
+        except OSError:  # closed since it was listed
+            pass
+    return count
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Iterator[Settings]:
+    with echo_upstream() as upstream:
+        yield proxy_settings(tmp_path, upstream)
+
+
+@pytest.fixture
+def proxy(settings: Settings) -> Iterator[Proxy]:
+    proxy = Proxy.open(settings)
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
+def test_the_least_recently_used_cache_is_closed_and_reopens_on_demand(
+        proxy: Proxy, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(partitions, "MAX_OPEN", 2)
+    url = proxy.start()
+    keys = ("one", "two", "three")
+    apps = {key: proxy_dir(settings) / key_digest(key) for key in keys}
+    for key in keys:
+        assert ask(url, QUESTION, key=key)[0] == "miss"
+    assert open_files(apps["one"]) == 0  # the least recently used: closed
+    assert open_files(apps["two"]) > 0 and open_files(apps["three"]) > 0
+    assert ask(url, PARAPHRASE, key="one")[0].startswith("hit")  # reopened, entries kept
+    assert open_files(apps["one"]) > 0
+    assert open_files(apps["two"]) == 0  # now the least recently used
+    proxy.close()
+    assert open_files(proxy_dir(settings)) == 0  # all closed when the proxy stops
+
+
+def test_a_cache_in_use_is_closed_only_when_its_request_is_done(
+        proxy: Proxy, settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(partitions, "MAX_OPEN", 1)
+    caches = proxy.state.partitions
+    used = caches.get(key_digest("one"), ())
+    assert isinstance(used, Partition)
+    other = caches.get(key_digest("two"), ())  # past MAX_OPEN: "one" is no longer kept
+    assert isinstance(other, Partition)
+    caches.release(other)
+    used.cache.insert(QUESTION, "Bake it.")  # still usable by the request holding it
+    assert used.cache.lookup(PARAPHRASE).answer == "Bake it."  # type: ignore[union-attr]
+    assert open_files(proxy_dir(settings) / key_digest("one")) > 0
+    caches.release(used)
+    del used
+    assert open_files(proxy_dir(settings) / key_digest("one")) == 0
+    again = caches.get(key_digest("one"), ())
+    assert isinstance(again, Partition) and len(again.cache) == 1
+    caches.release(again)
+
+
+def test_the_devices_global_tau_reaches_open_caches_and_those_made_later(
+        proxy: Proxy, settings: Settings) -> None:
+    """What `fl sync` and a federated round do (DeviceState.set_global_threshold) reaches
+    a proxy cache that is open, and one made afterwards starts from it; each keeps its
+    own local tau."""
+    url = proxy.start()
+    assert ask(url, QUESTION, key="one")[0] == "miss"
+    caches = proxy.state.partitions
+    opened = caches.get(key_digest("one"), ())
+    assert isinstance(opened, Partition)
+    assert opened.cache.thresholds.global_value != 0.81
+    opened.cache.thresholds.set_local(0.95)
+    DeviceState(settings).set_global_threshold(0.81)
+    assert opened.cache.thresholds.global_value == 0.81  # seen while open
+    assert opened.cache.threshold == 0.95  # its own tuned tau still wins
+    caches.release(opened)
+    assert ask(url, QUESTION, key="two")[0] == "miss"
+    made = caches.get(key_digest("two"), ())
+    assert isinstance(made, Partition)
+    assert made.cache.threshold == made.cache.thresholds.global_value == 0.81
+    caches.release(made)
