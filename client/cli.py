@@ -205,7 +205,7 @@ def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
-    from meancache.client.proxy.service import Proxy, listen_warning
+    from meancache.client.proxy.service import Proxy, listen_warning, own_address_problem
     from meancache.shared.processes import exit_on_sigterm
 
     exit_on_sigterm()  # a service manager's stop closes the caches and upstream as Ctrl+C does
@@ -213,6 +213,9 @@ def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
     port = settings.proxy_port if args.port is None else args.port
     if not 0 < port < 65536:
         raise MeanCacheError(f"--port {port} is not a port; give one from 1 to 65535")
+    loop = own_address_problem(settings.upstream_url, args.host, port)
+    if loop is not None:
+        raise MeanCacheError(loop)
     warning = listen_warning(args.host)
     if warning:
         err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)

@@ -5,6 +5,7 @@ foreground (``serve``) or on a thread (``Proxy.start``: the tests and the benchm
 import logging
 from dataclasses import dataclass
 
+import httpx
 import uvicorn
 from meancache.client.chat.session import EmbeddedUpstream, UpstreamStarter
 from meancache.client.config import Settings
@@ -80,6 +81,24 @@ class Proxy:
             self.state.partitions.close()
         if self.embedded is not None:
             self.embedded.stop()
+
+
+def own_address_problem(upstream_url: str | None, host: str, port: int) -> str | None:
+    """Why ``upstream_url`` cannot be the proxy's upstream because it is the proxy itself
+    (each request would be relayed to itself until its deadline), or None. The usual way
+    in: OPENAI_BASE_URL set in the shell for the apps, then read by the proxy too."""
+    if not upstream_url:
+        return None
+    url = httpx.URL(upstream_url if "://" in upstream_url else f"http://{upstream_url}")
+    target = url.port or (443 if url.scheme == "https" else 80)
+    listening = {host.strip("[]").lower()}
+    if is_loopback(host) or host in {"0.0.0.0", "::", "[::]"}:
+        listening |= {name.strip("[]") for name in LOOPBACK_NAMES}
+    if target != port or url.host.lower() not in listening:
+        return None
+    return (f"the upstream {upstream_url} is this proxy's own address; give the real one "
+            "with --upstream (or unset OPENAI_BASE_URL in the proxy's shell: it is the "
+            "apps' setting)")
 
 
 def listen_warning(host: str) -> str | None:

@@ -13,9 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from meancache.client.proxy.eligibility import Bypass, Question, question_of
-from meancache.client.proxy.service import Proxy
+from meancache.client.proxy.service import Proxy, own_address_problem
 from meancache.client.proxy.wire import ChatRequest
 
+from meancache.cli import main
 from tests.client.test_proxy import proxy_settings
 from tests.support.servers import ECHO_MODEL, echo_upstream
 
@@ -155,3 +156,32 @@ def test_the_command_serves_an_unmodified_openai_client(tmp_path: Path,
     assert process.returncode == 128 + stop  # exited, its `finally`s run: not killed
     log = (tmp_path / "data" / "logs" / "meancache.log").read_text()
     assert "closed 1 proxy caches" in log
+
+
+@pytest.mark.parametrize(("upstream", "host", "port", "refused"), [
+    ("http://127.0.0.1:8788/v1", "127.0.0.1", 8788, True),
+    ("http://localhost:8788", "127.0.0.1", 8788, True),
+    ("127.0.0.1:8788", "0.0.0.0", 8788, True),
+    ("http://127.0.0.1:8789/v1", "127.0.0.1", 8788, False),  # another port: another server
+    ("https://api.example.com/v1", "127.0.0.1", 443, False),
+    (None, "127.0.0.1", 8788, False),  # the embedded upstream
+])
+def test_an_upstream_at_the_proxys_own_address_is_refused(
+    upstream: str | None, host: str, port: int, refused: bool
+) -> None:
+    assert (own_address_problem(upstream, host, port) is not None) == refused
+
+
+def test_the_command_refuses_to_relay_to_itself_before_loading_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The apps' OPENAI_BASE_URL, set in the same shell, would make the proxy its own
+    upstream: refused in one line, before the encoder loads."""
+    monkeypatch.setenv("MEANCACHE_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("OPENAI_BASE_URL", "http://127.0.0.1:8788/v1")
+    assert main(["proxy", "--port", "8788"]) == 2
+    err = capsys.readouterr().err
+    assert "this proxy's own address" in err.replace("\n", " ")
+    assert "Traceback" not in err
+    assert not (tmp_path / "data" / "models").exists()  # nothing was assembled

@@ -8,7 +8,7 @@ import pytest
 from meancache.client.config import load_settings
 from meancache.client.encoder import load_device_encoder
 from meancache.shared.encoder import Encoder, locate_model, profile_threshold
-from meancache.shared.encoder.packaged import MPNET, check_assembled
+from meancache.shared.encoder.packaged import ASSEMBLY_STEPS, MPNET, check_assembled
 from meancache.shared.threshold import MPNET_THRESHOLD
 
 
@@ -19,7 +19,10 @@ def mpnet_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     calls: list[tuple[int, int]] = []
     model_dir = locate_model("mpnet", data / "models", lambda d, t: calls.append((d, t)))
     assert model_dir == data / "models" / MPNET.name
-    assert calls and calls[-1][0] == calls[-1][1] > 400_000_000  # the zip and its contents
+    # one stable total over joining and unpacking, never going back, ending complete
+    assert calls and {total for _, total in calls} == {ASSEMBLY_STEPS}
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+    assert calls[-1][0] == ASSEMBLY_STEPS
     assert check_assembled(MPNET, model_dir) is None
     return data
 
