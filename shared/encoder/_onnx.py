@@ -8,7 +8,6 @@ length into transformers 5.x attention masks and gives wrong embeddings for othe
 import contextlib
 import io
 import logging
-import os
 import warnings
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import numpy as np
 import torch
 from meancache.shared.encoder.pipeline import EmbeddingPipeline
 from meancache.shared.files import atomic_path
+from meancache.shared.onnx_session import cpu_session
 
 log = logging.getLogger(__name__)
 
@@ -91,20 +91,9 @@ class OnnxEmbedder:
     """Runs an exported pipeline with onnxruntime on the CPU; ``backend`` names it."""
 
     def __init__(self, path: Path, backend: str = "onnx") -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = min(2, os.cpu_count() or 1)
-        # Spinning threads keep a core busy after each run and starve the search that
-        # follows (and everything else on a 2-core laptop).
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
         self.path = path
         self.backend = backend
-        self._session = ort.InferenceSession(
-            str(path), options, providers=["CPUExecutionProvider"]
-        )
+        self._session = cpu_session(path)
 
     def __call__(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
         (out,) = self._session.run(

@@ -8,13 +8,13 @@ whose hash differs is refused, never run. Light: numpy, tokenizers and onnxrunti
 
 import hashlib
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from meancache.shared.errors import VerifierError
+from meancache.shared.onnx_session import cpu_session
 from meancache.shared.verifier.tokens import MAX_TOKENS, tokenize_pairs
 
 ARTEFACT_DIR = Path(__file__).parent / "artefact"
@@ -60,8 +60,6 @@ class LearnedVerifier:
     """Scores question pairs; ``threshold`` is where "the same question" begins."""
 
     def __init__(self, model_path: Path, card: Card) -> None:
-        import onnxruntime as ort
-
         if not model_path.is_file():
             raise VerifierError(f"the verifier model {model_path} is missing; reinstall "
                                 "meancache or retrain with `meancache verifier train`")
@@ -71,17 +69,11 @@ class LearnedVerifier:
                 f"the verifier model {model_path} has sha256 {actual[:16]}..., not the "
                 f"{card.sha256[:16]}... its card names: the file is damaged or was "
                 "replaced; it is not loaded. Reinstall meancache or retrain it")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = min(2, os.cpu_count() or 1)
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3
         self.path = model_path
         self.card = card
         self.threshold = card.threshold
         self.version = actual[:16]
-        self._session = ort.InferenceSession(str(model_path), options,
-                                             providers=["CPUExecutionProvider"])
+        self._session = cpu_session(model_path)
 
     @classmethod
     def load(cls, directory: Path = ARTEFACT_DIR) -> "LearnedVerifier":
