@@ -108,7 +108,13 @@ class Match:
 class NoMatch:
     reason: str
     best_similarity: float | None = None
-    vetoed: bool = False
+    # A near match the verifier declined: the reason without its detail (the question's
+    # words, a probability), which is what declines are counted by. None: not a veto.
+    veto_kind: str | None = None
+
+    @property
+    def vetoed(self) -> bool:
+        return self.veto_kind is not None
 
 
 def embed_texts(encoder: Encoder, texts: Sequence[str], progress: Progress | None = None
@@ -214,7 +220,7 @@ class Matcher:
             return Match(candidate)
         log.info("vetoed %r for %r (similarity %.3f): %s", candidate.text, question.text,
                  candidate.similarity, veto.reason)
-        return NoMatch(veto.reason, best, vetoed=True)
+        return NoMatch(veto.reason, best, veto.summary)
 
     def _verified(self, question: Question, counting: list[Candidate], best: float | None
                   ) -> Match | NoMatch:
@@ -231,8 +237,8 @@ class Matcher:
             return Match(counting[top], probability)
         log.info("verifier vetoed %d candidates for %r (best %r, p=%.3f)", len(counting),
                  question.text, counting[top].text, probability)
-        return NoMatch(f"the verifier judged it a different question (p={probability:.2f})",
-                       best, vetoed=True)
+        kind = "the verifier judged it a different question"
+        return NoMatch(f"{kind} (p={probability:.2f})", best, kind)
 
     # feedback -----------------------------------------------------------------------
     def accepted(self, question: str, origin: Matched) -> None:

@@ -2,7 +2,6 @@
 their homes); what the encoder adds is passed in, so `meancache cache stats` can report
 without loading the encoder (seconds, and torch) just to count entries."""
 
-import re
 
 import numpy as np
 from meancache.client.cache import feedback
@@ -12,12 +11,6 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
 
 DECLINED = "declined:"  # counter prefix: near matches the verifier vetoed, by reason
-
-
-def decline_kind(reason: str) -> str:
-    """A veto's reason as its counter counts it: without a closing "(...)" detail, which
-    quotes the question's own words (one counter per kind, not per question)."""
-    return re.sub(r"\s*\([^()]*\)\s*$", "", reason) or reason
 
 
 def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, nbytes: int,

@@ -145,8 +145,13 @@ class Veto:
     detail: str
 
     @property
+    def summary(self) -> str:
+        """The reason without the question's own words: what declines are counted by."""
+        return f"a cached question looked alike but differs in {self.kind}"
+
+    @property
     def reason(self) -> str:
-        return f"a cached question looked alike but differs in {self.kind} ({self.detail})"
+        return f"{self.summary} ({self.detail})"
 
 
 @dataclass(frozen=True)
