@@ -50,7 +50,7 @@ from _common import (
 from meancache.client.cache.matcher import Matcher
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
-from meancache.client.pack import PackStore
+from meancache.client.pack import PackHit, PackStore
 from meancache.client.pack.store import PACK_FILE
 from meancache.shared.encoder import Encoder
 from meancache.shared.pack import write_pack
@@ -159,7 +159,7 @@ def labelled_pairs_section(args: argparse.Namespace, encoder: Encoder) -> None:
             matcher = matcher_at(Path(tmp), encoder, tau)
             for pair in pairs:
                 found = packs.lookup_similar(pair.q2, matcher)
-                if found is None:
+                if not isinstance(found, PackHit):
                     continue
                 label = labels.get((normalise_query(pair.q2), found.instruction))
                 right += label == 1
@@ -193,7 +193,7 @@ def held_out_section(args: argparse.Namespace, train: list[str], test: list[str]
             matcher = matcher_at(Path(tmp), encoder, tau)
             found = {t: packs.lookup_similar(t, matcher) for t in misses}
             semantic = [(t, f.instruction, f.similarity) for t, f in found.items()
-                        if f is not None]
+                        if isinstance(f, PackHit)]
             latency = time_each(lambda t, m=matcher: packs.lookup_similar(t, m), misses[:200])
             table.add_row(fmt(tau), pct(exact / len(test)),
                           pct(len(semantic) / len(test)), fmt(latency.p50, 2),
@@ -228,7 +228,7 @@ def predicted_section(args: argparse.Namespace, test: list[str], encoder: Encode
             misses = [t for t in test if packs.lookup(t) is None]
             matcher = matcher_at(Path(tmp), encoder, tau)
             found = [(t, f.instruction, f.similarity) for t in misses
-                     if (f := packs.lookup_similar(t, matcher)) is not None]
+                     if isinstance(f := packs.lookup_similar(t, matcher), PackHit)]
             judged = [labels.get((t, m)) for t, m, _ in found]
             same, different = judged.count(True), judged.count(False)
             table.add_row(fmt(tau), pct((len(test) - len(misses)) / len(test)),

@@ -1,10 +1,11 @@
 """Degenerate loops of the embedded model with and without the repetition guard.
 
 Answers held-out Arena first turns (the test part of a seeded 80/10/10 split of
-instructions/arena_first_turns.jsonl; the guard's settings were looked at only on the
-validation part) greedily through the Prompt Cache engine, as the server answers them, once
-with the guard off (no penalty, no loop stop) and once with the server's defaults
-(upstream.sampling_params.SERVER_DEFAULTS).
+instructions/arena_first_turns.jsonl) greedily through the Prompt Cache engine, as the
+server answers them, once with the guard off (no penalty, no loop stop) and once with the
+server's defaults (upstream.sampling_params.SERVER_DEFAULTS). The defaults were chosen with
+``--split validation`` and the ``--dry-multiplier``/``--repetition-penalty`` overrides, on
+the validation part only; the test part is for the report.
 
 A loop is counted by a rule that is not the guard's own: some run of 6 words (lower-cased,
 punctuation dropped) occurs 3 or more times in the answer. The table also counts answers
@@ -12,6 +13,7 @@ cut at the token cap, answers the loop stop ended, the median answer length and 
 tokens per second (all tokens over all time).
 
     python benchmarks/repetition_guard.py            # Gemma 3 270M, 100 questions, 512 tokens
+    python benchmarks/repetition_guard.py --split validation --dry-multiplier 0  # tuning
     python benchmarks/repetition_guard.py --quick    # builtin:tiny-gemma3, 5 questions
 """
 
@@ -89,6 +91,12 @@ def main() -> None:
                         help="fp16-int8 picks float32's next token (generation_speed.py) "
                         "at 1.6x its speed")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--split", choices=("test", "validation"), default="test",
+                        help="the part of the split asked (default: test; tune on validation)")
+    parser.add_argument("--dry-multiplier", type=float, help="the guard's DRY multiplier "
+                        f"(default {SERVER_DEFAULTS.dry_multiplier})")
+    parser.add_argument("--repetition-penalty", type=float, help="the guard's repetition "
+                        f"penalty (default {SERVER_DEFAULTS.repetition_penalty})")
     parser.add_argument("--show", type=int, default=0, help="print this many answer pairs")
     parser.add_argument("--off-questions", type=int, help="answer only the first N questions "
                         "with the guard off (default: all; the unguarded loops run to the "
@@ -100,21 +108,30 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     load_before = machine_load()
     texts = read_instructions(args.data_dir / "instructions" / "arena_first_turns.jsonl")
-    questions = split_instructions(texts, seed=args.seed).test[:args.questions]
+    questions = getattr(split_instructions(texts, seed=args.seed), args.split)[:args.questions]
     engine = PromptCacheEngine(load_model(args.model, device="cpu", data_dir=args.cache_dir,
                                           precision=args.precision))
     greedy = replace(SERVER_DEFAULTS, max_tokens=args.max_tokens, temperature=0.0)
+    if args.dry_multiplier is not None:
+        greedy = replace(greedy, dry_multiplier=args.dry_multiplier)
+    if args.repetition_penalty is not None:
+        greedy = replace(greedy, repetition_penalty=args.repetition_penalty)
     off = questions[:args.off_questions]
-    settings = {
+    settings: dict[str, tuple[SamplingParams, list[str]]] = {
         f"on (penalty {greedy.repetition_penalty} over {greedy.repetition_window} tokens, "
-        f"loop stop), {len(questions)} questions": (greedy, questions),
+        f"DRY {greedy.dry_multiplier} x {greedy.dry_base}^(run - "
+        f"{greedy.dry_allowed_length}), loop stop), {len(questions)} questions": (
+            greedy, questions),
         f"off, the first {len(off)} of them": (
-            replace(greedy, repetition_penalty=1.0, stop_on_loops=False), off),
+            replace(greedy, repetition_penalty=1.0, dry_multiplier=0.0, stop_on_loops=False),
+            off),
     }
+    if not off:  # --off-questions 0: the guard alone (tuning)
+        settings.popitem()
     results = {label: run(engine, asked, params, label)
                for label, (params, asked) in settings.items()}
 
-    heading(f"Repetition guard, {args.model} ({args.precision}), {len(questions)} held-out "
+    heading(f"Repetition guard, {args.model} ({args.precision}), {len(questions)} {args.split} "
             f"Arena first turns, greedy, up to {args.max_tokens} tokens, {args.threads} threads")
     table = make_table(["guard", "answers that loop", "cut at the cap", "ended by the loop stop",
                         "tokens per answer (median)", "decode tokens/s", "total s"])
@@ -124,7 +141,8 @@ def main() -> None:
                       f"{statistics.median(outcome.tokens):.0f}",
                       f"{sum(outcome.tokens) / outcome.seconds:.1f}", f"{outcome.seconds:.0f}")
     print_table(table)
-    (_, after), (_, before) = results.values()
+    answers = [texts for _, texts in results.values()]
+    after, before = answers[0], answers[-1]
     for question, old, new in list(zip(questions, before, after, strict=False))[:args.show]:
         print(f"\nQ: {question[:200]}\n  off: {old[:300]!r}\n  on:  {new[:300]!r}")
     note(f"machine: {load_before} at the start; {machine_load()} at the end")

@@ -43,6 +43,12 @@ def add_commands(commands: Any) -> None:
     serve.add_argument("--repetition-window", type=int, default=defaults.repetition_window,
                        help="tokens the repetition penalty looks back over (default: "
                        "%(default)s)")
+    serve.add_argument("--dry-multiplier", type=float, default=defaults.dry_multiplier,
+                       help="DRY: how hard a token that would extend an earlier run is "
+                       "lowered; 0 turns it off, a request's dry_multiplier wins (default: "
+                       "%(default)s)")
+    serve.add_argument("--dry-allowed-length", type=int, default=defaults.dry_allowed_length,
+                       help="DRY: runs this long repeat freely (default: %(default)s)")
     serve.add_argument("--no-loop-stop", dest="stop_on_loops", action="store_false",
                        help="let answers run on when they repeat one phrase over and over; a "
                        "request's stop_on_loops wins (default: the loop stop is on)")
@@ -140,7 +146,9 @@ def run_serve(args: argparse.Namespace, settings: Any) -> int:
             defaults=SamplingParams(max_tokens=args.default_max_tokens,
                                     repetition_penalty=args.repetition_penalty,
                                     repetition_window=args.repetition_window,
-                                    stop_on_loops=args.stop_on_loops),
+                                    stop_on_loops=args.stop_on_loops,
+                                    dry_multiplier=args.dry_multiplier,
+                                    dry_allowed_length=args.dry_allowed_length),
             limits=Limits(
                 max_queued=args.max_queued, max_queued_per_key=args.max_queued_per_key,
                 max_prompt_tokens=args.max_prompt_tokens,

@@ -2,11 +2,13 @@
 when to stop: stop strings, and an answer caught in a loop.
 
 Small models, Gemma 3 270M among them, fall into loops ("he is a very good actor. he is a
-very good actor. ..."), each costing a whole token budget. Two guards, as llama.cpp and
-Ollama ship them: a repetition penalty over the recent tokens (``repetition_penalty``,
-``repetition_window``, their ``repeat_penalty``/``repeat_last_n``), and a stop once the
-answer has repeated one n-gram ``LOOP_REPEATS`` times (``stop_on_loops``). OpenAI's
-``frequency_penalty`` and ``presence_penalty`` are honoured as its API defines them.
+very good actor. ..."), each costing a whole token budget. Three guards, as llama.cpp ships
+them: a repetition penalty over the recent tokens (``repetition_penalty``,
+``repetition_window``, its ``repeat_penalty``/``repeat_last_n``); DRY, a penalty growing
+exponentially with the length of the earlier run a token would repeat (``dry_*``, its own
+names); and a stop once the answer has repeated one n-gram ``LOOP_REPEATS`` times
+(``stop_on_loops``). OpenAI's ``frequency_penalty`` and ``presence_penalty`` are honoured
+as its API defines them.
 """
 
 from collections import Counter
@@ -20,6 +22,7 @@ from transformers import PreTrainedTokenizerBase
 GREEDY_BELOW = 1e-4
 LOOP_NGRAM = 8  # tokens in the span whose repeats mark a loop (about one phrase)
 LOOP_REPEATS = 4  # its occurrences in one answer that stop it: a phrase said 4 times
+DRY_LONGEST = 48  # runs longer than this are penalised as this long (already prohibitive)
 
 
 class History:
@@ -33,9 +36,11 @@ class History:
         self._answer: list[int] = []
         self._counts: Counter[int] = Counter()
         self._ngrams: Counter[tuple[int, ...]] = Counter()
+        self._positions: dict[int, list[int]] = {}  # token -> where it stands in the answer
         self.looping = False
 
     def add(self, token: int) -> None:
+        self._positions.setdefault(token, []).append(len(self._answer))
         self._answer.append(token)
         self._counts[token] += 1
         if self._params.repetition_window:
@@ -61,7 +66,29 @@ class History:
             ids = torch.tensor(list(self._counts), dtype=torch.long)
             counts = torch.tensor(list(self._counts.values()), dtype=logits.dtype)
             logits[ids] -= counts * params.frequency_penalty + params.presence_penalty
+        if params.dry_multiplier:
+            for token, run in self.repeated_runs().items():
+                if run >= params.dry_allowed_length:
+                    logits[token] -= params.dry_multiplier * params.dry_base ** (
+                        run - params.dry_allowed_length)
         return logits
+
+    def repeated_runs(self) -> dict[int, int]:
+        """For each token that has followed the answer's last token before: the length of
+        the longest run ending in the last token that it would repeat (the run's earlier
+        copy followed by that token). Only earlier places of the last token are visited."""
+        answer = self._answer
+        if not answer:
+            return {}
+        end = len(answer) - 1
+        runs: dict[int, int] = {}
+        for at in self._positions[answer[end]][:-1]:
+            run = 1
+            while run < DRY_LONGEST and run <= at and answer[at - run] == answer[end - run]:
+                run += 1
+            follower = answer[at + 1]
+            runs[follower] = max(run, runs.get(follower, 0))
+        return runs
 
 
 def next_token(logits: torch.Tensor, params: SamplingParams,

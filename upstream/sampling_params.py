@@ -16,6 +16,12 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI's: minus this x a token's count in the answer
     presence_penalty: float = 0.0  # OpenAI's: minus this once a token is in the answer
     stop_on_loops: bool = False
+    # DRY ("don't repeat yourself", llama.cpp's dry_*): a token that would extend a run
+    # already said earlier in the answer loses dry_multiplier x dry_base^(run -
+    # dry_allowed_length) of its logit, so a phrase can recur but a loop cannot grow.
+    dry_multiplier: float = 0.0  # 0: off
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -30,6 +36,12 @@ class SamplingParams:
             raise ValueError("repetition_penalty must lie in (0, 2]")
         if not 0 <= self.repetition_window <= 4096:
             raise ValueError("repetition_window must lie in [0, 4096]")
+        if not 0.0 <= self.dry_multiplier <= 8.0:
+            raise ValueError("dry_multiplier must lie in [0, 8]")
+        if not 1.0 <= self.dry_base <= 4.0:
+            raise ValueError("dry_base must lie in [1, 4]")
+        if not 1 <= self.dry_allowed_length <= 64:
+            raise ValueError("dry_allowed_length must lie in [1, 64]")
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must lie in [-2, 2]")
@@ -37,7 +49,7 @@ class SamplingParams:
     @property
     def penalised(self) -> bool:
         return (self.repetition_penalty != 1.0 and self.repetition_window > 0) or bool(
-            self.frequency_penalty or self.presence_penalty)
+            self.frequency_penalty or self.presence_penalty or self.dry_multiplier)
 
 
 # A request that sets none of these gets them (``upstream serve`` flags change them): the

@@ -47,6 +47,7 @@ from meancache.client.cache.results import ThresholdChange
 from meancache.client.cache.settings import CacheSettings, MatchSettings
 from meancache.client.cache.source import Matched
 from meancache.client.cache.store import EntryStore
+from meancache.client.cache.summary import DECLINED
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.cache.verification import verify
 from meancache.shared.encoder import Encoder
@@ -186,7 +187,14 @@ class Matcher:
     # the decision -------------------------------------------------------------------
     def decide(self, question: Question, candidates: Iterable[Candidate]) -> Match | NoMatch:
         """The candidate that answers ``question``, or why none does. ``candidates`` come
-        best first; only the first ``settings.candidates`` are looked at."""
+        best first; only the first ``settings.candidates`` are looked at. A declined near
+        match is counted by its kind, whichever source (cache or pack) asked."""
+        decision = self._decide(question, candidates)
+        if isinstance(decision, NoMatch) and decision.veto_kind is not None:
+            self._store.add_to_counter(DECLINED + decision.veto_kind)
+        return decision
+
+    def _decide(self, question: Question, candidates: Iterable[Candidate]) -> Match | NoMatch:
         tau, best, rejected_before = self.recall_tau, None, False
         counting: list[Candidate] = []
         for candidate in islice(candidates, self.settings.candidates):

@@ -33,7 +33,7 @@ from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChang
 from meancache.client.cache.settings import CacheSettings
 from meancache.client.cache.source import CacheOrigin, Source
 from meancache.client.cache.store import EntryStore
-from meancache.client.cache.summary import DECLINED, cache_stats
+from meancache.client.cache.summary import cache_stats
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.errors import EntryNotFoundError
 from meancache.shared.encoder import Encoder, PCAProjection
@@ -214,8 +214,7 @@ class SemanticCache:
                     return self._serve(query, decision.candidate, question.truncated)
             self.store.add_to_counter("misses")
             reason = decision.reason if isinstance(decision, NoMatch) else NOTHING_CLOSE
-            if isinstance(decision, NoMatch) and decision.veto_kind is not None:
-                self.store.add_to_counter(DECLINED + decision.veto_kind)
+            if isinstance(decision, NoMatch) and decision.vetoed:
                 return Miss(query, reason, decision.best_similarity, question.truncated, True)
             if reason == NOTHING_CLOSE and best is not None and best >= tau:
                 reason = "similar queries were asked in another context"

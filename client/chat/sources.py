@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from meancache.client.cache import Context, Hit, SemanticCache, Source, ThresholdChange
-from meancache.client.cache.matcher import Matcher
+from meancache.client.cache import Context, Hit, Miss, SemanticCache, Source, ThresholdChange
+from meancache.client.cache.matcher import Matcher, NoMatch
 from meancache.client.cache.source import CacheOrigin, Matched, PackOrigin, UpstreamOrigin
 from meancache.client.chat.conversations import Conversation, Turn
 from meancache.client.chat.documents import document_prompt
@@ -53,10 +53,18 @@ class Declined:
 
     similarity: float
     reason: str
+    source: str  # "cache" or "pack"
+
+    @classmethod
+    def of(cls, miss: Miss | NoMatch, source: str = "cache") -> "Declined | None":
+        """The decline a miss records, None if nothing was declined."""
+        if not miss.vetoed:
+            return None
+        return cls(miss.best_similarity or 0.0, miss.reason, source)
 
     @property
     def note(self) -> str:
-        return f"cache declined a near match ({self.similarity:.2f}): {self.reason}"
+        return f"{self.source} declined a near match ({self.similarity:.2f}): {self.reason}"
 
 
 class AnswerSource(Protocol):
@@ -76,16 +84,16 @@ class PackSource:
         self.packs = packs
         self.matcher = matcher
 
-    async def answer(self, asked: Asked) -> Turn | None:
+    async def answer(self, asked: Asked) -> Turn | Declined | None:
         if asked.about_documents:
             return None
         return await asyncio.to_thread(self._lookup, asked.question)
 
-    def _lookup(self, question: str) -> Turn | None:
+    def _lookup(self, question: str) -> Turn | Declined | None:
         found = self.packs.lookup(question) or self.packs.lookup_similar(question,
                                                                          self.matcher)
-        if found is None:
-            return None
+        if isinstance(found, NoMatch):
+            return Declined.of(found, "pack")
         self.matcher.accepted(question, found.origin)
         return Turn(question, found.answer, found.origin)
 
@@ -109,8 +117,7 @@ class CacheSource:
             return None
         result = await asyncio.to_thread(self.cache.lookup, asked.question, asked.context)
         if not isinstance(result, Hit):
-            return Declined(result.best_similarity or 0.0, result.reason) if result.vetoed \
-                else None
+            return Declined.of(result)
         return Turn(asked.question, result.answer, result.origin, truncated=result.truncated)
 
     async def reject(self, asked: Asked, origin: Matched) -> ThresholdChange:

@@ -27,7 +27,7 @@ from meancache.shared.query import normalise_query
 
 if TYPE_CHECKING:  # the matcher (its verifier loads scikit-learn, seconds) is imported
     # only by the similar match: an exact lookup (`meancache ask`'s fast path) needs none
-    from meancache.client.cache.matcher import Candidate, Matcher
+    from meancache.client.cache.matcher import Candidate, Matcher, NoMatch
 
 log = logging.getLogger(__name__)
 
@@ -128,19 +128,20 @@ class PackStore:
         return PackHit(found[1], PackOrigin(uuid.uuid4().hex, pack.manifest.pack_id,
                                             found[0], 1.0, exact=True))
 
-    def lookup_similar(self, query: str, matcher: "Matcher") -> PackHit | None:
+    def lookup_similar(self, query: str, matcher: "Matcher") -> "PackHit | NoMatch":
         """The answer of the pack instruction the matcher accepts for ``query`` (the same
         rule as the semantic cache's: tau, candidate count, verification, over-long
-        questions), among those the user did not reject; None at once while the
-        instructions are being embedded in the matcher's space."""
-        from meancache.client.cache.matcher import Candidate, Match
+        questions), among those the user did not reject; else the matcher's reason (a
+        declined near match among them), at once while the instructions are being embedded
+        in the matcher's space."""
+        from meancache.client.cache.matcher import Candidate, Match, NoMatch
 
         pack = self._pack
         if pack is None:
-            return None
+            return NoMatch("no instruction pack")
         ready = self.embeddings.vectors(pack, matcher.encoder)
         if ready is None or not ready.instructions:
-            return None
+            return NoMatch("the pack's instructions are still being embedded")
         question = matcher.question(query)
         similarities = ready.vectors @ question.vector
         count = min(matcher.settings.candidates, len(similarities))
@@ -159,7 +160,7 @@ class PackStore:
 
         decision = matcher.decide(question, candidates())
         if not isinstance(decision, Match):
-            return None
+            return decision
         with self._lock:
             self._semantic_hits += 1
             self._write_state(durable=False)

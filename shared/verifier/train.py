@@ -6,8 +6,8 @@ test set in benchmarks/data):
 - ``pairs`` QQP train pairs drawn with the seed;
 - the embedding's own false positives among them (label 0, cosine >= tau under the
   packaged MiniLM encoder) seen once more;
-- ``generated`` hard negatives made by code from other train questions
-  (``negatives.generate``) and a quarter as many same-question variants (label 1).
+- ``generated`` hard negatives made by code from train questions (``negatives.generate``)
+  and a quarter as many same-question variants (label 1).
 
 The threshold is the F0.5 optimum of the int8 model on one half ("dev-a", chosen by a hash
 of the pair) of a seeded sample of QQP dev; the other half ("dev-b") is reported beside it
@@ -42,11 +42,11 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainConfig:
-    pairs: int = 6_000  # QQP train pairs drawn
-    generated: int = 2_000  # code-made hard negatives
-    epochs: int = 1
+    pairs: int = 60_000  # QQP train pairs drawn (more than the split holds: all of them)
+    generated: int = 10_000  # code-made hard negatives
+    epochs: int = 2
     batch: int = 32
-    learning_rate: float = 8e-5
+    learning_rate: float = 5e-5
     warmup: float = 0.06  # share of the steps
     max_tokens: int = MAX_TOKENS
     tau: float = DEFAULT_THRESHOLD  # the MiniLM cosine over which a label-0 pair is "hard"
@@ -74,12 +74,11 @@ def training_examples(train: list[Pair], config: TrainConfig
     hard = [(p.q1, p.q2, 0) for p, c in zip(different, (a * b).sum(1), strict=True)
             if c >= config.tau]
     examples += hard
-    drawn_questions = {p.q1 for p in drawn}
-    others = [p.q1 for p in train if p.q1 not in drawn_questions]
-    generated = negatives.generate(others, config.generated, config.seed)
+    questions = sorted({p.q1 for p in train} | {p.q2 for p in train})
+    generated = negatives.generate(questions, config.generated, config.seed)
     examples += [(q, edited, 0) for q, edited, _, _ in generated]
     variants = [(q, negatives.same_question_variant(q, rng), 1)
-                for q in rng.sample(others, config.generated // 4)]
+                for q in rng.sample(questions, config.generated // 4)]
     examples += variants
     rng.shuffle(examples)
     counts = {"qqp train pairs": len(drawn), "embedding false positives (again)": len(hard),
@@ -89,8 +88,34 @@ def training_examples(train: list[Pair], config: TrainConfig
     return examples, counts
 
 
+def batches(examples: list[tuple[str, str, int]], size: int, rng: random.Random
+            ) -> list[list[tuple[str, str, int]]]:
+    """One epoch's batches: shuffled, then sorted by length within runs of 50 batches so
+    that a batch pads little, and each pair read in either order (a cache compares the
+    new question with the stored one, or the other way round)."""
+    order = [examples[i] for i in rng.sample(range(len(examples)), len(examples))]
+    order = [(b, a, y) if rng.random() < 0.5 else (a, b, y) for a, b, y in order]
+    run = 50 * size
+    out = []
+    for start in range(0, len(order), run):
+        chunk = sorted(order[start:start + run], key=lambda r: len(r[0]) + len(r[1]))
+        out += [chunk[i:i + size] for i in range(0, len(chunk), size)]
+    rng.shuffle(out)
+    return out
+
+
+def bfloat16_matmuls() -> bool:
+    """Whether this CPU multiplies in bfloat16 natively (AVX-512 BF16 or AMX): then the
+    forward pass runs under bfloat16 autocast, about 1.7x faster on 2 cores; the weights
+    and the optimiser stay float32. Elsewhere it would be emulated, so float32."""
+    import torch
+
+    return bool(torch.backends.mkldnn.is_available()
+                and torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def fit(examples: list[tuple[str, str, int]], config: TrainConfig) -> "object":
-    """One pass (or ``epochs``) of AdamW with linear warm-up and decay."""
+    """``epochs`` passes of AdamW with linear warm-up and decay."""
     import torch
     from meancache.shared.verifier.model import from_packaged_minilm
 
@@ -108,17 +133,17 @@ def fit(examples: list[tuple[str, str, int]], config: TrainConfig) -> "object":
         optimiser, lambda s: min((s + 1) / warm, max(0.0, (steps - s) / (steps - warm))))
     loss_fn = torch.nn.BCEWithLogitsLoss()
     rng = random.Random(config.seed + 1)
+    bf16 = bfloat16_matmuls()
+    print(f"forward pass in {'bfloat16' if bf16 else 'float32'}", flush=True)
     step, started, running = 0, time.monotonic(), 0.0
     for _ in range(config.epochs):
-        order = list(range(len(examples)))
-        rng.shuffle(order)
-        for start in range(0, len(order), config.batch):
-            rows = [examples[i] for i in order[start:start + config.batch]]
+        for rows in batches(examples, config.batch, rng):
             tokens = tokenize_pairs([r[0] for r in rows], [r[1] for r in rows],
                                     config.max_tokens)
-            logits = model(*(torch.from_numpy(x) for x in (
-                tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)))
-            loss = loss_fn(logits, torch.tensor([float(r[2]) for r in rows]))
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                logits = model(*(torch.from_numpy(x) for x in (
+                    tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)))
+            loss = loss_fn(logits.float(), torch.tensor([float(r[2]) for r in rows]))
             optimiser.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

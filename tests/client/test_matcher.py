@@ -17,7 +17,7 @@ from meancache.client.chat.federation import switch_to_latest
 from meancache.client.chat.session import ChatSession
 from meancache.client.config import load_settings
 from meancache.client.encoder import load_device_encoder
-from meancache.client.pack import PackStore
+from meancache.client.pack import PackHit, PackStore
 from meancache.client.pack.store import PACK_FILE
 from meancache.client.upstream_client import UpstreamClient, UpstreamUnavailableError
 from meancache.shared.encoder import Encoder, PCAProjection
@@ -59,8 +59,8 @@ def test_the_pack_and_the_cache_decide_a_question_alike(
     packs = pack_with(tmp_path / "packs", [stored], encoder)
     from_pack = packs.lookup_similar(asked, cache.matcher)
     from_cache = cache.lookup(asked)
-    assert (from_pack is not None) == isinstance(from_cache, Hit)
-    if from_pack is not None and isinstance(from_cache, Hit):
+    assert isinstance(from_pack, PackHit) == isinstance(from_cache, Hit)
+    if isinstance(from_pack, PackHit) and isinstance(from_cache, Hit):
         # the cache stores float16 vectors: a unit-vector dot product moves by <= 2**-11
         assert from_pack.similarity == pytest.approx(from_cache.similarity, abs=2**-11)
 
@@ -72,7 +72,7 @@ def test_a_veto_of_the_best_pack_candidate_is_a_miss(make_cache: CacheFactory,
     asked = "Is Python faster than Java?"
     packs = pack_with(tmp_path / "packs", ["Is Java faster than Python?",
                                            "Does Python run faster than Java?"], encoder)
-    assert packs.lookup_similar(asked, make_cache().matcher) is None
+    assert not isinstance(packs.lookup_similar(asked, make_cache().matcher), PackHit)
 
 
 def test_one_normalisation_before_embedding_for_both_sources(
@@ -84,7 +84,7 @@ def test_one_normalisation_before_embedding_for_both_sources(
     packs = pack_with(tmp_path / "packs", ["summarize"], encoder)
     spelled = [packs.lookup_similar(q, cache.matcher) for q in ("Summarise.", "summarise")]
     cached = [cache.lookup(q) for q in ("Summarise.", "summarise")]
-    assert spelled[0] is not None and spelled[1] is not None
+    assert isinstance(spelled[0], PackHit) and isinstance(spelled[1], PackHit)
     assert spelled[0].similarity == pytest.approx(spelled[1].similarity, abs=1e-6)
     assert isinstance(cached[0], Hit) and isinstance(cached[1], Hit)
     assert cached[0].similarity == pytest.approx(cached[1].similarity, abs=1e-6)

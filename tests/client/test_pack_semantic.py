@@ -13,11 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from meancache.client.cache import CacheSettings, SemanticCache, Source
-from meancache.client.cache.matcher import Matcher, embed_texts
+from meancache.client.cache.matcher import Matcher, NoMatch, embed_texts
 from meancache.client.cache.verification import verify
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import Conversation, ConversationStore
-from meancache.client.pack import PackStore
+from meancache.client.pack import PackHit, PackStore
 from meancache.client.pack.embeddings import EMBEDDINGS_GLOB, JOB_LABEL, embeddings_path
 from meancache.client.pack.store import PACK_FILE
 from meancache.client.tui.packs import describe_pack
@@ -106,16 +106,17 @@ def test_before_the_embeddings_are_ready_the_lookup_falls_through(
         matcher: Matcher, encoder: Encoder, gate: threading.Event, tmp_path: Path) -> None:
     write(tmp_path)
     packs = PackStore(tmp_path)
-    assert packs.lookup_similar(PARAPHRASE, matcher) is None  # starts the job, no wait
+    # the first lookup starts the embedding job and does not wait for it
+    assert not isinstance(packs.lookup_similar(PARAPHRASE, matcher), PackHit)
     status = packs.embeddings.status()
     assert status is not None and status.label == JOB_LABEL
-    assert packs.lookup_similar(PARAPHRASE, matcher) is None  # still held: no wait
+    assert not isinstance(packs.lookup_similar(PARAPHRASE, matcher), PackHit)  # still held: no wait
     assert packs.stats().embedding.startswith("embedding 0/")
     assert packs.lookup("how do I reverse a list in python") is not None  # exact still works
     gate.set()
     assert packs.embeddings.wait(60)
     found = packs.lookup_similar(PARAPHRASE, matcher)
-    assert found is not None and found.answer == ANSWER
+    assert isinstance(found, PackHit) and found.answer == ANSWER
 
 
 def test_a_negated_near_miss_is_not_served(matcher: Matcher, encoder: Encoder,
@@ -126,9 +127,31 @@ def test_a_negated_near_miss_is_not_served(matcher: Matcher, encoder: Encoder,
     a, b = embed_texts(encoder, [near_miss, "what is the capital of france"])
     assert float(a @ b) >= TAU  # close enough in embedding space ...
     assert verify(near_miss, "what is the capital of france") is not None  # ... but vetoed
-    assert packs.lookup_similar(near_miss, matcher) is None
-    assert packs.lookup_similar("Which city is the capital of France?", matcher) is not None
+    declined = packs.lookup_similar(near_miss, matcher)
+    assert isinstance(declined, NoMatch) and declined.vetoed
+    found = packs.lookup_similar("Which city is the capital of France?", matcher)
+    assert isinstance(found, PackHit)
     assert packs.stats().semantic_hits == 1
+
+
+def test_a_near_miss_the_pack_declines_says_so_in_the_badge_and_is_counted(
+        make_cache: CacheFactory, encoder: Encoder, tmp_path: Path, upstream_url: str) -> None:
+    """The pack's own near miss, declined by the verifier: the upstream answers, and its
+    badge and the stats say what the pack declined, as for the cache's."""
+    write(tmp_path / "packs")
+    packs = ready_store(tmp_path / "packs", encoder)
+    cache = make_cache(settings=CacheSettings(global_threshold=TAU))
+    answers = AnswerService(cache, UpstreamClient(upstream_url, connect_retries=0),
+                            ConversationStore(tmp_path / "conversations"), max_tokens=8,
+                            packs=packs)
+    near_miss = "What isn't the capital of France?"
+    probe = packs.lookup_similar(near_miss, cache.matcher)  # the decision the answer meets
+    assert isinstance(probe, NoMatch) and probe.vetoed and probe.best_similarity is not None
+    turn = asyncio.run(answers.answer(Conversation(), near_miss))
+    assert turn.source is Source.UPSTREAM
+    note = f"pack declined a near match ({probe.best_similarity:.2f}): {probe.reason}"
+    assert turn.badge.startswith(f"upstream · {note} · first token ")
+    assert cache.stats().declines == {probe.veto_kind: 2}  # the probe, then the answer
 
 
 def test_a_question_past_the_encoder_window_is_not_matched(
@@ -138,7 +161,7 @@ def test_a_question_past_the_encoder_window_is_not_matched(
     packs = ready_store(tmp_path, encoder)
     question = long_story + "The knight wins."  # differs only past the window
     assert encoder.is_truncated(question)
-    assert packs.lookup_similar(question, matcher) is None
+    assert not isinstance(packs.lookup_similar(question, matcher), PackHit)
 
 
 def test_a_new_pack_or_encoder_version_is_embedded_again(
@@ -153,7 +176,7 @@ def test_a_new_pack_or_encoder_version_is_embedded_again(
     pca = PCAProjection.fit(encoder.encode_full([q for q, _ in ENTRIES] * 4), dims=3)
     reduced = encoder.with_pca(pca)
     # The old space's vectors do not fit: the lookup falls through while they are made.
-    assert packs.lookup_similar(PARAPHRASE, in_space(matcher, reduced)) is None
+    assert not isinstance(packs.lookup_similar(PARAPHRASE, in_space(matcher, reduced)), PackHit)
     assert packs.embeddings.wait(60)
     [second] = tmp_path.glob(EMBEDDINGS_GLOB)
     assert second != first and np.load(second).shape == (len(ENTRIES), 3)
@@ -163,12 +186,12 @@ def test_a_new_pack_or_encoder_version_is_embedded_again(
     # A new pack (another sha256) too, and its instructions are the ones matched.
     write(tmp_path, [("Why is the sky blue?", "Rayleigh scattering.")])
     packs.reload()
-    assert packs.lookup_similar("What makes the sky look blue?", matcher) is None
+    assert not isinstance(packs.lookup_similar("What makes the sky look blue?", matcher), PackHit)
     assert packs.embeddings.wait(60)
     [third] = tmp_path.glob(EMBEDDINGS_GLOB)
     assert third not in (first, second)
     found = packs.lookup_similar("What makes the sky look blue?", matcher)
-    assert found is not None and found.answer == "Rayleigh scattering."
+    assert isinstance(found, PackHit) and found.answer == "Rayleigh scattering."
 
 
 def test_stored_embeddings_are_loaded_not_recomputed(
@@ -182,7 +205,7 @@ def test_stored_embeddings_are_loaded_not_recomputed(
                         or encode(texts, *a, **k))
     reopened = ready_store(tmp_path, encoder)
     assert calls == []
-    assert reopened.lookup_similar(PARAPHRASE, matcher) is not None
+    assert isinstance(reopened.lookup_similar(PARAPHRASE, matcher), PackHit)
     assert calls == [1]  # only the query was embedded
 
 
@@ -194,7 +217,7 @@ def test_a_damaged_embeddings_file_is_embedded_again(matcher: Matcher, encoder: 
     path.write_bytes(b"not an array")
     packs = ready_store(tmp_path, encoder)
     assert np.load(path).shape == (len(ENTRIES), encoder.dim)
-    assert packs.lookup_similar(PARAPHRASE, matcher) is not None
+    assert isinstance(packs.lookup_similar(PARAPHRASE, matcher), PackHit)
 
 
 def test_stats_count_exact_and_semantic_hits_apart(matcher: Matcher, encoder: Encoder,
@@ -202,8 +225,8 @@ def test_stats_count_exact_and_semantic_hits_apart(matcher: Matcher, encoder: En
     write(tmp_path)
     packs = ready_store(tmp_path, encoder)
     assert packs.lookup("how do i reverse a list in python?") is not None
-    assert packs.lookup_similar(PARAPHRASE, matcher) is not None
-    assert packs.lookup_similar("How many legs has a spider got?", matcher) is not None
+    assert isinstance(packs.lookup_similar(PARAPHRASE, matcher), PackHit)
+    assert isinstance(packs.lookup_similar("How many legs has a spider got?", matcher), PackHit)
     stats = PackStore(tmp_path).stats()  # and they survive a restart
     assert (stats.hits, stats.semantic_hits) == (1, 2)
     line = describe_pack(packs.stats())
@@ -235,7 +258,7 @@ def test_rejecting_a_semantic_pack_answer_requeries_and_is_not_served_again(
     reopened = PackStore(tmp_path / "packs")  # the rejection survives a restart
     reopened.prepare(encoder)
     assert reopened.embeddings.wait(60)
-    assert reopened.lookup_similar(PARAPHRASE, cache.matcher) is None
+    assert not isinstance(reopened.lookup_similar(PARAPHRASE, cache.matcher), PackHit)
     assert reopened.stats().rejected == 1
 
 
@@ -272,5 +295,5 @@ def test_vectors_that_cannot_be_kept_still_serve_this_run(matcher: Matcher, enco
     blocked = embeddings_path(tmp_path, packs.pack, encoder.version)
     (blocked / "in-the-way").mkdir(parents=True)  # a directory where the file belongs
     packs.prepare(encoder, wait=True)
-    assert packs.lookup_similar(PARAPHRASE, matcher) is not None
+    assert isinstance(packs.lookup_similar(PARAPHRASE, matcher), PackHit)
     assert blocked.is_dir()

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
 from meancache.client.cache.matcher import VERIFIED_AT_MOST, shipped_verifier
+from meancache.client.pack import PackHit
 from meancache.shared.encoder import Encoder
 from meancache.shared.verifier.runtime import Card, LearnedVerifier, read_card
 
@@ -128,10 +129,10 @@ def test_the_pack_decides_with_the_same_verifier(make_cache: CacheFactory, encod
                                                  tmp_path: Path, tiny_dir: Path) -> None:
     packs = pack_with(tmp_path / "packs", STORED, encoder)
     vetoing = make_cache(settings=LOW_TAU, verifier=tiny(tiny_dir, 0.999))
-    assert packs.lookup_similar(ASKED, vetoing.matcher) is None
+    assert not isinstance(packs.lookup_similar(ASKED, vetoing.matcher), PackHit)
     passing = make_cache(directory=tmp_path / "other", settings=LOW_TAU,
                          verifier=tiny(tiny_dir, 0.0))
-    assert packs.lookup_similar(ASKED, passing.matcher) is not None
+    assert isinstance(packs.lookup_similar(ASKED, passing.matcher), PackHit)
 
 
 def test_the_default_rules_never_load_the_learned_verifier(make_cache: CacheFactory) -> None:

@@ -3,10 +3,13 @@ shipped one is: the pair as one sequence, one batched call for many candidates, 
 model file refused unless its hash is the one its card names."""
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from meancache.shared.errors import VerifierError
 from meancache.shared.verifier import negatives
 from meancache.shared.verifier.runtime import CARD_FILE, MODEL_FILE, LearnedVerifier
@@ -100,3 +103,18 @@ def test_generation_is_seeded_and_spreads_over_the_kinds() -> None:
     assert first == negatives.generate(questions, 30, seed=3)
     assert len(first) == 30 and len({kind for *_, kind in first}) >= 4
     assert all(label == 0 and edited != q for q, edited, label, _ in first)
+
+
+@given(st.lists(st.tuples(st.text(max_size=12), st.text(max_size=12), st.integers(0, 1)),
+                max_size=300), st.integers(1, 9))
+def test_training_batches_hold_every_example_once_in_either_order(
+        examples: list[tuple[str, str, int]], size: int) -> None:
+    import random
+
+    from meancache.shared.verifier.train import batches
+
+    made = batches(examples, size, random.Random(0))
+    assert all(1 <= len(batch) <= size for batch in made)
+    assert len(made) == -(-len(examples) // size)  # one short batch at most
+    as_sets = Counter((frozenset((a, b)), y) for batch in made for a, b, y in batch)
+    assert as_sets == Counter((frozenset((a, b)), y) for a, b, y in examples)

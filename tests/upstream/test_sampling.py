@@ -6,10 +6,12 @@ from dataclasses import replace
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from meancache.upstream.errors import BadRequest
 from meancache.upstream.model_loading import load_model
 from meancache.upstream.prompt_cache.engine import Finish, PromptCacheEngine
-from meancache.upstream.sampling import LOOP_NGRAM, LOOP_REPEATS, History
+from meancache.upstream.sampling import DRY_LONGEST, LOOP_NGRAM, LOOP_REPEATS, History
 from meancache.upstream.sampling_params import SERVER_DEFAULTS, SamplingParams
 from meancache.upstream.server.wire import parse_chat_request
 
@@ -33,6 +35,49 @@ def test_frequency_and_presence_penalties_count_the_answer_only() -> None:
         history.add(token)
     out = history.penalise(torch.zeros(4))
     assert out.tolist() == [0.0, -2.0, -1.5, 0.0]  # 2 x 0.5 + 1, 1 x 0.5 + 1
+
+
+def brute_force_runs(answer: list[int]) -> dict[int, int]:
+    """DRY's definition read literally: for every earlier place ``at`` of a token, the
+    longest common run of tokens ending at ``at`` and at the answer's end, credited to the
+    token that followed ``at``."""
+    runs: dict[int, int] = {}
+    end = len(answer) - 1
+    for at in range(end):
+        run = 0
+        while run <= at and answer[at - run] == answer[end - run]:
+            run += 1
+        if run:
+            runs[answer[at + 1]] = max(min(run, DRY_LONGEST), runs.get(answer[at + 1], 0))
+    return runs
+
+
+@given(st.lists(st.integers(0, 3), max_size=80))
+def test_dry_finds_the_longest_run_each_token_would_repeat(answer: list[int]) -> None:
+    history = History([], SamplingParams(dry_multiplier=1.0))
+    for token in answer:
+        history.add(token)
+    assert history.repeated_runs() == brute_force_runs(answer)
+
+
+def test_dry_lowers_a_token_by_base_to_the_run_beyond_the_allowed_length() -> None:
+    params = SamplingParams(dry_multiplier=0.5, dry_base=2.0, dry_allowed_length=2,
+                            repetition_window=0)
+    history = History([7, 7, 7], params)  # the prompt is not the answer: nothing repeats it
+    for token in (1, 2, 3, 4, 9, 1, 2, 3):  # "1 2 3" said again: 4 would make it 4 long
+        history.add(token)
+    out = history.penalise(torch.zeros(10))  # 4 would repeat "1 2 3 4": 0.5 x 2^(3 - 2)
+    assert out.tolist() == [0.0, 0.0, 0.0, 0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
+    history.add(4)
+    assert history.penalise(torch.zeros(10))[9] == -0.5 * 2.0 ** 2  # "1 2 3 4" then 9
+
+
+def test_dry_lets_runs_up_to_the_allowed_length_repeat() -> None:
+    params = SamplingParams(dry_multiplier=1.0, dry_allowed_length=3, repetition_window=0)
+    history = History([], params)
+    for token in (1, 2, 5, 1, 2):  # "1 2" again: 5 would repeat a run of 2 < 3
+        history.add(token)
+    assert history.penalise(torch.zeros(6)).tolist() == [0.0] * 6
 
 
 def test_no_penalty_leaves_the_logits_object_alone() -> None:
@@ -92,9 +137,12 @@ def test_request_fields_override_the_server_defaults() -> None:
         SERVER_DEFAULTS.repetition_penalty, SERVER_DEFAULTS.repetition_window, True)
     asked = parse_chat_request({**body, "repetition_penalty": 1, "stop_on_loops": False,
                                 "repetition_window": 8, "frequency_penalty": 0.5,
-                                "presence_penalty": -0.25}, SERVER_DEFAULTS, "m").params
+                                "presence_penalty": -0.25, "dry_multiplier": 0,
+                                "dry_base": 2, "dry_allowed_length": 4},
+                               SERVER_DEFAULTS, "m").params
     assert (asked.repetition_penalty, asked.repetition_window, asked.stop_on_loops,
             asked.frequency_penalty, asked.presence_penalty) == (1.0, 8, False, 0.5, -0.25)
+    assert (asked.dry_multiplier, asked.dry_base, asked.dry_allowed_length) == (0.0, 2.0, 4)
 
 
 @pytest.mark.parametrize(("field", "value", "message"), [
@@ -104,6 +152,10 @@ def test_request_fields_override_the_server_defaults() -> None:
     ("stop_on_loops", "yes", "'stop_on_loops' must be true or false"),
     ("frequency_penalty", 3, r"frequency_penalty must lie in \[-2, 2\]"),
     ("presence_penalty", -2.5, r"presence_penalty must lie in \[-2, 2\]"),
+    ("dry_multiplier", -1, r"dry_multiplier must lie in \[0, 8\]"),
+    ("dry_base", 0.5, r"dry_base must lie in \[1, 4\]"),
+    ("dry_allowed_length", 0, r"dry_allowed_length must lie in \[1, 64\]"),
+    ("dry_allowed_length", 2.5, "'dry_allowed_length' must be a number \\(an integer\\)"),
 ])
 def test_bad_guard_fields_are_refused_by_name(field: str, value: object, message: str) -> None:
     body = {"messages": [{"role": "user", "content": "hi"}], field: value}
@@ -120,7 +172,7 @@ def test_the_server_takes_the_guard_fields_from_the_openai_sdk(
     client = OpenAI(base_url=f"{upstream_url}/v1", api_key="unused", max_retries=0)
     reply = client.chat.completions.create(
         model="builtin:tiny", messages=PROMPT, max_tokens=GREEDY.max_tokens, temperature=0,
-        extra_body={"repetition_penalty": 1.0, "stop_on_loops": True})
+        extra_body={"repetition_penalty": 1.0, "dry_multiplier": 0, "stop_on_loops": True})
     guarded = answer(engine, replace(GREEDY, stop_on_loops=True))
     assert reply.choices[0].finish_reason == "stop"  # the loop stop is an OpenAI "stop"
     assert reply.usage is not None

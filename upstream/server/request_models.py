@@ -79,6 +79,9 @@ class ChatCompletionRequest(BaseModel):
     repetition_penalty: Real | None = None
     repetition_window: Integer | None = None
     stop_on_loops: StrictBool | None = None
+    dry_multiplier: Real | None = None
+    dry_base: Real | None = None
+    dry_allowed_length: Integer | None = None
     user: StrictStr | None = Field(None, max_length=256)
     safety_identifier: StrictStr | None = Field(None, max_length=256)
     prompt_cache_key: StrictStr | None = Field(None, max_length=256)

@@ -23,11 +23,14 @@ ROLES = ("system", "user", "assistant")
 MAX_MODEL_CHARS = 128  # a model id's length
 
 # Beyond OpenAI's API (send them with the SDK's extra_body): the repetition guard, named as
-# vLLM names its penalty; a request that leaves them out gets the server's defaults.
-EXTENSIONS = ("repetition_penalty", "repetition_window", "stop_on_loops")
-_INTEGERS = frozenset({"max_tokens", "max_completion_tokens", "seed", "repetition_window"})
+# vLLM names its penalty and llama.cpp its DRY; a request that leaves them out gets the
+# server's defaults.
+EXTENSIONS = ("repetition_penalty", "repetition_window", "stop_on_loops", "dry_multiplier",
+              "dry_base", "dry_allowed_length")
+_INTEGERS = frozenset({"max_tokens", "max_completion_tokens", "seed", "repetition_window",
+                       "dry_allowed_length"})
 _REALS = frozenset({"temperature", "top_p", "frequency_penalty", "presence_penalty",
-                    "repetition_penalty"})
+                    "repetition_penalty", "dry_multiplier", "dry_base"})
 _BOOLS = frozenset({"stream", "stop_on_loops"})
 
 # Fields that shape the answer and are honoured as the API defines them; ``model`` may be
