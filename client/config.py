@@ -54,6 +54,9 @@ class Settings:
     # What the chat asks the upstream for; the defaults are the upstream client's.
     answer_max_tokens: int = DEFAULT_MAX_TOKENS
     temperature: float = DEFAULT_TEMPERATURE  # greedy: a cached answer is the model's best
+    # Sent with every question too (SAMPLING_FIELDS): the repetition guard's fields for the
+    # embedded upstream (whose defaults apply where unset) or another server that takes them.
+    upstream_sampling: dict[str, float | bool] = field(default_factory=dict)
     keymap: dict[str, str] = field(default_factory=dict)  # chat binding id -> keys
     fl_server_url: str | None = None  # the FL server's global-model endpoint (sync)
     fl_superlink: str | None = None  # HOST:PORT of the SuperLink the chat may join
@@ -139,6 +142,8 @@ def _coerce(name: str, value: Any, where: str) -> Any:
     text = isinstance(value, str)
     if name in _TABLES:
         return _table(name, value, where)
+    if name == "upstream_sampling":
+        return _sampling(value, where)
     try:
         if kind in ("bool", bool):
             if text:
@@ -184,6 +189,55 @@ def _table(name: str, value: Any, where: str) -> dict[str, str]:
     ):
         raise ConfigError(f"{where}: {name} must map {what}")
     return dict(value)
+
+
+# What ``upstream_sampling`` may set: the embedded upstream's repetition guard (vLLM and
+# llama.cpp servers take some of these names too) and OpenAI's own penalties.
+SAMPLING_FIELDS = {"repetition_penalty": float, "repetition_window": int, "stop_on_loops": bool,
+                   "dry_multiplier": float, "dry_base": float, "dry_allowed_length": int,
+                   "frequency_penalty": float, "presence_penalty": float, "top_p": float}
+
+
+def _sampling(value: Any, where: str) -> dict[str, float | bool]:
+    """A TOML table (``[upstream_sampling]``) or, from the environment, ``"a=1.1,b=0"``."""
+    if isinstance(value, str):
+        pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
+        if any(len(pair) != 2 for pair in pairs):
+            raise ConfigError(f"{where}: upstream_sampling must look like "
+                              "'dry_multiplier=0.8,repetition_penalty=1.1'")
+        value = {k.strip(): v.strip() for k, v in pairs}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: upstream_sampling must map field names to values")
+    out: dict[str, float | bool] = {}
+    for key, raw in value.items():
+        kind = SAMPLING_FIELDS.get(key)
+        if kind is None:
+            raise ConfigError(f"{where}: upstream_sampling has no field {key!r} (known: "
+                              f"{', '.join(sorted(SAMPLING_FIELDS))})")
+        try:
+            out[key] = _sampling_value(kind, raw)
+        except ValueError:
+            raise ConfigError(f"{where}: upstream_sampling.{key} = {raw!r} is not a valid "
+                              f"{kind.__name__}") from None
+    return out
+
+
+def _sampling_value(kind: type, raw: Any) -> float | bool:
+    if kind is bool:
+        if isinstance(raw, bool):
+            return raw
+        lowered = str(raw).strip().lower()
+        if lowered not in {"true", "false"}:
+            raise ValueError(raw)
+        return lowered == "true"
+    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
+        raise ValueError(raw)
+    number = float(raw)
+    if kind is int:
+        if not number.is_integer():
+            raise ValueError(raw)
+        return int(number)
+    return number
 
 
 def with_upstream(settings: Settings, url: str | None = None, api_key: str | None = None,

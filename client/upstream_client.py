@@ -19,7 +19,7 @@ long (its import: 0.68 s vs 0.26 s), and it neither posts PML nor resumes a down
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -67,9 +67,13 @@ class UpstreamClient:
 
     def __init__(self, base_url: str, api_key: str | None = None, model: str | None = None,
                  connect_timeout: float = 5.0, read_timeout: float = 120.0,
-                 connect_retries: int = 3) -> None:
+                 connect_retries: int = 3, sampling: Mapping[str, float | bool] | None = None
+                 ) -> None:
+        """``sampling``: fields sent with every answer request besides max_tokens and
+        temperature (the config's ``upstream_sampling``: the repetition guard's)."""
         self.base_url = base_url.strip().rstrip("/")  # as given: error messages name it
         self.model = model
+        self.sampling = dict(sampling or {})
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.connect_retries = connect_retries
@@ -254,7 +258,7 @@ class UpstreamClient:
         A stream that breaks midway raises; it is never restarted.
         """
         body = {"model": await self.model_name(), "messages": messages, "stream": True,
-                "max_tokens": max_tokens, "temperature": temperature,
+                **self.sampling, "max_tokens": max_tokens, "temperature": temperature,
                 "stream_options": {"include_usage": True}}
         start = time.perf_counter()
         try:

@@ -77,7 +77,8 @@ class ChatSession:
         url, problem, upstream = settings.upstream_url, None, None
         if url:  # checked first: a wrong key or model fails at once
             _timed(steps, "checking the upstream")
-            upstream = UpstreamClient(url, settings.upstream_api_key, settings.upstream_model)
+            upstream = UpstreamClient(url, settings.upstream_api_key, settings.upstream_model,
+                                      sampling=settings.upstream_sampling)
             try:
                 upstream.check()
             except UpstreamUnavailableError as exc:  # the cache still answers what it holds
@@ -102,7 +103,8 @@ class ChatSession:
             embedded = start_upstream(settings.embedded_model, settings.data_dir,
                                       upstream_progress or preparing)
             label = f"embedded upstream: {embedded.label}"
-            upstream = UpstreamClient(embedded.url, embedded.api_key)
+            upstream = UpstreamClient(embedded.url, embedded.api_key,
+                                      sampling=settings.upstream_sampling)
         conversations = ConversationStore(settings.conversations_dir)
         answers = AnswerService(cache, upstream, conversations, settings.answer_max_tokens,
                                 settings.temperature, PackStore(settings.packs_dir),

@@ -30,14 +30,14 @@ def add_commands(commands: Any) -> None:
     verifier = commands.add_parser("verifier", help="the learned verifier of cache hits")
     sub = verifier.add_subparsers(dest="verifier_command", required=True)
     train = sub.add_parser("train", help="train it from the packaged MiniLM and QQP "
-                           "(fixed seed; about 15 minutes on 2 cores) and print dev metrics")
+                           "(fixed seed; about 45 minutes on 2 cores) and print dev metrics")
     train.add_argument("--data", type=Path, default=DEFAULT_DATA,
                        help=f"QQP pairs JSONL with a split field (default: {DEFAULT_DATA})")
     train.add_argument("--out", type=Path, default=ARTEFACT_DIR,
                        help="where verifier.onnx and verifier.json go (default: the "
                        "package's own, replacing the shipped model)")
-    train.add_argument("--pairs", type=int, help="QQP train pairs drawn (default 6000)")
-    train.add_argument("--generated", type=int, help="code-made hard negatives (default 2000)")
-    train.add_argument("--epochs", type=int, help="passes over the examples (default 1)")
+    train.add_argument("--pairs", type=int, help="QQP train pairs drawn (default: all of them)")
+    train.add_argument("--generated", type=int, help="code-made hard negatives (default 10000)")
+    train.add_argument("--epochs", type=int, help="passes over the examples (default 2)")
     train.add_argument("--seed", type=int, help="seed of every random choice (default 0)")
     train.set_defaults(handler=cmd_train)

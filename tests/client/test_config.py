@@ -103,6 +103,12 @@ def test_config_dir_from_environment(tmp_path: Path) -> None:
         ('eviction_policy = "fifo"\n', "eviction_policy 'fifo' is unknown; valid: lru, lfu, "
                                         "scalm-co, scalm-se"),
         ('verifier = "bert"\n', "verifier 'bert' is unknown; valid: rules, learned"),
+        ("[upstream_sampling]\nrepeat_penalty = 1.1\n",
+         "upstream_sampling has no field 'repeat_penalty' (known: dry_allowed_length, "),
+        ("[upstream_sampling]\ndry_allowed_length = 2.5\n",
+         "upstream_sampling.dry_allowed_length = 2.5 is not a valid int"),
+        ('[upstream_sampling]\nstop_on_loops = "maybe"\n',
+         "upstream_sampling.stop_on_loops = 'maybe' is not a valid bool"),
     ],
 )
 def test_bad_config_names_what_is_wrong(tmp_path: Path, text: str, message: str) -> None:
@@ -115,6 +121,17 @@ def test_bad_config_names_what_is_wrong(tmp_path: Path, text: str, message: str)
 def test_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="MEANCACHE_CONTEXT_AWARE"):
         load_settings(config_dir=tmp_path, environ={"MEANCACHE_CONTEXT_AWARE": "maybe"})
+
+
+def test_upstream_sampling_comes_from_a_table_or_the_environment(tmp_path: Path) -> None:
+    write_config(tmp_path, "[upstream_sampling]\ndry_multiplier = 0\nstop_on_loops = false\n"
+                           "repetition_window = 32\n")
+    settings = load_settings(config_dir=tmp_path, environ={})
+    assert settings.upstream_sampling == {"dry_multiplier": 0.0, "stop_on_loops": False,
+                                          "repetition_window": 32}
+    env = {"MEANCACHE_UPSTREAM_SAMPLING": "repetition_penalty=1.2, stop_on_loops=true"}
+    assert load_settings(config_dir=tmp_path, environ=env).upstream_sampling == {
+        "repetition_penalty": 1.2, "stop_on_loops": True}
 
 
 def test_the_example_config_in_deploy_is_valid(tmp_path: Path) -> None:

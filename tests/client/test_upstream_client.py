@@ -140,3 +140,29 @@ def test_a_request_without_generation_settings_carries_the_settings_defaults(
     defaults = Settings(Path("config"), Path("data"))
     assert (RECEIVED[-1]["temperature"], RECEIVED[-1]["max_tokens"]) == (
         defaults.temperature, defaults.answer_max_tokens) == (0.0, 512)
+
+
+def test_the_configured_sampling_fields_reach_the_real_upstream(upstream_url: str) -> None:
+    """The embedded upstream (builtin:tiny here) takes the config's ``upstream_sampling``
+    with each question: a strong DRY penalty changes an answer that repeats itself, and a
+    value the server refuses comes back as its own error naming the field."""
+    question = [{"role": "user", "content": "say it again"}]
+
+    async def answer(sampling: dict[str, float | bool]) -> Completed:
+        async with UpstreamClient(upstream_url, connect_retries=0, sampling=sampling) as client:
+            events = [e async for e in client.stream_chat(question, max_tokens=40)]
+        assert isinstance(events[-1], Completed)
+        return events[-1]
+
+    async def run() -> None:
+        off = {"repetition_penalty": 1.0, "dry_multiplier": 0.0, "stop_on_loops": False}
+        unguarded = await answer(off)
+        text = unguarded.text  # byte-level tokens: a repeated 3-character run is one of 3
+        assert any(text.count(text[i:i + 3]) > 1 for i in range(len(text) - 2)), \
+            "this greedy answer repeats nothing: the premise does not hold"
+        dry = await answer({**off, "dry_multiplier": 8.0, "dry_allowed_length": 1})
+        assert dry.text != unguarded.text
+        with pytest.raises(UpstreamRejectedError, match="dry_multiplier must lie in"):
+            await answer({"dry_multiplier": 9.0})
+
+    asyncio.run(run())
