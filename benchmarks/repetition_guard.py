@@ -43,11 +43,19 @@ PHRASE_WORDS = 6
 PHRASE_REPEATS = 3
 
 
-def loops(text: str) -> bool:
-    """Whether some PHRASE_WORDS-word run occurs PHRASE_REPEATS times or more."""
+def most_repeated(text: str) -> tuple[str, int]:
+    """The PHRASE_WORDS-word run said most often in ``text``, and how often."""
     words = re.findall(r"[a-z0-9']+", text.lower())
     runs = Counter(tuple(words[i:i + PHRASE_WORDS]) for i in range(len(words) - 5))
-    return max(runs.values(), default=0) >= PHRASE_REPEATS
+    if not runs:
+        return "", 0
+    phrase, count = runs.most_common(1)[0]
+    return " ".join(phrase), count
+
+
+def loops(text: str) -> bool:
+    """Whether some PHRASE_WORDS-word run occurs PHRASE_REPEATS times or more."""
+    return most_repeated(text)[1] >= PHRASE_REPEATS
 
 
 @dataclass
@@ -143,6 +151,10 @@ def main() -> None:
     print_table(table)
     answers = [texts for _, texts in results.values()]
     after, before = answers[0], answers[-1]
+    for question, text in zip(questions, after, strict=True):
+        if loops(text):
+            phrase, count = most_repeated(text)
+            print(f"guarded answer that loops: {question[:80]!r}: {phrase!r} x {count}")
     for question, old, new in list(zip(questions, before, after, strict=False))[:args.show]:
         print(f"\nQ: {question[:200]}\n  off: {old[:300]!r}\n  on:  {new[:300]!r}")
     note(f"machine: {load_before} at the start; {machine_load()} at the end")

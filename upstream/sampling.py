@@ -23,6 +23,8 @@ GREEDY_BELOW = 1e-4
 LOOP_NGRAM = 8  # tokens in the span whose repeats mark a loop (about one phrase)
 LOOP_REPEATS = 4  # its occurrences in one answer that stop it: a phrase said 4 times
 DRY_LONGEST = 48  # runs longer than this are penalised as this long (already prohibitive)
+DRY_PROMPT = 1024  # the prompt's last tokens DRY also reads: an answer that copies the
+# question back is a loop of its own (llama.cpp's DRY reads the whole context)
 
 
 class History:
@@ -36,11 +38,17 @@ class History:
         self._answer: list[int] = []
         self._counts: Counter[int] = Counter()
         self._ngrams: Counter[tuple[int, ...]] = Counter()
-        self._positions: dict[int, list[int]] = {}  # token -> where it stands in the answer
+        # DRY's text: the prompt's tail, then the answer; token -> where it stands in it
+        self._said: list[int] = list(prompt_ids[-DRY_PROMPT:]) if params.dry_multiplier else []
+        self._positions: dict[int, list[int]] = {}
+        for at, token in enumerate(self._said):
+            self._positions.setdefault(token, []).append(at)
         self.looping = False
 
     def add(self, token: int) -> None:
-        self._positions.setdefault(token, []).append(len(self._answer))
+        if self._params.dry_multiplier:
+            self._positions.setdefault(token, []).append(len(self._said))
+            self._said.append(token)
         self._answer.append(token)
         self._counts[token] += 1
         if self._params.repetition_window:
@@ -74,19 +82,20 @@ class History:
         return logits
 
     def repeated_runs(self) -> dict[int, int]:
-        """For each token that has followed the answer's last token before: the length of
-        the longest run ending in the last token that it would repeat (the run's earlier
-        copy followed by that token). Only earlier places of the last token are visited."""
-        answer = self._answer
-        if not answer:
+        """For each token that has followed the last token before (in the prompt's tail or
+        the answer): the length of the longest run ending in the last token that it would
+        repeat (the run's earlier copy followed by that token). Only earlier places of the
+        last token are visited."""
+        said = self._said
+        if not said:
             return {}
-        end = len(answer) - 1
+        end = len(said) - 1
         runs: dict[int, int] = {}
-        for at in self._positions[answer[end]][:-1]:
+        for at in self._positions[said[end]][:-1]:
             run = 1
-            while run < DRY_LONGEST and run <= at and answer[at - run] == answer[end - run]:
+            while run < DRY_LONGEST and run <= at and said[at - run] == said[end - run]:
                 run += 1
-            follower = answer[at + 1]
+            follower = said[at + 1]
             runs[follower] = max(run, runs.get(follower, 0))
         return runs
 

@@ -53,6 +53,8 @@ class SamplingParams:
 
 
 # A request that sets none of these gets them (``upstream serve`` flags change them): the
-# repetition guard on, as llama.cpp and Ollama ship theirs (penalty 1.1 over 64 tokens).
+# repetition guard on, as llama.cpp and Ollama ship theirs (penalty 1.1 over 64 tokens),
+# with DRY at llama.cpp's suggested 0.8 x 1.75^(run - 2) (chosen on the validation part of
+# the Arena first turns: benchmarks/repetition_guard.py).
 SERVER_DEFAULTS = SamplingParams(max_tokens=256, repetition_penalty=1.1, repetition_window=64,
-                                 stop_on_loops=True)
+                                 stop_on_loops=True, dry_multiplier=0.8)

@@ -8,7 +8,11 @@ The mechanisms are generic edits, not a list of near-miss examples:
   and direction pairs by their class): the word is replaced by another of its class;
 - named entities: a capitalised word (not the first) replaced by a capitalised word taken
   from another training question;
-- reversed direction: "from A to B" becomes "from B to A", "A vs B" stays a paraphrase;
+- reversed direction: "from A to B" becomes "from B to A";
+- swapped order: the names on either side of an asymmetric word ("than", "to", "over",
+  "before", "against"...) traded ("Is Python faster than Java?" / "Is Java faster than
+  Python?"), while a trade around a symmetric one ("and", "or", "vs") is a label-1
+  variant ("Python or Java?" / "Java or Python?");
 - changed time or place: a year moved, an "in <Place>" moved to another place.
 Each generated pair is labelled 0. A few label-1 variants (case, punctuation, "what's" for
 "what is") keep the model from learning "any edit is a different question".
@@ -142,9 +146,45 @@ def reverse_direction(text: str, rng: random.Random, _: Sequence[str]) -> str | 
     return None
 
 
+ASYMMETRIC = frozenset({"than", "to", "into", "from", "over", "before", "after", "against",
+                        "beat", "beats", "under", "above", "below"})
+SYMMETRIC = frozenset({"and", "or", "vs", "versus"})
+
+
+def _name_like(word: str) -> bool:
+    return (word[:1].isupper() and word != "I") or word[:1].isdigit() or word.lower() in _SWAPS
+
+
+def _trade_around(text: str, connectives: frozenset[str]) -> str | None:
+    """The name-like words nearest before and after a connective (within 3 words, not the
+    question's first word) traded."""
+    words = list(_WORD.finditer(text))
+    for i, match in enumerate(words):
+        if match.group().lower() not in connectives:
+            continue
+        before = [w for w in words[max(1, i - 3):i] if _name_like(w.group())]
+        after = [w for w in words[i + 1:i + 4] if _name_like(w.group())]
+        if before and after and before[-1].group().lower() != after[0].group().lower():
+            a, b = before[-1], after[0]
+            return (text[:a.start()] + b.group() + text[a.end():b.start()] + a.group()
+                    + text[b.end():])
+    return None
+
+
+def swap_order(text: str, rng: random.Random, _: Sequence[str]) -> str | None:
+    """"Is Python faster than Java?" -> "Is Java faster than Python?"."""
+    return _trade_around(text, ASYMMETRIC)
+
+
+def symmetric_variant(text: str) -> str | None:
+    """A label-1 variant where one exists: "Python or Java?" -> "Java or Python?"."""
+    return _trade_around(text, SYMMETRIC)
+
+
 EDITS: dict[str, Edit] = {
     "negation": negate, "class swap": swap_class_word, "antonym": antonym,
     "number": change_number, "entity": swap_entity, "direction": reverse_direction,
+    "order swap": swap_order,
 }
 
 

@@ -7,7 +7,8 @@ test set in benchmarks/data):
 - the embedding's own false positives among them (label 0, cosine >= tau under the
   packaged MiniLM encoder) seen once more;
 - ``generated`` hard negatives made by code from train questions (``negatives.generate``)
-  and a quarter as many same-question variants (label 1).
+  and a quarter as many same-question variants (label 1), plus up to a tenth as many
+  trades around "and"/"or"/"vs" (label 1: the same question).
 
 The threshold is the F0.5 optimum of the int8 model on one half ("dev-a", chosen by a hash
 of the pair) of a seeded sample of QQP dev; the other half ("dev-b") is reported beside it
@@ -79,10 +80,13 @@ def training_examples(train: list[Pair], config: TrainConfig
     examples += [(q, edited, 0) for q, edited, _, _ in generated]
     variants = [(q, negatives.same_question_variant(q, rng), 1)
                 for q in rng.sample(questions, config.generated // 4)]
-    examples += variants
+    traded = [(q, v, 1) for q in rng.sample(questions, len(questions))
+              if (v := negatives.symmetric_variant(q)) is not None][:config.generated // 10]
+    examples += variants + traded
     rng.shuffle(examples)
     counts = {"qqp train pairs": len(drawn), "embedding false positives (again)": len(hard),
-              "generated negatives": len(generated), "same-question variants": len(variants)}
+              "generated negatives": len(generated), "same-question variants": len(variants),
+              "symmetric trades (label 1)": len(traded)}
     for kind in negatives.EDITS:
         counts[f"  generated: {kind}"] = sum(1 for g in generated if g[3] == kind)
     return examples, counts

@@ -85,6 +85,7 @@ def test_a_model_file_that_is_not_the_one_its_card_names_is_refused(
     ("entity", "How do I move to Canada from India?"),
     ("class swap", "Why is the sky blue in the morning?"),
     ("direction", "How do I get from Paris to London?"),
+    ("order swap", "Is Python faster than Java?"),
 ])
 def test_each_kind_of_generated_negative_changes_the_question(kind: str, question: str
                                                               ) -> None:
@@ -93,6 +94,19 @@ def test_each_kind_of_generated_negative_changes_the_question(kind: str, questio
     others = ["What is the best time to visit Japan?", "Is Berlin cheaper than Munich?"]
     edited = negatives.EDITS[kind](question, random.Random(0), others)
     assert edited is not None and edited.lower() != question.lower()
+
+
+def test_names_are_traded_around_an_asymmetric_word_and_kept_around_a_symmetric_one(
+        ) -> None:
+    import random
+
+    assert negatives.swap_order("Is Python faster than Java?", random.Random(0), []) == \
+        "Is Java faster than Python?"
+    assert negatives.swap_order("Which is better, Python or Java?", random.Random(0),
+                                []) is None  # "or" asks the same either way ...
+    assert negatives.symmetric_variant("Which is better, Python or Java?") == \
+        "Which is better, Java or Python?"  # ... so the trade is a label-1 variant
+    assert negatives.symmetric_variant("Is Python faster than Java?") is None
 
 
 def test_generation_is_seeded_and_spreads_over_the_kinds() -> None:

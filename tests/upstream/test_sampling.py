@@ -63,13 +63,22 @@ def test_dry_finds_the_longest_run_each_token_would_repeat(answer: list[int]) ->
 def test_dry_lowers_a_token_by_base_to_the_run_beyond_the_allowed_length() -> None:
     params = SamplingParams(dry_multiplier=0.5, dry_base=2.0, dry_allowed_length=2,
                             repetition_window=0)
-    history = History([7, 7, 7], params)  # the prompt is not the answer: nothing repeats it
+    history = History([7, 7, 7], params)
     for token in (1, 2, 3, 4, 9, 1, 2, 3):  # "1 2 3" said again: 4 would make it 4 long
         history.add(token)
     out = history.penalise(torch.zeros(10))  # 4 would repeat "1 2 3 4": 0.5 x 2^(3 - 2)
     assert out.tolist() == [0.0, 0.0, 0.0, 0.0, -1.0, 0.0, 0.0, 0.0, 0.0, 0.0]
     history.add(4)
     assert history.penalise(torch.zeros(10))[9] == -0.5 * 2.0 ** 2  # "1 2 3 4" then 9
+
+
+def test_dry_reads_the_prompt_too_so_an_answer_cannot_copy_the_question_back() -> None:
+    params = SamplingParams(dry_multiplier=1.0, dry_allowed_length=2, repetition_window=0)
+    history = History([5, 6, 7, 8], params)
+    for token in (5, 6, 7):  # the question's first three tokens said back
+        history.add(token)
+    assert history.repeated_runs() == {8: 3}
+    assert history.penalise(torch.zeros(10))[8] == -1.75
 
 
 def test_dry_lets_runs_up_to_the_allowed_length_repeat() -> None:

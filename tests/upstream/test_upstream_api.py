@@ -196,7 +196,8 @@ def test_a_client_leaving_mid_stream_frees_the_model(client: httpx.Client) -> No
     # reach the token cap (checked here, on this machine): it cannot end on its own before
     # the client leaves, only by being cancelled.
     body = {"messages": [{"role": "user", "content": "write a lot"}], "max_tokens": 300,
-            "temperature": 0, "repetition_penalty": 1, "stop_on_loops": False}
+            "temperature": 0, "repetition_penalty": 1, "dry_multiplier": 0,
+            "stop_on_loops": False}
     whole = client.post("/v1/chat/completions", json=body).json()
     assert whole["choices"][0]["finish_reason"] == "length", whole
     with client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}

@@ -292,7 +292,7 @@ def test_a_client_dropping_mid_stream_stops_its_generation(base_url: str) -> Non
     before = cancelled()
     # Greedy, unguarded, and checked to run to its token cap: only a cancel can end it early.
     long = {"max_tokens": 300, "temperature": 0, "repetition_penalty": 1,
-            "stop_on_loops": False}
+            "dry_multiplier": 0, "stop_on_loops": False}
     whole = httpx.post(f"{base_url}/v1/chat/completions", headers=JSON, timeout=120,
                        content=body(**long)).json()
     assert whole["choices"][0]["finish_reason"] == "length", whole
