@@ -176,14 +176,19 @@ _TABLES = {"keymap": ("binding ids to keys", "reject=ctrl+x,stats=f5"),
            "proxy_apps": ("app names to API keys", "editor=KEY1,notes=KEY2")}
 
 
+def _split_pairs(text: str, problem: str) -> dict[str, str]:
+    """An environment variable's table, ``"a=b,c=d"``; ``problem`` is the error otherwise."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item.strip()]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ConfigError(problem)
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
 def _table(name: str, value: Any, where: str) -> dict[str, str]:
     """A TOML table (``[keymap]``) or, from the environment, ``"a=b,c=d"``."""
     what, example = _TABLES[name]
     if isinstance(value, str):
-        pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
-        if any(len(pair) != 2 for pair in pairs):
-            raise ConfigError(f"{where}: {name} must look like '{example}'")
-        value = {k.strip(): v.strip() for k, v in pairs}
+        value = _split_pairs(value, f"{where}: {name} must look like '{example}'")
     if not isinstance(value, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
@@ -201,11 +206,8 @@ SAMPLING_FIELDS = {"repetition_penalty": float, "repetition_window": int, "stop_
 def _sampling(value: Any, where: str) -> dict[str, float | bool]:
     """A TOML table (``[upstream_sampling]``) or, from the environment, ``"a=1.1,b=0"``."""
     if isinstance(value, str):
-        pairs = [item.split("=", 1) for item in value.split(",") if item.strip()]
-        if any(len(pair) != 2 for pair in pairs):
-            raise ConfigError(f"{where}: upstream_sampling must look like "
-                              "'dry_multiplier=0.8,repetition_penalty=1.1'")
-        value = {k.strip(): v.strip() for k, v in pairs}
+        value = _split_pairs(value, f"{where}: upstream_sampling must look like "
+                                    "'dry_multiplier=0.8,repetition_penalty=1.1'")
     if not isinstance(value, dict):
         raise ConfigError(f"{where}: upstream_sampling must map field names to values")
     out: dict[str, float | bool] = {}
