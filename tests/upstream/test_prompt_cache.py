@@ -207,6 +207,7 @@ def test_a_contiguous_prefix_equals_a_full_prefill_and_greedy_text_matches(
     full_ids = layout.segments[LEADING].token_ids + layout.segments["text"].token_ids
     full_ids += list(prepared.new_ids)
     assert list(prepared.new_positions)[0] == len(full_ids) - len(prepared.new_ids)
+    assert engine.prompt_ids(prepared) == full_ids  # what the repetition guard reads
 
     with torch.inference_mode():  # plain causal prefill, no cache, no mask, default positions
         full = engine.model(input_ids=torch.tensor([full_ids])).logits[0]

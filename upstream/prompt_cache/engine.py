@@ -248,6 +248,17 @@ class PromptCacheEngine:
         positions.extend(range(layout.end, layout.end + len(new)))
         return PreparedPrompt(tuple(cached), tuple(ids), tuple(positions))
 
+    def prompt_ids(self, prepared: PreparedPrompt) -> list[int]:
+        """Every token the model reads for ``prepared``, reused or new, in position order:
+        what the repetition guard looks back over, so that a reused module and the same
+        tokens read afresh are guarded alike."""
+        placed = [(position, token) for key, part in prepared.cached
+                  for position, token in zip(self.layouts[key].segments[part].positions,
+                                             self.layouts[key].segments[part].token_ids,
+                                             strict=True)]
+        placed += zip(prepared.new_positions, prepared.new_ids, strict=True)
+        return [token for _, token in sorted(placed, key=lambda pair: pair[0])]
+
     # generation ---------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, prepared: PreparedPrompt) -> tuple[torch.Tensor, "torch.Tensor", object]:
@@ -309,7 +320,7 @@ class PromptCacheEngine:
             generator = torch.Generator(device=self.loaded.device).manual_seed(params.seed)
         logits, seen, cache = self.prefill(prepared)
         stream = TextStream(self.tokenizer, params.stop + self.loaded.stop)
-        history = History(prepared.new_ids, params)
+        history = History(self.prompt_ids(prepared), params)
         token = next_token(history.penalise(logits), params, generator)
         ttft = time.perf_counter() - start
         produced, reason = 0, "length"
