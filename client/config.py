@@ -139,36 +139,43 @@ _DIR_FIELDS = {"config_dir", "data_dir"}
 def _coerce(name: str, value: Any, where: str) -> Any:
     """Convert a TOML or environment value to the type of setting ``name``."""
     kind = {f.name: f.type for f in fields(Settings)}[name]
-    text = isinstance(value, str)
     if name in _TABLES:
         return _table(name, value, where)
     if name == "upstream_sampling":
         return _sampling(value, where)
     try:
-        if kind in ("bool", bool):
-            if text:
-                lowered = value.strip().lower()
-                if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
-                    raise ValueError(value)
-                return lowered in {"1", "true", "yes", "on"}
-            if not isinstance(value, bool):
-                raise ValueError(value)
-            return value
-        if kind in ("int", int):
-            if isinstance(value, bool) or not (text or isinstance(value, int)):
-                raise ValueError(value)
-            return int(value)
-        if kind in ("float", float):
-            if isinstance(value, bool) or not (text or isinstance(value, int | float)):
-                raise ValueError(value)
-            return float(value)
+        if kind in (bool, int, float):
+            return _scalar(kind, value)
         if name in _DIR_FIELDS:
             return Path(str(value)).expanduser()
-        if not text:
+        if not isinstance(value, str):
             raise ValueError(value)
         return value
     except ValueError:
-        raise ConfigError(f"{where}: {name} = {value!r} is not a valid {kind}") from None
+        raise ConfigError(f"{where}: {name} = {value!r} is not a valid "
+                          f"{getattr(kind, '__name__', kind)}") from None
+
+
+def _scalar(kind: type, value: Any) -> bool | int | float:
+    """``value`` as TOML gives it, or as text from the environment, read as ``kind`` (bool,
+    int or float); ValueError if it is not one."""
+    text = isinstance(value, str)
+    if kind is bool:
+        if text:
+            lowered = value.strip().lower()
+            if lowered not in {"1", "0", "true", "false", "yes", "no", "on", "off"}:
+                raise ValueError(value)
+            return lowered in {"1", "true", "yes", "on"}
+        if not isinstance(value, bool):
+            raise ValueError(value)
+        return value
+    if kind is int:
+        if isinstance(value, bool) or not (text or isinstance(value, int)):
+            raise ValueError(value)
+        return int(value)
+    if isinstance(value, bool) or not (text or isinstance(value, int | float)):
+        raise ValueError(value)
+    return float(value)
 
 
 # The settings that are tables of strings: what each maps, and an example.
@@ -217,29 +224,11 @@ def _sampling(value: Any, where: str) -> dict[str, float | bool]:
             raise ConfigError(f"{where}: upstream_sampling has no field {key!r} (known: "
                               f"{', '.join(sorted(SAMPLING_FIELDS))})")
         try:
-            out[key] = _sampling_value(kind, raw)
+            out[key] = _scalar(kind, raw)
         except ValueError:
             raise ConfigError(f"{where}: upstream_sampling.{key} = {raw!r} is not a valid "
                               f"{kind.__name__}") from None
     return out
-
-
-def _sampling_value(kind: type, raw: Any) -> float | bool:
-    if kind is bool:
-        if isinstance(raw, bool):
-            return raw
-        lowered = str(raw).strip().lower()
-        if lowered not in {"true", "false"}:
-            raise ValueError(raw)
-        return lowered == "true"
-    if isinstance(raw, bool) or not isinstance(raw, str | int | float):
-        raise ValueError(raw)
-    number = float(raw)
-    if kind is int:
-        if not number.is_integer():
-            raise ValueError(raw)
-        return int(number)
-    return number
 
 
 def with_upstream(settings: Settings, url: str | None = None, api_key: str | None = None,
