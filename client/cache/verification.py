@@ -23,8 +23,7 @@ project's near-miss set by benchmarks/near_miss.py.
 import re
 from dataclasses import dataclass
 from difflib import SequenceMatcher
-
-from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+from functools import cache
 
 NEGATIONS = frozenset({
     "not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "nowhere",
@@ -109,11 +108,19 @@ NUMBER_WORDS = {
     "triple": "thrice", "thrice": "thrice",
 }
 DIRECTION_WORDS = frozenset({"to", "from", "into", "than", "vs", "versus", "onto", "in"})
-STOP_WORDS = ENGLISH_STOP_WORDS - NEGATIONS - NUMBER_WORDS.keys()
 LOCAL_EDIT_WORDS = 3  # a negation or name counts when it is a local edit, not a new clause
 MAX_SWAP_WORDS = 2
 _THOUSANDS = re.compile(r"\b(\d+)[kK]\b")
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[A-Za-z]+(?:'[A-Za-z]+)?|[.?!]")
+
+
+@cache
+def stop_words() -> frozenset[str]:
+    """scikit-learn's English stop words less the words these checks read. Imported on the
+    first check: importing scikit-learn takes longer (0.7 s) than a whole lookup."""
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    return frozenset(ENGLISH_STOP_WORDS - NEGATIONS - NUMBER_WORDS.keys())
 
 
 def _stem(word: str) -> str:
@@ -185,7 +192,7 @@ class _Words:
                 mid_sentence += 1
                 if token[0].isupper():
                     capitals += 1
-                    if low not in STOP_WORDS or (token.isupper() and len(token) > 1):
+                    if low not in stop_words() or (token.isupper() and len(token) > 1):
                         names.add(low)  # "US" is a name, "Us" starts a phrase
             sentence_start = False
         if capitals > mid_sentence / 2:  # Title Case Throughout: capitals name nothing
@@ -313,7 +320,7 @@ def _entity(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
 def _new_words(span: tuple[str, ...], mine: _Words, theirs: _Words) -> list[str]:
     """Content words of ``span`` (names included) with no form on the other side; units
     are left to the unit check ("USD" vs "dollars")."""
-    return [w for w in span if (w not in STOP_WORDS or w in mine.names)
+    return [w for w in span if (w not in stop_words() or w in mine.names)
             and _stem(w) not in _UNIT_OF and not _has_kin(w, theirs.lower)]
 
 
@@ -331,8 +338,8 @@ def _direction(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
         at_a = [i for i, w in enumerate(a.lower) if w == word]
         at_b = [i for i, w in enumerate(b.lower) if w == word]
         for i, j in zip(at_a, at_b, strict=False):
-            after_a = next((w for w in a.lower[i + 1:] if w not in STOP_WORDS), None)
-            after_b = next((w for w in b.lower[j + 1:] if w not in STOP_WORDS), None)
+            after_a = next((w for w in a.lower[i + 1:] if w not in stop_words()), None)
+            after_b = next((w for w in b.lower[j + 1:] if w not in stop_words()), None)
             if after_a and after_b and after_a != after_b and after_a in b.lower[:j] \
                     and after_b in a.lower[:i]:
                 return Veto("direction", f"{after_b!r} {word} {after_a!r} vs "
