@@ -223,6 +223,8 @@ def _edits(a: _Words, b: _Words) -> list[_Edit]:
 
 def verify(query: str, cached_query: str) -> Veto | None:
     """None if ``cached_query``'s answer may serve ``query``; else what differs between them."""
+    if query.lower() == cached_query.lower():  # a repeat: nothing to read (nor to import)
+        return None
     a, b = _Words.of(query), _Words.of(cached_query)
     if a.lower == b.lower:
         return None
