@@ -10,7 +10,7 @@ from meancache.shared.progress import Progress
 # Opens a named step and returns its (done, total) callback.
 StepReporter = Callable[[str], Progress]
 
-LOADING = "loading meancache (the cache, the encoder's runtime, the upstream's)"
+LOADING = "loading meancache (the cache and the encoder's runtime)"
 
 
 def startup_steps(settings: Settings) -> list[str]:

@@ -13,8 +13,8 @@ made (client/proxy/partitions.py). Each cache's local tau stays its own.
 
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from meancache.client.cache.feedback import device_pairs
 from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings, load_settings
@@ -23,6 +23,9 @@ from meancache.shared.encoder import locate_model
 from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.fl.checkpoint import prune_rounds, save_checkpoint
 from meancache.shared.pairs import Pair
+
+if TYPE_CHECKING:  # weights are handed over, never computed here
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +41,7 @@ class DeviceState:
         model_dir = locate_model(encoder_model, self.settings.models_dir)
         return model_fingerprint(model_dir, self.settings.encoder_dir / "fingerprints.json")
 
-    def keep_global(self, state: dict[str, torch.Tensor], threshold: float, round_number: int,
+    def keep_global(self, state: "dict[str, torch.Tensor]", threshold: float, round_number: int,
                     encoder_model: str | None, top_layers: int) -> None:
         """Store a global model and threshold received from the server; the cache switches
         to it (and re-embeds) the next time it opens."""

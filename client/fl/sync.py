@@ -52,11 +52,9 @@ from meancache.shared.fl.checkpoint import (
     read_meta,
 )
 from meancache.shared.fl.signing import PUBLIC_KEY, read_public_key, verify
-from meancache.shared.fl.weights import check_finite
 from meancache.shared.progress import Progress
 from meancache.shared.threshold import check_threshold
 from safetensors import SafetensorError
-from safetensors.torch import load_file
 
 log = logging.getLogger(__name__)
 
@@ -288,7 +286,11 @@ def _download(http: httpx.Client, base: str, remote: _Remote, root: Path,
 
 
 def _check_weights(path: Path, round_number: int, base: str) -> None:
-    """CheckpointError unless the file is safetensors holding only finite values."""
+    """CheckpointError unless the file is safetensors holding only finite values. (torch
+    is imported here, by a sync, not by the chat that merely offers one.)"""
+    from meancache.shared.fl.weights import check_finite
+    from safetensors.torch import load_file
+
     try:
         check_finite(load_file(str(path)))
     except (ValueError, OSError, SafetensorError) as exc:

@@ -9,15 +9,18 @@ are exactly the tokens its users typed.
 """
 
 import re
+from typing import TYPE_CHECKING
 
 import torch
-from sentence_transformers import SentenceTransformer
+
+if TYPE_CHECKING:  # the type only: importing sentence-transformers costs seconds
+    from sentence_transformers import SentenceTransformer
 
 _LAYER = re.compile(r"\.encoder\.layer\.(\d+)\.")
 _EMBEDDINGS = ".embeddings."
 
 
-def federated_names(model: SentenceTransformer, top_layers: int = 0) -> list[str]:
+def federated_names(model: "SentenceTransformer", top_layers: int = 0) -> list[str]:
     """Parameter names that are trained and sent; ``top_layers`` = 0 means every layer
     (the embeddings never)."""
     names = [name for name, _ in model.named_parameters() if _EMBEDDINGS not in name]
@@ -31,12 +34,12 @@ def federated_names(model: SentenceTransformer, top_layers: int = 0) -> list[str
             if ((m := _LAYER.search(name)) and int(m.group(1)) >= first) or ".pooler." in name]
 
 
-def federated_state(model: SentenceTransformer, names: list[str]) -> dict[str, torch.Tensor]:
+def federated_state(model: "SentenceTransformer", names: list[str]) -> dict[str, torch.Tensor]:
     params = dict(model.named_parameters())
     return {name: params[name].detach().cpu().contiguous().clone() for name in names}
 
 
-def load_federated_state(model: SentenceTransformer, state: dict[str, torch.Tensor]) -> None:
+def load_federated_state(model: "SentenceTransformer", state: dict[str, torch.Tensor]) -> None:
     """Overwrite the named parameters; every name must exist with the same shape."""
     params = dict(model.named_parameters())
     for name, value in state.items():
@@ -47,7 +50,7 @@ def load_federated_state(model: SentenceTransformer, state: dict[str, torch.Tens
             target.copy_(value.to(target.device, target.dtype))
 
 
-def freeze_all_but(model: SentenceTransformer, names: list[str]) -> None:
+def freeze_all_but(model: "SentenceTransformer", names: list[str]) -> None:
     keep = set(names)
     for name, param in model.named_parameters():
         param.requires_grad_(name in keep)
