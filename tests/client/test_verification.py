@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss
 from meancache.client.cache.matcher import embed_texts
-from meancache.client.cache.verification import verify
+from meancache.client.cache.verification import CHECKS, WITH_LEARNED, verify
 from meancache.client.config import load_settings
 from meancache.shared.encoder import Encoder
 
@@ -52,6 +52,24 @@ def test_look_alikes_are_vetoed_with_the_kind_named(cached: str, asked: str, kin
 ])
 def test_paraphrases_pass(cached: str, asked: str) -> None:
     assert verify(asked, cached) is None
+
+
+def test_only_the_chosen_checks_run() -> None:
+    """The learned verifier keeps only some checks (``WITH_LEARNED``): the others say
+    nothing, whatever they would have found."""
+    negated = ("What isn't the capital of France?", FRANCE)
+    swapped = ("Is Java faster than Python?", "Is Python faster than Java?")
+    assert set(WITH_LEARNED) < set(CHECKS) and "negation" not in WITH_LEARNED
+    assert verify(*negated, WITH_LEARNED) is None
+    assert getattr(verify(*negated, ("negation",)), "kind", None) == "negation"
+    assert getattr(verify(*swapped, WITH_LEARNED), "kind", None) == "direction"
+    assert verify(*swapped, ()) is None
+
+
+def test_an_unknown_check_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="no verification check named colour; the checks "
+                                         "are negation, antonym, number"):
+        verify(FRANCE, FRANCE, ("colour", "negation"))
 
 
 def test_the_near_miss_set_is_labelled_and_spread_over_every_kind() -> None:
