@@ -19,13 +19,13 @@ source:
   embedding sees only the beginning);
 - the verifier (``settings.verifier``), with ``settings.verify`` on, decides; a veto is a
   miss, never a reason to serve a lower candidate:
-  - "rules" (the default; ``verification.verify``) looks at the best counting candidate
-    only and vetoes it when the two differ in a negation, number, name, ...;
-  - "learned" (``shared.verifier``, opt-in) scores up to ``VERIFIED_AT_MOST`` counting
-    candidates in one batched call; the most probable is served if its probability
-    reaches the verifier's threshold and the rule checks kept beside it
+  - "learned" (the default; ``shared.verifier``) scores up to ``VERIFIED_AT_MOST``
+    counting candidates in one batched call; the most probable is served if its
+    probability reaches the verifier's threshold and the rule checks kept beside it
     (``verification.WITH_LEARNED``: a swapped direction, an opposite word) do not veto it
-    (the very same question passes by identity). It is loaded only when this is chosen.
+    (the very same question passes by identity). It is loaded only when this is chosen;
+  - "rules" (``verification.verify``, every check) looks at the best counting candidate
+    only and vetoes it when the two differ in a negation, number, name, ...
 
 Feedback: every served match is a weakly positive labelled pair; "wrong answer" turns it
 negative, once per hit (a second rejection of the same hit changes nothing), and re-tunes

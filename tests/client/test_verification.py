@@ -1,6 +1,6 @@
-"""The verification step: a candidate at or above tau that only looks like the query is
-vetoed (the lookup misses and says why), a paraphrase is served, and the setting turns it
-off. Cache tests run the real MiniLM on a real on-disk cache."""
+"""The rule verifier (``verifier = "rules"``): a candidate at or above tau that only looks
+like the query is vetoed (the lookup misses and says why), a paraphrase is served, and the
+setting turns verification off. Cache tests run the real MiniLM on a real on-disk cache."""
 
 import json
 from pathlib import Path
@@ -17,6 +17,7 @@ from tests.support.paths import TEST_DATA
 
 NEAR_MISS_FILE = TEST_DATA / "near_miss.jsonl"
 FRANCE = "What is the capital of France?"
+RULES = CacheSettings(verifier="rules")
 
 
 @pytest.mark.parametrize(("cached", "asked", "kind"), [
@@ -94,8 +95,8 @@ def similarity(encoder: Encoder, a: str, b: str) -> float:
 def test_a_vetoed_candidate_is_a_miss_that_says_why(
     make_cache: CacheFactory, encoder: Encoder, asked: str, kind: str, tau: float | None
 ) -> None:
-    cache = make_cache(settings=CacheSettings(global_threshold=tau or CacheSettings()
-                                              .global_threshold))
+    cache = make_cache(settings=CacheSettings(global_threshold=tau or RULES.global_threshold,
+                                              verifier="rules"))
     cache.insert(FRANCE, "Paris.")
     result = cache.lookup(asked)
     assert isinstance(result, Miss)
@@ -105,7 +106,7 @@ def test_a_vetoed_candidate_is_a_miss_that_says_why(
 
 
 def test_a_paraphrase_is_still_served(make_cache: CacheFactory) -> None:
-    cache = make_cache()
+    cache = make_cache(settings=RULES)
     cache.insert("How many calories are in 100 grams of rice?", "About 130 kcal.")
     result = cache.lookup("How many calories does 100g of rice have?")
     assert isinstance(result, Hit) and result.answer == "About 130 kcal."
@@ -118,7 +119,7 @@ def test_a_vetoed_best_candidate_is_a_miss_not_a_reason_to_serve_the_next_one(
     that was never verified against the look-alike is not served in its place."""
     asked = "Is Python faster than Java?"
     reversed_, paraphrase = "Is Java faster than Python?", "Does Python run faster than Java?"
-    cache = make_cache()
+    cache = make_cache(settings=RULES)
     cache.insert(reversed_, "Python is usually slower than Java.")
     cache.insert(paraphrase, "No: Java is usually faster than Python.")
     assert similarity(encoder, asked, reversed_) > similarity(encoder, asked, paraphrase) \

@@ -1,4 +1,4 @@
-"""The decision with the learned verifier (``verifier = "learned"``), on a tiny
+"""The decision with the learned verifier (``verifier = "learned"``, the default), on a tiny
 random-init cross-encoder made the way the shipped one is (its probabilities mean
 nothing; the mechanics are what is tested):
 the counting candidates are scored in one batched call, the most probable one is served
@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
 from meancache.client.cache.matcher import VERIFIED_AT_MOST, shipped_verifier
+from meancache.client.cache.settings import RECALL_MARGIN
 from meancache.client.pack import PackHit
 from meancache.shared.encoder import Encoder
 from meancache.shared.verifier.runtime import Card, LearnedVerifier, read_card
@@ -156,11 +157,18 @@ def test_the_pack_decides_with_the_same_verifier(make_cache: CacheFactory, encod
     assert isinstance(packs.lookup_similar(ASKED, passing.matcher), PackHit)
 
 
-def test_the_default_rules_never_load_the_learned_verifier(make_cache: CacheFactory) -> None:
-    """The default decides with the word rules; the model is neither read nor run."""
-    shipped_verifier.cache_clear()
+def test_the_learned_verifier_is_the_default(make_cache: CacheFactory) -> None:
     cache = make_cache()
-    assert cache.settings.verifier == "rules" and cache.matcher.recall_tau == cache.matcher.tau
+    assert cache.settings.verifier == LEARNED and cache.settings.verify_hits
+    assert cache.matcher.recall_tau == pytest.approx(cache.matcher.tau - RECALL_MARGIN)
+
+
+def test_the_rules_never_load_the_learned_verifier(make_cache: CacheFactory) -> None:
+    """With ``verifier = "rules"`` the word rules decide; the model is neither read nor
+    run."""
+    shipped_verifier.cache_clear()
+    cache = make_cache(settings=CacheSettings(verifier="rules"))
+    assert cache.matcher.recall_tau == cache.matcher.tau
     cache.insert(STORED[0], "Paris")
     assert isinstance(cache.lookup(ASKED), Hit)
     vetoed = cache.lookup("What isn't the capital of France?")
