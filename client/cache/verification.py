@@ -26,8 +26,7 @@ import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from difflib import SequenceMatcher
-
-from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+from functools import cache
 
 NEGATIONS = frozenset({
     "not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "nowhere",
@@ -120,11 +119,19 @@ CHECKS = ("negation", "antonym", "number", "unit", "time", "entity", "direction"
 # benchmarks/verification.py measures the choice, and the held-out set beside it.
 WITH_LEARNED = ("antonym", "direction")
 DIRECTION_WORDS = frozenset({"to", "from", "into", "than", "vs", "versus", "onto", "in"})
-STOP_WORDS = ENGLISH_STOP_WORDS - NEGATIONS - NUMBER_WORDS.keys()
 LOCAL_EDIT_WORDS = 3  # a negation or name counts when it is a local edit, not a new clause
 MAX_SWAP_WORDS = 2
 _THOUSANDS = re.compile(r"\b(\d+)[kK]\b")
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[A-Za-z]+(?:'[A-Za-z]+)?|[.?!]")
+
+
+@cache
+def stop_words() -> frozenset[str]:
+    """scikit-learn's English stop words less the words these checks read. Imported on the
+    first check: importing scikit-learn takes longer (0.7 s) than a whole lookup."""
+    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
+
+    return frozenset(ENGLISH_STOP_WORDS - NEGATIONS - NUMBER_WORDS.keys())
 
 
 def _stem(word: str) -> str:
@@ -196,7 +203,7 @@ class _Words:
                 mid_sentence += 1
                 if token[0].isupper():
                     capitals += 1
-                    if low not in STOP_WORDS or (token.isupper() and len(token) > 1):
+                    if low not in stop_words() or (token.isupper() and len(token) > 1):
                         names.add(low)  # "US" is a name, "Us" starts a phrase
             sentence_start = False
         if capitals > mid_sentence / 2:  # Title Case Throughout: capitals name nothing
@@ -232,6 +239,8 @@ def verify(query: str, cached_query: str, checks: Collection[str] = CHECKS) -> V
     if unknown:
         raise ValueError(f"no verification check named {', '.join(sorted(unknown))}; "
                          f"the checks are {', '.join(CHECKS)}")
+    if query.lower() == cached_query.lower():  # a repeat: nothing to read (nor to import)
+        return None
     a, b = _Words.of(query), _Words.of(cached_query)
     if a.lower == b.lower:
         return None
@@ -330,7 +339,7 @@ def _entity(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
 def _new_words(span: tuple[str, ...], mine: _Words, theirs: _Words) -> list[str]:
     """Content words of ``span`` (names included) with no form on the other side; units
     are left to the unit check ("USD" vs "dollars")."""
-    return [w for w in span if (w not in STOP_WORDS or w in mine.names)
+    return [w for w in span if (w not in stop_words() or w in mine.names)
             and _stem(w) not in _UNIT_OF and not _has_kin(w, theirs.lower)]
 
 
@@ -348,8 +357,8 @@ def _direction(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
         at_a = [i for i, w in enumerate(a.lower) if w == word]
         at_b = [i for i, w in enumerate(b.lower) if w == word]
         for i, j in zip(at_a, at_b, strict=False):
-            after_a = next((w for w in a.lower[i + 1:] if w not in STOP_WORDS), None)
-            after_b = next((w for w in b.lower[j + 1:] if w not in STOP_WORDS), None)
+            after_a = next((w for w in a.lower[i + 1:] if w not in stop_words()), None)
+            after_b = next((w for w in b.lower[j + 1:] if w not in stop_words()), None)
             if after_a and after_b and after_a != after_b and after_a in b.lower[:j] \
                     and after_b in a.lower[:i]:
                 return Veto("direction", f"{after_b!r} {word} {after_a!r} vs "

@@ -10,12 +10,15 @@ import io
 import logging
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-from meancache.shared.encoder.pipeline import EmbeddingPipeline
+from meancache.shared.encoder.tokens import Tokenized
 from meancache.shared.files import atomic_path
 from meancache.shared.onnx_session import cpu_session
+
+if TYPE_CHECKING:  # running an export needs no torch; making one does
+    from meancache.shared.encoder.pipeline import EmbeddingPipeline
 
 log = logging.getLogger(__name__)
 
@@ -31,9 +34,11 @@ PARITY_QUERIES = (
 )
 
 
-def export_pipeline(pipeline: EmbeddingPipeline, tokenizer: object, path: Path) -> None:
-    """Export to ``path`` atomically (a crash leaves no half-written model behind)."""
-    sample = tokenizer(["hello world", "a b c"], padding=True, return_tensors="pt")
+def export_pipeline(pipeline: "EmbeddingPipeline", sample: Tokenized, path: Path) -> None:
+    """Export to ``path`` atomically (a crash leaves no half-written model behind);
+    ``sample``: a small batch of inputs to trace the graph with."""
+    import torch
+
     batch = torch.export.Dim("batch")
     seq = torch.export.Dim("seq", max=4096)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -45,7 +50,7 @@ def export_pipeline(pipeline: EmbeddingPipeline, tokenizer: object, path: Path) 
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             pipeline.eval(),
-            (sample["input_ids"], sample["attention_mask"]),
+            (torch.from_numpy(sample.input_ids), torch.from_numpy(sample.attention_mask)),
             input_names=["input_ids", "attention_mask"],
             output_names=["unit_embedding"],
             dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}),

@@ -1,7 +1,8 @@
 """The sentence encoder: a local sentence-transformers model, optional PCA, and a version id.
 
 torch, sentence-transformers and onnxruntime are imported where a model is built or run,
-so that importing this module (as every command does) stays fast.
+so that importing this module (as every command does) stays fast. Once an ONNX export has
+passed its parity check, later starts run it alone (``checked_export``): no torch at all.
 """
 
 import contextlib
@@ -9,13 +10,19 @@ import hashlib
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 from meancache.shared.encoder._locate import locate_model
+from meancache.shared.encoder.checked_export import (
+    CheckedExport,
+    read_record,
+    record_path,
+    write_record,
+)
 from meancache.shared.encoder.fingerprint import model_fingerprint
+from meancache.shared.encoder.tokens import EncoderTokenizer, Tokenized
 from meancache.shared.errors import EncoderError, OnnxBackendError
 from meancache.shared.progress import Progress
 
@@ -28,11 +35,7 @@ log = logging.getLogger(__name__)
 
 BACKENDS = ("onnx", "onnx-int8", "torch")  # onnxruntime float32 or int8, or PyTorch
 
-
-@dataclass(frozen=True)
-class Tokenized:
-    input_ids: np.ndarray
-    attention_mask: np.ndarray
+__all__ = ["BACKENDS", "Encoder", "Tokenized", "load_sentence_transformer"]
 
 
 class Encoder:
@@ -45,30 +48,32 @@ class Encoder:
     def __init__(
         self,
         model_dir: Path,
-        model: "SentenceTransformer",
         base_version: str,
+        tokenizer: EncoderTokenizer,
+        full_dim: int,
         pca: "PCAProjection | None" = None,
         backend: str = "onnx",
         cache_dir: Path | None = None,
+        *,
+        model: "SentenceTransformer | None" = None,
         onnx: "OnnxEmbedder | None" = None,
     ) -> None:
-        """``onnx``: a checked export of the same base model, shared by its PCA variants."""
-        from meancache.shared.encoder.pipeline import EmbeddingPipeline
-
+        """``model``: the PyTorch model, None when ``onnx`` is a checked export of it;
+        ``onnx``: that export, shared by the base model's PCA variants."""
+        if backend not in BACKENDS:
+            raise EncoderError(f"unknown encoder backend {backend!r} (use "
+                               + ", ".join(repr(b) for b in BACKENDS) + ")")
         self.model_dir = model_dir
-        self._model = model
         self.base_version = base_version
+        self.tokenizer = tokenizer
+        self.full_dim = full_dim
         self.pca = pca
         self.cache_dir = cache_dir
-        self.pipeline = EmbeddingPipeline(model, pca).eval()
-        self.max_tokens = int(model.max_seq_length or model.tokenizer.model_max_length)
+        self._model = model
         self.requested_backend = backend
         self.backend = "torch"
         self.fallback_reason: str | None = None
         self._onnx: OnnxEmbedder | None = None
-        if backend not in BACKENDS:
-            raise EncoderError(f"unknown encoder backend {backend!r} (use "
-                               + ", ".join(repr(b) for b in BACKENDS) + ")")
         if backend != "torch" and onnx is not None:
             self._onnx, self.backend = onnx, onnx.backend
         elif backend != "torch":
@@ -88,23 +93,38 @@ class Encoder:
         """Load a local sentence-transformers model (default: the packaged MiniLM).
 
         ``global_weights`` is an FL checkpoint directory (shared.fl.checkpoint) whose
-        weights are loaded over the base model's; the version covers both.
+        weights are loaded over the base model's; the version covers both. When
+        ``cache_dir`` holds a checked export of exactly that model, it runs alone.
         """
+        if backend not in BACKENDS:
+            raise EncoderError(f"unknown encoder backend {backend!r} (use "
+                               + ", ".join(repr(b) for b in BACKENDS) + ")")
         model_dir = locate_model(model)
-        st = load_sentence_transformer(model_dir)
         memo = cache_dir / "fingerprints.json" if cache_dir else None
-        version = model_fingerprint(model_dir, memo)
+        base = model_fingerprint(model_dir, memo)
+        version = base if global_weights is None else _global_version(base, global_weights)
+        checked = _checked_export(cache_dir, version, backend)
+        if checked is not None:
+            from meancache.shared.encoder._onnx import OnnxEmbedder
+
+            log.info("encoder runs %s alone (checked: min cosine %.6f)", checked.path.name,
+                     checked.min_cosine)
+            return cls(model_dir, version, checked.tokenizer, checked.full_dim, pca, backend,
+                       cache_dir, onnx=OnnxEmbedder(checked.path, checked.backend))
+        st = load_sentence_transformer(model_dir)
         if global_weights is not None:
-            version = _apply_global_weights(st, version, global_weights)
-        return cls(model_dir, st, version, pca, backend, cache_dir)
+            _load_global_weights(st, global_weights)
+        max_tokens = int(st.max_seq_length or st.tokenizer.model_max_length)
+        return cls(model_dir, version,
+                   EncoderTokenizer.of_model_tokenizer(st.tokenizer, max_tokens),
+                   int(st.get_embedding_dimension()), pca, backend, cache_dir, model=st)
 
     def with_pca(self, pca: "PCAProjection | None") -> "Encoder":
         """The same model with another PCA layer (shares the loaded weights and the ONNX
         session: PCA is applied after it, so a new layer needs no new export)."""
-        return Encoder(
-            self.model_dir, self._model, self.base_version, pca, self.requested_backend,
-            self.cache_dir, self._onnx,
-        )
+        return Encoder(self.model_dir, self.base_version, self.tokenizer, self.full_dim, pca,
+                       self.requested_backend, self.cache_dir, model=self._model,
+                       onnx=self._onnx)
 
     # identity -----------------------------------------------------------------------
     @property
@@ -113,19 +133,17 @@ class Encoder:
 
     @property
     def dim(self) -> int:
-        if self.pca is not None:
-            return self.pca.out_dim
-        return int(self._model.get_embedding_dimension())
+        return self.pca.out_dim if self.pca is not None else self.full_dim
 
     @property
-    def full_dim(self) -> int:
-        return int(self._model.get_embedding_dimension())
+    def max_tokens(self) -> int:
+        return self.tokenizer.max_tokens
 
     @property
     def sentence_transformer(self) -> "SentenceTransformer":
         """The PyTorch model (for training): only an encoder loaded with backend "torch"
         keeps its weights, an ONNX one releases them once onnxruntime runs."""
-        if self._onnx is not None:
+        if self._onnx is not None or self._model is None:
             raise EncoderError("this encoder runs on onnxruntime and released its PyTorch "
                                "weights; load it with backend='torch' to train it")
         return self._model
@@ -133,14 +151,10 @@ class Encoder:
     # tokens -------------------------------------------------------------------------
     def tokenize(self, texts: Sequence[str]) -> Tokenized:
         """Padded model inputs, cut to the model's window (see ``is_truncated``)."""
-        batch = self._model.tokenizer(
-            list(texts), padding=True, truncation=True, max_length=self.max_tokens,
-            return_tensors="np",
-        )
-        return Tokenized(batch["input_ids"], batch["attention_mask"])
+        return self.tokenizer.batch(texts)
 
     def count_tokens(self, text: str) -> int:
-        return len(self._model.tokenizer(text, truncation=False)["input_ids"])
+        return self.tokenizer.count(text)
 
     def is_truncated(self, text: str) -> bool:
         """Whether embedding ``text`` sees only its beginning (it is past the window)."""
@@ -176,12 +190,17 @@ class Encoder:
         if self._onnx is not None:
             unit = self._onnx(input_ids, attention_mask)
             return unit if full else self.project(unit)
+        unit = self._run_torch(input_ids, attention_mask)
+        return unit if full else self.project(unit)
+
+    def _run_torch(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
+        """Full-space unit vectors from the PyTorch model (PCA, a linear map, is applied
+        after it in NumPy by ``project``, as after the ONNX graph)."""
         import torch
         from meancache.shared.encoder.pipeline import EmbeddingPipeline
 
-        pipeline = self.pipeline if not full else EmbeddingPipeline(self._model, None)
         with torch.inference_mode():
-            return pipeline(
+            return EmbeddingPipeline(self.sentence_transformer).eval()(
                 torch.from_numpy(input_ids.astype(np.int64)),
                 torch.from_numpy(attention_mask.astype(np.int64)),
             ).numpy()
@@ -202,21 +221,20 @@ class Encoder:
         if self.cache_dir is None:
             self._fall_back("no cache directory to keep the exported model in")
             return
-        path = self.cache_dir / "onnx" / f"{_space_version(self.base_version, None)}.onnx"
+        path = _export_path(self.cache_dir, self.base_version)
         embedder = self._start_int8(path) if self.requested_backend == "onnx-int8" else None
         try:
             embedder = embedder or self._checked(self._exported(path), path)
         except Exception as exc:  # export can fail in many ways; PyTorch always works
-            with contextlib.suppress(OSError):  # the next start tries a fresh export
-                path.unlink()
+            _remove_export(path)  # the next start tries a fresh export
             self._fall_back(f"{type(exc).__name__}: {exc}")
             return
         self._onnx = embedder
         self.backend = embedder.backend
         _prune_exports(embedder.path)
         # onnxruntime holds its own copy of the weights: PyTorch's (440 MB for MPNet) is
-        # dead weight now. Tokenising and the shapes need no tensors.
-        self._model.to("meta")
+        # dead weight now. Tokenising and the shapes need no model.
+        self._model = None
 
     def _exported(self, path: Path) -> "OnnxEmbedder":
         from meancache.shared.encoder._onnx import OnnxEmbedder, export_pipeline
@@ -224,8 +242,8 @@ class Encoder:
 
         if not path.is_file():
             log.info("exporting encoder %s to ONNX at %s", self.base_version, path)
-            export_pipeline(EmbeddingPipeline(self._model, None).eval(),
-                            self._model.tokenizer, path)
+            export_pipeline(EmbeddingPipeline(self.sentence_transformer).eval(),
+                            self.tokenize(["hello world", "a b c"]), path)
         return OnnxEmbedder(path)
 
     def _start_int8(self, full: Path) -> "OnnxEmbedder | None":
@@ -248,17 +266,15 @@ class Encoder:
         except Exception as exc:  # the float32 export still works
             log.warning("encoder runs in float32: its int8 variant failed (%s: %s)",
                         type(exc).__name__, exc)
-            with contextlib.suppress(OSError):
-                path.unlink()
+            _remove_export(path)
             return None
-        with contextlib.suppress(OSError):
-            full.unlink()
+        _remove_export(full)
         return embedder
 
     def _checked(self, embedder: "OnnxEmbedder", path: Path,
                  minimum: float | None = None) -> "OnnxEmbedder":
-        """``embedder`` if its vectors match PyTorch's on sample queries (cosine)."""
-        import torch
+        """``embedder`` if its vectors match PyTorch's on sample queries (cosine), recorded
+        as checked (``checked_export``) so that later starts run it alone."""
         from meancache.shared.encoder._onnx import (
             PARITY_MIN_COSINE,
             PARITY_QUERIES,
@@ -267,17 +283,15 @@ class Encoder:
 
         minimum = PARITY_MIN_COSINE if minimum is None else minimum
         tokens = self.tokenize(PARITY_QUERIES)
-        with torch.inference_mode():
-            reference = self.pipeline(
-                torch.from_numpy(tokens.input_ids.astype(np.int64)),
-                torch.from_numpy(tokens.attention_mask.astype(np.int64)),
-            ).numpy()
-        cosine = min_parity_cosine(
-            self.project(embedder(tokens.input_ids, tokens.attention_mask)), reference)
+        reference = self._run_torch(tokens.input_ids, tokens.attention_mask)
+        cosine = min_parity_cosine(embedder(tokens.input_ids, tokens.attention_mask),
+                                   reference)
         if cosine < minimum:
             raise OnnxBackendError(f"ONNX parity check of {path.name} failed: cosine "
                                    f"{cosine:.5f} < {minimum}")
         log.info("ONNX parity of %s with PyTorch: min cosine %.6f", path.name, cosine)
+        write_record(CheckedExport(path, embedder.backend, self.full_dim, cosine,
+                                   self.tokenizer))
         return embedder
 
     def _fall_back(self, reason: str) -> None:
@@ -302,6 +316,29 @@ def load_sentence_transformer(model_dir: Path) -> "SentenceTransformer":
             "directory holds a complete sentence-transformers model") from exc
 
 
+def _export_path(cache_dir: Path, base_version: str) -> Path:
+    """Where the float32 export of a model state lives ("<path>.int8.onnx": its int8 one)."""
+    return cache_dir / "onnx" / f"{_space_version(base_version, None)}.onnx"
+
+
+def _checked_export(cache_dir: Path | None, version: str,
+                    backend: str) -> CheckedExport | None:
+    """The checked export ``backend`` would run for model state ``version``, if recorded."""
+    if cache_dir is None or backend == "torch":
+        return None
+    path = _export_path(cache_dir, version)
+    if backend == "onnx-int8":  # only its own variant: a float32 one may predate the switch
+        return read_record(path.with_suffix(".int8.onnx"), backend)
+    return read_record(path, backend)
+
+
+def _remove_export(path: Path) -> None:
+    """An export and its record (a record without its export is never trusted anyway)."""
+    for each in (path, record_path(path)):
+        with contextlib.suppress(OSError):
+            each.unlink()
+
+
 def _space_version(base_version: str, pca: "PCAProjection | None") -> str:
     """The id of one vector space: the model's weights and the PCA layer after them."""
     parts = f"{base_version}|{pca.version if pca else 'full'}"
@@ -316,25 +353,32 @@ def _prune_exports(current: Path, keep: int = 3) -> None:
         exports = sorted(current.parent.glob("*.onnx"), key=lambda p: p.stat().st_mtime,
                          reverse=True)
         for old in exports[keep:]:
-            old.unlink()
+            _remove_export(old)
 
 
-def _apply_global_weights(model: "SentenceTransformer", base_version: str,
-                          checkpoint: Path) -> str:
-    """Load FL global weights over the base model; returns the combined version id."""
-    from meancache.shared.fl.checkpoint import load_checkpoint
-    from meancache.shared.fl.weights import load_federated_state
+def _global_version(base_version: str, checkpoint: Path) -> str:
+    """The version of the base model with FL global weights over it, from the checkpoint's
+    metadata alone (its weights are loaded only when no checked export of them exists)."""
+    from meancache.shared.fl.checkpoint import read_meta
 
-    meta, state = load_checkpoint(checkpoint)
+    meta = read_meta(checkpoint)
     if meta.base_model != base_version:
         raise EncoderError(
             f"the global model in {checkpoint} was trained from base model {meta.base_model}, "
             f"not from this one ({base_version}); sync from an FL server that trains this "
             "base model, or set encoder_model to the one it trains"
         )
+    return hashlib.sha256(f"{base_version}|{meta.sha256}".encode()).hexdigest()[:16]
+
+
+def _load_global_weights(model: "SentenceTransformer", checkpoint: Path) -> None:
+    """Load FL global weights over the base model (checked against their sha256)."""
+    from meancache.shared.fl.checkpoint import load_checkpoint
+    from meancache.shared.fl.weights import load_federated_state
+
+    _, state = load_checkpoint(checkpoint)
     try:
         load_federated_state(model, state)
     except ValueError as exc:
         raise EncoderError(f"the global model in {checkpoint} does not fit this encoder "
                            f"({exc}); sync one trained for it") from None
-    return hashlib.sha256(f"{base_version}|{meta.sha256}".encode()).hexdigest()[:16]

@@ -2,32 +2,30 @@
 
 Fitted with scikit-learn on the user's own cached query embeddings; stored as
 safetensors so that it can travel with a model (FL) and be hashed into a version id.
+Plain NumPy: a lookup projects with it without importing torch (the PyTorch pipeline
+wraps the same arrays, ``shared.encoder.pipeline``).
 """
 
 import hashlib
 from pathlib import Path
 
 import numpy as np
-import torch
-from meancache.shared.encoder import DEFAULT_PCA_DIMS
 from meancache.shared.files import atomic_path
 from safetensors.numpy import load_file, save_file
-from torch import nn
+
+DEFAULT_PCA_DIMS = 64  # MeanCache's compressed embedding size
 
 
-class PCAProjection(nn.Module):
+class PCAProjection:
     """y = (x - mean) @ components.T: the top principal directions of the fitted embeddings."""
 
     def __init__(self, components: np.ndarray, mean: np.ndarray) -> None:
-        super().__init__()
         if components.ndim != 2 or mean.shape != (components.shape[1],):
             raise ValueError("PCA components must be (k, d) and mean (d,)")
         # sklearn's components_ are column-major: make them C-ordered, or save_file would
         # write the raw buffer in the wrong order.
-        self.register_buffer(
-            "components", torch.from_numpy(np.ascontiguousarray(components, dtype=np.float32))
-        )
-        self.register_buffer("mean", torch.from_numpy(np.ascontiguousarray(mean, np.float32)))
+        self.components = np.ascontiguousarray(components, dtype=np.float32)
+        self.mean = np.ascontiguousarray(mean, dtype=np.float32)
 
     @property
     def in_dim(self) -> int:
@@ -37,18 +35,15 @@ class PCAProjection(nn.Module):
     def out_dim(self) -> int:
         return int(self.components.shape[0])
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (x - self.mean) @ self.components.T
-
     def project(self, x: np.ndarray) -> np.ndarray:
-        """The same projection in NumPy (for vectors that are already embedded)."""
-        return (x - self.mean.numpy()) @ self.components.numpy().T
+        """(n, in_dim) vectors that are already embedded, projected to (n, out_dim)."""
+        return (x - self.mean) @ self.components.T
 
     @property
     def version(self) -> str:
         digest = hashlib.sha256()
-        digest.update(self.components.numpy().tobytes())
-        digest.update(self.mean.numpy().tobytes())
+        digest.update(self.components.tobytes())
+        digest.update(self.mean.tobytes())
         return digest.hexdigest()[:16]
 
     @classmethod
@@ -67,7 +62,7 @@ class PCAProjection(nn.Module):
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as partial:
-            save_file({"components": self.components.numpy(), "mean": self.mean.numpy()},
+            save_file({"components": self.components, "mean": self.mean},
                       str(partial))
 
     @classmethod

@@ -10,12 +10,13 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from meancache.shared.errors import CheckpointError
 from meancache.shared.files import sha256_file
-from safetensors.torch import load_file, save_file
+
+if TYPE_CHECKING:  # reading the metadata (which model a device runs) needs no torch
+    import torch
 
 WEIGHTS = "weights.safetensors"
 META = "meta.json"
@@ -41,12 +42,14 @@ def round_dir(root: Path, round_number: int) -> Path:
     return root / f"round-{round_number:04d}"
 
 
-def save_checkpoint(root: Path, round_number: int, state: dict[str, torch.Tensor],
+def save_checkpoint(root: Path, round_number: int, state: "dict[str, torch.Tensor]",
                     threshold: float, base_model: str, top_layers: int,
                     metrics: dict[str, float] | None = None,
                     sign: Callable[[GlobalModel], GlobalModel] | None = None) -> GlobalModel:
     """``sign``: the server's (shared.fl.signing.sign with its key), applied to the
     metadata before it is written."""
+    from safetensors.torch import save_file
+
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{round_number:04d}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -101,7 +104,7 @@ def read_meta(directory: Path) -> GlobalModel:
                               "that directory and fetch or train the round again") from None
 
 
-def load_checkpoint(directory: Path) -> tuple[GlobalModel, dict[str, torch.Tensor]]:
+def load_checkpoint(directory: Path) -> "tuple[GlobalModel, dict[str, torch.Tensor]]":
     """Metadata and weights, after checking the weights against the recorded sha256."""
     meta = read_meta(directory)
     weights = directory / WEIGHTS
@@ -109,4 +112,6 @@ def load_checkpoint(directory: Path) -> tuple[GlobalModel, dict[str, torch.Tenso
         raise CheckpointError(f"the weights in {directory} do not match their sha256 (damaged or "
                               "altered); delete that directory and fetch or train the round "
                               "again")
+    from safetensors.torch import load_file
+
     return meta, load_file(str(weights))

@@ -102,6 +102,33 @@ def test_encoder_with_global_weights_has_its_own_version(tmp_path: Path, tiny_di
                      global_weights=latest_checkpoint(tmp_path / "other"))
 
 
+def test_global_weights_run_from_their_checked_export_at_the_next_start(
+    tmp_path: Path, tiny_dir: Path, tiny: SentenceTransformer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the export of base + global weights passed its check, a start runs it without
+    loading either; the export of the base model alone is another file, never used for it."""
+    base = Encoder.load(tiny_dir, backend="torch")
+    changed = {k: v + 0.01 for k, v in federated_state(tiny, federated_names(tiny, 1)).items()}
+    save_checkpoint(tmp_path / "global", 1, changed, 0.9, base.base_version, 1)
+    checkpoint = latest_checkpoint(tmp_path / "global")
+    cache_dir = tmp_path / "encoder"
+    first = Encoder.load(tiny_dir, cache_dir=cache_dir, global_weights=checkpoint)
+    plain = Encoder.load(tiny_dir, cache_dir=cache_dir)
+    assert first.backend == plain.backend == "onnx"
+
+    def no_pytorch(*args: object) -> None:
+        raise AssertionError("a checked export was loaded through PyTorch")
+
+    monkeypatch.setattr("meancache.shared.encoder.encoder.load_sentence_transformer",
+                        no_pytorch)
+    again = Encoder.load(tiny_dir, cache_dir=cache_dir, global_weights=checkpoint)
+    assert again.version == first.version != plain.version
+    text = ["how do I learn to swim", "what is the capital of France"]
+    tuned, untuned = again.encode(text), plain.encode(text)
+    np.testing.assert_allclose((tuned * first.encode(text)).sum(1), 1.0, atol=1e-6)
+    assert not np.allclose(tuned, untuned)
+
+
 # the ClientApp on a device ----------------------------------------------------------------
 
 

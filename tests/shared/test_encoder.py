@@ -1,12 +1,18 @@
 """The encoder: packaged MiniLM, ONNX backend and its fallback, versions, PCA, truncation."""
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import meancache.shared.encoder._onnx as onnx_module
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from meancache.shared.encoder import Encoder, PCAProjection, locate_model, packaged_minilm_dir
+from meancache.shared.encoder.checked_export import record_path
 from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.errors import EncoderError, ModelNotFoundError
 from meancache.shared.threshold import DEFAULT_THRESHOLD
@@ -186,10 +192,10 @@ def test_version_changes_with_a_pca_layer(
     with_pca = torch_encoder.with_pca(pca16)
     assert with_pca.version != torch_encoder.version
     assert with_pca.base_version == torch_encoder.base_version
-    same = PCAProjection(np.array(pca16.components.numpy(), order="C"),
-                         pca16.mean.numpy().copy())  # equal values, another object
+    same = PCAProjection(np.array(pca16.components, order="C"),
+                         pca16.mean.copy())  # equal values, another object
     assert torch_encoder.with_pca(same).version == with_pca.version
-    other = PCAProjection(pca16.components.numpy()[::-1].copy(), pca16.mean.numpy().copy())
+    other = PCAProjection(pca16.components[::-1].copy(), pca16.mean.copy())
     assert torch_encoder.with_pca(other).version != with_pca.version
     assert with_pca.with_pca(None).version == torch_encoder.version
 
@@ -210,7 +216,7 @@ def test_fingerprint_follows_file_contents(tmp_path: Path) -> None:
 # PCA -------------------------------------------------------------------------------------
 def test_pca_fit_shapes(pca16: PCAProjection) -> None:
     assert (pca16.in_dim, pca16.out_dim) == (384, 16)
-    rows = pca16.components.numpy()
+    rows = pca16.components
     np.testing.assert_allclose(rows @ rows.T, np.eye(16), atol=1e-4)  # orthonormal directions
 
 
@@ -233,8 +239,8 @@ def test_pca_save_load_round_trip(pca16: PCAProjection, tmp_path: Path) -> None:
     pca16.save(path)
     loaded = PCAProjection.load(path)
     assert loaded.version == pca16.version
-    np.testing.assert_array_equal(loaded.components.numpy(), pca16.components.numpy())
-    np.testing.assert_array_equal(loaded.mean.numpy(), pca16.mean.numpy())
+    np.testing.assert_array_equal(loaded.components, pca16.components)
+    np.testing.assert_array_equal(loaded.mean, pca16.mean)
 
 
 def test_pca_needs_enough_embeddings() -> None:
@@ -288,6 +294,93 @@ def test_an_onnx_encoder_releases_its_pytorch_weights(encoder: Encoder) -> None:
     assert encoder.count_tokens("What is the capital of France?") > 5
 
 
+# a checked export runs alone ---------------------------------------------------------------
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.text(max_size=400), min_size=1, max_size=4))
+def test_the_tokenizer_matches_the_models_own(torch_encoder: Encoder,
+                                              texts: list[str]) -> None:
+    """What the export runs on must be tokenised as the PyTorch model tokenises: the
+    model's Hugging Face tokenizer called as sentence-transformers' users call it."""
+    model = torch_encoder.sentence_transformer.tokenizer
+    expected = model(texts, padding=True, truncation=True, max_length=torch_encoder.max_tokens,
+                     return_tensors="np")
+    tokens = torch_encoder.tokenize(texts)
+    np.testing.assert_array_equal(tokens.input_ids, expected["input_ids"])
+    np.testing.assert_array_equal(tokens.attention_mask, expected["attention_mask"])
+    assert [torch_encoder.count_tokens(t) for t in texts] == \
+        [len(model(t, truncation=False)["input_ids"]) for t in texts]
+
+
+def isolated(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path) -> Path:
+    """A cache dir of its own holding a copy of the session's checked export and record."""
+    export = encoder_cache_dir / "onnx" / f"{encoder.version}.onnx"
+    (tmp_path / "onnx").mkdir()
+    for each in (export, record_path(export)):
+        shutil.copy(each, tmp_path / "onnx" / each.name)
+    return tmp_path
+
+
+def test_a_checked_export_starts_without_torch(encoder: Encoder,
+                                               encoder_cache_dir: Path) -> None:
+    """The second start of an ONNX encoder loads neither torch nor the PyTorch model (about
+    4 s of a start for MPNet), and gives the vectors the checked start gave."""
+    assert record_path(encoder_cache_dir / "onnx" / f"{encoder.version}.onnx").is_file()
+    script = (
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from meancache.shared.encoder import Encoder\n"
+        f"enc = Encoder.load(cache_dir=Path({str(encoder_cache_dir)!r}))\n"
+        f"vectors = enc.encode({QUERIES!r})\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'sentence_transformers', "
+        "'sklearn') if m in sys.modules)\n"
+        "print(json.dumps({'heavy': heavy, 'backend': enc.backend, 'version': enc.version, "
+        "'max_tokens': enc.max_tokens, 'dim': enc.dim, 'vectors': vectors.tolist()}))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    alone = json.loads(run.stdout)
+    assert alone["heavy"] == []
+    assert (alone["backend"], alone["version"], alone["max_tokens"], alone["dim"]) == \
+        (encoder.backend, encoder.version, encoder.max_tokens, encoder.dim)
+    # the same graph on the same inputs: only the float32 summation order may differ
+    assert cosines(np.array(alone["vectors"]), encoder.encode(QUERIES)).min() >= 1 - 1e-6
+    with pytest.raises(EncoderError, match="backend='torch'"):
+        _ = Encoder.load(cache_dir=encoder_cache_dir).sentence_transformer
+
+
+@pytest.mark.parametrize("damage", ["another size", "not json", "a broken tokenizer"])
+def test_a_record_that_does_not_describe_the_export_is_checked_afresh(
+    tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path, damage: str
+) -> None:
+    cache_dir = isolated(tmp_path, encoder, encoder_cache_dir)
+    export = cache_dir / "onnx" / f"{encoder.version}.onnx"
+    record = json.loads(record_path(export).read_text())
+    if damage == "another size":
+        record["size"] += 1
+        record_path(export).write_text(json.dumps(record))
+    elif damage == "not json":
+        record_path(export).write_text("{truncated")
+    else:
+        record["tokenizer"]["pipeline"] = "{}"
+        record_path(export).write_text(json.dumps(record))
+    enc = Encoder.load(cache_dir=cache_dir)
+    assert enc.backend == "onnx" and enc.fallback_reason is None
+    assert json.loads(record_path(export).read_text())["size"] == export.stat().st_size
+    assert cosines(enc.encode(QUERIES), encoder.encode(QUERIES)).min() >= 1 - 1e-6
+
+
+def test_a_record_without_its_export_is_not_trusted(
+    tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path
+) -> None:
+    cache_dir = isolated(tmp_path, encoder, encoder_cache_dir)
+    export = cache_dir / "onnx" / f"{encoder.version}.onnx"
+    export.unlink()
+    enc = Encoder.load(cache_dir=cache_dir)  # exports afresh, then records that export
+    assert enc.backend == "onnx" and export.is_file()
+    assert json.loads(record_path(export).read_text())["size"] == export.stat().st_size
+
+
 # int8 ------------------------------------------------------------------------------------
 def with_float32_export(encoder: Encoder, encoder_cache_dir: Path, directory: Path) -> Path:
     """A cache dir holding a copy of the float32 export (the int8 variant deletes it)."""
@@ -307,8 +400,10 @@ def test_the_int8_backend_quantises_attention_and_passes_its_check(
     assert cosines(enc.encode(QUERIES), torch_encoder.encode(QUERIES)).min() >= 0.99
     assert cosines(enc.encode(QUERIES), encoder.encode(QUERIES)).min() < 0.99999  # int8 ran
     assert enc.version == encoder.version  # the same vector space: no re-embedding
+    assert not record_path(full).exists()  # nor is its record
     again = Encoder.load(backend="onnx-int8", cache_dir=tmp_path)  # from the int8 file alone
     assert again.backend == "onnx-int8" and not full.exists()
+    assert cosines(again.encode(QUERIES), enc.encode(QUERIES)).min() >= 1 - 1e-6
 
 
 def test_an_int8_variant_failing_its_check_falls_back_to_float32(

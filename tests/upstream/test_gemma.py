@@ -202,3 +202,38 @@ def test_the_real_model_answers_a_simple_question(tmp_path: Path) -> None:
     answer = "".join(e.text for e in events if isinstance(e, Delta))
     assert "Paris" in answer
     assert "Question:" not in answer  # it stops where the next turn would begin
+
+
+def test_the_conversion_parses_the_gguf_once(tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers reads the GGUF for the config, the weights and the tokenizer; each
+    parse of the real one takes 17 s, so within the conversion one parse serves them all,
+    and the library is left as it was after."""
+    import gguf
+    import numpy as np
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_tensor("token_embd.weight", np.arange(8, dtype=np.float32).reshape(2, 4))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    parses: list[str] = []
+
+    class CountingReader(gguf.GGUFReader):
+        def __init__(self, path: str, mode: str = "r") -> None:
+            parses.append(str(path))
+            super().__init__(path, mode)
+
+    monkeypatch.setattr(gguf, "GGUFReader", CountingReader)
+    with gemma._one_parse_per_gguf():
+        from gguf import GGUFReader  # as transformers imports it, once per read
+
+        first, again = GGUFReader(path), GGUFReader(str(path))
+        assert first is again
+        assert first.tensors[0].data.ravel().tolist() == list(range(8))
+    assert parses == [str(path)]
+    assert gguf.GGUFReader is CountingReader
+    gguf.GGUFReader(path)  # outside the block every read parses
+    assert len(parses) == 2

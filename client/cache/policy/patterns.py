@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.cluster import DBSCAN, KMeans
 
 RANKS = ("high", "mid", "low")
 RANK_PRIORITY = {"high": 3, "mid": 2, "low": 1}  # SCALM's starting LFU priority
@@ -90,7 +89,10 @@ def rank_patterns(ratios: np.ndarray) -> tuple[str | None, ...]:
 
 def _cluster(vectors: np.ndarray, groups: int, method: str, eps: float, seed: int
              ) -> np.ndarray:
-    """Labels 0..g-1 of ``vectors``. DBSCAN's noise points become patterns of their own."""
+    """Labels 0..g-1 of ``vectors``. DBSCAN's noise points become patterns of their own.
+    (scikit-learn is imported here, when patterns are mined, not by every lookup.)"""
+    from sklearn.cluster import DBSCAN, KMeans
+
     if len(vectors) <= 1 or groups <= 1:
         return np.zeros(len(vectors), dtype=np.int64)
     if method == "kmeans":
