@@ -1,5 +1,6 @@
 """Near-misses: how often the cache serves the answer of a question that only looks the same,
-with the verification step (``CacheSettings.verify_hits``) off and on.
+with the rule verifier (``verifier = "rules"``, ``CacheSettings.verify_hits``) off and on;
+benchmarks/verification.py compares it with the learned verifier, the default.
 
 Three tables per encoder (MiniLM and MPNet by default), each at the encoder profile's
 shipped tau:
@@ -112,7 +113,8 @@ def load_near_miss(path: Path) -> list[LookAlike]:
 def served(encoder: Encoder, tau: float, pairs: list[LookAlike], verify_hits: bool
            ) -> list[bool]:
     """For each pair: store ``cached`` in an empty cache, ask ``asked``; True if served."""
-    settings = CacheSettings(global_threshold=tau, pca_dims=0, verify_hits=verify_hits)
+    settings = CacheSettings(global_threshold=tau, pca_dims=0, verify_hits=verify_hits,
+                             verifier="rules")
     out = []
     with tempfile.TemporaryDirectory(prefix="meancache-near-miss-") as tmp, \
             SemanticCache(Path(tmp), encoder, settings) as cache:

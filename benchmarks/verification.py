@@ -1,20 +1,26 @@
 """Which candidate the cache serves: precision against cache-hit ratio over the thresholds
-(the curve the Redis LangCache paper proposes, with the area under it) for three deciders:
+(the curve the Redis LangCache paper proposes, with the area under it) for four deciders:
 
 - embedding only: the most similar stored question is served if its cosine >= t;
-- rules: the same, unless the rule verifier (``client.cache.verification``, the client's
-  default) vetoes it (a veto is a miss, as in the client);
-- learned: the candidates at cosine >= the recall tau (tau - ``RECALL_MARGIN``, at most
-  ``VERIFIED_AT_MOST``) are scored by the learned verifier in one batch; the most probable
-  one is served if its probability >= t (the client's decision with ``verifier =
-  "learned"``, ``Matcher.decide``).
-``--verifier`` picks which of them to run (none = embedding only; default: all three).
+- rules: the same, unless the rule verifier (``client.cache.verification``, every check)
+  vetoes it (a veto is a miss, as in the client);
+- learned model alone: the candidates at cosine >= the recall tau (tau - ``RECALL_MARGIN``,
+  at most ``VERIFIED_AT_MOST``) are scored by the learned verifier in one batch; the most
+  probable one is served if its probability >= t;
+- learned + kept rules: the same, unless the rule checks kept beside the model
+  (``verification.WITH_LEARNED``) veto the one it would serve: the client's decision with
+  ``verifier = "learned"`` (``Matcher.decide``).
+``--verifier`` picks which of them to run (none = embedding only, model = the learned
+model alone; default: all four). A table per rule check says what it vetoes among the
+pairs the model alone serves: the evidence for ``WITH_LEARNED``.
 
 Data, none of it used to train the verifier or choose its threshold except dev-a:
 1. QQP dev, split by a hash of each pair into dev-a (where the shipped verifier threshold
-   was chosen, F0.5) and dev-b (never used for any choice): stored q1, asked q2.
+   was chosen, F0.5, and the kept rule checks) and dev-b (never used for any choice):
+   stored q1, asked q2.
 2. benchmarks/data/near_miss_heldout.jsonl: 206 near-misses and 208 paraphrases written
-   for this benchmark (never trained or tuned on).
+   for this benchmark (never trained or tuned on); beside it tests/data/near_miss.jsonl,
+   the set the rules' word lists were tuned on and the kept checks were chosen on.
 3. the contextual sets' standalone and follow-up questions (unique_u0/u1): every question
    asked of a cache holding all the others; none is a duplicate, so every hit is wrong.
 4. a replay of --replay QQP dev duplicates: every q1 stored, every q2 asked against all of
@@ -67,7 +73,7 @@ from meancache.client.cache import CacheSettings, Context, SemanticCache
 from meancache.client.cache.entry import STORED_DTYPE, Entry
 from meancache.client.cache.matcher import VERIFIED_AT_MOST
 from meancache.client.cache.settings import RECALL_MARGIN
-from meancache.client.cache.verification import verify
+from meancache.client.cache.verification import CHECKS, WITH_LEARNED, verify
 from meancache.shared.encoder import Encoder, profile_threshold
 from meancache.shared.pairs import Pair
 from meancache.shared.query import embedding_text
@@ -75,7 +81,11 @@ from meancache.shared.verifier.runtime import LearnedVerifier
 from meancache.shared.verifier.train import dev_half
 
 NEAR_MISS = REPO_ROOT / "benchmarks" / "data" / "near_miss_heldout.jsonl"
-DECIDERS = {"none": "embedding only", "rules": "rules", "learned": "learned"}  # --verifier
+RULES_NEAR_MISS = REPO_ROOT / "tests" / "data" / "near_miss.jsonl"  # the rules' tuning set
+HELD_OUT, TUNING = "near-miss (held out)", "near-miss (rules' tuning set)"
+MODEL, LEARNED = "learned model alone", "learned + kept rules"
+# --verifier: the decider each choice runs; "model" is no client setting (no latency row).
+DECIDERS = {"none": "embedding only", "rules": "rules", "model": MODEL, "learned": LEARNED}
 
 
 @dataclass(frozen=True)
@@ -118,27 +128,50 @@ def retrieval_as_asked(queries: list[str], qv: np.ndarray, stored: list[str], sv
     return out
 
 
-def decide(asked: list[Asked], system: str, recall_tau: float,
-           verifier: LearnedVerifier | None) -> Served:
+Chosen = list[tuple[int | None, float]]  # per question: the model's candidate, probability
+
+
+def decide(asked: list[Asked], system: str, chosen: Chosen | None = None) -> Served:
+    """What ``system`` serves; the learned ones need the model's ``chosen`` candidates."""
     scores, right = np.full(len(asked), -np.inf), np.zeros(len(asked), dtype=bool)
-    if system == "learned":
-        assert verifier is not None
-        jobs = [(i, j) for i, a in enumerate(asked)
-                for j in range(min(len(a.texts), VERIFIED_AT_MOST))
-                if a.cosines[j] >= recall_tau]
-        probs = verifier.pair_probabilities([asked[i].query for i, _ in jobs],
-                                            [asked[i].texts[j] for i, j in jobs])
-        for (i, j), p in zip(jobs, probs, strict=True):
-            if embedding_text(asked[i].texts[j]) == embedding_text(asked[i].query):
-                p = 1.0  # the very same question passes by identity, as in the client
-            if p > scores[i]:
-                scores[i], right[i] = p, asked[i].right[j]
+    if system in (MODEL, LEARNED):
+        assert chosen is not None
+        for i, (j, p) in enumerate(chosen):
+            if j is None or (system == LEARNED and kept_rule_vetoes(asked[i], j)):
+                continue  # nothing to serve, or a kept rule vetoes it: a miss at every t
+            scores[i], right[i] = p, asked[i].right[j]
     else:
         for i, a in enumerate(asked):
             if system == "rules" and verify(a.query, a.texts[0]) is not None:
                 continue
             scores[i], right[i] = a.cosines[0], a.right[0]
     return Served(scores, right, int(sum(a.right.any() for a in asked)))
+
+
+def most_probable(asked: list[Asked], recall_tau: float, verifier: LearnedVerifier
+                  ) -> Chosen:
+    """Per question, the candidate the learned model would serve (None: no candidate
+    reaches the recall tau) and its probability, 1.0 for the very same question (it
+    passes by identity, as in the client); all pairs scored in batches."""
+    jobs = [(i, j) for i, a in enumerate(asked)
+            for j in range(min(len(a.texts), VERIFIED_AT_MOST))
+            if a.cosines[j] >= recall_tau]
+    probs = verifier.pair_probabilities([asked[i].query for i, _ in jobs],
+                                        [asked[i].texts[j] for i, j in jobs])
+    chosen: Chosen = [(None, -np.inf)] * len(asked)
+    for (i, j), p in zip(jobs, probs, strict=True):
+        if embedding_text(asked[i].texts[j]) == embedding_text(asked[i].query):
+            p = 1.0
+        if p > chosen[i][1]:
+            chosen[i] = (j, float(p))
+    return chosen
+
+
+def kept_rule_vetoes(asked: Asked, j: int, checks: tuple[str, ...] = WITH_LEARNED) -> bool:
+    """Whether ``checks`` veto serving candidate ``j`` (never the very same question)."""
+    if embedding_text(asked.texts[j]) == embedding_text(asked.query):
+        return False
+    return verify(asked.query, asked.texts[j], checks) is not None
 
 
 @dataclass(frozen=True)
@@ -174,13 +207,13 @@ def curve(served: Served) -> tuple[np.ndarray, np.ndarray, float]:
 
 
 def operating_points(tau: float, verifier: LearnedVerifier | None) -> dict[str, float]:
-    return {"embedding only": tau, "rules": tau,
-            "learned": verifier.threshold if verifier else float("nan")}
+    learned = verifier.threshold if verifier else float("nan")
+    return {"embedding only": tau, "rules": tau, MODEL: learned, LEARNED: learned}
 
 
 # data ---------------------------------------------------------------------------------
-def near_miss_rows() -> list[dict]:
-    return [json.loads(line) for line in NEAR_MISS.read_text(encoding="utf-8").splitlines()]
+def near_miss_rows(path: Path = NEAR_MISS) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
 def pair_sets(args: argparse.Namespace, encoder: Encoder) -> dict[str, list[Asked]]:
@@ -189,7 +222,8 @@ def pair_sets(args: argparse.Namespace, encoder: Encoder) -> dict[str, list[Aske
     for p in dev:
         half = dev_half(Pair(p.q1.strip(), p.q2.strip(), p.label))  # as read_pairs reads it
         sets[f"QQP {half}"].append((p.q1, p.q2, p.label))
-    sets["near-miss (held out)"] = [(r["q1"], r["q2"], r["label"]) for r in near_miss_rows()]
+    for name, path in ((HELD_OUT, NEAR_MISS), (TUNING, RULES_NEAR_MISS)):
+        sets[name] = [(r["q1"], r["q2"], r["label"]) for r in near_miss_rows(path)]
     out = {}
     for name, pairs in sets.items():
         a = embed_cached(encoder, [embedding_text(p[0]) for p in pairs], args.cache_dir)
@@ -238,7 +272,8 @@ def latency(args: argparse.Namespace, encoder: Encoder) -> dict[str, Latency]:
     random /= np.linalg.norm(random, axis=1, keepdims=True)
     texts = stored + [f"filler question number {i}" for i in range(filler)]
     vectors = np.concatenate([vectors, random])
-    times: dict[str, list[float]] = {f"verifier: {v}": [] for v in args.verifier}
+    settings_of = [v for v in args.verifier if v != "model"]  # the client's settings
+    times: dict[str, list[float]] = {f"verifier: {v}": [] for v in settings_of}
     with tempfile.TemporaryDirectory(prefix="meancache-verification-") as tmp:
         tau = profile_threshold(args.latency_encoder)
         settings = CacheSettings(pca_dims=0, global_threshold=tau)
@@ -252,7 +287,7 @@ def latency(args: argparse.Namespace, encoder: Encoder) -> dict[str, Latency]:
         with SemanticCache(Path(tmp), encoder, settings) as cache:
             chosen = {f"verifier: {v}": replace(cache.matcher.settings, verify=v != "none",
                                                 verifier="rules" if v == "none" else v)
-                      for v in args.verifier}
+                      for v in settings_of}
             for p in dev[:10]:  # warm-up, untimed
                 cache.lookup(p.q2, Context())
             for p in dev[10:]:
@@ -267,18 +302,63 @@ def latency(args: argparse.Namespace, encoder: Encoder) -> dict[str, Latency]:
 
 
 # report -------------------------------------------------------------------------------
-def by_kind(asked: list[Asked], points: dict[str, float], recall_tau: float,
-            verifier: LearnedVerifier | None, systems: list[str]) -> None:
-    """Served share of the held-out near-miss set per kind, at each operating point."""
+def by_kind(asked: list[Asked], points: dict[str, float], chosen: Chosen | None,
+            systems: list[str]) -> None:
+    """Served share of the held-out near-miss set per kind, at each operating point, and
+    which rule checks veto the pairs the learned model alone serves."""
     kinds = [row["kind"] for row in near_miss_rows()]
-    served = {system: decide(asked, system, recall_tau, verifier).scores >= points[system]
+    served = {system: decide(asked, system, chosen).scores >= points[system]
               for system in systems}
+    vetoes = model_vetoes(asked, chosen, points[MODEL]) if chosen else {}
     heading("held-out near-miss set: served per kind (paraphrases: hit)")
-    table = make_table(["kind", "pairs", *systems])
+    columns = [*systems, "rule checks vetoing the model's"] if vetoes else systems
+    table = make_table(["kind", "pairs", *columns])
     for kind in dict.fromkeys(kinds):
         rows = np.array([k == kind for k in kinds])
+        checks = ", ".join(f"{c} {int((v & rows).sum())}" for c, v in vetoes.items()
+                           if (v & rows).any())
         table.add_row(kind, str(int(rows.sum())),
-                      *(pct(float(served[s][rows].mean())) for s in systems))
+                      *(pct(float(served[s][rows].mean())) for s in systems),
+                      *([checks or "-"] if vetoes else []))
+    near = np.array([row["label"] == 0 for row in near_miss_rows()])
+    table.add_row("all near-misses", str(int(near.sum())),
+                  *(pct(float(served[s][near].mean())) for s in systems),
+                  *(["-"] if vetoes else []))
+    print_table(table)
+
+
+def model_vetoes(asked: list[Asked], chosen: Chosen, threshold: float
+                 ) -> dict[str, np.ndarray]:
+    """Per rule check: the questions whose candidate the learned model alone serves and
+    the check alone vetoes."""
+    served = [(i, j) for i, (j, p) in enumerate(chosen) if j is not None and p >= threshold]
+    out = {}
+    for check in CHECKS:
+        vetoed = np.zeros(len(asked), dtype=bool)
+        for i, j in served:
+            vetoed[i] = kept_rule_vetoes(asked[i], j, (check,))
+        out[check] = vetoed
+    return out
+
+
+def check_table(sets: dict[str, list[Asked]], chosen: dict[str, Chosen], threshold: float
+                ) -> None:
+    """What each rule check, added alone after the learned model, vetoes among the pairs
+    the model serves (right: a duplicate or paraphrase; wrong: not one), and its F0.5."""
+    heading(f"rule checks after the learned model (kept: {', '.join(WITH_LEARNED)}; chosen "
+            f"on QQP dev-a and {TUNING}): vetoes among the pairs the model serves")
+    table = make_table(["data", "check", "vetoes right", "vetoes wrong", "F0.5 model",
+                        "F0.5 with the check"], right_from=2)
+    for name in ("QQP dev-a", "QQP dev-b", TUNING, HELD_OUT):
+        asked = sets[name]
+        base = decide(asked, MODEL, chosen[name])
+        f05 = at(base, threshold).f05
+        for check, vetoed in model_vetoes(asked, chosen[name], threshold).items():
+            alone = Served(np.where(vetoed, -np.inf, base.scores), base.right & ~vetoed,
+                           base.answerable)
+            table.add_row(name, check, str(int((vetoed & base.right).sum())),
+                          str(int((vetoed & ~base.right).sum())), fmt(f05, 4),
+                          fmt(at(alone, threshold).f05, 4))
     print_table(table)
 
 
@@ -297,7 +377,8 @@ def parse_args() -> argparse.Namespace:
                         "(default 200)")
     parser.add_argument("--verifier", nargs="+", choices=list(DECIDERS),
                         default=list(DECIDERS), help="the deciders to compare: none "
-                        "(embedding only), rules, learned (default: all three)")
+                        "(embedding only), rules, model (the learned model alone), learned "
+                        "(the model and the kept rules; default: all four)")
     add_plot_option(parser)
     args = parser.parse_args()
     return apply_defaults(args, full={"dev_pairs": None, "replay": 1500, "entries": 10_000,
@@ -312,21 +393,24 @@ def main() -> None:
     note(machine_load())
     encoder = load_encoder("onnx", args.cache_dir, model=args.encoder)
     systems = [DECIDERS[v] for v in args.verifier]
-    verifier = LearnedVerifier.load() if "learned" in args.verifier else None
+    verifier = LearnedVerifier.load() if {"model", "learned"} & set(args.verifier) else None
     tau = profile_threshold(args.encoder)
     recall_tau = tau - RECALL_MARGIN
     sets = pair_sets(args, encoder)
     sets["contextual (all wrong)"] = contextual_set(args, encoder)
     sets[f"replay of {args.replay} QQP dev duplicates"] = replay_set(args, encoder)
+    chosen = {name: most_probable(asked, recall_tau, verifier)
+              for name, asked in sets.items()} if verifier else {}
     points = operating_points(tau, verifier)
     heading(f"decision quality ({args.encoder}, tau {tau}, recall tau {recall_tau:.3f}, "
-            f"verifier threshold {points['learned']:.3f} chosen on QQP dev-a)")
+            f"verifier threshold {points[LEARNED]:.3f} chosen on QQP dev-a; kept rules: "
+            f"{', '.join(WITH_LEARNED)})")
     table = make_table(["data", "decider", "asked", "precision", "hit ratio", "recall",
                         "F0.5", "area (precision x hit ratio)"], right_from=2)
     lines = {}
     for name, asked in sets.items():
         for system in systems:
-            served = decide(asked, system, recall_tau, verifier)
+            served = decide(asked, system, chosen.get(name))
             point = at(served, points[system])
             ratio, precision, area = curve(served)
             answerable = served.answerable > 0
@@ -334,16 +418,19 @@ def main() -> None:
                           pct(point.hit_ratio), pct(point.recall) if answerable else "-",
                           fmt(point.f05) if answerable else "-",
                           fmt(area) if answerable else "-")
-            if answerable and name != "QQP dev-a":
+            if answerable and name not in ("QQP dev-a", TUNING) and system != MODEL:
                 lines[f"{name}: {system} (area {area:.3f})"] = (list(ratio), list(precision))
     print_table(table)
-    by_kind(sets["near-miss (held out)"], points, recall_tau, verifier, systems)
+    by_kind(sets[HELD_OUT], points, chosen.get(HELD_OUT), systems)
+    if chosen:
+        check_table(sets, chosen, points[MODEL])
     if args.plot:
         line_chart(args.plot, "precision against cache-hit ratio over the thresholds",
                    "cache-hit ratio (served / asked)", "precision (right / served)",
                    {k: (v[0][::max(1, len(v[0]) // 200)], v[1][::max(1, len(v[1]) // 200)])
                     for k, v in lines.items()},
-                   subtitle=f"{args.encoder}; QQP dev-b, held-out near-misses, replay")
+                   subtitle=f"{args.encoder}; QQP dev-b, held-out near-misses, replay (the "
+                            "learned model alone is in the table)")
         note(f"wrote {args.plot}")
     heading(f"lookup latency at {args.entries:,} entries ({args.latency_encoder}, ms; "
             "the question embedded beforehand)")

@@ -36,7 +36,7 @@ class Settings:
     threshold: float = CacheSettings.global_threshold
     context_aware: bool = CacheSettings.context_aware
     verify_hits: bool = CacheSettings.verify_hits  # a verifier checks every hit
-    verifier: str = CacheSettings.verifier  # "rules" (word rules) or "learned" (opt-in)
+    verifier: str = CacheSettings.verifier  # "learned" (the default) or "rules" (word rules)
     entry_thresholds: bool = CacheSettings.entry_thresholds  # learned from each one's feedback
     max_entries: int = CacheSettings.max_entries
     max_bytes: int = CacheSettings.max_bytes

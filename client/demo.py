@@ -13,7 +13,7 @@ FOLLOW_UP = ("What famous landmark can you find there?", "The Eiffel Tower.")
 
 PROBES: list[tuple[str, str | None, str]] = [
     ("What is the capital of France?", None, "the same question"),
-    ("what is france's capital city?", None, "a paraphrase"),
+    ("What is France's capital?", None, "a paraphrase"),
     ("How can I reverse a Python list?", None, "a paraphrase"),
     ("Who won the football world cup in 2018?", None, "an unrelated question"),
     (FOLLOW_UP[0], "What is the capital of France?", "follow-up, same context"),

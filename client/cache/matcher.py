@@ -19,12 +19,13 @@ source:
   embedding sees only the beginning);
 - the verifier (``settings.verifier``), with ``settings.verify`` on, decides; a veto is a
   miss, never a reason to serve a lower candidate:
-  - "rules" (the default; ``verification.verify``) looks at the best counting candidate
-    only and vetoes it when the two differ in a negation, number, name, ...;
-  - "learned" (``shared.verifier``, opt-in) scores up to ``VERIFIED_AT_MOST`` counting
-    candidates in one batched call; the most probable is served if its probability
-    reaches the verifier's threshold (the very same question passes by identity). It is
-    loaded only when this is chosen.
+  - "learned" (the default; ``shared.verifier``) scores up to ``VERIFIED_AT_MOST``
+    counting candidates in one batched call; the most probable is served if its
+    probability reaches the verifier's threshold and the rule checks kept beside it
+    (``verification.WITH_LEARNED``: a swapped direction, an opposite word) do not veto it
+    (the very same question passes by identity). It is loaded only when this is chosen;
+  - "rules" (``verification.verify``, every check) looks at the best counting candidate
+    only and vetoes it when the two differ in a negation, number, name, ...
 
 Feedback: every served match is a weakly positive labelled pair; "wrong answer" turns it
 negative, once per hit (a second rejection of the same hit changes nothing), and re-tunes
@@ -35,7 +36,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import islice
@@ -49,7 +50,7 @@ from meancache.client.cache.source import Matched
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.summary import DECLINED
 from meancache.client.cache.threshold import ThresholdState
-from meancache.client.cache.verification import verify
+from meancache.client.cache.verification import CHECKS, WITH_LEARNED, verify
 from meancache.shared.encoder import Encoder
 from meancache.shared.progress import Progress
 from meancache.shared.query import embedding_text
@@ -207,7 +208,8 @@ class Matcher:
                 rejected_before = rejected_before or candidate.similarity >= tau
                 continue
             if not self.settings.learned:
-                return self._ruled(question, candidate, best)
+                return self._ruled(question, candidate, best, CHECKS) \
+                    if self.settings.verify else Match(candidate)
             counting.append(candidate)
             if len(counting) == VERIFIED_AT_MOST:
                 break
@@ -220,12 +222,13 @@ class Matcher:
                            "only the very same question matches it", best)
         return NoMatch(NOTHING_CLOSE, best)
 
-    def _ruled(self, question: Question, candidate: Candidate, best: float | None
+    def _ruled(self, question: Question, candidate: Candidate, best: float | None,
+               checks: Collection[str], probability: float | None = None
                ) -> Match | NoMatch:
-        """The best counting candidate, unless the rules (when on) veto it."""
-        veto = verify(question.text, candidate.text) if self.settings.verify else None
+        """``candidate``, unless one of the rules' ``checks`` vetoes it (then a miss)."""
+        veto = verify(question.text, candidate.text, checks)
         if veto is None:
-            return Match(candidate)
+            return Match(candidate, probability)
         log.info("vetoed %r for %r (similarity %.3f): %s", candidate.text, question.text,
                  candidate.similarity, veto.reason)
         return NoMatch(veto.reason, best, veto.summary)
@@ -233,7 +236,8 @@ class Matcher:
     def _verified(self, question: Question, counting: list[Candidate], best: float | None
                   ) -> Match | NoMatch:
         """The counting candidate the verifier finds most likely the same question, if it
-        clears the verifier's threshold; the very same question passes by identity."""
+        clears the verifier's threshold and the rules kept beside it (``WITH_LEARNED``) do
+        not veto it; the very same question passes by identity."""
         for candidate in counting:
             if embedding_text(candidate.text) == question.key:
                 return Match(candidate, 1.0)
@@ -242,7 +246,7 @@ class Matcher:
         top = int(np.argmax(probabilities))
         probability = float(probabilities[top])
         if probability >= verifier.threshold:
-            return Match(counting[top], probability)
+            return self._ruled(question, counting[top], best, WITH_LEARNED, probability)
         log.info("verifier vetoed %d candidates for %r (best %r, p=%.3f)", len(counting),
                  question.text, counting[top].text, probability)
         kind = "the verifier judged it a different question"

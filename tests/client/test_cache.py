@@ -28,7 +28,7 @@ CacheFactory = Callable[..., SemanticCache]
 
 
 FRANCE = "What is the capital of France?"
-FRANCE_PARAPHRASE = "what is france's capital city?"
+FRANCE_PARAPHRASE = "What is France's capital?"
 UNRELATED = [
     "How do I bake sourdough bread at home?",
     "What is the best way to learn to play the guitar?",

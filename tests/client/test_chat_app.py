@@ -70,7 +70,7 @@ def test_reject_requeries_and_retunes(settings: Settings) -> None:
             assert app.chat.conversation.turns[-1].replaced is None
             await ask(pilot, "What's the capital of France?")  # a hit: a weak positive
             assert app.chat.conversation.turns[-1].source == "cache"
-            await ask(pilot, "what is france's capital city?")
+            await ask(pilot, "Name the capital of France.")
             wrong = app.chat.conversation.turns[-1]
             assert wrong.source == "cache"
             notices: list[str] = []

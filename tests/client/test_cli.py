@@ -203,17 +203,18 @@ def test_every_device_and_upstream_option_says_its_default() -> None:
 def test_eval_pairs_measures_the_whole_decision_with_the_chosen_verifier(
     data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The decision row is Matcher.decide's; with ``--verifier learned``: the recall tau,
-    then the shipped verifier."""
+    """The decision row is Matcher.decide's; with ``--verifier learned`` (the default): the
+    recall tau, then the shipped verifier, then the rule checks kept beside it."""
     from meancache.client.cache.matcher import embed_texts, shipped_verifier
     from meancache.client.cache.settings import RECALL_MARGIN
+    from meancache.client.cache.verification import WITH_LEARNED, verify
 
     dev = dev_pairs(40)
     path = tmp_path / "pairs.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in dev))
-    assert main(["eval", "pairs", str(path), "--json"]) == 0
+    assert main(["eval", "pairs", str(path), "--json", "--verifier", "rules"]) == 0
     assert json.loads(capsys.readouterr().out)["decision"]["verifier"] == "rules"
-    assert main(["eval", "pairs", str(path), "--json", "--verifier", "learned"]) == 0
+    assert main(["eval", "pairs", str(path), "--json"]) == 0
     decision = json.loads(capsys.readouterr().out)["decision"]
     assert decision["verifier"] == "learned"
 
@@ -224,6 +225,7 @@ def test_eval_pairs_measures_the_whole_decision_with_the_chosen_verifier(
     served = np.array([
         float(va @ vb) >= decision["threshold"] - RECALL_MARGIN
         and verifier.probabilities(r["q2"], [r["q1"]])[0] >= verifier.threshold
+        and verify(r["q2"], r["q1"], WITH_LEARNED) is None
         for r, va, vb in zip(dev, a, b, strict=True)])
     labels = np.array([r["label"] for r in dev]).astype(bool)
     tp = int((served & labels).sum())

@@ -50,7 +50,7 @@ def test_the_cache_is_given_every_cache_setting_and_shares_its_defaults(
     changed = {"threshold": 0.9, "context_aware": False, "verify_hits": False,
                "entry_thresholds": False, "max_entries": 7, "max_bytes": 9,
                "eviction_policy": "lfu", "pattern_clustering": "dbscan", "pca_dims": 0,
-               "pca_min_entries": 3, "tune_min_per_class": 2, "verifier": "learned"}
+               "pca_min_entries": 3, "tune_min_per_class": 2, "verifier": "rules"}
     expected = {("global_threshold" if name == "threshold" else name): value
                 for name, value in changed.items()}
     got = asdict(replace(settings, **changed).cache_settings())

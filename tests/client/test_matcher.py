@@ -43,11 +43,11 @@ def pack_with(directory: Path, instructions: list[str], encoder: Encoder) -> Pac
 
 
 @pytest.mark.parametrize(("stored", "asked", "settings"), [
-    (FRANCE, "Which city is the capital of France?", CacheSettings()),  # a paraphrase
+    (FRANCE, "What is France's capital?", CacheSettings()),  # a paraphrase
     (FRANCE, "What isn't the capital of France?", CacheSettings()),  # vetoed
     (FRANCE, "What isn't the capital of France?", CacheSettings(verify_hits=False)),
-    (FRANCE, "Which city is the capital of France?",
-     CacheSettings(global_threshold=0.97)),  # under tau
+    (FRANCE, "What is France's capital?",
+     CacheSettings(global_threshold=0.995, recall_margin=0.0)),  # under tau
     (LONG_STORY + "The dragon wins.", LONG_STORY + "The knight wins.",
      CacheSettings()),  # differs only past the encoder's window
 ])
@@ -67,12 +67,13 @@ def test_the_pack_and_the_cache_decide_a_question_alike(
 
 def test_a_veto_of_the_best_pack_candidate_is_a_miss(make_cache: CacheFactory,
                                                      encoder: Encoder, tmp_path: Path) -> None:
-    """As in the cache: the look-alike is the nearest instruction, the paraphrase under it
-    is never served in its place."""
+    """As in the cache with the rule verifier: the look-alike is the nearest instruction,
+    the paraphrase under it is never served in its place."""
     asked = "Is Python faster than Java?"
     packs = pack_with(tmp_path / "packs", ["Is Java faster than Python?",
                                            "Does Python run faster than Java?"], encoder)
-    assert not isinstance(packs.lookup_similar(asked, make_cache().matcher), PackHit)
+    rules = make_cache(settings=CacheSettings(verifier="rules")).matcher
+    assert not isinstance(packs.lookup_similar(asked, rules), PackHit)
 
 
 def test_one_normalisation_before_embedding_for_both_sources(

@@ -85,7 +85,7 @@ def test_a_paraphrase_gets_the_cached_answer_with_where_it_came_from(base_url: s
 def test_a_streamed_miss_and_hit_are_well_formed_event_streams(base_url: str) -> None:
     question = "What temperature should a pizza oven reach?"
     texts, headers = [], []
-    for asked in (question, "What temperature should a pizza oven be at?"):
+    for asked in (question, "What temperature must a pizza oven reach?"):
         with client(base_url).chat.completions.with_streaming_response.create(
                 model=ECHO_MODEL, messages=[{"role": "user", "content": asked}], stream=True,
                 stream_options={"include_usage": True}) as raw:
@@ -157,7 +157,7 @@ def test_a_follow_up_is_looked_up_only_after_turns_the_cache_answered(base_url: 
     raw = client(base_url).chat.completions.with_raw_response.create(
         model=ECHO_MODEL, messages=follow_up)
     assert raw.headers["x-meancache"] == "miss"
-    follow_up[-1]["content"] = "What population does it have?"
+    follow_up[-1]["content"] = "What's its population?"
     again = client(base_url).chat.completions.with_raw_response.create(
         model=ECHO_MODEL, messages=follow_up)
     assert again.headers["x-meancache"].startswith("hit")

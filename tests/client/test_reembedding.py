@@ -20,7 +20,7 @@ from meancache.shared.encoder import Encoder, PCAProjection
 CacheFactory = Callable[..., SemanticCache]
 
 FRANCE = "What is the capital of France?"
-FRANCE_PARAPHRASE = "what is france's capital city?"
+FRANCE_PARAPHRASE = "What is France's capital?"
 QUESTIONS = [
     "How do I bake sourdough bread at home?",
     "What is the best way to learn to play the guitar?",

@@ -8,6 +8,7 @@ known misses are reported too (a trade of names around "than" or "to" is still o
 judged the same question)."""
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
@@ -55,3 +56,25 @@ def test_the_verified_candidate_is_served_not_the_most_similar(
     cache.insert(paraphrase, "the paraphrase's answer")
     hit = cache.lookup(asked)
     assert isinstance(hit, Hit) and hit.answer == "the paraphrase's answer"
+
+
+def test_a_swapped_direction_the_model_misses_is_vetoed_by_the_kept_rule_as_a_miss(
+        make_cache: CacheFactory, encoder: Encoder) -> None:
+    """The model judges "Is Java faster than Python?" the same question as "Is Python
+    faster than Java?"; the direction check kept beside it vetoes it, and the lower
+    candidate it also passes (every probability passes here) is not served instead."""
+    asked, swapped, other = ("Is Python faster than Java?", "Is Java faster than Python?",
+                             "Is Python older than Java?")
+    shipped = LearnedVerifier.load()
+    swapped_p, other_p = shipped.probabilities(asked, [swapped, other])
+    assert swapped_p >= shipped.threshold and swapped_p > other_p  # the model's miss
+    passing = LearnedVerifier(shipped.path, replace(shipped.card, threshold=0.0))
+    cache = make_cache(settings=CacheSettings(verifier="learned", global_threshold=0.3,
+                                              recall_margin=0.0), verifier=passing)
+    a, b, c = embed_texts(encoder, [asked, swapped, other])
+    assert min(float(a @ b), float(a @ c)) >= cache.matcher.recall_tau  # both offered
+    cache.insert(swapped, "the swapped question's answer")
+    cache.insert(other, "the other question's answer")
+    miss = cache.lookup(asked)
+    assert isinstance(miss, Miss)
+    assert miss.reason.startswith("a cached question looked alike but differs in direction")

@@ -1,6 +1,6 @@
-"""The verification step: a candidate at or above tau that only looks like the query is
-vetoed (the lookup misses and says why), a paraphrase is served, and the setting turns it
-off. Cache tests run the real MiniLM on a real on-disk cache."""
+"""The rule verifier (``verifier = "rules"``): a candidate at or above tau that only looks
+like the query is vetoed (the lookup misses and says why), a paraphrase is served, and the
+setting turns verification off. Cache tests run the real MiniLM on a real on-disk cache."""
 
 import json
 from pathlib import Path
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss
 from meancache.client.cache.matcher import embed_texts
-from meancache.client.cache.verification import verify
+from meancache.client.cache.verification import CHECKS, WITH_LEARNED, verify
 from meancache.client.config import load_settings
 from meancache.shared.encoder import Encoder
 
@@ -17,6 +17,7 @@ from tests.support.paths import TEST_DATA
 
 NEAR_MISS_FILE = TEST_DATA / "near_miss.jsonl"
 FRANCE = "What is the capital of France?"
+RULES = CacheSettings(verifier="rules")
 
 
 @pytest.mark.parametrize(("cached", "asked", "kind"), [
@@ -54,6 +55,24 @@ def test_paraphrases_pass(cached: str, asked: str) -> None:
     assert verify(asked, cached) is None
 
 
+def test_only_the_chosen_checks_run() -> None:
+    """The learned verifier keeps only some checks (``WITH_LEARNED``): the others say
+    nothing, whatever they would have found."""
+    negated = ("What isn't the capital of France?", FRANCE)
+    swapped = ("Is Java faster than Python?", "Is Python faster than Java?")
+    assert set(WITH_LEARNED) < set(CHECKS) and "negation" not in WITH_LEARNED
+    assert verify(*negated, WITH_LEARNED) is None
+    assert getattr(verify(*negated, ("negation",)), "kind", None) == "negation"
+    assert getattr(verify(*swapped, WITH_LEARNED), "kind", None) == "direction"
+    assert verify(*swapped, ()) is None
+
+
+def test_an_unknown_check_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="no verification check named colour; the checks "
+                                         "are negation, antonym, number"):
+        verify(FRANCE, FRANCE, ("colour", "negation"))
+
+
 def test_the_near_miss_set_is_labelled_and_spread_over_every_kind() -> None:
     rows = [json.loads(line) for line in NEAR_MISS_FILE.read_text("utf-8").splitlines()]
     near = [r for r in rows if r["label"] == 0]
@@ -76,8 +95,8 @@ def similarity(encoder: Encoder, a: str, b: str) -> float:
 def test_a_vetoed_candidate_is_a_miss_that_says_why(
     make_cache: CacheFactory, encoder: Encoder, asked: str, kind: str, tau: float | None
 ) -> None:
-    cache = make_cache(settings=CacheSettings(global_threshold=tau or CacheSettings()
-                                              .global_threshold))
+    cache = make_cache(settings=CacheSettings(global_threshold=tau or RULES.global_threshold,
+                                              verifier="rules"))
     cache.insert(FRANCE, "Paris.")
     result = cache.lookup(asked)
     assert isinstance(result, Miss)
@@ -87,7 +106,7 @@ def test_a_vetoed_candidate_is_a_miss_that_says_why(
 
 
 def test_a_paraphrase_is_still_served(make_cache: CacheFactory) -> None:
-    cache = make_cache()
+    cache = make_cache(settings=RULES)
     cache.insert("How many calories are in 100 grams of rice?", "About 130 kcal.")
     result = cache.lookup("How many calories does 100g of rice have?")
     assert isinstance(result, Hit) and result.answer == "About 130 kcal."
@@ -100,7 +119,7 @@ def test_a_vetoed_best_candidate_is_a_miss_not_a_reason_to_serve_the_next_one(
     that was never verified against the look-alike is not served in its place."""
     asked = "Is Python faster than Java?"
     reversed_, paraphrase = "Is Java faster than Python?", "Does Python run faster than Java?"
-    cache = make_cache()
+    cache = make_cache(settings=RULES)
     cache.insert(reversed_, "Python is usually slower than Java.")
     cache.insert(paraphrase, "No: Java is usually faster than Python.")
     assert similarity(encoder, asked, reversed_) > similarity(encoder, asked, paraphrase) \

@@ -1,9 +1,10 @@
-"""The decision with the learned verifier (``verifier = "learned"``, opt-in), on a tiny
+"""The decision with the learned verifier (``verifier = "learned"``, the default), on a tiny
 random-init cross-encoder made the way the shipped one is (its probabilities mean
 nothing; the mechanics are what is tested):
 the counting candidates are scored in one batched call, the most probable one is served
-only if it clears the verifier's threshold, a veto is a miss (never a fall-through), and
-feedback's per-entry thresholds keep working on top."""
+only if it clears the verifier's threshold and the rule checks kept beside it do not veto
+it, a veto is a miss (never a fall-through), and feedback's per-entry thresholds keep
+working on top."""
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -12,6 +13,7 @@ import numpy as np
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
 from meancache.client.cache.matcher import VERIFIED_AT_MOST, shipped_verifier
+from meancache.client.cache.settings import RECALL_MARGIN
 from meancache.client.pack import PackHit
 from meancache.shared.encoder import Encoder
 from meancache.shared.verifier.runtime import Card, LearnedVerifier, read_card
@@ -113,6 +115,26 @@ def test_the_very_same_question_passes_by_identity(make_cache: CacheFactory,
     assert isinstance(hit, Hit) and hit.answer == "Paris" and probe.calls == []
 
 
+@pytest.mark.parametrize(("asked", "stored", "vetoed_as"), [
+    ("Is Python faster than Java?", "Is Java faster than Python?", "direction"),
+    ("What is the smallest ocean on Earth?", "What is the largest ocean on Earth?",
+     "antonym"),
+    ("What isn't the capital of France?", STORED[0], None),  # negation: the model's call
+    ("What is the capital of Germany?", STORED[0], None),  # entity: the model's call
+])
+def test_only_the_kept_rule_checks_veto_what_the_verifier_accepts(
+        make_cache: CacheFactory, tiny_dir: Path, asked: str, stored: str,
+        vetoed_as: str | None) -> None:
+    cache = make_cache(settings=LOW_TAU, verifier=tiny(tiny_dir, 0.0))  # passes all
+    cache.insert(stored, "the stored answer")
+    result = cache.lookup(asked)
+    if vetoed_as is None:
+        assert isinstance(result, Hit) and result.answer == "the stored answer"
+    else:
+        assert isinstance(result, Miss) and result.reason.startswith(
+            f"a cached question looked alike but differs in {vetoed_as}")
+
+
 def test_a_rejected_entry_stays_tightened_on_top_of_the_verifier(
         make_cache: CacheFactory, tiny_dir: Path) -> None:
     probe = tiny(tiny_dir, 0.0)  # the verifier passes everything: only feedback decides
@@ -135,11 +157,18 @@ def test_the_pack_decides_with_the_same_verifier(make_cache: CacheFactory, encod
     assert isinstance(packs.lookup_similar(ASKED, passing.matcher), PackHit)
 
 
-def test_the_default_rules_never_load_the_learned_verifier(make_cache: CacheFactory) -> None:
-    """The default decides with the word rules; the model is neither read nor run."""
-    shipped_verifier.cache_clear()
+def test_the_learned_verifier_is_the_default(make_cache: CacheFactory) -> None:
     cache = make_cache()
-    assert cache.settings.verifier == "rules" and cache.matcher.recall_tau == cache.matcher.tau
+    assert cache.settings.verifier == LEARNED and cache.settings.verify_hits
+    assert cache.matcher.recall_tau == pytest.approx(cache.matcher.tau - RECALL_MARGIN)
+
+
+def test_the_rules_never_load_the_learned_verifier(make_cache: CacheFactory) -> None:
+    """With ``verifier = "rules"`` the word rules decide; the model is neither read nor
+    run."""
+    shipped_verifier.cache_clear()
+    cache = make_cache(settings=CacheSettings(verifier="rules"))
+    assert cache.matcher.recall_tau == cache.matcher.tau
     cache.insert(STORED[0], "Paris")
     assert isinstance(cache.lookup(ASKED), Hit)
     vetoed = cache.lookup("What isn't the capital of France?")
