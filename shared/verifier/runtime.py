@@ -6,7 +6,6 @@ file's sha256, the probability threshold chosen on QQP dev, and how it was train
 whose hash differs is refused, never run. Light: numpy, tokenizers and onnxruntime.
 """
 
-import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 from meancache.shared.errors import VerifierError
+from meancache.shared.files import sha256_file
 from meancache.shared.onnx_session import cpu_session
 from meancache.shared.verifier.tokens import MAX_TOKENS, tokenize_pairs
 
@@ -30,14 +30,6 @@ class Card:
     sha256: str
     threshold: float  # probability at which a pair counts as "the same question"
     max_tokens: int = MAX_TOKENS
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def read_card(directory: Path) -> Card:
@@ -63,7 +55,7 @@ class LearnedVerifier:
         if not model_path.is_file():
             raise VerifierError(f"the verifier model {model_path} is missing; reinstall "
                                 "meancache or retrain with `meancache verifier train`")
-        actual = file_sha256(model_path)
+        actual = sha256_file(model_path)
         if actual != card.sha256:
             raise VerifierError(
                 f"the verifier model {model_path} has sha256 {actual[:16]}..., not the "

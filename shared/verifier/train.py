@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from meancache.shared.files import sha256_file
 from meancache.shared.pairs import Pair, read_pairs
 from meancache.shared.threshold import DEFAULT_THRESHOLD, best_threshold, score_thresholds
 from meancache.shared.verifier import negatives
@@ -34,7 +35,6 @@ from meancache.shared.verifier.runtime import (
     MODEL_FILE,
     Card,
     LearnedVerifier,
-    file_sha256,
 )
 from meancache.shared.verifier.tokens import MAX_TOKENS, tokenize_pairs
 
@@ -206,7 +206,7 @@ def write_card(data: Path, out: Path, config: TrainConfig, counts: dict[str, int
     threshold on dev-a, and write the card that names its hash."""
     dev = read_pairs(data, split="dev")
     dev = random.Random(config.seed).sample(dev, min(config.dev_pairs, len(dev)))
-    sha = file_sha256(out / MODEL_FILE)
+    sha = sha256_file(out / MODEL_FILE)
     verifier = LearnedVerifier(out / MODEL_FILE, Card(sha, 0.5, config.max_tokens))
     threshold, report = dev_metrics(verifier, dev)
     card = {"sha256": sha, "threshold": round(threshold, 6), "max_tokens": config.max_tokens,

@@ -5,8 +5,9 @@ tests, where the real one's weights would say nothing about the mechanics."""
 import json
 from pathlib import Path
 
+from meancache.shared.files import sha256_file
 from meancache.shared.verifier.model import export_onnx, quantize_int8, tiny_random
-from meancache.shared.verifier.runtime import CARD_FILE, MODEL_FILE, file_sha256
+from meancache.shared.verifier.runtime import CARD_FILE, MODEL_FILE
 
 
 def make_tiny_verifier(directory: Path, threshold: float = 0.5) -> Path:
@@ -16,6 +17,6 @@ def make_tiny_verifier(directory: Path, threshold: float = 0.5) -> Path:
     export_onnx(tiny_random(), full)
     quantize_int8(full, directory / MODEL_FILE)
     full.unlink()
-    card = {"sha256": file_sha256(directory / MODEL_FILE), "threshold": threshold}
+    card = {"sha256": sha256_file(directory / MODEL_FILE), "threshold": threshold}
     (directory / CARD_FILE).write_text(json.dumps(card), encoding="utf-8")
     return directory
