@@ -60,9 +60,7 @@ class Encoder:
     ) -> None:
         """``model``: the PyTorch model, None when ``onnx`` is a checked export of it;
         ``onnx``: that export, shared by the base model's PCA variants."""
-        if backend not in BACKENDS:
-            raise EncoderError(f"unknown encoder backend {backend!r} (use "
-                               + ", ".join(repr(b) for b in BACKENDS) + ")")
+        _check_backend(backend)
         self.model_dir = model_dir
         self.base_version = base_version
         self.tokenizer = tokenizer
@@ -96,9 +94,7 @@ class Encoder:
         weights are loaded over the base model's; the version covers both. When
         ``cache_dir`` holds a checked export of exactly that model, it runs alone.
         """
-        if backend not in BACKENDS:
-            raise EncoderError(f"unknown encoder backend {backend!r} (use "
-                               + ", ".join(repr(b) for b in BACKENDS) + ")")
+        _check_backend(backend)
         model_dir = locate_model(model)
         memo = cache_dir / "fingerprints.json" if cache_dir else None
         base = model_fingerprint(model_dir, memo)
@@ -314,6 +310,12 @@ def load_sentence_transformer(model_dir: Path) -> "SentenceTransformer":
         raise EncoderError(
             f"could not load the embedding model in {model_dir}: {exc}; check that the "
             "directory holds a complete sentence-transformers model") from exc
+
+
+def _check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise EncoderError(f"unknown encoder backend {backend!r} (use "
+                           + ", ".join(repr(b) for b in BACKENDS) + ")")
 
 
 def _export_path(cache_dir: Path, base_version: str) -> Path:
