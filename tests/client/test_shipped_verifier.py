@@ -87,18 +87,19 @@ def test_two_stored_questions_that_each_pass_are_an_ambiguous_miss(
     """Each stored question alone would be served for the asked one (the model passes
     both), but they need different answers: with both stored, which one is meant is a
     guess, and the decision is a miss rather than the more probable one."""
-    asked, spoken, written = ("How can I improve my English?",
-                              "How can I improve my spoken English?",
-                              "How can I improve my written English?")
+    asked, beginner, quickly = ("How do I learn Python?",
+                                "How do I learn Python as a beginner?",
+                                "How do I learn Python quickly?")
     shipped = LearnedVerifier.load()
-    assert min(shipped.probabilities(asked, [spoken, written])) >= shipped.threshold
+    assert shipped.probabilities(asked, [beginner])[0] >= shipped.threshold  # alone
+    assert min(shipped.probabilities(asked, [beginner, quickly])) >= shipped.threshold
     cache = make_cache(settings=LEARNED)
-    a, b, c = embed_texts(encoder, [asked, spoken, written])
+    a, b, c = embed_texts(encoder, [asked, beginner, quickly])
     assert min(float(a @ b), float(a @ c)) >= cache.matcher.recall_tau  # both offered
-    cache.insert(spoken, "practise speaking")
+    cache.insert(beginner, "start with the tutorial")
     alone = cache.lookup(asked)
-    assert isinstance(alone, Hit) and alone.answer == "practise speaking"
-    cache.insert(written, "practise writing")
+    assert isinstance(alone, Hit) and alone.answer == "start with the tutorial"
+    cache.insert(quickly, "build a small project")
     miss = cache.lookup(asked)
     assert isinstance(miss, Miss)
     assert miss.reason.startswith("several cached questions were judged the same question")
