@@ -7,9 +7,11 @@
 - learned model alone: the candidates at cosine >= the recall tau (tau - ``RECALL_MARGIN``,
   at most ``VERIFIED_AT_MOST``) are scored by the learned verifier in one batch; the most
   probable one is served if its probability >= t;
-- learned + kept rules: the same, unless the rule checks kept beside the model
-  (``verification.WITH_LEARNED``) veto the one it would serve: the client's decision with
-  ``verifier = "learned"`` (``Matcher.decide``).
+- learned + kept rules: the client's decision with ``verifier = "learned"``
+  (``Matcher.decide``): the same, but a miss when another candidate also reaches the
+  card's threshold (``matcher.ambiguous``; judged at the card's threshold, so a miss at
+  every t of the curve) or when the rule checks kept beside the model
+  (``verification.WITH_LEARNED``) veto the one it would serve.
 ``--verifier`` picks which of them to run (none = embedding only, model = the learned
 model alone; default: all four). A table per rule check says what it vetoes among the
 pairs the model alone serves: the evidence for ``WITH_LEARNED``.
@@ -23,8 +25,12 @@ Data, none of it used to train the verifier or choose its threshold except dev-a
    the set the rules' word lists were tuned on and the kept checks were chosen on.
 3. the contextual sets' standalone and follow-up questions (unique_u0/u1): every question
    asked of a cache holding all the others; none is a duplicate, so every hit is wrong.
-4. a replay of --replay QQP dev duplicates: every q1 stored, every q2 asked against all of
-   them (top --k by cosine): right = its own q1 served.
+4. a replay of QQP dev duplicates, one per half (dev-a: where the decision rule was
+   chosen; dev-b: reported only): --replay duplicates of the half, every q1 stored, every
+   q2 asked against all of them (top --k by cosine): right = its own q1 served. Beside it
+   the precision counting as right any stored question QQP itself links to the asked one
+   (the same text, or joined through duplicate-labelled pairs of train and dev): a
+   duplicate of another pair is the same question, not a wrong answer.
 Each table row gives the operating point the client ships (tau, the card's threshold)
 with precision, hit ratio (served / asked), recall (right / answerable) and F0.5, and the
 area under the whole curve. Lookup latency: p50/p99 of ``SemanticCache.lookup`` at
@@ -71,7 +77,7 @@ from _common import (
 from _plot import add_plot_option, line_chart
 from meancache.client.cache import CacheSettings, Context, SemanticCache
 from meancache.client.cache.entry import STORED_DTYPE, Entry
-from meancache.client.cache.matcher import VERIFIED_AT_MOST
+from meancache.client.cache.matcher import VERIFIED_AT_MOST, ambiguous
 from meancache.client.cache.settings import RECALL_MARGIN
 from meancache.client.cache.verification import CHECKS, WITH_LEARNED, verify
 from meancache.shared.encoder import Encoder, profile_threshold
@@ -83,6 +89,8 @@ from meancache.shared.verifier.train import dev_half
 NEAR_MISS = REPO_ROOT / "benchmarks" / "data" / "near_miss_heldout.jsonl"
 RULES_NEAR_MISS = REPO_ROOT / "tests" / "data" / "near_miss.jsonl"  # the rules' tuning set
 HELD_OUT, TUNING = "near-miss (held out)", "near-miss (rules' tuning set)"
+REPLAY = "replay QQP {half}"  # one replay per dev half
+CHOSEN_ON = ("QQP dev-a", TUNING, REPLAY.format(half="dev-a"))  # sets choices were made on
 MODEL, LEARNED = "learned model alone", "learned + kept rules"
 # --verifier: the decider each choice runs; "model" is no client setting (no latency row).
 DECIDERS = {"none": "embedding only", "rules": "rules", "model": MODEL, "learned": LEARNED}
@@ -97,6 +105,7 @@ class Asked:
     texts: list[str]
     cosines: np.ndarray
     right: np.ndarray  # bool per candidate
+    linked: np.ndarray | None = None  # bool per candidate: QQP links it (replays only)
 
 
 @dataclass(frozen=True)
@@ -107,6 +116,7 @@ class Served:
     scores: np.ndarray
     right: np.ndarray
     answerable: int
+    linked: np.ndarray | None = None  # what it serves is linked to the question (replays)
 
 
 def pairs_as_asked(pairs: Sequence[tuple[str, str, int]], a: np.ndarray, b: np.ndarray
@@ -117,53 +127,77 @@ def pairs_as_asked(pairs: Sequence[tuple[str, str, int]], a: np.ndarray, b: np.n
 
 
 def retrieval_as_asked(queries: list[str], qv: np.ndarray, stored: list[str], sv: np.ndarray,
-                       own: list[int | None], k: int) -> list[Asked]:
-    """Each query against every stored question, its top ``k`` by cosine."""
+                       own: list[int | None], k: int,
+                       links: dict[str, str] | None = None) -> list[Asked]:
+    """Each query against every stored question, its top ``k`` by cosine; ``links`` (a
+    question's group of QQP-linked questions, ``linked_groups``) marks the linked ones."""
     sims = qv @ sv.T
     out = []
     for i, query in enumerate(queries):
         top = np.argsort(-sims[i])[:k]
+        linked = None if links is None else np.array(
+            [same_group(links, query, stored[j]) for j in top])
         out.append(Asked(query, [stored[j] for j in top], sims[i, top],
-                         np.array([own[i] == j for j in top])))
+                         np.array([own[i] == j for j in top]), linked))
     return out
 
 
-Chosen = list[tuple[int | None, float]]  # per question: the model's candidate, probability
+@dataclass(frozen=True)
+class Pick:
+    """The candidate the learned model would serve (None: no candidate reaches the recall
+    tau), its probability, and whether another candidate reaches the card's threshold too
+    (``matcher.ambiguous``: a miss in the client's decision)."""
+
+    index: int | None
+    probability: float
+    ambiguous: bool = False
+
+
+Chosen = list[Pick]  # per question
 
 
 def decide(asked: list[Asked], system: str, chosen: Chosen | None = None) -> Served:
     """What ``system`` serves; the learned ones need the model's ``chosen`` candidates."""
     scores, right = np.full(len(asked), -np.inf), np.zeros(len(asked), dtype=bool)
+    served_at: list[int | None] = [None] * len(asked)
     if system in (MODEL, LEARNED):
         assert chosen is not None
-        for i, (j, p) in enumerate(chosen):
-            if j is None or (system == LEARNED and kept_rule_vetoes(asked[i], j)):
-                continue  # nothing to serve, or a kept rule vetoes it: a miss at every t
-            scores[i], right[i] = p, asked[i].right[j]
+        for i, pick in enumerate(chosen):
+            j = pick.index
+            if j is None or (system == LEARNED and (pick.ambiguous
+                                                    or kept_rule_vetoes(asked[i], j))):
+                continue  # nothing to serve, ambiguous, or a kept rule vetoes it: a miss
+            scores[i], right[i], served_at[i] = pick.probability, asked[i].right[j], j
     else:
         for i, a in enumerate(asked):
             if system == "rules" and verify(a.query, a.texts[0]) is not None:
                 continue
-            scores[i], right[i] = a.cosines[0], a.right[0]
-    return Served(scores, right, int(sum(a.right.any() for a in asked)))
+            scores[i], right[i], served_at[i] = a.cosines[0], a.right[0], 0
+    linked = None
+    if asked and asked[0].linked is not None:
+        linked = np.array([j is not None and bool(a.linked[j])  # type: ignore[index]
+                           for a, j in zip(asked, served_at, strict=True)])
+    return Served(scores, right, int(sum(a.right.any() for a in asked)), linked)
 
 
 def most_probable(asked: list[Asked], recall_tau: float, verifier: LearnedVerifier
                   ) -> Chosen:
-    """Per question, the candidate the learned model would serve (None: no candidate
-    reaches the recall tau) and its probability, 1.0 for the very same question (it
-    passes by identity, as in the client); all pairs scored in batches."""
-    jobs = [(i, j) for i, a in enumerate(asked)
-            for j in range(min(len(a.texts), VERIFIED_AT_MOST))
-            if a.cosines[j] >= recall_tau]
-    probs = verifier.pair_probabilities([asked[i].query for i, _ in jobs],
-                                        [asked[i].texts[j] for i, j in jobs])
-    chosen: Chosen = [(None, -np.inf)] * len(asked)
-    for (i, j), p in zip(jobs, probs, strict=True):
-        if embedding_text(asked[i].texts[j]) == embedding_text(asked[i].query):
-            p = 1.0
-        if p > chosen[i][1]:
-            chosen[i] = (j, float(p))
+    """Per question, the candidate the learned model would serve: its candidates scored in
+    one call, as the client scores them (the int8 model quantises its activations over the
+    whole call, so a pair's probability depends on what it is scored with); the very same
+    question passes by identity (1.0, unscored, never ambiguous), as in the client."""
+    chosen = []
+    for a in asked:
+        counting = [j for j in range(min(len(a.texts), VERIFIED_AT_MOST))
+                    if a.cosines[j] >= recall_tau]
+        same = [j for j in counting if embedding_text(a.texts[j]) == embedding_text(a.query)]
+        if not counting or same:
+            chosen.append(Pick(same[0], 1.0) if same else Pick(None, -np.inf))
+            continue
+        probabilities = verifier.probabilities(a.query, [a.texts[j] for j in counting])
+        top = int(np.argmax(probabilities))
+        chosen.append(Pick(counting[top], float(probabilities[top]),
+                           ambiguous(probabilities, verifier.threshold)))
     return chosen
 
 
@@ -206,6 +240,15 @@ def curve(served: Served) -> tuple[np.ndarray, np.ndarray, float]:
     return ratio, precision, area
 
 
+def linked_precision(served: Served, point: Point) -> str:
+    """Hit precision at ``point`` counting QQP-linked stored questions as right (replays;
+    "-" elsewhere)."""
+    if served.linked is None:
+        return "-"
+    hit = served.scores >= point.threshold
+    return pct(float(served.linked[hit].mean())) if hit.any() else "-"
+
+
 def operating_points(tau: float, verifier: LearnedVerifier | None) -> dict[str, float]:
     learned = verifier.threshold if verifier else float("nan")
     return {"embedding only": tau, "rules": tau, MODEL: learned, LEARNED: learned}
@@ -245,15 +288,49 @@ def contextual_set(args: argparse.Namespace, encoder: Encoder) -> list[Asked]:
     return asked
 
 
-def replay_set(args: argparse.Namespace, encoder: Encoder) -> list[Asked]:
-    duplicates = [p for p in load_qqp(args.data_dir, "dev") if p.label == 1]
-    chosen = sample(duplicates, args.replay, args.seed)
-    stored = unique(p.q1 for p in chosen)
-    index = {q: i for i, q in enumerate(stored)}
-    sv = embed_cached(encoder, [embedding_text(q) for q in stored], args.cache_dir)
-    qv = embed_cached(encoder, [embedding_text(p.q2) for p in chosen], args.cache_dir)
-    return retrieval_as_asked([p.q2 for p in chosen], qv, stored, sv,
-                              [index[p.q1] for p in chosen], args.k)
+def linked_groups(data_dir: Path) -> dict[str, str]:
+    """Each QQP question (as embedded) to one question of its group: those joined through
+    duplicate-labelled pairs of train and dev. QQP's duplicates are one question asked in
+    several words, so an asked q2 is often the duplicate of another pair's q1 too."""
+    parent: dict[str, str] = {}
+
+    def root(text: str) -> str:
+        parent.setdefault(text, text)
+        while parent[text] != text:
+            parent[text] = parent[parent[text]]
+            text = parent[text]
+        return text
+
+    for p in load_qqp(data_dir):
+        if p.label == 1:
+            parent[root(embedding_text(p.q1))] = root(embedding_text(p.q2))
+    return {text: root(text) for text in list(parent)}
+
+
+def same_group(links: dict[str, str], a: str, b: str) -> bool:
+    """The same question (as embedded), or QQP links the two (``linked_groups``)."""
+    a, b = embedding_text(a), embedding_text(b)
+    return a == b or (a in links and links[a] == links.get(b))
+
+
+def replay_sets(args: argparse.Namespace, encoder: Encoder) -> dict[str, list[Asked]]:
+    """A replay per dev half, split as the pairs are (``dev_half``)."""
+    links = linked_groups(args.data_dir)
+    halves: dict[str, list] = {"dev-a": [], "dev-b": []}
+    for p in load_qqp(args.data_dir, "dev"):
+        if p.label == 1:
+            halves[dev_half(Pair(p.q1.strip(), p.q2.strip(), p.label))].append(p)
+    out = {}
+    for half, duplicates in halves.items():
+        chosen = sample(duplicates, args.replay, args.seed)
+        stored = unique(p.q1 for p in chosen)
+        index = {q: i for i, q in enumerate(stored)}
+        sv = embed_cached(encoder, [embedding_text(q) for q in stored], args.cache_dir)
+        qv = embed_cached(encoder, [embedding_text(p.q2) for p in chosen], args.cache_dir)
+        out[REPLAY.format(half=half)] = retrieval_as_asked(
+            [p.q2 for p in chosen], qv, stored, sv, [index[p.q1] for p in chosen], args.k,
+            links)
+    return out
 
 
 # latency ------------------------------------------------------------------------------
@@ -331,7 +408,8 @@ def model_vetoes(asked: list[Asked], chosen: Chosen, threshold: float
                  ) -> dict[str, np.ndarray]:
     """Per rule check: the questions whose candidate the learned model alone serves and
     the check alone vetoes."""
-    served = [(i, j) for i, (j, p) in enumerate(chosen) if j is not None and p >= threshold]
+    served = [(i, pick.index) for i, pick in enumerate(chosen)
+              if pick.index is not None and pick.probability >= threshold]
     out = {}
     for check in CHECKS:
         vetoed = np.zeros(len(asked), dtype=bool)
@@ -366,8 +444,8 @@ def parse_args() -> argparse.Namespace:
     parser = base_parser(__doc__)
     parser.add_argument("--encoder", default="minilm", help="minilm (default) or mpnet")
     parser.add_argument("--dev-pairs", type=int, help="QQP dev pairs (default: all 9,636)")
-    parser.add_argument("--replay", type=int, help="QQP dev duplicates replayed "
-                        "(default 1500)")
+    parser.add_argument("--replay", type=int, help="QQP dev duplicates replayed per "
+                        "half (default: all, 1,489 in dev-a and 1,516 in dev-b)")
     parser.add_argument("--k", type=int, default=VERIFIED_AT_MOST,
                         help="candidates per question in the replays")
     parser.add_argument("--entries", type=int, help="cache size for latency (default 10000)")
@@ -381,7 +459,7 @@ def parse_args() -> argparse.Namespace:
                         "(the model and the kept rules; default: all four)")
     add_plot_option(parser)
     args = parser.parse_args()
-    return apply_defaults(args, full={"dev_pairs": None, "replay": 1500, "entries": 10_000,
+    return apply_defaults(args, full={"dev_pairs": None, "replay": None, "entries": 10_000,
                                       "latency_queries": 200},
                           quick={"dev_pairs": 600, "replay": 200, "entries": 1000,
                                  "latency_queries": 20})
@@ -398,7 +476,7 @@ def main() -> None:
     recall_tau = tau - RECALL_MARGIN
     sets = pair_sets(args, encoder)
     sets["contextual (all wrong)"] = contextual_set(args, encoder)
-    sets[f"replay of {args.replay} QQP dev duplicates"] = replay_set(args, encoder)
+    sets.update(replay_sets(args, encoder))
     chosen = {name: most_probable(asked, recall_tau, verifier)
               for name, asked in sets.items()} if verifier else {}
     points = operating_points(tau, verifier)
@@ -406,7 +484,8 @@ def main() -> None:
             f"verifier threshold {points[LEARNED]:.3f} chosen on QQP dev-a; kept rules: "
             f"{', '.join(WITH_LEARNED)})")
     table = make_table(["data", "decider", "asked", "precision", "hit ratio", "recall",
-                        "F0.5", "area (precision x hit ratio)"], right_from=2)
+                        "F0.5", "area (precision x hit ratio)",
+                        "precision, QQP-linked right"], right_from=2)
     lines = {}
     for name, asked in sets.items():
         for system in systems:
@@ -417,8 +496,8 @@ def main() -> None:
             table.add_row(name, system, str(len(asked)), pct(point.precision),
                           pct(point.hit_ratio), pct(point.recall) if answerable else "-",
                           fmt(point.f05) if answerable else "-",
-                          fmt(area) if answerable else "-")
-            if answerable and name not in ("QQP dev-a", TUNING) and system != MODEL:
+                          fmt(area) if answerable else "-", linked_precision(served, point))
+            if answerable and name not in CHOSEN_ON and system != MODEL:
                 lines[f"{name}: {system} (area {area:.3f})"] = (list(ratio), list(precision))
     print_table(table)
     by_kind(sets[HELD_OUT], points, chosen.get(HELD_OUT), systems)
@@ -429,8 +508,8 @@ def main() -> None:
                    "cache-hit ratio (served / asked)", "precision (right / served)",
                    {k: (v[0][::max(1, len(v[0]) // 200)], v[1][::max(1, len(v[1]) // 200)])
                     for k, v in lines.items()},
-                   subtitle=f"{args.encoder}; QQP dev-b, held-out near-misses, replay (the "
-                            "learned model alone is in the table)")
+                   subtitle=f"{args.encoder}; QQP dev-b, held-out near-misses, dev-b "
+                            "replay (the learned model alone is in the table)")
         note(f"wrote {args.plot}")
     heading(f"lookup latency at {args.entries:,} entries ({args.latency_encoder}, ms; "
             "the question embedded beforehand)")

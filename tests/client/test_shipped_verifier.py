@@ -1,6 +1,7 @@
 """The shipped verifier in the real cache (MiniLM, ``verifier = "learned"``), on a few questions
 written for this test: the candidate served is the one the verifier judges the same
-question, not the most similar one, and a veto is a miss that says so.
+question, not the most similar one; a veto is a miss that says so, and so are two
+candidates that both pass (which one is meant is a guess).
 
 These examples exercise the wiring with the real model; its quality is measured on
 held-out data by benchmarks/verification.py (QQP dev-b, the near-miss set), where its
@@ -62,13 +63,14 @@ def test_a_swapped_direction_the_model_misses_is_vetoed_by_the_kept_rule_as_a_mi
         make_cache: CacheFactory, encoder: Encoder) -> None:
     """The model judges "Is Java faster than Python?" the same question as "Is Python
     faster than Java?"; the direction check kept beside it vetoes it, and the lower
-    candidate it also passes (every probability passes here) is not served instead."""
+    candidate is not served instead (the threshold here lies between the two)."""
     asked, swapped, other = ("Is Python faster than Java?", "Is Java faster than Python?",
                              "Is Python older than Java?")
     shipped = LearnedVerifier.load()
     swapped_p, other_p = shipped.probabilities(asked, [swapped, other])
     assert swapped_p >= shipped.threshold and swapped_p > other_p  # the model's miss
-    passing = LearnedVerifier(shipped.path, replace(shipped.card, threshold=0.0))
+    between = float(swapped_p + other_p) / 2
+    passing = LearnedVerifier(shipped.path, replace(shipped.card, threshold=between))
     cache = make_cache(settings=CacheSettings(verifier="learned", global_threshold=0.3,
                                               recall_margin=0.0), verifier=passing)
     a, b, c = embed_texts(encoder, [asked, swapped, other])
@@ -78,3 +80,26 @@ def test_a_swapped_direction_the_model_misses_is_vetoed_by_the_kept_rule_as_a_mi
     miss = cache.lookup(asked)
     assert isinstance(miss, Miss)
     assert miss.reason.startswith("a cached question looked alike but differs in direction")
+
+
+def test_two_stored_questions_that_each_pass_are_an_ambiguous_miss(
+        make_cache: CacheFactory, encoder: Encoder) -> None:
+    """Each stored question alone would be served for the asked one (the model passes
+    both), but they need different answers: with both stored, which one is meant is a
+    guess, and the decision is a miss rather than the more probable one."""
+    asked, beginner, quickly = ("How do I learn Python?",
+                                "How do I learn Python as a beginner?",
+                                "How do I learn Python quickly?")
+    shipped = LearnedVerifier.load()
+    assert shipped.probabilities(asked, [beginner])[0] >= shipped.threshold  # alone
+    assert min(shipped.probabilities(asked, [beginner, quickly])) >= shipped.threshold
+    cache = make_cache(settings=LEARNED)
+    a, b, c = embed_texts(encoder, [asked, beginner, quickly])
+    assert min(float(a @ b), float(a @ c)) >= cache.matcher.recall_tau  # both offered
+    cache.insert(beginner, "start with the tutorial")
+    alone = cache.lookup(asked)
+    assert isinstance(alone, Hit) and alone.answer == "start with the tutorial"
+    cache.insert(quickly, "build a small project")
+    miss = cache.lookup(asked)
+    assert isinstance(miss, Miss)
+    assert miss.reason.startswith("several cached questions were judged the same question")

@@ -2,17 +2,19 @@
 random-init cross-encoder made the way the shipped one is (its probabilities mean
 nothing; the mechanics are what is tested):
 the counting candidates are scored in one batched call, the most probable one is served
-only if it clears the verifier's threshold and the rule checks kept beside it do not veto
-it, a veto is a miss (never a fall-through), and feedback's per-entry thresholds keep
-working on top."""
+only if it alone clears the verifier's threshold (two or more passing is an ambiguous
+miss) and the rule checks kept beside it do not veto it, a veto is a miss (never a
+fall-through), and feedback's per-entry thresholds keep working on top."""
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
-from meancache.client.cache.matcher import VERIFIED_AT_MOST, shipped_verifier
+from meancache.client.cache.matcher import VERIFIED_AT_MOST, ambiguous, shipped_verifier
 from meancache.client.cache.settings import RECALL_MARGIN
 from meancache.client.pack import PackHit
 from meancache.shared.encoder import Encoder
@@ -152,9 +154,53 @@ def test_the_pack_decides_with_the_same_verifier(make_cache: CacheFactory, encod
     packs = pack_with(tmp_path / "packs", STORED, encoder)
     vetoing = make_cache(settings=LOW_TAU, verifier=tiny(tiny_dir, 0.999))
     assert not isinstance(packs.lookup_similar(ASKED, vetoing.matcher), PackHit)
-    passing = make_cache(directory=tmp_path / "other", settings=LOW_TAU,
-                         verifier=tiny(tiny_dir, 0.0))
-    assert isinstance(packs.lookup_similar(ASKED, passing.matcher), PackHit)
+    probe = tiny(tiny_dir, 0.0)  # every instruction passes: ambiguous, a miss
+    passing = make_cache(directory=tmp_path / "other", settings=LOW_TAU, verifier=probe)
+    ambiguous_match = packs.lookup_similar(ASKED, passing.matcher)
+    assert not isinstance(ambiguous_match, PackHit) and ambiguous_match.vetoed
+    probe.threshold = float(probe.verifier.probabilities(ASKED, STORED).max()) - 1e-4
+    assert isinstance(packs.lookup_similar(ASKED, passing.matcher), PackHit)  # one passes
+
+
+@pytest.mark.parametrize("passing", [1, 2, len(STORED)])
+def test_a_pick_is_served_only_when_it_alone_clears_the_threshold(
+        make_cache: CacheFactory, encoder: Encoder, tiny_dir: Path, passing: int) -> None:
+    """With the threshold between the ``passing``-th and the next probability: one
+    passing candidate is served; two or more are an ambiguous miss that says so, counted
+    as a decline, and no candidate is served instead."""
+    probe = tiny(tiny_dir, 0.5)
+    cache = make_cache(settings=LOW_TAU, verifier=probe)
+    for question in STORED:
+        cache.insert(question, f"answer to {question}")
+    order = stored_by_similarity(cache, encoder)
+    probabilities = np.sort(probe.verifier.probabilities(ASKED, order))[::-1]
+    assert len(set(probabilities.tolist())) == len(STORED)  # distinct: a cut between each
+    probe.threshold = float(probabilities[passing - 1]) - 1e-6
+    result = cache.lookup(ASKED)
+    if passing == 1:
+        assert isinstance(result, Hit)
+    else:
+        assert isinstance(result, Miss)
+        assert result.reason.startswith(
+            "several cached questions were judged the same question (p=")
+        kind = "declined:several cached questions were judged the same question"
+        assert cache.store.counter(kind) == 1
+
+
+def test_the_very_same_question_is_served_even_when_others_pass_too(
+        make_cache: CacheFactory, tiny_dir: Path) -> None:
+    cache = make_cache(settings=LOW_TAU, verifier=tiny(tiny_dir, 0.0))  # all pass
+    for question in STORED:
+        cache.insert(question, f"answer to {question}")
+    hit = cache.lookup(STORED[1])
+    assert isinstance(hit, Hit) and hit.answer == f"answer to {STORED[1]}"
+
+
+@given(st.lists(st.floats(0.0, 1.0), max_size=VERIFIED_AT_MOST), st.floats(0.0, 1.0))
+def test_ambiguous_means_a_second_candidate_reaches_the_threshold(
+        probabilities: list[float], threshold: float) -> None:
+    second = sorted(probabilities, reverse=True)[1] if len(probabilities) > 1 else -1.0
+    assert ambiguous(np.array(probabilities), threshold) == (second >= threshold)
 
 
 def test_the_learned_verifier_is_the_default(make_cache: CacheFactory) -> None:
