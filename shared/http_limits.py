@@ -16,6 +16,7 @@ time, and :class:`GuardRequests`, ASGI middleware that refuses too many header f
 import asyncio
 import json
 import logging
+import signal
 from typing import Any
 
 import h11
@@ -82,6 +83,30 @@ def server_config(app: ASGIApp, header_seconds: float = HEADER_SECONDS,
     return uvicorn.Config(app, http=guarded_h11(header_seconds),
                           h11_max_incomplete_event_size=MAX_HEADER_BYTES,
                           timeout_keep_alive=KEEP_ALIVE_SECONDS, **(defaults | options))
+
+
+class _ForegroundServer(uvicorn.Server):
+    """uvicorn's server that remembers which signal stopped it."""
+
+    stopped_by: int | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self.stopped_by = sig
+        super().handle_exit(sig, frame)
+
+
+def serve_foreground(app: ASGIApp, host: str, port: int) -> None:
+    """Serve ``app`` until Ctrl+C or SIGTERM, then end as that signal would.
+
+    uvicorn shuts down gracefully and raises the signal again, but inside asyncio's runner,
+    whose SIGINT handler only cancels a task that may already be done: Ctrl+C then ended
+    the run as if nothing had happened (exit status 0) or as an interrupt (130), by timing.
+    Ctrl+C always ends in KeyboardInterrupt here, so the caller's ``finally``s and exit
+    status are the same every time."""
+    server = _ForegroundServer(server_config(app, host=host, port=port))
+    server.run()
+    if server.stopped_by == signal.SIGINT:
+        raise KeyboardInterrupt
 
 
 def error_body(message: str, kind: str, code: str | None = None,

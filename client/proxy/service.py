@@ -6,7 +6,6 @@ import logging
 from dataclasses import dataclass
 
 import httpx
-import uvicorn
 from meancache.client.chat.session import EmbeddedUpstream, UpstreamStarter
 from meancache.client.config import Settings
 from meancache.client.encoder import load_device_encoder
@@ -17,7 +16,7 @@ from meancache.client.proxy.apps import Apps
 from meancache.client.proxy.partitions import Partitions
 from meancache.client.upstream_client import UpstreamClient
 from meancache.shared.hosts import LOOPBACK_NAMES, is_loopback
-from meancache.shared.http_limits import server_config
+from meancache.shared.http_limits import serve_foreground
 from meancache.shared.loopback_server import LoopbackServer
 from starlette.applications import Starlette
 
@@ -62,7 +61,7 @@ class Proxy:
         """In the foreground until Ctrl+C (or SIGTERM: shared.processes.exit_on_sigterm);
         then the app's lifespan and ``close`` close every cache."""
         try:
-            uvicorn.Server(server_config(self.app, host=host, port=port)).run()
+            serve_foreground(self.app, host, port)
         finally:
             self.close()
 

@@ -9,9 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-import uvicorn
 from meancache.shared.hosts import LOOPBACK_NAMES, is_loopback, open_server_warning
-from meancache.shared.http_limits import server_config
+from meancache.shared.http_limits import serve_foreground
 from meancache.shared.loopback_server import LoopbackServer
 from meancache.shared.processes import exit_on_sigterm
 from meancache.shared.progress import Progress
@@ -65,7 +64,7 @@ def serve(model: str, host: str, port: int, settings: ServerSettings,
     line = f"serving {describe(loaded)} on http://{host}:{port}{describe_packs(settings)}"
     log.info(line)
     print(f"meancache upstream: {line}", file=sys.stderr, flush=True)
-    uvicorn.Server(server_config(app, host=host, port=port)).run()
+    serve_foreground(app, host, port)
 
 
 class Activity:
