@@ -140,15 +140,18 @@ def load_encoder(backend: str, cache_dir: Path, pca: PCAProjection | None = None
 
 def embed_cached(encoder: Encoder, texts: Sequence[str], cache_dir: Path,
                  batch_size: int = 64) -> np.ndarray:
-    """``encoder.encode(texts)``, kept in a .npy file keyed by the texts and encoder version.
+    """``encoder.encode(texts)``, kept in a .npy file keyed by the texts, the encoder version
+    and its precision.
 
-    The vectors do not depend on the backend (ONNX passes a parity check against PyTorch),
-    so either backend can fill the cache.
+    float32 vectors do not depend on the backend (ONNX passes a parity check against
+    PyTorch, cosine 0.999), so either fills the cache; int8 ones differ more (0.99) and are
+    kept apart, so that a comparison of the two never reads one for the other.
     """
-    digest = hashlib.sha256(encoder.version.encode())
+    space = encoder.version + ("-int8" if encoder.backend == "onnx-int8" else "")
+    digest = hashlib.sha256(space.encode())
     for text in texts:
         digest.update(text.encode("utf-8", "surrogatepass") + b"\0")
-    path = cache_dir / "embeddings" / f"{encoder.version}-{digest.hexdigest()[:20]}.npy"
+    path = cache_dir / "embeddings" / f"{space}-{digest.hexdigest()[:20]}.npy"
     if path.is_file():
         vectors = np.load(path)
         if vectors.shape == (len(texts), encoder.dim):

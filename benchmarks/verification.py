@@ -5,7 +5,7 @@
 - rules: the same, unless the rule verifier (``client.cache.verification``, every check)
   vetoes it (a veto is a miss, as in the client);
 - learned model alone: the candidates at cosine >= the recall tau (tau - ``RECALL_MARGIN``,
-  at most ``VERIFIED_AT_MOST``) are scored by the learned verifier in one batch; the most
+  at most ``VERIFIED_AT_MOST``) are scored by the learned verifier, each pair alone; the most
   probable one is served if its probability >= t;
 - learned + kept rules: the client's decision with ``verifier = "learned"``
   (``Matcher.decide``): the same, but a miss when another candidate also reaches the
@@ -34,8 +34,9 @@ Data, none of it used to train the verifier or choose its threshold except dev-a
 Each table row gives the operating point the client ships (tau, the card's threshold)
 with precision, hit ratio (served / asked), recall (right / answerable) and F0.5, and the
 area under the whole curve. Lookup latency: p50/p99 of ``SemanticCache.lookup`` at
---entries entries with each chosen verifier, interleaved query by query, each question
-embedded beforehand (the decision's cost, not the embedding's).
+--entries entries (real QQP questions) with each chosen verifier, interleaved query by
+query, for each of --latency-backends: the decision alone (the question's vector
+memoised) and the whole lookup (with the question's embedding).
 
 Run from the repository root (QQP embeddings are cached under --cache-dir):
 
@@ -71,6 +72,7 @@ from _common import (
     pct,
     print_command,
     print_table,
+    qqp_questions,
     sample,
     unique,
 )
@@ -80,7 +82,7 @@ from meancache.client.cache.entry import STORED_DTYPE, Entry
 from meancache.client.cache.matcher import VERIFIED_AT_MOST, ambiguous
 from meancache.client.cache.settings import RECALL_MARGIN
 from meancache.client.cache.verification import CHECKS, WITH_LEARNED, verify
-from meancache.shared.encoder import Encoder, profile_threshold
+from meancache.shared.encoder import BACKENDS, Encoder, profile_threshold
 from meancache.shared.pairs import Pair
 from meancache.shared.query import embedding_text
 from meancache.shared.verifier.runtime import LearnedVerifier
@@ -182,10 +184,9 @@ def decide(asked: list[Asked], system: str, chosen: Chosen | None = None) -> Ser
 
 def most_probable(asked: list[Asked], recall_tau: float, verifier: LearnedVerifier
                   ) -> Chosen:
-    """Per question, the candidate the learned model would serve: its candidates scored in
-    one call, as the client scores them (the int8 model quantises its activations over the
-    whole call, so a pair's probability depends on what it is scored with); the very same
-    question passes by identity (1.0, unscored, never ambiguous), as in the client."""
+    """Per question, the candidate the learned model would serve, its candidates scored as
+    the client scores them (each pair alone); the very same question passes by identity
+    (1.0, unscored, never ambiguous), as in the client."""
     chosen = []
     for a in asked:
         counting = [j for j in range(min(len(a.texts), VERIFIED_AT_MOST))
@@ -334,48 +335,53 @@ def replay_sets(args: argparse.Namespace, encoder: Encoder) -> dict[str, list[As
 
 
 # latency ------------------------------------------------------------------------------
-def latency(args: argparse.Namespace, encoder: Encoder) -> dict[str, Latency]:
+def latency(args: argparse.Namespace, encoder: Encoder) -> dict[str, tuple[Latency, Latency]]:
     """Lookups of QQP dev duplicates' q2 in a real cache of --entries entries: their q1
-    (embedded) plus filler entries at random unit vectors (a brute-force search costs the
-    same whatever the values, and none of them reaches the recall tau), each chosen
-    verifier interleaved query by query so that machine load hits them alike."""
+    plus QQP train questions (real neighbours, so that candidates reach the verifier as
+    they would in a used cache), each chosen verifier interleaved query by query so that
+    machine load hits them alike. Per setting: the decision alone (the question's vector
+    memoised) and the whole lookup (that plus embedding the question, timed just before
+    on the same question)."""
     dev = sample([p for p in load_qqp(args.data_dir, "dev") if p.label == 1],
                  args.latency_queries + 10, args.seed + 1)
+    asked = {embedding_text(p.q2) for p in dev}
     stored = unique(p.q1 for p in dev)
+    neighbours = [q for q in qqp_questions(load_qqp(args.data_dir, "train"))
+                  if embedding_text(q) not in asked]
+    stored += sample(neighbours, max(0, args.entries - len(stored)), args.seed)
     vectors = embed_cached(encoder, [embedding_text(t) for t in stored], args.cache_dir)
-    filler = max(0, args.entries - len(stored))
-    rng = np.random.default_rng(args.seed)
-    random = rng.standard_normal((filler, vectors.shape[1])).astype(np.float32)
-    random /= np.linalg.norm(random, axis=1, keepdims=True)
-    texts = stored + [f"filler question number {i}" for i in range(filler)]
-    vectors = np.concatenate([vectors, random])
     settings_of = [v for v in args.verifier if v != "model"]  # the client's settings
-    times: dict[str, list[float]] = {f"verifier: {v}": [] for v in settings_of}
+    decision: dict[str, list[float]] = {v: [] for v in settings_of}
+    whole: dict[str, list[float]] = {v: [] for v in settings_of}
     with tempfile.TemporaryDirectory(prefix="meancache-verification-") as tmp:
         tau = profile_threshold(args.latency_encoder)
         settings = CacheSettings(pca_dims=0, global_threshold=tau)
         with SemanticCache(Path(tmp), encoder, settings) as cache:
-            for start in range(0, len(texts), 1000):
+            for start in range(0, len(stored), 1000):
                 cache.store.put_many([
                     Entry(query=q, answer=f"answer to {q}", embedding=v.astype(STORED_DTYPE),
                           encoder_version=encoder.version, query_tokens=8, answer_tokens=8)
-                    for q, v in zip(texts[start:start + 1000], vectors[start:start + 1000],
+                    for q, v in zip(stored[start:start + 1000], vectors[start:start + 1000],
                                     strict=True)])
         with SemanticCache(Path(tmp), encoder, settings) as cache:
-            chosen = {f"verifier: {v}": replace(cache.matcher.settings, verify=v != "none",
-                                                verifier="rules" if v == "none" else v)
+            chosen = {v: replace(cache.matcher.settings, verify=v != "none",
+                                 verifier="rules" if v == "none" else v)
                       for v in settings_of}
             for p in dev[:10]:  # warm-up, untimed
                 cache.lookup(p.q2, Context())
             for p in dev[10:]:
-                cache.lookup(p.q2, Context())  # untimed: the question's vector is memoised,
-                # so no setting pays the embedding that the first one would
-                for label, match_settings in chosen.items():
+                started = time.perf_counter()
+                encoder.encode([embedding_text(p.q2)])  # what the first lookup of p.q2 pays
+                embedding = time.perf_counter() - started
+                cache.lookup(p.q2, Context())  # untimed: from here the vector is memoised
+                for name, match_settings in chosen.items():
                     cache.matcher.settings = match_settings
                     started = time.perf_counter()
                     cache.lookup(p.q2, Context())
-                    times[label].append(time.perf_counter() - started)
-    return {label: Latency.of(seconds) for label, seconds in times.items()}
+                    decision[name].append(time.perf_counter() - started)
+                    whole[name].append(decision[name][-1] + embedding)
+    return {name: (Latency.of(decision[name]), Latency.of(whole[name]))
+            for name in settings_of}
 
 
 # report -------------------------------------------------------------------------------
@@ -443,6 +449,8 @@ def check_table(sets: dict[str, list[Asked]], chosen: dict[str, Chosen], thresho
 def parse_args() -> argparse.Namespace:
     parser = base_parser(__doc__)
     parser.add_argument("--encoder", default="minilm", help="minilm (default) or mpnet")
+    parser.add_argument("--backend", choices=BACKENDS, default="onnx",
+                        help="the encoder's backend for the decision quality")
     parser.add_argument("--dev-pairs", type=int, help="QQP dev pairs (default: all 9,636)")
     parser.add_argument("--replay", type=int, help="QQP dev duplicates replayed per "
                         "half (default: all, 1,489 in dev-a and 1,516 in dev-b)")
@@ -451,6 +459,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--entries", type=int, help="cache size for latency (default 10000)")
     parser.add_argument("--latency-encoder", default="mpnet",
                         help="the encoder of the latency table (the app's default)")
+    parser.add_argument("--latency-backends", nargs="+", choices=BACKENDS,
+                        default=["onnx", "onnx-int8"], help="the latency encoder's backends")
     parser.add_argument("--latency-queries", type=int, help="lookups timed per setting "
                         "(default 200)")
     parser.add_argument("--verifier", nargs="+", choices=list(DECIDERS),
@@ -469,7 +479,7 @@ def main() -> None:
     args = parse_args()
     print_command()
     note(machine_load())
-    encoder = load_encoder("onnx", args.cache_dir, model=args.encoder)
+    encoder = load_encoder(args.backend, args.cache_dir, model=args.encoder)
     systems = [DECIDERS[v] for v in args.verifier]
     verifier = LearnedVerifier.load() if {"model", "learned"} & set(args.verifier) else None
     tau = profile_threshold(args.encoder)
@@ -511,13 +521,17 @@ def main() -> None:
                    subtitle=f"{args.encoder}; QQP dev-b, held-out near-misses, dev-b "
                             "replay (the learned model alone is in the table)")
         note(f"wrote {args.plot}")
-    heading(f"lookup latency at {args.entries:,} entries ({args.latency_encoder}, ms; "
-            "the question embedded beforehand)")
-    table = make_table(["setting", "lookups", "p50", "p99"])
-    timed = encoder if args.latency_encoder == args.encoder else load_encoder(
-        "onnx", args.cache_dir, model=args.latency_encoder)
-    for label, lat in latency(args, timed).items():
-        table.add_row(label, str(lat.n), f"{lat.p50:.1f}", f"{lat.p99:.1f}")
+    heading(f"lookup latency at {args.entries:,} entries ({args.latency_encoder}, ms): the "
+            "decision with the question's vector memoised, and the whole lookup with it "
+            "embedded")
+    table = make_table(["encoder backend", "verifier", "lookups", "decision p50",
+                        "decision p99", "whole p50", "whole p99"], right_from=2)
+    for backend in args.latency_backends:
+        timed = encoder if (args.latency_encoder, backend) == (args.encoder, args.backend) \
+            else load_encoder(backend, args.cache_dir, model=args.latency_encoder)
+        for name, (alone, full) in latency(args, timed).items():
+            table.add_row(backend, name, str(alone.n), f"{alone.p50:.1f}",
+                          f"{alone.p99:.1f}", f"{full.p50:.1f}", f"{full.p99:.1f}")
     print_table(table)
     note(machine_load())
 

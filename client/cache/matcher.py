@@ -20,7 +20,7 @@ source:
 - the verifier (``settings.verifier``), with ``settings.verify`` on, decides; a veto is a
   miss, never a reason to serve a lower candidate:
   - "learned" (the default; ``shared.verifier``) scores up to ``VERIFIED_AT_MOST``
-    counting candidates in one batched call; the most probable is served if its
+    counting candidates, each pair alone; the most probable is served if its
     probability reaches the verifier's threshold, no other candidate's does too
     (``ambiguous``), and the rule checks kept beside it (``verification.WITH_LEARNED``: a
     swapped direction, an opposite word) do not veto it (the very same question passes by
@@ -67,7 +67,7 @@ VERIFIED_AT_MOST = 5  # counting candidates the verifier scores (most similar fi
 
 class Verifier(Protocol):
     """The learned verifier (``settings.verifier == "learned"``): how likely each
-    candidate asks the same as the query (one batched call), and the probability from
+    candidate asks the same as the query (each pair scored alone), and the probability from
     which that counts; ``shared.verifier.LearnedVerifier``."""
 
     threshold: float

@@ -62,34 +62,45 @@ def export_pipeline(pipeline: "EmbeddingPipeline", sample: Tokenized, path: Path
     exporter_log.setLevel(level)
 
 
-def quantize_attention(source: Path, target: Path) -> None:
-    """Write ``source`` with its attention projections in int8 (per-channel weights,
-    activations quantised per call), atomically.
+def quantize_int8(source: Path, target: Path) -> None:
+    """Write ``source`` with every weight matrix in 8-bit blocks, atomically.
 
-    Only those: on MPNet, quantising the feed-forward layers too (whose outputs carry
-    outlier activations) drops the median cosine to float32 to 0.915 and dev F0.5 by 0.085,
-    while the attention projections alone keep it at 0.999 and F0.5 within 0.001, for 1.34x
-    faster embedding (benchmarks/README.md, "int8 encoder").
-
-    Weights keep to 7 bits (``reduce_range``): onnxruntime's u8 x s8 kernel on AVX2 and
-    AVX-512 CPUs without VNNI adds pairs of products in 16 bits (VPMADDUBSW) and saturates
-    on full 8-bit weights; with 7 bits no pair can (2 x 255 x 64 < 32768), so the same file
-    gives the same vectors on every x86-64 CPU (on MiniLM: median cosine to float32
-    0.9985 against 0.9989 with 8 bits, minimum 0.9975 over 300 QQP questions).
+    Each block of 128 weights along the input has its own scale, and each token's
+    activations are quantised per block too (onnxruntime's MatMulNBits at accuracy level
+    4, int8 arithmetic): an outlier stays in its block. Per-tensor dynamic quantisation
+    (one scale for a whole call's activations) could not hold MPNet's feed-forward outputs
+    (median cosine to float32 0.914, dev F0.5 -0.085), so it was kept to the attention
+    projections (0.9988, 1.31x faster). Blocks hold every layer: median cosine 0.9995 (min
+    0.998 over 300 QQP questions) at 1.76x the float32 speed for one question (block 256:
+    min 0.990; 64: slower), and a token's vector does not depend on the others in its
+    batch (benchmarks/README.md, "int8 encoder"). onnxruntime's kernels for 8-bit blocks
+    keep each product in its own 16-bit lane on CPUs without VNNI, so no sum saturates
+    there either: only the order of float additions differs between CPUs.
     """
     import onnx
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    graph = onnx.load(str(source)).graph
-    shapes = {init.name: tuple(init.dims) for init in graph.initializer}
-    square = [node.name for node in graph.node if node.op_type == "MatMul" and any(
-        len(shapes.get(name, ())) == 2 and shapes[name][0] == shapes[name][1]
-        for name in node.input)]  # (d, d) weights: query, key, value and output projections
-    if not square:
-        raise ValueError(f"{source} has no attention projections to quantise")
+    root = logging.getLogger()
+    handlers, root_level = list(root.handlers), root.level
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    root.handlers[:] = handlers  # that import calls logging.basicConfig (stderr, INFO)
+    root.setLevel(root_level)
+    model = onnx.load(str(source))
+    weights = {init.name for init in model.graph.initializer if len(init.dims) == 2}
+    if not any(node.op_type == "MatMul" and weights & set(node.input)
+               for node in model.graph.node):
+        raise ValueError(f"{source} has no weight matrices to quantise")
+    quantizer = MatMulNBitsQuantizer(model, bits=8, block_size=128, is_symmetric=True,
+                                     accuracy_level=4)
+    chatter = logging.getLogger("onnxruntime.quantization")  # a line per node it skips
+    level = chatter.level
+    chatter.setLevel(logging.WARNING)
+    try:
+        quantizer.process()
+    finally:
+        chatter.setLevel(level)
     with atomic_path(target) as partial:
-        quantize_dynamic(str(source), str(partial), weight_type=QuantType.QInt8,
-                         per_channel=True, reduce_range=True, nodes_to_quantize=square)
+        quantizer.model.save_model_to_file(str(partial), use_external_data_format=False)
 
 
 class OnnxEmbedder:

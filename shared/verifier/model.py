@@ -82,8 +82,9 @@ def quantize_int8(source: Path, target: Path) -> None:
     """Every MatMul and the embedding tables in int8 (per-channel weights, activations
     quantised per call), atomically. Weights keep to 7 bits (``reduce_range``), so that
     onnxruntime's u8 x s8 kernels on AVX2 and AVX-512 CPUs without VNNI cannot saturate and
-    the same file gives the same probabilities on every x86-64 CPU (see
-    shared/encoder/_onnx.quantize_attention)."""
+    the same file gives the same probabilities on every x86-64 CPU: those kernels add pairs
+    of products in 16 bits (VPMADDUBSW), and with 7-bit weights no pair can overflow
+    (2 x 255 x 64 < 32768)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     with atomic_path(target) as partial:

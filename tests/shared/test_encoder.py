@@ -389,13 +389,18 @@ def with_float32_export(encoder: Encoder, encoder_cache_dir: Path, directory: Pa
     return Path(shutil.copy(full, directory / "onnx" / full.name))
 
 
-def test_the_int8_backend_quantises_attention_and_passes_its_check(
+def test_the_int8_backend_quantises_every_weight_matrix_and_passes_its_check(
     tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path, torch_encoder: Encoder
 ) -> None:
+    import onnx
+
     full = with_float32_export(encoder, encoder_cache_dir, tmp_path)
     enc = Encoder.load(backend="onnx-int8", cache_dir=tmp_path)
     assert enc.backend == "onnx-int8" and enc.fallback_reason is None
-    assert full.with_suffix(".int8.onnx").is_file()
+    graph = onnx.load(str(full.with_suffix(".int8.onnx"))).graph
+    matrices = {init.name for init in graph.initializer if len(init.dims) == 2}
+    assert not [n.name for n in graph.node if n.op_type == "MatMul" and matrices & set(n.input)]
+    assert sum(n.op_type == "MatMulNBits" for n in graph.node) >= 6 * 6  # 6 per layer
     assert not full.exists()  # only the variant in use is kept on disk
     assert cosines(enc.encode(QUERIES), torch_encoder.encode(QUERIES)).min() >= 0.99
     assert cosines(enc.encode(QUERIES), encoder.encode(QUERIES)).min() < 0.99999  # int8 ran
@@ -404,6 +409,19 @@ def test_the_int8_backend_quantises_attention_and_passes_its_check(
     again = Encoder.load(backend="onnx-int8", cache_dir=tmp_path)  # from the int8 file alone
     assert again.backend == "onnx-int8" and not full.exists()
     assert cosines(again.encode(QUERIES), enc.encode(QUERIES)).min() >= 1 - 1e-6
+
+
+def test_an_int8_vector_does_not_depend_on_the_batch(
+    tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path
+) -> None:
+    """Activations are quantised per token and block, not per call: a question embedded
+    beside a long one (padding, other tokens) gets its lone vector. What may differ is
+    the order of float additions, a few float32 epsilons per sum."""
+    with_float32_export(encoder, encoder_cache_dir, tmp_path)
+    enc = Encoder.load(backend="onnx-int8", cache_dir=tmp_path)
+    alone = np.concatenate([enc.encode([q]) for q in QUERIES])
+    together = enc.encode([*QUERIES, "word " * 200], batch_size=len(QUERIES) + 1)
+    assert cosines(together[:len(QUERIES)], alone).min() >= 1 - 1e-5
 
 
 def test_an_int8_variant_failing_its_check_falls_back_to_float32(
