@@ -29,7 +29,7 @@ class Settings:
     config_dir: Path
     data_dir: Path
     encoder_model: str = DEFAULT_PROFILE  # "mpnet", "minilm" or a local model directory
-    encoder_backend: str = "onnx"
+    encoder_backend: str = "onnx-int8"  # "onnx" (float32) or "torch"
     # The cache's settings, passed on by cache_settings(); their defaults are the cache's
     # own. threshold: the global tau until the FL server sends one (unset, the encoder
     # profile's default).

@@ -5,14 +5,14 @@ from pathlib import Path
 from typing import Any
 
 
-def cpu_session(path: Path) -> Any:
-    """An onnxruntime CPU session for ``path``: at most 2 intra-op threads, fully
+def cpu_session(path: Path, threads: int = 2) -> Any:
+    """An onnxruntime CPU session for ``path``: at most ``threads`` intra-op threads, fully
     optimised, quiet. Threads do not spin: a spinning pool keeps a core busy after each run
     and starves the search that follows (and everything else on a 2-core laptop)."""
     import onnxruntime as ort  # the chat's start imports it only when a model is opened
 
     options = ort.SessionOptions()
-    options.intra_op_num_threads = min(2, os.cpu_count() or 1)
+    options.intra_op_num_threads = min(threads, os.cpu_count() or 1)
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3

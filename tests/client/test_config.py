@@ -23,7 +23,7 @@ def test_defaults_use_platform_dirs_when_nothing_is_set(tmp_path: Path) -> None:
     assert settings.encoder_model == "mpnet"
     assert settings.threshold == MPNET_THRESHOLD != DEFAULT_THRESHOLD
     assert settings.models_dir == settings.data_dir / "models"
-    assert settings.encoder_backend == "onnx"
+    assert settings.encoder_backend == "onnx-int8"
     assert settings.embedded_model == "builtin:gemma-3-270m"  # a real model, not noise
     assert settings.upstream_model is None  # an external upstream is asked what it serves
     assert settings.data_dir == Path(platformdirs.user_data_dir("meancache"))
