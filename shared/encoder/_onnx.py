@@ -62,7 +62,7 @@ def export_pipeline(pipeline: "EmbeddingPipeline", sample: Tokenized, path: Path
     exporter_log.setLevel(level)
 
 
-def quantize_int8(source: Path, target: Path) -> None:
+def quantize_in_blocks(source: Path, target: Path) -> None:
     """Write ``source`` with every weight matrix in 8-bit blocks, atomically.
 
     Each block of 128 weights along the input has its own scale, and each token's

@@ -249,14 +249,14 @@ class Encoder:
         from meancache.shared.encoder._onnx import (
             INT8_PARITY_MIN_COSINE,
             OnnxEmbedder,
-            quantize_int8,
+            quantize_in_blocks,
         )
 
         path = full.with_suffix(".int8.onnx")
         try:
             if not path.is_file():
                 self._exported(full)
-                quantize_int8(full, path)
+                quantize_in_blocks(full, path)
             embedder = self._checked(OnnxEmbedder(path, "onnx-int8"), path,
                                      INT8_PARITY_MIN_COSINE)
         except Exception as exc:  # the float32 export still works
