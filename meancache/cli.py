@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--encoder", metavar="MODEL", help="'mpnet' (default), 'minilm' "
                         "(fast) or a local sentence-transformers model directory")
     parser.add_argument("--backend", choices=BACKENDS, help="encoder runtime "
-                        "(default: encoder_backend in config.toml, onnx)")
+                        "(default: encoder_backend in config.toml, onnx-int8)")
     parser.add_argument("--eviction-policy", metavar="POLICY", help="what the cache keeps and "
                         "evicts: lru, lfu, scalm-co or scalm-se (default: eviction_policy "
                         "in config.toml, lru)")
