@@ -7,6 +7,7 @@ wraps the same arrays, ``shared.encoder.pipeline``).
 """
 
 import hashlib
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -23,9 +24,12 @@ class PCAProjection:
         if components.ndim != 2 or mean.shape != (components.shape[1],):
             raise ValueError("PCA components must be (k, d) and mean (d,)")
         # sklearn's components_ are column-major: make them C-ordered, or save_file would
-        # write the raw buffer in the wrong order.
-        self.components = np.ascontiguousarray(components, dtype=np.float32)
-        self.mean = np.ascontiguousarray(mean, dtype=np.float32)
+        # write the raw buffer in the wrong order. Own read-only copies: the version below
+        # is hashed once, so the arrays must not change under it.
+        self.components = np.array(components, dtype=np.float32, order="C")
+        self.mean = np.array(mean, dtype=np.float32, order="C")
+        self.components.flags.writeable = False
+        self.mean.flags.writeable = False
 
     @property
     def in_dim(self) -> int:
@@ -39,8 +43,10 @@ class PCAProjection:
         """(n, in_dim) vectors that are already embedded, projected to (n, out_dim)."""
         return (x - self.mean) @ self.components.T
 
-    @property
+    @cached_property
     def version(self) -> str:
+        """The layer's id, hashed once: every lookup names its vector space (0.13 ms a hash
+        of a 64 x 768 layer, four times a lookup)."""
         digest = hashlib.sha256()
         digest.update(self.components.tobytes())
         digest.update(self.mean.tobytes())

@@ -200,6 +200,19 @@ def test_version_changes_with_a_pca_layer(
     assert with_pca.with_pca(None).version == torch_encoder.version
 
 
+def test_a_pca_layer_cannot_change_under_its_version(pca16: PCAProjection) -> None:
+    """The version is hashed once: the layer owns its arrays and they are read-only."""
+    source = np.array(pca16.components, order="C")
+    layer = PCAProjection(source, pca16.mean.copy())
+    version = layer.version
+    source[0, 0] += 1.0  # the caller's array is not the layer's
+    with pytest.raises(ValueError, match="read-only"):
+        layer.components[0, 0] = 0.0
+    with pytest.raises(ValueError, match="read-only"):
+        layer.mean += 1.0
+    assert layer.version == version == PCAProjection(layer.components, layer.mean).version
+
+
 def test_fingerprint_follows_file_contents(tmp_path: Path) -> None:
     model = tmp_path / "model"
     model.mkdir()
