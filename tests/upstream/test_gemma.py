@@ -25,7 +25,7 @@ from meancache.upstream.prompt_cache.engine import Delta, PromptCacheEngine
 from meancache.upstream.sampling import SamplingParams
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-ALL_STEPS = [(done, gemma.STEPS) for done in range(gemma.STEPS + 1)]
+ALL_STEPS = [(done, gemma.WHOLE) for done in gemma.STEPS.values()]
 
 
 def pip_hash(data: bytes) -> str:

@@ -45,7 +45,7 @@ def describe_packs(settings: ServerSettings) -> str:
 
 def report_conversion(done: int, total: int) -> None:
     """Progress of builtin:gemma-3-270m's one-time conversion (minutes on a small CPU)."""
-    print(f"meancache upstream: preparing the model, step {done}/{total}",
+    print(f"meancache upstream: preparing the model, {100 * done // max(total, 1)}%",
           file=sys.stderr, flush=True)
 
 
