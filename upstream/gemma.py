@@ -194,7 +194,7 @@ def assemble(directory: Path) -> Path:
         ) from None
 
 
-def dequantise(gguf: Path, parsed: Callable[[], None] = lambda: None
+def dequantise(gguf: Path, parsed: Callable[[], None]
                ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load the GGUF (transformers dequantises it) and make it saveable as plain weights;
     ``parsed`` hears when the file has been read (8 of the 20 s on two cores: without it a
@@ -216,10 +216,11 @@ def dequantise(gguf: Path, parsed: Callable[[], None] = lambda: None
 @contextlib.contextmanager
 def _one_parse_per_gguf(first: Path | None = None) -> Iterator[None]:
     """transformers reads the GGUF three times (the config, the weights, the tokenizer), and
-    each read parses its 262,144-token vocabulary field by field in Python: 17 s a read on
-    two cores, three quarters of a first start's conversion. Within this block one parse
-    serves all three (the reader is only read from: it maps the file read-only); ``first``
-    is parsed on entering, so that the caller can report it done."""
+    each read parses its 262,144-token vocabulary field by field in Python: 8-12 s a read
+    on two cores (idle, or beside the chat's start), most of a first start's conversion.
+    Within this block one parse serves all three (the reader is only read from: it maps
+    the file read-only); ``first`` is parsed on entering, so that the caller can report it
+    done."""
     import gguf as gguf_library
 
     parse = gguf_library.GGUFReader
