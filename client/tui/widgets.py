@@ -77,7 +77,15 @@ class MessageList(VerticalScroll):
     """The chat's questions, answers and notices, kept scrolled to the newest: anchored to
     its end, so that a streaming answer and then its badge stay in view while they grow,
     until the user scrolls up (Textual releases the anchor; back at the end, or a new
-    question, takes it again)."""
+    question, takes it again). An empty chat shows ``welcome`` (client/tui/welcome.py)."""
+
+    def __init__(self, welcome: str = "", *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.welcome = welcome
+
+    def compose(self) -> ComposeResult:
+        if self.welcome:
+            yield self._notice(self.welcome, "welcome")
 
     def on_mount(self) -> None:
         self.anchor()
@@ -89,14 +97,16 @@ class MessageList(VerticalScroll):
 
     def show(self, conversation: Conversation) -> None:
         self.remove_children()
+        if self.welcome and not conversation.turns:
+            self.mount(self._notice(self.welcome, "welcome"))
         for doc in conversation.documents:
             self.mount(self._notice(f"attached {doc.path}"))
         for turn in conversation.turns:
             self.mount_all([QuestionView(turn.question), AnswerView(turn)])
         self.scroll_end(animate=False)
 
-    def _notice(self, text: str) -> Static:
-        return Static(printable(text), classes="notice", markup=False)
+    def _notice(self, text: str, kind: str = "") -> Static:
+        return Static(printable(text), classes=f"notice {kind}".strip(), markup=False)
 
     def add_notice(self, text: str) -> None:
         self.mount(self._notice(text))

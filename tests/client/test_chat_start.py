@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 from meancache.client.chat.steps import LOADING, startup_steps
-from meancache.client.config import Settings
+from meancache.client.config import Settings, with_upstream
 from meancache.client.tui.app import MeanCacheApp
 from meancache.client.tui.start import StartSteps
-from meancache.client.tui.widgets import StatusLine
+from meancache.client.tui.widgets import AnswerView, StatusLine
 from meancache.shared.encoder import Encoder
+from textual.widgets import Static
 
 from meancache.embedded import start_embedded_upstream
-from tests.support.pilot import chat_settings, started
+from tests.support.pilot import ask, chat_settings, started, wait_for
 
 
 @pytest.fixture
@@ -64,3 +65,48 @@ def test_a_step_with_progress_says_its_share_and_an_estimate() -> None:
     assert "about" not in (start.line() or "")
     start.end()
     assert start.line() is None
+
+
+def welcome_text(app: MeanCacheApp) -> str:
+    return str(app.chat.query_one(".welcome", Static).render())
+
+
+def test_the_empty_chat_says_the_embedded_demo_model_answers_roughly(
+        settings: Settings) -> None:
+    """The default: no upstream named, the embedded Gemma 3 270M. The text comes from the
+    settings and shows while the chat starts; started here without an upstream starter,
+    the start stops at once after drawing the chat, so no model is loaded."""
+    default = dataclasses.replace(settings, upstream_model=None)
+
+    async def run() -> None:
+        app = MeanCacheApp(default)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await wait_for(pilot, lambda: app._chat is not None and bool(
+                app.chat.query(".welcome")))
+            text = welcome_text(app)
+            assert "builtin:gemma-3-270m" in text and "small offline" in text
+            assert "demo model" in text and "rough" in text
+            assert "--upstream URL" in text and "OPENAI_BASE_URL" in text
+
+    asyncio.run(run())
+
+
+def test_the_empty_chat_names_an_external_upstream_and_comes_back_with_a_new_chat(
+        settings: Settings, upstream_url: str) -> None:
+    external = with_upstream(dataclasses.replace(settings, upstream_model=None),
+                             environ={"OPENAI_BASE_URL": upstream_url})
+
+    async def run() -> None:
+        app = MeanCacheApp(external)
+        async with app.run_test(size=(160, 40)) as pilot:
+            await started(pilot)
+            text = welcome_text(app)
+            assert f"the upstream at {upstream_url} (the first model it lists)" in text
+            assert "demo model" not in text and "rough" not in text
+            assert "--upstream URL" in text and "OPENAI_BASE_URL" in text
+            await ask(pilot, "hello")
+            await pilot.press("ctrl+n")
+            await wait_for(pilot, lambda: not app.chat.query(AnswerView))
+            assert welcome_text(app) == text
+
+    asyncio.run(run())

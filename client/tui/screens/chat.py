@@ -23,6 +23,7 @@ from meancache.client.tui.screens.conversations import ConversationChoice, Conve
 from meancache.client.tui.screens.stats import StatsScreen, session_rows
 from meancache.client.tui.start import StartSteps
 from meancache.client.tui.text import printable
+from meancache.client.tui.welcome import welcome
 from meancache.client.tui.widgets import AnswerView, MessageList, QuestionInput, StatusLine
 from meancache.shared.errors import MeanCacheError
 from meancache.shared.progress import Progress
@@ -48,7 +49,7 @@ class ChatScreen(Screen[None]):
         self.conversation = Conversation()
         self.busy = False
         self._session: ChatSession | None = None
-        self.messages = MessageList(id="messages")
+        self.messages = MessageList(welcome(settings), id="messages")
         self.status_line = StatusLine(start)
         self.federation = FederatedParticipation(settings)
         self.fl = FederationControl(self.federation, self.progress)
