@@ -1,5 +1,5 @@
 """Every key in the chat's footer acts or says why it cannot (Pilot, a fresh chat against
-a real upstream on loopback); the README's key table lists each one."""
+a real upstream on loopback); the key table of docs/chat.md lists each one."""
 
 import asyncio
 from pathlib import Path
@@ -13,7 +13,7 @@ from textual.widgets._footer import FooterKey
 from tests.support.paths import REPO
 from tests.support.pilot import chat_settings, started, wait_for
 
-README_NAMES = {"escape": "esc"}  # how the README's key table writes a key
+TABLE_NAMES = {"escape": "esc"}  # how the docs' key table writes a key
 
 
 @pytest.fixture
@@ -74,8 +74,8 @@ def test_ctrl_c_says_how_to_quit_in_plain_words(settings: Settings) -> None:
     asyncio.run(run())
 
 
-def test_the_readme_key_table_lists_every_footer_key(settings: Settings) -> None:
-    readme = (REPO / "README.md").read_text()
+def test_the_docs_key_table_lists_every_footer_key(settings: Settings) -> None:
+    table = (REPO / "docs" / "chat.md").read_text()
 
     async def run() -> list[str]:
         app = MeanCacheApp(settings)
@@ -85,4 +85,4 @@ def test_the_readme_key_table_lists_every_footer_key(settings: Settings) -> None
             return footer_keys(app)
 
     for key in asyncio.run(run()):
-        assert f"\n| {README_NAMES.get(key, key)} |" in readme, key
+        assert f"\n| {TABLE_NAMES.get(key, key)} |" in table, key

@@ -1,4 +1,4 @@
-"""The README's schema and prompt examples work as written."""
+"""The docs' schema and prompt examples (docs/upstream.md, Prompt Cache) work as written."""
 
 import json
 import re
@@ -9,12 +9,12 @@ from meancache.upstream.sampling import SamplingParams
 
 from tests.support.paths import REPO
 
-README = (REPO / "README.md").read_text()
+PAGE = (REPO / "docs" / "upstream.md").read_text()
 
 
-def test_the_schema_and_prompt_in_the_readme_serve() -> None:
-    schema = re.search(r"```xml\n(<schema.*?</schema>)\n```", README, re.S)
-    request = re.search(r"```json\n(\{\"messages\".*?)\n```", README, re.S)
+def test_the_schema_and_prompt_in_the_docs_serve() -> None:
+    schema = re.search(r"```xml\n(<schema.*?</schema>)\n```", PAGE, re.S)
+    request = re.search(r"```json\n(\{\"messages\".*?)\n```", PAGE, re.S)
     assert schema and request
     engine = PromptCacheEngine(load_model("builtin:tiny", device="cpu"))
     info = engine.add_schema(schema.group(1))
