@@ -89,4 +89,4 @@ if "${MEANCACHE[@]}" ask --upstream "$URL" --model no-such-model "Hello?"; then
     exit 1
 fi
 echo
-echo "integration run passed (an empty answer is the base model's, see README)"
+echo "integration run passed (an empty answer is the base model's, see docs/upstream.md)"

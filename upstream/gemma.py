@@ -10,7 +10,7 @@ never used.
 
 Gemma 3 270M is a base model with no chat template; conversations are rendered as
 ``Question: ...`` / ``Answer:`` turns, which it continues with an answer, and generation
-stops where it starts the next question (see README, "Gemma 3 270M").
+stops where it starts the next question (see docs/upstream.md, "Running it").
 """
 
 import base64

@@ -121,4 +121,4 @@ def test_ask_sends_the_configured_temperature_and_answer_length(
         assert main(["ask", "What is the capital of France?", "--upstream", f"{stub}/ok"]) == 0
     capsys.readouterr()
     sent = [(body["temperature"], body["max_tokens"]) for body in RECEIVED]
-    assert sent == [(0.0, 512), (0.3, 7)]  # README's defaults, then the configured ones
+    assert sent == [(0.0, 512), (0.3, 7)]  # the documented defaults, then the configured ones
