@@ -387,7 +387,8 @@ def test_join_and_leave_leave_no_process_and_no_timer(
     # Nothing listens on the SuperLink port: the SuperNode starts and keeps retrying.
     operator_key(settings.data_dir / "operator" / "app-signing-key")
     configured = settings.model_copy(update=dict(
-        fl_superlink=f"127.0.0.1:{free_port()}", fl_app_public_key=str(settings.data_dir / "operator" / "app-signing-key.pub")))
+        fl_superlink=f"127.0.0.1:{free_port()}",
+        fl_app_public_key=str(settings.data_dir / "operator" / "app-signing-key.pub")))
 
     async def run() -> None:
         app = MeanCacheApp(configured)
