@@ -206,6 +206,9 @@ class TomlKeys(PydanticBaseSettingsSource):
         known = ", ".join(sorted(keys))
         found = {}
         for key, value in table.items():
+            if key in SIDE_TABLES and not isinstance(value, dict):
+                raise ConfigError(f"{self.path}: {key} must be a table ([{key}]) of the "
+                                  f"{key} side's settings")
             if key in keys and key not in SIDE_TABLES:
                 found[keys[key]] = (value, str(self.path))
             elif self.side.owns_top_level and key not in SIDE_TABLES:
@@ -213,10 +216,8 @@ class TomlKeys(PydanticBaseSettingsSource):
                                   f"[{'], ['.join(SIDE_TABLES)}] hold the servers' own)")
         own = self.side.file_table
         section = table.get(own) if own else None
-        if section is None:
-            return found
         if not isinstance(section, dict):
-            raise ConfigError(f"{self.path}: {own} must be a table ([{own}]) of its settings")
+            return found
         for key, value in section.items():
             if key not in keys:
                 raise ConfigError(f"{self.path}: [{own}] has no setting {key!r} (known: "
