@@ -4,7 +4,6 @@ one parser, with the global options and logging they share. Each command loads i
 side's settings alone (``SIDES``), never another side's."""
 
 import argparse
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from meancache.fl_server import cli as fl_server_commands
 from meancache.fl_server.config import FlServerSettings
 from meancache.shared.encoder import BACKENDS
 from meancache.shared.errors import ConfigError, MeanCacheError
-from meancache.shared.settings import SettingsBase
+from meancache.shared.settings import SettingsBase, toml_value
 from meancache.shared.verifier import commands as verifier_commands
 from meancache.upstream import cli as upstream_commands
 from meancache.upstream.config import UpstreamSettings
@@ -94,18 +93,9 @@ def show_config(args: argparse.Namespace, settings: SettingsBase) -> int:
     state = "" if settings.config_file.is_file() else " (absent: defaults)"
     print(f"# {args.side} settings; config file {settings.config_file}{state}")
     for key, value, origin in settings.effective():
-        line = f"{key} = {_toml(value)}" if value is not None else f"{key} unset"
+        line = f"{key} = {toml_value(value)}" if value is not None else f"{key} unset"
         print(f"{'# ' if value is None or key == 'config_dir' else ''}{line}  # {origin}")
     return 0
-
-
-def _toml(value: Any) -> str:
-    """``value`` as a TOML value (inline for a table)."""
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{json.dumps(k)} = {_toml(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value) if isinstance(value, int | float) else json.dumps(str(value))
 
 
 def load_side(args: argparse.Namespace) -> SettingsBase:
