@@ -9,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from meancache.shared.settings import reference_markdown
+from meancache.shared.settings_reference import reference_markdown
 
 from meancache.cli import SIDES
 

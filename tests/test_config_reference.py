@@ -3,7 +3,8 @@ file is what scripts/gen_config_reference.py writes now."""
 
 from pathlib import Path
 
-from meancache.shared.settings import REFERENCE_INTRO, env_var, reference_markdown
+from meancache.shared.settings import env_var
+from meancache.shared.settings_reference import REFERENCE_INTRO, reference_markdown
 
 from meancache.cli import SIDES
 from tests.support.paths import REPO
