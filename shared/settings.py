@@ -150,7 +150,7 @@ class SettingsBase(BaseSettings):
         rows = [("config_dir", self.config_dir, self.origin("config_dir"))]
         for key, name in self.file_keys().items():
             value = getattr(self, name)
-            if field_extra(self.model_fields[name]).get(SECRET) and value:
+            if field_extra(type(self).model_fields[name]).get(SECRET) and value:
                 value = "(set)" if not isinstance(value, dict) else dict.fromkeys(value, "(set)")
             rows.append((key, value, self.origin(name)))
         return rows
