@@ -36,8 +36,8 @@ SIDES: dict[str, type[SettingsBase]] = {"client": Settings, "upstream": Upstream
                                         "fl-server": FlServerSettings}
 LOADED = SIDES | {"shared": SettingsBase}
 # The global flags that set a setting: flag -> the field it sets (on the sides that have it).
-SETTING_FLAGS = {"encoder": "encoder_model", "backend": "encoder_backend",
-                 "eviction_policy": "eviction_policy"}
+SETTING_FLAGS = {"config_dir": "config_dir", "data_dir": "data_dir", "encoder": "encoder_model",
+                 "backend": "encoder_backend", "eviction_policy": "eviction_policy"}
 
 
 def add_side(commands: Any, side: str, add: Callable[[], None]) -> None:
@@ -102,16 +102,16 @@ def load_side(args: argparse.Namespace) -> SettingsBase:
     """The settings of the side ``args.command`` belongs to, and those alone: a global flag
     that sets another side's setting is an error, not silently dropped."""
     side = LOADED[args.side]
-    flags = {}
+    flags, names = {}, {}
     for flag, name in SETTING_FLAGS.items():
         value = getattr(args, flag)
-        if value is not None and name not in side.model_fields:
+        if value is None:
+            continue
+        if name not in side.model_fields:
             raise ConfigError(f"--{flag.replace('_', '-')} sets {name}, which "
                               f"`{args.command}` does not use")
-        flags[name] = value
-    return side.load(args.config_dir, data_dir=args.data_dir,
-                     **{name: value for name, value in flags.items()
-                        if name in side.model_fields})
+        flags[name], names[name] = value, f"--{flag.replace('_', '-')}"
+    return side.load(flags.pop("config_dir", None), flag_names=names, **flags)
 
 
 def main(argv: list[str] | None = None) -> int:

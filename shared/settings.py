@@ -120,13 +120,15 @@ class SettingsBase(BaseSettings):
 
     @classmethod
     def load(cls, config_dir: Path | None = None, environ: Mapping[str, str] | None = None,
-             **flags: Any) -> Self:
+             flag_names: Mapping[str, str] | None = None, **flags: Any) -> Self:
         """Resolve every setting of this side; flags that are not None win. ``flags`` are
-        keyed by config.toml's key or the field's name."""
+        keyed by config.toml's key or the field's name; ``flag_names`` (field -> the flag
+        that set it) name their origin, "command line" otherwise."""
         env = os.environ if environ is None else environ
+        named = flag_names or {}
         chosen: dict[str, tuple[Any, str]] = {}
         if config_dir is not None:
-            chosen["config_dir"] = (config_dir, FLAG)
+            chosen["config_dir"] = (config_dir, named.get("config_dir", FLAG))
         elif env.get(env_var("config_dir")):
             chosen["config_dir"] = (env[env_var("config_dir")], env_var("config_dir"))
         directory = (Path(chosen["config_dir"][0]).expanduser() if "config_dir" in chosen
@@ -134,8 +136,8 @@ class SettingsBase(BaseSettings):
         for source in (TomlKeys(cls, directory / CONFIG_FILE), EnvironmentKeys(cls, env)):
             chosen |= source.found
         keys = cls.file_keys() | {"config_dir": "config_dir"}
-        chosen |= {keys.get(key, key): (value, FLAG) for key, value in flags.items()
-                   if value is not None}
+        chosen |= {keys.get(key, key): (value, named.get(keys.get(key, key), FLAG))
+                   for key, value in flags.items() if value is not None}
         try:
             settings = cls(**{name: value for name, (value, _) in chosen.items()})
         except ValidationError as exc:

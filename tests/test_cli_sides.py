@@ -98,12 +98,22 @@ def test_config_show_prints_each_setting_and_where_it_came_from(
         key for key in SIDES[side].file_keys() if f"# {key} unset" in out}
     assert "sk-never-printed" not in out
     if side == "client":
-        assert lines["encoder_model"] == '"mpnet"  # command line'
+        assert lines["encoder_model"] == '"mpnet"  # --encoder'
         assert lines["upstream_api_key"] == '"(set)"  # MEANCACHE_UPSTREAM_API_KEY'
         assert lines["max_entries"] == "100000  # default"
     if side == "fl-server":
-        assert lines["encoder_model"] == '"mpnet"  # command line'
+        assert lines["encoder_model"] == '"mpnet"  # --encoder'
         assert "upstream_model" not in out
     if side == "upstream":
         assert lines["upstream_model"] == f'"builtin:tiny"  # {dirs / "config.toml"}'
         assert "encoder_model" not in out and "max_entries" not in out
+
+
+def test_config_show_names_the_flag_that_set_a_value(
+        dirs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--data-dir", str(tmp_path / "flagged"), "--eviction-policy", "lfu",
+                 "config", "show"]) == 0
+    out = capsys.readouterr().out
+    assert f'data_dir = "{tmp_path / "flagged"}"  # --data-dir' in out
+    assert 'eviction_policy = "lfu"  # --eviction-policy' in out
+    assert f'# config_dir = "{dirs}"  # MEANCACHE_CONFIG_DIR' in out
