@@ -117,3 +117,20 @@ def test_config_show_names_the_flag_that_set_a_value(
     assert f'data_dir = "{tmp_path / "flagged"}"  # --data-dir' in out
     assert 'eviction_policy = "lfu"  # --eviction-policy' in out
     assert f'# config_dir = "{dirs}"  # MEANCACHE_CONFIG_DIR' in out
+
+
+def test_config_show_prints_toml_that_loads_back_to_the_same_settings(
+        dirs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (dirs / "config.toml").write_text(
+        'max_entries = 7\nthreshold = 0.8\nupstream_url = "http://h:1"\n'
+        '[keymap]\nreject = "ctrl+x"\n[upstream_sampling]\ndry_multiplier = 0.5\n'
+        'stop_on_loops = false\n')
+    assert main(["config", "show"]) == 0
+    shown = "\n".join(line.split("  # ", 1)[0] for line in capsys.readouterr().out.splitlines()
+                      if not line.startswith("#"))
+    (dirs / "config.toml").write_text(shown + "\n")
+    again = SIDES["client"].load(dirs)
+    assert (again.max_entries, again.global_threshold, again.upstream_url) == (
+        7, 0.8, "http://h:1")
+    assert again.keymap == {"reject": "ctrl+x"}
+    assert again.upstream_sampling == {"dry_multiplier": 0.5, "stop_on_loops": False}
