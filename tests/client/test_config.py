@@ -272,3 +272,10 @@ def test_secrets_are_never_shown(tmp_path: Path) -> None:
              load_settings(config_dir=tmp_path, environ={}).effective()}
     assert (shown["upstream_api_key"], shown["proxy_apps"]) == ("(set)", {"editor": "(set)"})
     assert "sk-secret" not in repr(shown) and "k1" not in repr(shown)
+
+
+def test_the_example_config_holds_every_sides_tables(tmp_path: Path) -> None:
+    write_config(tmp_path, (REPO / "deploy" / "config.example.toml").read_text())
+    upstream = UpstreamSettings.load(tmp_path, environ={})
+    assert (upstream.upstream_model, upstream.upstream_api_key) == ("builtin:tiny", "change-me")
+    assert FlServerSettings.load(tmp_path, environ={}).encoder_model == "mpnet"
