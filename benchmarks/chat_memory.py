@@ -11,7 +11,6 @@ first run takes minutes).
 """
 
 import asyncio
-import dataclasses
 import os
 import tempfile
 import time
@@ -49,8 +48,8 @@ def main() -> None:
     settings = load_settings()
     data_dir = args.cache_dir
     scratch = Path(tempfile.mkdtemp(prefix="meancache-memory-"))
-    settings = dataclasses.replace(settings, data_dir=data_dir, encoder_model=args.encoder,
-                                   upstream_model=args.model)
+    settings = settings.model_copy(update=dict(data_dir=data_dir, encoder_model=args.encoder,
+                                               upstream_model=args.model))
     steps: list[tuple[str, float, float]] = [("python, imports", rss_mb(), 0.0)]
 
     def step(label: str, start: float) -> None:

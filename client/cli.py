@@ -67,7 +67,7 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.stats_plots import stats_plots
 
     with closing(EntryStore(settings.cache_dir)) as store:  # no encoder: nothing to embed
-        stats = stored_stats(store, settings.threshold, settings.encoder_backend)
+        stats = stored_stats(store, settings.global_threshold, settings.encoder_backend)
         plots = [] if args.json else stats_plots(store, stats.threshold)
     if args.json:
         print_json(dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate,
@@ -237,8 +237,8 @@ def with_verifier(settings: Settings, choice: str | None) -> Settings:
     if choice is None:
         return settings
     if choice == "none":
-        return dataclasses.replace(settings, verify_hits=False)
-    return dataclasses.replace(settings, verify_hits=True, verifier=choice)
+        return settings.model_copy(update={"verify_hits": False})
+    return settings.model_copy(update={"verify_hits": True, "verifier": choice})
 
 
 def verifier_name(settings: Settings) -> str:

@@ -7,7 +7,7 @@
     │   ├── CacheVersionError
     │   ├── CacheWorkStopped
     │   └── EntryNotFoundError (KeyError)
-    ├── ConfigError
+    ├── ConfigError (meancache.shared.errors)
     ├── SyncError
     ├── DocumentError
     ├── ConversationNotFoundError (KeyError)
@@ -23,6 +23,7 @@
 All are MeanCacheError, so the CLI and the chat show their message, not a traceback.
 """
 
+from meancache.shared.errors import ConfigError as ConfigError  # every side's settings raise it
 from meancache.shared.errors import MeanCacheError, PackError
 
 
@@ -51,10 +52,6 @@ class EntryNotFoundError(CacheError, KeyError):
     """No entry with that id (it may have been evicted or deleted by another process)."""
 
     __str__ = Exception.__str__  # KeyError's own would quote the message
-
-
-class ConfigError(MeanCacheError):
-    """A setting has an unknown name or a value of the wrong kind."""
 
 
 class SyncError(MeanCacheError):

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from meancache.fl_server.app_declaration import default_run_config
+from meancache.fl_server.config import FlServerSettings
 
 DEFAULT_PAIRS = Path(__file__).resolve().parents[1].parent / "shared/data/qqp/pairs.jsonl"
 
@@ -98,15 +99,7 @@ def add_commands(fl: Any) -> None:
     run.set_defaults(handler=run_rounds)
 
 
-def checkpoint_dir(settings: Any) -> Path:
-    return settings.data_dir / "fl-server" / "checkpoints"
-
-
-def app_signature_dir(settings: Any) -> Path:
-    return settings.data_dir / "fl-server" / "app-signatures"
-
-
-def run_sign_app(args: argparse.Namespace, settings: Any) -> int:
+def run_sign_app(args: argparse.Namespace, settings: FlServerSettings) -> int:
     """Build the FAB `fl run` submits (flwr builds it byte for byte the same: fixed dates,
     sorted files) and keep the operator's signature of it where the gateway looks."""
     import tempfile
@@ -119,14 +112,14 @@ def run_sign_app(args: argparse.Namespace, settings: Any) -> int:
     key = operator_key(key_path)
     with tempfile.TemporaryDirectory() as tmp:
         fab = build_fab_from_disk(write_app(Path(tmp)))
-    saved = save_signature(sign_fab(fab, key), args.out or app_signature_dir(settings))
+    saved = save_signature(sign_fab(fab, key), args.out or settings.app_signature_dir)
     print(f"signed the app (sha256 {saved.stem}) with {key_path}: {saved}; devices join "
           f"with `fl join --app-key {key_path}.pub` (or fl_app_public_key) and run only "
           "apps signed with it", file=sys.stderr)
     return 0
 
 
-def run_server(args: argparse.Namespace, settings: Any) -> int:
+def run_server(args: argparse.Namespace, settings: FlServerSettings) -> int:
     import subprocess
 
     from meancache.fl_server.fleet_gateway import create_gateway
@@ -137,7 +130,7 @@ def run_server(args: argparse.Namespace, settings: Any) -> int:
     from meancache.shared.processes import exit_on_sigterm, flower_environment
 
     exit_on_sigterm()  # the SuperLink below stops with us
-    state = settings.data_dir / "fl-server"
+    state = settings.state_dir
     state.mkdir(parents=True, exist_ok=True)
     env = flower_environment(MEANCACHE_DATA_DIR=str(settings.data_dir),
                              FLWR_HOME=str(state / "flwr-home"))  # never ~/.flwr
@@ -145,18 +138,18 @@ def run_server(args: argparse.Namespace, settings: Any) -> int:
         superlink_command(state, "127.0.0.1", args.control_port, args.certificates,
                           supernode_auth=args.supernode_auth), env=env,
         stdout=(state / "superlink.log").open("ab"), stderr=subprocess.STDOUT)
-    server_key(checkpoint_dir(settings))
+    server_key(settings.checkpoint_dir)
     scheme = "http" if args.certificates is None else "https"
     print(f"meancache fl server: Fleet API for devices on {args.host}:{args.port}, run "
           f"submission on 127.0.0.1:{args.control_port} only, global model on "
           f"{scheme}://{args.host}:{args.model_port}/v1/global-model; logs in {state}; "
-          f"hand devices {checkpoint_dir(settings) / PUBLIC_KEY} (`fl sync --server-key` or "
+          f"hand devices {settings.checkpoint_dir / PUBLIC_KEY} (`fl sync --server-key` or "
           "fl_server_public_key): they install only global models signed with it",
           file=sys.stderr, flush=True)
     ca = None if args.certificates is None else args.certificates / "ca.crt"
-    app_signatures = args.app_signatures or app_signature_dir(settings)
+    app_signatures = args.app_signatures or settings.app_signature_dir
     try:
-        serve([(create_model_app(checkpoint_dir(settings)), args.model_port),
+        serve([(create_model_app(settings.checkpoint_dir), args.model_port),
                (create_gateway(f"127.0.0.1:{args.control_port}", ca, app_signatures),
                 args.port)],
               args.host, args.certificates)
@@ -166,7 +159,7 @@ def run_server(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def run_rounds(args: argparse.Namespace, settings: Any) -> int:
+def run_rounds(args: argparse.Namespace, settings: FlServerSettings) -> int:
     """`flwr run` of the packaged Flower app (copied, stamped with this version)."""
     import tempfile
 
@@ -174,7 +167,7 @@ def run_rounds(args: argparse.Namespace, settings: Any) -> int:
     from meancache.fl_server.processes import run_command
     from meancache.shared.processes import run_foreground
 
-    config = f"num-server-rounds={args.rounds} checkpoint-dir='{checkpoint_dir(settings)}'"
+    config = f"num-server-rounds={args.rounds} checkpoint-dir='{settings.checkpoint_dir}'"
     if settings.encoder_model:
         config += f" encoder-model='{settings.encoder_model}'"
     with tempfile.TemporaryDirectory() as tmp:
@@ -184,7 +177,7 @@ def run_rounds(args: argparse.Namespace, settings: Any) -> int:
         return run_foreground(command, env)
 
 
-def run_simulate(args: argparse.Namespace, settings: Any) -> int:
+def run_simulate(args: argparse.Namespace, settings: FlServerSettings) -> int:
     from meancache.fl_server.simulate import SimulationConfig, simulate
     from meancache.shared.errors import MeanCacheError
     from rich.console import Console
@@ -226,7 +219,7 @@ def run_simulate(args: argparse.Namespace, settings: Any) -> int:
         from meancache.fl_server.publish import publish
         from meancache.shared.fl.signing import PUBLIC_KEY
 
-        server_dir = checkpoint_dir(settings)
+        server_dir = settings.checkpoint_dir
         meta = publish(config.checkpoint_dir, server_dir)
         err.print(f"published the global model as round {meta.round} (threshold "
                   f"{meta.threshold:.3f}) in {server_dir}: `meancache fl server` serves it; "

@@ -17,6 +17,7 @@ and never the other way round)::
     ├── FlowerCommandError
     ├── MissingExtraError
     ├── RunConfigError (ValueError)
+    ├── ConfigError                       (every side's settings: shared.settings)
     ├── PMLError
     │   ├── PMLSyntaxError
     │   ├── UnknownSchemaError (LookupError)
@@ -37,7 +38,6 @@ and never the other way round)::
     │   ├── CacheVersionError
     │   ├── CacheWorkStopped
     │   └── EntryNotFoundError (KeyError)
-    ├── ConfigError
     ├── SyncError
     ├── DocumentError
     ├── ConversationNotFoundError (KeyError)
@@ -121,6 +121,11 @@ class PairsFileError(MeanCacheError):
 
 class FlowerCommandError(MeanCacheError):
     """A Flower command is missing or failed."""
+
+
+class ConfigError(MeanCacheError):
+    """A setting has an unknown name or a value of the wrong kind (it names the key and
+    where the value came from: config.toml, an environment variable or a flag)."""
 
 
 class RunConfigError(MeanCacheError, ValueError):

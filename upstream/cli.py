@@ -4,6 +4,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from meancache.upstream.config import UpstreamSettings
 from meancache.upstream.errors import UpstreamError
 from meancache.upstream.precision import DEFAULT_PRECISION, PRECISIONS
 from meancache.upstream.sampling_params import SERVER_DEFAULTS, SamplingParams
@@ -94,7 +95,7 @@ def add_commands(commands: Any) -> None:
 DEFAULT_IDLE_EXIT_S = 600.0
 
 
-def run_background(args: argparse.Namespace, settings: Any) -> int:
+def run_background(args: argparse.Namespace, settings: UpstreamSettings) -> int:
     from meancache.upstream.server.serve import serve_until_idle
 
     if args.idle_exit <= 0:
@@ -103,7 +104,7 @@ def run_background(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def run_stop(args: argparse.Namespace, settings: Any) -> int:
+def run_stop(args: argparse.Namespace, settings: UpstreamSettings) -> int:
     """Stop the registered background upstream (SIGTERM; it unregisters itself)."""
     import os
     import signal
@@ -129,7 +130,7 @@ def run_stop(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def run_serve(args: argparse.Namespace, settings: Any) -> int:
+def run_serve(args: argparse.Namespace, settings: UpstreamSettings) -> int:
     from meancache.upstream.server.app import ServerSettings
     from meancache.upstream.server.serve import serve
 

@@ -17,7 +17,7 @@ source:
   relative to it where the entry has feedback evidence (``entry_threshold``);
 - a question past the encoder's window matches only the very same question (its
   embedding sees only the beginning);
-- the verifier (``settings.verifier``), with ``settings.verify`` on, decides; a veto is a
+- the verifier (``settings.verifier``), with ``settings.verify_hits`` on, decides; a veto is a
   miss, never a reason to serve a lower candidate:
   - "learned" (the default; ``shared.verifier``) scores up to ``VERIFIED_AT_MOST``
     counting candidates, each pair alone; the most probable is served if its
@@ -219,7 +219,7 @@ class Matcher:
                 continue
             if not self.settings.learned:
                 return self._ruled(question, candidate, best, CHECKS) \
-                    if self.settings.verify else Match(candidate)
+                    if self.settings.verify_hits else Match(candidate)
             counting.append(candidate)
             if len(counting) == VERIFIED_AT_MOST:
                 break

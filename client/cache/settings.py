@@ -1,11 +1,11 @@
 """The cache's settings and their defaults: the one place they are written (the user's
-settings, client.config, take theirs from here). Light: no torch, no scikit-learn."""
-
-from dataclasses import dataclass
+settings, client.config.Settings, inherit these fields). Light: no torch, no scikit-learn."""
 
 from meancache.client.cache.policy import CLUSTERINGS, POLICIES, check_choice
 from meancache.shared.encoder import DEFAULT_PCA_DIMS
-from meancache.shared.threshold import DEFAULT_THRESHOLD
+from meancache.shared.settings import SHOWN
+from meancache.shared.threshold import DEFAULT_THRESHOLD, check_threshold
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 # How far under tau a candidate still reaches the learned verifier: the embedding only
 # recalls, the verifier decides. A round value, not tuned; benchmarks/verification.py
@@ -18,47 +18,81 @@ RECALL_MARGIN = 0.1
 VERIFIERS = ("rules", "learned")
 
 
-@dataclass(frozen=True)
-class MatchSettings:
-    """The part of the cache's settings that decides a hit (client.cache.matcher); its
-    defaults are CacheSettings'."""
+class MatchSettings(BaseModel):
+    """The part of the cache's settings that decides a hit (client.cache.matcher). Each
+    field is declared once, here or in CacheSettings: the device's settings
+    (client.config.Settings) inherit both, so a user's key is the field itself."""
 
-    candidates: int  # the best candidates a source offers
-    verify: bool  # the verifier checks candidates (see ``verifier``)
-    entry_thresholds: bool  # each entry's own threshold, learned from its feedback
-    tune_min_per_class: int  # labelled pairs of each kind before tau is re-tuned
-    recall_margin: float = 0.0  # how far under tau candidates reach the learned verifier
-    verifier: str = "learned"  # one of VERIFIERS
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    candidates: int = Field(8, gt=0, description="Nearest entries checked for context "
+                            "agreement: the best candidates a source offers.")
+    verify_hits: bool = Field(True, description="A verifier checks each hit (`verifier` "
+                              "says which).")
+    verifier: str = Field("learned", description="Which verifier checks hits: 'learned' "
+                          "(a cross-encoder, the rule checks it misses beside it) or 'rules' "
+                          "(word rules alone, no model).")
+    recall_margin: float = Field(RECALL_MARGIN, ge=0, description="How far under tau a "
+                                 "candidate still reaches the learned verifier.")
+    entry_thresholds: bool = Field(True, description="Each entry's own threshold, learned "
+                                   "from its feedback.")
+    tune_min_per_class: int = Field(5, gt=0, description="Labelled pairs of each kind "
+                                    "(hit, false hit) before tau is re-tuned locally.")
+
+    @field_validator("verifier")
+    @classmethod
+    def _known_verifier(cls, value: str) -> str:
+        return check_choice("verifier", value, VERIFIERS)
 
     @property
     def learned(self) -> bool:
         """The learned verifier decides (else the rules veto, or nothing checks)."""
-        return self.verify and self.verifier == "learned"
+        return self.verify_hits and self.verifier == "learned"
 
 
-@dataclass(frozen=True)
-class CacheSettings:
-    global_threshold: float = DEFAULT_THRESHOLD
-    max_entries: int = 100_000
-    max_bytes: int = 512 * 1024 * 1024
-    context_aware: bool = True
-    pca_dims: int = DEFAULT_PCA_DIMS  # 0 keeps full embeddings
-    pca_min_entries: int = 1000
-    tune_min_per_class: int = 5
-    candidates: int = 8  # nearest entries checked for context agreement
-    eviction_policy: str = "lru"  # "lru", "lfu", "scalm-co", "scalm-se" (policy/)
-    pattern_clustering: str = "kmeans"  # SCALM's clustering: "kmeans" or "dbscan"
-    verify_hits: bool = True  # a verifier checks each hit (``verifier`` says which)
-    verifier: str = "learned"  # "learned" or "rules" (VERIFIERS)
-    recall_margin: float = RECALL_MARGIN  # the learned verifier's candidates: from tau - this
-    entry_thresholds: bool = True  # each entry's own threshold, learned from its feedback
+class CacheSettings(MatchSettings):
+    """The cache's settings: the store, the vector space and eviction, and (inherited) the
+    matcher's."""
 
-    def __post_init__(self) -> None:
-        check_choice("eviction_policy", self.eviction_policy, POLICIES)
-        check_choice("pattern_clustering", self.pattern_clustering, CLUSTERINGS)
-        check_choice("verifier", self.verifier, VERIFIERS)
+    global_threshold: float = Field(
+        DEFAULT_THRESHOLD, validation_alias=AliasChoices("threshold", "global_threshold"),
+        description="The global similarity threshold tau until the FL server sends one "
+        "(unset: the encoder profile's).", json_schema_extra={SHOWN: "the encoder's profile"})
+    max_entries: int = Field(100_000, description="Entries kept before eviction.")
+    max_bytes: int = Field(512 * 1024 * 1024, description="Bytes kept before eviction.")
+    context_aware: bool = Field(True, description="A hit must agree with the conversation's "
+                                "earlier turns, not only the last question.")
+    pca_dims: int = Field(DEFAULT_PCA_DIMS, ge=0, description="Dimensions the PCA layer "
+                          "keeps (0 keeps full embeddings).")
+    pca_min_entries: int = Field(1000, gt=0, description="Entries before the PCA layer is "
+                                 "fitted.")
+    eviction_policy: str = Field("lru", description="What the cache keeps and evicts: "
+                                 + ", ".join(POLICIES) + " (`--eviction-policy`).")
+    pattern_clustering: str = Field("kmeans", description="SCALM's clustering of queries: "
+                                    "'kmeans' (fast) or 'dbscan'.")
+
+    @field_validator("global_threshold")
+    @classmethod
+    def _a_threshold(cls, value: float) -> float:
+        return check_threshold(value)
+
+    @field_validator("max_entries", "max_bytes")
+    @classmethod
+    def _positive(cls, value: int, info: ValidationInfo) -> int:
+        if value <= 0:  # 0 or less would evict every new answer
+            raise ValueError(f"{info.field_name} must be a positive whole number, not {value!r}")
+        return value
+
+    @field_validator("eviction_policy")
+    @classmethod
+    def _known_policy(cls, value: str) -> str:
+        return check_choice("eviction_policy", value, POLICIES)
+
+    @field_validator("pattern_clustering")
+    @classmethod
+    def _known_clustering(cls, value: str) -> str:
+        return check_choice("pattern_clustering", value, CLUSTERINGS)
 
     @property
     def matching(self) -> MatchSettings:
-        return MatchSettings(self.candidates, self.verify_hits, self.entry_thresholds,
-                             self.tune_min_per_class, self.recall_margin, self.verifier)
+        return MatchSettings(**{name: getattr(self, name) for name in MatchSettings.model_fields})

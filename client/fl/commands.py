@@ -4,6 +4,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from meancache.client.config import Settings
+
 
 def add_commands(fl: Any) -> None:
     formatter = argparse.ArgumentDefaultsHelpFormatter
@@ -47,7 +49,7 @@ def add_commands(fl: Any) -> None:
     sync.set_defaults(handler=run_sync)
 
 
-def run_join(args: argparse.Namespace, settings: Any) -> int:
+def run_join(args: argparse.Namespace, settings: Settings) -> int:
     import sys
 
     from meancache.client.fl.supernode import (
@@ -68,19 +70,17 @@ def run_join(args: argparse.Namespace, settings: Any) -> int:
     return run_foreground(command, supernode_environment(settings.data_dir))
 
 
-def run_sync(args: argparse.Namespace, settings: Any) -> int:
-    import dataclasses
-
+def run_sync(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.fl.sync import sync_global_model
     from meancache.shared.progress_bar import ProgressBar
     from rich.console import Console
 
     certificate = args.root_certificate or settings.fl_root_certificate
-    device = dataclasses.replace(
-        settings, fl_insecure=args.insecure or settings.fl_insecure,
-        fl_root_certificate=str(certificate) if certificate else None,
-        fl_server_public_key=args.server_key or settings.fl_server_public_key,
-        fl_allow_unsigned=args.allow_unsigned or settings.fl_allow_unsigned)
+    device = settings.model_copy(update={
+        "fl_insecure": args.insecure or settings.fl_insecure,
+        "fl_root_certificate": str(certificate) if certificate else None,
+        "fl_server_public_key": args.server_key or settings.fl_server_public_key,
+        "fl_allow_unsigned": args.allow_unsigned or settings.fl_allow_unsigned})
     err = Console(stderr=True)
     with ProgressBar("downloading the global model", err) as progress:
         result = sync_global_model(args.server, device, progress)

@@ -4,6 +4,7 @@ import argparse
 import dataclasses
 from typing import Any
 
+from meancache.client.config import Settings
 from meancache.client.pack.download import DEFAULT_MAX_PACK_BYTES
 
 
@@ -22,7 +23,7 @@ def add_commands(pack: Any) -> None:
     stats.set_defaults(handler=run_stats)
 
 
-def run_update(args: argparse.Namespace, settings: Any) -> int:
+def run_update(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.errors import ConfigError
     from meancache.client.pack.download import download_pack
     from meancache.client.pack.store import PACK_FILE
@@ -48,7 +49,7 @@ def run_update(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def run_stats(args: argparse.Namespace, settings: Any) -> int:
+def run_stats(args: argparse.Namespace, settings: Settings) -> int:
     import json
 
     from meancache.client.pack.store import PackStore

@@ -89,7 +89,7 @@ class Partitions:
             return None
         store = EntryStore(self.settings.cache_dir)
         try:
-            return ThresholdState(store, self.settings.threshold).global_value
+            return ThresholdState(store, self.settings.global_threshold).global_value
         finally:
             store.close()
 

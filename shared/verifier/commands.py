@@ -6,12 +6,13 @@ import os
 from pathlib import Path
 from typing import Any
 
+from meancache.shared.settings import SettingsBase
 from meancache.shared.verifier.runtime import ARTEFACT_DIR
 
 DEFAULT_DATA = Path("../shared/data/qqp/pairs.jsonl")
 
 
-def cmd_train(args: argparse.Namespace, settings: object = None) -> int:
+def cmd_train(args: argparse.Namespace, settings: SettingsBase | None = None) -> int:
     """Train, export and print the dev metrics (the card it writes)."""
     import json
 

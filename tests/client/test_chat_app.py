@@ -1,7 +1,6 @@
 """The chat app driven by Textual's Pilot against a real upstream on loopback."""
 
 import asyncio
-import dataclasses
 import threading
 import tomllib
 from collections.abc import Callable
@@ -135,7 +134,7 @@ def down(settings: Settings, encoder: Encoder) -> Settings:
     """Settings whose upstream is down (nothing listens), with one answer in the cache."""
     with SemanticCache(settings.cache_dir, encoder, settings.cache_settings()) as cache:
         cache.insert("How do I boil an egg?", "Simmer it for nine minutes.")
-    return dataclasses.replace(settings, upstream_url=f"http://127.0.0.1:{free_port()}")
+    return settings.model_copy(update=dict(upstream_url=f"http://127.0.0.1:{free_port()}"))
 
 
 def test_upstream_down_still_serves_cached_answers(down: Settings) -> None:
@@ -156,7 +155,7 @@ def test_upstream_down_still_serves_cached_answers(down: Settings) -> None:
 def test_an_empty_answer_is_shown_with_its_reason_and_can_be_rejected(
         settings: Settings) -> None:
     async def run(url: str) -> None:
-        app = MeanCacheApp(dataclasses.replace(settings, upstream_url=url))
+        app = MeanCacheApp(settings.model_copy(update=dict(upstream_url=url)))
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)
             assert app.chat.query_one("#status").render().plain == f"upstream {url} · scripted"
@@ -199,8 +198,8 @@ def test_attached_document_reports_reused_tokens(settings: Settings, tmp_path: P
 
 def test_without_an_upstream_it_starts_the_embedded_one(settings: Settings) -> None:
     async def run() -> None:
-        app = MeanCacheApp(dataclasses.replace(settings, upstream_url=None,
-                                               upstream_model="builtin:tiny"),
+        app = MeanCacheApp(settings.model_copy(update=dict(upstream_url=None,
+                                                           upstream_model="builtin:tiny")),
                            start_embedded_upstream)
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)
@@ -222,7 +221,7 @@ def test_stats_conversations_and_export(settings: Settings) -> None:
             await wait_for(pilot, lambda: app.screen.__class__.__name__ == "StatsScreen")
             rows = dict(app.screen.rows)  # type: ignore[attr-defined]
             assert rows["entries"] == "1"
-            assert rows["threshold in use"] == f"{settings.threshold:.3f}"
+            assert rows["threshold in use"] == f"{settings.global_threshold:.3f}"
             await pilot.press("escape")
             await pilot.press("ctrl+s")
             exported = settings.data_dir / "exports" / f"chat-{app.chat.conversation.id}.md"
@@ -288,7 +287,7 @@ def test_deleting_a_chat_asks_first_and_can_drop_its_cache_entries(
 
 def test_keymap_remaps_a_binding_by_id(settings: Settings) -> None:
     async def run() -> None:
-        app = MeanCacheApp(dataclasses.replace(settings, keymap={"stats": "f5"}))
+        app = MeanCacheApp(settings.model_copy(update=dict(keymap={"stats": "f5"})))
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)
             await pilot.press("ctrl+t")  # the default key no longer opens the stats
@@ -357,9 +356,9 @@ def test_sync_downloads_the_global_model_and_re_embeds(
 
 
     async def run(url: str) -> None:
-        app = MeanCacheApp(dataclasses.replace(
-            settings, fl_server_url=url, encoder_backend="torch",
-            fl_server_public_key=str(tmp_path / "server" / PUBLIC_KEY)))
+        app = MeanCacheApp(settings.model_copy(update=dict(
+            fl_server_url=url, encoder_backend="torch",
+            fl_server_public_key=str(tmp_path / "server" / PUBLIC_KEY))))
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)
             await ask(pilot, "How do I learn to swim?")
@@ -387,9 +386,9 @@ def test_join_and_leave_leave_no_process_and_no_timer(
         settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
     # Nothing listens on the SuperLink port: the SuperNode starts and keeps retrying.
     operator_key(settings.data_dir / "operator" / "app-signing-key")
-    configured = dataclasses.replace(
-        settings, fl_superlink=f"127.0.0.1:{free_port()}",
-        fl_app_public_key=str(settings.data_dir / "operator" / "app-signing-key.pub"))
+    configured = settings.model_copy(update=dict(
+        fl_superlink=f"127.0.0.1:{free_port()}",
+        fl_app_public_key=str(settings.data_dir / "operator" / "app-signing-key.pub")))
 
     async def run() -> None:
         app = MeanCacheApp(configured)
@@ -446,7 +445,7 @@ def test_server_text_is_shown_as_plain_text(settings: Settings) -> None:
                                Route("/v1/{rest:path}", refuse, methods=["POST"])])
 
     async def run(url: str) -> None:
-        app = MeanCacheApp(dataclasses.replace(settings, upstream_url=url))
+        app = MeanCacheApp(settings.model_copy(update=dict(upstream_url=url)))
         async with app.run_test(size=(120, 40), notifications=True) as pilot:
             await started(pilot)
             await ask(pilot, "How far is the moon?")

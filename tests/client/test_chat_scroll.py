@@ -2,7 +2,6 @@
 user scrolled up while it came (Pilot, a scripted 60-line answer on loopback)."""
 
 import asyncio
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,7 @@ def badge_visible(app: MeanCacheApp, view: AnswerView) -> bool:
 
 def test_the_view_follows_a_long_answer_to_its_badge(settings: Settings) -> None:
     async def run(url: str) -> None:
-        app = MeanCacheApp(dataclasses.replace(settings, upstream_url=url))
+        app = MeanCacheApp(settings.model_copy(update=dict(upstream_url=url)))
         async with app.run_test(size=(100, 30)) as pilot:
             await started(pilot)
             await ask(pilot, "List sixty lines.")
@@ -46,7 +45,7 @@ def test_the_view_follows_a_long_answer_to_its_badge(settings: Settings) -> None
 
 def test_scrolling_up_while_it_streams_keeps_the_place(settings: Settings) -> None:
     async def run(url: str) -> None:
-        app = MeanCacheApp(dataclasses.replace(settings, upstream_url=url))
+        app = MeanCacheApp(settings.model_copy(update=dict(upstream_url=url)))
         async with app.run_test(size=(100, 30)) as pilot:
             await started(pilot)
             messages = app.chat.messages

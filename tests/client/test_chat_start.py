@@ -2,7 +2,6 @@
 its time so far (Pilot, the embedded upstream on builtin:tiny)."""
 
 import asyncio
-import dataclasses
 import time
 from pathlib import Path
 
@@ -21,8 +20,8 @@ from tests.support.pilot import ask, chat_settings, started, wait_for
 
 @pytest.fixture
 def settings(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path) -> Settings:
-    return dataclasses.replace(chat_settings(tmp_path, encoder_cache_dir, ""),
-                               upstream_url=None, upstream_model="builtin:tiny")
+    return chat_settings(tmp_path, encoder_cache_dir, "").model_copy(
+        update=dict(upstream_url=None, upstream_model="builtin:tiny"))
 
 
 def test_the_start_names_each_step_in_the_app(settings: Settings,

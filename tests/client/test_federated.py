@@ -1,6 +1,5 @@
 """FederatedParticipation: the chat's SuperNode process and the rounds it keeps."""
 
-import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,10 +18,10 @@ from tests.support.servers import free_port
 def participation(tmp_path: Path) -> Iterator[FederatedParticipation]:
     # Nothing listens on the SuperLink port: the SuperNode starts and keeps retrying.
     operator_key(tmp_path / "operator" / "app-signing-key")
-    settings = dataclasses.replace(
-        load_settings(config_dir=tmp_path / "config", data_dir=tmp_path / "data", environ={}),
+    settings = load_settings(config_dir=tmp_path / "config", data_dir=tmp_path / "data",
+                             environ={}).model_copy(update=dict(
         fl_superlink=f"127.0.0.1:{free_port()}",
-        fl_app_public_key=str(tmp_path / "operator" / "app-signing-key.pub"))
+        fl_app_public_key=str(tmp_path / "operator" / "app-signing-key.pub")))
     federation = FederatedParticipation(settings)
     yield federation
     federation.stop()
@@ -61,8 +60,8 @@ def test_stop_waits_for_the_node(participation: FederatedParticipation) -> None:
     assert participation.exit_code is None  # left, not exited on its own
     participation.stop()  # leaving twice is harmless
     with pytest.raises(ConfigError, match="fl_superlink is not configured: set it"):
-        FederatedParticipation(dataclasses.replace(participation.settings,
-                                                   fl_superlink=None)).start()
+        FederatedParticipation(participation.settings.model_copy(
+            update=dict(fl_superlink=None))).start()
     with pytest.raises(ConfigError, match="no operator app key"):  # runs only signed apps
-        FederatedParticipation(dataclasses.replace(participation.settings,
-                                                   fl_app_public_key=None)).start()
+        FederatedParticipation(participation.settings.model_copy(
+            update=dict(fl_app_public_key=None))).start()

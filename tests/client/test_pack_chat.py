@@ -36,7 +36,7 @@ def test_update_pack_action_then_a_pack_answer(tmp_path: Path, encoder: Encoder,
     published, base = publish_and_prepare(tmp_path, encoder_cache_dir)
 
     async def run(url: str) -> None:
-        app = MeanCacheApp(dataclasses.replace(base, upstream_url=url, answer_max_tokens=8))
+        app = MeanCacheApp(base.model_copy(update=dict(upstream_url=url, answer_max_tokens=8)))
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)
             notices: list[str] = []
@@ -74,9 +74,9 @@ def test_the_pack_action_sends_the_embedded_upstreams_own_key(
         return servers[-1]
 
     async def run() -> None:
-        app = MeanCacheApp(dataclasses.replace(base, upstream_model="builtin:tiny",
+        app = MeanCacheApp(base.model_copy(update=dict(upstream_model="builtin:tiny",
                                                upstream_api_key="a-configured-key",
-                                               answer_max_tokens=8), start_upstream)
+                                               answer_max_tokens=8)), start_upstream)
         async with app.run_test(size=(120, 40)) as pilot:
             await started(pilot)
             notices: list[str] = []

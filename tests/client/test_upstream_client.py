@@ -137,7 +137,7 @@ def test_a_request_without_generation_settings_carries_the_settings_defaults(
     RECEIVED.clear()
     got, error = collect(f"{server_url}/ok")
     assert error is None
-    defaults = Settings(Path("config"), Path("data"))
+    defaults = Settings(config_dir=Path("config"), data_dir=Path("data"))
     assert (RECEIVED[-1]["temperature"], RECEIVED[-1]["max_tokens"]) == (
         defaults.temperature, defaults.answer_max_tokens) == (0.0, 512)
 

@@ -2,7 +2,6 @@
 global model the FL server's newest round, signed with the server's key, and a new user's
 `fl sync` to that server installs it (tiny encoder, real Flower simulation, real HTTP)."""
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -37,10 +36,9 @@ def test_a_simulated_global_model_is_published_and_a_new_user_installs_it(
     assert published.sha256 == simulated.sha256 and published.threshold == simulated.threshold
     assert published.signature != simulated.signature  # the server's key, not the run's
 
-    user = dataclasses.replace(
-        load_settings(config_dir=tmp_path / "user-cfg", data_dir=tmp_path / "user",
-                      environ={}, encoder_model=str(tiny), encoder_backend="torch"),
-        fl_server_public_key=str(server_dir / PUBLIC_KEY))
+    user = load_settings(config_dir=tmp_path / "user-cfg", data_dir=tmp_path / "user",
+                         environ={}, encoder_model=str(tiny), encoder_backend="torch",
+                         ).model_copy(update={"fl_server_public_key": str(server_dir / PUBLIC_KEY)})
     before = load_device_encoder(user).version
     with serving(create_model_app(server_dir)) as url:
         result = sync_global_model(url, user)

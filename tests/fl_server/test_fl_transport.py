@@ -1,7 +1,6 @@
 """A device reaches the FL server over TLS whenever a root certificate is configured, and
 never plainly to another host unless the user says --insecure (and is warned)."""
 
-import dataclasses
 import subprocess
 import threading
 import time
@@ -98,7 +97,6 @@ def test_sync_over_https_trusts_the_configured_certificate(
 ) -> None:
     with pytest.raises(SyncError, match="CERTIFICATE_VERIFY_FAILED"):
         sync_global_model(https_url, settings)  # the system's CAs do not know this server
-    trusting = dataclasses.replace(settings,
-                                   fl_root_certificate=str(certificates / "ca.crt"))
+    trusting = settings.model_copy(update=dict(fl_root_certificate=str(certificates / "ca.crt")))
     result = sync_global_model(https_url, trusting)
     assert result.round == 1 and result.changed

@@ -32,7 +32,7 @@ def mpnet(mpnet_data_dir: Path) -> Encoder:
     settings = load_settings(config_dir=mpnet_data_dir / "config", data_dir=mpnet_data_dir,
                              environ={}, encoder_backend="torch")
     assert settings.encoder_model == "mpnet"  # the default profile
-    assert settings.threshold == MPNET_THRESHOLD == profile_threshold("mpnet")
+    assert settings.global_threshold == MPNET_THRESHOLD == profile_threshold("mpnet")
     return load_device_encoder(settings)
 
 

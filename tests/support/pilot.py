@@ -1,6 +1,5 @@
 """Driving the chat app with Textual's Pilot: wait on a condition, never a sleep."""
 
-import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,8 +16,8 @@ def chat_settings(tmp_path: Path, encoder_cache_dir: Path, upstream_url: str) ->
     (data / "encoder").symlink_to(encoder_cache_dir, target_is_directory=True)
     base = load_settings(config_dir=tmp_path / "config", data_dir=data, environ={},
                          encoder_model="minilm")
-    return dataclasses.replace(base, upstream_url=upstream_url, answer_max_tokens=24,
-                               tune_min_per_class=1)
+    return base.model_copy(update=dict(upstream_url=upstream_url, answer_max_tokens=24,
+                                       tune_min_per_class=1))
 
 
 async def wait_for(pilot: Pilot, condition: Callable[[], bool], seconds: float = 30) -> None:

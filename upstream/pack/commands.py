@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from meancache.upstream.config import UpstreamSettings
+
 log = logging.getLogger(__name__)
 
 LOG_EVERY = 30.0  # seconds between progress lines in the log file
@@ -64,7 +66,8 @@ def add_commands(pack: Any) -> None:
     _search_arguments(build)
     build.add_argument("--sigma", type=float, required=True, help="the NLL budget")
     build.add_argument("--model", help="the model that answers (default: upstream_model in "
-                       "config.toml); the device refuses a pack of another model")
+                       "config.toml, else builtin:gemma-3-270m); the device refuses a pack of "
+                       "another model")
     build.add_argument("--packs-dir", type=Path, required=True,
                        help="where `upstream serve --packs-dir` publishes packs")
     build.add_argument("--work-dir", type=Path, help="search state and answers so far, "
@@ -117,7 +120,7 @@ def progress_bar(label: str) -> Iterator[Callable[[int, int], None]]:
         yield show
 
 
-def run_train(args: argparse.Namespace, settings: Any) -> int:
+def run_train(args: argparse.Namespace, settings: UpstreamSettings) -> int:
     from meancache.upstream.pack.lm import TrainConfig, train_lm
 
     config = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, layers=args.layers,
@@ -132,7 +135,7 @@ def run_train(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def run_plan(args: argparse.Namespace, settings: Any) -> int:
+def run_plan(args: argparse.Namespace, settings: UpstreamSettings) -> int:
     from meancache.upstream.pack.data import read_instructions, split_instructions
     from meancache.upstream.pack.lm import META_FILE, load_lm
     from meancache.upstream.pack.nll import instruction_nll
@@ -204,7 +207,7 @@ def built_against_fit(built: Any, model: Any) -> dict[str, Any]:
             "predicted": predicted, "ratio": predicted / built.count if built.count else None}
 
 
-def run_build(args: argparse.Namespace, settings: Any) -> int:
+def run_build(args: argparse.Namespace, settings: UpstreamSettings) -> int:
     from meancache.upstream.model_loading import load_model
     from meancache.upstream.pack.build import answer_instructions, publish_pack
     from meancache.upstream.pack.lm import load_lm
@@ -226,7 +229,7 @@ def run_build(args: argparse.Namespace, settings: Any) -> int:
     instructions = sorted(found.instructions, key=found.instructions.__getitem__)
     print(f"{len(instructions)} instructions within sigma {args.sigma:g} "
           f"({found.expanded} nodes expanded in {found.seconds:.1f}s)", file=sys.stderr)
-    loaded = load_model(args.model or settings.upstream_model, data_dir=settings.data_dir)
+    loaded = load_model(args.model or settings.embedded_model, data_dir=settings.data_dir)
     with progress_bar("answering") as progress:
         answers = answer_instructions(loaded, instructions, work / "answers.jsonl",
                                       args.max_tokens, progress)
