@@ -2,7 +2,8 @@
 must know what they are talking to: the embedded default is a small base model whose
 answers are often wrong, and any OpenAI-compatible server can take its place."""
 
-from meancache.client.config import EMBEDDED_MODEL, Settings
+from meancache.client.config import Settings
+from meancache.shared.settings import EMBEDDED_MODEL
 
 HOW_TO_CHANGE = ("To use another model, start the chat with --upstream URL (any "
                  "OpenAI-compatible server: llama.cpp, Ollama, vLLM; --model NAME picks "

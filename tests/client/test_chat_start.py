@@ -75,7 +75,7 @@ def test_the_empty_chat_says_the_embedded_demo_model_answers_roughly(
     """The default: no upstream named, the embedded Gemma 3 270M. The text comes from the
     settings and shows while the chat starts; started here without an upstream starter,
     the start stops at once after drawing the chat, so no model is loaded."""
-    default = dataclasses.replace(settings, upstream_model=None)
+    default = settings.model_copy(update={"upstream_model": None})
 
     async def run() -> None:
         app = MeanCacheApp(default)
@@ -92,7 +92,7 @@ def test_the_empty_chat_says_the_embedded_demo_model_answers_roughly(
 
 def test_the_empty_chat_names_an_external_upstream_and_comes_back_with_a_new_chat(
         settings: Settings, upstream_url: str) -> None:
-    external = with_upstream(dataclasses.replace(settings, upstream_model=None),
+    external = with_upstream(settings.model_copy(update={"upstream_model": None}),
                              environ={"OPENAI_BASE_URL": upstream_url})
 
     async def run() -> None:
