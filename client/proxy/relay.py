@@ -66,7 +66,7 @@ async def relay(upstream: UpstreamClient, body: bytes, stream: bool, reason: str
     """The upstream's answer to ``body``, marked ``x-meancache: bypass; reason=...``."""
     deadline = upstream.deadline()
     stack = AsyncExitStack()
-    max_bytes = min(MAX_ANSWER_BYTES, caps.stream_bytes) if not stream else caps.stream_bytes
+    max_bytes = caps.stream_bytes if stream else MAX_ANSWER_BYTES  # a whole one is cut parsed
     async with upstream.in_time(deadline):
         response = await stack.enter_async_context(upstream.relay_chat(body, max_bytes))
     headers = header(None, reason)
