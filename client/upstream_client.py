@@ -314,8 +314,11 @@ class UpstreamClient:
 
     # the answer path ----------------------------------------------------------------
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The response with at most MAX_ERROR_BYTES of its body read (a schema's answer
+        is a few hundred bytes; a longer one is cut, and fails to parse)."""
         try:
-            response = await self._http.request(method, path, **kwargs)
+            async with self._http.stream(method, path, **kwargs) as streamed:
+                response = await _bounded(streamed)
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from None
         self._raise_for_status(response)
@@ -335,7 +338,12 @@ class UpstreamClient:
         """Register a PML schema (meancache upstreams only)."""
         response = await self._send("POST", "/v1/schemas", content=pml.encode(),
                                     headers={"Content-Type": PML_MEDIA_TYPE})
-        return dict(response.json())
+        try:
+            return dict(response.json())
+        except (ValueError, TypeError, RecursionError):
+            raise UpstreamRejectedError(f"the upstream at {self.base_url} answered POST "
+                                        "/v1/schemas with something other than a JSON object",
+                                        response.status_code) from None
 
     async def stream_chat(self, messages: list[dict[str, str]],
                           max_tokens: int = DEFAULT_MAX_TOKENS,

@@ -14,9 +14,11 @@ import httpx
 import meancache.client.pack.download as download
 import pytest
 from meancache.client.config import load_settings
+from meancache.client.errors import UpstreamUnavailableError
 from meancache.client.proxy.apps import key_digest
 from meancache.client.proxy.partitions import Partition
 from meancache.client.proxy.service import Proxy
+from meancache.client.upstream_client import UpstreamClient
 from meancache.shared.pack import write_pack
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -334,3 +336,32 @@ def test_an_answer_past_its_deadline_is_cut_off(hostile: str, tmp_path: Path, st
     assert took < 5, took
     assert "took longer than 1 s" in answer[-1]["error"]["message"], answer[-1]
     assert status == (200 if stream else 502)
+
+
+def test_an_error_body_is_read_only_up_to_its_cap() -> None:
+    """A 500 whose body would be 64 MiB, 64 KiB every 20 ms (20 s in all): the client
+    reads what it needs of it and hangs up, instead of waiting for all of it."""
+    async def chat(request: Request) -> Response:
+        async def body() -> AsyncIterator[bytes]:
+            for _ in range(1024):
+                yield b"x" * 65536
+                await asyncio.sleep(0.02)
+                if await request.is_disconnected():  # the client hung up: done
+                    return
+        return StreamingResponse(body(), status_code=500, media_type="text/plain")
+
+    app = Starlette(routes=[Route("/v1/chat/completions", chat, methods=["POST"])])
+
+    async def ask(url: str) -> str:
+        async with UpstreamClient(url, model=HOSTILE_MODEL) as client:
+            with pytest.raises(UpstreamUnavailableError) as failed:
+                async for _ in client.stream_chat([{"role": "user", "content": "hi"}]):
+                    pass
+        return str(failed.value)
+
+    with serving(app) as url:
+        start = time.monotonic()
+        message = asyncio.run(ask(url))
+        took = time.monotonic() - start
+    assert "answered 500" in message and len(message) < 400
+    assert took < 10, took
