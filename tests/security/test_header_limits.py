@@ -14,10 +14,12 @@ from meancache.client.config import load_settings
 from meancache.client.proxy.service import Proxy
 from meancache.fl_server.fleet_gateway import create_gateway
 from meancache.fl_server.model_endpoint import create_model_app
-from meancache.shared.http_limits import MAX_HEADER_BYTES, MAX_REQUEST_LINE_BYTES
 from meancache.shared.loopback_server import LoopbackServer
 
 from tests.support.servers import free_port, running_upstream
+
+MAX_HEADER_BYTES = 16 * 1024  # the request line and headers, as docs/security.md states
+MAX_REQUEST_LINE_BYTES = 8 * 1024
 
 
 @dataclass(frozen=True)
