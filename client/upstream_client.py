@@ -13,7 +13,7 @@ message for the user.
 
 An upstream is untrusted: besides the read timeout between bytes, an answer has an overall
 deadline (``answer_seconds``), and what it may send is bounded by the tokens asked for
-(``answer_caps``): past them the answer is cut (``Completed.cut``), never stored; an error
+(``AnswerCaps``): past them the answer is cut (``Completed.cut``), never stored; an error
 body is read only up to MAX_ERROR_BYTES.
 
 httpx, not the openai SDK: against the tiny upstream the SDK's first token came no sooner
