@@ -222,6 +222,9 @@ def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
     assemble_encoder(settings)
     with err.status("loading the encoder and checking the upstream"):
         proxy = Proxy.open(settings, args.start_upstream, loopback=warning is None)
+    keyless = proxy.state.apps.keyless_warning()
+    if keyless:
+        err.print(f"[yellow]warning:[/] {escape(keyless)}", highlight=False, soft_wrap=True)
     err.print(f"meancache proxy: serving {escape(proxy.state.model)} on "
               f"http://{args.host}:{port}/v1 (set OPENAI_BASE_URL to it)", highlight=False)
     proxy.serve(args.host, port)

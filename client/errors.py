@@ -78,24 +78,41 @@ class RejectionError(MeanCacheError):
 
 
 class UpstreamRequestError(MeanCacheError):
-    """The upstream could not give an answer (the client side; the server's are UpstreamError)."""
+    """The upstream could not give an answer (the client side; the server's are UpstreamError).
+
+    The message is for the user and the log (it may name the upstream's URL and quote what
+    it sent); ``public`` says the same in this program's own words with nothing from the
+    upstream but its status: what the proxy tells an app, which need not trust or see it."""
+
+    def __init__(self, message: str, status: int | None = None,
+                 public: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.public = public or _own_words(status)
+
+
+def _own_words(status: int | None) -> str:
+    if status is None:
+        return "the upstream could not be reached, or its answer broke off"
+    if status == 429:
+        return "the upstream is busy (it answered 429); try again later"
+    if status >= 500:
+        return f"the upstream failed (it answered {status})"
+    return f"the upstream refused the request (it answered {status})"
 
 
 class UpstreamUnavailableError(UpstreamRequestError):
     """No connection (after the connect retries), a timeout, or a 429 or 5xx (``status``;
     None when there was no answer)."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
 
 class UpstreamRejectedError(UpstreamRequestError):
     """The upstream answered with a 4xx: retrying would not help."""
 
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(message)
-        self.status = status
+    status: int
+
+    def __init__(self, message: str, status: int, public: str | None = None) -> None:
+        super().__init__(message, status, public)
 
 
 class ProxyRequestError(MeanCacheError):

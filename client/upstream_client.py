@@ -11,12 +11,18 @@ transport retries, with backoff): nothing has been sent then, so an answer is ne
 restarted. Every transport or HTTP failure becomes an UpstreamRequestError subclass with a
 message for the user.
 
+An upstream is untrusted: besides the read timeout between bytes, an answer has an overall
+deadline (``answer_seconds``), and what it may send is bounded by the tokens asked for
+(``AnswerCaps``): past them the answer is cut (``Completed.cut``), never stored; an error
+body is read only up to MAX_ERROR_BYTES.
+
 httpx, not the openai SDK: against the tiny upstream the SDK's first token came no sooner
 (paired median ratio 0.90-0.94 in httpx's favour), a process that asks once ran 2.6x as
 long (its import: 0.68 s vs 0.26 s), and it neither posts PML nor resumes a download.
 """
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
@@ -33,6 +39,11 @@ from meancache.shared.pml import PML_MEDIA_TYPE
 # What an answer is asked with unless the settings say otherwise (client.config's defaults).
 DEFAULT_MAX_TOKENS = 512
 DEFAULT_TEMPERATURE = 0.0  # greedy: a cached answer should be the model's best one
+
+ANSWER_SECONDS = 600.0  # one answer, from the request to its last byte
+TEXT_BYTES_PER_TOKEN = 32  # of an answer's text (a token is a few bytes of UTF-8)
+STREAM_BYTES_PER_TOKEN = 4096  # of its events as sent (JSON around each piece, logprobs)
+STREAM_BYTES_SLACK = 64 * 1024  # the events without a piece: role, finish, usage
 
 MODELS = "/v1/models"
 MAX_MODEL_LIST_BYTES = 1024 * 1024  # a model list is a few hundred bytes
@@ -58,6 +69,64 @@ class Completed:
     cached_tokens: int  # prompt tokens the upstream reused from Prompt Cache modules
     ttft_seconds: float  # as this client saw it
     finish_reason: str | None
+    cut: str | None = None  # why this client cut the answer short (never stored then)
+
+
+@dataclass(frozen=True)
+class AnswerCaps:
+    """What an upstream may send for an answer of ``tokens`` tokens: as many pieces (an
+    honest server sends at least a token a piece), ``text_bytes`` of text and
+    ``stream_bytes`` in all."""
+
+    tokens: int
+
+    @property
+    def text_bytes(self) -> int:
+        return self.tokens * TEXT_BYTES_PER_TOKEN
+
+    @property
+    def stream_bytes(self) -> int:
+        return self.tokens * STREAM_BYTES_PER_TOKEN + STREAM_BYTES_SLACK
+
+    def past(self, pieces: int, text_bytes: int) -> str | None:
+        """Why an answer of ``pieces`` pieces and ``text_bytes`` bytes of text is past
+        these caps, or None."""
+        if pieces > self.tokens:
+            return f"the upstream sent more than the {self.tokens} tokens asked for"
+        if text_bytes > self.text_bytes:
+            return (f"the upstream sent over {self.text_bytes} bytes of text for "
+                    f"{self.tokens} tokens")
+        return None
+
+    def too_long(self) -> str:
+        return f"the upstream sent over {self.stream_bytes} bytes for {self.tokens} tokens"
+
+
+class StreamTooLong(Exception):
+    """Raised inside a capped response's byte stream (``cap_stream``)."""
+
+
+class _CappedStream(httpx.AsyncByteStream):
+    def __init__(self, stream: httpx.AsyncByteStream, max_bytes: int) -> None:
+        self._stream = stream
+        self._max_bytes = max_bytes
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self._stream:
+            seen += len(chunk)
+            if seen > self._max_bytes:
+                raise StreamTooLong
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+def cap_stream(response: httpx.Response, max_bytes: int) -> None:
+    """Make reading ``response``'s body past ``max_bytes`` raise StreamTooLong (every way
+    of reading it: bytes, lines, events), so that nothing past the cap is buffered."""
+    response.stream = _CappedStream(response.stream, max_bytes)  # type: ignore[arg-type]
 
 
 class UpstreamClient:
@@ -67,16 +136,18 @@ class UpstreamClient:
 
     def __init__(self, base_url: str, api_key: str | None = None, model: str | None = None,
                  connect_timeout: float = 5.0, read_timeout: float = 120.0,
-                 connect_retries: int = 3, sampling: Mapping[str, float | bool] | None = None
-                 ) -> None:
+                 connect_retries: int = 3, sampling: Mapping[str, float | bool] | None = None,
+                 answer_seconds: float = ANSWER_SECONDS) -> None:
         """``sampling``: fields sent with every answer request besides max_tokens and
-        temperature (the config's ``upstream_sampling``: the repetition guard's)."""
+        temperature (the config's ``upstream_sampling``: the repetition guard's);
+        ``answer_seconds``: the deadline of one answer, however steadily it streams."""
         self.base_url = base_url.strip().rstrip("/")  # as given: error messages name it
         self.model = model
         self.sampling = dict(sampling or {})
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
         self.connect_retries = connect_retries
+        self.answer_seconds = answer_seconds
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._async: httpx.AsyncClient | None = None
 
@@ -115,7 +186,23 @@ class UpstreamClient:
     # errors -------------------------------------------------------------------------
     def _unreachable(self, exc: httpx.TransportError) -> UpstreamUnavailableError:
         return UpstreamUnavailableError(
-            f"cannot reach the upstream at {self.base_url} ({describe(exc)})")
+            f"cannot reach the upstream at {self.base_url} ({describe(exc)})",
+            public="the upstream cannot be reached")
+
+    def deadline(self) -> float:
+        """When an answer asked for now must have ended (the event loop's clock)."""
+        return asyncio.get_running_loop().time() + self.answer_seconds
+
+    @asynccontextmanager
+    async def in_time(self, deadline: float) -> AsyncIterator[None]:
+        """The block, cancelled at ``deadline`` with an UpstreamUnavailableError."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                yield
+        except TimeoutError:
+            told = (f"the upstream's answer took longer than {self.answer_seconds:.0f} s (the "
+                    "deadline of one answer); it was cut off")
+            raise UpstreamUnavailableError(told, public=told) from None
 
     def _raise_for_status(self, response: httpx.Response) -> None:
         """A 4xx is final (UpstreamRejectedError, the server's message); a 429 or 5xx
@@ -147,7 +234,8 @@ class UpstreamClient:
             ids = 0
         if not isinstance(ids, list) or not all(
                 isinstance(i, str) and 0 < len(i) <= MAX_MODEL_ID_CHARS for i in ids):
-            raise UpstreamRejectedError(not_a_list, response.status_code)
+            raise UpstreamRejectedError(not_a_list, response.status_code, public=(
+                f"the upstream did not answer GET {MODELS} with a model list"))
         return ids
 
     def check(self, timeout: float = 10.0) -> str:
@@ -226,8 +314,11 @@ class UpstreamClient:
 
     # the answer path ----------------------------------------------------------------
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """The response with at most MAX_ERROR_BYTES of its body read (a schema's answer
+        is a few hundred bytes; a longer one is cut, and fails to parse)."""
         try:
-            response = await self._http.request(method, path, **kwargs)
+            async with self._http.stream(method, path, **kwargs) as streamed:
+                response = await _bounded(streamed)
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from None
         self._raise_for_status(response)
@@ -247,7 +338,12 @@ class UpstreamClient:
         """Register a PML schema (meancache upstreams only)."""
         response = await self._send("POST", "/v1/schemas", content=pml.encode(),
                                     headers={"Content-Type": PML_MEDIA_TYPE})
-        return dict(response.json())
+        try:
+            return dict(response.json())
+        except (ValueError, TypeError, RecursionError):
+            raise UpstreamRejectedError(f"the upstream at {self.base_url} answered POST "
+                                        "/v1/schemas with something other than a JSON object",
+                                        response.status_code) from None
 
     async def stream_chat(self, messages: list[dict[str, str]],
                           max_tokens: int = DEFAULT_MAX_TOKENS,
@@ -260,68 +356,88 @@ class UpstreamClient:
         body = {"model": await self.model_name(), "messages": messages, "stream": True,
                 **self.sampling, "max_tokens": max_tokens, "temperature": temperature,
                 "stream_options": {"include_usage": True}}
-        start = time.perf_counter()
+        start, deadline, caps = time.perf_counter(), self.deadline(), AnswerCaps(max_tokens)
         try:
-            async with aconnect_sse(self._http, "POST", "/v1/chat/completions",
-                                    json=body) as source:
-                if source.response.status_code >= 400:
-                    await source.response.aread()
-                    self._raise_for_status(source.response)
-                async for event in self._read_stream(source, start):
+            async with contextlib.AsyncExitStack() as stack:
+                async with self.in_time(deadline):
+                    source = await stack.enter_async_context(aconnect_sse(
+                        self._http, "POST", "/v1/chat/completions", json=body))
+                    if source.response.status_code >= 400:
+                        self._raise_for_status(await _bounded(source.response))
+                cap_stream(source.response, caps.stream_bytes)
+                async for event in self._read_stream(source, start, deadline, caps):
                     yield event
         except httpx.TransportError as exc:  # _read_stream reports failures once streaming
             raise self._unreachable(exc) from None
 
-    async def _read_stream(self, source: EventSource, start: float
-                           ) -> AsyncIterator[Delta | Completed]:
-        """The events of an answer, each checked: the upstream's JSON is untrusted input."""
-        text, ttft, finish, usage = "", None, None, {}
+    async def _read_stream(self, source: EventSource, start: float, deadline: float,
+                           caps: AnswerCaps) -> AsyncIterator[Delta | Completed]:
+        """The events of an answer, each checked: the upstream's JSON is untrusted input.
+        Past ``caps`` the answer ends there, cut; past ``deadline`` it raises."""
+        text, ttft, finish, usage, cut = "", None, None, {}, None
+        pieces = size = 0
+        events = source.aiter_sse()
         try:
-            async for sse in source.aiter_sse():
-                if sse.data == "[DONE]":
+            while cut is None:
+                async with self.in_time(deadline):
+                    sse = await anext(events, None)
+                if sse is None or sse.data == "[DONE]":
                     break
                 chunk = _object(sse.data)
                 if "error" in chunk:
                     error = chunk["error"]
                     message = error.get("message") if isinstance(error, dict) else error
                     raise UpstreamUnavailableError(
-                        f"the upstream failed mid-answer: {str(message)[:200]}")
+                        f"the upstream failed mid-answer: {str(message)[:200]}",
+                        public="the upstream failed mid-answer")
                 usage = _field(chunk, "usage", dict) or usage
                 for choice in _field(chunk, "choices", list) or []:
                     choice = choice if isinstance(choice, dict) else {}
                     piece = _field(_field(choice, "delta", dict) or {}, "content", str) or ""
                     finish = _field(choice, "finish_reason", str) or finish
                     if piece:
+                        pieces, size = pieces + 1, size + len(piece.encode())
+                        cut = caps.past(pieces, size)
+                        if cut is not None:
+                            break
                         if ttft is None:
                             ttft = time.perf_counter() - start
                         text += piece
                         yield Delta(piece)
+        except StreamTooLong:
+            cut = caps.too_long()
         except SSEError as exc:  # e.g. a server that ignores "stream": true
             raise UpstreamUnavailableError(
-                f"the upstream did not answer with an event stream ({exc})") from None
+                f"the upstream did not answer with an event stream ({exc})",
+                public="the upstream did not answer with an event stream") from None
         except httpx.TransportError as exc:
             raise UpstreamUnavailableError(
-                f"the connection to the upstream broke mid-answer ({describe(exc)})"
-            ) from None
+                f"the connection to the upstream broke mid-answer ({describe(exc)})",
+                public="the connection to the upstream broke mid-answer") from None
+        finally:
+            await events.aclose()
         details = _field(usage, "prompt_tokens_details", dict) or {}
         yield Completed(
             text, _count(usage.get("prompt_tokens")), _count(usage.get("completion_tokens")),
             _count(details.get("cached_tokens")) or 0,
-            ttft if ttft is not None else time.perf_counter() - start, finish,
+            ttft if ttft is not None else time.perf_counter() - start,
+            "length" if cut else finish, cut,
         )
 
     # the proxy's pass-through -------------------------------------------------------
     @asynccontextmanager
-    async def relay_chat(self, body: bytes) -> AsyncIterator[httpx.Response]:
+    async def relay_chat(self, body: bytes, max_bytes: int) -> AsyncIterator[httpx.Response]:
         """POST an app's own chat request (``body`` as it sent it: the proxy's requests the
         cache must not answer) with this client's key; the response is open in the block,
-        its body still to read. A 4xx or 5xx raises before the block, as every call here."""
+        its body still to read, reading past ``max_bytes`` of it raising StreamTooLong. A
+        4xx or 5xx raises before the block, as every call here."""
         try:
             async with self._http.stream("POST", "/v1/chat/completions", content=body,
                                          headers={"Content-Type": "application/json"}
                                          ) as response:
                 if response.status_code >= 400:
                     self._raise_for_status(await _bounded(response))
+                cap_stream(response, max_bytes)
                 yield response
         except httpx.TransportError as exc:
             raise self._unreachable(exc) from None
@@ -349,7 +465,8 @@ def _object(data: str) -> dict[str, Any]:
         chunk = None
     if not isinstance(chunk, dict):
         raise UpstreamUnavailableError(
-            f"the upstream sent an event that is not a JSON object: {data[:80]!r}")
+            f"the upstream sent an event that is not a JSON object: {data[:80]!r}",
+            public="the upstream sent an event that is not a JSON object")
     return chunk
 
 

@@ -1,36 +1,98 @@
 """What one HTTP client may cost a server before any route sees its request: header size
 and count, and the time it may take to send its headers and its body. Every server of
-the project (the upstream, the FL model endpoint and Fleet gateway, the chat's embedded
-upstream) is uvicorn started with :func:`server_config`.
+the project (the upstream, the proxy, the FL model endpoint and Fleet gateway, the chat's
+embedded upstream) is uvicorn started with :func:`server_config`.
 
 uvicorn 0.49 picks httptools when it is installed, which reads headers of any size (a
 128 MB header is parsed before any middleware runs), and neither of its parsers has a
 deadline for reading a request: a client that trickles its headers or body (slowloris)
-holds its socket forever. So the servers use uvicorn's h11 parser, which refuses a request
-whose line and headers pass ``h11_max_incomplete_event_size`` with 400 as it reads them,
-a subclass of its protocol that closes a connection whose headers do not arrive in
-time, and :class:`GuardRequests`, ASGI middleware that refuses too many header fields
-(431) and a body that does not arrive in time (408).
+holds its socket forever. So the servers use uvicorn's h11 parser in a subclass of its
+protocol that counts the request line and the headers on the bytes received (h11's own
+``max_incomplete_event_size`` only counts what is still incomplete after a read, so a
+64 KiB header sent in one write passed it) and answers 414 or 431 before they are
+parsed, and closes a connection whose headers do not arrive in time; and
+:class:`GuardRequests`, ASGI middleware that refuses too many header fields (431) and a
+body that does not arrive in time (408).
 """
 
 import asyncio
 import json
 import logging
+import re
 import signal
 from typing import Any
 
 import h11
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
 log = logging.getLogger(__name__)
 
-MAX_HEADER_BYTES = 16 * 1024  # the request line and all headers together (h11's default)
+MAX_HEADER_BYTES = 16 * 1024  # the request line and all headers together, as received
+MAX_REQUEST_LINE_BYTES = 8 * 1024  # method, target and version
 MAX_HEADERS = 100  # header fields in one request
 HEADER_SECONDS = 10.0  # to send the request line and headers, from the first byte
 BODY_SECONDS = 60.0  # to send the whole body, from the end of the headers
 KEEP_ALIVE_SECONDS = 5  # an idle connection between requests
+LINGER_SECONDS = 2.0  # reading (and dropping) what a refused client still sends
+
+_END_OF_HEAD = re.compile(b"\n\r?\n")  # h11's own: a blank line, CRLF or bare LF
+
+
+class HeadTooLarge(h11.RemoteProtocolError):
+    """A request line or headers past this module's limits: ``status`` and ``message``
+    are the answer."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message, error_status_hint=status)
+        self.status = status
+        self.message = message
+
+
+def check_head(received: bytes | bytearray) -> None:
+    """Raise HeadTooLarge when the request starting at ``received`` (the bytes received so
+    far, however many reads they took) has a request line over MAX_REQUEST_LINE_BYTES or a
+    line and headers over MAX_HEADER_BYTES, without their CRLFs; only the first
+    MAX_HEADER_BYTES are ever looked at."""
+    line_end = received.find(b"\n", 0, MAX_REQUEST_LINE_BYTES + 2)
+    line = len(received) if line_end < 0 else len(received[:line_end].rstrip(b"\r"))
+    if line > MAX_REQUEST_LINE_BYTES + (line_end < 0):  # 1: what may still be its CR
+        raise HeadTooLarge(414, f"the request line is over {MAX_REQUEST_LINE_BYTES} bytes "
+                                f"(method, path and query, version); send a shorter path")
+    end = _END_OF_HEAD.search(received, 0, MAX_HEADER_BYTES + 4)
+    head = end.start() if end else len(received)
+    if head > MAX_HEADER_BYTES + (0 if end else 3):  # 3: what may still be the blank line
+        raise HeadTooLarge(431, f"the request line and headers are over {MAX_HEADER_BYTES} "
+                                f"bytes{_largest_field(received)}; at most "
+                                f"{MAX_HEADER_BYTES} are accepted")
+
+
+def _largest_field(received: bytes | bytearray) -> str:
+    """Which header field received so far is the largest, for the error message."""
+    fields = bytes(received[:MAX_HEADER_BYTES + 4]).split(b"\n")[1:]
+    if not fields:
+        return ""
+    largest = max(fields, key=len)
+    name = largest.partition(b":")[0][:40].decode("latin-1")
+    size = len(largest.rstrip(b"\r"))
+    return f" (the largest field, {name!r}, has at least {size} bytes)"
+
+
+class _HeadLimitedConnection(h11.Connection):
+    """h11's server side, with the head of each request checked by ``check_head`` on the
+    bytes received before h11 parses it; ``refusal`` keeps what it refused."""
+
+    refusal: HeadTooLarge | None = None
+
+    def _extract_next_receive_event(self) -> Any:
+        if self.their_state is h11.IDLE:  # the next request's head starts the buffer
+            try:
+                check_head(self._receive_buffer._data)  # h11 0.16's buffer
+            except HeadTooLarge as exc:
+                self.refusal = exc
+                raise
+        return super()._extract_next_receive_event()
 
 
 def guarded_h11(header_seconds: float) -> type[H11Protocol]:
@@ -40,18 +102,52 @@ def guarded_h11(header_seconds: float) -> type[H11Protocol]:
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None
+        _refused = False
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # h11's own limit (on what is incomplete) above this one's, so that a head
+            # arriving a byte at a time gets this one's answer
+            self.conn: _HeadLimitedConnection = _HeadLimitedConnection(
+                h11.SERVER, MAX_HEADER_BYTES + 4)
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             self._watch_headers()
 
         def data_received(self, data: bytes) -> None:
+            if self._refused:
+                return  # dropped until the client stops or LINGER_SECONDS pass
             super().data_received(data)
             self._watch_headers()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._stop_watching()
             super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to a request h11 could not parse: for a head over the
+            limits, its status and a JSON error saying which limit; then the connection
+            is closed once the client has stopped sending (a close with unread data would
+            reset the connection, and the client could lose the answer)."""
+            refusal = self.conn.refusal
+            if refusal is None:
+                super().send_400_response(msg)
+                return
+            log.warning("refused a request from %s: %s",
+                        self.client[0] if self.client else "?", refusal.message)
+            body = _error(refusal.message, "request_too_large")
+            self.transport.write(self.conn.send(h11.Response(
+                status_code=refusal.status, reason=STATUS_PHRASES[refusal.status],
+                headers=[(b"content-type", b"application/json"),
+                         (b"content-length", str(len(body)).encode()),
+                         (b"connection", b"close")])) or b"")
+            self.transport.write(self.conn.send(h11.Data(data=body)) or b"")
+            self.transport.write(self.conn.send(h11.EndOfMessage()) or b"")
+            self._refused = True
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
         def _watch_headers(self) -> None:
             """Headers are awaited while the client's side is IDLE (h11: no request yet)."""
@@ -81,7 +177,6 @@ def server_config(app: ASGIApp, header_seconds: float = HEADER_SECONDS,
     TLS files and the like)."""
     defaults: dict[str, Any] = {"ws": "none", "log_config": None, "access_log": False}
     return uvicorn.Config(app, http=guarded_h11(header_seconds),
-                          h11_max_incomplete_event_size=MAX_HEADER_BYTES,
                           timeout_keep_alive=KEEP_ALIVE_SECONDS, **(defaults | options))
 
 

@@ -41,6 +41,7 @@ class Turn:
     created: float = field(default_factory=time.time)
     finish_reason: str | None = None  # why the upstream stopped ("stop", "length", ...)
     declined: str | None = None  # a near match the cache's verifier refused, and why
+    cut: str | None = None  # why the client cut the upstream's answer short (not cached)
 
     @property
     def source(self) -> Source:
@@ -113,7 +114,9 @@ class Turn:
         if self.replaced is not None:
             line += " · replaced " + ("a rejected cached answer" if self.replaced.strip()
                                       else "an empty answer")
-        if self.finish_reason == "length":
+        if self.cut:
+            line += f" · cut short, not cached: {self.cut}"
+        elif self.finish_reason == "length":
             line += f" · cut at the {self.completion_tokens or '?'}-token limit (answer_max_tokens)"
         if self.truncated:
             line += " · question truncated for matching"

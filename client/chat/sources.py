@@ -161,7 +161,7 @@ class UpstreamSource:
         if not asked.about_documents:
             truncated = await asyncio.to_thread(self.cache.encoder.is_truncated,
                                                 asked.question)
-            if completed.text.strip():
+            if completed.text.strip() and completed.cut is None:  # a cut answer is partial
                 entry = await asyncio.to_thread(
                     self.cache.insert, asked.question, completed.text, asked.context,
                     Source.USER_CORRECTED if corrected else Source.UPSTREAM,
@@ -174,4 +174,5 @@ class UpstreamSource:
                     cached_tokens=completed.cached_tokens,
                     prompt_tokens=completed.prompt_tokens,
                     completion_tokens=completed.completion_tokens,
-                    finish_reason=completed.finish_reason, truncated=truncated)
+                    finish_reason=completed.finish_reason, truncated=truncated,
+                    cut=completed.cut)

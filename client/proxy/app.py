@@ -31,7 +31,7 @@ from meancache.client.errors import (
 from meancache.client.proxy.apps import APP_HEADER, App, Apps
 from meancache.client.proxy.eligibility import Bypass, Question, question_of
 from meancache.client.proxy.partitions import Partitions
-from meancache.client.proxy.relay import relay, sse, stream_error
+from meancache.client.proxy.relay import relay, relay_caps, sse, stream_error, told
 from meancache.client.proxy.wire import (
     HEADER,
     ChatRequest,
@@ -132,17 +132,18 @@ def create_app(state: ProxyState) -> Starlette:
         asked = parse(ChatRequest, body)
         stream = bool(asked.stream)
         found = question_of(asked, state.model, state.answer_max_tokens, state.greedy_only)
+        caps = relay_caps(asked)
         if isinstance(found, Bypass):
-            return await relay(state.upstream, body, stream, found.reason)
+            return await relay(state.upstream, body, stream, found.reason, caps)
         partition = await asyncio.to_thread(state.partitions.get, app.namespace,
                                             found.preamble)
         if isinstance(partition, Bypass):
-            return await relay(state.upstream, body, stream, partition.reason)
+            return await relay(state.upstream, body, stream, partition.reason, caps)
         streaming = False  # a stream releases the cache once it is sent
         try:
             conversation = await _conversation(partition.exchanges.known, found)
             if conversation is None:
-                return await relay(state.upstream, body, stream, "history")
+                return await relay(state.upstream, body, stream, "history", caps)
             completion = Completion(f"chatcmpl-{partition.id}{conversation.id}", state.model)
             if not stream:
                 turn = await partition.answers.answer(conversation, found.text,
@@ -260,7 +261,7 @@ async def _streamed(answers: AnswerService, conversation: Conversation, question
             yield sse("[DONE]")
         except MeanCacheError as exc:
             log.warning("a streamed answer failed: %s", exc)
-            yield stream_error(str(exc))
+            yield stream_error(told(exc))
         except Exception:
             log.exception("a streamed answer failed")
             yield stream_error("the proxy failed on this answer (its log has the details)")
@@ -287,13 +288,17 @@ async def _refused(request: Request, exc: Exception) -> Response:
 
 async def _upstream_failed(request: Request, exc: Exception) -> Response:
     """The upstream's refusal keeps its status, except one of the proxy's own key (the
-    app's key was fine); an unreachable or failing upstream is a 502 (429 stays 429)."""
-    if isinstance(exc, UpstreamRejectedError) and exc.status not in (401, 403):
-        return _json_error(exc.status, f"the upstream refused the request: {exc}",
-                           "invalid_request_error", "upstream_refused")
+    app's key was fine); an unreachable or failing upstream is a 502 (429 stays 429). The
+    app reads what happened in the proxy's words (``public``); the upstream's own message
+    and URL go to the log only."""
+    assert isinstance(exc, UpstreamRequestError)
+    log.warning("the upstream could not answer %s %s: %s", request.method, request.url.path,
+                exc)
+    if isinstance(exc, UpstreamRejectedError) and 400 <= exc.status < 500 \
+            and exc.status not in (401, 403):
+        return _json_error(exc.status, exc.public, "invalid_request_error", "upstream_refused")
     status = 429 if isinstance(exc, UpstreamUnavailableError) and exc.status == 429 else 502
-    return _json_error(status, f"the upstream could not answer: {exc}", "upstream_error",
-                       "upstream_unavailable")
+    return _json_error(status, exc.public, "upstream_error", "upstream_unavailable")
 
 
 async def _other(request: Request, exc: Exception) -> Response:

@@ -3,7 +3,9 @@
 The API key decides the namespace, never a header: with ``proxy_apps`` configured only
 those keys are let in, each app its own namespace (``app-NAME``); without it any key is
 accepted and is a namespace of its own, named by a digest of the key (``key-<sha256>``),
-so no key is ever written to disk in plain text. ``proxy_shared`` puts every app in the
+so no key is ever written to disk in plain text, and every request without a Bearer key
+(none, or another scheme such as ``Basic``) shares one namespace (the proxy warns of it
+when it starts). ``proxy_shared`` puts every app in the
 one namespace ``shared``. The ``X-Meancache-App`` header only labels what an app stored
 (`meancache cache list` shows it).
 """
@@ -59,14 +61,20 @@ class Apps:
             raise ProxyRequestError(400, f"the {APP_HEADER} header must be 1-64 letters, "
                                     "digits, spaces, '.', '_' or '-'", "invalid_app_name")
         if self._named:
-            name = self._find(key)
+            name = self._find(key) if key else None
             if name is None:
-                raise ProxyRequestError(
-                    401, "unknown API key: send 'Authorization: Bearer KEY' with a key "
-                    "proxy_apps names", "invalid_api_key", kind="authentication_error")
+                raise ProxyRequestError(401, _refusal(scheme, key), "invalid_api_key",
+                                        kind="authentication_error")
             return App(label or name, SHARED if self.shared else f"app-{name}")
         namespace = key_digest(key)
         return App(label or namespace, SHARED if self.shared else namespace)
+
+    def keyless_warning(self) -> str | None:
+        """What to warn of at start when no key is required (None when one is)."""
+        if self._named:
+            return None
+        return ("no proxy_apps are configured: any API key is let in, and requests with no "
+                "Bearer key share one cache; set proxy_apps to admit only your apps' keys")
 
     def _find(self, key: str) -> str | None:
         """The app of ``key``; every key is compared in constant time."""
@@ -75,3 +83,16 @@ class Apps:
             if secrets.compare_digest(key.encode(), known.encode()):
                 found = name
         return found
+
+
+def _refusal(scheme: str, key: str) -> str:
+    """Why a request's Authorization let it in to no app of ``proxy_apps``."""
+    if not scheme:
+        return ("no API key: this proxy admits only the keys proxy_apps names; send "
+                "'Authorization: Bearer KEY'")
+    if scheme.lower() != "bearer":
+        return (f"the Authorization header uses the {scheme[:20]!r} scheme; this proxy "
+                "takes only 'Authorization: Bearer KEY' with a key proxy_apps names")
+    if not key:
+        return "the Bearer key is empty; send 'Authorization: Bearer KEY'"
+    return "unknown API key: send 'Authorization: Bearer KEY' with a key proxy_apps names"

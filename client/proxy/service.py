@@ -36,6 +36,8 @@ class Proxy:
         """Check the upstream (or start the embedded one) and load the encoder: blocking,
         seconds. ``loopback``: answer only requests that name a loopback host."""
         apps = Apps(settings.proxy_apps, settings.proxy_shared)
+        if (keyless := apps.keyless_warning()) is not None:
+            log.warning(keyless)
         embedded = None
         if settings.upstream_url:
             upstream = UpstreamClient(settings.upstream_url, settings.upstream_api_key,

@@ -69,15 +69,76 @@ class ChatRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+Body = TypeVar("Body", bound=BaseModel)
+
+
+# what the upstream answers a relayed request with: checked before it is relayed --------
+_ANSWER = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+Count = Annotated[int, Field(ge=0)]
+
+
+class UpstreamUsage(BaseModel):
+    model_config = _ANSWER
+    prompt_tokens: Count
+    completion_tokens: Count
+    total_tokens: Count | None = None
+
+
+class UpstreamMessage(BaseModel):
+    """A whole answer's message, or a streamed chunk's delta."""
+
+    model_config = _ANSWER
+    role: str | None = None
+    content: str | None = None
+
+
+class UpstreamChoice(BaseModel):
+    model_config = _ANSWER
+    index: Count = 0
+    message: UpstreamMessage
+    finish_reason: str | None = None
+
+
+class UpstreamCompletion(BaseModel):
+    """A whole chat completion, as OpenAI's API defines it (fields not read kept)."""
+
+    model_config = _ANSWER
+    choices: list[UpstreamChoice] = Field(min_length=1)
+    usage: UpstreamUsage | None = None
+
+
+class UpstreamChunkChoice(BaseModel):
+    model_config = _ANSWER
+    index: Count = 0
+    delta: UpstreamMessage
+    finish_reason: str | None = None
+
+
+class UpstreamChunk(BaseModel):
+    """One event of a streamed chat completion."""
+
+    model_config = _ANSWER
+    choices: list[UpstreamChunkChoice]
+    usage: UpstreamUsage | None = None
+
+
+def checked_answer(model: type[Body], answer: object) -> Body | str:
+    """``answer`` as ``model``, or where it first is not (a field's place, never its value:
+    the upstream's text does not reach the app)."""
+    try:
+        return model.model_validate(answer)
+    except ValidationError as exc:
+        error = exc.errors(include_url=False, include_input=False)[0]
+        where = ".".join(str(part) for part in error["loc"])[:100] or "the answer"
+        return f"{where}: {error['msg']}"
+
+
 class FeedbackRequest(BaseModel):
     """``POST /v1/meancache/feedback``: the response whose answer was wrong."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     id: str = Field(min_length=1, max_length=128)
     wrong: Literal[True] = True  # the one feedback there is: "wrong answer"
-
-
-Body = TypeVar("Body", bound=BaseModel)
 
 
 def parse(model: type[Body], body: bytes) -> Body:
@@ -105,9 +166,11 @@ def usage(turn: Turn) -> dict[str, Any]:
 
 
 def provenance(turn: Turn) -> dict[str, Any]:
-    """The ``meancache`` field: where the answer came from."""
-    return {"source": str(turn.source), "similarity": turn.similarity,
-            "matched_query": turn.matched_query}
+    """The ``meancache`` field: where the answer came from (and ``cut``: why the proxy cut
+    the upstream's answer short, when it did)."""
+    found = {"source": str(turn.source), "similarity": turn.similarity,
+             "matched_query": turn.matched_query}
+    return found | {"cut": turn.cut} if turn.cut else found
 
 
 def header(turn: Turn | None, bypass: str | None = None) -> dict[str, str]:
