@@ -66,6 +66,9 @@ class Settings:
     # installed only with the server's signature (shared.fl.signing); unset, none is.
     fl_server_public_key: str | None = None
     fl_allow_unsigned: bool = False  # a lab: install global models nobody signed (warned)
+    # Install a signed global model or instruction pack older than the one this device has
+    # (or has seen replaced); off: such a rollback is refused (shared.fl.freshness).
+    allow_downgrade: bool = False
     # `meancache proxy` (client/proxy): the loopback port it serves; app name -> the API key
     # that app sends (empty: any key is accepted and is an app of its own); one cache for
     # every app instead of one each; requests with a temperature above 0 go upstream.
