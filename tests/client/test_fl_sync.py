@@ -3,6 +3,7 @@ loopback, real checkpoints on disk, real httpx. Faults are injected on the serve
 (damaged weights, a server that is down, one with no model, one that answers nonsense)."""
 
 import json
+import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,7 +19,7 @@ from meancache.client.config import Settings, load_settings
 from meancache.client.device_caches import proxy_dir
 from meancache.client.errors import SyncError
 from meancache.client.fl.sync import SyncResult, sync_global_model
-from meancache.fl_server.model_endpoint import create_model_app
+from meancache.fl_server.model_endpoint import NO_SIGNED_MODEL, create_model_app
 from meancache.shared.errors import CheckpointError
 from meancache.shared.files import sha256_file
 from meancache.shared.fl.checkpoint import (
@@ -99,6 +100,10 @@ def settings(tmp_path: Path, server_root: Path) -> Settings:
 
 
 
+def latest_name_of(root: Path) -> str:
+    return (root / LATEST).read_text().strip()
+
+
 def latest_name(settings: Settings) -> str:
     return (settings.global_model_dir / LATEST).read_text().strip()
 
@@ -155,6 +160,42 @@ def test_round_specific_weights(url: str, server_root: Path) -> None:
     assert httpx.get(url + "/v1/global-model/rounds/7/weights").status_code == 404
     (round_dir(server_root, 1) / WEIGHTS).unlink()  # a round the server removed
     assert httpx.get(url + "/v1/global-model/rounds/1/weights").status_code == 404
+
+
+def test_only_checkpoints_the_servers_key_verifies_are_served(url: str, server_root: Path,
+                                                                tmp_path: Path) -> None:
+    """Issue 38, finding 4: a round-0003 with "signature": "" was served."""
+    publish(server_root, 1, 0.8)
+    second = publish(server_root, 2, 0.75)
+    save_checkpoint(server_root, 3, {"w": torch.zeros(2)}, 0.1, base_model="base",
+                    top_layers=0)  # unsigned: "signature": ""
+    assert json.loads((round_dir(server_root, 3) / META).read_text())["signature"] == ""
+    assert latest_name_of(server_root) == "round-0003"
+    body = httpx.get(url + "/v1/global-model").json()
+    assert (body["round"], body["sha256"]) == (2, second.sha256)  # the newest that verifies
+    assert httpx.get(url + "/v1/global-model/weights").content == \
+        (round_dir(server_root, 2) / WEIGHTS).read_bytes()
+    refused = httpx.get(url + "/v1/global-model/rounds/3/weights")
+    assert refused.status_code == 404
+    assert "round 3 is not signed with the FL server's key" in \
+        refused.json()["error"]["message"]
+    # signed by another key, or a signed round copied under another round's name
+    save_checkpoint(server_root, 4, {"w": torch.zeros(2)}, 0.1, base_model="base",
+                    top_layers=0, sign=partial(sign, key=server_key(tmp_path / "other")))
+    shutil.copytree(round_dir(server_root, 1), round_dir(server_root, 5))
+    (server_root / LATEST).write_text("round-0005")
+    assert httpx.get(url + "/v1/global-model").json()["round"] == 2
+    for number in (4, 5):
+        assert httpx.get(f"{url}/v1/global-model/rounds/{number}/weights").status_code == 404
+
+
+def test_with_no_signed_checkpoint_the_endpoint_says_so(url: str, server_root: Path) -> None:
+    save_checkpoint(server_root, 1, {"w": torch.zeros(2)}, 0.8, base_model="base",
+                    top_layers=0)
+    for path in ("/v1/global-model", "/v1/global-model/weights"):
+        reply = httpx.get(url + path)
+        assert reply.status_code == 404
+        assert reply.json()["error"]["message"] == NO_SIGNED_MODEL
 
 
 # syncing a device ------------------------------------------------------------------------
