@@ -16,7 +16,7 @@ def update_pack(session: ChatSession, progress: Progress) -> PackUpdate:
     # The session's upstream client: its URL and key (the embedded upstream's is made at
     # its start, not configured).
     update = download_pack(session.answers.upstream, session.settings.packs_dir / PACK_FILE,
-                           progress=progress)
+                           progress=progress, allow_downgrade=session.settings.allow_downgrade)
     if update.changed:
         packs.reload()
         packs.prepare(session.cache.encoder)  # the semantic match follows in the background
