@@ -41,7 +41,6 @@ log = logging.getLogger(__name__)
 RECORD_FILE = "teacher.json"
 EXAMPLES_FILE = "examples.jsonl"
 LOG_FILE = "train.log"
-LOG_EVERY = 20  # steps between progress lines in the log
 
 
 @dataclass(frozen=True)
@@ -69,6 +68,7 @@ class RunOptions:
     threads: int = 1  # torch threads: one leaves the other core to everyone else
     checkpoint_minutes: float = 5.0
     stop_after: int | None = None  # steps in this invocation, then checkpoint and return
+    log_every: int = 20  # steps between progress lines in the log
 
 
 @dataclass
@@ -236,10 +236,11 @@ def _run(out: Path, record: dict, examples: list[tuple[str, str, int]], backbone
             schedule.step()
             at.step, at.position, run_steps = at.step + 1, at.position + 1, run_steps + 1
             at.seconds += time.monotonic() - tick
-            at.loss = float(loss) if at.step == 1 else 0.98 * at.loss + 0.02 * float(loss)
+            value = float(loss.detach())
+            at.loss = value if at.step == 1 else 0.98 * at.loss + 0.02 * value
             if progress is not None:
                 progress(at.step, steps)
-            if at.step % LOG_EVERY == 0:
+            if at.step % options.log_every == 0:
                 window = _log_progress(at, steps, config, window, started, run_steps,
                                        schedule.get_last_lr()[0])
             stop = options.stop_after is not None and run_steps >= options.stop_after
