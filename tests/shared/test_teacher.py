@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from meancache.cli import main
 from meancache.shared.encoder import packaged_minilm_dir
 from meancache.shared.errors import CheckpointError, VerifierError
 from meancache.shared.files import sha256_file
@@ -30,6 +29,7 @@ from meancache.shared.verifier.teacher import (
 )
 from transformers import BertConfig, BertModel, MPNetConfig, MPNetModel
 
+from meancache.cli import main
 from tests.support.paths import REPO
 
 SUBJECTS = ["France", "Spain", "Peru", "Japan", "Kenya", "Chile", "Norway", "Egypt",
