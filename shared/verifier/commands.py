@@ -1,5 +1,6 @@
 """`meancache verifier train`: the one command that reproduces the shipped verifier;
-`meancache verifier train-teacher`: the larger judge that labels data for it, resumable."""
+`meancache verifier train-teacher`: the larger judge that labels data for it, resumable;
+`meancache verifier mine-pairs`: the unlabelled pairs it labels."""
 
 import argparse
 import dataclasses
@@ -76,6 +77,43 @@ def cmd_train_teacher(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
+HELD_OUT = (Path("tests/data/near_miss.jsonl"), Path("benchmarks/data/near_miss_heldout.jsonl"))
+
+
+def cmd_mine_pairs(args: argparse.Namespace, settings: Any) -> int:
+    """Pair the shared sets' questions by the MPNet embedding; print the counts."""
+    import json
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from meancache.shared.encoder import Encoder
+    from meancache.shared.encoder.packaged import MPNET, ensure_assembled
+    from meancache.shared.errors import VerifierError
+    from meancache.shared.progress_bar import ProgressBar
+    from meancache.shared.verifier.mine import mine_pairs
+    from rich.console import Console
+
+    if not 0.0 < args.low < 1.0 or min(args.per_question, args.pairs, args.max_chars) < 1:
+        raise VerifierError("--low must lie between 0 and 1, and --per-question, --pairs "
+                            "and --max-chars must be at least 1")
+    exclude = tuple(args.exclude) if args.exclude is not None else tuple(
+        p for p in HELD_OUT if p.is_file())
+    console = Console(stderr=True)
+    with ProgressBar("assembling all-mpnet-base-v2", console) as bar:
+        model_dir = ensure_assembled(MPNET, settings.models_dir, bar)
+    encoder = Encoder.load(model_dir, backend=settings.encoder_backend,
+                           cache_dir=settings.encoder_dir)
+
+    def encode(texts: list[str]) -> object:
+        with ProgressBar("embedding questions", console, line_every=60.0) as progress:
+            return encoder.encode(texts, progress=progress)
+
+    summary = mine_pairs(args.data_root, args.out, encode, low=args.low,
+                         per_question=args.per_question, limit=args.pairs,
+                         max_chars=args.max_chars, seed=args.seed, exclude=exclude)
+    print(json.dumps({"out": str(args.out), **summary}, indent=2))
+    return 0
+
+
 def add_commands(commands: Any) -> None:
     verifier = commands.add_parser("verifier", help="the learned verifier of cache hits")
     sub = verifier.add_subparsers(dest="verifier_command", required=True)
@@ -121,3 +159,24 @@ def add_commands(commands: Any) -> None:
     teacher.add_argument("--stop-after", type=int, metavar="STEPS",
                          help="stop (with a checkpoint) after this many steps of this run")
     teacher.set_defaults(handler=cmd_train_teacher)
+    mine = sub.add_parser(
+        "mine-pairs", help="pair the questions of every set in ../shared/data by the MPNet "
+        "embedding, in the band where the cache decides, for the teacher to label (JSONL "
+        "with a seeded train/choose/test split)")
+    mine.add_argument("--out", type=Path, required=True, help="the pairs' JSONL (a summary "
+                      "goes beside it, .json)")
+    mine.add_argument("--data-root", type=Path, default=DEFAULT_DATA.parents[1],
+                      help=f"the shared data (default: {DEFAULT_DATA.parents[1]})")
+    mine.add_argument("--low", type=float, default=0.776,
+                      help="the band's lowest cosine (default 0.776, the recall tau)")
+    mine.add_argument("--per-question", type=int, default=2,
+                      help="nearest neighbours kept per question (default 2)")
+    mine.add_argument("--pairs", type=int, default=50_000,
+                      help="pairs kept at most, a seeded sample (default 50000)")
+    mine.add_argument("--max-chars", type=int, default=300,
+                      help="longer texts are not paired (default 300)")
+    mine.add_argument("--seed", type=int, default=0, help="the sample's and the split's seed")
+    mine.add_argument("--exclude", type=Path, action="append",
+                      help="a pairs JSONL whose questions are never mined (repeatable; "
+                      "default: the repo's near-miss sets, tests/data and benchmarks/data)")
+    mine.set_defaults(handler=cmd_mine_pairs)
