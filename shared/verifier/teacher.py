@@ -85,7 +85,23 @@ class Position:
 def train_teacher(out: Path, data: Path, backbone: Path, config: TeacherConfig,
                   options: RunOptions, resume: bool = False,
                   progress: Progress | None = None) -> dict:
-    """Start (or with ``resume`` continue) the run in ``out``; returns its record."""
+    """Start (or with ``resume`` continue) the run in ``out``, one process at a time;
+    returns its record."""
+    from filelock import FileLock, Timeout
+
+    if resume:
+        read_record(out)  # a clear error before anything is created
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(out / ".teacher.lock", timeout=0):
+            return _train_locked(out, data, backbone, config, options, resume, progress)
+    except Timeout:
+        raise VerifierError(f"another process is training the teacher in {out}; wait for "
+                            "it to end, or stop it first") from None
+
+
+def _train_locked(out: Path, data: Path, backbone: Path, config: TeacherConfig,
+                  options: RunOptions, resume: bool, progress: Progress | None) -> dict:
     import torch
 
     torch.set_num_threads(options.threads)
@@ -113,7 +129,6 @@ def _start(out: Path, data: Path, backbone: Path, config: TeacherConfig
     if (out / RECORD_FILE).exists():
         raise VerifierError(f"{out} already holds a teacher run ({RECORD_FILE}); continue it "
                             "with --resume, or pass another --out")
-    out.mkdir(parents=True, exist_ok=True)
     train = read_pairs(data, split="train")
     dev = read_pairs(data, split="dev")
     recipe = TrainConfig(pairs=config.pairs, generated=config.generated, tau=config.tau,

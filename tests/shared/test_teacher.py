@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 from meancache.shared.encoder import packaged_minilm_dir
 from meancache.shared.errors import CheckpointError, VerifierError
 from meancache.shared.files import sha256_file
@@ -231,6 +232,9 @@ def test_a_run_is_neither_started_over_nor_resumed_from_nothing_or_other_data(
     _stopped_run(setup, out)
     with pytest.raises(VerifierError, match="already holds a teacher run"):
         train_teacher(out, data, backbone, CONFIG, RunOptions())
+    with FileLock(out / ".teacher.lock"), pytest.raises(
+            VerifierError, match="another process is training the teacher"):
+        train_teacher(out, data, backbone, CONFIG, RunOptions(), resume=True)
     other = tmp_path / "other.jsonl"
     other.write_text(data.read_text() + data.read_text().splitlines()[0] + "\n")
     with pytest.raises(VerifierError, match="is not the file this run was trained on"):
