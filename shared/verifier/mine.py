@@ -44,8 +44,7 @@ def question_sets(data_root: Path, max_chars: int, exclude: tuple[Path, ...] = (
               for t in (p.q1, p.q2)]
     for name in ("arena", "sharegpt"):
         path = data_root / "instructions" / f"{name}_first_turns.jsonl"
-        found += [Question(json.loads(line)["text"], name)
-                  for line in _lines(path) if line.strip()]
+        found += [Question(text, name) for text in _texts(path)]
     contextual = data_root / "contextual"
     for name in ("contextual_queries", "d1"):
         for row in _json(contextual / f"{name}.json"):
@@ -67,11 +66,24 @@ def _key(text: str) -> str:
     return " ".join(text.lower().split())
 
 
-def _lines(path: Path) -> list[str]:
+def _texts(path: Path) -> list[str]:
+    """The ``text`` of each JSONL row. Lines end at "\n" only: a text may hold U+2028."""
     try:
-        return path.read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise VerifierError(f"cannot read the question set {path}: {exc.strerror}") from None
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise VerifierError(f"cannot read the question set {path}: {exc}") from None
+    texts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            text = json.loads(line)["text"]
+        except (ValueError, KeyError, TypeError):
+            text = None
+        if not isinstance(text, str):
+            raise VerifierError(f"{path}:{number}: not a JSON object with a string 'text'")
+        texts.append(text)
+    return texts
 
 
 def _json(path: Path) -> list:

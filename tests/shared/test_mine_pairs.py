@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from meancache.shared.encoder import Encoder
+from meancache.shared.errors import VerifierError
 from meancache.shared.verifier.mine import SPLITS, mine_pairs, question_sets, split_of
 
 TRAIN = [("What is the capital of France?", "Which city is the capital of France?", 1),
@@ -29,7 +30,7 @@ def _data_root(root: Path) -> Path:
     rows += [{"q1": a, "q2": b, "label": y, "split": "dev"} for a, b, y in DEV]
     (root / "qqp" / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (root / "instructions").mkdir()
-    arena = ["How can I lose weight fast?", "What's the capital city of France?",
+    arena = ["How can I lose weight fast?", "What's the capital city\u2028of France?",
              "Write a poem about the sea. " * 20]
     sharegpt = ["How do I learn python fast?", "what is the capital of spain?"]
     for name, texts in (("arena", arena), ("sharegpt", sharegpt)):
@@ -72,6 +73,14 @@ def test_every_set_is_read_and_dev_held_out_and_long_texts_are_not(
                                     "contextual": 4}
     for row in rows:
         assert {row["q1"].lower(), row["q2"].lower()} <= texts
+
+
+def test_a_malformed_set_is_named_with_its_line(tmp_path: Path) -> None:
+    root = _data_root(tmp_path)
+    path = root / "instructions" / "arena_first_turns.jsonl"
+    path.write_text(path.read_text() + '{"id": "x", "txt": "no text"}\n')
+    with pytest.raises(VerifierError, match=r"arena_first_turns.jsonl:4: not a JSON object"):
+        question_sets(root, 300)
 
 
 def test_pairs_are_near_neighbours_in_the_band_each_once(
