@@ -141,7 +141,7 @@ def mine_pairs(data_root: Path, out: Path, encode: Callable[[list[str]], np.ndar
         pairs = [pairs[i] for i in sorted(chosen)]
     for pair in pairs:
         pair["split"] = split_of(pair["q1"], pair["q2"], seed)
-    write_atomic(out, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs))
+    write_atomic(out, "".join(json.dumps(p) + "\n" for p in pairs))  # ASCII: one row a line
     sources: dict[str, int] = {}
     for q in questions:
         sources[q.source] = sources.get(q.source, 0) + 1
