@@ -222,6 +222,10 @@ def _run(out: Path, record: dict, examples: list[tuple[str, str, int]], backbone
                  at.position)
     _remove_partials(out)
     bf16 = config.bfloat16 and bfloat16_matmuls()
+    record.setdefault("invocations", []).append({
+        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "from_step": at.step,
+        **asdict(options), "bfloat16": bf16, "torch": torch.__version__})
+    _write_record(out, record)
     tokenizer = backbone / "tokenizer.json"
     per_epoch = math.ceil(len(examples) / config.batch)
     log.info("teacher: %d examples, %d steps (%d per epoch), batch %d, forward in %s, "

@@ -130,6 +130,8 @@ def test_a_run_stopped_and_resumed_ends_with_the_weights_of_one_that_never_stopp
         assert got["dev"] == want["dev"] and got["weights_sha256"] == want["weights_sha256"]
     assert list(out.glob("checkpoint-*.pt")) == [out / f"checkpoint-{steps:07d}.pt"]
     assert "resumed at step" in (out / LOG_FILE).read_text()
+    assert [i["from_step"] for i in record["invocations"]] == [0, *sorted(stops)]
+    assert record["invocations"][0]["stop_after"] == min(stops)
 
 
 def test_a_killed_run_resumes_from_its_last_whole_checkpoint(
