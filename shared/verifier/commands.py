@@ -1,6 +1,7 @@
 """`meancache verifier train`: the one command that reproduces the shipped verifier;
 `meancache verifier train-teacher`: the larger judge that labels data for it, resumable;
-`meancache verifier mine-pairs`: the unlabelled pairs it labels."""
+`meancache verifier mine-pairs`: the unlabelled pairs it labels;
+`meancache verifier label-pairs`: its labels on them."""
 
 import argparse
 import dataclasses
@@ -59,13 +60,7 @@ def cmd_train_teacher(args: argparse.Namespace, settings: Any) -> int:
                             "--checkpoint-minutes not negative")
     out = args.out or settings.data_dir / "verifier" / "teacher"
     console = Console(stderr=True)
-    if args.backbone is not None:
-        backbone = args.backbone
-    else:
-        from meancache.shared.encoder.packaged import MPNET, ensure_assembled
-
-        with ProgressBar("assembling all-mpnet-base-v2", console) as bar:
-            backbone = ensure_assembled(MPNET, settings.models_dir, bar)
+    backbone = args.backbone or _packaged_mpnet(settings, console)
     options = RunOptions(threads=args.threads, checkpoint_minutes=args.checkpoint_minutes,
                          stop_after=args.stop_after)
     with ProgressBar("teacher steps", console, line_every=60.0) as bar:
@@ -86,7 +81,6 @@ def cmd_mine_pairs(args: argparse.Namespace, settings: Any) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from meancache.shared.encoder import Encoder
-    from meancache.shared.encoder.packaged import MPNET, ensure_assembled
     from meancache.shared.errors import VerifierError
     from meancache.shared.progress_bar import ProgressBar
     from meancache.shared.verifier.mine import mine_pairs
@@ -98,9 +92,7 @@ def cmd_mine_pairs(args: argparse.Namespace, settings: Any) -> int:
     exclude = tuple(args.exclude) if args.exclude is not None else tuple(
         p for p in HELD_OUT if p.is_file())
     console = Console(stderr=True)
-    with ProgressBar("assembling all-mpnet-base-v2", console) as bar:
-        model_dir = ensure_assembled(MPNET, settings.models_dir, bar)
-    encoder = Encoder.load(model_dir, backend=settings.encoder_backend,
+    encoder = Encoder.load(_packaged_mpnet(settings, console), backend=settings.encoder_backend,
                            cache_dir=settings.encoder_dir)
 
     def encode(texts: list[str]) -> object:
@@ -112,6 +104,35 @@ def cmd_mine_pairs(args: argparse.Namespace, settings: Any) -> int:
                          max_chars=args.max_chars, seed=args.seed, exclude=exclude)
     print(json.dumps({"out": str(args.out), **summary}, indent=2))
     return 0
+
+
+def cmd_label_pairs(args: argparse.Namespace, settings: Any) -> int:
+    """The teacher's probability on each pair of a JSONL; print the summary."""
+    import json
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from meancache.shared.progress_bar import ProgressBar
+    from meancache.shared.verifier.label import label_pairs
+    from rich.console import Console
+
+    torch.set_num_threads(max(1, args.threads))
+    console = Console(stderr=True)
+    backbone = args.backbone or _packaged_mpnet(settings, console)
+    with ProgressBar("labelling pairs", console, line_every=60.0) as bar:
+        summary = label_pairs(args.run or settings.data_dir / "verifier" / "teacher",
+                              backbone, args.pairs, args.out, args.epoch, progress=bar)
+    print(json.dumps({"out": str(args.out), **summary}, indent=2))
+    return 0
+
+
+def _packaged_mpnet(settings: Any, console: object) -> Path:
+    """all-mpnet-base-v2, assembled into the data dir's models on first use."""
+    from meancache.shared.encoder.packaged import MPNET, ensure_assembled
+    from meancache.shared.progress_bar import ProgressBar
+
+    with ProgressBar("assembling all-mpnet-base-v2", console) as bar:
+        return ensure_assembled(MPNET, settings.models_dir, bar)
 
 
 def add_commands(commands: Any) -> None:
@@ -180,3 +201,16 @@ def add_commands(commands: Any) -> None:
                       help="a pairs JSONL whose questions are never mined (repeatable; "
                       "default: the repo's near-miss sets, tests/data and benchmarks/data)")
     mine.set_defaults(handler=cmd_mine_pairs)
+    label = sub.add_parser("label-pairs", help="the teacher's probability on each pair of a "
+                           "JSONL (mined pairs): the student's soft labels")
+    label.add_argument("--pairs", type=Path, required=True, help="JSONL rows with q1 and q2")
+    label.add_argument("--out", type=Path, required=True, help="the rows with a 'teacher' "
+                       "field (a summary goes beside it, .json)")
+    label.add_argument("--run", type=Path, help="the teacher's run directory (default: "
+                       "<data dir>/verifier/teacher)")
+    label.add_argument("--epoch", type=int, help="whose weights (default: the epoch chosen "
+                       "on dev-a, or the last one scored)")
+    label.add_argument("--backbone", type=Path, help="the run's backbone (default: the "
+                       "packaged all-mpnet-base-v2)")
+    label.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    label.set_defaults(handler=cmd_label_pairs)

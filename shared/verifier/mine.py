@@ -18,6 +18,7 @@ import numpy as np
 from meancache.shared.errors import VerifierError
 from meancache.shared.files import write_atomic
 from meancache.shared.pairs import read_pairs
+from meancache.shared.verifier.rows import read_rows
 
 # all-mpnet-base-v2's tau (0.876) less the learned verifier's recall margin (0.1): where
 # the cache starts asking the verifier.
@@ -44,7 +45,7 @@ def question_sets(data_root: Path, max_chars: int, exclude: tuple[Path, ...] = (
               for t in (p.q1, p.q2)]
     for name in ("arena", "sharegpt"):
         path = data_root / "instructions" / f"{name}_first_turns.jsonl"
-        found += [Question(text, name) for text in _texts(path)]
+        found += [Question(r["text"], name) for r in read_rows(path, ("text",))]
     contextual = data_root / "contextual"
     for name in ("contextual_queries", "d1"):
         for row in _json(contextual / f"{name}.json"):
@@ -64,26 +65,6 @@ def question_sets(data_root: Path, max_chars: int, exclude: tuple[Path, ...] = (
 def _key(text: str) -> str:
     """Texts that differ only in case and spacing are the same question."""
     return " ".join(text.lower().split())
-
-
-def _texts(path: Path) -> list[str]:
-    """The ``text`` of each JSONL row. Lines end at "\n" only: a text may hold U+2028."""
-    try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise VerifierError(f"cannot read the question set {path}: {exc}") from None
-    texts = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            text = json.loads(line)["text"]
-        except (ValueError, KeyError, TypeError):
-            text = None
-        if not isinstance(text, str):
-            raise VerifierError(f"{path}:{number}: not a JSON object with a string 'text'")
-        texts.append(text)
-    return texts
 
 
 def _json(path: Path) -> list:

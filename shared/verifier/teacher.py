@@ -168,6 +168,11 @@ def _check_same_data(record: dict, data: Path, backbone: Path) -> None:
     if sha256_file(data) != record["data"]["qqp"]["sha256"]:
         raise VerifierError(f"{data} is not the file this run was trained on (its sha256 "
                             "differs from the record's); pass the run's --data")
+    check_backbone(record, backbone)
+
+
+def check_backbone(record: dict, backbone: Path) -> None:
+    """The run's weights fit only the backbone (architecture, tokenizer) it started from."""
     now = _backbone_record(backbone)
     for key in ("config_sha256", "tokenizer_sha256"):
         if now[key] != record["backbone"][key]:
@@ -385,9 +390,36 @@ def _evaluate_pending(out: Path, record: dict, model: object, at: Position,
              report["dev-b"]["auc"], report["dev-b"]["f05"], time.monotonic() - started)
 
 
+def load_teacher(out: Path, backbone: Path, epoch: int | None = None
+                 ) -> tuple[object, dict, dict]:
+    """The run's model with an epoch's weights (default: the epoch chosen on dev-a, or the
+    last one scored while the run goes on), its record and that epoch's entry; weights
+    that are not the ones the record names are never loaded."""
+    import torch
+    from meancache.shared.verifier.model import from_backbone
+
+    record = read_record(out)
+    check_backbone(record, backbone)
+    if not record["epochs"]:
+        raise VerifierError(f"the teacher run in {out} has not finished an epoch yet; "
+                            "resume it first")
+    wanted = epoch or record.get("chosen_epoch") or record["epochs"][-1]["epoch"]
+    entry = next((e for e in record["epochs"] if e["epoch"] == wanted), None)
+    if entry is None:
+        done = ", ".join(str(e["epoch"]) for e in record["epochs"])
+        raise VerifierError(f"the teacher run in {out} has no epoch {wanted} (done: {done})")
+    path = out / entry["weights"]
+    if not path.is_file() or sha256_file(path) != entry["weights_sha256"]:
+        raise CheckpointError(f"the teacher's weights {path} are missing or not the ones "
+                              f"{RECORD_FILE} names (sha256); they are not loaded")
+    model = from_backbone(backbone)
+    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    return model.eval(), record, entry
+
+
 def pair_probabilities(model: object, first: list[str], second: list[str],
                        max_tokens: int, tokenizer: Path, bf16: bool,
-                       batch: int = 64) -> np.ndarray:
+                       batch: int = 64, progress: Progress | None = None) -> np.ndarray:
     """P(same question) of each pair, in batches of similar length (little padding)."""
     import torch
 
@@ -402,5 +434,7 @@ def pair_probabilities(model: object, first: list[str], second: list[str],
             logits = model(*(torch.from_numpy(x) for x in (
                 tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)))
             out[rows] = torch.sigmoid(logits.float()).numpy()
+            if progress is not None:
+                progress(start + len(rows), len(order))
     model.train()
     return out

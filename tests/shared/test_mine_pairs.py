@@ -79,7 +79,8 @@ def test_a_malformed_set_is_named_with_its_line(tmp_path: Path) -> None:
     root = _data_root(tmp_path)
     path = root / "instructions" / "arena_first_turns.jsonl"
     path.write_text(path.read_text() + '{"id": "x", "txt": "no text"}\n')
-    with pytest.raises(VerifierError, match=r"arena_first_turns.jsonl:4: not a JSON object"):
+    with pytest.raises(VerifierError,
+                       match=r"arena_first_turns.jsonl:4: not a JSON object with .*'text'"):
         question_sets(root, 300)
 
 

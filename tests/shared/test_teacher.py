@@ -1,7 +1,8 @@
 """The teacher's run mechanics on tiny random-init backbones (BERT-style with segment ids,
 MPNet-style without): a run stopped, even killed, and resumed ends with the weights of one
 that never stopped; its record names the seed, config and data hashes; a checkpoint that
-is damaged, missing or half-written is never loaded."""
+is damaged, missing or half-written is never loaded; its labels name the weights they
+came from."""
 
 import json
 import os
@@ -20,12 +21,15 @@ from filelock import FileLock
 from meancache.shared.encoder import packaged_minilm_dir
 from meancache.shared.errors import CheckpointError, VerifierError
 from meancache.shared.files import sha256_file
+from meancache.shared.verifier.label import label_pairs
 from meancache.shared.verifier.teacher import (
     EXAMPLES_FILE,
     LOG_FILE,
     RECORD_FILE,
     RunOptions,
     TeacherConfig,
+    load_teacher,
+    pair_probabilities,
     train_teacher,
 )
 from transformers import BertConfig, BertModel, MPNetConfig, MPNetModel
@@ -252,3 +256,36 @@ def test_the_cli_refuses_new_settings_for_a_resumed_run(
     code = main(["--data-dir", str(tmp_path), "verifier", "train-teacher",
                  "--batch", "0", "--out", str(tmp_path / "run")])
     assert code == 2 and "--batch must be positive" in capsys.readouterr().err
+
+
+def test_the_teachers_labels_are_its_probabilities_under_named_weights(
+        setup: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    _, backbone, whole = setup
+    rows = [{"q1": "What is the capital of France?", "q2": "Which city is France's capital?",
+             "split": "test", "cosine": 0.9},
+            {"q1": "Why do cats\u2028purr?", "q2": "Why do dogs bark?", "split": "train"}]
+    pairs = tmp_path / "mined.jsonl"
+    pairs.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    out = tmp_path / "labelled.jsonl"
+    summary = label_pairs(whole, backbone, pairs, out, epoch=1)
+    labelled = [json.loads(line) for line in out.read_text().split("\n") if line]
+    assert [{k: v for k, v in r.items() if k != "teacher"} for r in labelled] == rows
+    model, record, entry = load_teacher(whole, backbone, epoch=1)
+    direct = pair_probabilities(model, [r["q1"] for r in rows], [r["q2"] for r in rows],
+                                CONFIG.max_tokens, backbone / "tokenizer.json",
+                                summary["teacher"]["bfloat16"])
+    assert [r["teacher"] for r in labelled] == [round(float(p), 6) for p in direct]
+    assert all(0.0 < r["teacher"] < 1.0 for r in labelled)
+    assert summary["teacher"]["weights_sha256"] == sha256_file(whole / "epoch-1.pt")
+    assert summary["labels_sha256"] == sha256_file(out)
+    assert load_teacher(whole, backbone)[2]["epoch"] == record["chosen_epoch"]
+    with pytest.raises(VerifierError, match="has no epoch 7"):
+        load_teacher(whole, backbone, epoch=7)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(whole, damaged)
+    (damaged / "epoch-1.pt").write_bytes((damaged / "epoch-1.pt").read_bytes()[:-1])
+    with pytest.raises(CheckpointError, match="not the ones teacher.json names"):
+        load_teacher(damaged, backbone, epoch=1)
+    pairs.write_text('{"q1": "only one"}\n')
+    with pytest.raises(VerifierError, match="mined.jsonl:1: not a JSON object"):
+        label_pairs(whole, backbone, pairs, out)
