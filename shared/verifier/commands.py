@@ -34,7 +34,7 @@ TEACHER_OPTIONS = {"epochs": int, "batch": int, "learning_rate": float, "max_tok
                    "pairs": int, "generated": int, "dev_pairs": int, "seed": int}
 
 
-def cmd_train_teacher(args: argparse.Namespace, settings: Any) -> int:
+def cmd_train_teacher(args: argparse.Namespace, settings: SettingsBase) -> int:
     """Start or resume the teacher's run; print its record's summary at the end."""
     import json
 
@@ -76,7 +76,7 @@ def cmd_train_teacher(args: argparse.Namespace, settings: Any) -> int:
 HELD_OUT = (Path("tests/data/near_miss.jsonl"), Path("benchmarks/data/near_miss_heldout.jsonl"))
 
 
-def cmd_mine_pairs(args: argparse.Namespace, settings: Any) -> int:
+def cmd_mine_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
     """Pair the shared sets' questions by the MPNet embedding; print the counts."""
     import json
 
@@ -107,7 +107,7 @@ def cmd_mine_pairs(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def cmd_label_pairs(args: argparse.Namespace, settings: Any) -> int:
+def cmd_label_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
     """The teacher's probability on each pair of a JSONL; print the summary."""
     import json
 
@@ -127,7 +127,7 @@ def cmd_label_pairs(args: argparse.Namespace, settings: Any) -> int:
     return 0
 
 
-def _packaged_mpnet(settings: Any, console: object) -> Path:
+def _packaged_mpnet(settings: SettingsBase, console: object) -> Path:
     """all-mpnet-base-v2, assembled into the data dir's models on first use."""
     from meancache.shared.encoder.packaged import MPNET, ensure_assembled
     from meancache.shared.progress_bar import ProgressBar
