@@ -47,9 +47,9 @@ from _common import (
     sample,
     time_each,
 )
-from meancache.client.cache.matcher import Matcher
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
+from meancache.client.matching.matcher import Matcher
 from meancache.client.pack import PackHit, PackStore
 from meancache.client.pack.store import PACK_FILE
 from meancache.shared.encoder import Encoder

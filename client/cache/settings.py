@@ -4,6 +4,7 @@ settings, client.config, take theirs from here). Light: no torch, no scikit-lear
 from dataclasses import dataclass
 
 from meancache.client.cache.policy import CLUSTERINGS, POLICIES, check_choice
+from meancache.client.matching.settings import MatchSettings
 from meancache.shared.encoder import DEFAULT_PCA_DIMS
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 
@@ -14,26 +15,8 @@ RECALL_MARGIN = 0.1
 # Which verifier checks a hit (with verify_hits on): the learned cross-encoder
 # (shared.verifier) with the rule checks it misses kept beside it (the default: better F0.5
 # on QQP dev-b and fewer held-out near-misses served than the rules, docs/verification.md),
-# or the word rules alone (client.cache.verification; no model loaded).
+# or the word rules alone (client.matching.rules; no model loaded).
 VERIFIERS = ("rules", "learned")
-
-
-@dataclass(frozen=True)
-class MatchSettings:
-    """The part of the cache's settings that decides a hit (client.cache.matcher); its
-    defaults are CacheSettings'."""
-
-    candidates: int  # the best candidates a source offers
-    verify: bool  # the verifier checks candidates (see ``verifier``)
-    entry_thresholds: bool  # each entry's own threshold, learned from its feedback
-    tune_min_per_class: int  # labelled pairs of each kind before tau is re-tuned
-    recall_margin: float = 0.0  # how far under tau candidates reach the learned verifier
-    verifier: str = "learned"  # one of VERIFIERS
-
-    @property
-    def learned(self) -> bool:
-        """The learned verifier decides (else the rules veto, or nothing checks)."""
-        return self.verify and self.verifier == "learned"
 
 
 @dataclass(frozen=True)

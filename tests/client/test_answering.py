@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 from meancache.client.cache import CacheSettings, Miss, SemanticCache, Source
-from meancache.client.cache.feedback import labelled_pairs
-from meancache.client.cache.source import UpstreamOrigin
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import Conversation, ConversationStore, Turn
+from meancache.client.errors import RejectionError
+from meancache.client.matching.labels import labelled_pairs
+from meancache.client.matching.origins import UpstreamOrigin
 from meancache.client.tui.screens.stats import stats_rows
 from meancache.client.upstream_client import UpstreamClient, UpstreamUnavailableError
 from meancache.shared.pairs import Pair
@@ -105,7 +106,7 @@ def test_reject_replaces_the_turn_and_saves(make_cache: CacheFactory,
         assert correction.turn.source is Source.UPSTREAM
         assert correction.turn.replaced == "Berlin."
         assert correction.threshold.negatives == 1
-        with pytest.raises(ValueError, match="only answers served from a cache"):
+        with pytest.raises(RejectionError, match="only an answer served from a cache"):
             await answers.reject(conversation, 0)  # the fresh answer is not rejectable
 
     asyncio.run(run())

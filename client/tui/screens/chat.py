@@ -8,8 +8,8 @@ from typing import cast
 
 from meancache.client.chat.answering import OnDelta
 from meancache.client.chat.conversations import Conversation, Document, Turn
-from meancache.client.chat.feedback import can_reject, reject_last
 from meancache.client.chat.history import ChatHistory
+from meancache.client.chat.rejection import reject_last
 from meancache.client.chat.session import ChatSession
 from meancache.client.config import Settings
 from meancache.client.errors import UpstreamRequestError
@@ -129,7 +129,7 @@ class ChatScreen(Screen[None]):
             return "an answer is streaming: wait for it, or press esc to stop it"
         if not self.conversation.turns:
             return "nothing to reject: no answer yet"
-        if not can_reject(self.conversation):
+        if not self.conversation.turns[-1].rejectable:
             return ("nothing to reject: this answer came from the model, not from a cache "
                     "(only cached or empty answers can be marked wrong)")
         return None
