@@ -3,9 +3,10 @@ that matches by meaning (the instruction pack's similar match and the semantic c
 and the one path of feedback on such a match (``Matcher.feedback``).
 
 The ``Matcher`` holds what the decision needs: the encoder (the vector space, switched
-only by the cache that owns it), tau (``ThresholdState``) and the per-entry thresholds,
-the verifier, the candidate count, and a memo of the last questions' vectors (the pack
-and then the cache embed the current question once). The rule, the same for every
+only by the cache that owns it: client/cache/space.py), tau (the cache's
+``ThresholdState``) and the per-entry thresholds, the verifier, the candidate count, and
+a memo of the last questions' vectors (the pack and then the cache embed the current
+question once). The rule, the same for every
 source:
 
 - every question is embedded as ``shared.query.embedding_text`` makes it (normalised:
@@ -22,14 +23,13 @@ source:
   - "learned" (the default; ``shared.verifier``) scores up to ``VERIFIED_AT_MOST``
     counting candidates, each pair alone; the most probable is served if its
     probability reaches the verifier's threshold, no other candidate's does too
-    (``ambiguous``), and the rule checks kept beside it (``verification.WITH_LEARNED``: a
+    (``ambiguous``), and the rule checks kept beside it (``rules.WITH_LEARNED``: a
     swapped direction, an opposite word) do not veto it (the very same question passes by
     identity). It is loaded only when this is chosen;
-  - "rules" (``verification.verify``, every check) looks at the best counting candidate
+  - "rules" (``rules.verify``, every check) looks at the best counting candidate
     only and vetoes it when the two differ in a negation, number, name, ...
 
-Feedback on a served match (the labelled pairs, tau re-tuned) is the matcher's
-``feedback`` (client/matching/feedback.py).
+Feedback on a served match: ``Matcher.feedback`` (client/matching/feedback.py).
 """
 
 import logging
@@ -105,7 +105,7 @@ class Matcher:
         """``store``: where declined matches are counted and the labelled pairs live.
         ``verifier``: the learned one, used only when the settings choose it; the shipped
         one by default, loaded on the first decision that needs it."""
-        self.encoder = encoder  # the cache's current vector space (see SemanticCache)
+        self.encoder = encoder  # the cache's current vector space (client/cache/space.py)
         self.thresholds = thresholds
         self.settings = settings
         self._verifier = verifier

@@ -102,7 +102,10 @@ class MeanCacheApp(App[None]):
         self.call_from_thread(self._opened, session)
 
     async def _show_chat(self, screen_class: "type[ChatScreen]") -> "ChatScreen":
-        self._chat = screen_class(self.settings, self.start)
+        from meancache.client.fl.participation import FederatedParticipation
+
+        self._chat = screen_class(self.settings, FederatedParticipation(self.settings),
+                                  self.start)
         await self.push_screen(self._chat)  # over the start screen, which stays below
         return self._chat
 
