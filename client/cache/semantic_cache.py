@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from meancache.client.cache.background import BackgroundWork
+from meancache.client.background import BackgroundWork
 from meancache.client.cache.entries import CachedEntries
 from meancache.client.cache.entry import STORED_DTYPE, Context, Entry
 from meancache.client.cache.learning import Learning
@@ -71,7 +71,6 @@ class SemanticCache:
                                verifier)
         self.space = VectorSpace(Path(directory), self.store, self.settings, self.matcher,
                                  self.thresholds, background=background)
-        self.matcher.encoder = self.space.with_stored_pca(encoder)
         self._entries = CachedEntries(self.store, self.settings, self.policy,
                                       lambda: self.matcher.encoder)
         self._lock = self._entries.lock

@@ -16,7 +16,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-from meancache.client.cache.background import BackgroundWork
+from meancache.client.background import BackgroundWork
 from meancache.client.cache.entries import CachedEntries
 from meancache.client.cache.entry import Entry
 from meancache.client.cache.settings import CacheSettings
@@ -47,6 +47,7 @@ class VectorSpace:
         self.background = BackgroundWork()
         self._in_background = background
         self.entries: CachedEntries  # set by ``attach``: the view built in this space
+        matcher.encoder = self.with_stored_pca(matcher.encoder)  # the PCA layer fitted here
 
     def attach(self, entries: CachedEntries, progress: Progress | None) -> None:
         """Work on ``entries``; those stored in another space are re-embedded now."""

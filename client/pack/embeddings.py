@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from meancache.client.cache.background import BackgroundWork, JobStatus
+from meancache.client.background import BackgroundWork, JobStatus
 from meancache.client.matching.question import embed_texts
 from meancache.shared.encoder import Encoder
 from meancache.shared.files import atomic_write

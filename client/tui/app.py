@@ -13,7 +13,7 @@ from meancache.client.chat.steps import LOADING, startup_steps
 from meancache.client.config import Settings
 from meancache.client.tui.bindings import CHAT_BINDINGS
 from meancache.client.tui.screens.start import StartScreen
-from meancache.client.tui.start import StartSteps
+from meancache.client.tui.start_steps import StartSteps
 from meancache.shared.errors import MeanCacheError
 from textual import work
 from textual.actions import ActionParseResult

@@ -10,7 +10,7 @@ import pytest
 from meancache.client.chat.steps import LOADING, startup_steps
 from meancache.client.config import Settings
 from meancache.client.tui.app import MeanCacheApp
-from meancache.client.tui.start import StartSteps
+from meancache.client.tui.start_steps import StartSteps
 from meancache.client.tui.widgets import StatusLine
 from meancache.shared.encoder import Encoder
 

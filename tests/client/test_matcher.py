@@ -12,7 +12,7 @@ import pytest
 from meancache.client.cache import CacheSettings, Hit, SemanticCache
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import Conversation, ConversationStore
-from meancache.client.chat.federation import switch_to_latest
+from meancache.client.chat.global_model import switch_to_latest
 from meancache.client.chat.session import ChatSession
 from meancache.client.config import load_settings
 from meancache.client.encoder import load_device_encoder

@@ -21,7 +21,7 @@ from meancache.client.tui.packs import describe_update, update_pack
 from meancache.client.tui.screens.attach import AttachScreen
 from meancache.client.tui.screens.conversations import ConversationChoice, ConversationsScreen
 from meancache.client.tui.screens.stats import StatsScreen, session_rows
-from meancache.client.tui.start import StartSteps
+from meancache.client.tui.start_steps import StartSteps
 from meancache.client.tui.text import printable
 from meancache.client.tui.widgets import AnswerView, MessageList, QuestionInput, StatusLine
 from meancache.shared.errors import MeanCacheError
