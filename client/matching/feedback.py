@@ -50,17 +50,25 @@ class ThresholdChange:
         return f"threshold stays {self.old:.3f} ({self.reason})"
 
 
+class Thresholds(Protocol):
+    """Where tau is kept (the cache's ``ThresholdState``): read by every decision, set by
+    a re-tune on feedback."""
+
+    @property
+    def current(self) -> float: ...
+
+    def set_local(self, value: float) -> None: ...
+
+
 class Judge(Protocol):
     """What a re-tune reads of the matcher: its space, tau and settings."""
 
     encoder: Encoder
     settings: MatchSettings
+    thresholds: Thresholds
 
     @property
     def tau(self) -> float: ...
-
-    @property
-    def thresholds(self) -> Any: ...  # ``matcher.Thresholds``
 
 
 class Feedback:

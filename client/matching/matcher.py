@@ -42,7 +42,7 @@ from typing import Protocol
 
 import numpy as np
 from meancache.client.matching import entry_threshold
-from meancache.client.matching.feedback import Feedback
+from meancache.client.matching.feedback import Feedback, Thresholds
 from meancache.client.matching.labels import DECLINED, PairStore
 from meancache.client.matching.question import (
     NOTHING_CLOSE,
@@ -87,16 +87,6 @@ def ambiguous(probabilities: np.ndarray, threshold: float) -> bool:
 def shipped_verifier() -> LearnedVerifier:
     """The verifier that ships with meancache, loaded (and hash-checked) once."""
     return LearnedVerifier.load()
-
-
-class Thresholds(Protocol):
-    """Where tau is kept (the cache's ``ThresholdState``): read by every decision, set by
-    a re-tune on feedback."""
-
-    @property
-    def current(self) -> float: ...
-
-    def set_local(self, value: float) -> None: ...
 
 
 class Matcher:
