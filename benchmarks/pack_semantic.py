@@ -47,6 +47,7 @@ from _common import (
     sample,
     time_each,
 )
+from meancache.client.cache.settings import CacheSettings
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.matching.matcher import Matcher
@@ -95,7 +96,7 @@ def read_labels(path: Path) -> dict[tuple[str, str], bool]:
 def matcher_at(directory: Path, encoder: Encoder, tau: float) -> Matcher:
     """The device's decision at a fixed tau (its feedback store a scratch one)."""
     store = EntryStore(directory / f"matcher-{tau}")
-    return Matcher(encoder, ThresholdState(store, tau), store)
+    return Matcher(encoder, ThresholdState(store, tau), store, CacheSettings().matching)
 
 
 def ready_store(directory: Path, instructions: list[str], encoder: Encoder) -> tuple[
