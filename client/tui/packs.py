@@ -23,6 +23,14 @@ def update_pack(session: ChatSession, progress: Progress) -> PackUpdate:
     return update
 
 
+def describe_update(update: PackUpdate) -> str:
+    """The notice after F6."""
+    manifest = update.manifest
+    if not update.changed:
+        return f"already up to date (pack {manifest.pack_id})"
+    return f"pack {manifest.pack_id}: {manifest.count} instructions now answered on this device"
+
+
 def describe_pack(stats: PackStats) -> str | None:
     """The stats screen's "pack version" line; None without a pack."""
     if stats.pack_id is None:
