@@ -19,7 +19,6 @@ from flwr.cli.build import build_fab_from_disk
 from flwr.proto.fab_pb2 import Fab, GetFabRequest, GetFabResponse
 from flwr.proto.run_pb2 import GetRunResponse, Run
 from flwr.supernode.start_client_internal import _verify_fab
-from meancache.client.config import load_settings
 from meancache.client.errors import ConfigError
 from meancache.client.fl.run_config import ClientConfig
 from meancache.client.fl.supernode import (
@@ -28,7 +27,8 @@ from meancache.client.fl.supernode import (
     trusted_entities,
 )
 from meancache.fl_server.app_declaration import default_run_config, write_app
-from meancache.fl_server.cli import app_signature_dir, split_run_config
+from meancache.fl_server.cli import split_run_config
+from meancache.fl_server.config import FlServerSettings
 from meancache.fl_server.fleet_gateway import (
     RunChecks,
     attach_signature,
@@ -251,12 +251,12 @@ def test_sign_app_and_run_write_the_same_device_settings_into_the_app(
     assert main(["--data-dir", str(data), "--encoder", "minilm", "fl", "sign-app",
                  "--run-config", "epochs=2 min-train-nodes=4"]) == 0
     assert "devices running encoder-model='minilm' epochs=2" in capsys.readouterr().err
-    settings = load_settings(config_dir=tmp_path / "cfg", data_dir=data, environ={},
-                             encoder_model="minilm")
+    settings = FlServerSettings.load(config_dir=tmp_path / "cfg", environ={}, data_dir=data,
+                                     encoder_model="minilm")
     device, server = split_run_config(settings, "min-train-nodes=4 epochs=2")
     assert (device, server) == ({"encoder-model": "minilm", "epochs": 2},
                                 {"min-train-nodes": 4})
     fab = build_fab_from_disk(write_app(tmp_path / "run", device))
-    assert find_signature(app_signature_dir(settings), hashlib.sha256(fab).hexdigest())
+    assert find_signature(settings.app_signature_dir, hashlib.sha256(fab).hexdigest())
     assert main(["--data-dir", str(data), "fl", "sign-app", "--run-config", "nope=1"]) == 2
     assert "the app has no key nope" in capsys.readouterr().err
