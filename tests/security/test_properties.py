@@ -30,20 +30,9 @@ from meancache.shared.pack.format import (
 )
 from meancache.shared.pml import SchemaRegistry, parse_prompt, parse_schema, write_schema
 
-from tests.support.fuzz import fuzzed
+from tests.support.fuzz import MARKUP, RAW_PATHS, fuzzed
 
 FEW = fuzzed()
-TAGS = ["schema", "module", "union", "param", "prompt", "user", "system", "assistant",
-        "a", "b", "", "!--", "![CDATA["]
-ATTRIBUTES = ['name="a"', 'name="b"', 'len="3"', 'len="-1"', 'len="99999999999"',
-              'schema="s"', 'x="&lt;"', 'name=""', "name='a", 'name="a" name="a"']
-# Markup-shaped text: tags, attributes, entities and text in any order and nesting.
-PIECES = st.sampled_from(TAGS).flatmap(lambda tag: st.sampled_from([
-    f"<{tag}>", f"</{tag}>", f"<{tag}/>", *(f"<{tag} {a}>" for a in ATTRIBUTES),
-    *(f"<{tag} {a}/>" for a in ATTRIBUTES)])) | st.sampled_from(
-    ["&lt;", "&amp;", "&#0;", "&#x110000;", "&bogus;", "]]>", "<!DOCTYPE x>", "\r\n",
-     "<?xml version='1.0'?>", "\x00", "\ud800"]) | st.text(max_size=8)
-MARKUP = st.lists(PIECES, max_size=30).map("".join)
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(
     max_size=10), lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
     st.text(max_size=10), inner, max_size=4), max_leaves=15)
@@ -180,12 +169,6 @@ def test_a_damaged_pack_file_is_refused_with_a_pack_error(
     except PackError:
         return
     assert pack.manifest.count == len(pack.answers)
-
-
-SEGMENTS = st.sampled_from(["v1", "fleet", "control", "get-run", "get-fab", "start-run",
-                            "list-runs", "..", ".", "", "%2e%2e", "%2E%2e", "%2f", "..%2f",
-                            "%67et-run", "push-object", "register-node"])
-RAW_PATHS = st.lists(SEGMENTS, min_size=1, max_size=6).map(lambda parts: "/" + "/".join(parts))
 
 
 @FEW

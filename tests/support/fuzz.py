@@ -92,3 +92,23 @@ def openai_error(response: httpx.Response) -> dict[str, Any]:
     assert isinstance(error["message"], str) and error["message"].strip(), error
     assert "Traceback" not in error["message"], error
     return dict(error)
+
+
+# PML schemas and prompts, as a careless or hostile client writes them
+TAGS = ["schema", "module", "union", "param", "prompt", "user", "system", "assistant",
+        "a", "b", "", "!--", "![CDATA["]
+ATTRIBUTES = ['name="a"', 'name="b"', 'len="3"', 'len="-1"', 'len="99999999999"',
+              'schema="s"', 'x="&lt;"', 'name=""', "name='a", 'name="a" name="a"']
+# Markup-shaped text: tags, attributes, entities and text in any order and nesting.
+PIECES = st.sampled_from(TAGS).flatmap(lambda tag: st.sampled_from([
+    f"<{tag}>", f"</{tag}>", f"<{tag}/>", *(f"<{tag} {a}>" for a in ATTRIBUTES),
+    *(f"<{tag} {a}/>" for a in ATTRIBUTES)])) | st.sampled_from(
+    ["&lt;", "&amp;", "&#0;", "&#x110000;", "&bogus;", "]]>", "<!DOCTYPE x>", "\r\n",
+     "<?xml version='1.0'?>", "\x00", "\ud800"]) | st.text(max_size=8)
+MARKUP = st.lists(PIECES, max_size=30).map("".join)
+
+# Paths for the Fleet gateway: Fleet and Control segments, dot segments and escapes.
+SEGMENTS = st.sampled_from(["v1", "fleet", "control", "get-run", "get-fab", "start-run",
+                            "list-runs", "..", ".", "", "%2e%2e", "%2E%2e", "%2f", "..%2f",
+                            "%67et-run", "push-object", "register-node"])
+RAW_PATHS = st.lists(SEGMENTS, min_size=1, max_size=6).map(lambda parts: "/" + "/".join(parts))
