@@ -226,6 +226,24 @@ def fuzz(name: str, url: str, pid: int, home: Path, cases: int, draw_seed: int) 
     return result
 
 
+def superlink_ready(fleet: int, server: subprocess.Popen[bytes], seconds: float = 600
+                    ) -> None:
+    """Until the SuperLink behind the gateway answers (the gateway listens first and
+    answers 502 meanwhile): an empty get-run, which the SuperLink refuses with 401."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            raise RuntimeError(f"`fl server` exited ({server.returncode})")
+        try:
+            if httpx.post(f"http://127.0.0.1:{fleet}/v1/fleet/get-run",
+                          timeout=30).status_code != 502:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("the SuperLink never answered through the gateway")
+
+
 def free_port() -> int:
     from meancache.shared.processes import free_port as free
 
@@ -271,7 +289,7 @@ def run_servers(names: list[str], cases: int, draw_seed: int, work: Path
         with started(["fl", "server", "--port", str(fleet), "--control-port", str(control),
                       "--model-port", str(model)], work / "fl", {},
                      f"http://127.0.0.1:{model}/health") as server:
-            wait_for(f"http://127.0.0.1:{fleet}/", server)
+            superlink_ready(fleet, server)
             for name, port in (("gateway", fleet), ("endpoint", model)):
                 if name in names:
                     note(f"{name}: {cases} cases")
