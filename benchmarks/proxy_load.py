@@ -1,5 +1,5 @@
 """Do cache hits wait behind misses? Eight apps on one `meancache proxy` at once: four ask
-questions the cache holds (whole answers, one after another), four stream long misses
+questions the cache holds (whole answers, `--pause-ms` apart), four stream long misses
 from a slow upstream. The hits' latency beside the misses is printed against the same
 hits alone, for misses under other apps' keys (their caches open), under the hit apps'
 own key, and from new apps (each miss opens a cache: at most MAX_NAMESPACES apps, past
@@ -11,8 +11,8 @@ one fake here, and only for its slowness): a streamed answer is `--words` words,
 every `--word-ms` ms; the cached questions were stored through the proxy beforehand,
 from the same upstream answering at once. Questions: distinct QQP dev questions.
 
-    python benchmarks/proxy_load.py            # 40 hits per app and scenario
-    python benchmarks/proxy_load.py --quick    # 10
+    python benchmarks/proxy_load.py            # 20 s of hits per scenario
+    python benchmarks/proxy_load.py --quick    # 6 s
 """
 
 import asyncio
@@ -101,10 +101,14 @@ class Run:
     errors: list[str] = field(default_factory=list)
 
 
-def hit_app(url: str, key: str, questions: list[str], count: int, run: Run,
+def hit_app(url: str, key: str, questions: list[str], until: float, pause: float, run: Run,
             lock: threading.Lock) -> None:
+    """Asks ``questions`` in turn, ``pause`` seconds apart, until ``until`` (monotonic)."""
     app = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=300)
-    for i in range(count):
+    i = 0
+    while time.monotonic() < until:
+        time.sleep(pause)
+        i += 1
         start = time.perf_counter()
         try:
             raw = app.chat.completions.with_raw_response.create(
@@ -145,9 +149,9 @@ def miss_app(url: str, key: str, questions: list[str], stop: threading.Event, ru
             run.missed.append(time.perf_counter() - start)
 
 
-def scenario(url: str, cached: list[str], fresh: list[str], count: int,
+def scenario(url: str, cached: list[str], fresh: list[str], seconds: float, pause: float,
              miss_keys: list[str] | None) -> Run:
-    """The hit apps asking ``count`` cached questions each; beside them, when
+    """The hit apps asking cached questions for ``seconds``; beside them, when
     ``miss_keys`` is given, one miss app per key streaming fresh questions until the
     hits are done (started first, so that every hit runs beside streams)."""
     run, lock, stop = Run(), threading.Lock(), threading.Event()
@@ -157,8 +161,9 @@ def scenario(url: str, cached: list[str], fresh: list[str], count: int,
         thread.start()
     if misses:
         time.sleep(1.0)  # the streams are under way
-    hits = [threading.Thread(target=hit_app, args=(url, "hits", cached[i::HIT_APPS], count,
-                                                   run, lock)) for i in range(HIT_APPS)]
+    until = time.monotonic() + seconds
+    hits = [threading.Thread(target=hit_app, args=(url, "hits", cached[i::HIT_APPS], until,
+                                                   pause, run, lock)) for i in range(HIT_APPS)]
     for thread in hits:
         thread.start()
     for thread in hits:
@@ -175,10 +180,12 @@ def ms(seconds: list[float], q: float) -> str:
 
 def main() -> None:
     parser = base_parser(__doc__)
-    parser.add_argument("--hits", type=int, help="whole hits each hit app asks per scenario")
+    parser.add_argument("--seconds", type=float, help="how long each scenario's hits run")
+    parser.add_argument("--pause-ms", type=float, default=100.0,
+                        help="each hit app's pause between its questions")
     parser.add_argument("--words", type=int, default=200, help="words in a streamed miss")
     parser.add_argument("--word-ms", type=float, default=25.0, help="ms between the words")
-    args = apply_defaults(parser.parse_args(), {"hits": 40}, {"hits": 10})
+    args = apply_defaults(parser.parse_args(), {"seconds": 20.0}, {"seconds": 6.0})
     questions = sample(qqp_questions(load_qqp(args.data_dir, "dev")), 16 + 400, args.seed)
     cached, fresh = questions[:16], questions[16:]
     pace = Pace(args.words, 0.0)
@@ -199,21 +206,24 @@ def main() -> None:
             openai.OpenAI(base_url=url, api_key=key, max_retries=0).chat.completions.create(
                 model=MODEL, messages=[{"role": "user", "content": asked}])
         pace.pause = args.word_ms / 1000
+        timing = (args.seconds, args.pause_ms / 1000)
         note("hits alone")
-        alone = scenario(url, cached, fresh, args.hits, None)
+        alone = scenario(url, cached, fresh, *timing, None)
         note("hits beside misses under other keys")
-        apart = scenario(url, cached, fresh, args.hits, miss_keys)
+        apart = scenario(url, cached, fresh, *timing, miss_keys)
         note("hits beside misses under the hit apps' key")
-        shared = scenario(url, cached, fresh, args.hits, ["hits"] * MISS_APPS)
+        shared = scenario(url, cached, fresh, *timing, ["hits"] * MISS_APPS)
         note("hits beside misses of new apps (a cache opened for each)")
-        new = scenario(url, cached, fresh, args.hits, [f"new-{i}*" for i in range(MISS_APPS)])
+        new = scenario(url, cached, fresh, *timing,
+                       [f"new-{i}*" for i in range(MISS_APPS)])
     finally:
         proxy.close()
         upstream.stop()
     stream_s = args.words * args.word_ms / 1000
     heading(f"Hits beside streamed misses: {HIT_APPS} apps asking cached questions (whole "
-            f"answers, {args.hits} each), {MISS_APPS} apps streaming misses of {args.words} "
-            f"words at {args.word_ms:g} ms (about {stream_s:.1f} s each) from a slow upstream; "
+            f"answers, {args.pause_ms:g} ms apart, for {args.seconds:g} s), {MISS_APPS} apps "
+            f"streaming misses of {args.words} words at {args.word_ms:g} ms (about "
+            f"{stream_s:.1f} s each) from a slow upstream; "
             f"one `meancache proxy`, MiniLM ONNX, openai SDK; {machine_load()}")
     table = make_table(["hits", "n", "p50 ms", "p99 ms", "max ms", "served as hits",
                         "misses streamed", "miss p50 s", "errors"])
