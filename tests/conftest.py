@@ -26,6 +26,13 @@ for variable in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):
 CacheFactory = Callable[..., SemanticCache]
 
 
+def pytest_report_header() -> str:
+    """The fuzz suites' seed, so that a failing run can be replayed."""
+    from tests.support.fuzz import FUZZ_SEED
+
+    return f"fuzz seed {FUZZ_SEED} (MEANCACHE_FUZZ_SEED={FUZZ_SEED} replays this run's inputs)"
+
+
 @pytest.fixture(scope="session")
 def shared_data_dir() -> Path:
     """The read-only evaluation data shared by the project (never copied into it)."""

@@ -158,7 +158,8 @@ def manifest_from_json(data: object, where: str) -> PackManifest:
     if not isinstance(data, dict) or data.get("format") != FORMAT_NAME:
         raise PackCorruptError(f"{where} is not a meancache pack (no 'format': "
                                f"{FORMAT_NAME!r} in its manifest)")
-    if data.get("version") != FORMAT_VERSION:
+    version = data.get("version")
+    if version != FORMAT_VERSION or not _count(version, FORMAT_VERSION):  # 1.0, True: no
         raise PackVersionError(f"{where}: pack format version {data.get('version')!r} is not "
                                f"the version {FORMAT_VERSION} this meancache reads; update "
                                "meancache or fetch a pack built for it")

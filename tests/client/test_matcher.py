@@ -42,24 +42,39 @@ def pack_with(directory: Path, instructions: list[str], encoder: Encoder) -> Pac
     return packs
 
 
-@pytest.mark.parametrize(("stored", "asked", "settings"), [
-    (FRANCE, "What is France's capital?", CacheSettings()),  # a paraphrase
-    (FRANCE, "What isn't the capital of France?", CacheSettings()),  # vetoed
-    (FRANCE, "What isn't the capital of France?", CacheSettings(verify_hits=False)),
-    (FRANCE, "What is France's capital?",
-     CacheSettings(global_threshold=0.995, recall_margin=0.0)),  # under tau
-    (LONG_STORY + "The dragon wins.", LONG_STORY + "The knight wins.",
-     CacheSettings()),  # differs only past the encoder's window
+HIT, MISS = True, False
+
+
+# Each case names what both sources must decide: a matcher that always hits fails the
+# misses, one that always misses fails the hits, and one that merely agrees with itself
+# fails either.
+@pytest.mark.parametrize(("stored", "asked", "settings", "hit"), [
+    pytest.param(FRANCE, "What is France's capital?", CacheSettings(), HIT, id="paraphrase"),
+    pytest.param(FRANCE, "What isn't the capital of France?", CacheSettings(), MISS,
+                 id="vetoed"),
+    pytest.param(FRANCE, "What isn't the capital of France?",
+                 CacheSettings(verify_hits=False), HIT, id="unverified-look-alike"),
+    pytest.param(FRANCE, "What is France's capital?",
+                 CacheSettings(global_threshold=0.995, recall_margin=0.0), MISS,
+                 id="under-tau"),
+    pytest.param(FRANCE, "How do I bake sourdough bread at home?", CacheSettings(), MISS,
+                 id="unrelated"),
+    pytest.param(FRANCE, FRANCE, CacheSettings(), HIT, id="same-question"),
+    pytest.param(LONG_STORY + "The dragon wins.", LONG_STORY + "The knight wins.",
+                 CacheSettings(), MISS, id="past-the-window"),
+    pytest.param(LONG_STORY + "The dragon wins.", LONG_STORY + "The dragon wins.",
+                 CacheSettings(), HIT, id="past-the-window-same"),
 ])
 def test_the_pack_and_the_cache_decide_a_question_alike(
         make_cache: CacheFactory, encoder: Encoder, tmp_path: Path, stored: str, asked: str,
-        settings: CacheSettings) -> None:
+        settings: CacheSettings, hit: bool) -> None:
     cache = make_cache(settings=settings)
     cache.insert(stored, "cached answer")
     packs = pack_with(tmp_path / "packs", [stored], encoder)
     from_pack = packs.lookup_similar(asked, cache.matcher)
     from_cache = cache.lookup(asked)
-    assert isinstance(from_pack, PackHit) == isinstance(from_cache, Hit)
+    assert isinstance(from_pack, PackHit) is hit, f"pack: {from_pack!r}"
+    assert isinstance(from_cache, Hit) is hit, f"cache: {from_cache!r}"
     if isinstance(from_pack, PackHit) and isinstance(from_cache, Hit):
         # the cache stores float16 vectors: a unit-vector dot product moves by <= 2**-11
         assert from_pack.similarity == pytest.approx(from_cache.similarity, abs=2**-11)

@@ -1,7 +1,7 @@
 """The proxy's caches as the device's: at most ``MAX_OPEN`` open (the least recently used
 closed, or once its last request is done; reopened on demand), all closed when the proxy
 stops, and the device's global tau reaching them, open or made later. The upstream is
-the echo stub (tests/support/servers.py); the encoder MiniLM. That a cache is closed is
+the real server running builtin:tiny (the session's); the encoder MiniLM. That a cache is closed is
 seen as the process holding no file under its directory."""
 
 import gc
@@ -19,7 +19,6 @@ from meancache.client.proxy.partitions import Partition
 from meancache.client.proxy.service import Proxy
 
 from tests.client.test_proxy import PARAPHRASE, QUESTION, ask, proxy_settings
-from tests.support.servers import echo_upstream
 
 
 def open_files(under: Path) -> int:
@@ -36,9 +35,8 @@ def open_files(under: Path) -> int:
 
 
 @pytest.fixture
-def settings(tmp_path: Path) -> Iterator[Settings]:
-    with echo_upstream() as upstream:
-        yield proxy_settings(tmp_path, upstream)
+def settings(tmp_path: Path, upstream_url: str) -> Settings:
+    return proxy_settings(tmp_path, upstream_url)
 
 
 @pytest.fixture

@@ -12,18 +12,17 @@ from meancache.client.proxy.apps import key_digest
 from meancache.client.proxy.partitions import Partition
 from meancache.client.proxy.service import Proxy
 
-from tests.client.test_proxy import proxy_settings
-from tests.support.servers import ECHO_MODEL, echo_upstream
+from tests.client.test_proxy import MODEL, proxy_settings
 
 
 @pytest.fixture
-def proxy_url(tmp_path: Path) -> Iterator[tuple[str, Proxy]]:
-    with echo_upstream() as upstream:
-        proxy = Proxy.open(proxy_settings(tmp_path, upstream))
-        try:
-            yield proxy.start(), proxy
-        finally:
-            proxy.close()
+def proxy_url(tmp_path: Path, upstream_url: str) -> Iterator[tuple[str, Proxy]]:
+    """The proxy in front of the real upstream (builtin:tiny, the session's)."""
+    proxy = Proxy.open(proxy_settings(tmp_path, upstream_url))
+    try:
+        yield proxy.start(), proxy
+    finally:
+        proxy.close()
 
 
 def test_llm_gets_a_cached_answer_to_a_paraphrase(proxy_url: tuple[str, Proxy],
@@ -33,14 +32,13 @@ def test_llm_gets_a_cached_answer_to_a_paraphrase(proxy_url: tuple[str, Proxy],
     home = tmp_path / "llm"
     home.mkdir()
     (home / "extra-openai-models.yaml").write_text(yaml.safe_dump([{
-        "model_id": "meancache", "model_name": ECHO_MODEL, "api_base": url,
+        "model_id": "meancache", "model_name": MODEL, "api_base": url,
         "headers": {"X-Meancache-App": "llm"}}]))
     monkeypatch.setenv("LLM_USER_PATH", str(home))
     model = llm.get_model("meancache")
     first = model.prompt("How do I bake sourdough bread at home?").text()
     second = model.prompt("How can I bake sourdough bread at home?").text()
-    assert first.endswith("How do I bake sourdough bread at home?")
-    assert second == first  # the upstream would have named the paraphrase
+    assert second == first  # and the entry counts the hit (below)
     # llm sends its placeholder key: the entries are that key's, labelled by its header
     partition = proxy.state.partitions.get(key_digest("DUMMY_KEY"), ())
     assert isinstance(partition, Partition)

@@ -1,33 +1,37 @@
 """What the proxy makes of a request: which ones the cache may answer (eligibility), and
-that no body, however malformed, gets a 500 or a traceback (a property test against the
-running proxy)."""
+what each body gets from the running proxy in front of the real upstream (property tests:
+a valid request its answer, a broken one a 4xx that names the problem, never a 5xx)."""
 
 import json
 import signal
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import given
 from meancache.client.proxy.eligibility import Bypass, Question, question_of
 from meancache.client.proxy.service import Proxy, own_address_problem
 from meancache.client.proxy.wire import ChatRequest
+from meancache.upstream.sampling_params import SERVER_DEFAULTS
+from meancache.upstream.server.app import ServerSettings
+from pydantic import ValidationError
 
 from meancache.cli import main
-from tests.client.test_proxy import proxy_settings
-from tests.support.servers import ECHO_MODEL, echo_upstream
+from tests.client.test_proxy import ANSWER_TOKENS, MODEL, proxy_settings
+from tests.support.fuzz import chat_bodies, chat_requests, fuzzed, openai_error
+from tests.support.servers import running_upstream
 
 
 def request(**fields: Any) -> ChatRequest:
-    body = {"model": ECHO_MODEL, "messages": [{"role": "user", "content": "Why?"}]} | fields
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Why?"}]} | fields
     return ChatRequest.model_validate_json(json.dumps(body))
 
 
 def decide(greedy_only: bool = False, **fields: Any) -> Question | Bypass:
-    return question_of(request(**fields), ECHO_MODEL, 512, greedy_only)
+    return question_of(request(**fields), MODEL, 512, greedy_only)
 
 
 @pytest.mark.parametrize(("fields", "reason"), [
@@ -73,7 +77,10 @@ def test_what_the_cache_may_answer_and_how_it_is_split() -> None:
 
 @pytest.fixture(scope="module")
 def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with echo_upstream() as upstream:
+    """The proxy in front of a real upstream whose answers default to ANSWER_TOKENS
+    tokens (a fuzzed request that names no max_tokens stays short)."""
+    short = ServerSettings(defaults=replace(SERVER_DEFAULTS, max_tokens=ANSWER_TOKENS))
+    with running_upstream(settings=short) as upstream:
         proxy = Proxy.open(proxy_settings(tmp_path_factory.mktemp("fuzz"), upstream))
         try:
             yield proxy.start()
@@ -81,46 +88,52 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             proxy.close()
 
 
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20)
-                    | st.floats(allow_nan=False, allow_infinity=False),
-                    lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=10), inner, max_size=4), max_leaves=12)
-FIELDS = ["model", "messages", "stream", "stream_options", "max_tokens", "temperature", "n",
-          "tools", "stop", "top_p", "role", "content"]
-MESSAGE = st.fixed_dictionaries({}, optional={
-    "role": st.sampled_from(["user", "assistant", "system", "tool", "x"]) | JSON,
-    "content": st.text(max_size=30) | JSON})
-BODIES = st.one_of(
-    JSON.map(lambda value: json.dumps(value).encode()),
-    st.binary(max_size=60),
-    st.fixed_dictionaries({}, optional={
-        **{name: JSON for name in FIELDS},
-        "model": st.just(ECHO_MODEL) | JSON,
-        "messages": st.lists(MESSAGE, max_size=3) | JSON}).map(
-            lambda body: json.dumps(body).encode()),
-)
+def post(base_url: str, body: bytes) -> httpx.Response:
+    return httpx.post(f"{base_url}/chat/completions", content=body, timeout=120,
+                      headers={"Content-Type": "application/json",
+                               "Authorization": "Bearer fuzz"})
 
 
-@settings(max_examples=60, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(body=BODIES)
-def test_no_body_gets_a_500(base_url: str, body: bytes) -> None:
-    response = httpx.post(f"{base_url}/chat/completions", content=body, timeout=30,
-                          headers={"Content-Type": "application/json"})
-    if response.headers.get("content-type", "").startswith("text/event-stream"):
-        assert response.status_code == 200 and "data: " in response.text
-        return
-    assert response.status_code != 500
-    answer = response.json()
-    if response.status_code >= 400:
-        assert set(answer["error"]) == {"message", "type", "param", "code"}
-        assert answer["error"]["message"] and "Traceback" not in answer["error"]["message"]
+def answered_in_full(response: httpx.Response) -> None:
+    """A 200 with an answer: a whole completion, or an event stream that ends in [DONE]."""
+    assert response.status_code == 200, response.text[:500]
+    if response.headers["content-type"].startswith("text/event-stream"):
+        events = [line for line in response.text.splitlines() if line.startswith("data: ")]
+        assert events[-1] == "data: [DONE]", response.text[-300:]
+        for event in events[:-1]:
+            assert "error" not in json.loads(event[6:]), event
     else:
-        assert answer["choices"][0]["message"]["content"] is not None
+        assert isinstance(response.json()["choices"][0]["message"]["content"], str)
+
+
+@fuzzed(max_examples=30)
+@given(body=chat_requests(MODEL, ANSWER_TOKENS))
+def test_every_valid_request_gets_its_answer(base_url: str, body: dict[str, Any]) -> None:
+    answered_in_full(post(base_url, json.dumps(body).encode()))
+
+
+@fuzzed()
+@given(body=chat_bodies(MODEL))
+def test_an_invalid_body_gets_a_4xx_naming_the_problem(base_url: str, body: bytes) -> None:
+    """What the proxy's own model refuses gets 400 (or 413/415/422) with an OpenAI error
+    that says what was wrong; what it accepts is answered, or refused by the upstream
+    (its 400, relayed as ``upstream_refused``); never a 5xx."""
+    response = post(base_url, body)
+    try:
+        ChatRequest.model_validate_json(body)
+    except ValidationError:
+        assert response.status_code in (400, 413, 415, 422), response.text[:500]
+        openai_error(response)
+        return
+    if response.status_code == 200:
+        answered_in_full(response)
+    else:
+        assert response.status_code == 400, response.text[:500]
+        assert openai_error(response)["code"] == "upstream_refused"
 
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
-def test_the_command_serves_an_unmodified_openai_client(tmp_path: Path,
+def test_the_command_serves_an_unmodified_openai_client(tmp_path: Path, upstream_url: str,
                                                         stop: signal.Signals) -> None:
     """`meancache proxy` as a user runs it (a process, a port), and a plain SDK client;
     a service manager's stop (SIGTERM) or Ctrl+C (SIGINT) closes its caches and exits."""
@@ -132,25 +145,26 @@ def test_the_command_serves_an_unmodified_openai_client(tmp_path: Path,
     from tests.support.servers import free_port, wait_for_port
 
     port = free_port()
-    with echo_upstream() as upstream:
-        env = {"MEANCACHE_DATA_DIR": str(tmp_path / "data"), "PATH": "/usr/bin:/bin",
-               "MEANCACHE_CONFIG_DIR": str(tmp_path / "config"), "HF_HUB_OFFLINE": "1",
-               "MEANCACHE_ENCODER_MODEL": "minilm", "MEANCACHE_ENCODER_BACKEND": "torch"}
-        process = subprocess.Popen([sys.executable, "-m", "meancache", "proxy", "--port",
-                                    str(port), "--upstream", upstream], env=env,
-                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        try:
-            wait_for_port(port, 120)
-            app = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="script")
-            answers = [app.chat.completions.create(
-                model=ECHO_MODEL, messages=[{"role": "user", "content": question}])
-                .choices[0].message.content
-                for question in ("What is the boiling point of water?",
-                                 "What's the boiling point of water?")]
-            assert answers[1] == answers[0]  # the paraphrase got the cached answer
-        finally:
-            process.send_signal(stop)
-            _, err = process.communicate(timeout=30)
+    env = {"MEANCACHE_DATA_DIR": str(tmp_path / "data"), "PATH": "/usr/bin:/bin",
+           "MEANCACHE_CONFIG_DIR": str(tmp_path / "config"), "HF_HUB_OFFLINE": "1",
+           "MEANCACHE_ENCODER_MODEL": "minilm", "MEANCACHE_ENCODER_BACKEND": "torch",
+           "MEANCACHE_ANSWER_MAX_TOKENS": str(ANSWER_TOKENS)}
+    process = subprocess.Popen([sys.executable, "-m", "meancache", "proxy", "--port",
+                                str(port), "--upstream", upstream_url], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for_port(port, 120)
+        app = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="script")
+        raws = [app.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": question}])
+            for question in ("What is the boiling point of water?",
+                             "What's the boiling point of water?")]
+        assert [raw.headers["x-meancache"].split(";")[0] for raw in raws] == ["miss", "hit"]
+        answers = [raw.parse().choices[0].message.content for raw in raws]
+        assert answers[1] == answers[0]  # the paraphrase got the cached answer
+    finally:
+        process.send_signal(stop)
+        _, err = process.communicate(timeout=30)
     assert b"Traceback" not in err, err.decode()
     assert f"http://127.0.0.1:{port}/v1".encode() in err
     assert process.returncode == 128 + stop  # exited, its `finally`s run: not killed

@@ -5,7 +5,9 @@ Fleet methods a SuperNode calls is refused before anything reaches the SuperLink
 import http.client
 import socket
 import subprocess
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -48,9 +50,26 @@ def post(port: int, path: str, body: bytes = b"", headers: dict[str, str] | None
         connection.close()
 
 
+@dataclass(frozen=True)
+class SuperLink:
+    port: int
+    log: Path  # its output, with one access line per request it answered
+
+    def requests(self, path: str) -> int:
+        """How many requests for ``path`` the SuperLink has logged so far."""
+        return self.log.read_text(errors="replace").count(f'"POST {path} HTTP/1.1"')
+
+    def wait_for_requests(self, path: str, count: int, seconds: float = 10) -> int:
+        """The logged count for ``path`` once it reaches ``count`` (or the deadline)."""
+        deadline = time.monotonic() + seconds
+        while (seen := self.requests(path)) < count and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return seen
+
+
 @pytest.fixture(scope="module")
-def superlink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """A real SuperLink on loopback; yields its (control) port."""
+def superlink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SuperLink]:
+    """A real SuperLink on loopback (its control and Fleet port), logging to a file."""
     state = tmp_path_factory.mktemp("superlink")
     port = free_port()
     process = subprocess.Popen(superlink_command(state, "127.0.0.1", port, None),
@@ -58,15 +77,15 @@ def superlink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
                                stdout=(state / "log").open("wb"), stderr=subprocess.STDOUT)
     try:
         wait_for_port(port)
-        yield port
+        yield SuperLink(port, state / "log")
     finally:
         process.terminate()
         process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
-def gateway(superlink: int, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    server = LoopbackServer(create_gateway(f"127.0.0.1:{superlink}", None,
+def gateway(superlink: SuperLink, tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
+    server = LoopbackServer(create_gateway(f"127.0.0.1:{superlink.port}", None,
                                            tmp_path_factory.mktemp("signatures")), "gateway",
                             header_seconds=1.0)
     assert server.start()
@@ -74,9 +93,9 @@ def gateway(superlink: int, tmp_path_factory: pytest.TempPathFactory) -> Iterato
     server.stop()
 
 
-def test_the_superlink_answers_run_listing_to_whoever_reaches_it(superlink: int) -> None:
+def test_the_superlink_answers_run_listing_to_whoever_reaches_it(superlink: SuperLink) -> None:
     """The premise: behind the gateway, the Control API answers anyone."""
-    assert post(superlink, "/v1/control/list-runs")[0] == 200
+    assert post(superlink.port, "/v1/control/list-runs")[0] == 200
 
 
 @pytest.mark.parametrize("path", ESCAPES)
@@ -86,10 +105,15 @@ def test_no_path_walks_out_of_the_fleet_api(gateway: int, path: str) -> None:
     assert b"only the Fleet API" in body
 
 
-def test_each_fleet_method_a_supernode_calls_is_forwarded(gateway: int) -> None:
+def test_each_fleet_method_a_supernode_calls_is_forwarded(gateway: int,
+                                                          superlink: SuperLink) -> None:
+    """An empty request carries no node authentication: the SuperLink itself refuses it
+    with 401, and the gateway relays that answer (the SuperLink logs the call)."""
     for path in FLEET_METHODS.values():
-        status, body = post(gateway, path)  # an empty request: the SuperLink itself answers
-        assert status != 403, (path, body[:200])
+        before = superlink.requests(path)
+        assert post(gateway, path) == post(superlink.port, path) == (
+            401, b'{"detail":"Invalid SuperNode authentication"}'), path
+        assert superlink.wait_for_requests(path, before + 2) == before + 2, path
 
 
 def test_only_post_reaches_the_fleet_api(gateway: int) -> None:
@@ -99,33 +123,34 @@ def test_only_post_reaches_the_fleet_api(gateway: int) -> None:
     connection.close()
 
 
-def test_a_big_body_is_refused_before_it_is_read(gateway: int) -> None:
+def test_a_big_body_is_refused_before_it_is_read(gateway: int, superlink: SuperLink) -> None:
     """Declared over the cap: 413 without the body being sent at all."""
+    path = "/v1/fleet/push-object"
+    before = superlink.requests(path)
     with socket.create_connection(("127.0.0.1", gateway), timeout=30) as sock:
-        sock.sendall(b"POST /v1/fleet/push-object HTTP/1.1\r\nHost: x\r\n"
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\n"
                      b"Content-Type: application/protobuf\r\n"
-                     b"Content-Length: %d\r\n\r\n" % (400 * 1024 * 1024))
+                     b"Content-Length: %d\r\n\r\n" % (path.encode(), 400 * 1024 * 1024))
         assert sock.recv(200).startswith(b"HTTP/1.1 413")
+    assert superlink.requests(path) == before  # nothing was forwarded
 
 
-def test_a_chunked_body_is_cut_off_at_the_cap(gateway: int) -> None:
-    def chunks() -> Iterator[bytes]:
-        for _ in range(MAX_BODY_BYTES // (1 << 20) + 2):
-            yield b"\0" * (1 << 20)
-
-    connection = http.client.HTTPConnection("127.0.0.1", gateway, timeout=30)
-    try:
-        connection.request("POST", "/v1/fleet/push-object", body=chunks(),
-                           headers={**PROTOBUF, "Transfer-Encoding": "chunked"},
-                           encode_chunked=True)
-        assert connection.getresponse().status == 413
-    except (BrokenPipeError, ConnectionResetError):
-        # The gateway answered 413 and closed while the rest was still on its way: the
-        # reset itself shows it stopped reading (a server that read the whole body and
-        # then answered would have left nothing unread to reset on).
-        pass
-    finally:
-        connection.close()
+def test_a_chunked_body_is_cut_off_at_the_cap(gateway: int, superlink: SuperLink) -> None:
+    """A chunked body one byte over the cap, whose end never comes: the gateway answers
+    413 as soon as the cap is passed (it does not wait for the rest), and the SuperLink
+    never sees the request. Exactly cap + 1 bytes are sent, all of which the gateway
+    reads, so its close is an orderly one and the answer cannot be lost to a reset."""
+    path = "/v1/fleet/push-object"
+    before = superlink.requests(path)
+    piece = 1 << 20
+    with socket.create_connection(("127.0.0.1", gateway), timeout=30) as sock:
+        sock.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/protobuf"
+                     b"\r\nTransfer-Encoding: chunked\r\n\r\n" % path.encode())
+        for _ in range(MAX_BODY_BYTES // piece):
+            sock.sendall(b"%x\r\n%s\r\n" % (piece, b"\0" * piece))
+        sock.sendall(b"1\r\n\0\r\n")  # the byte over the cap; no terminating chunk
+        assert sock.recv(200).startswith(b"HTTP/1.1 413")
+    assert superlink.requests(path) == before
 
 
 def test_a_slow_client_is_disconnected(gateway: int) -> None:
@@ -135,12 +160,15 @@ def test_a_slow_client_is_disconnected(gateway: int) -> None:
                                    15), "the connection stayed open for 15 s of headers"
 
 
-def test_a_big_header_is_refused_unread(gateway: int) -> None:
+def test_a_big_header_is_refused_unread(gateway: int, superlink: SuperLink) -> None:
     """A 1 MiB header: refused with 431 once the first 16 KiB are read (the rest is read
     and dropped before the connection closes), never parsed whole or forwarded."""
-    status, _ = post(gateway, "/v1/fleet/get-run", headers={"X-Big": "a" * (1 << 20)})
+    path = "/v1/fleet/get-run"
+    before = superlink.requests(path)
+    status, _ = post(gateway, path, headers={"X-Big": "a" * (1 << 20)})
     assert status == 431
-    assert post(gateway, "/v1/fleet/get-run")[0] != 431  # and the gateway serves on
+    assert superlink.requests(path) == before  # never forwarded
+    assert post(gateway, path)[0] == 401  # and the gateway serves on: the SuperLink answers
 
 
 def test_a_superlink_that_never_answers_times_out() -> None:

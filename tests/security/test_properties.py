@@ -4,35 +4,91 @@ input, the parser answers with its own error type (which the servers turn into a
 value, never another exception."""
 
 import json
+from dataclasses import fields
 from pathlib import Path
 
-from hypothesis import given, settings
+import pytest
+from flwr.proto.fab_pb2 import Fab, GetFabResponse
+from flwr.supernode.start_client_internal import _verify_fab
+from hypothesis import given
 from hypothesis import strategies as st
 from meancache.fl_server.fleet_gateway import FLEET_METHODS, attach_signature, fleet_route
 from meancache.shared.errors import PackError, PMLError
+from meancache.shared.fl.app_signing import (
+    operator_key,
+    public_key_line,
+    save_signature,
+    sign_fab,
+)
 from meancache.shared.pack import manifest_from_json, read_pack, write_pack
+from meancache.shared.pack.format import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    MAX_BODY_BYTES,
+    MAX_MODEL_CHARS,
+    PackManifest,
+)
 from meancache.shared.pml import SchemaRegistry, parse_prompt, parse_schema, write_schema
 
-FEW = settings(max_examples=150, deadline=None, derandomize=True)
-TAGS = ["schema", "module", "union", "param", "prompt", "user", "system", "assistant",
-        "a", "b", "", "!--", "![CDATA["]
-ATTRIBUTES = ['name="a"', 'name="b"', 'len="3"', 'len="-1"', 'len="99999999999"',
-              'schema="s"', 'x="&lt;"', 'name=""', "name='a", 'name="a" name="a"']
-# Markup-shaped text: tags, attributes, entities and text in any order and nesting.
-PIECES = st.sampled_from(TAGS).flatmap(lambda tag: st.sampled_from([
-    f"<{tag}>", f"</{tag}>", f"<{tag}/>", *(f"<{tag} {a}>" for a in ATTRIBUTES),
-    *(f"<{tag} {a}/>" for a in ATTRIBUTES)])) | st.sampled_from(
-    ["&lt;", "&amp;", "&#0;", "&#x110000;", "&bogus;", "]]>", "<!DOCTYPE x>", "\r\n",
-     "<?xml version='1.0'?>", "\x00", "\ud800"]) | st.text(max_size=8)
-MARKUP = st.lists(PIECES, max_size=30).map("".join)
+from tests.support.fuzz import MARKUP, RAW_PATHS, fuzzed
+
+FEW = fuzzed()
 JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(
     max_size=10), lambda inner: st.lists(inner, max_size=4) | st.dictionaries(
     st.text(max_size=10), inner, max_size=4), max_leaves=15)
-MANIFEST_FIELDS = {"format": st.just("meancache-pack") | JSON, "version": st.just(1) | JSON,
-                   "model": st.text(max_size=300) | JSON, "sigma": st.floats() | JSON,
-                   "count": st.integers() | JSON, "created": st.text(max_size=70) | JSON,
-                   "body_bytes": st.integers() | JSON, "body_sha256": st.text(max_size=70) | JSON,
-                   "encoder": st.none() | st.text(max_size=10) | JSON}
+# A manifest field by field, from PackManifest's own fields and the ranges
+# manifest_from_json documents: each field valid (most draws) or broken in one way a
+# damaged or hostile manifest breaks it. Each draw is (value, valid).
+BROKEN = st.none() | st.booleans() | st.floats(allow_nan=False) | st.text(max_size=5) | st.lists(
+    st.integers(), max_size=2)
+# Each field of PackManifest: values manifest_from_json must accept, and values it must
+# refuse (the ranges it documents, one step past them, and wrong types).
+MANIFEST_FIELDS: dict[str, tuple[st.SearchStrategy, st.SearchStrategy]] = {
+    "format": (st.just(FORMAT_NAME), st.just("meancache-pak") | BROKEN),
+    "version": (st.just(FORMAT_VERSION),
+                st.sampled_from([0, 2, "1", 1.0, True]) | BROKEN),
+    "model": (st.text(max_size=MAX_MODEL_CHARS),
+              st.text(min_size=MAX_MODEL_CHARS + 1, max_size=MAX_MODEL_CHARS + 9)
+              | st.integers() | st.none()),
+    "sigma": (st.floats(allow_nan=False) | st.integers(-10, 10),
+              st.booleans() | st.text(max_size=3) | st.none()),
+    "created": (st.text(max_size=64), st.text(min_size=65, max_size=70) | st.integers()),
+    "body_sha256": (st.text("0123456789abcdef", min_size=64, max_size=64),
+                    st.text(max_size=63) | st.text(min_size=65, max_size=66) | st.integers()),
+    "encoder": (st.none() | st.text(max_size=MAX_MODEL_CHARS),
+                st.text(min_size=MAX_MODEL_CHARS + 1, max_size=MAX_MODEL_CHARS + 3)
+                | st.integers()),
+    "body_bytes": (st.integers(0, MAX_BODY_BYTES), st.integers(max_value=-1)
+                   | st.integers(MAX_BODY_BYTES + 1) | st.just(True) | st.floats(0, 10)),
+}
+# PackManifest's fields without a default, and the two checked before it is built
+REQUIRED = {"format", "version"} | {f.name for f in fields(PackManifest)
+                                    if f.default is f.default_factory}
+# What a draw breaks: nothing (about half the draws), one field's value, or a field left out
+FAULTS = [None] * (len(MANIFEST_FIELDS) + 2) + [*MANIFEST_FIELDS, "count", "missing"]
+
+
+@st.composite
+def manifests(draw: st.DrawFn) -> tuple[dict[str, object], bool]:
+    """A manifest's JSON and whether it is a valid one: every field valid, then at most
+    one fault (FAULTS); sometimes an unknown field beside them (ignored)."""
+    fault = draw(st.sampled_from(FAULTS))
+    data = {name: draw(bad if name == fault else good)
+            for name, (good, bad) in MANIFEST_FIELDS.items()}
+    body_bytes = data["body_bytes"]
+    if fault == "count":
+        data["count"] = draw(st.sampled_from([
+            body_bytes + 1, body_bytes + 1000, -1, "3", float(body_bytes)]))
+    else:
+        data["count"] = draw(st.integers(0, body_bytes)) if fault != "body_bytes" else 0
+    valid = fault is None
+    if fault == "missing":
+        missing = draw(st.sampled_from(sorted(data)))
+        del data[missing]
+        valid = missing not in REQUIRED
+    if draw(st.booleans()):
+        data[draw(st.sampled_from(["extra", "signature", "_"]))] = draw(JSON)
+    return data, valid
 
 
 @FEW
@@ -59,18 +115,46 @@ def test_prompt_parsing_and_resolving_raise_only_pml_errors(source: str, schema:
         pass
 
 
+def test_a_manifest_parses_exactly_when_every_field_is_valid() -> None:
+    """Drawn field by field, most manifests are valid: each one that is parses (and keeps
+    its values), each one that is not is refused with a PackError. The share of valid
+    draws is asserted, so the checks after parsing really run."""
+    parsed: list[bool] = []
+
+    @fuzzed(max_examples=100)  # each of the 10 faults about 5 times
+    @given(manifests())
+    def check(drawn: tuple[dict[str, object], bool]) -> None:
+        data, valid = drawn
+        try:
+            manifest = manifest_from_json(data, "fuzzed")
+        except PackError as exc:
+            assert not valid, f"a valid manifest refused: {exc}"
+            assert "fuzzed" in str(exc)  # the error names what was read
+            parsed.append(False)
+            return
+        assert valid, f"an invalid manifest parsed: {data!r}"
+        assert manifest.to_json() | data == data | manifest.to_json()  # its values kept
+        parsed.append(True)
+
+    check()
+    share = sum(parsed) / len(parsed)  # about half the draws are valid
+    print(f"{sum(parsed)} of {len(parsed)} drawn manifests valid and parsed")
+    assert 0.1 <= share <= 0.9, f"{share:.0%} of the drawn manifests parsed"
+
+
 @FEW
-@given(st.fixed_dictionaries({}, optional=MANIFEST_FIELDS) | JSON)
-def test_a_manifest_is_a_valid_one_or_a_pack_error(data: object) -> None:
+@given(st.fixed_dictionaries({}, optional={k: good | bad for k, (good, bad)
+                                           in MANIFEST_FIELDS.items()}) | JSON)
+def test_any_json_is_a_manifest_or_a_pack_error(data: object) -> None:
     try:
         manifest = manifest_from_json(data, "fuzzed")
     except PackError:
         return
-    assert 0 <= manifest.count <= manifest.body_bytes <= 2**40
+    assert 0 <= manifest.count <= manifest.body_bytes <= MAX_BODY_BYTES
     assert isinstance(manifest.model, str) and len(manifest.body_sha256) == 64
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+@FEW
 @given(st.binary(max_size=300), st.integers(0, 400), st.dictionaries(
     st.sampled_from(["body_bytes", "count", "model", "body_sha256"]), JSON, max_size=2))
 def test_a_damaged_pack_file_is_refused_with_a_pack_error(
@@ -87,12 +171,6 @@ def test_a_damaged_pack_file_is_refused_with_a_pack_error(
     assert pack.manifest.count == len(pack.answers)
 
 
-SEGMENTS = st.sampled_from(["v1", "fleet", "control", "get-run", "get-fab", "start-run",
-                            "list-runs", "..", ".", "", "%2e%2e", "%2E%2e", "%2f", "..%2f",
-                            "%67et-run", "push-object", "register-node"])
-RAW_PATHS = st.lists(SEGMENTS, min_size=1, max_size=6).map(lambda parts: "/" + "/".join(parts))
-
-
 @FEW
 @given(RAW_PATHS, st.sampled_from(["POST", "GET", "PUT"]), st.sampled_from([b"", b"x=1"]))
 def test_the_gateway_routes_exactly_the_fleet_paths(path: str, method: str,
@@ -107,3 +185,30 @@ def test_the_gateway_routes_exactly_the_fleet_paths(path: str, method: str,
 @given(st.binary(max_size=200))
 def test_attaching_a_signature_to_any_answer_never_fails(answer: bytes) -> None:
     assert isinstance(attach_signature(answer, Path("/nonexistent")), bytes)
+
+
+@pytest.fixture(scope="module")
+def operator(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201 (a key)
+    return operator_key(tmp_path_factory.mktemp("operator") / "key")
+
+
+@FEW
+@given(content=st.binary(max_size=2000), hash_str=st.text(max_size=70),
+       injected=st.dictionaries(st.text(max_size=30), st.text(max_size=60), max_size=4),
+       signed_at=st.integers(0, 2**40))
+def test_the_gateway_rewrites_any_signed_fab_to_exactly_its_signature(
+        operator, tmp_path_factory: pytest.TempPathFactory, content: bytes, hash_str: str,
+        injected: dict[str, str], signed_at: int) -> None:
+    """Any FAB the operator signed, whatever verifications the SuperLink's answer already
+    carried (an attacker's own among them): the rewrite keeps the FAB's bytes and hash,
+    replaces the verifications with exactly the kept signature's, and flwr's own check
+    accepts the result with the operator's key."""
+    signatures = tmp_path_factory.mktemp("signatures")
+    signature = sign_fab(content, operator, signed_at)
+    save_signature(signature, signatures)
+    answer = GetFabResponse(fab=Fab(hash_str=hash_str, content=content,
+                                    verifications=injected)).SerializeToString()
+    rewritten = GetFabResponse.FromString(attach_signature(answer, signatures))
+    assert rewritten.fab.content == content and rewritten.fab.hash_str == hash_str
+    assert dict(rewritten.fab.verifications) == signature.verifications()
+    assert _verify_fab(rewritten.fab, {signature.key_id: public_key_line(operator.public_key())})

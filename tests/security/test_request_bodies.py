@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis_jsonschema import from_schema
 from meancache.shared.loopback_server import LoopbackServer
@@ -17,15 +17,10 @@ from meancache.upstream.model_loading import load_model
 from meancache.upstream.prompt_cache.engine import PromptCacheEngine
 from meancache.upstream.server.app import ServerSettings, create_app
 
+from tests.support.fuzz import JSON, fuzzed
+
 KEY = "key-of-the-fuzzer"
-FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-# Any JSON value, small: what a careless or hostile client sends.
-JSON = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False,
-                                                                          allow_infinity=False)
-                    | st.text(max_size=20),
-                    lambda inner: st.lists(inner, max_size=4)
-                    | st.dictionaries(st.text(max_size=12), inner, max_size=4), max_leaves=12)
+FUZZ = fuzzed(max_examples=40)
 SEEN: dict[str, int] = {}  # status classes per surface, for the report
 
 
