@@ -66,7 +66,8 @@ def expected_reuse(earlier: list[list[int]], ids: list[int]) -> int:
     """Whole blocks of the longest prefix shared with an earlier prompt, leaving at least
     the last token to compute."""
     def common(a: list[int], b: list[int]) -> int:
-        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        pairs = enumerate(zip(a, b, strict=False))  # the shorter one's length at most
+        return next((i for i, (x, y) in pairs if x != y), min(len(a), len(b)))
 
     shared = max((common(ids, other) for other in earlier), default=0)
     return B * min(shared // B, (len(ids) - 1) // B)
