@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from meancache.upstream.model_loading import LoadedModel, load_model
 from meancache.upstream.prompt_cache.engine import (
@@ -127,6 +127,8 @@ def test_the_blocks_kept_hold_the_states_of_a_full_prefill(loaded: LoadedModel) 
 
 
 @settings(max_examples=12, deadline=None)
+@example(first=60, diverge=37, second=70, seed=1)  # mid-block: 2 blocks shared, 5 tokens not
+@example(first=60, diverge=32, second=70, seed=2)  # on a block boundary
 @given(first=st.integers(1, 90), diverge=st.integers(0, 90), second=st.integers(1, 90),
        seed=st.integers(0, 2**32 - 1))
 def test_a_prompt_diverging_anywhere_reuses_only_its_shared_whole_blocks(
