@@ -66,7 +66,7 @@ class Completed:
     text: str
     prompt_tokens: int | None
     completion_tokens: int | None
-    cached_tokens: int  # prompt tokens the upstream reused from Prompt Cache modules
+    cached_tokens: int  # prompt tokens the upstream reused (Prompt Cache modules, cached prefixes)
     ttft_seconds: float  # as this client saw it
     finish_reason: str | None
     cut: str | None = None  # why this client cut the answer short (never stored then)

@@ -31,7 +31,12 @@ def add_commands(commands: Any) -> None:
                        "upstream_api_key in config.toml or MEANCACHE_UPSTREAM_API_KEY; "
                        "none: no key, one tenant)")
     serve.add_argument("--module-budget-mb", type=int, default=2048,
-                       help="memory for cached module states (default: %(default)s)")
+                       help="memory for cached module states and prefix blocks "
+                       "(default: %(default)s)")
+    serve.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
+                       help="compute every prompt in full instead of reading back the states "
+                       "of the longest prefix an earlier request of the same key computed "
+                       "(for comparison; default: prefix reuse is on)")
     serve.add_argument("--max-body-kb", type=int, default=4096,
                        help="largest request body (default: %(default)s)")
     defaults = SERVER_DEFAULTS
@@ -161,6 +166,7 @@ def run_serve(args: argparse.Namespace, settings: UpstreamSettings) -> int:
             allowed_hosts=allowed_hosts(args.allow_host),
         ),
         module_budget_bytes=args.module_budget_mb * 1024 * 1024,
+        prefix_reuse=args.prefix_reuse,
         data_dir=settings.data_dir,
         precision=args.precision,
     )

@@ -1,5 +1,7 @@
-"""Serving with Prompt Cache: imported modules' states are reused, only new tokens are
-computed, and decoding continues from the highest position + 1."""
+"""Serving with Prompt Cache: imported modules' states are reused, so are the states of
+the longest prefix of the new tokens that an earlier prompt of the same tenant computed
+(automatic prefix reuse, see prompt_cache.prefixes); only the rest is computed, and
+decoding continues from the highest position + 1."""
 
 import logging
 import threading
@@ -21,6 +23,7 @@ from meancache.upstream.errors import PromptTooLongError, UpstreamError
 from meancache.upstream.model_loading import LoadedModel
 from meancache.upstream.prompt_cache.layout import LEADING, SCHEMA_TEXT, SchemaLayout, lay_out
 from meancache.upstream.prompt_cache.module_store import Key, ModuleStore
+from meancache.upstream.prompt_cache.prefixes import BLOCK_TOKENS, chain, root
 from meancache.upstream.prompt_cache.roles import role_template
 from meancache.upstream.prompt_cache.states import (
     SegmentStates,
@@ -32,6 +35,7 @@ from meancache.upstream.prompt_cache.states import (
 )
 from meancache.upstream.prompt_cache.user_text import UserText
 from meancache.upstream.sampling import History, SamplingParams, TextStream, next_token
+from transformers import DynamicCache
 
 Message = dict[str, str]
 
@@ -67,11 +71,13 @@ class SchemaInfo:
 
 @dataclass(frozen=True)
 class PreparedPrompt:
-    """What a request asks the model to read: reused segments and new tokens."""
+    """What a request asks the model to read: reused segments and new tokens, for a tenant
+    (whose cached prefixes alone it may read back)."""
 
     cached: tuple[Key, ...]
     new_ids: tuple[int, ...]
     new_positions: tuple[int, ...]
+    tenant: str = LOCAL_TENANT
 
 
 @dataclass(frozen=True)
@@ -84,8 +90,9 @@ class Finish:
     reason: str  # "stop", "length", "loop" (the loop stop ended it) or "cancelled"
     prompt_tokens: int
     completion_tokens: int
-    cached_tokens: int
+    cached_tokens: int  # read back, not computed: module states and prefix blocks together
     ttft_seconds: float
+    prefix_tokens: int = 0  # of those, read back from cached prefix blocks
 
 
 class PromptCacheEngine:
@@ -94,10 +101,16 @@ class PromptCacheEngine:
 
     Schemas belong to a tenant (an API key; :data:`LOCAL_TENANT` without keys): each
     tenant has its own registry, so it can neither see, use, replace nor remove another's
-    schemas, and error messages list only its own names."""
+    schemas, and error messages list only its own names. The same holds for prefix reuse:
+    a tenant reads back only the prefixes its own requests computed.
 
-    def __init__(self, loaded: LoadedModel, module_budget_bytes: int = 2 << 30) -> None:
+    ``prefix_reuse`` False computes every prompt's new tokens afresh (for comparison)."""
+
+    def __init__(self, loaded: LoadedModel, module_budget_bytes: int = 2 << 30,
+                 prefix_reuse: bool = True, block_tokens: int = BLOCK_TOKENS) -> None:
         self.loaded = loaded
+        self.prefix_reuse = prefix_reuse
+        self.block_tokens = block_tokens
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.roles = role_template(self.tokenizer)
@@ -204,7 +217,7 @@ class PromptCacheEngine:
         rendered = self.tokenizer.apply_chat_template(
             escaped, tokenize=False, add_generation_prompt=True)
         ids = self.user_text.encode(str(rendered))
-        return PreparedPrompt((), tuple(ids), tuple(range(len(ids))))
+        return PreparedPrompt((), tuple(ids), tuple(range(len(ids))), tenant)
 
     def prepare_pml_source(self, source: str) -> PreparedPrompt:
         return self.prepare_pml(parse_prompt(source))
@@ -246,7 +259,7 @@ class PromptCacheEngine:
         new = self.user_text.encode(text)
         ids.extend(new)
         positions.extend(range(layout.end, layout.end + len(new)))
-        return PreparedPrompt(tuple(cached), tuple(ids), tuple(positions))
+        return PreparedPrompt(tuple(cached), tuple(ids), tuple(positions), tenant)
 
     def prompt_ids(self, prepared: PreparedPrompt) -> list[int]:
         """Every token the model reads for ``prepared``, reused or new, in position order:
@@ -260,18 +273,34 @@ class PromptCacheEngine:
         return [token for _, token in sorted(placed, key=lambda pair: pair[0])]
 
     # generation ---------------------------------------------------------------------
-    @torch.inference_mode()
     def prefill(self, prepared: PreparedPrompt) -> tuple[torch.Tensor, "torch.Tensor", object]:
         """Logits after the prompt, the positions read so far, and the filled cache."""
+        logits, seen, cache, _ = self._prefill(prepared)
+        return logits, seen, cache
+
+    @torch.inference_mode()
+    def _prefill(self, prepared: PreparedPrompt
+                 ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache, int]:
+        """As :meth:`prefill`, and how many new tokens were read back from prefix blocks.
+
+        The new tokens are read in position order (a PML argument sits before the text
+        after the schema): a token's states depend only on what lies before it, so a
+        block's hash chain covers everything its states depend on."""
         if not prepared.new_ids:
             raise UpstreamError("the prompt adds no text after its modules; end it with a "
                                 "<user> question")
         pinned = frozenset(prepared.cached)
         states = [self._states(key, pinned) for key in prepared.cached]
-        cache, cached_positions = concatenate(states)
+        ordered = sorted(zip(prepared.new_positions, prepared.new_ids, strict=True))
+        new_positions = [position for position, _ in ordered]
+        new_ids = [token for _, token in ordered]
+        blocks = self._blocks(prepared, new_ids, new_positions)
+        found = self._found(blocks[: (len(new_ids) - 1) // self.block_tokens])
+        reused = len(found) * self.block_tokens
+        cache, cached_positions = concatenate(states + found)
         device = self.loaded.device
-        ids = torch.tensor([prepared.new_ids], device=device)
-        positions = torch.tensor(prepared.new_positions, device=device)
+        ids = torch.tensor([new_ids[reused:]], device=device)
+        positions = torch.tensor(new_positions[reused:], device=device)
         # A new token sees the cached tokens before it, and the new tokens up to itself.
         sees_cached = cached_positions.to(device)[None, :] < positions[:, None]
         sees_new = positions[None, :] <= positions[:, None]
@@ -280,7 +309,53 @@ class PromptCacheEngine:
         out = self.model(input_ids=ids, position_ids=positions[None],
                          attention_mask=attention_mask(self.model, allowed, positions, seen),
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
-        return out.logits[0, -1], seen, cache
+        self._keep(cache, blocks, len(found), new_positions, pinned, states)
+        return out.logits[0, -1], seen, cache, reused
+
+    def _blocks(self, prepared: PreparedPrompt, ids: list[int], positions: list[int]
+                ) -> list[Key]:
+        """The keys of the whole blocks of the new tokens (none with reuse off)."""
+        if not self.prefix_reuse:
+            return []
+        segments = [(part, self.layouts[schema].segments[part].token_ids,
+                     self.layouts[schema].segments[part].positions)
+                    for schema, part in prepared.cached]
+        start = root(self.loaded.name, segments)
+        return chain(start, prepared.tenant, ids, positions, self.block_tokens)
+
+    def _found(self, blocks: list[Key]) -> list[SegmentStates]:
+        """The states of the longest run of ``blocks`` held, from the first."""
+        found = []
+        for key in blocks:
+            states = self.modules.find(key)
+            if states is None:
+                break
+            found.append(states)
+        return found
+
+    def _keep(self, cache: DynamicCache, blocks: list[Key], reused: int, positions: list[int],
+              pinned: frozenset[Key], modules: list[SegmentStates]) -> None:
+        """Hold the blocks computed now, as many as fit in the budget beside the modules
+        this prompt reads (a chain longer than that keeps its start), then count the
+        prompt's chain as used, deepest block first: eviction takes a chain's tail first."""
+        base = sum(states.tokens for states in modules)  # where the new tokens start
+        room = self.modules.budget_bytes - sum(states.nbytes for states in modules)
+        size = self.block_tokens
+        kept = reused
+        for index in range(reused, len(blocks)):
+            first = index * size
+            block = SegmentStates(
+                tuple(layer.keys[:, :, base + first:base + first + size].clone()
+                      for layer in cache.layers),
+                tuple(layer.values[:, :, base + first:base + first + size].clone()
+                      for layer in cache.layers),
+                torch.tensor(positions[first:first + size]),
+            )
+            if (index + 1) * block.nbytes > room:
+                break
+            self.modules.put(blocks[index], block, pinned | frozenset(blocks[:index]))
+            kept = index + 1
+        self.modules.touch(reversed(blocks[:kept]))
 
     @torch.inference_mode()
     def decode_step(self, token: int, position: int, seen: torch.Tensor, cache: object
@@ -312,13 +387,13 @@ class PromptCacheEngine:
                  cancel: threading.Event | None = None) -> Iterator[Delta | Finish]:
         start = time.perf_counter()
         self.check_fits(prepared, params)
-        cached_tokens = sum(self._states(k).tokens for k in prepared.cached)
-        prompt_tokens = cached_tokens + len(prepared.new_ids)
         last = max(prepared.new_positions, default=0)
         generator = None
         if params.seed is not None:
             generator = torch.Generator(device=self.loaded.device).manual_seed(params.seed)
-        logits, seen, cache = self.prefill(prepared)
+        logits, seen, cache, reused = self._prefill(prepared)
+        cached_tokens = seen.numel() - len(prepared.new_ids) + reused
+        prompt_tokens = seen.numel()
         stream = TextStream(self.tokenizer, params.stop + self.loaded.stop)
         history = History(self.prompt_ids(prepared), params)
         token = next_token(history.penalise(logits), params, generator)
@@ -350,4 +425,4 @@ class PromptCacheEngine:
         tail = stream.flush()
         if tail:
             yield Delta(tail)
-        yield Finish(reason, prompt_tokens, produced, cached_tokens, ttft)
+        yield Finish(reason, prompt_tokens, produced, cached_tokens, ttft, reused)

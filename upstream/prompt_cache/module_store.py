@@ -1,16 +1,19 @@
-"""Module states kept within a byte budget; the least recently used go first.
+"""Attention states kept within a byte budget; the least recently used go first.
 
-An evicted module is not lost: its layout stays, and the next prompt that imports it
-encodes it again.
+Two kinds share the budget and the one LRU order: PML module states (keyed by schema and
+segment) and the token blocks of automatic prefix reuse (keyed by their tenant's prefix
+namespace and the block's chain hash, see prompt_cache.prefixes). An evicted module is not
+lost: its layout stays, and the next prompt that imports it encodes it again; an evicted
+prefix block is computed again by the next prompt that starts with it.
 """
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from meancache.upstream.prompt_cache.states import SegmentStates
 
-Key = tuple[str, str]  # (schema, segment)
+Key = tuple[str, str]  # (schema, segment), or (a tenant's prefix namespace, block hash)
 
 
 class ModuleStore:
@@ -41,20 +44,36 @@ class ModuleStore:
             pinned: frozenset[Key] = frozenset()) -> SegmentStates:
         """The states for ``key``, encoding them if absent; ``pinned`` keys are never evicted
         to make room (they are in use by the same request)."""
-        with self._lock:
-            states = self._states.get(key)
-            if states is not None:
-                self._states.move_to_end(key)
-                return states
+        states = self.find(key)
+        if states is not None:
+            self.touch([key])
+            return states
         states = encode()
         with self._lock:
             self.encodings += 1
+        self.put(key, states, pinned)
+        return states
+
+    def find(self, key: Key) -> SegmentStates | None:
+        """The states for ``key`` if held, without counting it as a use."""
+        with self._lock:
+            return self._states.get(key)
+
+    def touch(self, keys: Iterable[Key]) -> None:
+        """Count ``keys`` as used now, in order: the last is the most recently used."""
+        with self._lock:
+            for key in keys:
+                if key in self._states:
+                    self._states.move_to_end(key)
+
+    def put(self, key: Key, states: SegmentStates, pinned: frozenset[Key] = frozenset()) -> None:
+        """Hold ``states`` as the most recently used, evicting others (never ``pinned``)."""
+        with self._lock:
             self._pop(key)
             self._states[key] = states
             self._nbytes += states.nbytes
             self._tokens += states.tokens
             self._shrink(pinned | {key})
-        return states
 
     def drop_schema(self, schema: str) -> None:
         with self._lock:

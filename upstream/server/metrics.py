@@ -26,18 +26,23 @@ class ServerMetrics:
         self.prompt_tokens = Counter("meancache_upstream_prompt_tokens", "Prompt tokens read",
                                      registry=self.registry)
         self.cached_tokens = Counter("meancache_upstream_cached_tokens",
-                                     "Prompt tokens served from module states",
-                                     registry=self.registry)
+                                     "Prompt tokens served from module states or prefix "
+                                     "blocks (not computed)", registry=self.registry)
+        self.prefix_tokens = Counter("meancache_upstream_prefix_reused_tokens",
+                                     "Prompt tokens served from cached prefix blocks "
+                                     "(automatic prefix reuse)", registry=self.registry)
         self.completion_tokens = Counter("meancache_upstream_completion_tokens",
                                          "Tokens generated", registry=self.registry)
         self.cancelled = Counter("meancache_upstream_cancelled",
                                  "Completions stopped because the client went away",
                                  registry=self.registry)
         module_bytes = Gauge("meancache_upstream_module_memory_bytes",
-                             "Bytes held by cached module states", registry=self.registry)
+                             "Bytes held by cached module states and prefix blocks",
+                             registry=self.registry)
         module_bytes.set_function(lambda: engine.modules.nbytes)
         module_tokens = Gauge("meancache_upstream_module_tokens",
-                              "Tokens held by cached module states", registry=self.registry)
+                              "Tokens held by cached module states and prefix blocks",
+                              registry=self.registry)
         module_tokens.set_function(lambda: engine.modules.tokens)
         per_token = Gauge("meancache_upstream_module_bytes_per_token",
                           "KV bytes per cached token", registry=self.registry)
@@ -47,6 +52,7 @@ class ServerMetrics:
         self.ttft.observe(finish.ttft_seconds)
         self.prompt_tokens.inc(finish.prompt_tokens)
         self.cached_tokens.inc(finish.cached_tokens)
+        self.prefix_tokens.inc(finish.prefix_tokens)
         self.completion_tokens.inc(finish.completion_tokens)
         if finish.reason == "cancelled":
             self.cancelled.inc()

@@ -51,7 +51,7 @@ def report_conversion(done: int, total: int) -> None:
 
 def serve(model: str, host: str, port: int, settings: ServerSettings,
           module_budget_bytes: int, data_dir: Path | None = None,
-          precision: str = DEFAULT_PRECISION) -> None:
+          precision: str = DEFAULT_PRECISION, prefix_reuse: bool = True) -> None:
     warning = open_server_warning(host, bool(settings.api_key or settings.api_keys))
     if warning:
         log.warning(warning)
@@ -60,7 +60,7 @@ def serve(model: str, host: str, port: int, settings: ServerSettings,
         settings = dataclasses.replace(settings, allowed_hosts=LOOPBACK_NAMES)
     loaded = load_model(model, data_dir=data_dir, progress=report_conversion,
                         precision=precision)
-    app = create_app(PromptCacheEngine(loaded, module_budget_bytes), settings)
+    app = create_app(PromptCacheEngine(loaded, module_budget_bytes, prefix_reuse), settings)
     line = f"serving {describe(loaded)} on http://{host}:{port}{describe_packs(settings)}"
     log.info(line)
     print(f"meancache upstream: {line}", file=sys.stderr, flush=True)
@@ -97,14 +97,14 @@ class BackgroundServer:
 
     def __init__(self, model: str = "builtin:tiny", settings: ServerSettings | None = None,
                  module_budget_bytes: int = 512 << 20, data_dir: Path | None = None,
-                 progress: Progress | None = None, precision: str = "float32") -> None:
+                 progress: Progress | None = None, precision: str = "float32",
+                 prefix_reuse: bool = True) -> None:
         self.settings = dataclasses.replace(settings or ServerSettings(),
                                             allowed_hosts=LOOPBACK_NAMES)
         self.loaded = load_model(model, data_dir=data_dir, progress=progress,
                                  precision=precision)
-        self.activity = Activity(create_app(PromptCacheEngine(self.loaded,
-                                                              module_budget_bytes),
-                                            self.settings))
+        engine = PromptCacheEngine(self.loaded, module_budget_bytes, prefix_reuse)
+        self.activity = Activity(create_app(engine, self.settings))
         self._server = LoopbackServer(self.activity, "upstream")
         self.port = self._server.port
 
