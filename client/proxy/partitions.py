@@ -81,6 +81,7 @@ class Partitions:
         self.packs = packs
         self._open: OrderedDict[tuple[str, str], Partition] = OrderedDict()
         self._retired: list[Partition] = []  # out of _open but still in use
+        self._opening: dict[tuple[str, str], threading.Lock] = {}  # caches being opened
         self._lock = threading.Lock()
 
     def _chat_global_tau(self) -> float | None:
@@ -112,10 +113,7 @@ class Partitions:
                     return Bypass("system-prompts")
                 directory.mkdir(parents=True)
                 write_json_atomic(directory / PREAMBLE_FILE, [list(m) for m in preamble])
-            partition = self._load(namespace, pid, directory, preamble)
-            if made and (tau := self._chat_global_tau()) is not None:
-                partition.cache.thresholds.set_global(tau)
-            return partition
+        return self._opened((namespace, pid), directory, preamble, made)
 
     def find(self, namespace: str, pid: str) -> Partition | None:
         """An existing cache of ``namespace`` (feedback names it by its id)."""
@@ -123,15 +121,40 @@ class Partitions:
         with self._lock:
             if (namespace, pid) in self._open:
                 return self._use((namespace, pid))
-            try:
-                stored = json.loads((directory / PREAMBLE_FILE).read_text(encoding="utf-8"))
-                preamble = [(str(role), str(text)) for role, text in stored]
-            except (OSError, ValueError, TypeError) as exc:
-                log.info("no proxy cache %s/%s: %s", namespace, pid, exc)
-                return None
-            return self._load(namespace, pid, directory, preamble)
+        try:
+            stored = json.loads((directory / PREAMBLE_FILE).read_text(encoding="utf-8"))
+            preamble = [(str(role), str(text)) for role, text in stored]
+        except (OSError, ValueError, TypeError) as exc:
+            log.info("no proxy cache %s/%s: %s", namespace, pid, exc)
+            return None
+        return self._opened((namespace, pid), directory, preamble, made=False)
 
-    def _load(self, namespace: str, pid: str, directory: Path,
+    def _opened(self, key: tuple[str, str], directory: Path,
+                preamble: Sequence[tuple[str, str]], made: bool) -> Partition:
+        """The cache of ``key``, opened by this request or by the one already opening it.
+        Opening a cache loads its index from disk, so it happens outside ``_lock``: only
+        requests for this same cache wait for it, never another app's hits."""
+        with self._lock:
+            opening = self._opening.setdefault(key, threading.Lock())
+        with opening:
+            with self._lock:
+                if key in self._open:
+                    return self._use(key)
+            try:
+                partition = self._load(key[1], directory, preamble)
+                try:
+                    if made and (tau := self._chat_global_tau()) is not None:
+                        partition.cache.thresholds.set_global(tau)
+                except BaseException:
+                    partition.close()
+                    raise
+            finally:
+                with self._lock:
+                    self._opening.pop(key, None)
+            with self._lock:
+                return self._admit(key, partition)
+
+    def _load(self, pid: str, directory: Path,
               preamble: Sequence[tuple[str, str]]) -> Partition:
         settings = self.settings
         cache = SemanticCache(directory / "cache", self.encoder, settings.cache_settings())
@@ -140,14 +163,19 @@ class Partitions:
             cache, self.upstream, exchanges, settings.answer_max_tokens,
             settings.temperature, None if preamble else self.packs,
             preamble=[{"role": role, "content": text} for role, text in preamble])
-        self._open[(namespace, pid)] = Partition(pid, cache, exchanges, answers)
+        return Partition(pid, cache, exchanges, answers)
+
+    def _admit(self, key: tuple[str, str], partition: Partition) -> Partition:
+        """Keep ``partition`` open (under ``_lock``), closing the least recently used past
+        ``MAX_OPEN`` once no request uses it."""
+        self._open[key] = partition
         while len(self._open) > MAX_OPEN:
             _, oldest = self._open.popitem(last=False)
             if oldest.users:
                 self._retired.append(oldest)
             else:
                 oldest.close()
-        return self._use((namespace, pid))
+        return self._use(key)
 
     def _use(self, key: tuple[str, str]) -> Partition:
         self._open.move_to_end(key)

@@ -6,6 +6,7 @@ seen as the process holding no file under its directory."""
 
 import gc
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -106,3 +107,40 @@ def test_the_devices_global_tau_reaches_open_caches_and_those_made_later(
     assert isinstance(made, Partition)
     assert made.cache.threshold == made.cache.thresholds.global_value == 0.81
     caches.release(made)
+
+
+def test_an_open_cache_answers_while_another_apps_cache_is_being_opened(
+        proxy: Proxy, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a cache loads it from disk; requests to caches already open must not wait
+    behind it (issue 38: hits never wait behind misses). The slow open is injected: a
+    real disk is not slow on demand."""
+    caches = proxy.state.partitions
+    warm = caches.get(key_digest("warm"), ())
+    assert isinstance(warm, Partition)
+    caches.release(warm)
+    entered, go_on = threading.Event(), threading.Event()
+    load = partitions.Partitions._load
+
+    def slow_load(self: partitions.Partitions, *args: object, **kwargs: object) -> Partition:
+        entered.set()
+        assert go_on.wait(30), "the test never let the slow open finish"
+        return load(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(partitions.Partitions, "_load", slow_load)
+    opened: list[object] = []
+    opener = threading.Thread(target=lambda: opened.append(caches.get(key_digest("new"), ())))
+    opener.start()
+    try:
+        assert entered.wait(30), "the new app's cache never started opening"
+        again = caches.get(key_digest("warm"), ())  # would block here under one lock
+        assert isinstance(again, Partition)
+        assert opener.is_alive()  # the other open is still in progress
+        caches.release(again)
+    finally:
+        go_on.set()
+        opener.join(30)
+    assert isinstance(opened[0], Partition)
+    same = caches.get(key_digest("new"), ())  # opened once, now served from the open ones
+    assert same is opened[0]
+    caches.release(same)
+    caches.release(opened[0])  # type: ignore[arg-type]
