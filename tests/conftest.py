@@ -13,7 +13,15 @@ import pytest
 from meancache.client.cache import CacheSettings, SemanticCache
 from meancache.shared.encoder import Encoder, PCAProjection
 
+from tests.support.parallel import (
+    built_once,
+    group_modules_with_state,
+    share_cores,
+    workers,
+)
 from tests.support.paths import DATA_DIR
+
+share_cores()  # under pytest-xdist; before any test imports torch
 
 # The app's default encoder is MPNet, assembled (438 MB) on first use: tests and the
 # `meancache` processes they start run the packaged MiniLM unless a test says otherwise
@@ -26,6 +34,15 @@ for variable in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):
 CacheFactory = Callable[..., SemanticCache]
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return workers()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    group_modules_with_state(items)
+
+
 @pytest.fixture(scope="session")
 def shared_data_dir() -> Path:
     """The read-only evaluation data shared by the project (never copied into it)."""
@@ -35,8 +52,10 @@ def shared_data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def encoder_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the session's encoders keep their ONNX exports (exported once per session)."""
-    return tmp_path_factory.mktemp("encoder-cache")
+    """Where the session's encoders keep their ONNX exports: exported and checked once per
+    run (a few minutes on a busy 2-core machine), each worker writing on its own copy."""
+    return built_once(tmp_path_factory, "encoder-cache",
+                      lambda directory: Encoder.load(cache_dir=directory))
 
 
 @pytest.fixture(scope="session")
