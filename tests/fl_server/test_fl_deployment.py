@@ -208,7 +208,10 @@ def test_supernode_authentication_refuses_an_unregistered_key(
     while '"online"' not in (listed := flwr("ls", "meancache", "--format", "json")):
         assert time.monotonic() < deadline, listed
         time.sleep(1)
-    time.sleep(10)  # mallory started with alice: had her key been admitted, she would be on
+    try:  # refused, mallory's SuperNode exits (Flower's exit code 305)
+        mallory.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        pass  # still trying: had her key been admitted, she would be on by now
     listed = flwr("ls", "meancache", "--format", "json")
     assert listed.count('"online"') == 1, listed  # alice only
     assert mallory.poll() is None or mallory.returncode != 0
