@@ -4,6 +4,7 @@ and a factory for caches on disk under tmp_path."""
 import json
 import logging
 import os
+import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,15 @@ import pytest
 from meancache.client.cache import CacheSettings, SemanticCache
 from meancache.shared.encoder import Encoder, PCAProjection
 
+from tests.support.parallel import (
+    built_once,
+    group_modules_with_state,
+    share_cores,
+    workers,
+)
 from tests.support.paths import DATA_DIR
+
+share_cores()  # under pytest-xdist; before any test imports torch
 
 # The app's default encoder is MPNet, assembled (438 MB) on first use: tests and the
 # `meancache` processes they start run the packaged MiniLM unless a test says otherwise
@@ -26,11 +35,27 @@ for variable in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):
 CacheFactory = Callable[..., SemanticCache]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """One fuzz seed for the whole run: chosen here, before xdist starts its workers, which
+    inherit the environment (else each worker would draw its own and the printed one would
+    replay none of them)."""
+    os.environ.setdefault("MEANCACHE_FUZZ_SEED", str(secrets.randbits(32)))
+
+
 def pytest_report_header() -> str:
     """The fuzz suites' seed, so that a failing run can be replayed."""
     from tests.support.fuzz import FUZZ_SEED
 
     return f"fuzz seed {FUZZ_SEED} (MEANCACHE_FUZZ_SEED={FUZZ_SEED} replays this run's inputs)"
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    return workers()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    group_modules_with_state(items)
 
 
 @pytest.fixture(scope="session")
@@ -42,8 +67,10 @@ def shared_data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def encoder_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the session's encoders keep their ONNX exports (exported once per session)."""
-    return tmp_path_factory.mktemp("encoder-cache")
+    """Where the session's encoders keep their ONNX exports: exported and checked once per
+    run (a few minutes on a busy 2-core machine), each worker writing on its own copy."""
+    return built_once(tmp_path_factory, "encoder-cache",
+                      lambda directory: Encoder.load(cache_dir=directory))
 
 
 @pytest.fixture(scope="session")

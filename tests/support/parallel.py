@@ -1,0 +1,83 @@
+"""The suite under pytest-xdist (`-n auto` in pyproject.toml): each worker is a process of
+its own with its own session fixtures, so the cores are shared out between the workers,
+and the tests of a module that builds state once for the module run on one worker."""
+
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+# Scopes whose state a module builds for itself: splitting that module over two workers
+# would build it twice (a trained LM, a SuperLink, a server on a model).
+MODULE_STATE = ("package", "module", "class")
+# Each worker holds its own encoders, tiny models and servers (about 1 GB): more workers
+# than this would need more memory than a CI machine or a laptop has to spare.
+MAX_WORKERS = 4
+
+
+def workers() -> int:
+    """`-n auto`: one worker per core this process may run on (xdist's own count can
+    take a 2-vCPU machine for one core), at most MAX_WORKERS."""
+    return max(1, min(len(os.sched_getaffinity(0)), MAX_WORKERS))
+
+
+def share_cores() -> None:
+    """Give each worker its share of the cores for torch's and onnxruntime's compute
+    threads (OMP_NUM_THREADS, read when torch is imported and by the encoder's session);
+    more threads than cores only contend. Set before anything imports torch, and inherited
+    by the `meancache` processes tests start. A value set outside (scripts/ci_matrix.sh's
+    one-thread run) is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = str(max(1, (os.cpu_count() or 1) // workers))
+        for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(variable, share)
+
+
+def builds_module_state(item: pytest.Item) -> bool:
+    """Whether ``item`` uses a fixture that lives longer than one test and belongs to its
+    module: a module- or class-scoped one, or a session-scoped one its module defines
+    (the session fixtures of tests/conftest.py are built once per worker anyway)."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    for definitions in info.name2fixturedefs.values():
+        for definition in definitions:
+            if definition.scope in MODULE_STATE or (
+                    definition.scope == "session" and definition.baseid.endswith(".py")):
+                return True
+    return False
+
+
+def group_modules_with_state(items: list[pytest.Item]) -> None:
+    """Mark the tests that use a module's state with that module's ``xdist_group``:
+    `--dist loadgroup` runs each group on one worker (the state is built once), and
+    spreads every other test on its own."""
+    for item in items:
+        if builds_module_state(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def built_once(factory: pytest.TempPathFactory, name: str,
+               build: Callable[[Path], object]) -> Path:
+    """A directory of this worker's own that ``build`` filled once for the whole run: the
+    first worker to ask builds it in the run's temp dir (the others wait on its lock)
+    and each worker works on a copy, so that no worker sees another's later writes."""
+    own = factory.mktemp(name)
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        build(own)
+        return own
+    run = factory.getbasetemp().parent  # the run's temp dir, above each worker's own
+    shared = run / name
+    with FileLock(run / f"{name}.lock"):
+        if not shared.is_dir():
+            partial = run / f"{name}.partial"
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir()
+            build(partial)
+            partial.rename(shared)
+    shutil.copytree(shared, own, dirs_exist_ok=True)
+    return own
