@@ -1,0 +1,106 @@
+"""What the cache learned, kept in its store: the labelled served-region pairs the bound
+rests on, and the aliases (questions confirmed to share an entry's answer). This module
+alone reads and writes them; ``reset`` undoes all of it and nothing else.
+
+Labels are written in chunks of ``CHUNK``, each label together with the alias it confirms
+in one transaction (``EntryStore.set_states``): a kill -9 leaves the state before or after
+a label, never half of one. They are metadata, not entries: no generation bump, so other
+processes do not reload their vector index for a label (they read the learning anew when
+they open the cache). The bound itself is derived from the labels, never stored apart.
+"""
+
+import threading
+from dataclasses import asdict
+
+from meancache.client.cache.store import EntryStore
+from meancache.client.learning.bound import CONFIDENCE, Bound, Label, choose, entry_threshold
+from meancache.shared.query import normalise_query
+
+PREFIX = "learning:"
+_LABELS = PREFIX + "labels:"
+_ALIAS = PREFIX + "alias:"
+CHUNK = 256
+KEPT = 20_000  # newest labels the bound rests on
+
+
+class Learning:
+    """The device's learned labels, bound and aliases, loaded once and kept current."""
+
+    def __init__(self, store: EntryStore, max_wrong_rate: float, prior: float,
+                 confidence: float = CONFIDENCE) -> None:
+        self._store = store
+        self.max_wrong_rate = max_wrong_rate
+        self.prior = prior
+        self.confidence = confidence
+        self._lock = threading.Lock()
+        self._load()
+
+    def _load(self) -> None:
+        chunks = self._store.states(_LABELS)
+        ordered = sorted(chunks.items(), key=lambda item: int(item[0][len(_LABELS):]))
+        self._chunk = int(ordered[-1][0][len(_LABELS):]) if ordered else 0
+        self._current = list(ordered[-1][1]) if ordered else []
+        self.labels = [Label(**record) for _, chunk in ordered for record in chunk][-KEPT:]
+        self._aliases = {name[len(_ALIAS):]: entry_id
+                         for name, entry_id in self._store.states(_ALIAS).items()
+                         if entry_id is not None}
+        self._bound: Bound | None = None
+
+    # the bound -----------------------------------------------------------------------
+    @property
+    def bound(self) -> Bound:
+        with self._lock:
+            if self._bound is None:
+                self._bound = choose(self.labels, self.max_wrong_rate, self.prior,
+                                     self.confidence)
+            return self._bound
+
+    def threshold(self, entry: str | None = None) -> float:
+        """The score from which ``entry`` (or any entry) may be served."""
+        threshold = self.bound.threshold
+        if entry is None:
+            return threshold
+        return entry_threshold(threshold, (label for label in self.labels
+                                           if label.entry == entry))
+
+    # labels and aliases ----------------------------------------------------------------
+    def learn(self, label: Label, question: str | None = None) -> None:
+        """Record ``label``; a right answer for ``question`` (``label.wrong`` false) also
+        makes it an alias of the label's entry."""
+        with self._lock:
+            if len(self._current) >= CHUNK:
+                self._chunk, self._current = self._chunk + 1, []
+            self._current.append(asdict(label))
+            writes: dict[str, object] = {f"{_LABELS}{self._chunk}": list(self._current)}
+            alias = None if question is None or label.wrong or not label.entry \
+                else normalise_query(question)
+            if alias is not None:
+                writes[_ALIAS + alias] = label.entry
+            self._store.set_states(writes)
+            self.labels = (self.labels + [label])[-KEPT:]
+            if alias is not None:
+                self._aliases[alias] = label.entry
+            self._bound = None
+
+    def alias(self, question: str) -> str | None:
+        """The entry ``question`` was confirmed to share an answer with, if any."""
+        return self._aliases.get(normalise_query(question))
+
+    def forget_alias(self, question: str) -> None:
+        """An alias whose answer was rejected, or whose entry is gone, stops answering."""
+        key = normalise_query(question)
+        with self._lock:
+            if self._aliases.pop(key, None) is not None:
+                self._store.set_states({_ALIAS + key: None})
+
+    @property
+    def aliases(self) -> int:
+        return len(self._aliases)
+
+    def reset(self) -> int:
+        """Forget every label, alias and the bound; returns how many records went."""
+        with self._lock:
+            gone = self._store.delete_states(PREFIX)
+        self._load()
+        return gone
+
