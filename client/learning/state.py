@@ -100,7 +100,13 @@ class Learning:
     def reset(self) -> int:
         """Forget every label, alias and the bound; returns how many records went."""
         with self._lock:
-            gone = self._store.delete_states(PREFIX)
+            gone = reset(self._store)
         self._load()
         return gone
+
+
+def reset(store: EntryStore) -> int:
+    """Delete everything learned in ``store`` (`meancache cache reset-learning`), in one
+    transaction: labels, aliases and so the bound and the per-entry evidence they carry."""
+    return store.delete_states(PREFIX)
 
