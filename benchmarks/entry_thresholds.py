@@ -3,7 +3,7 @@
 The cache holds the q1 side of --pairs sampled QQP dev pairs; the stream asks every q2
 side --repeats times in a seeded order. A served hit is right when the two questions are a
 labelled duplicate; the simulated user rejects every wrong hit and accepts every right
-one. Both modes run the real rules of client/cache/entry_threshold.py (accept, reject,
+one. Both modes run the real rules of client/matching/entry_threshold.py (accept, reject,
 threshold) and, by default, the real verification step on each served candidate; the
 lookup itself is the cache's (the best --candidates entries above the search floor, best
 first, the first one that passes is served), computed on vectors embedded once.
@@ -50,9 +50,9 @@ from _common import (
     unique,
 )
 from _plot import add_plot_option, line_chart
-from meancache.client.cache import entry_threshold
 from meancache.client.cache.entry import STORED_DTYPE, Entry
-from meancache.client.cache.verification import verify
+from meancache.client.matching import entry_threshold
+from meancache.client.matching.rules import verify
 
 QUARTERS = 4
 

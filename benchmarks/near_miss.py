@@ -62,7 +62,7 @@ from _common import (
 )
 from meancache.client.cache import CacheSettings, Context, Hit, SemanticCache
 from meancache.client.cache.entry import STORED_DTYPE, Entry
-from meancache.client.cache.verification import verify
+from meancache.client.matching.rules import verify
 from meancache.shared.encoder import Encoder, profile_threshold
 from meancache.shared.threshold import MatchScores, best_threshold, score_thresholds
 

@@ -47,9 +47,10 @@ from _common import (
     sample,
     time_each,
 )
-from meancache.client.cache.matcher import Matcher
+from meancache.client.cache.settings import CacheSettings
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
+from meancache.client.matching.matcher import Matcher
 from meancache.client.pack import PackHit, PackStore
 from meancache.client.pack.store import PACK_FILE
 from meancache.shared.encoder import Encoder
@@ -95,7 +96,7 @@ def read_labels(path: Path) -> dict[tuple[str, str], bool]:
 def matcher_at(directory: Path, encoder: Encoder, tau: float) -> Matcher:
     """The device's decision at a fixed tau (its feedback store a scratch one)."""
     store = EntryStore(directory / f"matcher-{tau}")
-    return Matcher(encoder, ThresholdState(store, tau), store)
+    return Matcher(encoder, ThresholdState(store, tau), store, CacheSettings().matching)
 
 
 def ready_store(directory: Path, instructions: list[str], encoder: Encoder) -> tuple[

@@ -2,7 +2,7 @@
 (the curve the Redis LangCache paper proposes, with the area under it) for four deciders:
 
 - embedding only: the most similar stored question is served if its cosine >= t;
-- rules: the same, unless the rule verifier (``client.cache.verification``, every check)
+- rules: the same, unless the rule verifier (``client.matching.rules``, every check)
   vetoes it (a veto is a miss, as in the client);
 - learned model alone: the candidates at cosine >= the recall tau (tau - ``RECALL_MARGIN``,
   at most ``VERIFIED_AT_MOST``) are scored by the learned verifier, each pair alone; the most
@@ -79,9 +79,9 @@ from _common import (
 from _plot import add_plot_option, line_chart
 from meancache.client.cache import CacheSettings, Context, SemanticCache
 from meancache.client.cache.entry import STORED_DTYPE, Entry
-from meancache.client.cache.matcher import VERIFIED_AT_MOST, ambiguous
-from meancache.client.cache.settings import RECALL_MARGIN
-from meancache.client.cache.verification import CHECKS, WITH_LEARNED, verify
+from meancache.client.matching.matcher import VERIFIED_AT_MOST, ambiguous
+from meancache.client.matching.rules import CHECKS, WITH_LEARNED, verify
+from meancache.client.matching.settings import RECALL_MARGIN
 from meancache.shared.encoder import BACKENDS, Encoder, profile_threshold
 from meancache.shared.pairs import Pair
 from meancache.shared.query import embedding_text

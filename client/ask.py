@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 from meancache.client.chat.conversations import Conversation, ConversationStore, Turn
 from meancache.client.config import Settings
+from meancache.client.matching.question import Query
 from meancache.client.pack import PackStore
 from meancache.client.tui.text import printable
-from meancache.shared.query import clean_query
 
 if TYPE_CHECKING:  # the session loads the encoder and the upstream: not on the fast path
     from meancache.client.chat.session import ChatSession
@@ -36,7 +36,7 @@ def answer_exactly(settings: Settings, question: str, conversation_id: str | Non
     """The instruction pack's answer to the very question (normalised), shown and saved as
     the chat would, or None. A hash lookup: no encoder, no upstream, so it answers before
     either loads. (The weak positive pair a served match leaves is skipped: an accepted
-    exact repeat teaches nothing, client/cache/feedback.py.)"""
+    exact repeat teaches nothing, client/matching/labels.py.)"""
     packs = PackStore(settings.packs_dir)
     try:
         if packs.pack is None:
@@ -46,11 +46,11 @@ def answer_exactly(settings: Settings, question: str, conversation_id: str | Non
                         else Conversation())
         if conversation.documents:  # its answers depend on the documents
             return None
-        question = clean_query(question)
-        found = packs.lookup(question)
+        query = Query.of(question)
+        found = packs.lookup(query.text)
         if found is None:
             return None
-        turn = Turn(question, found.answer, found.origin)
+        turn = Turn(query.text, found.answer, found.origin)
         conversation.add(turn)
         conversations.save(conversation)
     finally:

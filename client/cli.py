@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from meancache.client.cache import repair
-from meancache.client.cache.settings import VERIFIERS
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.summary import stored_stats
 from meancache.client.config import Settings, with_upstream
+from meancache.client.matching.settings import VERIFIERS
 from meancache.shared.errors import MeanCacheError
 from meancache.shared.files import write_atomic
 from meancache.shared.progress_bar import ProgressBar

@@ -65,6 +65,10 @@ class Settings(CacheSettings, UpstreamChoice, EncoderChoice, SettingsBase):
         "a global model is installed only with the server's signature; unset, none is.")
     fl_allow_unsigned: bool = Field(False, description="A lab: install global models nobody "
                                     "signed (warned).")
+    allow_downgrade: bool = Field(
+        False, description="Install a signed global model or instruction pack older than the "
+        "one this device has (or has seen replaced); off: such a rollback is refused "
+        "(also `fl sync --allow-downgrade`, `pack update --allow-downgrade`).")
     fl_app_public_key: str | None = Field(
         None, description="The operator's app-signing-key.pub (its ssh-ed25519 line, or the "
         "file's path): the SuperNode runs only Flower apps signed with it.")

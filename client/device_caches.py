@@ -8,10 +8,14 @@ Federated learning trains on the pairs of all of them and sets the global tau of
 them (client/fl/device.py), while a lookup only ever reads its own app's. Outside
 client/proxy/, since FL (which the chat uses) must not import the proxy."""
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from contextlib import closing
 from pathlib import Path
 
+from meancache.client.cache.store import EntryStore
 from meancache.client.config import Settings
+from meancache.client.matching.labels import labelled_pairs
+from meancache.shared.pairs import Pair
 
 
 def proxy_dir(settings: Settings) -> Path:
@@ -29,3 +33,14 @@ def device_cache_dirs(settings: Settings) -> list[tuple[str, Path]]:
     """(name, cache directory) of every cache on the device: the chat's (``chat``, whether
     or not it exists yet) first, then each proxy cache's (named by its namespace)."""
     return [("chat", settings.cache_dir), *cache_dirs(settings)]
+
+
+def device_pairs(cache_dirs: Iterable[Path]) -> list[Pair]:
+    """The labelled pairs of the caches in ``cache_dirs`` (none of one that does not
+    exist), one cache after another, for FL: the device's own training data."""
+    pairs: list[Pair] = []
+    for cache_dir in cache_dirs:
+        if cache_dir.exists():
+            with closing(EntryStore(cache_dir)) as store:
+                pairs += labelled_pairs(store)
+    return pairs

@@ -10,7 +10,8 @@ tau and at each threshold of the sweep.
 from dataclasses import dataclass
 
 import numpy as np
-from meancache.client.cache.matcher import Candidate, Match, Matcher, Question, embed_texts
+from meancache.client.matching.matcher import Match, Matcher
+from meancache.client.matching.question import Candidate, Question, embed_texts
 from meancache.shared.pairs import Pair
 from meancache.shared.progress import Progress
 from meancache.shared.query import embedding_text

@@ -26,11 +26,14 @@ def default_run_config() -> RunConfig:
     return config
 
 
-def write_app(parent: Path) -> Path:
+def write_app(parent: Path, device_config: RunConfig | None = None) -> Path:
     """Write the app into ``parent/meancache-fl/`` with the installed meancache version as
-    its own, so the FAB (and `flwr ls`) names the version the run was started with."""
+    its own, so the FAB (and `flwr ls`) names the version the run was started with, and
+    ``device_config`` (keys of shared.fl.run_config.DEVICE_KEYS) as its defaults, so the
+    operator's signature of the FAB covers what devices run with."""
     app = declaration()
     app["project"]["version"] = version("meancache")
+    app["tool"]["flwr"]["app"]["config"].update(device_config or {})
     directory = parent / APP_NAME
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "pyproject.toml").write_text(tomli_w.dumps(app))

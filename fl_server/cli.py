@@ -1,6 +1,7 @@
 """`meancache fl simulate|server|run`: the FL server's commands."""
 
 import argparse
+import hashlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,9 @@ def add_commands(fl: Any) -> None:
     sign_app.add_argument("--out", type=Path, help="where the FL server's gateway finds the "
                           "signature (its --app-signatures; None: <data dir>/fl-server/"
                           "app-signatures)")
+    sign_app.add_argument("--run-config", help="the settings devices run with, signed into "
+                          "the app, e.g. \"epochs=2 top-layers=1\": give `fl run` the same "
+                          "ones (the server's own keys here are left to `fl run`)")
     sign_app.set_defaults(handler=run_sign_app)
 
     run = fl.add_parser("run", help="start federated rounds on a running FL server",
@@ -93,29 +97,45 @@ def add_commands(fl: Any) -> None:
                      help="federated rounds")
     run.add_argument("--run-config", help="more settings, e.g. \"top-layers=2 "
                      "min-train-nodes=4\" (the keys and their defaults: [tool.flwr.app.config] "
-                     "in meancache/fl_server/flower_app/pyproject.toml)")
+                     "in meancache/fl_server/flower_app/pyproject.toml); those devices read "
+                     "go into the app, which `fl sign-app --run-config` with the same ones "
+                     "signed")
     run.add_argument("--root-certificate", type=Path,
                      help="the CA certificate, for TLS (None: insecure)")
     run.set_defaults(handler=run_rounds)
 
 
+def split_run_config(settings: FlServerSettings, text: str | None
+                     ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(the settings devices read, written into the app and so under the operator's
+    signature; the server's own, a run's overrides) of this data dir's encoder and
+    ``--run-config``: `fl sign-app` and `fl run` make the same app from the same ones."""
+    from meancache.fl_server.run_config import parse_overrides, split_overrides
+
+    encoder = {"encoder-model": settings.encoder_model} if settings.encoder_model else {}
+    return split_overrides(encoder | parse_overrides(text))
+
+
 def run_sign_app(args: argparse.Namespace, settings: FlServerSettings) -> int:
     """Build the FAB `fl run` submits (flwr builds it byte for byte the same: fixed dates,
-    sorted files) and keep the operator's signature of it where the gateway looks."""
+    sorted files), with the settings devices read, and keep the operator's signature of it
+    where the gateway looks."""
     import tempfile
 
     from flwr.cli.build import build_fab_from_disk
     from meancache.fl_server.app_declaration import write_app
     from meancache.shared.fl.app_signing import operator_key, save_signature, sign_fab
 
+    device, _ = split_run_config(settings, args.run_config)
     key_path = args.key or settings.data_dir / "fl-operator" / "app-signing-key"
     key = operator_key(key_path)
     with tempfile.TemporaryDirectory() as tmp:
-        fab = build_fab_from_disk(write_app(Path(tmp)))
+        fab = build_fab_from_disk(write_app(Path(tmp), device))
     saved = save_signature(sign_fab(fab, key), args.out or settings.app_signature_dir)
-    print(f"signed the app (sha256 {saved.stem}) with {key_path}: {saved}; devices join "
-          f"with `fl join --app-key {key_path}.pub` (or fl_app_public_key) and run only "
-          "apps signed with it", file=sys.stderr)
+    signed = " ".join(f"{k}={v!r}" for k, v in sorted(device.items())) or "the defaults"
+    print(f"signed the app (sha256 {saved.stem}) with {key_path}, devices running {signed}: "
+          f"{saved}; devices join with `fl join --app-key {key_path}.pub` (or "
+          "fl_app_public_key) and run only apps signed with it", file=sys.stderr)
     return 0
 
 
@@ -160,19 +180,33 @@ def run_server(args: argparse.Namespace, settings: FlServerSettings) -> int:
 
 
 def run_rounds(args: argparse.Namespace, settings: FlServerSettings) -> int:
-    """`flwr run` of the packaged Flower app (copied, stamped with this version)."""
+    """`flwr run` of the packaged Flower app (copied, stamped with this version), the
+    settings devices read written into it (they reach devices only under the operator's
+    signature of the app: the gateway refuses a run that overrides them), the server's
+    passed as the run's overrides (a TOML file: any path survives)."""
     import tempfile
 
+    import tomli_w
+    from flwr.cli.build import build_fab_from_disk
     from meancache.fl_server.app_declaration import write_app
     from meancache.fl_server.processes import run_command
+    from meancache.shared.fl.app_signing import find_signature
     from meancache.shared.processes import run_foreground
 
-    config = f"num-server-rounds={args.rounds} checkpoint-dir='{settings.checkpoint_dir}'"
-    if settings.encoder_model:
-        config += f" encoder-model='{settings.encoder_model}'"
+    device, server = split_run_config(settings, args.run_config)
+    server = {"num-server-rounds": args.rounds,
+              "checkpoint-dir": str(settings.checkpoint_dir)} | server
     with tempfile.TemporaryDirectory() as tmp:
-        command, env = run_command(write_app(Path(tmp)), args.superlink,
-                                   f"{config} {args.run_config or ''}".strip(),
+        app = write_app(Path(tmp), device)
+        digest = hashlib.sha256(build_fab_from_disk(app)).hexdigest()
+        if find_signature(settings.app_signature_dir, digest) is None:
+            print(f"warning: this app (devices running {device or 'the defaults'}) is not "
+                  f"signed in {settings.app_signature_dir}: devices that run only the "
+                  "operator's apps refuse it; sign it with `meancache fl sign-app` and the "
+                  "same --run-config", file=sys.stderr, flush=True)
+        overrides = Path(tmp) / "run-config.toml"
+        overrides.write_text(tomli_w.dumps(server), encoding="utf-8")
+        command, env = run_command(app, args.superlink, str(overrides),
                                    settings.data_dir / "flwr-home", args.root_certificate)
         return run_foreground(command, env)
 

@@ -14,19 +14,31 @@ stock SuperLink drops ``verifications`` of a locally submitted FAB, so the gatew
 signature kept for that FAB's digest (`meancache fl sign-app`, shared.fl.app_signing) into
 each GetFab answer. A FAB nobody signed goes out without one, and a SuperNode started with
 ``--trusted-entities`` (every `meancache fl join`) refuses to run it.
+
+A run's overrides (``flwr run --run-config``) travel beside the FAB, outside its signature,
+and a SuperNode applies them unchecked (flwr/supernode/start_client_internal.py fuses the
+FAB's config with ``Run.override_config`` from GetRun). So the settings devices read
+(shared.fl.run_config.DEVICE_KEYS) come only from the signed app (`fl run` and `fl
+sign-app` write them into it), and the gateway hands a signature only to a GetFab whose run
+it has seen, in a GetRun answer it forwarded, override none of them: a run that does, or
+one it has not seen (the SuperNode asks GetRun first), gets its app unsigned, which every
+`fl join` device refuses (a lab's --allow-unsigned-apps device runs it, as any app).
 """
 
 import hashlib
 import logging
 import ssl
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
-from flwr.proto.fab_pb2 import GetFabResponse
+from flwr.proto.fab_pb2 import GetFabRequest, GetFabResponse
+from flwr.proto.run_pb2 import GetRunResponse
 from google.protobuf.message import DecodeError
 from meancache.shared.fl.app_signing import find_signature
+from meancache.shared.fl.run_config import DEVICE_KEYS
 from meancache.shared.http_limits import GuardRequests
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -55,6 +67,10 @@ FLEET_METHODS: dict[str, str] = {
 }
 _ROUTES = frozenset(FLEET_METHODS.values())
 GET_FAB = FLEET_METHODS["/flwr.proto.Fleet/GetFab"]
+GET_RUN = FLEET_METHODS["/flwr.proto.Fleet/GetRun"]
+# Runs whose overrides the gateway has checked, newest last; the oldest are forgotten
+# (a SuperNode asking for such an old run's app again gets it unsigned).
+MAX_RUNS = 4096
 # The largest Fleet request: a PushObject carries one array chunk (flwr splits arrays into
 # 5 MB chunks, FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE) plus its framing.
 MAX_BODY_BYTES = 16 * 1024 * 1024
@@ -101,6 +117,60 @@ def attach_signature(answer: bytes, signatures: Path) -> bytes:
     return response.SerializeToString(deterministic=True)
 
 
+def strip_signature(answer: bytes) -> bytes:
+    """A GetFab answer with no ``verifications``: a SuperNode that trusts only signed
+    apps refuses it."""
+    response = GetFabResponse()
+    try:
+        response.ParseFromString(answer)
+    except DecodeError:
+        return answer
+    response.fab.verifications.clear()
+    return response.SerializeToString(deterministic=True)
+
+
+class RunChecks:
+    """Which runs override settings devices read (DEVICE_KEYS), as seen in the GetRun
+    answers forwarded; only a run seen to override none of them gets its app signed."""
+
+    def __init__(self, limit: int = MAX_RUNS) -> None:
+        self.limit = limit
+        self._unsigned: OrderedDict[int, list[str]] = OrderedDict()  # run -> keys
+
+    def saw(self, answer: bytes) -> None:
+        """Note the run of a GetRun answer and the device settings it overrides."""
+        response = GetRunResponse()
+        try:
+            response.ParseFromString(answer)
+        except DecodeError:
+            return
+        run = response.run
+        keys = sorted(DEVICE_KEYS & set(run.override_config))
+        if keys:
+            log.warning("run %d overrides %s, which devices read, outside the operator's "
+                        "signature of its app: SuperNodes get the app unsigned and refuse "
+                        "it; write them into the signed app (`meancache fl sign-app "
+                        "--run-config` and `meancache fl run` with the same ones)", run.run_id,
+                        ", ".join(keys))
+        self._unsigned[run.run_id] = keys
+        self._unsigned.move_to_end(run.run_id)
+        while len(self._unsigned) > self.limit:
+            self._unsigned.popitem(last=False)
+
+    def may_sign(self, request: bytes) -> bool:
+        """Whether the app a GetFab request asks for may carry the operator's signature."""
+        fab_request = GetFabRequest()
+        try:
+            fab_request.ParseFromString(request)
+        except DecodeError:
+            return False
+        keys = self._unsigned.get(fab_request.run_id)
+        if keys is None:
+            log.warning("GetFab for run %d, whose overrides the gateway has not seen: its "
+                        "app goes out unsigned", fab_request.run_id)
+        return keys == []
+
+
 def _error(message: str, status: int) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=status)
 
@@ -129,6 +199,7 @@ def create_gateway(superlink: str, root_certificate: Path | None, app_signatures
                                      if root_certificate else True)
     client = httpx.AsyncClient(base_url=f"{scheme}://{superlink}", verify=verify,
                                timeout=timeout)
+    runs = RunChecks()
 
     async def forward(request: Request) -> Response:
         route = fleet_route(request.scope)
@@ -150,8 +221,11 @@ def create_gateway(superlink: str, root_certificate: Path | None, app_signatures
             log.warning("the SuperLink did not answer %s: %s", route, exc)
             return _error("the SuperLink is not reachable", 502)
         content = answer.content
+        if route == GET_RUN and answer.status_code == 200:
+            runs.saw(content)
         if route == GET_FAB and answer.status_code == 200:
-            content = attach_signature(content, app_signatures)
+            content = (attach_signature(content, app_signatures) if runs.may_sign(body)
+                       else strip_signature(content))
         return Response(content, status_code=answer.status_code,  # decoded by httpx:
                         headers=_forwardable(answer.headers, "content-encoding"))
 

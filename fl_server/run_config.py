@@ -1,14 +1,17 @@
 """The ServerApp's settings, read once from the run config (defaults: the Flower app's
-``[tool.flwr.app.config]``)."""
+``[tool.flwr.app.config]``), and the operator's ``--run-config`` split into what devices
+read (written into the signed app) and what only the server reads (a run's overrides)."""
 
 from dataclasses import dataclass
 from pathlib import Path
 
+from meancache.fl_server.app_declaration import default_run_config
 from meancache.fl_server.pooled_threshold import ThresholdRule
 from meancache.fl_server.screening import ReplyLimits
 from meancache.fl_server.strategy import AGGREGATIONS
 from meancache.shared.errors import RunConfigError
 from meancache.shared.fl.run_config import (
+    DEVICE_KEYS,
     ModelConfig,
     RunConfig,
     at_least,
@@ -77,3 +80,31 @@ class ServerConfig:
             held_out_path=read_path(config, "held-out-path"),
             held_out_pairs=read(config, "held-out-pairs", int, at_least(0)),
         )
+
+
+Values = dict[str, bool | int | float | str]
+
+
+def parse_overrides(text: str | None) -> Values:
+    """``--run-config "key=value ..."`` read as `flwr run` reads it; a key the app does
+    not have is refused by name."""
+    import click
+    from flwr.common.config import parse_config_args
+
+    try:
+        config: Values = parse_config_args([text]) if text else {}
+    except (click.ClickException, ValueError) as exc:
+        message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
+        raise RunConfigError(f"--run-config {text!r}: {message}") from None
+    unknown = sorted(set(config) - set(default_run_config()))
+    if unknown:
+        raise RunConfigError(f"--run-config: the app has no key {', '.join(unknown)} (the "
+                             "keys: [tool.flwr.app.config] in "
+                             "meancache/fl_server/flower_app/pyproject.toml)")
+    return config
+
+
+def split_overrides(config: Values) -> tuple[Values, Values]:
+    """(what devices read: signed into the app, what only the server reads: overrides)."""
+    device = {k: v for k, v in config.items() if k in DEVICE_KEYS}
+    return device, {k: v for k, v in config.items() if k not in DEVICE_KEYS}

@@ -52,8 +52,11 @@ def run_rounds(grid: Grid, config: ServerConfig) -> None:
     latest = latest_checkpoint(config.checkpoint_dir)
     if latest is not None:
         meta, state = load_checkpoint(latest)
+        # Round numbers only grow, even from a fresh model: a device refuses a round
+        # below one it has (shared.fl.freshness).
+        offset = meta.round
         if meta.base_model == base and set(state) == set(names):
-            initial, threshold, offset = state, meta.threshold, meta.round
+            initial, threshold = state, meta.threshold
             log.info("continuing from the global model of round %d", meta.round)
     dp = config.dp_noise_multiplier > 0
     limits = config.limits

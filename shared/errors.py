@@ -11,6 +11,7 @@ and never the other way round)::
     │   ├── ModelNotFoundError
     │   └── OnnxBackendError
     ├── CheckpointError
+    │   └── FreshnessError
     ├── AppSignatureError
     ├── VerifierError
     ├── PairsFileError
@@ -109,6 +110,11 @@ class OnnxBackendError(EncoderError):
 
 class CheckpointError(MeanCacheError):
     """A checkpoint that is missing, damaged or does not match its hash."""
+
+
+class FreshnessError(CheckpointError):
+    """A signed model a device refuses as stale: expired, older than what it has, or
+    without signed freshness (shared.fl.freshness)."""
 
 
 class AppSignatureError(MeanCacheError):

@@ -279,3 +279,10 @@ def toml_value(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return repr(value) if isinstance(value, int | float) else json.dumps(str(value))
+
+
+def check_choice(setting: str, value: str, valid: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``valid``; else a ValueError naming it and the valid ones."""
+    if value not in valid:
+        raise ValueError(f"{setting} {value!r} is unknown; valid: {', '.join(valid)}")
+    return value

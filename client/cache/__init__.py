@@ -7,9 +7,8 @@ layers, which commands that only read the store never need.
 from typing import TYPE_CHECKING
 
 from meancache.client.cache.entry import Context, Entry
-from meancache.client.cache.results import CacheStats, Hit, Miss, ThresholdChange
+from meancache.client.cache.results import CacheStats, Hit, Miss
 from meancache.client.cache.settings import CacheSettings
-from meancache.client.cache.source import Source
 from meancache.client.cache.store import repair
 from meancache.client.errors import (
     CacheAccessError,
@@ -18,6 +17,8 @@ from meancache.client.errors import (
     CacheVersionError,
     EntryNotFoundError,
 )
+from meancache.client.matching.feedback import ThresholdChange
+from meancache.client.matching.origins import Source
 
 if TYPE_CHECKING:
     from meancache.client.cache.semantic_cache import SemanticCache

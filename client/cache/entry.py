@@ -9,7 +9,8 @@ import uuid
 from dataclasses import dataclass, field, replace
 
 import numpy as np
-from meancache.client.cache.source import Source
+from meancache.client.matching.origins import Source
+from meancache.client.matching.question import Query
 
 # Stored vectors are float16: a PCA-64 vector is 128 bytes, 92% below 384 float32 values.
 STORED_DTYPE = np.float16
@@ -22,7 +23,7 @@ class Context:
     conversation_id: str | None = None
     turn: int = 0
     prev_entry_id: str | None = None
-    prev_query: str | None = None
+    prev_query: "str | Query | None" = None  # a Query: cleaned when it was asked
 
     @property
     def is_follow_up(self) -> bool:
@@ -48,7 +49,7 @@ class Entry:
     last_hit: float | None = None
     hits: int = 0
     rejections: int = 0
-    # What feedback taught about this entry's own threshold (client/cache/entry_threshold.py)
+    # What feedback taught about this entry's own threshold (client/matching/entry_threshold.py)
     threshold_evidence: dict[str, object] | None = None
     asked_by: str | None = None  # the app that asked through `meancache proxy` (None: the chat)
     # Rejected in another context although the same question: answers only in its own

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from meancache.client.cache.source import CacheOrigin, Source
+from meancache.client.matching.origins import CacheOrigin, Source
 
 
 @dataclass(frozen=True)
@@ -31,26 +31,6 @@ class Miss:
     best_similarity: float | None = None
     truncated: bool = False
     vetoed: bool = False  # a near match the verifier declined (``reason`` says why)
-
-
-@dataclass(frozen=True)
-class ThresholdChange:
-    """The outcome of a re-tune: ``old == new`` when nothing changed, and ``reason`` says why."""
-
-    old: float
-    new: float
-    positives: int
-    negatives: int
-    reason: str
-
-    @property
-    def changed(self) -> bool:
-        return self.old != self.new
-
-    def __str__(self) -> str:
-        if self.changed:
-            return f"threshold {self.old:.3f} -> {self.new:.3f} ({self.reason})"
-        return f"threshold stays {self.old:.3f} ({self.reason})"
 
 
 @dataclass(frozen=True)

@@ -4,19 +4,18 @@ without loading the encoder (seconds, and torch) just to count entries."""
 
 
 import numpy as np
-from meancache.client.cache import feedback
 from meancache.client.cache.entry import STORED_DTYPE
 from meancache.client.cache.results import CacheStats
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
-
-DECLINED = "declined:"  # counter prefix: near matches the verifier vetoed, by reason
+from meancache.client.matching import labels
+from meancache.client.matching.labels import DECLINED
 
 
 def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, nbytes: int,
                 stale_entries: int, encoder_version: str, encoder_backend: str,
                 embedding_dim: int) -> CacheStats:
-    pairs = feedback.labelled_pairs(store)
+    pairs = labels.labelled_pairs(store)
     positives = sum(pair.label for pair in pairs)
     return CacheStats(
         entries=entries,

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Protocol
 
 from meancache.client.cache import SemanticCache, ThresholdChange
-from meancache.client.cache.source import CacheOrigin, PackOrigin
 from meancache.client.chat.conversations import Conversation, Document, Turn
 from meancache.client.chat.documents import chat_schema, read_document
 from meancache.client.chat.sources import (
@@ -27,10 +26,12 @@ from meancache.client.chat.sources import (
     PackSource,
     UpstreamSource,
 )
+from meancache.client.errors import RejectionError
+from meancache.client.matching.origins import NOT_REJECTABLE, CacheOrigin, PackOrigin
+from meancache.client.matching.question import Query
 from meancache.client.pack import PackStore
 from meancache.client.upstream_client import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, UpstreamClient
 from meancache.shared.progress import Progress
-from meancache.shared.query import clean_query
 
 
 class SavesConversations(Protocol):
@@ -75,13 +76,14 @@ class AnswerService:
             self._matching[PackOrigin] = pack
             self.sources.insert(0, pack)
 
-    async def answer(self, conversation: Conversation, question: str,
+    async def answer(self, conversation: Conversation, question: str | Query,
                      on_delta: OnDelta | None = None, asked_by: str | None = None) -> Turn:
         """Answer ``question`` as the next turn of ``conversation``: appended, and the
         conversation saved (a first question also names it). ``asked_by``: the app that
-        asked, recorded with a stored answer."""
-        question = clean_query(question)
-        asked = Asked(question, conversation, len(conversation.turns), on_delta, asked_by)
+        asked, recorded with a stored answer. The question is cleaned here, once, and
+        goes down to every source as that ``Query``."""
+        asked = Asked(Query.of(question), conversation, len(conversation.turns), on_delta,
+                      asked_by)
         turn, declined = None, None
         for source in self.sources:
             outcome = await source.answer(asked)
@@ -104,17 +106,17 @@ class AnswerService:
         source that served it (recorded once, however often this is called for it); an
         empty one (never cached) is simply asked again. Either way a fresh answer from
         the upstream (bypassing the caches) takes the turn's place and the conversation
-        is saved."""
+        is saved. A turn that is not ``rejectable`` raises RejectionError."""
         turn = conversation.turns[turn_index]
-        asked = Asked(turn.question, conversation, turn_index, on_delta, asked_by)
+        if not turn.rejectable:
+            raise RejectionError(NOT_REJECTABLE)
+        asked = Asked(Query(turn.question), conversation, turn_index, on_delta, asked_by)
         change = None
         if isinstance(turn.origin, CacheOrigin | PackOrigin):
             source = self._matching.get(type(turn.origin))
             if source is None:
-                raise ValueError("this chat has no instruction pack to take the rejection")
+                raise RejectionError("this chat has no instruction pack to take the rejection")
             change = await source.reject(asked, turn.origin)
-        elif not turn.empty:
-            raise ValueError("only answers served from a cache, or empty ones, can be rejected")
         fresh = await self.fresh.answer(asked, corrected=change is not None)
         correction = Correction(replace(fresh, replaced=turn.answer), change)
         conversation.turns[turn_index] = correction.turn

@@ -11,7 +11,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from meancache.client.cache.source import (
+from meancache.client.errors import ConversationNotFoundError
+from meancache.client.matching.origins import (
     CacheOrigin,
     Origin,
     PackOrigin,
@@ -19,8 +20,8 @@ from meancache.client.cache.source import (
     UpstreamOrigin,
     origin_from_json,
     origin_to_json,
+    rejectable,
 )
-from meancache.client.errors import ConversationNotFoundError
 from meancache.shared.files import write_json_atomic
 from meancache.shared.query import normalise_query
 
@@ -69,6 +70,11 @@ class Turn:
     def empty(self) -> bool:
         """An answer of nothing but whitespace: never cached, always rejectable."""
         return not self.answer.strip()
+
+    @property
+    def rejectable(self) -> bool:
+        """Whether "wrong answer" may take this turn (``origins.rejectable``)."""
+        return rejectable(self.origin, self.empty)
 
     @property
     def shown_answer(self) -> str:

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from meancache.client.cache import Context, Hit, Miss, SemanticCache, Source, ThresholdChange
-from meancache.client.cache.matcher import Matcher, NoMatch
-from meancache.client.cache.source import CacheOrigin, Matched, PackOrigin, UpstreamOrigin
 from meancache.client.chat.conversations import Conversation, Turn
 from meancache.client.chat.documents import document_prompt
+from meancache.client.matching.matcher import Matcher, NoMatch
+from meancache.client.matching.origins import CacheOrigin, Matched, PackOrigin, UpstreamOrigin
+from meancache.client.matching.question import Query
 from meancache.client.pack import PackStore
 from meancache.client.upstream_client import Completed, Delta, UpstreamClient
 
@@ -25,21 +26,28 @@ OnDelta = Callable[[str], Awaitable[None]]  # awaited per streamed piece of the 
 
 @dataclass(frozen=True)
 class Asked:
-    """A question (cleaned) and its context: what every source is given."""
+    """A question (cleaned once, ``Query.of``) and its context: what every source is
+    given."""
 
-    question: str
+    query: Query
     conversation: Conversation
     turn_index: int  # the turn the answer becomes (the turns before it are the history)
     on_delta: OnDelta | None = None
     asked_by: str | None = None  # the app that asked (`meancache proxy`); None: the chat
 
     @property
+    def question(self) -> str:
+        return self.query.text
+
+    @property
     def context(self) -> Context:
-        """The cache context: the conversation and the turn before this one."""
+        """The cache context: the conversation and the turn before this one (whose
+        question was cleaned when it was asked)."""
         if self.turn_index == 0:
             return Context(self.conversation.id, 0)
         last = self.conversation.turns[self.turn_index - 1]
-        return Context(self.conversation.id, self.turn_index, last.entry_id, last.question)
+        return Context(self.conversation.id, self.turn_index, last.entry_id,
+                       Query(last.question))
 
     @property
     def about_documents(self) -> bool:
@@ -87,15 +95,15 @@ class PackSource:
     async def answer(self, asked: Asked) -> Turn | Declined | None:
         if asked.about_documents:
             return None
-        return await asyncio.to_thread(self._lookup, asked.question)
+        return await asyncio.to_thread(self._lookup, asked.query)
 
-    def _lookup(self, question: str) -> Turn | Declined | None:
-        found = self.packs.lookup(question) or self.packs.lookup_similar(question,
-                                                                         self.matcher)
+    def _lookup(self, query: Query) -> Turn | Declined | None:
+        found = self.packs.lookup(query.text) or self.packs.lookup_similar(query,
+                                                                           self.matcher)
         if isinstance(found, NoMatch):
             return Declined.of(found, "pack")
-        self.matcher.accepted(question, found.origin)
-        return Turn(question, found.answer, found.origin)
+        self.matcher.feedback.served(query.text, found.origin)
+        return Turn(query.text, found.answer, found.origin)
 
     async def reject(self, asked: Asked, origin: Matched) -> ThresholdChange:
         assert isinstance(origin, PackOrigin)
@@ -103,7 +111,7 @@ class PackSource:
 
     def _reject(self, question: str, origin: PackOrigin) -> ThresholdChange:
         self.packs.reject(question, origin)
-        return self.matcher.rejected(question, origin)
+        return self.matcher.feedback.rejected(question, origin)
 
 
 class CacheSource:
@@ -115,7 +123,7 @@ class CacheSource:
     async def answer(self, asked: Asked) -> Turn | Declined | None:
         if asked.about_documents:
             return None
-        result = await asyncio.to_thread(self.cache.lookup, asked.question, asked.context)
+        result = await asyncio.to_thread(self.cache.lookup, asked.query, asked.context)
         if not isinstance(result, Hit):
             return Declined.of(result)
         return Turn(asked.question, result.answer, result.origin, truncated=result.truncated)
@@ -163,7 +171,7 @@ class UpstreamSource:
                                                 asked.question)
             if completed.text.strip() and completed.cut is None:  # a cut answer is partial
                 entry = await asyncio.to_thread(
-                    self.cache.insert, asked.question, completed.text, asked.context,
+                    self.cache.insert, asked.query, completed.text, asked.context,
                     Source.USER_CORRECTED if corrected else Source.UPSTREAM,
                     completed.prompt_tokens, completed.completion_tokens,
                     asked_by=asked.asked_by,

@@ -46,6 +46,10 @@ def add_commands(fl: Any) -> None:
                       help="install a global model without checking the FL server's "
                       "signature (a lab only: whoever can change what the server sends "
                       "chooses this device's model)")
+    sync.add_argument("--allow-downgrade", action="store_true",
+                      help="install a signed global model older than the one this device "
+                      "has or has seen replaced (refused otherwise, as a rollback; also the "
+                      "allow_downgrade setting)")
     sync.set_defaults(handler=run_sync)
 
 
@@ -80,7 +84,8 @@ def run_sync(args: argparse.Namespace, settings: Settings) -> int:
         "fl_insecure": args.insecure or settings.fl_insecure,
         "fl_root_certificate": str(certificate) if certificate else None,
         "fl_server_public_key": args.server_key or settings.fl_server_public_key,
-        "fl_allow_unsigned": args.allow_unsigned or settings.fl_allow_unsigned})
+        "fl_allow_unsigned": args.allow_unsigned or settings.fl_allow_unsigned,
+        "allow_downgrade": args.allow_downgrade or settings.allow_downgrade})
     err = Console(stderr=True)
     with ProgressBar("downloading the global model", err) as progress:
         result = sync_global_model(args.server, device, progress)

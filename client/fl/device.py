@@ -1,6 +1,6 @@
 """What federated learning keeps on a device: the global models received and the global
 tau. The labelled pairs come from the feedback of every cache on the device (the chat's
-and each proxy cache's, client/device_caches.py), read through client.cache.feedback; the
+and each proxy cache's, client/device_caches.py), read through client.matching.labels; the
 threshold goes through client.cache.threshold, and the encoder those models make is
 loaded by client.encoder.load_device_encoder.
 
@@ -15,10 +15,9 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from meancache.client.cache.feedback import device_pairs
 from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings, load_settings
-from meancache.client.device_caches import device_cache_dirs
+from meancache.client.device_caches import device_cache_dirs, device_pairs
 from meancache.shared.encoder import locate_model
 from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.fl.checkpoint import prune_rounds, save_checkpoint

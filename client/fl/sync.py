@@ -5,7 +5,11 @@ The description the server sends (round, threshold, the weights' sha256) must ca
 FL server's Ed25519 signature under the key the device trusts (``fl_server_public_key``, or
 `fl sync --server-key`); without a key, or with a wrong or missing signature, nothing is
 installed and the threshold is not touched. Only ``fl_allow_unsigned`` (`--allow-unsigned`,
-for a lab) installs an unverified model, with a warning. The weights are downloaded into
+for a lab) installs an unverified model, with a warning. A verified model must also be
+fresh (shared.fl.freshness, TUF's rollback and freeze-attack rules): signed with a time
+and an expiry that has not passed, and no older than the round installed or already seen
+(the record of the highest kept beside the device's global models), unless the user
+allows a downgrade (``allow_downgrade``, `--allow-downgrade`). The weights are downloaded into
 a temporary directory inside the device's global-model dir, checked against the signed
 sha256 and only then installed with a rename and a LATEST pointer swap
 (shared.fl.checkpoint.install_checkpoint): a broken or tampered download never replaces
@@ -29,6 +33,7 @@ import os
 import shutil
 import ssl
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,6 +56,7 @@ from meancache.shared.fl.checkpoint import (
     prune_rounds,
     read_meta,
 )
+from meancache.shared.fl.freshness import check_fresh, newest, read_seen, write_seen
 from meancache.shared.fl.signing import PUBLIC_KEY, read_public_key, verify
 from meancache.shared.progress import Progress
 from meancache.shared.threshold import check_threshold
@@ -62,6 +68,7 @@ META_PATH = "/v1/global-model"
 CHUNK = 1 << 16
 MAX_DESCRIPTION_BYTES = 1 << 16
 MAX_WEIGHTS_BYTES = 2 << 30  # all of MPNet's weights take 0.4 GiB
+SEEN_KIND = "global-model"  # its entry in the device's record of versions seen
 
 
 @dataclass(frozen=True)
@@ -94,15 +101,16 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
     server_key = _trusted_key(settings)
     with _client(base, timeout, verify_tls) as http:
         remote = _fetch_meta(http, base)
+        installed = _installed(root)
         if server_key is not None:
             verify(remote.meta, server_key)
+            _check_fresh(remote.meta, installed, settings)
         else:
             warning = (f"warning: installing the global model of round {remote.meta.round} "
                        f"from {base} unverified (fl_allow_unsigned): whoever can change what "
                        "that server sends chooses this device's model and threshold")
             log.warning(warning)
             print(warning, file=sys.stderr, flush=True)
-        installed = _installed(root)
         if installed is not None and _same(installed[1], remote.meta):
             path, changed = installed[0], False
         elif installed is not None and installed[1].sha256 == remote.meta.sha256:
@@ -117,6 +125,24 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
                  remote.meta.round, remote.meta.threshold, base)
     return SyncResult(remote.meta.round, remote.meta.threshold, remote.meta.sha256, changed,
                       path)
+
+
+def _check_fresh(meta: GlobalModel, installed: tuple[Path, GlobalModel] | None,
+                 settings: Settings) -> None:
+    """FreshnessError for a stale model (shared.fl.freshness); otherwise it is
+    remembered as seen at once, so a download that fails after it still bars an older
+    one."""
+    fl_dir = settings.global_model_dir.parent
+    seen = read_seen(fl_dir, SEEN_KIND)
+    check_fresh(meta, installed[1].round if installed else None, seen, time.time(),
+                settings.allow_downgrade)
+    remembered = newest(seen, meta, settings.allow_downgrade)
+    if remembered != seen:
+        try:
+            write_seen(fl_dir, SEEN_KIND, remembered)
+        except OSError as exc:
+            raise CheckpointError(f"cannot record the global model seen in {fl_dir}: "
+                                  f"{exc}") from None
 
 
 def _trusted_key(settings: Settings) -> Ed25519PublicKey | None:
@@ -206,7 +232,8 @@ def _parse_meta(body: Any, base: str) -> _Remote:
     try:
         meta = GlobalModel(number, float(threshold), sha, str(body["base_model"]),
                            int(body["top_layers"]), dict(body.get("metrics") or {}),
-                           float(body.get("created") or 0.0), str(body.get("signature") or ""))
+                           float(body.get("created") or 0.0), str(body.get("signature") or ""),
+                           _seconds(body.get("signed_at")), _seconds(body.get("expires")))
     except (KeyError, TypeError, ValueError) as exc:
         raise invalid(f"{type(exc).__name__}: {exc}") from None
     weights_url = body.get("weights_url") or f"{META_PATH}/rounds/{number}/weights"
@@ -216,6 +243,16 @@ def _parse_meta(body: Any, base: str) -> _Remote:
     if parts.scheme or parts.netloc or not weights_url.startswith("/"):
         raise invalid(f"weights_url {weights_url!r} is not a path on this server")
     return _Remote(meta, weights_url)
+
+
+def _seconds(value: Any) -> float:
+    """A signing time or expiry as sent (absent: 0, which check_fresh refuses)."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+            0 <= value < 1e11):  # finite, and before the year 5138
+        raise ValueError(f"signing time {value!r}")
+    return float(value)
 
 
 # the device's side -----------------------------------------------------------------------

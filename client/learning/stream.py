@@ -21,14 +21,15 @@ from pathlib import Path
 
 import numpy as np
 from meancache.client.cache import Hit, SemanticCache
-from meancache.client.cache.matcher import VERIFIED_AT_MOST, Verifier, ambiguous, embed_texts
 from meancache.client.cache.settings import CacheSettings
 from meancache.client.cache.store import EntryStore
-from meancache.client.cache.verification import WITH_LEARNED, verify
 from meancache.client.learning.agreement import agree
 from meancache.client.learning.bound import CONFIDENCE, Label
 from meancache.client.learning.explore import Exploration
 from meancache.client.learning.state import Learning
+from meancache.client.matching.matcher import VERIFIED_AT_MOST, Verifier, ambiguous
+from meancache.client.matching.question import embed_texts
+from meancache.client.matching.rules import WITH_LEARNED, verify
 from meancache.shared.encoder import Encoder
 from meancache.shared.pairs import Pair
 from meancache.shared.progress import Progress
@@ -151,8 +152,9 @@ class LearningReplay:
         self.answers: list[str] = []
         self.keys: dict[str, int] = {}
         self.vectors = np.zeros((0, encoder.dim), dtype=np.float32)
-        self.floor = settings.global_threshold - settings.recall_margin \
-            - (settings.recall_margin if verifier is not None else 0.0)
+        # candidates start where the shipped decision's do (the recall tau)
+        self.floor = settings.global_threshold - (settings.recall_margin
+                                                  if verifier is not None else 0.0)
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         return embed_texts(self.encoder, texts)

@@ -17,6 +17,9 @@ def add_commands(pack: Any) -> None:
                         "upstream_api_key in config.toml or MEANCACHE_UPSTREAM_API_KEY)")
     update.add_argument("--max-mb", type=float, default=DEFAULT_MAX_PACK_BYTES / 2**20,
                         help="refuse a larger pack (default: %(default).0f)")
+    update.add_argument("--allow-downgrade", action="store_true",
+                        help="install a pack built before the one in use (refused otherwise, "
+                        "as a rollback; also the allow_downgrade setting)")
     update.set_defaults(handler=run_update)
     stats = pack.add_parser("stats", help="the pack in use: version, entries, size, hits")
     stats.add_argument("--json", action="store_true", help="print JSON")
@@ -38,7 +41,8 @@ def run_update(args: argparse.Namespace, settings: Settings) -> int:
     with ProgressBar("downloading the instruction pack", Console(stderr=True)) as progress:
         upstream = UpstreamClient(url, args.api_key or settings.upstream_api_key)
         update = download_pack(upstream, settings.packs_dir / PACK_FILE,
-                               int(args.max_mb * 2**20), progress)
+                               int(args.max_mb * 2**20), progress,
+                               args.allow_downgrade or settings.allow_downgrade)
     manifest = update.manifest
     if update.changed:
         print(f"instruction pack {manifest.pack_id} is in use: {manifest.count} instructions "

@@ -1,8 +1,15 @@
 """Fetching the upstream's newest instruction pack: streamed to a partial file beside the
 pack in use, resumed with ``Range`` + ``If-Range`` after a cut, capped in size, verified
 (format, sha256, model) and only then renamed over the old pack. Whatever goes wrong, the
-pack in use stays as it was."""
+pack in use stays as it was.
 
+A pack built before the one in use for the same model (its manifest's ``created``) is
+refused unless the user allows a downgrade (``allow_downgrade``, `--allow-downgrade`): the
+rollback rule of signed global models (shared.fl.freshness). Packs carry no signature (they
+are trusted as the upstream that serves them is, through its TLS and API key), so this
+keeps a stale or restored upstream from taking a device back, not a hostile one."""
+
+import datetime as dt
 import logging
 import os
 import time
@@ -44,8 +51,10 @@ class PackUpdate:
 
 def download_pack(upstream: UpstreamClient, target: Path,
                   max_bytes: int = DEFAULT_MAX_PACK_BYTES,
-                  progress: Progress | None = None) -> PackUpdate:
-    """Make ``target`` the upstream's newest pack, answered by the model it serves.
+                  progress: Progress | None = None,
+                  allow_downgrade: bool = False) -> PackUpdate:
+    """Make ``target`` the upstream's newest pack, answered by the model it serves (and
+    built no earlier than the pack in use, unless ``allow_downgrade``).
 
     Blocking: run it in a worker thread from the app."""
     partial = target.with_name(target.name + ".download")
@@ -56,16 +65,20 @@ def download_pack(upstream: UpstreamClient, target: Path,
     except UpstreamRequestError as exc:
         raise _failed(upstream, exc, "the request") from None
     model = served[0] if served else None  # a pack of another model's answers is refused
+    in_use = None
+    if target.exists():
+        try:
+            in_use = read_manifest(target)
+        except PackError:
+            pass  # the pack in use is unreadable: fetch the whole new one
+    floor = None if allow_downgrade else in_use
     try:
-        _check_announced(upstream, model, max_bytes)
+        _check_announced(upstream, model, max_bytes, floor)
     except UpstreamRequestError as exc:
         raise _failed(upstream, exc, "the pack's manifest") from None
     headers: dict[str, str] = {}
-    if target.exists():
-        try:
-            headers["If-None-Match"] = f'"{read_manifest(target).body_sha256}"'
-        except PackError:
-            pass  # the pack in use is unreadable: fetch the whole new one
+    if in_use is not None:
+        headers["If-None-Match"] = f'"{in_use.body_sha256}"'
     start = partial.stat().st_size if partial.exists() and etag_file.exists() else 0
     if start:
         headers |= {"Range": f"bytes={start}-", "If-Range": etag_file.read_text()}
@@ -92,23 +105,47 @@ def download_pack(upstream: UpstreamClient, target: Path,
                                 "again to resume it") from None
     except UpstreamRejectedError as exc:
         raise _failed(upstream, exc, "the pack") from None
-    return _swap_in(partial, etag_file, target, model, start)
+    return _swap_in(partial, etag_file, target, model, start, floor)
 
 
-def _check_announced(upstream: UpstreamClient, model: str | None, max_bytes: int) -> None:
+def _check_announced(upstream: UpstreamClient, model: str | None, max_bytes: int,
+                     floor: PackManifest | None) -> None:
     """Refuse, before any of its body comes down, a pack whose manifest (the upstream's
-    manifest endpoint; one without it is checked once downloaded) names another model or
-    a body over the limit."""
+    manifest endpoint; one without it is checked once downloaded) names another model, a
+    body over the limit, or a build older than ``floor`` (the pack in use)."""
     data = upstream.small_json(MANIFEST, MAX_MANIFEST_BYTES)
     if data is None:
         return
     where = f"the upstream's pack ({upstream.base_url})"
     manifest = manifest_from_json(data, where)
     check_compatible(Path(where), manifest, model, None)
+    _check_not_older(manifest, floor)
     if manifest.body_bytes > max_bytes:
         raise PackDownloadError(
             f"the upstream's pack is {manifest.body_bytes} bytes, over the {max_bytes}-byte "
             "limit; raise it with --max-mb if you want a pack this large")
+
+
+def _built(manifest: PackManifest) -> dt.datetime | None:
+    try:
+        when = dt.datetime.fromisoformat(manifest.created)
+    except ValueError:
+        return None
+    return when if when.tzinfo else when.replace(tzinfo=dt.UTC)
+
+
+def _check_not_older(manifest: PackManifest, in_use: PackManifest | None) -> None:
+    """PackDownloadError for a pack of the same model built before the one in use (or
+    with no readable build time, which cannot be shown newer)."""
+    if in_use is None or in_use.model != manifest.model or (floor := _built(in_use)) is None:
+        return
+    built = _built(manifest)
+    if built is None or built < floor:
+        raise PackDownloadError(
+            f"refused the upstream's pack {manifest.pack_id} built {manifest.created!r}: the "
+            f"pack in use ({in_use.pack_id}) was built later, {in_use.created}, and an older "
+            "pack is a rollback; pass --allow-downgrade (allow_downgrade) to install it "
+            "anyway")
 
 
 def _failed(upstream: UpstreamClient, exc: UpstreamRequestError, what: str
@@ -147,10 +184,11 @@ def _length(response: "httpx.Response") -> int:
 
 
 def _swap_in(partial: Path, etag_file: Path, target: Path, model: str | None,
-             resumed_from: int) -> PackUpdate:
+             resumed_from: int, floor: PackManifest | None) -> PackUpdate:
     """Verify the whole download, then rename it over the pack in use."""
     try:
         manifest = read_pack(partial, model=model).manifest
+        _check_not_older(manifest, floor)
     except PackError:
         partial.unlink(missing_ok=True)
         etag_file.unlink(missing_ok=True)

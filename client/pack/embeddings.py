@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from meancache.client.cache.background import BackgroundWork, JobStatus
+from meancache.client.background import BackgroundWork, JobStatus
+from meancache.client.matching.question import embed_texts
 from meancache.shared.encoder import Encoder
 from meancache.shared.files import atomic_write
 from meancache.shared.pack import Pack
@@ -114,8 +115,6 @@ class PackEmbeddings:
         path = embeddings_path(self.directory, pack, encoder.version)
         vectors = self._load(path, (len(instructions), encoder.dim))
         if vectors is None:
-            from meancache.client.cache.matcher import embed_texts  # see store.py
-
             vectors = embed_texts(encoder, instructions, progress)
             try:
                 with atomic_write(path, durable=True) as fh:  # a crash leaves the old or none

@@ -1,7 +1,7 @@
 """The device's instruction pack: loaded once, looked up in O(1) before the semantic
 cache, then by meaning (its instructions embedded with the cache's encoder, see
-client/pack/embeddings.py, and a hit decided by the cache's ``Matcher``, the same rule as
-the cache's), with its hit counts and the answers the user rejected kept beside it.
+client/pack/embeddings.py, offered to the ``Matcher`` (client/matching/), which decides
+for the cache too), with its hit counts and the answers the user rejected kept beside it.
 
 Lookups never touch the network: the pack is a local file, read whole into a dict.
 """
@@ -10,13 +10,12 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from meancache.client.cache.source import PackOrigin
+from meancache.client.matching.origins import PackOrigin
+from meancache.client.matching.question import Match, NoMatch, Query
 from meancache.client.pack.embeddings import PackEmbeddings, stored
 from meancache.shared.encoder import Encoder
 from meancache.shared.errors import PackError
@@ -27,7 +26,7 @@ from meancache.shared.query import normalise_query
 
 if TYPE_CHECKING:  # the matcher (its verifier loads scikit-learn, seconds) is imported
     # only by the similar match: an exact lookup (`meancache ask`'s fast path) needs none
-    from meancache.client.cache.matcher import Candidate, Matcher, NoMatch
+    from meancache.client.matching.matcher import Matcher
 
 log = logging.getLogger(__name__)
 
@@ -128,14 +127,12 @@ class PackStore:
         return PackHit(found[1], PackOrigin(uuid.uuid4().hex, pack.manifest.pack_id,
                                             found[0], 1.0, exact=True))
 
-    def lookup_similar(self, query: str, matcher: "Matcher") -> "PackHit | NoMatch":
+    def lookup_similar(self, query: str | Query, matcher: "Matcher") -> PackHit | NoMatch:
         """The answer of the pack instruction the matcher accepts for ``query`` (the same
         rule as the semantic cache's: tau, candidate count, verification, over-long
         questions), among those the user did not reject; else the matcher's reason (a
         declined near match among them), at once while the instructions are being embedded
         in the matcher's space."""
-        from meancache.client.cache.matcher import Candidate, Match, NoMatch
-
         pack = self._pack
         if pack is None:
             return NoMatch("no instruction pack")
@@ -143,22 +140,13 @@ class PackStore:
         if ready is None or not ready.instructions:
             return NoMatch("the pack's instructions are still being embedded")
         question = matcher.question(query)
-        similarities = ready.vectors @ question.vector
-        count = min(matcher.settings.candidates, len(similarities))
-        best = np.argpartition(-similarities, count - 1)[:count]  # O(n), not a full sort
-        best = best[np.argsort(-similarities[best])]
 
-        def candidates() -> Iterator["Candidate"]:
-            for row in best:
-                similarity = float(similarities[row])
-                if similarity < matcher.floor:
-                    return
-                instruction = ready.instructions[row]
-                if instruction not in self._rejected and \
-                        (question.key, instruction) not in self._rejected_pairs:
-                    yield Candidate(instruction, instruction, min(similarity, 1.0))
+        def offered(instruction: str) -> bool:
+            return instruction not in self._rejected and \
+                (question.key, instruction) not in self._rejected_pairs
 
-        decision = matcher.decide(question, candidates())
+        decision = matcher.decide(question, matcher.nearest(
+            question, ready.vectors, ready.instructions, offered))
         if not isinstance(decision, Match):
             return decision
         with self._lock:

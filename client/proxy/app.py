@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import Conversation, Turn
-from meancache.client.chat.feedback import reject_last
+from meancache.client.chat.rejection import reject_last
 from meancache.client.errors import (
     CacheError,
     ProxyRequestError,

@@ -13,7 +13,7 @@ from meancache.client.chat.steps import LOADING, startup_steps
 from meancache.client.config import Settings
 from meancache.client.tui.bindings import CHAT_BINDINGS
 from meancache.client.tui.screens.start import StartScreen
-from meancache.client.tui.start import StartSteps
+from meancache.client.tui.start_steps import StartSteps
 from meancache.shared.errors import MeanCacheError
 from textual import work
 from textual.actions import ActionParseResult
@@ -102,7 +102,10 @@ class MeanCacheApp(App[None]):
         self.call_from_thread(self._opened, session)
 
     async def _show_chat(self, screen_class: "type[ChatScreen]") -> "ChatScreen":
-        self._chat = screen_class(self.settings, self.start)
+        from meancache.client.fl.participation import FederatedParticipation
+
+        self._chat = screen_class(self.settings, FederatedParticipation(self.settings),
+                                  self.start)
         await self.push_screen(self._chat)  # over the start screen, which stays below
         return self._chat
 

@@ -1,6 +1,8 @@
-"""Every chat action, with a binding id (remappable through `keymap` in config.toml) and
-the help the command palette shows."""
+"""Every chat action, with a binding id (remappable through `keymap` in config.toml), the
+help the command palette shows, and when it can act."""
 
+from meancache.client.chat.conversations import Conversation
+from meancache.client.config import Settings
 from textual.binding import Binding
 
 CHAT_BINDINGS = [
@@ -24,3 +26,38 @@ CHAT_BINDINGS = [
             tooltip="Train in federated rounds on this device's feedback (needs fl_superlink); "
                     "press again to leave"),
 ]
+ACTIONS = frozenset(binding.action for binding in CHAT_BINDINGS)
+
+
+def why_not(action: str, *, started: bool, busy: bool, conversation: Conversation,
+            settings: Settings) -> str | None:
+    """Why the chat action ``action`` cannot act now, or None when it can (``started``:
+    the session is open; ``busy``: an answer is streaming)."""
+    if action == "cancel":
+        return None if busy else "nothing to stop: no answer is streaming"
+    if action not in ACTIONS:
+        return None
+    if not started:
+        return "still starting: the cache and the upstream are loading"
+    if action == "reject":
+        return _why_not_reject(busy, conversation)
+    if action == "new_chat" and not conversation.turns:
+        return "this chat is already new"
+    if action == "export" and not conversation.turns:
+        return "nothing to export yet: ask a question first"
+    if action == "fl_sync" and not settings.fl_server_url:
+        return "no federated server: set fl_server_url in config.toml"
+    if action == "fl_join" and not settings.fl_superlink:
+        return "no federated rounds to join: set fl_superlink in config.toml"
+    return None
+
+
+def _why_not_reject(busy: bool, conversation: Conversation) -> str | None:
+    if busy:
+        return "an answer is streaming: wait for it, or press esc to stop it"
+    if not conversation.turns:
+        return "nothing to reject: no answer yet"
+    if not conversation.turns[-1].rejectable:  # the one rule: client/matching/origins.py
+        return ("nothing to reject: this answer came from the model, not from a cache "
+                "(only cached or empty answers can be marked wrong)")
+    return None

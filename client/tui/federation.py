@@ -6,7 +6,7 @@ with the chat screen; every blocking call runs in a thread worker."""
 import asyncio
 from collections.abc import Callable
 
-from meancache.client.chat.federation import describe_sync, switch_to_latest, sync_and_switch
+from meancache.client.chat.global_model import describe_sync, switch_to_latest, sync_and_switch
 from meancache.client.chat.session import ChatSession
 from meancache.client.fl.participation import FederatedParticipation
 from meancache.client.tui.jobs import run_blocking

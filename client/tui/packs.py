@@ -16,11 +16,19 @@ def update_pack(session: ChatSession, progress: Progress) -> PackUpdate:
     # The session's upstream client: its URL and key (the embedded upstream's is made at
     # its start, not configured).
     update = download_pack(session.answers.upstream, session.settings.packs_dir / PACK_FILE,
-                           progress=progress)
+                           progress=progress, allow_downgrade=session.settings.allow_downgrade)
     if update.changed:
         packs.reload()
         packs.prepare(session.cache.encoder)  # the semantic match follows in the background
     return update
+
+
+def describe_update(update: PackUpdate) -> str:
+    """The notice after F6."""
+    manifest = update.manifest
+    if not update.changed:
+        return f"already up to date (pack {manifest.pack_id})"
+    return f"pack {manifest.pack_id}: {manifest.count} instructions now answered on this device"
 
 
 def describe_pack(stats: PackStats) -> str | None:

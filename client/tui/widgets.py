@@ -5,7 +5,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from meancache.client.chat.conversations import Conversation, Turn
-from meancache.client.tui.start import StartSteps
+from meancache.client.tui.start_steps import StartSteps
 from meancache.client.tui.text import printable
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
@@ -156,7 +156,7 @@ class StatusLine(Vertical):
     """
 
     def __init__(self, start: StartSteps | None = None) -> None:
-        """``start``: the app's start, shown until ``follow`` (see client/tui/start.py)."""
+        """``start``: the app's start, shown until ``follow`` (see client/tui/start_steps.py)."""
         super().__init__()
         self.session: ChatSession | None = None
         self.extra: Callable[[], str] = lambda: ""  # said after the upstream's label

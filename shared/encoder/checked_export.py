@@ -1,4 +1,4 @@
-"""The record of an ONNX export that passed its parity check with PyTorch.
+"""The parity check of an ONNX export with PyTorch, and the record of one that passed it.
 
 Written beside the export (``<export>.json``) once the check passes, with what running the
 export needs besides the file: the tokenizer, the window and the width. The next start reads
@@ -11,9 +11,15 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from meancache.shared.encoder.backends import Embedder
 from meancache.shared.encoder.tokens import EncoderTokenizer
+from meancache.shared.errors import OnnxBackendError
 from meancache.shared.files import atomic_path
+
+if TYPE_CHECKING:
+    from meancache.shared.encoder._onnx import OnnxEmbedder
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +31,31 @@ class CheckedExport:
     full_dim: int
     min_cosine: float  # its parity with PyTorch when it was checked
     tokenizer: EncoderTokenizer
+
+
+def check_parity(embedder: "OnnxEmbedder", reference: Embedder, tokenizer: EncoderTokenizer,
+                 full_dim: int, *, int8: bool = False) -> "OnnxEmbedder":
+    """``embedder`` if its vectors match ``reference``'s (PyTorch) on sample queries
+    (cosine; ``int8``: the int8 variant's looser bound), recorded as checked so that later
+    starts run it alone; OnnxBackendError if they do not."""
+    from meancache.shared.encoder._onnx import (
+        INT8_PARITY_MIN_COSINE,
+        PARITY_MIN_COSINE,
+        PARITY_QUERIES,
+        min_parity_cosine,
+    )
+
+    minimum = INT8_PARITY_MIN_COSINE if int8 else PARITY_MIN_COSINE
+    tokens = tokenizer.batch(PARITY_QUERIES)
+    cosine = min_parity_cosine(embedder(tokens.input_ids, tokens.attention_mask),
+                               reference(tokens.input_ids, tokens.attention_mask))
+    path = embedder.path
+    if cosine < minimum:
+        raise OnnxBackendError(f"ONNX parity check of {path.name} failed: cosine "
+                               f"{cosine:.5f} < {minimum}")
+    log.info("ONNX parity of %s with PyTorch: min cosine %.6f", path.name, cosine)
+    write_record(CheckedExport(path, embedder.backend, full_dim, cosine, tokenizer))
+    return embedder
 
 
 def record_path(export: Path) -> Path:

@@ -1,12 +1,13 @@
-"""The sentence encoder: a local sentence-transformers model, optional PCA, and a version id.
+"""The sentence encoder: a pipeline of parts, as sentence-transformers composes a model
+from modules: the tokenizer (``tokens.py``), a backend (``backends.py``: PyTorch, or its
+ONNX export, made and checked against PyTorch by ``export.py``; PyTorch when the export
+fails), and the optional PCA layer (``pca.py``), with a version id of the whole.
 
 torch, sentence-transformers and onnxruntime are imported where a model is built or run,
 so that importing this module (as every command does) stays fast. Once an ONNX export has
 passed its parity check, later starts run it alone (``checked_export``): no torch at all.
 """
 
-import contextlib
-import hashlib
 import logging
 import os
 from collections.abc import Sequence
@@ -15,15 +16,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 from meancache.shared.encoder._locate import locate_model
-from meancache.shared.encoder.checked_export import (
-    CheckedExport,
-    read_record,
-    record_path,
-    write_record,
-)
-from meancache.shared.encoder.fingerprint import model_fingerprint
+from meancache.shared.encoder.backends import Embedder, TorchEmbedder
+from meancache.shared.encoder.export import checked_export, export_path, start_onnx
+from meancache.shared.encoder.fingerprint import model_fingerprint, space_version
+from meancache.shared.encoder.global_weights import global_version, load_global_weights
 from meancache.shared.encoder.tokens import EncoderTokenizer, Tokenized
-from meancache.shared.errors import EncoderError, OnnxBackendError
+from meancache.shared.errors import EncoderError
 from meancache.shared.progress import Progress
 
 if TYPE_CHECKING:
@@ -98,8 +96,8 @@ class Encoder:
         model_dir = locate_model(model)
         memo = cache_dir / "fingerprints.json" if cache_dir else None
         base = model_fingerprint(model_dir, memo)
-        version = base if global_weights is None else _global_version(base, global_weights)
-        checked = _checked_export(cache_dir, version, backend)
+        version = base if global_weights is None else global_version(base, global_weights)
+        checked = checked_export(cache_dir, version, backend)
         if checked is not None:
             from meancache.shared.encoder._onnx import OnnxEmbedder
 
@@ -109,7 +107,7 @@ class Encoder:
                        cache_dir, onnx=OnnxEmbedder(checked.path, checked.backend))
         st = load_sentence_transformer(model_dir)
         if global_weights is not None:
-            _load_global_weights(st, global_weights)
+            load_global_weights(st, global_weights)
         max_tokens = int(st.max_seq_length or st.tokenizer.model_max_length)
         return cls(model_dir, version,
                    EncoderTokenizer.of_model_tokenizer(st.tokenizer, max_tokens),
@@ -125,7 +123,7 @@ class Encoder:
     # identity -----------------------------------------------------------------------
     @property
     def version(self) -> str:
-        return _space_version(self.base_version, self.pca)
+        return space_version(self.base_version, self.pca)
 
     @property
     def dim(self) -> int:
@@ -183,23 +181,15 @@ class Encoder:
         return out
 
     def _run(self, input_ids: np.ndarray, attention_mask: np.ndarray, full: bool) -> np.ndarray:
-        if self._onnx is not None:
-            unit = self._onnx(input_ids, attention_mask)
-            return unit if full else self.project(unit)
-        unit = self._run_torch(input_ids, attention_mask)
+        unit = self.embedder(input_ids, attention_mask)
         return unit if full else self.project(unit)
 
-    def _run_torch(self, input_ids: np.ndarray, attention_mask: np.ndarray) -> np.ndarray:
-        """Full-space unit vectors from the PyTorch model (PCA, a linear map, is applied
-        after it in NumPy by ``project``, as after the ONNX graph)."""
-        import torch
-        from meancache.shared.encoder.pipeline import EmbeddingPipeline
-
-        with torch.inference_mode():
-            return EmbeddingPipeline(self.sentence_transformer).eval()(
-                torch.from_numpy(input_ids.astype(np.int64)),
-                torch.from_numpy(attention_mask.astype(np.int64)),
-            ).numpy()
+    @property
+    def embedder(self) -> Embedder:
+        """The backend part of the pipeline: the checked ONNX export, else PyTorch (PCA, a
+        linear map, is applied after either in NumPy by ``project``)."""
+        return self._onnx if self._onnx is not None \
+            else TorchEmbedder(self.sentence_transformer)
 
     def project(self, full: np.ndarray) -> np.ndarray:
         """Full-space unit vectors (n, full_dim) into this encoder's space: what ``encode``
@@ -209,86 +199,25 @@ class Encoder:
         reduced = self.pca.project(full)
         return reduced / np.linalg.norm(reduced, axis=1, keepdims=True)
 
-    # onnx ---------------------------------------------------------------------------
+    # the ONNX backend (export.py) -----------------------------------------------------
     def _start_onnx(self) -> None:
-        """Export the model once (before PCA, so every PCA layer shares the export), check
-        it against PyTorch and run it on onnxruntime; "onnx-int8" runs its int8 variant
-        when that passes its own check, else the float32 one."""
+        """Run the checked ONNX export of the model (made now if missing); "onnx-int8" its
+        int8 variant when that passes its own check. PyTorch when neither can run."""
         if self.cache_dir is None:
             self._fall_back("no cache directory to keep the exported model in")
             return
-        path = _export_path(self.cache_dir, self.base_version)
-        embedder = self._start_int8(path) if self.requested_backend == "onnx-int8" else None
         try:
-            embedder = embedder or self._checked(self._exported(path), path)
+            embedder = start_onnx(TorchEmbedder(self.sentence_transformer), self.tokenizer,
+                                  self.full_dim, export_path(self.cache_dir, self.base_version),
+                                  int8=self.requested_backend == "onnx-int8")
         except Exception as exc:  # export can fail in many ways; PyTorch always works
-            _remove_export(path)  # the next start tries a fresh export
             self._fall_back(f"{type(exc).__name__}: {exc}")
             return
         self._onnx = embedder
         self.backend = embedder.backend
-        _prune_exports(embedder.path)
         # onnxruntime holds its own copy of the weights: PyTorch's (440 MB for MPNet) is
         # dead weight now. Tokenising and the shapes need no model.
         self._model = None
-
-    def _exported(self, path: Path) -> "OnnxEmbedder":
-        from meancache.shared.encoder._onnx import OnnxEmbedder, export_pipeline
-        from meancache.shared.encoder.pipeline import EmbeddingPipeline
-
-        if not path.is_file():
-            log.info("exporting encoder %s to ONNX at %s", self.base_version, path)
-            export_pipeline(EmbeddingPipeline(self.sentence_transformer).eval(),
-                            self.tokenize(["hello world", "a b c"]), path)
-        return OnnxEmbedder(path)
-
-    def _start_int8(self, full: Path) -> "OnnxEmbedder | None":
-        """The int8 variant, quantised once from the float32 export (which is then deleted:
-        it is only needed again if the int8 file is); None, with the reason logged, when it
-        cannot be made or fails its check."""
-        from meancache.shared.encoder._onnx import (
-            INT8_PARITY_MIN_COSINE,
-            OnnxEmbedder,
-            quantize_in_blocks,
-        )
-
-        path = full.with_suffix(".int8.onnx")
-        try:
-            if not path.is_file():
-                self._exported(full)
-                quantize_in_blocks(full, path)
-            embedder = self._checked(OnnxEmbedder(path, "onnx-int8"), path,
-                                     INT8_PARITY_MIN_COSINE)
-        except Exception as exc:  # the float32 export still works
-            log.warning("encoder runs in float32: its int8 variant failed (%s: %s)",
-                        type(exc).__name__, exc)
-            _remove_export(path)
-            return None
-        _remove_export(full)
-        return embedder
-
-    def _checked(self, embedder: "OnnxEmbedder", path: Path,
-                 minimum: float | None = None) -> "OnnxEmbedder":
-        """``embedder`` if its vectors match PyTorch's on sample queries (cosine), recorded
-        as checked (``checked_export``) so that later starts run it alone."""
-        from meancache.shared.encoder._onnx import (
-            PARITY_MIN_COSINE,
-            PARITY_QUERIES,
-            min_parity_cosine,
-        )
-
-        minimum = PARITY_MIN_COSINE if minimum is None else minimum
-        tokens = self.tokenize(PARITY_QUERIES)
-        reference = self._run_torch(tokens.input_ids, tokens.attention_mask)
-        cosine = min_parity_cosine(embedder(tokens.input_ids, tokens.attention_mask),
-                                   reference)
-        if cosine < minimum:
-            raise OnnxBackendError(f"ONNX parity check of {path.name} failed: cosine "
-                                   f"{cosine:.5f} < {minimum}")
-        log.info("ONNX parity of %s with PyTorch: min cosine %.6f", path.name, cosine)
-        write_record(CheckedExport(path, embedder.backend, self.full_dim, cosine,
-                                   self.tokenizer))
-        return embedder
 
     def _fall_back(self, reason: str) -> None:
         self.fallback_reason = reason
@@ -316,71 +245,3 @@ def _check_backend(backend: str) -> None:
     if backend not in BACKENDS:
         raise EncoderError(f"unknown encoder backend {backend!r} (use "
                            + ", ".join(repr(b) for b in BACKENDS) + ")")
-
-
-def _export_path(cache_dir: Path, base_version: str) -> Path:
-    """Where the float32 export of a model state lives ("<path>.int8.onnx": its int8 one)."""
-    return cache_dir / "onnx" / f"{_space_version(base_version, None)}.onnx"
-
-
-def _checked_export(cache_dir: Path | None, version: str,
-                    backend: str) -> CheckedExport | None:
-    """The checked export ``backend`` would run for model state ``version``, if recorded."""
-    if cache_dir is None or backend == "torch":
-        return None
-    path = _export_path(cache_dir, version)
-    if backend == "onnx-int8":  # only its own variant: a float32 one may predate the switch
-        return read_record(path.with_suffix(".int8.onnx"), backend)
-    return read_record(path, backend)
-
-
-def _remove_export(path: Path) -> None:
-    """An export and its record (a record without its export is never trusted anyway)."""
-    for each in (path, record_path(path)):
-        with contextlib.suppress(OSError):
-            each.unlink()
-
-
-def _space_version(base_version: str, pca: "PCAProjection | None") -> str:
-    """The id of one vector space: the model's weights and the PCA layer after them."""
-    parts = f"{base_version}|{pca.version if pca else 'full'}"
-    return hashlib.sha256(parts.encode()).hexdigest()[:16]
-
-
-def _prune_exports(current: Path, keep: int = 3) -> None:
-    """Each model state (base model, FL round) exports 90-440 MB; keep the few most recently
-    used, so that switching back and forth stays cheap but the disk does not fill up."""
-    with contextlib.suppress(OSError):
-        current.touch()
-        exports = sorted(current.parent.glob("*.onnx"), key=lambda p: p.stat().st_mtime,
-                         reverse=True)
-        for old in exports[keep:]:
-            _remove_export(old)
-
-
-def _global_version(base_version: str, checkpoint: Path) -> str:
-    """The version of the base model with FL global weights over it, from the checkpoint's
-    metadata alone (its weights are loaded only when no checked export of them exists)."""
-    from meancache.shared.fl.checkpoint import read_meta
-
-    meta = read_meta(checkpoint)
-    if meta.base_model != base_version:
-        raise EncoderError(
-            f"the global model in {checkpoint} was trained from base model {meta.base_model}, "
-            f"not from this one ({base_version}); sync from an FL server that trains this "
-            "base model, or set encoder_model to the one it trains"
-        )
-    return hashlib.sha256(f"{base_version}|{meta.sha256}".encode()).hexdigest()[:16]
-
-
-def _load_global_weights(model: "SentenceTransformer", checkpoint: Path) -> None:
-    """Load FL global weights over the base model (checked against their sha256)."""
-    from meancache.shared.fl.checkpoint import load_checkpoint
-    from meancache.shared.fl.weights import load_federated_state
-
-    _, state = load_checkpoint(checkpoint)
-    try:
-        load_federated_state(model, state)
-    except ValueError as exc:
-        raise EncoderError(f"the global model in {checkpoint} does not fit this encoder "
-                           f"({exc}); sync one trained for it") from None

@@ -4,8 +4,12 @@ of MPNet on every start would cost a second)."""
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from meancache.shared.files import write_json_atomic
+
+if TYPE_CHECKING:
+    from meancache.shared.encoder.pca import PCAProjection
 
 _HASHED_SUFFIXES = {".safetensors", ".bin", ".json", ".txt", ".model", ".onnx"}
 
@@ -48,3 +52,9 @@ def model_fingerprint(model_dir: Path, memo_file: Path | None = None) -> str:
         except OSError:
             pass  # the memo only saves time
     return fingerprint
+
+
+def space_version(base_version: str, pca: "PCAProjection | None") -> str:
+    """The id of one vector space: the model's weights and the PCA layer after them."""
+    parts = f"{base_version}|{pca.version if pca else 'full'}"
+    return hashlib.sha256(parts.encode()).hexdigest()[:16]

@@ -33,6 +33,15 @@ class GlobalModel:
     metrics: dict[str, float] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
     signature: str = ""  # the FL server's Ed25519 signature (shared.fl.signing); "": none
+    # Freshness, under the signature (shared.fl.signing.sign sets both; 0: an old
+    # checkpoint's, which no device installs, see shared.fl.freshness).
+    signed_at: float = 0.0  # seconds since the epoch
+    expires: float = 0.0  # no device installs it after this
+
+    @property
+    def label(self) -> str:
+        """What this is, in an error message."""
+        return f"the global model of round {self.round}"
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -14,6 +14,15 @@ from typing import TypeVar
 from meancache.shared.errors import RunConfigError
 
 RunConfig = Mapping[str, bool | int | float | str]
+
+# The keys a device's ClientApp reads (client.fl.run_config.ClientConfig, which a test
+# holds to exactly these). Their values must come from the operator's signed app: `fl run`
+# and `fl sign-app` write them into the app, and the Fleet gateway refuses to hand the
+# signature of an app to a run that overrides any of them (fl_server.fleet_gateway).
+DEVICE_KEYS = frozenset({
+    "encoder-model", "top-layers", "seed", "epochs", "batch-size", "learning-rate",
+    "min-pairs", "data-source", "qqp-path", "partitioning", "pairs-per-client", "cache-dir",
+})
 T = TypeVar("T", int, float, str)
 
 _NAMES = {int: "an integer", float: "a number", str: "a string"}

@@ -1,4 +1,7 @@
-"""`meancache verifier train`: the one command that reproduces the shipped verifier."""
+"""`meancache verifier train`: the one command that reproduces the shipped verifier;
+`meancache verifier train-teacher`: the larger judge that labels data for it, resumable;
+`meancache verifier mine-pairs`: the unlabelled pairs it labels;
+`meancache verifier label-pairs`: its labels on them."""
 
 import argparse
 import dataclasses
@@ -27,6 +30,112 @@ def cmd_train(args: argparse.Namespace, settings: SettingsBase | None = None) ->
     return 0
 
 
+TEACHER_OPTIONS = {"epochs": int, "batch": int, "learning_rate": float, "max_tokens": int,
+                   "pairs": int, "generated": int, "dev_pairs": int, "seed": int}
+
+
+def cmd_train_teacher(args: argparse.Namespace, settings: SettingsBase) -> int:
+    """Start or resume the teacher's run; print its record's summary at the end."""
+    import json
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.threads == 1:  # the tokenizer's own thread pool would take the other core
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from meancache.shared.errors import VerifierError
+    from meancache.shared.progress_bar import ProgressBar
+    from meancache.shared.verifier.teacher import RunOptions, TeacherConfig, train_teacher
+    from rich.console import Console
+
+    overrides = {name: getattr(args, name) for name in TEACHER_OPTIONS
+                 if getattr(args, name) is not None}
+    if args.resume and overrides:
+        names = ", ".join("--" + n.replace("_", "-") for n in overrides)
+        raise VerifierError(f"a resumed run keeps the settings it started with ({names} "
+                            "given); drop them, or start a new run in another --out")
+    for name, value in overrides.items():
+        if value <= 0:
+            raise VerifierError(f"--{name.replace('_', '-')} must be positive, not {value}")
+    if args.threads < 1 or args.checkpoint_minutes < 0 or (
+            args.stop_after is not None and args.stop_after < 1):
+        raise VerifierError("--threads and --stop-after must be at least 1 and "
+                            "--checkpoint-minutes not negative")
+    out = args.out or settings.data_dir / "verifier" / "teacher"
+    console = Console(stderr=True)
+    backbone = args.backbone or _packaged_mpnet(settings, console)
+    options = RunOptions(threads=args.threads, checkpoint_minutes=args.checkpoint_minutes,
+                         stop_after=args.stop_after)
+    with ProgressBar("teacher steps", console, line_every=60.0) as bar:
+        record = train_teacher(out, args.data, backbone, TeacherConfig(**overrides), options,
+                               resume=args.resume, progress=bar)
+    print(json.dumps({"out": str(out), "finished": record["finished"],
+                      "checkpoint": record["checkpoint"], "epochs": record["epochs"]},
+                     indent=2))
+    return 0
+
+
+HELD_OUT = (Path("tests/data/near_miss.jsonl"), Path("benchmarks/data/near_miss_heldout.jsonl"))
+
+
+def cmd_mine_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
+    """Pair the shared sets' questions by the MPNet embedding; print the counts."""
+    import json
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from meancache.shared.encoder import Encoder
+    from meancache.shared.errors import VerifierError
+    from meancache.shared.progress_bar import ProgressBar
+    from meancache.shared.verifier.mine import mine_pairs
+    from rich.console import Console
+
+    if not 0.0 < args.low < 1.0 or min(args.per_question, args.pairs, args.max_chars) < 1:
+        raise VerifierError("--low must lie between 0 and 1, and --per-question, --pairs "
+                            "and --max-chars must be at least 1")
+    exclude = tuple(args.exclude) if args.exclude is not None else tuple(
+        p for p in HELD_OUT if p.is_file())
+    console = Console(stderr=True)
+    encoder = Encoder.load(_packaged_mpnet(settings, console), backend=settings.encoder_backend,
+                           cache_dir=settings.encoder_dir)
+
+    def encode(texts: list[str]) -> object:
+        with ProgressBar("embedding questions", console, line_every=60.0) as progress:
+            return encoder.encode(texts, progress=progress)
+
+    summary = mine_pairs(args.data_root, args.out, encode, low=args.low,
+                         per_question=args.per_question, limit=args.pairs,
+                         max_chars=args.max_chars, seed=args.seed, exclude=exclude)
+    print(json.dumps({"out": str(args.out), **summary}, indent=2))
+    return 0
+
+
+def cmd_label_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
+    """The teacher's probability on each pair of a JSONL; print the summary."""
+    import json
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from meancache.shared.progress_bar import ProgressBar
+    from meancache.shared.verifier.label import label_pairs
+    from rich.console import Console
+
+    torch.set_num_threads(max(1, args.threads))
+    console = Console(stderr=True)
+    backbone = args.backbone or _packaged_mpnet(settings, console)
+    with ProgressBar("labelling pairs", console, line_every=60.0) as bar:
+        summary = label_pairs(args.run or settings.data_dir / "verifier" / "teacher",
+                              backbone, args.pairs, args.out, args.epoch, progress=bar)
+    print(json.dumps({"out": str(args.out), **summary}, indent=2))
+    return 0
+
+
+def _packaged_mpnet(settings: SettingsBase, console: object) -> Path:
+    """all-mpnet-base-v2, assembled into the data dir's models on first use."""
+    from meancache.shared.encoder.packaged import MPNET, ensure_assembled
+    from meancache.shared.progress_bar import ProgressBar
+
+    with ProgressBar("assembling all-mpnet-base-v2", console) as bar:
+        return ensure_assembled(MPNET, settings.models_dir, bar)
+
+
 def add_commands(commands: Any) -> None:
     verifier = commands.add_parser("verifier", help="the learned verifier of cache hits")
     sub = verifier.add_subparsers(dest="verifier_command", required=True)
@@ -42,3 +151,67 @@ def add_commands(commands: Any) -> None:
     train.add_argument("--epochs", type=int, help="passes over the examples (default 2)")
     train.add_argument("--seed", type=int, help="seed of every random choice (default 0)")
     train.set_defaults(handler=cmd_train)
+    teacher = sub.add_parser(
+        "train-teacher", help="train the teacher (a cross-encoder on the packaged "
+        "all-mpnet-base-v2) that labels data for the verifier: hours on one core, "
+        "checkpointed every few minutes, continued with --resume")
+    teacher.add_argument("--resume", action="store_true",
+                         help="continue the run in --out where its last checkpoint left it")
+    teacher.add_argument("--out", type=Path, help="the run's directory: record, examples, "
+                         "checkpoints, log (default: <data dir>/verifier/teacher)")
+    teacher.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                         help=f"QQP pairs JSONL with a split field (default: {DEFAULT_DATA})")
+    teacher.add_argument("--backbone", type=Path, help="a transformer model directory "
+                         "(default: the packaged all-mpnet-base-v2, assembled into "
+                         "<data dir>/models on first use)")
+    teacher.add_argument("--epochs", type=int, help="passes over the examples (default 2)")
+    teacher.add_argument("--batch", type=int, help="pairs per step (default 16)")
+    teacher.add_argument("--learning-rate", type=float, help="peak AdamW rate (default 2e-5)")
+    teacher.add_argument("--max-tokens", type=int, help="tokens per pair (default 96)")
+    teacher.add_argument("--pairs", type=int, help="QQP train pairs drawn (default: all)")
+    teacher.add_argument("--generated", type=int,
+                         help="code-made hard negatives (default 10000)")
+    teacher.add_argument("--dev-pairs", type=int,
+                         help="QQP dev pairs scored after each epoch (default 4000)")
+    teacher.add_argument("--seed", type=int, help="seed of every random choice (default 0)")
+    teacher.add_argument("--threads", type=int, default=1,
+                         help="torch threads (default 1: the other core stays free)")
+    teacher.add_argument("--checkpoint-minutes", type=float, default=5.0,
+                         help="minutes between checkpoints (default 5)")
+    teacher.add_argument("--stop-after", type=int, metavar="STEPS",
+                         help="stop (with a checkpoint) after this many steps of this run")
+    teacher.set_defaults(handler=cmd_train_teacher)
+    mine = sub.add_parser(
+        "mine-pairs", help="pair the questions of every set in ../shared/data by the MPNet "
+        "embedding, in the band where the cache decides, for the teacher to label (JSONL "
+        "with a seeded train/choose/test split)")
+    mine.add_argument("--out", type=Path, required=True, help="the pairs' JSONL (a summary "
+                      "goes beside it, .json)")
+    mine.add_argument("--data-root", type=Path, default=DEFAULT_DATA.parents[1],
+                      help=f"the shared data (default: {DEFAULT_DATA.parents[1]})")
+    mine.add_argument("--low", type=float, default=0.776,
+                      help="the band's lowest cosine (default 0.776, the recall tau)")
+    mine.add_argument("--per-question", type=int, default=2,
+                      help="nearest neighbours kept per question (default 2)")
+    mine.add_argument("--pairs", type=int, default=50_000,
+                      help="pairs kept at most, a seeded sample (default 50000)")
+    mine.add_argument("--max-chars", type=int, default=300,
+                      help="longer texts are not paired (default 300)")
+    mine.add_argument("--seed", type=int, default=0, help="the sample's and the split's seed")
+    mine.add_argument("--exclude", type=Path, action="append",
+                      help="a pairs JSONL whose questions are never mined (repeatable; "
+                      "default: the repo's near-miss sets, tests/data and benchmarks/data)")
+    mine.set_defaults(handler=cmd_mine_pairs)
+    label = sub.add_parser("label-pairs", help="the teacher's probability on each pair of a "
+                           "JSONL (mined pairs): the student's soft labels")
+    label.add_argument("--pairs", type=Path, required=True, help="JSONL rows with q1 and q2")
+    label.add_argument("--out", type=Path, required=True, help="the rows with a 'teacher' "
+                       "field (a summary goes beside it, .json)")
+    label.add_argument("--run", type=Path, help="the teacher's run directory (default: "
+                       "<data dir>/verifier/teacher)")
+    label.add_argument("--epoch", type=int, help="whose weights (default: the epoch chosen "
+                       "on dev-a, or the last one scored)")
+    label.add_argument("--backbone", type=Path, help="the run's backbone (default: the "
+                       "packaged all-mpnet-base-v2)")
+    label.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    label.set_defaults(handler=cmd_label_pairs)

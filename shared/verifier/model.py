@@ -7,6 +7,7 @@ one are made the same way. Imports torch: training and export only, never the cl
 """
 
 import contextlib
+import inspect
 import io
 import logging
 import warnings
@@ -26,11 +27,14 @@ class CrossEncoder(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.head = nn.Linear(backbone.config.hidden_size, 1)
+        # BERT reads the two segments' ids; MPNet has no segment embeddings at all.
+        self.segments = "token_type_ids" in inspect.signature(backbone.forward).parameters
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                 token_type_ids: torch.Tensor) -> torch.Tensor:
+        segments = {"token_type_ids": token_type_ids} if self.segments else {}
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                               token_type_ids=token_type_ids).last_hidden_state
+                               **segments).last_hidden_state
         mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         return self.head(pooled).squeeze(-1)
@@ -39,10 +43,23 @@ class CrossEncoder(nn.Module):
 def from_packaged_minilm() -> CrossEncoder:
     """The backbone of the packaged all-MiniLM-L6-v2 (offline), with a fresh head."""
     from meancache.shared.encoder import packaged_minilm_dir
-    from transformers import AutoModel
 
-    backbone = AutoModel.from_pretrained(str(packaged_minilm_dir()), local_files_only=True,
-                                         add_pooling_layer=False)
+    return from_backbone(packaged_minilm_dir())
+
+
+def from_backbone(model_dir: Path) -> CrossEncoder:
+    """The transformer of a local sentence-transformers or Hugging Face directory (BERT,
+    MPNet, ...; offline, its pooler dropped), with a fresh head."""
+    from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the unused pooler's "unexpected keys" report
+    try:
+        backbone = AutoModel.from_pretrained(str(model_dir), local_files_only=True,
+                                             add_pooling_layer=False)
+    finally:
+        hf_logging.set_verbosity(verbosity)
     return CrossEncoder(backbone)
 
 

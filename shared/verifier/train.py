@@ -165,9 +165,15 @@ def fit(examples: list[tuple[str, str, int]], config: TrainConfig) -> "object":
 
 def dev_metrics(verifier: LearnedVerifier, dev: list[Pair]) -> tuple[float, dict]:
     """The F0.5 threshold on dev-a, and the scores of it on dev-a and dev-b."""
+    return dev_report(verifier.pair_probabilities([p.q1 for p in dev], [p.q2 for p in dev]),
+                      dev)
+
+
+def dev_report(probs: np.ndarray, dev: list[Pair]) -> tuple[float, dict]:
+    """``probs`` of the ``dev`` pairs: the F0.5 threshold chosen on dev-a, and its scores
+    and the AUC on dev-a and on dev-b (which no choice is made on)."""
     from sklearn.metrics import roc_auc_score
 
-    probs = verifier.pair_probabilities([p.q1 for p in dev], [p.q2 for p in dev])
     labels = np.array([p.label for p in dev])
     halves = np.array([dev_half(p) for p in dev])
     tune = halves == "dev-a"

@@ -4,18 +4,24 @@ it serves, what it caches, and that every answered or corrected turn is saved.""
 import asyncio
 import dataclasses
 import json
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from meancache.client.cache import CacheSettings, Miss, SemanticCache, Source
-from meancache.client.cache.feedback import labelled_pairs
-from meancache.client.cache.source import UpstreamOrigin
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import Conversation, ConversationStore, Turn
+from meancache.client.errors import RejectionError
+from meancache.client.matching.labels import labelled_pairs
+from meancache.client.matching.origins import UpstreamOrigin
+from meancache.client.pack import PackStore
+from meancache.client.pack.store import PACK_FILE
 from meancache.client.tui.screens.stats import stats_rows
 from meancache.client.upstream_client import UpstreamClient, UpstreamUnavailableError
+from meancache.shared.pack import write_pack
 from meancache.shared.pairs import Pair
+from meancache.shared.query import clean_query
 
 from tests.support.servers import free_port, scripted_upstream
 
@@ -105,7 +111,7 @@ def test_reject_replaces_the_turn_and_saves(make_cache: CacheFactory,
         assert correction.turn.source is Source.UPSTREAM
         assert correction.turn.replaced == "Berlin."
         assert correction.threshold.negatives == 1
-        with pytest.raises(ValueError, match="only answers served from a cache"):
+        with pytest.raises(RejectionError, match="only an answer served from a cache"):
             await answers.reject(conversation, 0)  # the fresh answer is not rejectable
 
     asyncio.run(run())
@@ -232,3 +238,43 @@ def test_a_declined_near_match_says_so_in_its_badge_and_is_counted_by_reason(
     [(reason, _)] = stats.declines.items()
     assert probe.reason.startswith(reason) and "(" not in reason  # the kind, not the words
     assert dict(stats_rows(stats, None))["near matches declined"] == f"2 (2 {reason})"
+
+
+def test_a_question_is_cleaned_once_on_its_way_down(make_cache: CacheFactory,
+                                                    store: ConversationStore,
+                                                    upstream_url: str, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every question passes the pack (exact, then similar), the cache (lookup, and on a
+    miss the insert with its context) and the upstream, yet ``clean_query`` runs once for
+    it: wherever the project holds the function, each call is counted."""
+    write_pack(tmp_path / "packs" / PACK_FILE, [("What is Python?", "A language.")],
+               model="builtin:tiny", sigma=4.0)
+    cache = make_cache(settings=CacheSettings(global_threshold=0.5))
+    answers = AnswerService(cache, UpstreamClient(upstream_url, connect_retries=0), store,
+                            max_tokens=24, packs=PackStore(tmp_path / "packs"),
+                            wait_for_pack=True)
+    cleaned: list[object] = []
+
+    def counting(text: str | bytes) -> str:
+        cleaned.append(text)
+        return clean_query(text)
+
+    holders = [module for name, module in list(sys.modules.items())
+               if name.startswith("meancache.") and
+               getattr(module, "clean_query", None) is clean_query]
+    assert holders  # the patch reaches the module that cleans
+    for module in holders:
+        monkeypatch.setattr(module, "clean_query", counting)
+    asked = [f"  {QUESTION} ", PARAPHRASE, "  What is Python?", "And what is Rust? "]
+    conversation = Conversation()
+
+    async def run() -> list[Turn]:
+        return [await answers.answer(conversation, question) for question in asked]
+
+    turns = asyncio.run(run())
+    assert [turn.source for turn in turns] == [Source.UPSTREAM, Source.CACHE, Source.PACK,
+                                               Source.UPSTREAM]
+    assert cleaned == asked  # once per question, in the order asked
+    assert [turn.question for turn in turns] == [q.strip() for q in asked]
+    follow_up = next(e for e in cache.entries() if e.query == asked[3].strip())
+    assert follow_up.context_query == asked[2].strip()  # the context was not cleaned again

@@ -18,7 +18,7 @@ from meancache.client.cache import (
     SemanticCache,
     Source,
 )
-from meancache.client.cache.matcher import embed_texts
+from meancache.client.matching.question import embed_texts
 from meancache.shared.encoder import Encoder, PCAProjection
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 

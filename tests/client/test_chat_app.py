@@ -10,7 +10,7 @@ import pytest
 from meancache.client.cache import SemanticCache
 from meancache.client.chat.conversations import Conversation
 from meancache.client.config import Settings
-from meancache.client.errors import CacheAccessError
+from meancache.client.errors import CacheAccessError, RejectionError
 from meancache.client.tui.app import MeanCacheApp
 from meancache.client.tui.widgets import AnswerView
 from meancache.shared.encoder import Encoder
@@ -484,8 +484,8 @@ def fail_with(error: Exception) -> Callable[..., object]:
 
 @pytest.mark.parametrize("part, error", [
     ("cache", CacheAccessError("cannot write the cache in /nowhere: read-only file system")),
-    ("answers", ValueError("only answers served from a cache, or empty ones, can be "
-                           "rejected")),
+    ("answers", RejectionError("only an answer served from a cache, or an empty one, can "
+                               "be marked wrong")),
 ])
 def test_a_failing_wrong_answer_shows_a_notice_and_keeps_the_app_up(
         settings: Settings, part: str, error: Exception) -> None:

@@ -3,10 +3,10 @@
 from pathlib import Path
 
 import pytest
-from meancache.client.cache.source import CacheOrigin, UpstreamOrigin
 from meancache.client.chat.conversations import Conversation, ConversationStore, Turn
 from meancache.client.chat.history import ChatHistory
 from meancache.client.errors import ConversationNotFoundError, HistoryError
+from meancache.client.matching.origins import CacheOrigin, UpstreamOrigin
 
 from tests.conftest import CacheFactory
 

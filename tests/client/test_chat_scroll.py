@@ -17,9 +17,8 @@ from tests.support.servers import LONG_LINES, scripted_upstream
 @pytest.fixture
 def settings(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path) -> Settings:
     # the tokens the stub's long answer says it has (an answer past them would be cut)
-    return dataclasses.replace(chat_settings(tmp_path, encoder_cache_dir,
-                                             "http://unused.invalid"),
-                               answer_max_tokens=6 * LONG_LINES)
+    return chat_settings(tmp_path, encoder_cache_dir, "http://unused.invalid").model_copy(
+        update={"answer_max_tokens": 6 * LONG_LINES})
 
 
 def badge_visible(app: MeanCacheApp, view: AnswerView) -> bool:

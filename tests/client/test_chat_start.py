@@ -9,7 +9,7 @@ import pytest
 from meancache.client.chat.steps import LOADING, startup_steps
 from meancache.client.config import Settings, with_upstream
 from meancache.client.tui.app import MeanCacheApp
-from meancache.client.tui.start import StartSteps
+from meancache.client.tui.start_steps import StartSteps
 from meancache.client.tui.widgets import AnswerView, StatusLine
 from meancache.shared.encoder import Encoder
 from textual.widgets import Static

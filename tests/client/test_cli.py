@@ -205,9 +205,10 @@ def test_eval_pairs_measures_the_whole_decision_with_the_chosen_verifier(
 ) -> None:
     """The decision row is Matcher.decide's; with ``--verifier learned`` (the default): the
     recall tau, then the shipped verifier, then the rule checks kept beside it."""
-    from meancache.client.cache.matcher import embed_texts, shipped_verifier
-    from meancache.client.cache.settings import RECALL_MARGIN
-    from meancache.client.cache.verification import WITH_LEARNED, verify
+    from meancache.client.matching.matcher import shipped_verifier
+    from meancache.client.matching.question import embed_texts
+    from meancache.client.matching.rules import WITH_LEARNED, verify
+    from meancache.client.matching.settings import RECALL_MARGIN
 
     dev = dev_pairs(40)
     path = tmp_path / "pairs.jsonl"

@@ -7,9 +7,9 @@ from pathlib import Path
 import platformdirs
 import pytest
 from meancache.client.cache import CacheSettings
-from meancache.client.cache.settings import MatchSettings
 from meancache.client.config import Settings, load_settings, with_upstream
 from meancache.client.errors import ConfigError
+from meancache.client.matching.settings import MatchSettings
 from meancache.fl_server.config import FlServerSettings
 from meancache.shared.settings import (
     FLAG,

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from meancache.client.cache import CacheSettings, Context, Hit, Miss, SemanticCache
 from meancache.client.cache.context import SAME, context_agrees
-from meancache.client.cache.feedback import labelled_pairs
+from meancache.client.matching.labels import labelled_pairs
 from meancache.shared.encoder import Encoder
 
 CacheFactory = Callable[..., SemanticCache]

@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import numpy as np
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
-from meancache.client.cache.entry_threshold import MARGIN, RELAX, Evidence
-from meancache.client.cache.matcher import embed_texts
 from meancache.client.config import load_settings
+from meancache.client.matching.entry_threshold import MARGIN, RELAX, Evidence
+from meancache.client.matching.question import embed_texts
 
 CacheFactory = Callable[..., SemanticCache]
 

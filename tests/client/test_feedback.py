@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
-from meancache.client.cache.feedback import device_pairs, labelled_pairs
 from meancache.client.cache.threshold import ThresholdState, set_global_threshold
+from meancache.client.device_caches import device_pairs
+from meancache.client.matching.labels import labelled_pairs
 from meancache.shared.pairs import Pair
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 

@@ -3,6 +3,8 @@ loopback, real checkpoints on disk, real httpx. Faults are injected on the serve
 (damaged weights, a server that is down, one with no model, one that answers nonsense)."""
 
 import json
+import shutil
+import time
 from collections import Counter
 from collections.abc import Iterator
 from functools import partial
@@ -17,18 +19,27 @@ from meancache.client.config import Settings, load_settings
 from meancache.client.device_caches import proxy_dir
 from meancache.client.errors import SyncError
 from meancache.client.fl.sync import SyncResult, sync_global_model
-from meancache.fl_server.model_endpoint import create_model_app
+from meancache.fl_server.model_endpoint import NO_SIGNED_MODEL, create_model_app
 from meancache.shared.errors import CheckpointError
 from meancache.shared.files import sha256_file
 from meancache.shared.fl.checkpoint import (
     LATEST,
     META,
     WEIGHTS,
+    GlobalModel,
     load_checkpoint,
     round_dir,
     save_checkpoint,
 )
-from meancache.shared.fl.signing import PUBLIC_KEY, server_key, sign
+from meancache.shared.fl.signing import (
+    LIFETIME_SECONDS,
+    PUBLIC_KEY,
+    read_public_key,
+    server_key,
+    sign,
+    unsigned_fields,
+    verify,
+)
 from meancache.shared.processes import free_port
 from safetensors.torch import save_file
 from starlette.applications import Starlette
@@ -37,7 +48,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from tests.support.fl import cache_threshold, publish
+from tests.support.fl import cache_threshold, impostor_endpoint, publish
 from tests.support.servers import serving
 
 
@@ -89,6 +100,10 @@ def settings(tmp_path: Path, server_root: Path) -> Settings:
 
 
 
+def latest_name_of(root: Path) -> str:
+    return (root / LATEST).read_text().strip()
+
+
 def latest_name(settings: Settings) -> str:
     return (settings.global_model_dir / LATEST).read_text().strip()
 
@@ -107,14 +122,20 @@ def test_meta_is_404_before_any_round(url: str) -> None:
     assert httpx.get(url + "/health").json() == {"status": "ok"}
 
 
-def test_meta_describes_the_newest_round(url: str, server_root: Path) -> None:
+def test_meta_describes_the_newest_round_signed_afresh(url: str, server_root: Path) -> None:
     publish(server_root, 1, 0.8)
     newest = publish(server_root, 2, 0.75)
+    before = time.time()
     body = httpx.get(url + "/v1/global-model").json()
+    after = time.time()
     assert body.pop("weights_url") == "/v1/global-model/rounds/2/weights"
-    assert body == newest.to_json()
     assert set(body) == {"round", "threshold", "sha256", "base_model", "top_layers",
-                         "metrics", "created", "signature"}
+                         "metrics", "created", "signature", "signed_at", "expires"}
+    served = GlobalModel(**body)
+    assert unsigned_fields(served) == unsigned_fields(newest)
+    assert before <= served.signed_at <= after  # signed at the request, not at publishing
+    assert served.expires == pytest.approx(served.signed_at + LIFETIME_SECONDS)
+    verify(served, read_public_key(str(server_root / PUBLIC_KEY)))
 
 
 def test_weights_are_the_newest_file(url: str, server_root: Path) -> None:
@@ -141,6 +162,42 @@ def test_round_specific_weights(url: str, server_root: Path) -> None:
     assert httpx.get(url + "/v1/global-model/rounds/1/weights").status_code == 404
 
 
+def test_only_checkpoints_the_servers_key_verifies_are_served(url: str, server_root: Path,
+                                                                tmp_path: Path) -> None:
+    """Issue 38, finding 4: a round-0003 with "signature": "" was served."""
+    publish(server_root, 1, 0.8)
+    second = publish(server_root, 2, 0.75)
+    save_checkpoint(server_root, 3, {"w": torch.zeros(2)}, 0.1, base_model="base",
+                    top_layers=0)  # unsigned: "signature": ""
+    assert json.loads((round_dir(server_root, 3) / META).read_text())["signature"] == ""
+    assert latest_name_of(server_root) == "round-0003"
+    body = httpx.get(url + "/v1/global-model").json()
+    assert (body["round"], body["sha256"]) == (2, second.sha256)  # the newest that verifies
+    assert httpx.get(url + "/v1/global-model/weights").content == \
+        (round_dir(server_root, 2) / WEIGHTS).read_bytes()
+    refused = httpx.get(url + "/v1/global-model/rounds/3/weights")
+    assert refused.status_code == 404
+    assert "round 3 is not signed with the FL server's key" in \
+        refused.json()["error"]["message"]
+    # signed by another key, or a signed round copied under another round's name
+    save_checkpoint(server_root, 4, {"w": torch.zeros(2)}, 0.1, base_model="base",
+                    top_layers=0, sign=partial(sign, key=server_key(tmp_path / "other")))
+    shutil.copytree(round_dir(server_root, 1), round_dir(server_root, 5))
+    (server_root / LATEST).write_text("round-0005")
+    assert httpx.get(url + "/v1/global-model").json()["round"] == 2
+    for number in (4, 5):
+        assert httpx.get(f"{url}/v1/global-model/rounds/{number}/weights").status_code == 404
+
+
+def test_with_no_signed_checkpoint_the_endpoint_says_so(url: str, server_root: Path) -> None:
+    save_checkpoint(server_root, 1, {"w": torch.zeros(2)}, 0.8, base_model="base",
+                    top_layers=0)
+    for path in ("/v1/global-model", "/v1/global-model/weights"):
+        reply = httpx.get(url + path)
+        assert reply.status_code == 404
+        assert reply.json()["error"]["message"] == NO_SIGNED_MODEL
+
+
 # syncing a device ------------------------------------------------------------------------
 def test_sync_installs_the_global_model(url: str, server_root: Path,
                                         settings: Settings) -> None:
@@ -152,7 +209,7 @@ def test_sync_installs_the_global_model(url: str, server_root: Path,
                                 round_dir(settings.global_model_dir, 3))
     assert latest_name(settings) == "round-0003"
     meta, state = load_checkpoint(result.path)  # verifies the sha256
-    assert meta == published
+    assert unsigned_fields(meta) == unsigned_fields(published)
     assert set(state) == {"w", "b"}
     assert cache_threshold(settings) == pytest.approx(0.77)
     size = (round_dir(server_root, 3) / WEIGHTS).stat().st_size
@@ -195,7 +252,7 @@ def test_newer_round_replaces_the_installed_one(url: str, server_root: Path,
     result = sync_global_model(url, settings)
     assert (result.round, result.changed, result.sha256) == (2, True, newer.sha256)
     assert latest_name(settings) == "round-0002"
-    assert load_checkpoint(result.path)[0] == newer
+    assert unsigned_fields(load_checkpoint(result.path)[0]) == unsigned_fields(newer)
     assert cache_threshold(settings) == pytest.approx(0.7)
 
 
@@ -209,7 +266,7 @@ def test_same_weights_new_threshold_is_relabelled_without_download(
     assert (result.round, result.changed) == (2, True)
     assert counted.weights_requests() == 1
     assert latest_name(settings) == "round-0002"
-    assert load_checkpoint(result.path)[0] == second
+    assert unsigned_fields(load_checkpoint(result.path)[0]) == unsigned_fields(second)
     assert cache_threshold(settings) == pytest.approx(0.72)
 
 
@@ -225,7 +282,8 @@ def test_corrupted_download_keeps_the_installed_model(url: str, server_root: Pat
     assert damaged.sha256 in str(info.value)
     assert sha256_file(weights) in str(info.value)
     assert latest_name(settings) == "round-0001"
-    assert load_checkpoint(round_dir(settings.global_model_dir, 1))[0] == kept
+    assert unsigned_fields(load_checkpoint(round_dir(settings.global_model_dir, 1))[0]) == \
+        unsigned_fields(kept)
     assert not round_dir(settings.global_model_dir, 2).exists()
     assert leftovers(settings) == []
     assert cache_threshold(settings) == pytest.approx(0.8)
@@ -348,11 +406,12 @@ def test_a_signed_global_model_is_installed(url: str, server_root: Path, setting
     published = publish(server_root, 1, 0.8)
     assert published.signature
     result = sync_global_model(url, device)
-    assert result.changed and load_checkpoint(result.path)[0] == published
+    assert result.changed
+    assert unsigned_fields(load_checkpoint(result.path)[0]) == unsigned_fields(published)
 
 
-def test_a_tampered_checkpoint_is_refused(url: str, server_root: Path, settings: Settings
-                                          ) -> None:
+def test_a_tampered_checkpoint_is_neither_served_nor_installed(
+        url: str, server_root: Path, settings: Settings) -> None:
     device = settings
     kept = publish(server_root, 1, 0.8)
     sync_global_model(url, device)
@@ -363,26 +422,34 @@ def test_a_tampered_checkpoint_is_refused(url: str, server_root: Path, settings:
     meta = json.loads((directory / META).read_text())
     meta |= {"sha256": sha256_file(directory / WEIGHTS), "threshold": 0.01}
     (directory / META).write_text(json.dumps(meta))
-    with pytest.raises(CheckpointError, match="round 2 is not signed by the FL server's key"):
-        sync_global_model(url, device)
+    # The endpoint serves the newest round its key verifies, and not round 2's weights:
+    assert httpx.get(url + "/v1/global-model").json()["round"] == 1
+    assert httpx.get(url + "/v1/global-model/rounds/2/weights").status_code == 404
+    assert sync_global_model(url, device).changed is False
+    # ... and a device refuses it from whoever serves it in the endpoint's place.
+    with serving(impostor_endpoint(server_root)) as impostor:
+        with pytest.raises(CheckpointError, match="round 2 is not signed by the FL server's "
+                                                  "key"):
+            sync_global_model(impostor, device)
     assert latest_name(device) == "round-0001"
-    assert load_checkpoint(round_dir(device.global_model_dir, 1))[0] == kept
+    assert unsigned_fields(load_checkpoint(round_dir(device.global_model_dir, 1))[0]) == \
+        unsigned_fields(kept)
     assert cache_threshold(device) == pytest.approx(0.8)
 
 
-def test_an_unsigned_or_foreign_checkpoint_is_refused(url: str, server_root: Path,
-                                                      settings: Settings, tmp_path: Path
-                                                      ) -> None:
+def test_an_unsigned_or_foreign_checkpoint_is_refused(server_root: Path, settings: Settings,
+                                                      tmp_path: Path) -> None:
     device = settings
     save_checkpoint(server_root, 1, {"w": torch.zeros(2)}, 0.8, base_model="base",
                     top_layers=0)  # no signature
-    with pytest.raises(CheckpointError, match="not signed by the FL server's key"):
-        sync_global_model(url, device)
-    other = tmp_path / "other-server"
-    save_checkpoint(server_root, 2, {"w": torch.zeros(2)}, 0.8, base_model="base",
-                    top_layers=0, sign=partial(sign, key=server_key(other)))
-    with pytest.raises(CheckpointError, match="not signed by the FL server's key"):
-        sync_global_model(url, device)
+    with serving(impostor_endpoint(server_root)) as impostor:
+        with pytest.raises(CheckpointError, match="not signed by the FL server's key"):
+            sync_global_model(impostor, device)
+        other = tmp_path / "other-server"
+        save_checkpoint(server_root, 2, {"w": torch.zeros(2)}, 0.8, base_model="base",
+                        top_layers=0, sign=partial(sign, key=server_key(other)))
+        with pytest.raises(CheckpointError, match="not signed by the FL server's key"):
+            sync_global_model(impostor, device)
     assert not (device.global_model_dir / LATEST).exists()
 
 

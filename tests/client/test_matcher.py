@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 from meancache.client.cache import CacheSettings, Hit, SemanticCache
-from meancache.client.cache.feedback import labelled_pairs
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import Conversation, ConversationStore
-from meancache.client.chat.federation import switch_to_latest
+from meancache.client.chat.global_model import switch_to_latest
 from meancache.client.chat.session import ChatSession
 from meancache.client.config import load_settings
 from meancache.client.encoder import load_device_encoder
+from meancache.client.matching.labels import labelled_pairs
 from meancache.client.pack import PackHit, PackStore
 from meancache.client.pack.store import PACK_FILE
 from meancache.client.upstream_client import UpstreamClient, UpstreamUnavailableError

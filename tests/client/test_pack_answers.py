@@ -7,9 +7,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from meancache.client.cache import CacheSettings, SemanticCache, Source
-from meancache.client.cache.feedback import labelled_pairs
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import Conversation, ConversationStore
+from meancache.client.matching.labels import labelled_pairs
 from meancache.client.pack import PackStore
 from meancache.client.pack.store import PACK_FILE
 from meancache.client.upstream_client import UpstreamClient

@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from meancache.client.cache import CacheSettings, SemanticCache, Source
-from meancache.client.cache.matcher import Matcher, NoMatch, embed_texts
-from meancache.client.cache.verification import verify
 from meancache.client.chat.answering import AnswerService
 from meancache.client.chat.conversations import Conversation, ConversationStore
+from meancache.client.matching.matcher import Matcher, NoMatch
+from meancache.client.matching.question import embed_texts
+from meancache.client.matching.rules import verify
 from meancache.client.pack import PackHit, PackStore
 from meancache.client.pack.embeddings import EMBEDDINGS_GLOB, JOB_LABEL, embeddings_path
 from meancache.client.pack.store import PACK_FILE

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
-from meancache.client.cache import semantic_cache as semantic_cache_module
+from meancache.client.cache import space as space_module
 from meancache.client.cache.entry import Entry
-from meancache.client.cache.matcher import embed_texts
+from meancache.client.matching.question import embed_texts
 from meancache.shared.encoder import Encoder, PCAProjection
 
 CacheFactory = Callable[..., SemanticCache]
@@ -51,8 +51,8 @@ class Pause:
 @pytest.fixture
 def paused_embedding(monkeypatch: pytest.MonkeyPatch) -> Iterator[Pause]:
     pause = Pause()
-    monkeypatch.setattr(semantic_cache_module, "_encode_entries",
-                        pause.wrap(semantic_cache_module._encode_entries))
+    monkeypatch.setattr(space_module, "_encode_entries",
+                        pause.wrap(space_module._encode_entries))
     yield pause
     pause.release()  # never leave a worker thread waiting
 

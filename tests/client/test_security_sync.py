@@ -1,7 +1,9 @@
 """`fl sync` installs only global models signed by the FL server's key (issue 26, item 5):
 a device refuses an unsigned or wrongly signed model, and its threshold, keeps what it
 had, says so in one line and exits non-zero; `--allow-unsigned` is a lab's explicit
-choice. Against the real model endpoint on loopback, through the real command."""
+choice. The real model endpoint no longer serves such models (test_fl_sync.py), so they
+come from an impostor serving the files as they lie on disk (tests.support.fl), as
+anyone answering in the endpoint's place could. Through the real command."""
 
 import json
 from collections.abc import Callable, Iterator
@@ -18,7 +20,7 @@ from meancache.shared.fl.checkpoint import LATEST, META, round_dir, save_checkpo
 from meancache.shared.fl.signing import PUBLIC_KEY, server_key, sign
 
 from meancache.cli import main
-from tests.support.fl import cache_threshold, publish
+from tests.support.fl import cache_threshold, impostor_endpoint, publish
 from tests.support.servers import serving
 
 Sync = Callable[..., tuple[int, str]]
@@ -37,15 +39,21 @@ def url(server_root: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-def sync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str,
+def impostor(server_root: Path) -> Iterator[str]:
+    with serving(impostor_endpoint(server_root)) as base:
+        yield base
+
+
+@pytest.fixture
+def sync(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, impostor: str,
          capsys: pytest.CaptureFixture[str]) -> Sync:
-    """`meancache fl sync --server URL ARGS...` on the device under tmp_path/device: its
-    exit status and stderr."""
+    """`meancache fl sync --server URL ARGS...` from the impostor (or ``server``) on the
+    device under tmp_path/device: its exit status and stderr."""
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
 
-    def run(*args: str) -> tuple[int, str]:
-        status = main(["--data-dir", str(tmp_path / "device"), "fl", "sync", "--server", url,
-                       *args])
+    def run(*args: str, server: str = impostor) -> tuple[int, str]:
+        status = main(["--data-dir", str(tmp_path / "device"), "fl", "sync", "--server",
+                       server, *args])
         return status, capsys.readouterr().err
 
     return run
@@ -111,22 +119,23 @@ def test_allow_unsigned_installs_with_a_warning(sync: Sync, tmp_path: Path,
     assert installed(tmp_path) == "round-0001"
 
 
-def test_the_setting_allows_unsigned_models_for_a_lab(url: str, tmp_path: Path,
+def test_the_setting_allows_unsigned_models_for_a_lab(impostor: str, tmp_path: Path,
                                                       server_root: Path) -> None:
     unsigned(server_root, 1, 0.7)
     lab = load_settings(config_dir=tmp_path / "cfg", data_dir=device_dir(tmp_path),
                         environ={"MEANCACHE_FL_ALLOW_UNSIGNED": "true"})
     assert lab.fl_allow_unsigned
-    assert sync_global_model(url, lab).round == 1
+    assert sync_global_model(impostor, lab).round == 1
     default = load_settings(config_dir=tmp_path / "cfg2", data_dir=tmp_path / "other",
                             environ={})
     with pytest.raises(SyncError, match="nobody can verify"):
-        sync_global_model(url, default)
+        sync_global_model(impostor, default)
 
 
 def test_a_signed_model_is_installed_with_the_servers_key(sync: Sync, tmp_path: Path,
-                                                          server_root: Path) -> None:
+                                                          server_root: Path, url: str
+                                                          ) -> None:
     save_checkpoint(server_root, 3, {"w": torch.zeros(2)}, 0.75, base_model="base",
                     top_layers=0, sign=partial(sign, key=server_key(server_root)))
-    status, _ = sync("--server-key", str(server_root / PUBLIC_KEY))
+    status, _ = sync("--server-key", str(server_root / PUBLIC_KEY), server=url)
     assert status == 0 and installed(tmp_path) == "round-0003"

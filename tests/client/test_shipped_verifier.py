@@ -13,7 +13,7 @@ from dataclasses import replace
 
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
-from meancache.client.cache.matcher import embed_texts
+from meancache.client.matching.question import embed_texts
 from meancache.shared.encoder import Encoder
 from meancache.shared.verifier.runtime import LearnedVerifier
 

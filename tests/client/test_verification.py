@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss
-from meancache.client.cache.matcher import embed_texts
-from meancache.client.cache.verification import CHECKS, WITH_LEARNED, verify
 from meancache.client.config import load_settings
+from meancache.client.matching.question import embed_texts
+from meancache.client.matching.rules import CHECKS, WITH_LEARNED, verify
 from meancache.shared.encoder import Encoder
 
 from tests.conftest import CacheFactory

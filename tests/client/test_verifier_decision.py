@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
-from meancache.client.cache.matcher import VERIFIED_AT_MOST, ambiguous, shipped_verifier
-from meancache.client.cache.settings import RECALL_MARGIN
+from meancache.client.matching.matcher import VERIFIED_AT_MOST, ambiguous, shipped_verifier
+from meancache.client.matching.settings import RECALL_MARGIN
 from meancache.client.pack import PackHit
 from meancache.shared.encoder import Encoder
 from meancache.shared.verifier.runtime import Card, LearnedVerifier, read_card

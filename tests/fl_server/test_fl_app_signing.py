@@ -1,27 +1,40 @@
 """Signed Flower apps (issue 26): a stock SuperNode started as `meancache fl join` starts it
 (``--trusted-entities`` with the operator's key) refuses an app the operator did not sign,
 and one whose signature is for other bytes, when the real SuperLink behind the real Fleet
-gateway hands them out. (The signed app running a round: test_fl_deployment.)"""
+gateway hands them out; and (issue 38, finding 6) a signed app submitted with overrides of
+settings devices read, which its signature does not cover. (The signed app running a
+round: test_fl_deployment.)"""
 
+import hashlib
 import json
 import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flwr.cli.build import build_fab_from_disk
-from flwr.proto.fab_pb2 import Fab, GetFabResponse
+from flwr.proto.fab_pb2 import Fab, GetFabRequest, GetFabResponse
+from flwr.proto.run_pb2 import GetRunResponse, Run
 from flwr.supernode.start_client_internal import _verify_fab
+from meancache.client.config import load_settings
 from meancache.client.errors import ConfigError
+from meancache.client.fl.run_config import ClientConfig
 from meancache.client.fl.supernode import (
     supernode_command,
     supernode_environment,
     trusted_entities,
 )
-from meancache.fl_server.app_declaration import write_app
-from meancache.fl_server.fleet_gateway import attach_signature, create_gateway
+from meancache.fl_server.app_declaration import default_run_config, write_app
+from meancache.fl_server.cli import app_signature_dir, split_run_config
+from meancache.fl_server.fleet_gateway import (
+    RunChecks,
+    attach_signature,
+    create_gateway,
+    strip_signature,
+)
 from meancache.fl_server.processes import run_command, superlink_command
 from meancache.shared.fl.app_signing import (
     find_signature,
@@ -30,6 +43,8 @@ from meancache.shared.fl.app_signing import (
     save_signature,
     sign_fab,
 )
+from meancache.shared.fl.checkpoint import latest_checkpoint
+from meancache.shared.fl.run_config import DEVICE_KEYS
 from meancache.shared.loopback_server import LoopbackServer
 from meancache.shared.processes import flower_environment, free_port
 
@@ -41,9 +56,11 @@ UNSIGNED = "App verification is not supported by the connected SuperLink"
 FORGED = "FAB verification failed"
 
 
-def app(parent: Path, seed: int | None = None) -> Path:
-    """The packaged app, or (``seed``) one an attacker changed: another default."""
-    directory = write_app(parent)
+def app(parent: Path, seed: int | None = None, device: dict[str, Any] | None = None
+        ) -> Path:
+    """The packaged app with ``device`` settings written in (as `fl sign-app` and `fl run`
+    write them), or (``seed``) one an attacker changed: another default."""
+    directory = write_app(parent, device)
     if seed is not None:
         declaration = (directory / "pyproject.toml").read_text()
         (directory / "pyproject.toml").write_text(declaration.replace(
@@ -125,10 +142,15 @@ def fleet(tmp_path: Path) -> Iterator[tuple[int, Path, Path]]:
         gateway.stop()
 
 
-def submit(tmp_path: Path, control: int, directory: Path, encoder: Path) -> None:
+def device_settings(encoder: Path) -> dict[str, Any]:
+    return {"encoder-model": str(encoder), "top-layers": 1, "min-pairs": 0}
+
+
+def submit(tmp_path: Path, control: int, directory: Path, extra: str = "") -> None:
+    """`flwr run` of the app in ``directory`` with the server's settings and ``extra``."""
     config = (f"num-server-rounds=1 min-available-nodes=1 min-train-nodes=1 "
-              f"fraction-evaluate=0.0 round-timeout=30.0 top-layers=1 "
-              f"checkpoint-dir='{tmp_path / 'checkpoints'}' encoder-model='{encoder}'")
+              f"fraction-evaluate=0.0 round-timeout=60.0 "
+              f"checkpoint-dir='{tmp_path / 'checkpoints'}' {extra}").strip()
     command, env = run_command(directory, f"127.0.0.1:{control}", config,
                                tmp_path / "flwr-home", None)
     start(command, env, tmp_path / f"run-{directory.parent.name}.log")
@@ -145,15 +167,96 @@ def test_a_stock_supernode_refuses_an_unsigned_and_a_tampered_app(
         tmp_path: Path, fleet: tuple[int, Path, Path], tiny_dir: Path) -> None:
     control, signatures, log = fleet
     key = operator_key(tmp_path / "op" / "key")
-    released = sign_fab(build_fab_from_disk(app(tmp_path / "released")), key)
+    device = device_settings(tiny_dir)
+    released = sign_fab(build_fab_from_disk(app(tmp_path / "released", device=device)), key)
     # Tampered: an app the operator never released, under the released app's signature.
-    tampered = app(tmp_path / "tampered", seed=11)
+    tampered = app(tmp_path / "tampered", seed=11, device=device)
     digest = sign_fab(build_fab_from_disk(tampered), key).fab_sha256
     forged = save_signature(replace(released, fab_sha256=digest), signatures)
     assert json.loads(forged.read_text())["signature"] == released.signature
-    submit(tmp_path, control, tampered, tiny_dir)
+    submit(tmp_path, control, tampered)
     wait_for_line(log, FORGED)
     assert UNSIGNED not in log.read_text()
-    submit(tmp_path, control, app(tmp_path / "unsigned", seed=12), tiny_dir)
+    submit(tmp_path, control, app(tmp_path / "unsigned", seed=12, device=device))
     wait_for_line(log, UNSIGNED)
     assert not (tmp_path / "device" / "fl" / "global").exists()  # it never trained
+
+
+def test_a_signed_app_runs_only_without_overrides_of_what_devices_read(
+        tmp_path: Path, fleet: tuple[int, Path, Path], tiny_dir: Path) -> None:
+    """Issue 38, finding 6: `--run-config` overrides travel beside the signed app. One of
+    a setting devices read (here the local learning rate) gets the app unsigned, so the
+    device refuses it; the same signed app with the server's settings only runs."""
+    control, signatures, log = fleet
+    key = operator_key(tmp_path / "op" / "key")
+    signed = app(tmp_path / "released", device=device_settings(tiny_dir))
+    save_signature(sign_fab(build_fab_from_disk(signed), key), signatures)
+    submit(tmp_path, control, signed, "learning-rate=1e30 epochs=50")
+    wait_for_line(log, UNSIGNED)
+    assert FORGED not in log.read_text()
+    assert latest_checkpoint(tmp_path / "device" / "fl" / "global") is None
+    submit(tmp_path, control, signed)  # the server's settings only: the device runs it
+    deadline = time.monotonic() + 180
+    while latest_checkpoint(tmp_path / "device" / "fl" / "global") is None:
+        assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+        time.sleep(0.3)
+    assert log.read_text().count(UNSIGNED) == 1
+
+
+def get_run_answer(run_id: int, **overrides: int) -> bytes:
+    run = Run(run_id=run_id)
+    for name, value in overrides.items():
+        run.override_config[name.replace("_", "-")].sint64 = value
+    return GetRunResponse(run=run).SerializeToString()
+
+
+def test_the_gateway_signs_only_runs_it_saw_override_no_device_setting() -> None:
+    checks = RunChecks(limit=2)
+    checks.saw(get_run_answer(1, num_server_rounds=3))  # the server's own: fine
+    checks.saw(get_run_answer(2, epochs=9))
+    assert checks.may_sign(GetFabRequest(run_id=1, hash_str="h").SerializeToString())
+    assert not checks.may_sign(GetFabRequest(run_id=2, hash_str="h").SerializeToString())
+    assert not checks.may_sign(GetFabRequest(run_id=3, hash_str="h").SerializeToString())
+    assert not checks.may_sign(b"\xff not protobuf")
+    checks.saw(get_run_answer(3))
+    checks.saw(get_run_answer(4))  # run 1 is forgotten: its app would go out unsigned
+    assert not checks.may_sign(GetFabRequest(run_id=1).SerializeToString())
+    assert checks.may_sign(GetFabRequest(run_id=4).SerializeToString())
+    fab = GetFabResponse(fab=Fab(content=b"x", verifications={"valid_license": "y"}))
+    assert not GetFabResponse.FromString(
+        strip_signature(fab.SerializeToString())).fab.verifications
+
+
+def test_device_keys_are_exactly_what_the_client_app_reads() -> None:
+    read: set[str] = set()
+
+    class Recording(dict[str, Any]):
+        def __getitem__(self, key: str) -> Any:
+            read.add(key)
+            return super().__getitem__(key)
+
+        def __contains__(self, key: object) -> bool:
+            read.add(str(key))
+            return super().__contains__(key)
+
+    ClientConfig.from_run_config(Recording(default_run_config()))
+    assert read == DEVICE_KEYS
+
+
+def test_sign_app_and_run_write_the_same_device_settings_into_the_app(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    data = tmp_path / "data"
+    assert main(["--data-dir", str(data), "--encoder", "minilm", "fl", "sign-app",
+                 "--run-config", "epochs=2 min-train-nodes=4"]) == 0
+    assert "devices running encoder-model='minilm' epochs=2" in capsys.readouterr().err
+    settings = load_settings(config_dir=tmp_path / "cfg", data_dir=data, environ={},
+                             encoder_model="minilm")
+    device, server = split_run_config(settings, "min-train-nodes=4 epochs=2")
+    assert (device, server) == ({"encoder-model": "minilm", "epochs": 2},
+                                {"min-train-nodes": 4})
+    fab = build_fab_from_disk(write_app(tmp_path / "run", device))
+    assert find_signature(app_signature_dir(settings), hashlib.sha256(fab).hexdigest())
+    assert main(["--data-dir", str(data), "fl", "sign-app", "--run-config", "nope=1"]) == 2
+    assert "the app has no key nope" in capsys.readouterr().err

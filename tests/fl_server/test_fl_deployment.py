@@ -67,8 +67,10 @@ def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
     # Bob has more to learn from: his training is still running when he drops out.
     device_with_feedback(bob, FEEDBACK * 60)
     link, model_port, control = free_port(), free_port(), free_port()
-    # The operator signs the app once; the devices run only apps signed with that key.
-    assert processes.start(server, "fl", "sign-app").wait(timeout=120) == 0
+    # The operator signs the app once, with the settings devices run with; the devices
+    # run only apps signed with that key.
+    assert processes.start(server, "fl", "sign-app", "--run-config",
+                           "top-layers=1 min-pairs=10").wait(timeout=120) == 0
     app_key = str(server / "fl-operator" / "app-signing-key.pub")
     processes.start(server, "fl", "server", "--port", str(link),
                     "--model-port", str(model_port), "--control-port", str(control))

@@ -1,6 +1,7 @@
 """Federated learning in tests: devices with feedback, messages as a SuperNode gets
 them, replies as the server screens them, and global models as the server publishes them."""
 
+import json
 import os
 import signal
 import subprocess
@@ -17,13 +18,21 @@ from meancache.client.config import Settings, load_settings
 from meancache.client.device_caches import proxy_dir
 from meancache.fl_server.app_declaration import default_run_config
 from meancache.shared.fl.checkpoint import (
+    META,
+    WEIGHTS,
     GlobalModel,
+    latest_checkpoint,
+    round_dir,
     save_checkpoint,
 )
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.signing import server_key, sign
 from meancache.shared.fl.weights import federated_names, federated_state
 from sentence_transformers import SentenceTransformer
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
 
 
 def message(content: RecordDict, kind: str = "train", dst: int = 7) -> Message:
@@ -94,6 +103,25 @@ def publish(root: Path, round_number: int, threshold: float, seed: int | None = 
     return save_checkpoint(root, round_number, state, threshold, base_model="base",
                            top_layers=0, metrics={"f1": 0.5 + round_number / 100},
                            sign=partial(sign, key=server_key(root)))
+
+
+def impostor_endpoint(root: Path) -> Starlette:
+    """What anyone answering in the model endpoint's place can serve (the real one serves
+    only checkpoints its key verifies): the checkpoints under ``root`` as they lie on
+    disk, their meta.json sent as it is, verified by nobody."""
+    async def describe(request: Request) -> Response:
+        latest = latest_checkpoint(root)
+        if latest is None:
+            return JSONResponse({"error": {"message": "none"}}, status_code=404)
+        meta = json.loads((latest / META).read_text())
+        return JSONResponse(meta | {"weights_url": f"/v1/global-model/rounds/{meta['round']}"
+                                                   "/weights"})
+
+    async def weights(request: Request) -> Response:
+        return FileResponse(round_dir(root, request.path_params["round"]) / WEIGHTS)
+
+    return Starlette(routes=[Route("/v1/global-model", describe),
+                             Route("/v1/global-model/rounds/{round:int}/weights", weights)])
 
 
 def cache_threshold(settings: Settings) -> float:

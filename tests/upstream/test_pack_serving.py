@@ -185,3 +185,55 @@ def test_the_start_line_names_the_pack_it_serves(tmp_path: Path) -> None:
                           model="builtin:tiny", sigma=4.0)
     assert describe_packs(ServerSettings(packs_dir=packs)) == (
         f", and instruction pack {manifest.pack_id} (1 instructions, pack-1.mcpack)")
+
+
+def built_at(path: Path, created: str) -> None:
+    """The pack at ``path`` as if built at ``created`` (the manifest line only: the body
+    and its sha256 stay)."""
+    head, body = path.read_bytes().split(b"\n", 1)
+    manifest = json.loads(head) | {"created": created}
+    path.write_bytes(json.dumps(manifest).encode() + b"\n" + body)
+
+
+def test_a_pack_older_than_the_one_in_use_is_refused_unless_downgrade_is_allowed(
+        server: str, packs_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 38: a pack built before the one in use (same model) is a rollback."""
+    from meancache.cli import main
+
+    base = ["--config-dir", str(tmp_path), "--data-dir", str(tmp_path / "data"), "pack",
+            "update", "--upstream", server, "--api-key", KEY]
+    built_at(publish(packs_dir, "new", ENTRIES[:20]), "2026-06-01T12:00:00+00:00")
+    assert main(base) == 0
+    target = tmp_path / "data" / "packs" / "current.mcpack"
+    in_use = target.read_bytes()
+    built_at(publish(packs_dir, "old", ENTRIES[:10]), "2026-05-01T12:00:00+00:00")
+    capsys.readouterr()
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "Traceback" not in err, err
+    assert "refused the upstream's pack" in err and "built '2026-05-01T12:00:00+00:00'" in err
+    assert "--allow-downgrade" in err
+    assert target.read_bytes() == in_use
+    assert sorted(p.name for p in target.parent.iterdir()) == ["current.mcpack"]
+    assert main([*base, "--allow-downgrade"]) == 0
+    assert "10 instructions" in capsys.readouterr().out
+    assert read_pack(target).manifest.count == 10
+
+
+def test_a_downgrade_is_caught_in_the_download_when_no_manifest_is_announced(
+        tmp_path: Path) -> None:
+    """An upstream without the manifest endpoint: the whole pack is checked before it
+    replaces the one in use."""
+    target = tmp_path / "current.mcpack"
+    write_pack(target, ENTRIES[:3], model=MODEL, sigma=1.0)
+    built_at(target, "2026-06-01T12:00:00+00:00")
+    in_use = target.read_bytes()
+    source = tmp_path / "old.mcpack"
+    write_pack(source, ENTRIES, model=MODEL, sigma=1.0)
+    built_at(source, "2026-05-01T00:00:00+00:00")
+    url, listener = cut_off_server(source.read_bytes(), source.stat().st_size)
+    with listener, pytest.raises(PackDownloadError, match="refused the upstream's pack"):
+        download_pack(UpstreamClient(url, connect_retries=0), target)
+    assert target.read_bytes() == in_use
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["current.mcpack", "old.mcpack"]

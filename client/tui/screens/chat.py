@@ -8,20 +8,20 @@ from typing import cast
 
 from meancache.client.chat.answering import OnDelta
 from meancache.client.chat.conversations import Conversation, Document, Turn
-from meancache.client.chat.feedback import can_reject, reject_last
 from meancache.client.chat.history import ChatHistory
+from meancache.client.chat.rejection import reject_last
 from meancache.client.chat.session import ChatSession
 from meancache.client.config import Settings
 from meancache.client.errors import UpstreamRequestError
 from meancache.client.fl.participation import FederatedParticipation
-from meancache.client.tui.bindings import CHAT_BINDINGS
+from meancache.client.tui.bindings import CHAT_BINDINGS, why_not
 from meancache.client.tui.federation import FederationControl
 from meancache.client.tui.jobs import run_blocking
-from meancache.client.tui.packs import update_pack
+from meancache.client.tui.packs import describe_update, update_pack
 from meancache.client.tui.screens.attach import AttachScreen
 from meancache.client.tui.screens.conversations import ConversationChoice, ConversationsScreen
 from meancache.client.tui.screens.stats import StatsScreen, session_rows
-from meancache.client.tui.start import StartSteps
+from meancache.client.tui.start_steps import StartSteps
 from meancache.client.tui.text import printable
 from meancache.client.tui.welcome import welcome
 from meancache.client.tui.widgets import AnswerView, MessageList, QuestionInput, StatusLine
@@ -32,8 +32,6 @@ from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
 
-ACTIONS = frozenset(binding.action for binding in CHAT_BINDINGS)
-
 
 class ChatScreen(Screen[None]):
     """The chat: given the settings when built and the session once it is open (``ready``),
@@ -42,8 +40,10 @@ class ChatScreen(Screen[None]):
     BINDINGS = CHAT_BINDINGS
     DEFAULT_CSS = "#question { dock: bottom; }"
 
-    def __init__(self, settings: Settings, start: StartSteps | None = None) -> None:
-        """``start``: the app's start, which the status line goes on showing."""
+    def __init__(self, settings: Settings, federation: FederatedParticipation,
+                 start: StartSteps | None = None) -> None:
+        """``federation``: this device's SuperNode, built by the app; ``start``: the app's
+        start, which the status line goes on showing."""
         super().__init__()
         self.settings = settings
         self.conversation = Conversation()
@@ -51,8 +51,8 @@ class ChatScreen(Screen[None]):
         self._session: ChatSession | None = None
         self.messages = MessageList(welcome(settings), id="messages")
         self.status_line = StatusLine(start)
-        self.federation = FederatedParticipation(settings)
-        self.fl = FederationControl(self.federation, self.progress)
+        self.federation = federation
+        self.fl = FederationControl(federation, self.progress)
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -105,35 +105,10 @@ class ChatScreen(Screen[None]):
         return self.messages.last_answer()
 
     def why_not(self, action: str) -> str | None:
-        """Why the chat action ``action`` cannot act now, or None when it can. The footer
-        dims such a key; pressing it (or choosing it in the palette) shows this line."""
-        if action == "cancel":
-            return None if self.busy else "nothing to stop: no answer is streaming"
-        if action not in ACTIONS:
-            return None
-        if self._session is None:
-            return "still starting: the cache and the upstream are loading"
-        if action == "reject":
-            return self._why_not_reject()
-        if action == "new_chat" and not self.conversation.turns:
-            return "this chat is already new"
-        if action == "export" and not self.conversation.turns:
-            return "nothing to export yet: ask a question first"
-        if action == "fl_sync" and not self.settings.fl_server_url:
-            return "no federated server: set fl_server_url in config.toml"
-        if action == "fl_join" and not self.settings.fl_superlink:
-            return "no federated rounds to join: set fl_superlink in config.toml"
-        return None
-
-    def _why_not_reject(self) -> str | None:
-        if self.busy:
-            return "an answer is streaming: wait for it, or press esc to stop it"
-        if not self.conversation.turns:
-            return "nothing to reject: no answer yet"
-        if not can_reject(self.conversation):
-            return ("nothing to reject: this answer came from the model, not from a cache "
-                    "(only cached or empty answers can be marked wrong)")
-        return None
+        """Why the chat action ``action`` cannot act now, or None when it can (the rules:
+        client/tui/bindings.py). The footer dims such a key; pressing it shows this line."""
+        return why_not(action, started=self._session is not None, busy=self.busy,
+                       conversation=self.conversation, settings=self.settings)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """A chat action that cannot act now stays in the footer, dimmed."""
@@ -252,15 +227,9 @@ class ChatScreen(Screen[None]):
                 "the upstream; this chat's answers reuse them")
 
     def action_pack_update(self) -> None:
-        def update() -> str:
-            update = update_pack(self.session, self.progress("downloading the instruction "
-                                                             "pack…"))
-            manifest = update.manifest
-            return (f"pack {manifest.pack_id}: {manifest.count} instructions now answered on "
-                    "this device" if update.changed else
-                    f"already up to date (pack {manifest.pack_id})")
-
-        run_blocking(self, update, group="pack", title="Instruction pack",
+        session, progress = self.session, self.progress("downloading the instruction pack…")
+        run_blocking(self, lambda: describe_update(update_pack(session, progress)),
+                     group="pack", title="Instruction pack",
                      failed="Pack update failed; the pack in use stays",
                      then=self.status_line.idle)
 

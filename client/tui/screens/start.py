@@ -1,6 +1,6 @@
 """The first screen: the start's steps, drawn before the program's heavy parts load."""
 
-from meancache.client.tui.start import StartSteps
+from meancache.client.tui.start_steps import StartSteps
 from meancache.client.tui.widgets import StatusLine
 from textual.app import ComposeResult
 from textual.screen import Screen

@@ -7,14 +7,25 @@ nothing about where paraphrases end, so it is left out; a rejected one still cou
 since the served answer was wrong.
 """
 
-from collections.abc import Iterable
-from contextlib import closing
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from meancache.client.cache.store import EntryStore
 from meancache.shared.pairs import Pair
 from meancache.shared.query import normalise_query
+
+DECLINED = "declined:"  # counter prefix: near matches the verifier vetoed, by reason
+
+
+class PairStore(Protocol):
+    """Where the labelled pairs are kept (the cache's ``EntryStore``), with the counters a
+    decision and its feedback add to."""
+
+    def put_pair(self, pair_id: str, pair: dict[str, Any]) -> None: ...
+
+    def get_pair(self, pair_id: str) -> dict[str, Any] | None: ...
+
+    def pairs(self) -> list[dict[str, Any]]: ...
+
+    def add_to_counter(self, name: str, delta: int = 1) -> int: ...
 
 
 def record(query: str, matched_query: str, similarity: float, key: str, label: int,
@@ -39,20 +50,9 @@ def _teaches(record: dict[str, Any]) -> bool:
     return record["label"] == 0 or not repeat
 
 
-def labelled_pairs(store: EntryStore, newest: int | None = None) -> list[Pair]:
+def labelled_pairs(store: PairStore, newest: int | None = None) -> list[Pair]:
     """The pairs feedback teaches, oldest first; ``newest`` keeps only the last N."""
     records = sorted((r for r in store.pairs() if _teaches(r)), key=lambda r: r["time"])
     if newest is not None:
         records = records[-newest:]
     return [Pair(r["query"], r["matched_query"], int(r["label"])) for r in records]
-
-
-def device_pairs(cache_dirs: Iterable[Path]) -> list[Pair]:
-    """The labelled pairs of the caches in ``cache_dirs`` (none of one that does not
-    exist), one cache after another, for FL: the device's own training data."""
-    pairs: list[Pair] = []
-    for cache_dir in cache_dirs:
-        if cache_dir.exists():
-            with closing(EntryStore(cache_dir)) as store:
-                pairs += labelled_pairs(store)
-    return pairs

@@ -1,4 +1,5 @@
-"""Long cache work (fitting PCA, re-embedding into a new vector space) off the answer path.
+"""Long work off the answer path: the cache's changes of vector space (fitting PCA,
+re-embedding) and the pack's instruction vectors, each owner with its own worker.
 
 One job at a time runs on a daemon thread. Its progress is a value anyone may read (the
 chat polls it for its status line), and ``stop`` ends it between two batches, so closing

@@ -1,11 +1,12 @@
 """The one decision of "this stored question answers that one", for every answer source
 that matches by meaning (the instruction pack's similar match and the semantic cache),
-and the one path of feedback on such a match.
+and the one path of feedback on such a match (``Matcher.feedback``).
 
 The ``Matcher`` holds what the decision needs: the encoder (the vector space, switched
-only by the cache that owns it), tau (``ThresholdState``) and the per-entry thresholds,
-the verifier, the candidate count, and a memo of the last questions' vectors (the pack
-and then the cache embed the current question once). The rule, the same for every
+only by the cache that owns it: client/cache/space.py), tau (the cache's
+``ThresholdState``) and the per-entry thresholds, the verifier, the candidate count, and
+a memo of the last questions' vectors (the pack and then the cache embed the current
+question once). The rule, the same for every
 source:
 
 - every question is embedded as ``shared.query.embedding_text`` makes it (normalised:
@@ -22,46 +23,44 @@ source:
   - "learned" (the default; ``shared.verifier``) scores up to ``VERIFIED_AT_MOST``
     counting candidates, each pair alone; the most probable is served if its
     probability reaches the verifier's threshold, no other candidate's does too
-    (``ambiguous``), and the rule checks kept beside it (``verification.WITH_LEARNED``: a
+    (``ambiguous``), and the rule checks kept beside it (``rules.WITH_LEARNED``: a
     swapped direction, an opposite word) do not veto it (the very same question passes by
     identity). It is loaded only when this is chosen;
-  - "rules" (``verification.verify``, every check) looks at the best counting candidate
+  - "rules" (``rules.verify``, every check) looks at the best counting candidate
     only and vetoes it when the two differ in a negation, number, name, ...
 
-Feedback: every served match is a weakly positive labelled pair; "wrong answer" turns it
-negative, once per hit (a second rejection of the same hit changes nothing), and re-tunes
-tau by F0.5. Those pairs are what federated learning trains on (``feedback.device_pairs``).
+Feedback on a served match: ``Matcher.feedback`` (client/matching/feedback.py).
 """
 
 import logging
 import threading
-import time
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from functools import lru_cache
 from itertools import islice
 from typing import Protocol
 
 import numpy as np
-from meancache.client.cache import entry_threshold, feedback
-from meancache.client.cache.results import ThresholdChange
-from meancache.client.cache.settings import CacheSettings, MatchSettings
-from meancache.client.cache.source import Matched
-from meancache.client.cache.store import EntryStore
-from meancache.client.cache.summary import DECLINED
-from meancache.client.cache.threshold import ThresholdState
-from meancache.client.cache.verification import CHECKS, WITH_LEARNED, verify
+from meancache.client.matching import entry_threshold
+from meancache.client.matching.feedback import Feedback, Thresholds
+from meancache.client.matching.labels import DECLINED, PairStore
+from meancache.client.matching.question import (
+    NOTHING_CLOSE,
+    Candidate,
+    Match,
+    NoMatch,
+    Query,
+    Question,
+)
+from meancache.client.matching.rules import CHECKS, WITH_LEARNED, verify
+from meancache.client.matching.settings import MatchSettings
 from meancache.shared.encoder import Encoder
-from meancache.shared.progress import Progress
 from meancache.shared.query import embedding_text
-from meancache.shared.threshold import best_threshold, nearest_threshold
 from meancache.shared.verifier.runtime import LearnedVerifier
 
 log = logging.getLogger(__name__)
 
 MEMO_SIZE = 64  # question vectors remembered (a follow-up's context was the last question)
-NOTHING_CLOSE = "no cached query is similar enough"
 VERIFIED_AT_MOST = 5  # counting candidates the verifier scores (most similar first)
 
 
@@ -90,65 +89,20 @@ def shipped_verifier() -> LearnedVerifier:
     return LearnedVerifier.load()
 
 
-@dataclass(frozen=True)
-class Question:
-    """A question as every source compares it."""
-
-    text: str  # cleaned (``clean_query``): what the verifier reads
-    key: str  # normalised: what is embedded, and "the same question"
-    vector: np.ndarray
-    truncated: bool  # past the encoder's window
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A stored question a source offers, with what its threshold depends on."""
-
-    key: str  # the source's own id (a cache entry id, a pack instruction)
-    text: str  # the stored question
-    similarity: float
-    evidence: entry_threshold.Evidence | None = None  # None: held to tau
-
-
-@dataclass(frozen=True)
-class Match:
-    candidate: Candidate
-    probability: float | None = None  # the verifier's; None without verification
-
-
-@dataclass(frozen=True)
-class NoMatch:
-    reason: str
-    best_similarity: float | None = None
-    # A near match the verifier declined: the reason without its detail (the question's
-    # words, a probability), which is what declines are counted by. None: not a veto.
-    veto_kind: str | None = None
-
-    @property
-    def vetoed(self) -> bool:
-        return self.veto_kind is not None
-
-
-def embed_texts(encoder: Encoder, texts: Sequence[str], progress: Progress | None = None
-                ) -> np.ndarray:
-    """Questions embedded as every match embeds them (``embedding_text``)."""
-    return encoder.encode([embedding_text(t) for t in texts], progress=progress)
-
-
 class Matcher:
-    def __init__(self, encoder: Encoder, thresholds: ThresholdState, store: EntryStore,
-                 settings: MatchSettings | None = None, verifier: Verifier | None = None
-                 ) -> None:
-        """``verifier``: the learned one, used only when the settings choose it; the
-        shipped one by default, loaded on the first decision that needs it."""
-        self.encoder = encoder  # the cache's current vector space (see SemanticCache)
+    def __init__(self, encoder: Encoder, thresholds: Thresholds, store: PairStore,
+                 settings: MatchSettings, verifier: Verifier | None = None) -> None:
+        """``store``: where declined matches are counted and the labelled pairs live.
+        ``verifier``: the learned one, used only when the settings choose it; the shipped
+        one by default, loaded on the first decision that needs it."""
+        self.encoder = encoder  # the cache's current vector space (client/cache/space.py)
         self.thresholds = thresholds
-        self.settings = settings or CacheSettings().matching
+        self.settings = settings
         self._verifier = verifier
-        self._store = store  # where the labelled pairs live
+        self._store = store
         self._lock = threading.Lock()  # the memo
-        self._feedback = threading.Lock()  # a rejection is checked and recorded at once
         self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
+        self.feedback = Feedback(self, store)  # what served matches and rejections teach
 
     # the question -------------------------------------------------------------------
     @property
@@ -190,10 +144,26 @@ class Matcher:
                 self._memo.popitem(last=False)
         return vector
 
-    def question(self, text: str) -> Question:
-        """``text`` (already cleaned) as sources compare it."""
+    def question(self, query: Query | str) -> Question:
+        """``query`` (a ``Query``, or a text already cleaned) as sources compare it."""
+        text = query.text if isinstance(query, Query) else query
         return Question(text, embedding_text(text), self.embed(text),
                         self.encoder.is_truncated(text))
+
+    def nearest(self, question: Question, vectors: np.ndarray, keys: Sequence[str],
+                offered: Callable[[str], bool]) -> Iterator[Candidate]:
+        """The candidates among ``keys`` (stored questions, ``vectors`` their rows in the
+        current space) a decision looks at, best first: at most ``settings.candidates``,
+        none under ``floor``, less those ``offered`` refuses (rejected before)."""
+        similarities = vectors @ question.vector
+        count = min(self.settings.candidates, len(similarities))
+        best = np.argpartition(-similarities, count - 1)[:count]  # O(n), not a full sort
+        for row in best[np.argsort(-similarities[best])]:
+            similarity = float(similarities[row])
+            if similarity < self.floor:
+                return
+            if offered(keys[row]):
+                yield Candidate(keys[row], keys[row], min(similarity, 1.0))
 
     # the decision -------------------------------------------------------------------
     def decide(self, question: Question, candidates: Iterable[Candidate]) -> Match | NoMatch:
@@ -267,53 +237,3 @@ class Matcher:
             return NoMatch(f"{kind} (p={probability:.2f} and more; which one is meant is a "
                            "guess)", best, kind)
         return self._ruled(question, counting[top], best, WITH_LEARNED, probability)
-
-    # feedback -----------------------------------------------------------------------
-    def accepted(self, question: str, origin: Matched) -> None:
-        """A match was served: a weakly positive pair until the user rejects it."""
-        self._store.put_pair(origin.hit_id, self.pair(question, origin, 1))
-
-    def pair(self, question: str, origin: Matched, label: int) -> dict[str, object]:
-        return feedback.record(question, origin.matched_query, origin.similarity,
-                               origin.feedback_key, label, time.time())
-
-    def already_rejected(self, origin: Matched) -> bool:
-        record = self._store.get_pair(origin.hit_id)
-        return record is not None and record.get("label") == 0
-
-    def rejected(self, question: str, origin: Matched) -> ThresholdChange:
-        """The user says the match was wrong: a negative pair, then tau re-tuned. Once per
-        hit: rejecting it again (say after the fresh answer failed) records nothing."""
-        with self._feedback:
-            if self.already_rejected(origin):
-                tau = self.tau
-                return ThresholdChange(tau, tau, *self._counts(),
-                                       "this answer's rejection was recorded before")
-            self._store.put_pair(origin.hit_id, self.pair(question, origin, 0))
-            self._store.add_to_counter("rejections")
-        return self.retune()
-
-    def _counts(self) -> tuple[int, int]:
-        labels = [p.label for p in feedback.labelled_pairs(self._store)]
-        return sum(labels), len(labels) - sum(labels)
-
-    def retune(self, max_pairs: int = 2000) -> ThresholdChange:
-        """Maximise F0.5 over the labelled pairs, re-scored in the current space."""
-        pairs = feedback.labelled_pairs(self._store, newest=max_pairs)
-        labels = np.array([p.label for p in pairs], dtype=int)
-        positives, negatives = int(labels.sum()), int(len(labels) - labels.sum())
-        old = self.tau
-        need = self.settings.tune_min_per_class
-        if positives < need or negatives < need:
-            return ThresholdChange(
-                old, old, positives, negatives,
-                f"needs {need} accepted and {need} rejected hits to re-tune; "
-                f"has {positives} and {negatives}",
-            )
-        a = embed_texts(self.encoder, [p.q1 for p in pairs])
-        b = embed_texts(self.encoder, [p.q2 for p in pairs])
-        best = best_threshold((a * b).sum(1), labels)
-        new = round(nearest_threshold(best.threshold), 4)
-        self.thresholds.set_local(new)
-        return ThresholdChange(old, new, positives, negatives,
-                               f"F0.5 {best.f05:.3f} on {len(pairs)} labelled pairs")

@@ -74,6 +74,14 @@ class UpstreamOrigin:
 
 Matched = CacheOrigin | PackOrigin  # an answer found by a match: the user may reject it
 Origin = CacheOrigin | PackOrigin | UpstreamOrigin
+NOT_REJECTABLE = "only an answer served from a cache, or an empty one, can be marked wrong"
+
+
+def rejectable(origin: Origin, empty: bool) -> bool:
+    """Whether "wrong answer" may take an answer: a match served from a cache (a false
+    hit, which feedback learns from) or an empty answer (asked again). The one rule, for
+    the chat's key, the proxy's feedback and the answer service."""
+    return isinstance(origin, CacheOrigin | PackOrigin) or empty
 
 _KINDS: dict[str, type[CacheOrigin] | type[PackOrigin] | type[UpstreamOrigin]] = {
     "cache": CacheOrigin, "pack": PackOrigin, "upstream": UpstreamOrigin}

@@ -17,14 +17,30 @@ is re-scored in the new space on the entry's next lookup, not carried or forgott
 """
 
 from dataclasses import dataclass, replace
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
-from meancache.client.cache.entry import Entry
 from meancache.shared.query import normalise_query
 
 RELAX = 0.04  # the most an often-accepted entry's threshold falls under the global tau
 ACCEPTS_TO_HALF_RELAX = 4  # accepted paraphrases that bring half of RELAX
 MARGIN = 0.005  # how far above a rejected similarity the entry's threshold rises
+
+
+class Judged(Protocol):
+    """A stored question with its evidence (the cache's ``Entry``, a frozen dataclass)."""
+
+    @property
+    def query(self) -> str: ...
+
+    @property
+    def embedding(self) -> np.ndarray: ...
+
+    @property
+    def threshold_evidence(self) -> dict[str, Any] | None: ...
+
+
+Entry = TypeVar("Entry", bound=Judged)
 
 
 @dataclass(frozen=True)
@@ -37,7 +53,7 @@ class Evidence:
     space: str | None = None  # the encoder version ``rejected_similarity`` was measured in
 
     @classmethod
-    def of(cls, entry: Entry) -> "Evidence":
+    def of(cls, entry: Judged) -> "Evidence":
         record = entry.threshold_evidence or {}
         similarity = record.get("rejected_similarity")
         return cls(accepted=int(record.get("accepted", 0)),
@@ -89,7 +105,7 @@ def after_reject(entry: Entry, query: str, similarity: float, space: str) -> Ent
     return _with(entry, evidence)
 
 
-def needs_rescoring(entry: Entry, space: str) -> bool:
+def needs_rescoring(entry: Judged, space: str) -> bool:
     """Whether the entry's rejected similarity was measured in another vector space."""
     evidence = Evidence.of(entry)
     return evidence.rejected_query is not None and evidence.space != space

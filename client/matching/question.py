@@ -1,0 +1,78 @@
+"""A question as it travels down the answer path, and as a source offers its stored ones.
+
+``Query`` is cleaned once, where a question enters (``Query.of``: the answer service, a
+direct call to the cache); every source, the cache's lookup and insert, and the turn get
+the same one, so ``clean_query`` runs once per question. ``Question`` is the query as a
+decision compares it (normalised key, vector in the current space); ``Candidate`` a stored
+question a source offers to the ``Matcher``; ``Match`` and ``NoMatch`` what it decided.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from meancache.client.matching import entry_threshold
+from meancache.shared.encoder import Encoder
+from meancache.shared.progress import Progress
+from meancache.shared.query import clean_query, embedding_text
+
+NOTHING_CLOSE = "no cached query is similar enough"
+
+
+@dataclass(frozen=True)
+class Query:
+    """A cleaned question. Build one with ``of``; ``Query(text)`` itself is for a text
+    cleaned when it was first asked (a turn's question, the question a follow-up follows)."""
+
+    text: str
+
+    @classmethod
+    def of(cls, text: "str | bytes | Query") -> "Query":
+        """``text`` cleaned (``clean_query``: InvalidQueryError names what is wrong), or
+        as given if it is a Query already."""
+        return text if isinstance(text, Query) else cls(clean_query(text))
+
+
+@dataclass(frozen=True)
+class Question:
+    """A question as every source compares it."""
+
+    text: str  # cleaned (``clean_query``): what the verifier reads
+    key: str  # normalised: what is embedded, and "the same question"
+    vector: np.ndarray
+    truncated: bool  # past the encoder's window
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A stored question a source offers, with what its threshold depends on."""
+
+    key: str  # the source's own id (a cache entry id, a pack instruction)
+    text: str  # the stored question
+    similarity: float
+    evidence: entry_threshold.Evidence | None = None  # None: held to tau
+
+
+@dataclass(frozen=True)
+class Match:
+    candidate: Candidate
+    probability: float | None = None  # the verifier's; None without verification
+
+
+@dataclass(frozen=True)
+class NoMatch:
+    reason: str
+    best_similarity: float | None = None
+    # A near match the verifier declined: the reason without its detail (the question's
+    # words, a probability), which is what declines are counted by. None: not a veto.
+    veto_kind: str | None = None
+
+    @property
+    def vetoed(self) -> bool:
+        return self.veto_kind is not None
+
+
+def embed_texts(encoder: Encoder, texts: Sequence[str], progress: Progress | None = None
+                ) -> np.ndarray:
+    """Questions embedded as every match embeds them (``embedding_text``)."""
+    return encoder.encode([embedding_text(t) for t in texts], progress=progress)

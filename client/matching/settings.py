@@ -1,0 +1,51 @@
+"""The settings a decision reads, and their defaults: declared once here (the cache's
+settings and the device's inherit them). Light: no torch, no scikit-learn."""
+
+from meancache.shared.settings import check_choice
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+# How far under tau a candidate still reaches the learned verifier: the embedding only
+# recalls, the verifier decides. A round value, not tuned; benchmarks/verification.py
+# measures the decision it gives. The rules check candidates from tau itself.
+RECALL_MARGIN = 0.1
+# Which verifier checks a hit (with verify_hits on): the learned cross-encoder
+# (shared.verifier) with the rule checks it misses kept beside it (the default: better F0.5
+# on QQP dev-b and fewer held-out near-misses served than the rules, docs/verification.md),
+# or the word rules alone (client.matching.rules; no model loaded).
+VERIFIERS = ("rules", "learned")
+
+
+class MatchSettings(BaseModel):
+    """The part of the cache's settings that decides a hit (client.matching.matcher). Each
+    field is declared once, here or in CacheSettings: the device's settings
+    (client.config.Settings) inherit both, so a user's key is the field itself."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    candidates: int = Field(8, gt=0, description="Nearest entries checked for context "
+                            "agreement: the best candidates a source offers.")
+    verify_hits: bool = Field(True, description="A verifier checks each hit (`verifier` "
+                              "says which).")
+    verifier: str = Field("learned", description="Which verifier checks hits: 'learned' "
+                          "(a cross-encoder, the rule checks it misses beside it) or 'rules' "
+                          "(word rules alone, no model).")
+    recall_margin: float = Field(RECALL_MARGIN, ge=0, description="How far under tau a "
+                                 "candidate still reaches the learned verifier.")
+    entry_thresholds: bool = Field(True, description="Each entry's own threshold, learned "
+                                   "from its feedback.")
+    max_wrong_rate: float = Field(0.02, gt=0, lt=1, description="The share of answers "
+                                  "served from the cache that may be wrong: it serves only "
+                                  "where its estimate, learned from its own traffic, keeps "
+                                  "under this with 95% confidence (client/learning/bound.py).")
+    tune_min_per_class: int = Field(5, gt=0, description="Labelled pairs of each kind "
+                                    "(hit, false hit) before tau is re-tuned locally.")
+
+    @field_validator("verifier")
+    @classmethod
+    def _known_verifier(cls, value: str) -> str:
+        return check_choice("verifier", value, VERIFIERS)
+
+    @property
+    def learned(self) -> bool:
+        """The learned verifier decides (else the rules veto, or nothing checks)."""
+        return self.verify_hits and self.verifier == "learned"

@@ -1,0 +1,40 @@
+"""FL global weights over the base model: the version they make, from the checkpoint's
+metadata alone, and the weights loaded (checked against their sha256) when no checked
+export of them exists."""
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from meancache.shared.errors import EncoderError
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
+
+def global_version(base_version: str, checkpoint: Path) -> str:
+    """The version of the base model with FL global weights over it, from the checkpoint's
+    metadata alone (its weights are loaded only when no checked export of them exists)."""
+    from meancache.shared.fl.checkpoint import read_meta
+
+    meta = read_meta(checkpoint)
+    if meta.base_model != base_version:
+        raise EncoderError(
+            f"the global model in {checkpoint} was trained from base model {meta.base_model}, "
+            f"not from this one ({base_version}); sync from an FL server that trains this "
+            "base model, or set encoder_model to the one it trains"
+        )
+    return hashlib.sha256(f"{base_version}|{meta.sha256}".encode()).hexdigest()[:16]
+
+
+def load_global_weights(model: "SentenceTransformer", checkpoint: Path) -> None:
+    """Load FL global weights over the base model (checked against their sha256)."""
+    from meancache.shared.fl.checkpoint import load_checkpoint
+    from meancache.shared.fl.weights import load_federated_state
+
+    _, state = load_checkpoint(checkpoint)
+    try:
+        load_federated_state(model, state)
+    except ValueError as exc:
+        raise EncoderError(f"the global model in {checkpoint} does not fit this encoder "
+                           f"({exc}); sync one trained for it") from None

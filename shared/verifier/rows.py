@@ -1,0 +1,34 @@
+"""JSONL rows of text fields (question sets, mined and labelled pairs), read with a clear
+error for a bad row. Lines end at "\n" only: a text may hold U+2028, which
+``str.splitlines`` would split on."""
+
+import json
+from pathlib import Path
+
+from meancache.shared.errors import VerifierError
+
+
+def read_rows(path: Path, fields: tuple[str, ...]) -> list[dict]:
+    """The JSON objects of ``path``, each with a non-empty string under every one of
+    ``fields`` (other fields are kept)."""
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise VerifierError(f"cannot read {path}: {exc}") from None
+    found = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if not (isinstance(row, dict) and all(isinstance(row.get(f), str) and row[f].strip()
+                                              for f in fields)):
+            names = " and ".join(repr(f) for f in fields)
+            raise VerifierError(f"{path}:{number}: not a JSON object with non-empty string "
+                                f"{names}")
+        found.append(row)
+    if not found:
+        raise VerifierError(f"{path} holds no rows")
+    return found

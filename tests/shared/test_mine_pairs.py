@@ -1,0 +1,127 @@
+"""Mining pairs for the teacher: every shared question set read, QQP dev and the held-out
+sets never mined, each pair a question and one of its nearest in the band, once, with a
+seeded split fixed by the pair itself. The packaged MiniLM embeds (real neighbours)."""
+
+import json
+import random
+import string
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from meancache.shared.encoder import Encoder
+from meancache.shared.errors import VerifierError
+from meancache.shared.verifier.mine import SPLITS, mine_pairs, question_sets, split_of
+
+TRAIN = [("What is the capital of France?", "Which city is the capital of France?", 1),
+         ("How do I learn Python quickly?", "What is the fastest way to learn Python?", 1),
+         ("How tall is Mount Everest?", "How high is Mount Everest?", 1),
+         ("Why is the sky blue?", "What makes the sky look blue?", 1),
+         ("How do I bake bread?", "Why do cats purr?", 0)]
+DEV = [("What is the capital of Spain?", "Which city is the capital of Spain?", 1)]
+HELD = [("How can I lose weight fast?", "How can I gain weight fast?", 0)]
+
+
+def _data_root(root: Path) -> Path:
+    (root / "qqp").mkdir(parents=True)
+    rows = [{"q1": a, "q2": b, "label": y, "split": "train"} for a, b, y in TRAIN]
+    rows += [{"q1": a, "q2": b, "label": y, "split": "dev"} for a, b, y in DEV]
+    (root / "qqp" / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "instructions").mkdir()
+    arena = ["How can I lose weight fast?", "What's the capital city\u2028of France?",
+             "Write a poem about the sea. " * 20]
+    sharegpt = ["How do I learn python fast?", "what is the capital of spain?"]
+    for name, texts in (("arena", arena), ("sharegpt", sharegpt)):
+        (root / "instructions" / f"{name}_first_turns.jsonl").write_text(
+            "".join(json.dumps({"id": f"{name}_{i}", "text": t}) + "\n"
+                    for i, t in enumerate(texts)))
+    (root / "contextual").mkdir()
+    main = [{"Main Query": "Why is the sky blue during the day?", "Main Query Response": "-",
+             "Follow-Up Query": "And why is it red at sunset?", "Follow Up Query Response": "-"}]
+    for name in ("contextual_queries", "d1"):
+        (root / "contextual" / f"{name}.json").write_text(json.dumps(main))
+    (root / "contextual" / "unique_u0.json").write_text(json.dumps(["How tall is Everest?"]))
+    (root / "contextual" / "unique_u1.json").write_text(json.dumps(["How do cats purr?"]))
+    return root
+
+
+@pytest.fixture(scope="module")
+def mined(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, list[dict]]:
+    root = _data_root(tmp_path_factory.mktemp("shared-data"))
+    held = root / "held.jsonl"
+    held.write_text("".join(json.dumps({"q1": a, "q2": b, "label": y}) + "\n"
+                            for a, b, y in HELD))
+    out = root / "mined.jsonl"
+    encoder = Encoder.load(None)
+    summary = mine_pairs(root, out, encoder.encode, low=0.6, per_question=2, limit=1000,
+                         max_chars=300, seed=5, exclude=(held,))
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    return root, summary, rows
+
+
+def test_every_set_is_read_and_dev_held_out_and_long_texts_are_not(
+        mined: tuple[Path, dict, list[dict]]) -> None:
+    root, summary, rows = mined
+    questions = question_sets(root, 300, (root / "held.jsonl",))
+    texts = {q.text.lower() for q in questions}
+    assert {"what is the capital of spain?", "which city is the capital of spain?",
+            "how can i lose weight fast?"}.isdisjoint(texts)  # QQP dev, held out (any case)
+    assert not any(len(q.text) > 300 for q in questions)
+    assert summary["questions"] == {"qqp-train": 10, "arena": 1, "sharegpt": 1,
+                                    "contextual": 4}
+    for row in rows:
+        assert {row["q1"].lower(), row["q2"].lower()} <= texts
+
+
+def test_a_malformed_set_is_named_with_its_line(tmp_path: Path) -> None:
+    root = _data_root(tmp_path)
+    path = root / "instructions" / "arena_first_turns.jsonl"
+    path.write_text(path.read_text() + '{"id": "x", "txt": "no text"}\n')
+    with pytest.raises(VerifierError,
+                       match=r"arena_first_turns.jsonl:4: not a JSON object with .*'text'"):
+        question_sets(root, 300)
+
+
+def test_pairs_are_near_neighbours_in_the_band_each_once(
+        mined: tuple[Path, dict, list[dict]]) -> None:
+    root, summary, rows = mined
+    questions = question_sets(root, 300, (root / "held.jsonl",))
+    vectors = Encoder.load(None).encode([q.text for q in questions])
+    index = {q.text: i for i, q in enumerate(questions)}
+    sims = vectors @ vectors.T
+    np.fill_diagonal(sims, -1.0)
+    rank = np.argsort(-sims, axis=1)
+    seen = set()
+    for row in rows:
+        a, b = index[row["q1"]], index[row["q2"]]
+        assert a != b and frozenset((a, b)) not in seen
+        seen.add(frozenset((a, b)))
+        assert row["cosine"] >= 0.6 and abs(row["cosine"] - sims[a, b]) < 1e-4
+        assert b in rank[a, :2] or a in rank[b, :2]
+    assert summary["pairs"] == len(rows) > 0
+    assert sum(summary["splits"].values()) == len(rows)
+    asked = {frozenset((r["q1"], r["q2"])) for r in rows}
+    assert frozenset(("What is the capital of France?",
+                      "Which city is the capital of France?")) in asked
+
+
+@given(st.lists(st.text(string.ascii_letters + " ?", min_size=1, max_size=30), min_size=2,
+                max_size=2), st.integers(0, 2 ** 31))
+def test_a_pairs_split_is_fixed_by_the_pair_and_the_seed(texts: list[str],
+                                                          seed: int) -> None:
+    q1, q2 = texts
+    assert split_of(q1, q2, seed) == split_of(q2, q1, seed) == split_of(
+        q1.upper(), f"  {q2} ", seed)
+
+
+def test_splits_take_their_shares() -> None:
+    seed = random.randrange(2 ** 31)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    n = 20_000
+    names = [split_of(f"q{rng.random()}", f"r{rng.random()}", seed) for _ in range(n)]
+    for name, share in SPLITS:
+        # 5 standard deviations of a binomial share: fails by chance about once in 3 million
+        assert abs(names.count(name) / n - share) < 5 * (share * (1 - share) / n) ** 0.5

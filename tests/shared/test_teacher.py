@@ -1,0 +1,291 @@
+"""The teacher's run mechanics on tiny random-init backbones (BERT-style with segment ids,
+MPNet-style without): a run stopped, even killed, and resumed ends with the weights of one
+that never stopped; its record names the seed, config and data hashes; a checkpoint that
+is damaged, missing or half-written is never loaded; its labels name the weights they
+came from."""
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+from filelock import FileLock
+from meancache.shared.encoder import packaged_minilm_dir
+from meancache.shared.errors import CheckpointError, VerifierError
+from meancache.shared.files import sha256_file
+from meancache.shared.verifier.label import label_pairs
+from meancache.shared.verifier.teacher import (
+    EXAMPLES_FILE,
+    LOG_FILE,
+    RECORD_FILE,
+    RunOptions,
+    TeacherConfig,
+    load_teacher,
+    pair_probabilities,
+    train_teacher,
+)
+from transformers import BertConfig, BertModel, MPNetConfig, MPNetModel
+
+from meancache.cli import main
+from tests.support.paths import REPO
+
+SUBJECTS = ["France", "Spain", "Peru", "Japan", "Kenya", "Chile", "Norway", "Egypt",
+            "Canada", "India", "Italy", "Ghana"]
+# Tiny sizes: 2 epochs of about 5 steps of 4 pairs (12 QQP-style pairs, some code-made).
+CONFIG = TeacherConfig(pairs=12, generated=4, epochs=2, batch=4, max_tokens=24,
+                       dev_pairs=12, seed=3)
+
+
+def _pairs_file(directory: Path) -> Path:
+    """QQP-shaped rows (train and dev) made from templates: the mechanics need text, not
+    QQP's."""
+    rows = []
+    for i, subject in enumerate(SUBJECTS):
+        other = SUBJECTS[(i + 1) % len(SUBJECTS)]
+        rows.append({"q1": f"What is the capital of {subject}?",
+                     "q2": f"Which city is the capital of {subject}?", "label": 1,
+                     "split": "train"})
+        rows.append({"q1": f"How many people live in {subject}?",
+                     "q2": f"How many people live in {other}?", "label": 0, "split": "train"})
+        rows.append({"q1": f"What language is spoken in {subject}?",
+                     "q2": f"Which language do people speak in {subject}?",
+                     "label": i % 2, "split": "dev"})
+    path = directory / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _backbone(directory: Path, kind: str) -> Path:
+    """A 2-layer, 32-wide random model over MiniLM's vocabulary, with its tokenizer."""
+    torch.manual_seed(0)
+    sizes = {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 2,
+             "num_attention_heads": 2, "intermediate_size": 64}
+    model = (BertModel(BertConfig(**sizes, max_position_embeddings=64)) if kind == "bert"
+             else MPNetModel(MPNetConfig(**sizes, max_position_embeddings=66, pad_token_id=0)))
+    target = directory / kind
+    model.save_pretrained(target)
+    shutil.copy(packaged_minilm_dir() / "tokenizer.json", target / "tokenizer.json")
+    return target
+
+
+@pytest.fixture(autouse=True)
+def _keep_torch_threads() -> object:
+    """A run sets torch's thread count; the tests after this one keep theirs."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=["bert", "mpnet"])
+def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+          ) -> tuple[Path, Path, Path]:
+    """The pairs file, a backbone, and a run of all 12 steps that never stopped."""
+    root = tmp_path_factory.mktemp(f"teacher-{request.param}")
+    data, backbone = _pairs_file(root), _backbone(root, request.param)
+    threads = torch.get_num_threads()
+    train_teacher(root / "whole", data, backbone, CONFIG, RunOptions(log_every=2))
+    torch.set_num_threads(threads)
+    return data, backbone, root / "whole"
+
+
+def _state(out: Path) -> dict:
+    record = json.loads((out / RECORD_FILE).read_text())
+    return torch.load(out / record["checkpoint"]["file"], weights_only=True)
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    """Bit-equal weights, optimiser moments, schedule, RNG and position."""
+    assert a["position"]["step"] == b["position"]["step"]
+    assert a["model"].keys() == b["model"].keys()
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    for key, moments in a["optimiser"]["state"].items():
+        for name, value in moments.items():
+            assert torch.equal(value, b["optimiser"]["state"][key][name]), (key, name)
+    assert a["schedule"] == b["schedule"]
+    assert torch.equal(a["torch_rng"], b["torch_rng"])
+
+
+def test_a_run_stopped_and_resumed_ends_with_the_weights_of_one_that_never_stopped(
+        setup: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    data, backbone, whole = setup
+    steps = json.loads((whole / RECORD_FILE).read_text())["steps"]
+    stops = random.Random().sample(range(1, steps), 2)  # any step, an epoch's end included
+    print(f"stopped after {sorted(stops)} steps")
+    out = tmp_path / "parts"
+    first = train_teacher(out, data, backbone, CONFIG, RunOptions(stop_after=min(stops)))
+    assert first["checkpoint"]["step"] == min(stops) and not first["finished"]
+    train_teacher(out, data, backbone, CONFIG,
+                  RunOptions(stop_after=max(stops) - min(stops) or 1), resume=True)
+    record = train_teacher(out, data, backbone, CONFIG, RunOptions(), resume=True)
+    assert record["finished"] and record["checkpoint"]["step"] == steps
+    _assert_same_state(_state(out), _state(whole))
+    expected = json.loads((whole / RECORD_FILE).read_text())["epochs"]
+    assert [e["epoch"] for e in record["epochs"]] == [1, 2]
+    for got, want in zip(record["epochs"], expected, strict=True):
+        assert got["dev"] == want["dev"] and got["weights_sha256"] == want["weights_sha256"]
+    assert list(out.glob("checkpoint-*.pt")) == [out / f"checkpoint-{steps:07d}.pt"]
+    assert "resumed at step" in (out / LOG_FILE).read_text()
+    assert [i["from_step"] for i in record["invocations"]] == [0, *sorted(stops)]
+    assert record["invocations"][0]["stop_after"] == min(stops)
+
+
+def test_a_killed_run_resumes_from_its_last_whole_checkpoint(
+        setup: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """The CLI killed (SIGKILL) mid-run, at whatever it was writing, then --resume."""
+    data, backbone, whole = setup
+    out = tmp_path / "killed"
+    command = [sys.executable, "-m", "meancache", "--data-dir", str(tmp_path / "home"),
+               "verifier", "train-teacher", "--out", str(out), "--data", str(data),
+               "--backbone", str(backbone), "--checkpoint-minutes", "0"]
+    sizes = ["--pairs", "12", "--generated", "4", "--epochs", "2", "--batch", "4",
+             "--max-tokens", "24", "--dev-pairs", "12", "--seed", "3"]
+    environment = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    run = subprocess.Popen([*command, *sizes], cwd=REPO, env=environment,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    target = random.Random().randint(1, 8)
+    print(f"killed once the record names step {target} or later")
+    deadline = time.monotonic() + 120
+    while run.poll() is None and time.monotonic() < deadline:
+        try:
+            checkpoint = json.loads((out / RECORD_FILE).read_text())["checkpoint"]
+        except (OSError, ValueError):
+            checkpoint = None
+        if checkpoint is not None and checkpoint["step"] >= target:
+            run.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.005)
+    run.wait(timeout=60)
+    assert run.returncode == -signal.SIGKILL, run.stderr.read().decode()[-2000:]
+    resumed = subprocess.run([*command, "--resume"], cwd=REPO, env=environment,
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert not list(out.glob(".*.partial"))
+    _assert_same_state(_state(out), _state(whole))
+
+
+def test_the_record_names_the_seed_the_config_and_the_data_hashes(
+        setup: tuple[Path, Path, Path]) -> None:
+    data, backbone, whole = setup
+    record = json.loads((whole / RECORD_FILE).read_text())
+    assert record["seed"] == CONFIG.seed and record["config"] == asdict(CONFIG)
+    assert record["data"]["qqp"]["sha256"] == sha256_file(data)
+    assert record["data"]["qqp"]["train_rows"] == 24 and record["data"]["qqp"]["dev_rows"] == 12
+    assert record["examples"]["sha256"] == sha256_file(whole / EXAMPLES_FILE)
+    kinds = record["examples"]["kinds"]
+    assert kinds["qqp train pairs"] == 12 and kinds["generated negatives"] <= 4
+    assert record["examples"]["count"] == sum(v for k, v in kinds.items()
+                                              if not k.startswith(" "))
+    assert record["backbone"]["config_sha256"] == sha256_file(backbone / "config.json")
+    assert record["steps"] == 2 * -(-record["examples"]["count"] // CONFIG.batch)
+    for epoch in record["epochs"]:
+        assert epoch["weights_sha256"] == sha256_file(whole / epoch["weights"])
+        for half in ("dev-a", "dev-b"):
+            assert 0.0 <= epoch["dev"][half]["auc"] <= 1.0
+        assert epoch["dev"]["dev-a"]["pairs"] + epoch["dev"]["dev-b"]["pairs"] == 12
+    log = (whole / LOG_FILE).read_text()
+    assert "examples/s" in log and "ETA" in log and "epoch 2: dev-a AUC" in log
+
+
+def _stopped_run(setup: tuple[Path, Path, Path], out: Path) -> dict:
+    data, backbone, _ = setup
+    return train_teacher(out, data, backbone, CONFIG, RunOptions(stop_after=3))
+
+
+def test_a_damaged_or_missing_checkpoint_is_never_loaded(
+        setup: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    data, backbone, _ = setup
+    out = tmp_path / "run"
+    record = _stopped_run(setup, out)
+    checkpoint = out / record["checkpoint"]["file"]
+    damaged = bytearray(checkpoint.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x01
+    checkpoint.write_bytes(bytes(damaged))
+    with pytest.raises(CheckpointError, match="is damaged .* it is not loaded"):
+        train_teacher(out, data, backbone, CONFIG, RunOptions(), resume=True)
+    checkpoint.unlink()
+    with pytest.raises(CheckpointError, match="named in teacher.json is missing"):
+        train_teacher(out, data, backbone, CONFIG, RunOptions(), resume=True)
+
+
+def test_a_half_written_checkpoint_is_ignored_and_removed(
+        setup: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """What a kill mid-write leaves: a partial file under a name the record never holds."""
+    data, backbone, _ = setup
+    out = tmp_path / "run"
+    record = _stopped_run(setup, out)
+    partial = out / ".checkpoint-0000004.pt.1234-5678.partial"
+    partial.write_bytes((out / record["checkpoint"]["file"]).read_bytes()[:1000])
+    resumed = train_teacher(out, data, backbone, CONFIG, RunOptions(stop_after=1),
+                            resume=True)
+    assert resumed["checkpoint"]["step"] == 4 and not partial.exists()
+
+
+def test_a_run_is_neither_started_over_nor_resumed_from_nothing_or_other_data(
+        setup: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    data, backbone, _ = setup
+    with pytest.raises(VerifierError, match="holds no teacher run to resume"):
+        train_teacher(tmp_path / "empty", data, backbone, CONFIG, RunOptions(), resume=True)
+    out = tmp_path / "run"
+    _stopped_run(setup, out)
+    with pytest.raises(VerifierError, match="already holds a teacher run"):
+        train_teacher(out, data, backbone, CONFIG, RunOptions())
+    with FileLock(out / ".teacher.lock"), pytest.raises(
+            VerifierError, match="another process is training the teacher"):
+        train_teacher(out, data, backbone, CONFIG, RunOptions(), resume=True)
+    other = tmp_path / "other.jsonl"
+    other.write_text(data.read_text() + data.read_text().splitlines()[0] + "\n")
+    with pytest.raises(VerifierError, match="is not the file this run was trained on"):
+        train_teacher(out, other, backbone, CONFIG, RunOptions(), resume=True)
+
+
+def test_the_cli_refuses_new_settings_for_a_resumed_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["--data-dir", str(tmp_path), "verifier", "train-teacher", "--resume",
+                 "--epochs", "3", "--out", str(tmp_path / "run")])
+    assert code == 2
+    assert "keeps the settings it started with (--epochs given)" in capsys.readouterr().err
+    code = main(["--data-dir", str(tmp_path), "verifier", "train-teacher",
+                 "--batch", "0", "--out", str(tmp_path / "run")])
+    assert code == 2 and "--batch must be positive" in capsys.readouterr().err
+
+
+def test_the_teachers_labels_are_its_probabilities_under_named_weights(
+        setup: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    _, backbone, whole = setup
+    rows = [{"q1": "What is the capital of France?", "q2": "Which city is France's capital?",
+             "split": "test", "cosine": 0.9},
+            {"q1": "Why do cats\u2028purr?", "q2": "Why do dogs bark?", "split": "train"}]
+    pairs = tmp_path / "mined.jsonl"
+    pairs.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+    out = tmp_path / "labelled.jsonl"
+    summary = label_pairs(whole, backbone, pairs, out, epoch=1)
+    labelled = [json.loads(line) for line in out.read_text().split("\n") if line]
+    assert [{k: v for k, v in r.items() if k != "teacher"} for r in labelled] == rows
+    model, record, entry = load_teacher(whole, backbone, epoch=1)
+    direct = pair_probabilities(model, [r["q1"] for r in rows], [r["q2"] for r in rows],
+                                CONFIG.max_tokens, backbone / "tokenizer.json",
+                                summary["teacher"]["bfloat16"])
+    assert [r["teacher"] for r in labelled] == [round(float(p), 6) for p in direct]
+    assert all(0.0 < r["teacher"] < 1.0 for r in labelled)
+    assert summary["teacher"]["weights_sha256"] == sha256_file(whole / "epoch-1.pt")
+    assert summary["labels_sha256"] == sha256_file(out)
+    assert load_teacher(whole, backbone)[2]["epoch"] == record["chosen_epoch"]
+    with pytest.raises(VerifierError, match="has no epoch 7"):
+        load_teacher(whole, backbone, epoch=7)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(whole, damaged)
+    (damaged / "epoch-1.pt").write_bytes((damaged / "epoch-1.pt").read_bytes()[:-1])
+    with pytest.raises(CheckpointError, match="not the ones teacher.json names"):
+        load_teacher(damaged, backbone, epoch=1)
+    pairs.write_text('{"q1": "only one"}\n')
+    with pytest.raises(VerifierError, match="mined.jsonl:1: not a JSON object"):
+        label_pairs(whole, backbone, pairs, out)
