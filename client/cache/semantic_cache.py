@@ -11,6 +11,7 @@ module joins them behind one lock and asks the matcher.
 import contextlib
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -28,14 +29,20 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.cache.summary import cache_stats
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.errors import EntryNotFoundError
+from meancache.client.learning.agreement import agree
+from meancache.client.learning.bound import Label
+from meancache.client.learning.state import Learned
 from meancache.client.matching.feedback import ThresholdChange
 from meancache.client.matching.matcher import NOTHING_CLOSE, Match, Matcher, NoMatch, Verifier
 from meancache.client.matching.origins import CacheOrigin, Source
 from meancache.client.matching.question import Candidate, Query
 from meancache.shared.encoder import Encoder, PCAProjection
 from meancache.shared.progress import Progress
+from meancache.shared.query import embedding_text
 
 log = logging.getLogger(__name__)
+
+DECLINED_KEPT = 64  # declined candidates remembered until the upstream answers
 
 
 class SemanticCache:
@@ -77,6 +84,12 @@ class SemanticCache:
         self.learning = Learning(self._entries, self.matcher, self.settings,
                                  self._context_vector)
         self.space.attach(self._entries, progress)
+        # What this device's traffic taught about where it may answer (client/learning):
+        # the bound on the verifier's probability, aliases, and the declined candidates
+        # waiting for the upstream's answer to label them.
+        self.learned = Learned(self.store, self.settings.max_wrong_rate)
+        self.matcher.learned = self.learned if self.settings.learned else None
+        self._declined: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     def close(self) -> None:
         self.background.stop()
@@ -123,6 +136,13 @@ class SemanticCache:
         query = Query.of(query)
         with self._lock:
             self.space.sync()
+            alias = self.learned.alias(query.text)
+            if alias is not None:
+                with contextlib.suppress(EntryNotFoundError):
+                    entry = self.store.get(alias)
+                    return self._serve(query.text, Candidate(entry.id, entry.query, 1.0),
+                                       False)
+                self.learned.forget_alias(query.text)
             question = self.matcher.question(query)
             found, best = self._entries.index.search(
                 question.vector, self.settings.candidates, min_score=self.matcher.floor)
@@ -133,6 +153,10 @@ class SemanticCache:
                 with contextlib.suppress(EntryNotFoundError):  # deleted by another process
                     return self._serve(query.text, decision.candidate, question.truncated)
             self.store.add_to_counter("misses")
+            if isinstance(decision, NoMatch) and decision.judged is not None:
+                self._declined[question.key] = decision.judged
+                while len(self._declined) > DECLINED_KEPT:
+                    self._declined.popitem(last=False)
             reason = decision.reason if isinstance(decision, NoMatch) else NOTHING_CLOSE
             if isinstance(decision, NoMatch) and decision.vetoed:
                 return Miss(query.text, reason, decision.best_similarity, question.truncated,
@@ -202,6 +226,7 @@ class SemanticCache:
                 else answer_tokens,
                 asked_by=asked_by,
             )
+            self._label(query, answer)
             self.store.add_to_counter("tokens_upstream", entry.query_tokens + entry.answer_tokens)
             self.policy.asked(entry, self.threshold)
             if not self.policy.admits(entry, self._entries.is_full_with(entry)):
@@ -210,6 +235,23 @@ class SemanticCache:
             self._entries.put(entry)
         self.space.maybe_fit_pca(progress)
         return entry
+
+    def _label(self, query: str, answer: str) -> None:
+        """The upstream's answer to a question whose best candidate was declined: the two
+        answers agree or not, a labelled pair for the bound (and an alias if they agree)."""
+        judged = self._declined.pop(embedding_text(query), None)
+        if judged is None:
+            return
+        with contextlib.suppress(EntryNotFoundError):
+            cached = self.store.get(judged[0])
+            wrong = not agree(answer, cached.answer, self.encoder.encode)
+            self.learned.learn(Label(judged[1], wrong, 1.0, cached.id), query)
+
+    def reset_learning(self) -> int:
+        """Forget what the traffic taught (`meancache cache reset-learning`)."""
+        with self._lock:
+            self._declined.clear()
+            return self.learned.reset()
 
     def delete(self, entry_id: str) -> bool:
         with self._lock:

@@ -23,14 +23,15 @@ CHUNK = 256
 KEPT = 20_000  # newest labels the bound rests on
 
 
-class Learning:
+class Learned:
     """The device's learned labels, bound and aliases, loaded once and kept current."""
 
-    def __init__(self, store: EntryStore, max_wrong_rate: float, prior: float,
+    def __init__(self, store: EntryStore, max_wrong_rate: float, prior: float | None = None,
                  confidence: float = CONFIDENCE) -> None:
+        """``prior``: the judge's own threshold (the verifier's card), settable later."""
         self._store = store
         self.max_wrong_rate = max_wrong_rate
-        self.prior = prior
+        self._prior = prior
         self.confidence = confidence
         self._lock = threading.Lock()
         self._load()
@@ -48,7 +49,18 @@ class Learning:
 
     # the bound -----------------------------------------------------------------------
     @property
+    def prior(self) -> float | None:
+        return self._prior
+
+    @prior.setter
+    def prior(self, value: float | None) -> None:
+        if value != self._prior:
+            self._prior, self._bound = value, None
+
+    @property
     def bound(self) -> Bound:
+        if self.prior is None:
+            raise ValueError("the bound needs the judge's own threshold as its prior")
         with self._lock:
             if self._bound is None:
                 self._bound = choose(self.labels, self.max_wrong_rate, self.prior,

@@ -9,7 +9,7 @@ answer is compared with the candidate's (``agreement``) and the pair labelled; a
 would-be hit near the threshold is explored (``explore``). The learned decision: an
 alias or the very same question answers at once; otherwise the judge's score of the best
 candidate (the learned verifier's probability, the cosine without it) must reach the
-bound's threshold for that entry (``state.Learning``).
+bound's threshold for that entry (``state.Learned``).
 """
 
 import random
@@ -26,7 +26,7 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.learning.agreement import agree
 from meancache.client.learning.bound import CONFIDENCE, Label
 from meancache.client.learning.explore import Exploration
-from meancache.client.learning.state import Learning
+from meancache.client.learning.state import Learned
 from meancache.client.matching.matcher import VERIFIED_AT_MOST, Verifier, ambiguous
 from meancache.client.matching.question import embed_texts
 from meancache.client.matching.rules import WITH_LEARNED, verify
@@ -140,10 +140,10 @@ class LearnedRules:
 
 class LearningReplay:
     """The learned decision over a growing in-memory store of questions and answers, its
-    learning kept in a real store (``Learning``)."""
+    learning kept in a real store (``Learned``)."""
 
     def __init__(self, encoder: Encoder, verifier: Verifier | None, settings: CacheSettings,
-                 learning: Learning, exploration: Exploration, rules: LearnedRules,
+                 learning: Learned, exploration: Exploration, rules: LearnedRules,
                  seed: int) -> None:
         self.encoder, self.verifier, self.settings = encoder, verifier, settings
         self.learning, self.exploration, self.rules = learning, exploration, rules
@@ -235,12 +235,12 @@ def learned_replay(encoder: Encoder, verifier: Verifier | None, settings: CacheS
                    turns: Sequence[Turn], max_wrong_rate: float, prior: float,
                    exploration: Exploration, rules: LearnedRules, seed: int,
                    directory: Path | None = None, progress: Progress | None = None
-                   ) -> tuple[Tally, Learning]:
+                   ) -> tuple[Tally, Learned]:
     """The learned decision on ``turns``, its learning kept in ``directory`` (a fresh
     temporary store if None)."""
     with tempfile.TemporaryDirectory(prefix="meancache-learn-") as scratch, \
             closing(EntryStore(Path(directory or scratch))) as store:
-        learning = Learning(store, max_wrong_rate, prior, CONFIDENCE)
+        learning = Learned(store, max_wrong_rate, prior, CONFIDENCE)
         replayer = LearningReplay(encoder, verifier, settings, learning, exploration, rules,
                                   seed)
         return replay_learning(replayer, turns, progress), learning

@@ -9,7 +9,7 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.learning.agreement import agree
 from meancache.client.learning.bound import Label
 from meancache.client.learning.explore import Exploration
-from meancache.client.learning.state import CHUNK, Learning
+from meancache.client.learning.state import CHUNK, Learned
 
 PRIOR = 0.556
 
@@ -19,7 +19,7 @@ PRIOR = 0.556
 def test_learning_persists(tmp_path: Path) -> None:
     store = EntryStore(tmp_path)
     store.set_meta("kept", 7)
-    learning = Learning(store, 0.02, PRIOR)
+    learning = Learned(store, 0.02, PRIOR)
     for i in range(CHUNK + 40):  # more than one chunk
         learning.learn(Label(0.3 + i / 2000, False, entry="e1"), f"question {i}")
     learning.learn(Label(0.9, True, entry="e2"), "a wrong one")
@@ -27,7 +27,7 @@ def test_learning_persists(tmp_path: Path) -> None:
     store.close()
 
     store = EntryStore(tmp_path)
-    again = Learning(store, 0.02, PRIOR)
+    again = Learned(store, 0.02, PRIOR)
     assert len(again.labels) == CHUNK + 41
     assert again.bound == before
     assert again.alias("Question 5") == "e1"  # normalised lookup
@@ -41,12 +41,12 @@ def test_learning_persists(tmp_path: Path) -> None:
 
 def test_a_forgotten_alias_stays_forgotten(tmp_path: Path) -> None:
     store = EntryStore(tmp_path)
-    learning = Learning(store, 0.02, PRIOR)
+    learning = Learned(store, 0.02, PRIOR)
     learning.learn(Label(0.7, False, entry="e1"), "What is it")
     learning.learn(Label(0.7, False, entry="e1"), "What is it not")
     learning.forget_alias("what is it")
-    assert Learning(store, 0.02, PRIOR).alias("What is it") is None
-    assert Learning(store, 0.02, PRIOR).alias("What is it not") == "e1"
+    assert Learned(store, 0.02, PRIOR).alias("What is it") is None
+    assert Learned(store, 0.02, PRIOR).alias("What is it not") == "e1"
     store.close()
 
 

@@ -12,7 +12,7 @@ import pytest
 from meancache.client.cache import CacheSettings
 from meancache.client.cache.store import EntryStore
 from meancache.client.learning.explore import Exploration
-from meancache.client.learning.state import Learning
+from meancache.client.learning.state import Learned
 from meancache.client.learning.stream import (
     LearnedRules,
     Turn,
@@ -51,12 +51,12 @@ def test_a_confirmed_paraphrase_becomes_an_alias_that_survives(encoder: Encoder,
     assert tally.outcomes == ["miss", "miss", "right", "miss"]
     assert tally.upstream == 3
     with closing(EntryStore(tmp_path)) as store:
-        again = Learning(store, 0.02, 0.999)
+        again = Learned(store, 0.02, 0.999)
         assert again.alias(PARAPHRASE) is not None
         assert len(again.labels) >= 1 and not again.labels[0].wrong
 
 
-def test_replay_learn_reports_both_decisions(tmp_path: Path,
+def test_replay_learn_reports_both_decisions(data_dir: Path, tmp_path: Path,
                                              capsys: pytest.CaptureFixture[str]) -> None:
     rows = [{"q1": FRANCE, "q2": PARAPHRASE, "label": 1},
             {"q1": "How do I bake sourdough bread?", "q2": "Who won the 1998 World Cup?",
