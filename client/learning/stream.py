@@ -5,7 +5,8 @@ stream.
 Each question belongs to a group (questions labelled the same question); the simulated
 upstream answers a group with one answer of its own, so whether a served answer is right
 is known. A miss is answered upstream and stored; when it had a candidate, the fresh
-answer is compared with the candidate's (``agreement``) and the pair labelled; a
+answer is compared with the candidate's (exactly: the simulation knows; the encoder's
+comparison, ``agreement``, is measured apart) and the pair labelled; a
 would-be hit near the threshold is explored (``explore``). The learned decision: an
 alias or the very same question answers at once; otherwise the judge's score of the best
 candidate (the learned verifier's probability, the cosine without it) must reach the
@@ -23,7 +24,6 @@ import numpy as np
 from meancache.client.cache import Hit, SemanticCache
 from meancache.client.cache.settings import CacheSettings
 from meancache.client.cache.store import EntryStore
-from meancache.client.learning.agreement import agree
 from meancache.client.learning.bound import CONFIDENCE, Label
 from meancache.client.learning.explore import Exploration
 from meancache.client.learning.state import Learned
@@ -210,7 +210,7 @@ class LearningReplay:
 
     def _label(self, question: str, best: int, score: float, fresh: str, chance: float,
                source: str) -> None:
-        wrong = not agree(fresh, self.answers[best], self.embed)
+        wrong = fresh != self.answers[best]  # the simulated upstream's answers say it exactly
         self.learning.learn(Label(score, wrong, chance, str(best), source), question)
 
 
