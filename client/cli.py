@@ -67,7 +67,8 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.stats_plots import stats_plots
 
     with closing(EntryStore(settings.cache_dir)) as store:  # no encoder: nothing to embed
-        stats = stored_stats(store, settings.global_threshold, settings.encoder_backend)
+        stats = stored_stats(store, settings.global_threshold, settings.encoder_backend,
+                             settings.max_wrong_rate)
         plots = [] if args.json else stats_plots(store, stats.threshold)
     if args.json:
         print_json(dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate,
@@ -79,6 +80,7 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
             value = stats.declines_line
         table.add_row(key.replace("_", " "), "-" if value is None else str(value))
     table.add_row("hit rate", f"{stats.hit_rate:.1%}")
+    table.add_row("wrong answers (estimated)", stats.wrong_rate_line)
     table.add_row("token saving ratio", f"{stats.token_saving_ratio:.1%}")
     out.print(table)
     for plot in plots:

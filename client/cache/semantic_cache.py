@@ -285,4 +285,6 @@ class SemanticCache:
                 self.store, self.thresholds, entries=len(self._entries),
                 nbytes=self._entries.nbytes, stale_entries=len(self._entries.stale),
                 encoder_version=self.encoder.version, encoder_backend=self.encoder.backend,
-                embedding_dim=self.encoder.dim)
+                embedding_dim=self.encoder.dim,
+                bound=None if self.learned.prior is None else self.learned.bound,
+                max_wrong_rate=self.settings.max_wrong_rate)
