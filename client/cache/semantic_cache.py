@@ -30,7 +30,7 @@ from meancache.client.cache.summary import cache_stats
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.errors import EntryNotFoundError
 from meancache.client.learning.agreement import agree
-from meancache.client.learning.bound import Label
+from meancache.client.learning.bound import USER, Label
 from meancache.client.learning.state import Learned
 from meancache.client.matching.feedback import ThresholdChange
 from meancache.client.matching.matcher import NOTHING_CLOSE, Match, Matcher, NoMatch, Verifier
@@ -266,8 +266,16 @@ class SemanticCache:
     def reject(self, query: str, origin: CacheOrigin, context: Context | None = None
                ) -> ThresholdChange:
         """The user says the answer served for ``query`` from ``origin`` was wrong: see
-        ``Learning.reject``. The caller then fetches a fresh answer, bypassing the cache."""
-        return self.learning.reject(query, origin, context)
+        ``Learning.reject``. The caller then fetches a fresh answer, bypassing the cache.
+        With the learned bound, the rejection is also its strongest label: a wrong pair at
+        the verifier's probability for the two questions, and no alias for ``query``."""
+        already = self.matcher.feedback.already_rejected(origin)
+        change = self.learning.reject(query, origin, context)
+        if self.matcher.learned is not None and not already:
+            self.learned.forget_alias(query)
+            score = float(self.matcher.verifier.probabilities(query, [origin.matched_query])[0])
+            self.learned.learn(Label(score, True, 1.0, origin.entry_id, USER))
+        return change
 
     # inspection ---------------------------------------------------------------------
     def entries(self) -> list[Entry]:

@@ -54,3 +54,17 @@ def test_a_different_answer_is_a_wrong_label_and_no_alias(
     cache.insert(GERMANY, "Berlin is the capital of Germany, on the Spree in the north east.")
     assert [label.wrong for label in cache.learned.labels] == [True]
     assert cache.learned.alias(GERMANY) is None
+
+
+def test_wrong_answer_is_the_strongest_label_and_ends_the_alias(
+        make_cache: CacheFactory, declining: LearnedVerifier) -> None:
+    cache = make_cache(settings=SETTINGS, verifier=declining)
+    cache.insert(FRANCE, ANSWER)
+    cache.lookup(PARAPHRASE)
+    cache.insert(PARAPHRASE, ANSWER)
+    hit = cache.lookup(PARAPHRASE.upper())
+    assert isinstance(hit, Hit)  # by alias
+    cache.reject(PARAPHRASE.upper(), hit.origin)
+    assert cache.learned.labels[-1].wrong and cache.learned.labels[-1].source == "user"
+    assert cache.learned.threshold(hit.entry_id) > cache.learned.labels[-1].score
+    assert cache.learned.alias(PARAPHRASE) is None
