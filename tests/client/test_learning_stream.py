@@ -71,3 +71,21 @@ def test_replay_learn_reports_both_decisions(data_dir: Path, tmp_path: Path,
         whole = report[decision]["whole"]
         assert whole["right"] + whole["wrong"] + whole["miss"] == 4
         assert whole["wrong"] == 0  # nothing here is alike but the one paraphrase
+
+
+def test_cache_reset_learning_forgets_only_the_learning(
+        data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from meancache.client.config import load_settings
+    from meancache.client.learning.bound import Label
+
+    cache_dir = load_settings().cache_dir
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    with closing(EntryStore(cache_dir)) as store:
+        store.set_meta("kept", 1)
+        Learned(store, 0.02, 0.5).learn(Label(0.4, False, entry="e"), FRANCE)
+    assert main(["cache", "reset-learning"]) == 0
+    assert "forgot" in capsys.readouterr().out
+    with closing(EntryStore(cache_dir)) as store:
+        assert Learned(store, 0.02, 0.5).labels == []
+        assert Learned(store, 0.02, 0.5).alias(FRANCE) is None
+        assert store.get_meta("kept") == 1
