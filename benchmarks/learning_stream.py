@@ -31,9 +31,7 @@ from _common import base_parser, load_encoder, note, print_table
 from _plot import add_plot_option, line_chart
 from meancache.client.cache import SemanticCache
 from meancache.client.cache.settings import CacheSettings
-from meancache.client.learning.agreement import AGREE_AT, agree
-from meancache.client.learning.explore import Exploration
-from meancache.client.learning.stream import (
+from meancache.client.eval_stream import (
     LearnedRules,
     Tally,
     Turn,
@@ -41,6 +39,8 @@ from meancache.client.learning.stream import (
     replay_static,
     stream_of,
 )
+from meancache.client.learning.agreement import AGREE_AT, agree
+from meancache.client.learning.explore import Exploration
 from meancache.shared.pairs import Pair
 from meancache.shared.verifier.runtime import LearnedVerifier
 from rich.table import Table

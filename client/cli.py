@@ -327,16 +327,16 @@ def cmd_eval_replay(args: argparse.Namespace, settings: Settings) -> int:
 
 def _replay_learning(args: argparse.Namespace, settings: Settings, pairs: list) -> int:
     """``eval replay --learn``: the pairs' questions as a seeded stream, the learned
-    decision beside the static one (client/learning/stream.py)."""
+    decision beside the static one (client/eval_stream.py)."""
     import tempfile
 
-    from meancache.client.learning.explore import Exploration
-    from meancache.client.learning.stream import (
+    from meancache.client.eval_stream import (
         LearnedRules,
         learned_replay,
         replay_static,
         stream_of,
     )
+    from meancache.client.learning.explore import Exploration
 
     turns = stream_of(pairs, args.seed)
     err.print(f"stream of {len(turns)} questions, order seed {args.seed}")

@@ -11,8 +11,8 @@ they open the cache). The bound itself is derived from the labels, never stored 
 
 import threading
 from dataclasses import asdict
+from typing import Any, Protocol
 
-from meancache.client.cache.store import EntryStore
 from meancache.client.learning.bound import CONFIDENCE, Bound, Label, choose, entry_threshold
 from meancache.shared.query import normalise_query
 
@@ -23,10 +23,20 @@ CHUNK = 256
 KEPT = 20_000  # newest labels the bound rests on
 
 
+class StateStore(Protocol):
+    """Where the learning is kept: the cache's store (``client.cache.store.EntryStore``)."""
+
+    def set_states(self, values: dict[str, Any]) -> None: ...
+
+    def states(self, prefix: str) -> dict[str, Any]: ...
+
+    def delete_states(self, prefix: str) -> int: ...
+
+
 class Learned:
     """The device's learned labels, bound and aliases, loaded once and kept current."""
 
-    def __init__(self, store: EntryStore, max_wrong_rate: float, prior: float | None = None,
+    def __init__(self, store: StateStore, max_wrong_rate: float, prior: float | None = None,
                  confidence: float = CONFIDENCE) -> None:
         """``prior``: the judge's own threshold (the verifier's card), settable later."""
         self._store = store
@@ -117,7 +127,7 @@ class Learned:
         return gone
 
 
-def reset(store: EntryStore) -> int:
+def reset(store: StateStore) -> int:
     """Delete everything learned in ``store`` (`meancache cache reset-learning`), in one
     transaction: labels, aliases and so the bound and the per-entry evidence they carry."""
     return store.delete_states(PREFIX)

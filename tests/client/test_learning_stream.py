@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from meancache.client.cache import CacheSettings
 from meancache.client.cache.store import EntryStore
-from meancache.client.learning.explore import Exploration
-from meancache.client.learning.state import Learned
-from meancache.client.learning.stream import (
+from meancache.client.eval_stream import (
     LearnedRules,
     Turn,
     learned_replay,
     stream_of,
 )
+from meancache.client.learning.explore import Exploration
+from meancache.client.learning.state import Learned
 from meancache.shared.encoder import Encoder
 from meancache.shared.pairs import Pair
 
