@@ -56,6 +56,9 @@ class Learned:
                          for name, entry_id in self._store.states(_ALIAS).items()
                          if entry_id is not None}
         self._bound: Bound | None = None
+        self._by_entry: dict[str, list[Label]] = {}
+        for label in self.labels:
+            self._by_entry.setdefault(label.entry, []).append(label)
 
     # the bound -----------------------------------------------------------------------
     @property
@@ -82,8 +85,7 @@ class Learned:
         threshold = self.bound.threshold
         if entry is None:
             return threshold
-        return entry_threshold(threshold, (label for label in self.labels
-                                           if label.entry == entry))
+        return entry_threshold(threshold, self._by_entry.get(entry, ()))
 
     # labels and aliases ----------------------------------------------------------------
     def learn(self, label: Label, question: str | None = None) -> None:
@@ -99,7 +101,11 @@ class Learned:
             if alias is not None:
                 writes[_ALIAS + alias] = label.entry
             self._store.set_states(writes)
-            self.labels = (self.labels + [label])[-KEPT:]
+            self.labels.append(label)
+            self._by_entry.setdefault(label.entry, []).append(label)
+            if len(self.labels) > KEPT:
+                gone = self.labels.pop(0)
+                self._by_entry[gone.entry].remove(gone)
             if alias is not None:
                 self._aliases[alias] = label.entry
             self._bound = None
