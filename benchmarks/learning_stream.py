@@ -14,7 +14,7 @@ cache as it ships, PCA off so both search the same space) on the same stream.
 Also measures the answer comparison (``agreement``) on answer pairs it generates: the
 same answer re-worded against another question's answer.
 
-    python benchmarks/learning_stream.py --questions 3000 --plot benchmarks/learning_stream.png
+    python benchmarks/learning_stream.py --questions 1200 --plot docs/learning_stream.png
 """
 
 from __future__ import annotations
@@ -190,7 +190,8 @@ def main() -> None:
         for label, judge, rules in runs:
             started = time.perf_counter()
             tally, learning = learned_replay(
-                encoder, judge, settings, turns, args.max_wrong_rate, verifier.threshold,
+                encoder, judge, settings, turns, args.max_wrong_rate,
+                verifier.threshold if judge is not None else settings.global_threshold,
                 Exploration(rate=args.explore), rules, args.seed)
             row(table, label, tally, time.perf_counter() - started)
             b = learning.bound

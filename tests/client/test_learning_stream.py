@@ -42,8 +42,9 @@ def test_groups_follow_duplicate_pairs_and_the_seed_orders_them() -> None:
 
 def test_a_confirmed_paraphrase_becomes_an_alias_that_survives(encoder: Encoder,
                                                                tmp_path: Path) -> None:
-    # tau so high that the paraphrase is a miss; a wide recall reaches it as a candidate
-    settings = CacheSettings(global_threshold=0.999, recall_margin=0.45, pca_dims=0)
+    # candidates from cosine 0.5 (the cosine judges: no verifier), served from 0.999 (the
+    # prior): the paraphrase is a miss whose candidate the upstream's answer labels
+    settings = CacheSettings(global_threshold=0.5, pca_dims=0)
     turns = [Turn(FRANCE, 0), Turn(PARAPHRASE, 0), Turn(PARAPHRASE.lower().rstrip("?"), 0),
              Turn("How long do I boil an egg?", 1)]
     tally, learning = learned_replay(encoder, None, settings, turns, 0.02, 0.999,
