@@ -67,7 +67,8 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.stats_plots import stats_plots
 
     with closing(EntryStore(settings.cache_dir)) as store:  # no encoder: nothing to embed
-        stats = stored_stats(store, settings.global_threshold, settings.encoder_backend)
+        stats = stored_stats(store, settings.global_threshold, settings.encoder_backend,
+                             settings.max_wrong_rate)
         plots = [] if args.json else stats_plots(store, stats.threshold)
     if args.json:
         print_json(dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate,
@@ -79,6 +80,7 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
             value = stats.declines_line
         table.add_row(key.replace("_", " "), "-" if value is None else str(value))
     table.add_row("hit rate", f"{stats.hit_rate:.1%}")
+    table.add_row("wrong answers (estimated)", stats.wrong_rate_line)
     table.add_row("token saving ratio", f"{stats.token_saving_ratio:.1%}")
     out.print(table)
     for plot in plots:
@@ -130,6 +132,19 @@ def cmd_cache_clear(args: argparse.Namespace, settings: Settings) -> int:
     with open_cache(settings) as cache:
         removed = cache.clear()
     out.print(f"deleted {removed} entries")
+    return 0
+
+
+def cmd_cache_reset_learning(args: argparse.Namespace, settings: Settings) -> int:
+    from contextlib import closing
+
+    from meancache.client.cache.store import EntryStore
+    from meancache.client.learning.state import reset
+
+    with closing(EntryStore(settings.cache_dir)) as store:
+        removed = reset(store)
+    out.print(f"forgot what the cache learned ({removed} records: labels, aliases, bound); "
+              "entries kept")
     return 0
 
 
@@ -292,6 +307,8 @@ def cmd_eval_replay(args: argparse.Namespace, settings: Settings) -> int:
 
     pairs = read_pairs(Path(args.file), split=args.split, limit=args.limit)
     settings = with_verifier(settings, args.verifier)
+    if args.learn:
+        return _replay_learning(args, settings, pairs)
     with tempfile.TemporaryDirectory(prefix="meancache-replay-") as directory, \
             open_cache(settings, Path(directory)) as cache, \
             ProgressBar(f"replaying {len(pairs)} pairs", err) as progress:
@@ -304,6 +321,49 @@ def cmd_eval_replay(args: argparse.Namespace, settings: Settings) -> int:
                   f"({args.file}; verifier: {verifier_name(settings)})")
     table.add_row(str(report.right), str(report.wrong), str(report.miss),
                   f"{report.hit_precision:.1%}", f"{report.hit_rate:.1%}")
+    out.print(table)
+    return 0
+
+
+def _replay_learning(args: argparse.Namespace, settings: Settings, pairs: list) -> int:
+    """``eval replay --learn``: the pairs' questions as a seeded stream, the learned
+    decision beside the static one (client/eval_stream.py)."""
+    import tempfile
+
+    from meancache.client.eval_stream import (
+        LearnedRules,
+        learned_replay,
+        replay_static,
+        stream_of,
+    )
+    from meancache.client.learning.explore import Exploration
+
+    turns = stream_of(pairs, args.seed)
+    err.print(f"stream of {len(turns)} questions, order seed {args.seed}")
+    with tempfile.TemporaryDirectory(prefix="meancache-replay-") as directory, \
+            open_cache(settings, Path(directory)) as cache:
+        with ProgressBar("static decision", err) as progress:
+            static = replay_static(cache, turns, progress)
+        verifier = cache.matcher.verifier if settings.learned else None
+        with ProgressBar("learning decision", err) as progress:
+            learned, learning = learned_replay(
+                cache.encoder, verifier, cache.settings, turns, settings.max_wrong_rate,
+                verifier.threshold if verifier is not None else cache.threshold,
+                Exploration(rate=args.explore), LearnedRules(), args.seed, progress=progress)
+    reports = {"static": static.report(), "learned": learned.report()}
+    if args.json:
+        print_json(reports | {"seed": args.seed, "questions": len(turns),
+                              "threshold": learning.bound.threshold})
+        return 0
+    table = Table("decision", "part", "right", "wrong", "miss", "hit precision", "hit rate",
+                  title=f"{len(turns)} questions, seed {args.seed}, max_wrong_rate "
+                  f"{settings.max_wrong_rate}, learned threshold "
+                  f"{learning.bound.threshold:.3f}")
+    for name, report in reports.items():
+        for part in ("whole", "last_half"):
+            r = report[part]
+            table.add_row(name, part.replace("_", " "), str(r["right"]), str(r["wrong"]),
+                          str(r["miss"]), f"{r['hit_precision']:.1%}", f"{r['hit_rate']:.1%}")
     out.print(table)
     return 0
 
@@ -339,6 +399,9 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter",
     clear = cache_commands.add_parser("clear", help="delete every entry")
     clear.add_argument("--yes", action="store_true", help="do not ask")
     clear.set_defaults(handler=cmd_cache_clear)
+    forget = cache_commands.add_parser("reset-learning", help="forget the learned labels, "
+                                       "aliases and error bound (entries stay)")
+    forget.set_defaults(handler=cmd_cache_reset_learning)
     export = cache_commands.add_parser("export", help="write entries as JSON lines")
     export.add_argument("file", nargs="?", help="output file, - for stdout (default: stdout)")
     export.set_defaults(handler=cmd_cache_export)
@@ -397,4 +460,10 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter",
     replaying.add_argument("--verifier", choices=VERIFIER_CHOICES,
                            help="the verifier to measure with: rules, learned or none "
                            "(default: the configured one, verifier and verify_hits)")
+    replaying.add_argument("--learn", action="store_true", help="replay the questions as a "
+                           "stream a user meets: the cache learns its error bound as it goes, "
+                           "beside the static decision")
+    replaying.add_argument("--seed", type=int, default=0, help="the stream's order (--learn)")
+    replaying.add_argument("--explore", type=float, default=0.1, help="share of near-boundary "
+                           "hits also asked upstream (--learn; default %(default)s)")
     replaying.set_defaults(handler=cmd_eval_replay)

@@ -54,6 +54,21 @@ class CacheStats:
     bytes_per_embedding: int
     tokens_upstream: int = 0  # query + answer tokens of the answers the upstream gave
     declines: dict[str, int] = field(default_factory=dict)  # near matches vetoed, by reason
+    # The learned error bound (client/learning/bound.py): the estimated share of served
+    # answers that are wrong, its 95% upper limit, the labels behind it, the bound set.
+    wrong_rate: float | None = None
+    wrong_rate_upper: float | None = None
+    wrong_rate_labels: int = 0
+    max_wrong_rate: float | None = None
+
+    @property
+    def wrong_rate_line(self) -> str:
+        """The estimated wrong rate with its bound, in one line."""
+        if self.wrong_rate is None or self.wrong_rate_upper is None:
+            return "not estimated yet (0 labels; the verifier's own threshold serves)"
+        bound = "" if self.max_wrong_rate is None else f", bound {self.max_wrong_rate:.1%}"
+        return (f"{self.wrong_rate:.1%} (at most {self.wrong_rate_upper:.1%} at 95%, "
+                f"{self.wrong_rate_labels} labels{bound})")
 
     @property
     def declines_line(self) -> str:

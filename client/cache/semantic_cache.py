@@ -11,6 +11,7 @@ module joins them behind one lock and asks the matcher.
 import contextlib
 import logging
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -28,14 +29,20 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.cache.summary import cache_stats
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.errors import EntryNotFoundError
+from meancache.client.learning.agreement import agree
+from meancache.client.learning.bound import USER, Label
+from meancache.client.learning.state import Learned
 from meancache.client.matching.feedback import ThresholdChange
 from meancache.client.matching.matcher import NOTHING_CLOSE, Match, Matcher, NoMatch, Verifier
 from meancache.client.matching.origins import CacheOrigin, Source
 from meancache.client.matching.question import Candidate, Query
 from meancache.shared.encoder import Encoder, PCAProjection
 from meancache.shared.progress import Progress
+from meancache.shared.query import embedding_text
 
 log = logging.getLogger(__name__)
+
+DECLINED_KEPT = 64  # declined candidates remembered until the upstream answers
 
 
 class SemanticCache:
@@ -77,6 +84,12 @@ class SemanticCache:
         self.learning = Learning(self._entries, self.matcher, self.settings,
                                  self._context_vector)
         self.space.attach(self._entries, progress)
+        # What this device's traffic taught about where it may answer (client/learning):
+        # the bound on the verifier's probability, aliases, and the declined candidates
+        # waiting for the upstream's answer to label them.
+        self.learned = Learned(self.store, self.settings.max_wrong_rate)
+        self.matcher.learned = self.learned if self.settings.learned else None
+        self._declined: OrderedDict[str, tuple[str, float]] = OrderedDict()
 
     def close(self) -> None:
         self.background.stop()
@@ -123,6 +136,13 @@ class SemanticCache:
         query = Query.of(query)
         with self._lock:
             self.space.sync()
+            alias = self.learned.alias(query.text)
+            if alias is not None:
+                with contextlib.suppress(EntryNotFoundError):
+                    entry = self.store.get(alias)
+                    return self._serve(query.text, Candidate(entry.id, entry.query, 1.0),
+                                       False)
+                self.learned.forget_alias(query.text)
             question = self.matcher.question(query)
             found, best = self._entries.index.search(
                 question.vector, self.settings.candidates, min_score=self.matcher.floor)
@@ -133,6 +153,10 @@ class SemanticCache:
                 with contextlib.suppress(EntryNotFoundError):  # deleted by another process
                     return self._serve(query.text, decision.candidate, question.truncated)
             self.store.add_to_counter("misses")
+            if isinstance(decision, NoMatch) and decision.judged is not None:
+                self._declined[question.key] = decision.judged
+                while len(self._declined) > DECLINED_KEPT:
+                    self._declined.popitem(last=False)
             reason = decision.reason if isinstance(decision, NoMatch) else NOTHING_CLOSE
             if isinstance(decision, NoMatch) and decision.vetoed:
                 return Miss(query.text, reason, decision.best_similarity, question.truncated,
@@ -202,6 +226,7 @@ class SemanticCache:
                 else answer_tokens,
                 asked_by=asked_by,
             )
+            self._label(query, answer)
             self.store.add_to_counter("tokens_upstream", entry.query_tokens + entry.answer_tokens)
             self.policy.asked(entry, self.threshold)
             if not self.policy.admits(entry, self._entries.is_full_with(entry)):
@@ -210,6 +235,23 @@ class SemanticCache:
             self._entries.put(entry)
         self.space.maybe_fit_pca(progress)
         return entry
+
+    def _label(self, query: str, answer: str) -> None:
+        """The upstream's answer to a question whose best candidate was declined: the two
+        answers agree or not, a labelled pair for the bound (and an alias if they agree)."""
+        judged = self._declined.pop(embedding_text(query), None)
+        if judged is None:
+            return
+        with contextlib.suppress(EntryNotFoundError):
+            cached = self.store.get(judged[0])
+            wrong = not agree(answer, cached.answer, self.encoder.encode)
+            self.learned.learn(Label(judged[1], wrong, 1.0, cached.id), query)
+
+    def reset_learning(self) -> int:
+        """Forget what the traffic taught (`meancache cache reset-learning`)."""
+        with self._lock:
+            self._declined.clear()
+            return self.learned.reset()
 
     def delete(self, entry_id: str) -> bool:
         with self._lock:
@@ -224,8 +266,16 @@ class SemanticCache:
     def reject(self, query: str, origin: CacheOrigin, context: Context | None = None
                ) -> ThresholdChange:
         """The user says the answer served for ``query`` from ``origin`` was wrong: see
-        ``Learning.reject``. The caller then fetches a fresh answer, bypassing the cache."""
-        return self.learning.reject(query, origin, context)
+        ``Learning.reject``. The caller then fetches a fresh answer, bypassing the cache.
+        With the learned bound, the rejection is also its strongest label: a wrong pair at
+        the verifier's probability for the two questions, and no alias for ``query``."""
+        already = self.matcher.feedback.already_rejected(origin)
+        change = self.learning.reject(query, origin, context)
+        if self.matcher.learned is not None and not already:
+            self.learned.forget_alias(query)
+            score = float(self.matcher.verifier.probabilities(query, [origin.matched_query])[0])
+            self.learned.learn(Label(score, True, 1.0, origin.entry_id, USER))
+        return change
 
     # inspection ---------------------------------------------------------------------
     def entries(self) -> list[Entry]:
@@ -243,4 +293,6 @@ class SemanticCache:
                 self.store, self.thresholds, entries=len(self._entries),
                 nbytes=self._entries.nbytes, stale_entries=len(self._entries.stale),
                 encoder_version=self.encoder.version, encoder_backend=self.encoder.backend,
-                embedding_dim=self.encoder.dim)
+                embedding_dim=self.encoder.dim,
+                bound=None if self.learned.prior is None else self.learned.bound,
+                max_wrong_rate=self.settings.max_wrong_rate)

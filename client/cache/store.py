@@ -107,6 +107,29 @@ class EntryStore:
         generation bump, since no entry or vector changed and nobody needs to reload."""
         self._db.set((_META, name), value)
 
+    def set_states(self, values: dict[str, Any]) -> None:
+        """Several ``set_state`` writes in one transaction (what the cache learned and what
+        summarises it, written together or not at all)."""
+        with self._db.transact():
+            for name, value in values.items():
+                self._db.set((_META, name), value)
+
+    def states(self, prefix: str) -> dict[str, Any]:
+        """{name: value} of every metadata record whose name starts with ``prefix``."""
+        return {str(key[1]): self._db.get(key) for key in self._db.iterkeys()
+                if isinstance(key, tuple) and key[0] == _META
+                and str(key[1]).startswith(prefix)}
+
+    def delete_states(self, prefix: str) -> int:
+        """Delete, in one transaction, every metadata record whose name starts with
+        ``prefix``; returns how many."""
+        keys = [key for key in self._db.iterkeys() if isinstance(key, tuple)
+                and key[0] == _META and str(key[1]).startswith(prefix)]
+        with self._db.transact():
+            for key in keys:
+                self._db.delete(key)
+        return len(keys)
+
     def add_to_counter(self, name: str, delta: int = 1) -> int:
         """Add to a running total and to today's share of it, which `meancache cache stats`
         draws over time."""

@@ -8,13 +8,17 @@ from meancache.client.cache.entry import STORED_DTYPE
 from meancache.client.cache.results import CacheStats
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
+from meancache.client.learning.bound import Bound
+from meancache.client.learning.state import Learned
 from meancache.client.matching import labels
 from meancache.client.matching.labels import DECLINED
+from meancache.shared.verifier.runtime import ARTEFACT_DIR, read_card
 
 
 def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, nbytes: int,
                 stale_entries: int, encoder_version: str, encoder_backend: str,
-                embedding_dim: int) -> CacheStats:
+                embedding_dim: int, bound: Bound | None = None,
+                max_wrong_rate: float | None = None) -> CacheStats:
     pairs = labels.labelled_pairs(store)
     positives = sum(pair.label for pair in pairs)
     return CacheStats(
@@ -37,10 +41,15 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
         encoder_backend=encoder_backend,
         embedding_dim=embedding_dim,
         bytes_per_embedding=embedding_dim * np.dtype(STORED_DTYPE).itemsize,
+        wrong_rate=None if bound is None else bound.estimate,
+        wrong_rate_upper=None if bound is None else bound.upper,
+        wrong_rate_labels=0 if bound is None else bound.labels,
+        max_wrong_rate=max_wrong_rate,
     )
 
 
-def stored_stats(store: EntryStore, global_threshold: float, backend: str) -> CacheStats:
+def stored_stats(store: EntryStore, global_threshold: float, backend: str,
+                 max_wrong_rate: float | None = None) -> CacheStats:
     """Statistics without an encoder: the encoder version and size are those of the newest
     stored vectors, and entries stored under another version count as stale (the next
     start that loads the encoder re-embeds them). ``global_threshold`` is the configured
@@ -53,4 +62,7 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str) -> Ca
         nbytes=sum(entry.nbytes for entry in entries),
         stale_entries=sum(1 for entry in entries if entry.encoder_version != version),
         encoder_version=version, encoder_backend=backend,
-        embedding_dim=int(newest.embedding.shape[0]) if newest is not None else 0)
+        embedding_dim=int(newest.embedding.shape[0]) if newest is not None else 0,
+        bound=None if max_wrong_rate is None else Learned(
+            store, max_wrong_rate, read_card(ARTEFACT_DIR).threshold).bound,
+        max_wrong_rate=max_wrong_rate)

@@ -38,7 +38,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from functools import lru_cache
 from itertools import islice
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from meancache.client.matching import entry_threshold
@@ -57,6 +57,9 @@ from meancache.client.matching.settings import MatchSettings
 from meancache.shared.encoder import Encoder
 from meancache.shared.query import embedding_text
 from meancache.shared.verifier.runtime import LearnedVerifier
+
+if TYPE_CHECKING:
+    from meancache.client.learning.state import Learned
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +106,9 @@ class Matcher:
         self._lock = threading.Lock()  # the memo
         self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self.feedback = Feedback(self, store)  # what served matches and rejections teach
+        # The error bound learned from this device's traffic (client/learning/state.py):
+        # where set, its threshold on the verifier's probability replaces the card's.
+        self.learned: Learned | None = None
 
     # the question -------------------------------------------------------------------
     @property
@@ -225,12 +231,17 @@ class Matcher:
         probabilities = verifier.probabilities(question.text, [c.text for c in counting])
         top = int(np.argmax(probabilities))
         probability = float(probabilities[top])
-        if probability < verifier.threshold:
+        threshold = verifier.threshold
+        if self.learned is not None:
+            self.learned.prior = verifier.threshold
+            threshold = self.learned.threshold(counting[top].key)
+        if probability < threshold:
             log.info("verifier vetoed %d candidates for %r (best %r, p=%.3f)",
                      len(counting), question.text, counting[top].text, probability)
             kind = "the verifier judged it a different question"
-            return NoMatch(f"{kind} (p={probability:.2f})", best, kind)
-        if ambiguous(probabilities, verifier.threshold):
+            return NoMatch(f"{kind} (p={probability:.2f})", best, kind,
+                           (counting[top].key, probability))
+        if ambiguous(probabilities, threshold):
             log.info("verifier passed more than one of %d candidates for %r: ambiguous",
                      len(counting), question.text)
             kind = "several cached questions were judged the same question"

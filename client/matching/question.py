@@ -66,6 +66,10 @@ class NoMatch:
     # A near match the verifier declined: the reason without its detail (the question's
     # words, a probability), which is what declines are counted by. None: not a veto.
     veto_kind: str | None = None
+    # The verifier's most probable candidate and its probability where it fell under the
+    # threshold: after the upstream answers, the two answers label the pair
+    # (client/learning).
+    judged: tuple[str, float] | None = None
 
     @property
     def vetoed(self) -> bool:

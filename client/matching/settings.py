@@ -33,6 +33,10 @@ class MatchSettings(BaseModel):
                                  "candidate still reaches the learned verifier.")
     entry_thresholds: bool = Field(True, description="Each entry's own threshold, learned "
                                    "from its feedback.")
+    max_wrong_rate: float = Field(0.02, gt=0, lt=1, description="The share of answers "
+                                  "served from the cache that may be wrong: it serves only "
+                                  "where its estimate, learned from its own traffic, keeps "
+                                  "under this with 95% confidence (client/learning/bound.py).")
     tune_min_per_class: int = Field(5, gt=0, description="Labelled pairs of each kind "
                                     "(hit, false hit) before tau is re-tuned locally.")
 

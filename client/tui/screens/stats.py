@@ -14,6 +14,7 @@ def stats_rows(stats: CacheStats, pack_version: str | None) -> list[tuple[str, s
     local = "-" if stats.local_threshold is None else f"{stats.local_threshold:.3f}"
     return [
         ("hit rate", f"{stats.hit_rate:.1%} ({stats.hits} hits, {stats.misses} misses)"),
+        ("wrong answers (estimated)", stats.wrong_rate_line),
         ("false hits (rejected)", str(stats.rejections)),
         ("near matches declined", stats.declines_line),
         ("tokens saved", str(stats.tokens_saved)),

@@ -1,0 +1,217 @@
+"""The error bound the user sets, measured on streams (issue 37, part 3).
+
+Two streams, each replayed in a seeded order as a user meets it: a miss is answered by a
+simulated upstream whose answer names the question's group, stored, and (when it had a
+candidate) labelled by comparing the two answers; the learned decision
+(``client.learning``) serves where its bound allows. Beside it, the static decision (the
+cache as it ships, PCA off so both search the same space) on the same stream.
+
+- ``qqp``: QQP dev questions, grouped by their duplicate pairs, with non-duplicate pairs'
+  questions as near neighbours (the stream the choices were made on);
+- ``arena``: Chatbot Arena first turns, each also asked once more in a paraphrase made by
+  code (templates, contractions, case), never used for a choice.
+
+Also measures the answer comparison (``agreement``) on answer pairs it generates: the
+same answer re-worded against another question's answer.
+
+    python benchmarks/learning_stream.py --questions 1200 --plot docs/learning_stream.png
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from _common import base_parser, load_encoder, note, print_table
+from _plot import add_plot_option, line_chart
+from meancache.client.cache import SemanticCache
+from meancache.client.cache.settings import CacheSettings
+from meancache.client.eval_stream import (
+    LearnedRules,
+    Tally,
+    Turn,
+    learned_replay,
+    replay_static,
+    stream_of,
+)
+from meancache.client.learning.agreement import AGREE_AT, agree
+from meancache.client.learning.explore import Exploration
+from meancache.shared.pairs import Pair
+from meancache.shared.verifier.runtime import LearnedVerifier
+from rich.table import Table
+
+OPENERS = ("Can you tell me: ", "Please answer this. ", "I was wondering, ", "Quick question: ",
+           "Help me with this: ")
+SWAPS = (("what is", "what's"), ("how do i", "how can i"), ("can you", "could you"),
+         ("explain", "describe"), ("write", "compose"), ("give me", "provide"))
+
+
+def paraphrase(text: str, rng: random.Random) -> str:
+    """A code-made paraphrase: a swap of common phrasings, an opener, a changed case."""
+    out = text.strip()
+    for a, b in SWAPS:
+        if a in out.lower():
+            i = out.lower().index(a)
+            out = out[:i] + b + out[i + len(a):]
+            break
+    if rng.random() < 0.6:
+        out = rng.choice(OPENERS) + out[0].lower() + out[1:]
+    if rng.random() < 0.3:
+        out = out.lower().rstrip("?.!")
+    return out
+
+
+def qqp_stream(data: Path, questions: int, seed: int) -> list[Turn]:
+    rows = [json.loads(line) for line in (data / "qqp" / "pairs.jsonl").open()]
+    dev = [Pair(r["q1"], r["q2"], r["label"]) for r in rows if r["split"] == "dev"]
+    rng = random.Random(seed)
+    rng.shuffle(dev)
+    duplicates = [p for p in dev if p.label == 1][: int(questions * 0.35)]
+    others = [p for p in dev if p.label == 0][: int(questions * 0.15)]
+    return stream_of(duplicates + others, seed)
+
+
+def arena_stream(data: Path, questions: int, seed: int) -> list[Turn]:
+    rows = [json.loads(line)["text"] for line in
+            (data / "instructions" / "arena_first_turns.jsonl").open()]
+    rng = random.Random(seed)
+    rows = [r for r in rows if 3 <= len(r.split()) <= 40]
+    rng.shuffle(rows)
+    pairs = [Pair(r, paraphrase(r, rng), 1) for r in rows[: questions // 2]]
+    return stream_of(pairs, seed)
+
+
+def agreement_accuracy(encoder, seed: int, n: int = 400) -> dict[float, float]:
+    """Accuracy of ``agree`` on generated answer pairs: a long answer against a re-worded
+    copy (agree) and against another answer (disagree); short answers exactly."""
+    rng = random.Random(seed)
+    topics = ["boiling water", "the capital of France", "sorting a list in Python",
+              "photosynthesis", "the French Revolution", "compound interest", "TCP handshakes",
+              "the speed of light", "making bread", "black holes", "vaccines", "git rebase"]
+    def long(topic: str, variant: int) -> str:
+        forms = [f"In short, {topic} works like this: the main idea is explained step by step, "
+                 f"with an example about {topic} at the end.",
+                 f"Here is how {topic} works. The main idea comes first, explained step by "
+                 f"step, then an example of {topic}.",
+                 f"{topic.capitalize()}: the key idea, step by step, and an example to finish."]
+        return forms[variant % len(forms)]
+    shorts = ["100°C", "212°F", "Paris", "Lyon", "42", "43", "yes", "no"]
+    memo: dict[str, np.ndarray] = {}
+
+    def encode(texts: Sequence[str]) -> np.ndarray:  # few distinct answers: embed each once
+        for text in texts:
+            if text not in memo:
+                memo[text] = encoder.encode([text])[0]
+        return np.stack([memo[text] for text in texts])
+    cases = []
+    for _ in range(n):
+        same = rng.random() < 0.5
+        if rng.random() < 0.25:
+            a = rng.choice(shorts)
+            b = a if same else rng.choice([s for s in shorts if s != a])
+        else:
+            t = rng.choice(topics)
+            a = long(t, rng.randrange(3))
+            b = long(t, rng.randrange(3)) if same else \
+                long(rng.choice([x for x in topics if x != t]), rng.randrange(3))
+        cases.append((a, b, same))
+    return {at: sum(agree(a, b, encode, at) == same for a, b, same in cases) / n
+            for at in (0.7, 0.75, 0.8, 0.85, AGREE_AT, 0.95)}
+
+
+def row(table: Table, name: str, tally: Tally, seconds: float) -> dict:
+    report = tally.report()
+    w, h = report["whole"], report["last_half"]
+    table.add_row(name, str(w["right"]), str(w["wrong"]), str(w["miss"]),
+                  f"{w['hit_precision']:.1%}", f"{w['wrong_rate']:.2%}", f"{w['hit_rate']:.1%}",
+                  f"{h['wrong_rate']:.2%}", f"{h['hit_rate']:.1%}",
+                  f"{report['answerable_hit_rate']:.1%}", str(report["upstream_calls"]),
+                  str(report["explored"]), f"{seconds:.0f}")
+    return report
+
+
+def rolling(outcomes: list[str], window: int) -> tuple[list[float], list[float], list[float]]:
+    xs, wrong, hit = [], [], []
+    for end in range(window, len(outcomes) + 1, max(1, window // 4)):
+        part = outcomes[end - window:end]
+        s = Tally.summary(part)
+        xs.append(end)
+        wrong.append(100 * s["wrong_rate"])
+        hit.append(100 * s["hit_rate"])
+    return xs, wrong, hit
+
+
+def main() -> None:
+    parser = base_parser(__doc__)
+    parser.add_argument("--encoder", default="minilm", help="encoder profile (MiniLM: fast)")
+    parser.add_argument("--questions", type=int, default=3000, help="questions per stream")
+    parser.add_argument("--max-wrong-rate", type=float, default=0.02)
+    parser.add_argument("--explore", type=float, default=0.1, help="exploration rate")
+    parser.add_argument("--streams", nargs="+", default=["qqp", "arena"])
+    parser.add_argument("--variants", action="store_true",
+                        help="also the learned decision with the ambiguity and word rules, and "
+                        "with the cosine alone (the measurement that decides whether they stay)")
+    add_plot_option(parser)
+    args = parser.parse_args()
+    encoder = load_encoder("onnx", args.cache_dir, model=args.encoder)
+    verifier = LearnedVerifier.load()
+    sweep = agreement_accuracy(encoder, args.seed)
+    note("answer agreement on 400 generated answer pairs (exact for short answers), "
+         "accuracy by cosine threshold: "
+         + ", ".join(f"{at}: {accuracy:.1%}" for at, accuracy in sweep.items()))
+    settings = CacheSettings(pca_dims=0)
+    lines: dict[str, tuple[list[float], list[float]]] = {}
+    for name in args.streams:
+        turns = (qqp_stream if name == "qqp" else arena_stream)(args.data_dir, args.questions,
+                                                                args.seed)
+        note(f"stream {name}: {len(turns)} questions, {len({t.group for t in turns})} groups, "
+             f"order seed {args.seed}")
+        table = Table(title=f"{name} stream ({len(turns)} questions, seed {args.seed}, "
+                      f"{args.encoder}, max_wrong_rate {args.max_wrong_rate})")
+        for column in ("decision", "right", "wrong", "miss", "hit precision", "wrong rate",
+                       "hit rate", "last-half wrong", "last-half hit rate",
+                       "answerable hit rate", "upstream calls", "explored", "s"):
+            table.add_column(column)
+        started = time.perf_counter()
+        with tempfile.TemporaryDirectory() as directory, \
+                SemanticCache(Path(directory), encoder, settings) as cache:
+            static = replay_static(cache, turns)
+        row(table, "static (shipped decision)", static, time.perf_counter() - started)
+        runs = [("learned (verifier score)", verifier, LearnedRules())]
+        if args.variants and name == "qqp":  # the choices are made on qqp only
+            runs += [("learned + ambiguity rule", verifier, LearnedRules(ambiguity=True)),
+                     ("learned + word rules", verifier, LearnedRules(word_rules=True)),
+                     ("learned (cosine alone)", None, LearnedRules())]
+        for label, judge, rules in runs:
+            started = time.perf_counter()
+            tally, learning = learned_replay(
+                encoder, judge, settings, turns, args.max_wrong_rate,
+                verifier.threshold if judge is not None else settings.global_threshold,
+                Exploration(rate=args.explore), rules, args.seed)
+            row(table, label, tally, time.perf_counter() - started)
+            b = learning.bound
+            note(f"{name} / {label}: final threshold {b.threshold:.3f} (learned={b.learned}), "
+                 f"estimated wrong {b.estimate}, upper {b.upper}, {b.labels} labels over it, "
+                 f"{learning.aliases} aliases")
+            if label.startswith("learned (verifier"):
+                xs, wrong, hit = rolling(tally.outcomes, 300)
+                lines[f"{name}: learned wrong %"] = (xs, wrong)
+                lines[f"{name}: learned hit %"] = (xs, hit)
+        xs, wrong, hit = rolling(static.outcomes, 300)
+        lines[f"{name}: static wrong %"] = (xs, wrong)
+        lines[f"{name}: static hit %"] = (xs, hit)
+        print_table(table)
+    if args.plot:
+        line_chart(args.plot, "Wrong rate and hit rate along the stream (300-question window)",
+                   "questions asked", "%", lines,
+                   subtitle=f"{args.encoder}, max_wrong_rate {args.max_wrong_rate}, "
+                   f"exploration {args.explore}")
+
+
+if __name__ == "__main__":
+    main()

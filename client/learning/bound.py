@@ -1,0 +1,140 @@
+"""The error bound the user sets: the lowest judge score at which the cache may answer
+while, with ``confidence``, at most ``max_wrong_rate`` of the answers it serves are wrong.
+
+The score is the judge's (the learned verifier's probability of the best candidate, the
+cosine when the verifier is off). Each labelled example is a served-region pair: its
+score, whether the cached answer was wrong, and how likely it was to be labelled at all
+(1 for a miss whose best candidate was compared anyway, the exploration rate for a
+would-be hit sent upstream too). The error among answers served at threshold t is
+estimated from the examples scoring >= t, each weighted by the inverse of its labelling
+probability (so a sparsely explored region is not under-counted), with Kish's effective
+sample size standing in for the count.
+
+The bound is a one-sided Clopper–Pearson upper limit on that error (exact binomial),
+tested in fixed sequence from the highest threshold down, stopping at the first that
+fails: Learn-then-Test (Angelopoulos, Bates, Candès, Jordan, Lei, 2021, arXiv 2110.01052),
+whose fixed-sequence procedure keeps the family-wise error at 1 - ``confidence`` without
+a multiplicity correction. vCache (arXiv 2502.03771) learns the same kind of boundary per
+entry; here the entry's own evidence may only raise its threshold above the global one.
+
+Until the labels pass the test somewhere, the shipped verifier's own threshold (its card,
+chosen on QQP dev) is the prior: a new device starts at today's behaviour. Labels that
+show the prior's region is too wrong (the lower confidence limit of its error above the
+bound) raise the threshold past every score seen, so only aliases and the very same
+question are served until the evidence passes somewhere.
+"""
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.stats import beta
+
+CONFIDENCE = 0.95
+NEVER = 1.0 + 1e-9  # a threshold no score reaches
+USER = "user"
+MIN_ENTRY_LABELS = 3  # an entry's own labels before its evidence counts (vCache: per entry)
+
+
+@dataclass(frozen=True)
+class Label:
+    """One labelled served-region pair: the judge's score, whether the cached answer was
+    wrong, the probability that this pair got labelled, and the entry it concerns."""
+
+    score: float
+    wrong: bool
+    labelled_with: float = 1.0
+    entry: str = ""
+    source: str = "miss"  # "miss", "explore" or "user" (a "wrong answer": the strongest)
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The threshold in force and what backs it: the estimated wrong share of served
+    answers at it and its upper confidence limit (None where no label backs it)."""
+
+    threshold: float
+    estimate: float | None
+    upper: float | None
+    labels: int
+    learned: bool  # the labels chose it (else the prior or the raised guard)
+
+
+def upper_limit(errors: float, n: float, confidence: float = CONFIDENCE) -> float:
+    """One-sided Clopper–Pearson upper limit of a binomial rate (1.0 without data)."""
+    if n <= 0:
+        return 1.0
+    errors = min(max(errors, 0.0), n)
+    if errors >= n:
+        return 1.0
+    return float(beta.ppf(confidence, errors + 1, n - errors))
+
+
+def lower_limit(errors: float, n: float, confidence: float = CONFIDENCE) -> float:
+    """One-sided Clopper–Pearson lower limit (0.0 without errors)."""
+    if n <= 0 or errors <= 0:
+        return 0.0
+    errors = min(errors, n)
+    return float(beta.ppf(1 - confidence, errors, n - errors + 1))
+
+
+def _tails(scores: np.ndarray, wrong: np.ndarray, weights: np.ndarray
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """For each distinct score, highest first: (score, estimated wrong share, effective
+    errors, effective n, labels) among the examples scoring at least that."""
+    order = np.argsort(-scores, kind="stable")
+    s, x, w = scores[order], wrong[order], weights[order]
+    last = np.r_[s[1:] != s[:-1], True]  # the last example of each run of equal scores
+    total, squares, errors = np.cumsum(w)[last], np.cumsum(w ** 2)[last], np.cumsum(w * x)[last]
+    share = errors / total
+    n_eff = total ** 2 / squares  # Kish's effective sample size
+    return s[last], share, share * n_eff, n_eff, np.flatnonzero(last) + 1
+
+
+def choose(labels: Sequence[Label], max_wrong_rate: float, prior: float,
+           confidence: float = CONFIDENCE) -> Bound:
+    """The lowest threshold the labels support at ``max_wrong_rate`` (fixed-sequence
+    testing from the top), else the ``prior`` threshold, raised past every score where the
+    labels show the prior's region too wrong."""
+    if not 0 < max_wrong_rate < 1:
+        raise ValueError(f"max_wrong_rate must lie between 0 and 1, not {max_wrong_rate!r}")
+    if not labels:
+        return Bound(prior, None, None, 0, False)
+    at, share, errors, n, counts = _tails(
+        np.array([label.score for label in labels], dtype=float),
+        np.array([label.wrong for label in labels], dtype=float),
+        1.0 / np.clip([label.labelled_with for label in labels], 1e-3, 1.0))
+    upper = np.where(errors >= n, 1.0,
+                     beta.ppf(confidence, errors + 1, np.maximum(n - errors, 1e-12)))
+    # The sequence starts where the tail holds enough labels to pass at all (no error in
+    # log(1 - confidence) / log(1 - rate) labels): above it nothing can be tested.
+    enough = np.log(1 - confidence) / np.log1p(-max_wrong_rate)
+    start = int(np.argmax(n >= enough)) if (n >= enough).any() else len(at)
+    failed = start + np.flatnonzero(upper[start:] > max_wrong_rate)
+    last = (failed[0] if len(failed) else len(at)) - 1  # fixed sequence: stop at a failure
+    last = last if last >= start else -1
+    if last >= 0:
+        return Bound(float(at[last]), float(share[last]), float(upper[last]),
+                     int(counts[last]), True)
+    above = np.flatnonzero(at >= prior)
+    if not len(above):
+        return Bound(prior, None, None, 0, False)
+    i = above[-1]
+    if lower_limit(errors[i], n[i], confidence) > max_wrong_rate:
+        return Bound(NEVER, float(share[i]), float(upper[i]), int(counts[i]), False)
+    return Bound(prior, float(share[i]), float(upper[i]), int(counts[i]), False)
+
+
+def entry_threshold(global_threshold: float, own: Iterable[Label],
+                    min_labels: int = MIN_ENTRY_LABELS) -> float:
+    """An entry's threshold: the global one, raised just above the highest score at which
+    the entry's answer was found wrong once it has ``min_labels`` labels of its own (a
+    "wrong answer" from the user counts at once). Never looser than the global bound."""
+    own = list(own)
+    wrong = [label.score for label in own if label.wrong]
+    if not wrong:
+        return global_threshold
+    strongest = any(label.source == USER and label.wrong for label in own)
+    if len(own) < min_labels and not strongest:
+        return global_threshold
+    return max(global_threshold, max(wrong) + 1e-6)

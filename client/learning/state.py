@@ -1,0 +1,140 @@
+"""What the cache learned, kept in its store: the labelled served-region pairs the bound
+rests on, and the aliases (questions confirmed to share an entry's answer). This module
+alone reads and writes them; ``reset`` undoes all of it and nothing else.
+
+Labels are written in chunks of ``CHUNK``, each label together with the alias it confirms
+in one transaction (``EntryStore.set_states``): a kill -9 leaves the state before or after
+a label, never half of one. They are metadata, not entries: no generation bump, so other
+processes do not reload their vector index for a label (they read the learning anew when
+they open the cache). The bound itself is derived from the labels, never stored apart.
+"""
+
+import threading
+from dataclasses import asdict
+from typing import Any, Protocol
+
+from meancache.client.learning.bound import CONFIDENCE, Bound, Label, choose, entry_threshold
+from meancache.shared.query import normalise_query
+
+PREFIX = "learning:"
+_LABELS = PREFIX + "labels:"
+_ALIAS = PREFIX + "alias:"
+CHUNK = 256
+KEPT = 20_000  # newest labels the bound rests on
+
+
+class StateStore(Protocol):
+    """Where the learning is kept: the cache's store (``client.cache.store.EntryStore``)."""
+
+    def set_states(self, values: dict[str, Any]) -> None: ...
+
+    def states(self, prefix: str) -> dict[str, Any]: ...
+
+    def delete_states(self, prefix: str) -> int: ...
+
+
+class Learned:
+    """The device's learned labels, bound and aliases, loaded once and kept current."""
+
+    def __init__(self, store: StateStore, max_wrong_rate: float, prior: float | None = None,
+                 confidence: float = CONFIDENCE) -> None:
+        """``prior``: the judge's own threshold (the verifier's card), settable later."""
+        self._store = store
+        self.max_wrong_rate = max_wrong_rate
+        self._prior = prior
+        self.confidence = confidence
+        self._lock = threading.Lock()
+        self._load()
+
+    def _load(self) -> None:
+        chunks = self._store.states(_LABELS)
+        ordered = sorted(chunks.items(), key=lambda item: int(item[0][len(_LABELS):]))
+        self._chunk = int(ordered[-1][0][len(_LABELS):]) if ordered else 0
+        self._current = list(ordered[-1][1]) if ordered else []
+        self.labels = [Label(**record) for _, chunk in ordered for record in chunk][-KEPT:]
+        self._aliases = {name[len(_ALIAS):]: entry_id
+                         for name, entry_id in self._store.states(_ALIAS).items()
+                         if entry_id is not None}
+        self._bound: Bound | None = None
+        self._by_entry: dict[str, list[Label]] = {}
+        for label in self.labels:
+            self._by_entry.setdefault(label.entry, []).append(label)
+
+    # the bound -----------------------------------------------------------------------
+    @property
+    def prior(self) -> float | None:
+        return self._prior
+
+    @prior.setter
+    def prior(self, value: float | None) -> None:
+        if value != self._prior:
+            self._prior, self._bound = value, None
+
+    @property
+    def bound(self) -> Bound:
+        if self.prior is None:
+            raise ValueError("the bound needs the judge's own threshold as its prior")
+        with self._lock:
+            if self._bound is None:
+                self._bound = choose(self.labels, self.max_wrong_rate, self.prior,
+                                     self.confidence)
+            return self._bound
+
+    def threshold(self, entry: str | None = None) -> float:
+        """The score from which ``entry`` (or any entry) may be served."""
+        threshold = self.bound.threshold
+        if entry is None:
+            return threshold
+        return entry_threshold(threshold, self._by_entry.get(entry, ()))
+
+    # labels and aliases ----------------------------------------------------------------
+    def learn(self, label: Label, question: str | None = None) -> None:
+        """Record ``label``; a right answer for ``question`` (``label.wrong`` false) also
+        makes it an alias of the label's entry."""
+        with self._lock:
+            if len(self._current) >= CHUNK:
+                self._chunk, self._current = self._chunk + 1, []
+            self._current.append(asdict(label))
+            writes: dict[str, object] = {f"{_LABELS}{self._chunk}": list(self._current)}
+            alias = None if question is None or label.wrong or not label.entry \
+                else normalise_query(question)
+            if alias is not None:
+                writes[_ALIAS + alias] = label.entry
+            self._store.set_states(writes)
+            self.labels.append(label)
+            self._by_entry.setdefault(label.entry, []).append(label)
+            if len(self.labels) > KEPT:
+                gone = self.labels.pop(0)
+                self._by_entry[gone.entry].remove(gone)
+            if alias is not None:
+                self._aliases[alias] = label.entry
+            self._bound = None
+
+    def alias(self, question: str) -> str | None:
+        """The entry ``question`` was confirmed to share an answer with, if any."""
+        return self._aliases.get(normalise_query(question))
+
+    def forget_alias(self, question: str) -> None:
+        """An alias whose answer was rejected, or whose entry is gone, stops answering."""
+        key = normalise_query(question)
+        with self._lock:
+            if self._aliases.pop(key, None) is not None:
+                self._store.set_states({_ALIAS + key: None})
+
+    @property
+    def aliases(self) -> int:
+        return len(self._aliases)
+
+    def reset(self) -> int:
+        """Forget every label, alias and the bound; returns how many records went."""
+        with self._lock:
+            gone = reset(self._store)
+        self._load()
+        return gone
+
+
+def reset(store: StateStore) -> int:
+    """Delete everything learned in ``store`` (`meancache cache reset-learning`), in one
+    transaction: labels, aliases and so the bound and the per-entry evidence they carry."""
+    return store.delete_states(PREFIX)
+

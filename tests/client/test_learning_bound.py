@@ -1,0 +1,105 @@
+"""The error bound: Clopper–Pearson limits that cover the observed rate, a threshold that
+starts at the prior, falls only where the labels back it at the bound, and rises past
+every score where they show the prior's region too wrong; an entry's own wrong labels
+only ever tighten its threshold."""
+
+import random
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from meancache.client.learning.bound import (
+    NEVER,
+    USER,
+    Label,
+    choose,
+    entry_threshold,
+    lower_limit,
+    upper_limit,
+)
+
+PRIOR = 0.556
+
+
+@given(st.integers(0, 400), st.integers(1, 400), st.sampled_from([0.9, 0.95, 0.99]))
+def test_limits_bracket_the_observed_rate(errors: int, extra: int, confidence: float) -> None:
+    n = errors + extra
+    assert lower_limit(errors, n, confidence) <= errors / n <= upper_limit(errors, n, confidence)
+
+
+def test_no_errors_needs_about_150_labels_for_two_percent() -> None:
+    # (1 - 0.02)^n <= 0.05  <=>  n >= 149: the exact binomial arithmetic
+    assert upper_limit(0, 148) > 0.02 >= upper_limit(0, 149)
+
+
+def test_without_labels_the_prior_decides() -> None:
+    bound = choose([], 0.02, PRIOR)
+    assert (bound.threshold, bound.learned, bound.labels) == (PRIOR, False, 0)
+
+
+def test_many_right_labels_below_the_prior_lower_the_threshold() -> None:
+    labels = [Label(0.3 + 0.2 * i / 300, False) for i in range(300)]
+    bound = choose(labels, 0.02, PRIOR)
+    assert bound.learned and bound.threshold < PRIOR
+    assert bound.upper is not None and bound.upper <= 0.02
+
+
+def test_fixed_sequence_stops_at_the_first_failure() -> None:
+    right = [Label(0.9 - 0.3 * i / 300, False) for i in range(300)]  # 0.6 .. 0.9
+    wrong_band = [Label(0.5, True) for _ in range(20)]
+    below = [Label(0.2 - 0.1 * i / 500, False) for i in range(500)]  # right again, lower
+    bound = choose(right + wrong_band + below, 0.02, PRIOR)
+    assert bound.threshold > 0.5  # never past the wrong band, however right below it
+
+
+def test_a_wrong_prior_region_serves_nothing() -> None:
+    labels = [Label(0.8, i % 3 == 0) for i in range(60)]  # a third wrong over the prior
+    assert choose(labels, 0.02, PRIOR).threshold == NEVER
+
+
+def test_sparse_exploration_labels_weigh_more() -> None:
+    """Ten wrong explored labels (each one of ten like it) count as a hundred."""
+    right = [Label(0.7, False) for _ in range(400)]
+    explored = [Label(0.7, True, labelled_with=0.1, source="explore") for _ in range(10)]
+    assert choose(right, 0.02, PRIOR).learned
+    assert not choose(right + explored, 0.02, PRIOR).learned
+
+
+@pytest.mark.parametrize("rate", [0, 1, -0.1, 2])
+def test_a_rate_outside_zero_one_is_refused(rate: float) -> None:
+    with pytest.raises(ValueError, match="max_wrong_rate"):
+        choose([Label(0.5, False)], rate, PRIOR)
+
+
+def test_the_bound_holds_on_random_streams() -> None:
+    """Scores from a calibrated judge (P(wrong) = 1 - score): the chosen threshold's true
+    wrong share stays under the bound in (nearly) every draw."""
+    seed = random.randrange(2**32)
+    print("seed", seed)
+    rng = random.Random(seed)
+    broken = 0
+    for _ in range(20):
+        labels = []
+        for _ in range(1500):
+            score = rng.random()
+            labels.append(Label(score, rng.random() < (1 - score) * 0.2))
+        bound = choose(labels, 0.02, PRIOR)
+        # true wrong share over [t, 1] of a uniform score with P(wrong) = 0.2 (1 - s)
+        t = min(bound.threshold, 1.0)
+        true = 0.2 * (1 - t) / 2
+        broken += true > 0.02
+    assert broken <= 3  # 95% confidence: about one in twenty may break
+
+
+@given(st.lists(st.tuples(st.floats(0, 1), st.booleans()), max_size=20),
+       st.floats(0, 1))
+def test_an_entry_is_never_looser_than_the_global_threshold(
+        own: list[tuple[float, bool]], global_threshold: float) -> None:
+    labels = [Label(score, wrong, entry="e") for score, wrong in own]
+    assert entry_threshold(global_threshold, labels) >= global_threshold
+
+
+def test_one_user_rejection_raises_the_entry_at_once() -> None:
+    label = Label(0.8, True, entry="e", source=USER)
+    assert entry_threshold(0.5, [label]) > 0.8
+    assert entry_threshold(0.5, [Label(0.8, True, entry="e")]) == 0.5  # one miss label: not yet

@@ -1,0 +1,69 @@
+"""What the cache learns lives in its store: labels and aliases survive a reopen (and a
+kill: each label is one transaction), the bound is derived from them, and resetting the
+learning removes exactly them."""
+
+import random
+from pathlib import Path
+
+from meancache.client.cache.store import EntryStore
+from meancache.client.learning.agreement import agree
+from meancache.client.learning.bound import Label
+from meancache.client.learning.explore import Exploration
+from meancache.client.learning.state import CHUNK, Learned
+
+PRIOR = 0.556
+
+
+
+
+def test_learning_persists(tmp_path: Path) -> None:
+    store = EntryStore(tmp_path)
+    store.set_meta("kept", 7)
+    learning = Learned(store, 0.02, PRIOR)
+    for i in range(CHUNK + 40):  # more than one chunk
+        learning.learn(Label(0.3 + i / 2000, False, entry="e1"), f"question {i}")
+    learning.learn(Label(0.9, True, entry="e2"), "a wrong one")
+    before = learning.bound
+    store.close()
+
+    store = EntryStore(tmp_path)
+    again = Learned(store, 0.02, PRIOR)
+    assert len(again.labels) == CHUNK + 41
+    assert again.bound == before
+    assert again.alias("Question 5") == "e1"  # normalised lookup
+    assert again.alias("a wrong one") is None  # a wrong answer makes no alias
+    assert again.reset() > 0
+    assert again.labels == [] and again.alias("question 5") is None
+    assert again.bound.threshold == PRIOR
+    assert store.get_meta("kept") == 7  # nothing else went
+    store.close()
+
+
+def test_a_forgotten_alias_stays_forgotten(tmp_path: Path) -> None:
+    store = EntryStore(tmp_path)
+    learning = Learned(store, 0.02, PRIOR)
+    learning.learn(Label(0.7, False, entry="e1"), "What is it")
+    learning.learn(Label(0.7, False, entry="e1"), "What is it not")
+    learning.forget_alias("what is it")
+    assert Learned(store, 0.02, PRIOR).alias("What is it") is None
+    assert Learned(store, 0.02, PRIOR).alias("What is it not") == "e1"
+    store.close()
+
+
+def unit(texts: list[str]):
+    import numpy as np
+    rows = np.array([[len(t), t.count(" "), 1.0] for t in texts], dtype=float)
+    return rows / np.linalg.norm(rows, axis=1, keepdims=True)
+
+
+def test_short_answers_agree_only_when_equal() -> None:
+    assert agree("100°C.", "100°c", unit)
+    assert not agree("100°C", "212°F", unit)  # close vectors, other answers
+
+
+def test_exploration_only_near_the_threshold() -> None:
+    rng = random.Random(random.randrange(2**32))
+    always = Exploration(rate=1.0, width=0.1)
+    assert always.explores(0.55, 0.5, rng)
+    assert not always.explores(0.65, 0.5, rng) and not always.explores(0.45, 0.5, rng)
+    assert not Exploration(rate=0.0).explores(0.5, 0.5, rng)
