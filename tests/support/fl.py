@@ -77,10 +77,11 @@ def around(tau: float, pairs: int, seed: int) -> dict[str, list[int]]:
     return Evidence.of_pairs(sims, labels).to_metrics()
 
 
-def reply(node: int, evidence: dict[str, object], examples: float, weights: torch.Tensor
-          ) -> Message:
+def reply(node: int, evidence: dict[str, object], examples: float,
+          weights: torch.Tensor | ArrayRecord) -> Message:
+    """A device's training reply; ``weights``: the one tensor "w", or a whole record."""
     return Message(RecordDict({
-        "arrays": ArrayRecord({"w": weights}),
+        "arrays": weights if isinstance(weights, ArrayRecord) else ArrayRecord({"w": weights}),
         "metrics": MetricRecord({"num-examples": examples, "train-loss": 0.1, "skipped": 0,
                                  **evidence})}),
         reply_to=message(RecordDict({"config": ConfigRecord({})}), dst=node))
