@@ -20,6 +20,7 @@ from meancache.shared.fl.checkpoint import (
     GlobalModel,
     save_checkpoint,
 )
+from meancache.shared.fl.compression import decode_update, is_compressed
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.signing import server_key, sign
 from meancache.shared.fl.weights import federated_names, federated_state
@@ -66,6 +67,16 @@ def train_message(tiny: SentenceTransformer, top_layers: int, threshold: float =
     arrays = ArrayRecord(federated_state(tiny, federated_names(tiny, top_layers)))
     return message(RecordDict({"arrays": arrays, "config": ConfigRecord(
         {"threshold": threshold, "server-round": 3})}))
+
+
+def weights_sent(reply: Message, request: Message) -> dict[str, np.ndarray]:
+    """The weights a device's training reply stands for: its quantised update decoded onto
+    the weights it was sent (shared.fl.compression), or its float weights."""
+    arrays = {name: a.numpy() for name, a in reply.content["arrays"].items()}
+    if not is_compressed(arrays):
+        return arrays
+    return decode_update(arrays, {name: a.numpy()
+                                  for name, a in request.content["arrays"].items()})
 
 
 def around(tau: float, pairs: int, seed: int) -> dict[str, list[int]]:
