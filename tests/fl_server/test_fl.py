@@ -50,6 +50,7 @@ from tests.support.fl import (
     message,
     train_message,
     weights_sent,
+    wire_bound,
 )
 from tests.support.paths import DATA_DIR
 
@@ -320,6 +321,11 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) 
     assert seen == [0, 1, 2]  # progress came round by round
     assert (tmp_path / "flwr-home" / "apps").is_dir()  # Flower's home is ours
     assert all(r["clients"] == 2 and r["bytes_per_client"] > 0 for r in rows[1:])
+    # each device sent its 8-bit update (the default), within the bound of the layer's size
+    model = SentenceTransformer(str(tiny_dir), device="cpu")
+    trained = {name: value.numel()
+               for name, value in federated_state(model, federated_names(model, 1)).items()}
+    assert all(r["bytes_per_client"] <= wire_bound(trained, 8) for r in rows[1:])
     assert rows[1]["evidence_pairs"] > 0  # devices' similarity evidence came back
     assert all({"f05", "f1", "precision", "recall"} <= set(r) for r in rows)
     latest = latest_checkpoint(tmp_path / "ckpt")
@@ -328,7 +334,6 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) 
     assert meta.round == 2 and meta.threshold == pytest.approx(rows[2]["threshold"])
     verify(meta, read_public_key(str(tmp_path / "ckpt" / PUBLIC_KEY)))  # the server signed it
     assert rows[1]["rejected"] == 0  # honest devices pass the screening
-    model = SentenceTransformer(str(tiny_dir), device="cpu")
     initial = federated_state(model, federated_names(model, 1))
     assert any(not torch.equal(state[k], initial[k]) for k in initial)  # it learned
     load_federated_state(model, state)

@@ -17,7 +17,6 @@ from meancache.fl_server.screening import ReplyLimits
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.fl.compression import (
     BLOCK,
-    compressed_bytes,
     decode_update,
     encode_update,
     steps,
@@ -26,20 +25,18 @@ from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.weights import federated_names, federated_state
 from sentence_transformers import SentenceTransformer
 
-from tests.support.fl import FEEDBACK, device_context, device_with_feedback, reply, train_message
-
-NPY_HEADER = 128  # bytes np.save writes before a 1-D array's data (format version 1)
+from tests.support.fl import (
+    FEEDBACK,
+    device_context,
+    device_with_feedback,
+    reply,
+    train_message,
+    wire_bound,
+)
 
 
 def _numpy(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {name: array.numpy() for name, array in record.items()}
-
-
-def wire_bound(sizes: dict[str, int], bits: int) -> int:
-    """Bytes of a compressed reply of tensors of these sizes: values and scales, and each
-    of the two arrays' npy header and name."""
-    framing = sum(2 * (NPY_HEADER + len(name)) + len(":q") + len(":scale") for name in sizes)
-    return compressed_bytes(sizes, bits) + framing
 
 
 @pytest.mark.parametrize(("bits", "top_layers"), [(8, 1), (4, 1), (8, 0)])

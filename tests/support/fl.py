@@ -20,7 +20,7 @@ from meancache.shared.fl.checkpoint import (
     GlobalModel,
     save_checkpoint,
 )
-from meancache.shared.fl.compression import decode_update, is_compressed
+from meancache.shared.fl.compression import compressed_bytes, decode_update, is_compressed
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.signing import server_key, sign
 from meancache.shared.fl.weights import federated_names, federated_state
@@ -77,6 +77,16 @@ def weights_sent(reply: Message, request: Message) -> dict[str, np.ndarray]:
         return arrays
     return decode_update(arrays, {name: a.numpy()
                                   for name, a in request.content["arrays"].items()})
+
+
+NPY_HEADER = 128  # bytes np.save writes before a 1-D array's data (format version 1)
+
+
+def wire_bound(sizes: dict[str, int], bits: int) -> int:
+    """Bytes of a compressed reply of tensors of these sizes, as the server counts them:
+    values and scales, and each of the two arrays' npy header and name."""
+    framing = sum(2 * (NPY_HEADER + len(name)) + len(":q") + len(":scale") for name in sizes)
+    return compressed_bytes(sizes, bits) + framing
 
 
 def around(tau: float, pairs: int, seed: int) -> dict[str, list[int]]:
