@@ -37,6 +37,10 @@ def main() -> None:
     parser.add_argument("--pairs-per-client", type=int)
     parser.add_argument("--held-out", type=int)
     parser.add_argument("--top-layers", type=int, default=2)
+    parser.add_argument("--update-bits", type=int, choices=(0, 8, 4), default=8,
+                        help="devices send their update quantised to 8 or 4 bits (0: float32)")
+    parser.add_argument("--learning-rate", type=float, default=2e-5,
+                        help="devices' local learning rate")
     parser.add_argument("--partitioning", choices=("iid", "topic"), default="iid")
     parser.add_argument("--encoder", help="a local sentence-transformers model (default MiniLM)")
     add_plot_option(parser)
@@ -51,7 +55,9 @@ def main() -> None:
             clients=args.clients, per_round=args.per_round, run_config={
                 "num-server-rounds": args.rounds, "partitioning": args.partitioning,
                 "pairs-per-client": args.pairs_per_client, "top-layers": args.top_layers,
-                "encoder-model": args.encoder or "", "held-out-pairs": args.held_out,
+                "update-bits": args.update_bits, "learning-rate": args.learning_rate,
+                "encoder-model": args.encoder or "",
+                "held-out-pairs": args.held_out,
                 "seed": args.seed})
         rows = simulate(config, Path(tmp) / "flwr-home", on_round=lambda row: note(
             f"round {int(row['round'])}: F0.5 {row.get('f05', 0):.3f}, "
@@ -64,7 +70,8 @@ def main() -> None:
             f"{row['seconds']:.1f}", f"{row.get('bytes_per_client', 0) / 2**20:.2f}")
     setup = (f"{args.clients} clients, {args.per_round} per round, {args.pairs_per_client} "
              f"{args.partitioning} train pairs each, top {args.top_layers} layers trained and "
-             f"sent; scored on {args.held_out} dev pairs")
+             f"sent ({args.update_bits or 32}-bit), learning rate {args.learning_rate:g}; scored "
+             f"on {args.held_out} dev pairs")
     heading(f"Federated rounds: {setup} (round 0 = zero-shot)")
     print_table(table)
     if args.plot:

@@ -32,6 +32,9 @@ def add_commands(fl: Any) -> None:
                           help="labelled pairs each device trains on")
     simulate.add_argument("--top-layers", type=int, default=app["top-layers"],
                           help="train and send only the top N transformer layers (0: all)")
+    simulate.add_argument("--update-bits", type=int, choices=(0, 8, 4),
+                          default=app["update-bits"], help="devices send their update "
+                          "quantised to 8 or 4 bits (0: float32 weights)")
     simulate.add_argument("--epochs", type=int, default=app["epochs"],
                           help="local epochs per round")
     simulate.add_argument("--learning-rate", type=float, default=app["learning-rate"],
@@ -227,7 +230,8 @@ def run_simulate(args: argparse.Namespace, settings: FlServerSettings) -> int:
         clients=args.clients, per_round=args.per_round, run_config={
             "num-server-rounds": args.rounds, "partitioning": args.partitioning,
             "pairs-per-client": args.pairs_per_client, "top-layers": args.top_layers,
-            "epochs": args.epochs, "learning-rate": args.learning_rate,
+            "update-bits": args.update_bits, "epochs": args.epochs,
+            "learning-rate": args.learning_rate,
             "encoder-model": settings.encoder_model or "",
             "held-out-pairs": args.held_out, "seed": args.seed,
             "dp-noise-multiplier": args.dp_noise, "dp-clipping-norm": args.dp_clip})

@@ -1,10 +1,12 @@
 """Screening of the devices' training replies before aggregation, so that no single device
 can move the global model or threshold far (a poisoned or broken device included).
 
-A reply is dropped when its weights do not fit the global model (other names or shapes)
-or hold a non-finite value, when its example count is not a finite whole number >= 0, or
-when its similarity evidence (shared.fl.evidence) is malformed. What is kept is then
-bounded:
+A compressed reply (a quantised update: shared.fl.compression) is first decoded into the
+global weights plus its update, so everything below acts on full weights; one that does
+not decode is dropped. A reply is dropped when its weights do not fit the global model
+(other names or shapes) or hold a non-finite value, when its example count is not a
+finite whole number >= 0, or when its similarity evidence (shared.fl.evidence) is
+malformed. What is kept is then bounded:
 
 - the example count is clamped to ``max_examples`` and to the round's median count, so no
   device weighs more than a typical one whatever it claims (with five devices, one liar
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from meancache.shared.fl.compression import decode_update, is_compressed
 from meancache.shared.fl.evidence import Evidence
 
 log = logging.getLogger(__name__)
@@ -76,6 +79,21 @@ def reject_reason(message: Message, global_arrays: ArrayRecord) -> str | None:
     return None
 
 
+def decompress(message: Message, global_arrays: ArrayRecord) -> str | None:
+    """Replace a compressed reply's update by the weights it encodes; why it cannot be
+    decoded, or None."""
+    arrays = message.content.array_records.get("arrays")
+    if arrays is None or not is_compressed(arrays):
+        return None
+    try:
+        decoded = decode_update({name: a.numpy() for name, a in arrays.items()},
+                                {name: a.numpy() for name, a in global_arrays.items()})
+    except ValueError as exc:
+        return str(exc)
+    message.content["arrays"] = ArrayRecord({name: Array(v) for name, v in decoded.items()})
+    return None
+
+
 def clip_update(arrays: ArrayRecord, global_arrays: ArrayRecord, max_norm: float
                 ) -> ArrayRecord | None:
     """``arrays`` with its update from ``global_arrays`` scaled to norm ``max_norm``, or
@@ -106,7 +124,7 @@ def screen(replies: list[Message], global_arrays: ArrayRecord, limits: ReplyLimi
     for message in replies:
         if message.has_error():
             continue
-        reason = reject_reason(message, global_arrays)
+        reason = decompress(message, global_arrays) or reject_reason(message, global_arrays)
         if reason is None:
             kept.append(message)
         else:

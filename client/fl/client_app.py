@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
 from meancache.client.config import load_settings
@@ -22,6 +22,7 @@ from meancache.client.fl.device import DeviceState
 from meancache.client.fl.run_config import ClientConfig
 from meancache.client.fl.train import pair_similarities, train_locally
 from meancache.shared.encoder import load_sentence_transformer, locate_model
+from meancache.shared.fl.compression import encode_update
 from meancache.shared.fl.evidence import KEYS as EVIDENCE_KEYS
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.weights import (
@@ -103,6 +104,20 @@ def clip_when_asked_mod(msg: Message, context: Context, call_next: Any) -> Messa
     return call_next(msg, context)
 
 
+def compress_update_mod(msg: Message, context: Context, call_next: Any) -> Message:
+    """Send the update quantised (run config update-bits; shared.fl.compression) instead
+    of the float32 weights: outside the clipping mod, so what is quantised is clipped."""
+    reply = call_next(msg, context)
+    bits = ClientConfig.from_run_config(context.run_config).update_bits
+    if bits == 0 or reply.has_error():
+        return reply
+    sent = {name: array.numpy() for name, array in msg.content["arrays"].items()}
+    trained = {name: array.numpy() for name, array in reply.content["arrays"].items()}
+    reply.content["arrays"] = ArrayRecord(
+        {name: Array(value) for name, value in encode_update(trained, sent, bits).items()})
+    return reply
+
+
 @dataclass(frozen=True)
 class Received:
     config: ClientConfig
@@ -180,7 +195,7 @@ def evaluate_reply(msg: Message, got: Received) -> Message:
 app = ClientApp(mods=[wire_audit_mod])
 
 
-@app.train(mods=[clip_when_asked_mod])
+@app.train(mods=[compress_update_mod, clip_when_asked_mod])
 def train(msg: Message, context: Context) -> Message:
     # A round starts from the global model after the previous round.
     got = receive(msg, ClientConfig.from_run_config(context.run_config),

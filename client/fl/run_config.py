@@ -6,6 +6,7 @@ from pathlib import Path
 
 from meancache.client.fl.train import TrainConfig
 from meancache.shared.errors import RunConfigError
+from meancache.shared.fl.compression import BITS
 from meancache.shared.fl.run_config import (
     ModelConfig,
     RunConfig,
@@ -26,6 +27,7 @@ class ClientConfig:
     partitioning: str
     pairs_per_client: int
     cache_dir: Path | None
+    update_bits: int  # 0: float32 weights; 8 or 4: the quantised update (shared.fl.compression)
 
     @classmethod
     def from_run_config(cls, config: RunConfig) -> "ClientConfig":
@@ -50,4 +52,6 @@ class ClientConfig:
             partitioning=read(config, "partitioning", str, one_of("iid", "topic")),
             pairs_per_client=read(config, "pairs-per-client", int, at_least(1)),
             cache_dir=read_path(config, "cache-dir"),
+            update_bits=read(config, "update-bits", int,
+                             (lambda v: v in (0, *BITS), "0, 8 or 4")),
         )

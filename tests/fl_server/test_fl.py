@@ -49,6 +49,8 @@ from tests.support.fl import (
     gaussian_rdp_epsilon,
     message,
     train_message,
+    weights_sent,
+    wire_bound,
 )
 from tests.support.paths import DATA_DIR
 
@@ -143,7 +145,8 @@ def test_device_training_sends_only_weights_counts_and_similarity_evidence(
 ) -> None:
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
     device_with_feedback(tmp_path, FEEDBACK)
-    reply = client_app(train_message(tiny, 1), device_context(tmp_path, tiny_dir))
+    request = train_message(tiny, 1)
+    reply = client_app(request, device_context(tmp_path, tiny_dir))
     assert not reply.has_error(), reply.error if reply.has_error() else ""
     content = reply.content
     assert set(content.array_records) == {"arrays"}
@@ -156,8 +159,7 @@ def test_device_training_sends_only_weights_counts_and_similarity_evidence(
     for q1, q2, _ in FEEDBACK:  # no query text crosses the wire
         assert q1.encode() not in wire and q2.encode() not in wire
     assert b"cook rice" not in wire and b"capital of" not in wire
-    sent = content["arrays"].to_torch_state_dict()
-    assert set(sent) == set(federated_names(tiny, 1))
+    assert set(weights_sent(reply, request)) == set(federated_names(tiny, 1))
     # The device kept the global model it was sent (round 3 starts from round 2's model).
     kept = latest_checkpoint(tmp_path / "fl" / "global")
     assert kept is not None and kept.name == "round-0002"
@@ -176,9 +178,9 @@ def test_a_device_with_too_little_data_trains_nothing_and_says_so(
     metrics = reply.content["metrics"]
     assert metrics["num-examples"] == 0 and metrics["skipped"] == 1
     assert Evidence.from_metrics(metrics).pairs == 0
-    echoed = reply.content["arrays"].to_torch_state_dict()
+    echoed = weights_sent(reply, sent)
     original = sent.content["arrays"].to_torch_state_dict()
-    assert all(torch.equal(echoed[k], original[k]) for k in original)
+    assert all(np.array_equal(echoed[k], original[k].numpy()) for k in original)
 
 
 def test_a_device_trains_on_the_pairs_of_every_proxy_cache_and_sets_their_tau(
@@ -319,6 +321,11 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) 
     assert seen == [0, 1, 2]  # progress came round by round
     assert (tmp_path / "flwr-home" / "apps").is_dir()  # Flower's home is ours
     assert all(r["clients"] == 2 and r["bytes_per_client"] > 0 for r in rows[1:])
+    # each device sent its 8-bit update (the default), within the bound of the layer's size
+    model = SentenceTransformer(str(tiny_dir), device="cpu")
+    trained = {name: value.numel()
+               for name, value in federated_state(model, federated_names(model, 1)).items()}
+    assert all(r["bytes_per_client"] <= wire_bound(trained, 8) for r in rows[1:])
     assert rows[1]["evidence_pairs"] > 0  # devices' similarity evidence came back
     assert all({"f05", "f1", "precision", "recall"} <= set(r) for r in rows)
     latest = latest_checkpoint(tmp_path / "ckpt")
@@ -327,7 +334,6 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) 
     assert meta.round == 2 and meta.threshold == pytest.approx(rows[2]["threshold"])
     verify(meta, read_public_key(str(tmp_path / "ckpt" / PUBLIC_KEY)))  # the server signed it
     assert rows[1]["rejected"] == 0  # honest devices pass the screening
-    model = SentenceTransformer(str(tiny_dir), device="cpu")
     initial = federated_state(model, federated_names(model, 1))
     assert any(not torch.equal(state[k], initial[k]) for k in initial)  # it learned
     load_federated_state(model, state)

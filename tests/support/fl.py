@@ -25,6 +25,7 @@ from meancache.shared.fl.checkpoint import (
     round_dir,
     save_checkpoint,
 )
+from meancache.shared.fl.compression import compressed_bytes, decode_update, is_compressed
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.signing import server_key, sign
 from meancache.shared.fl.weights import federated_names, federated_state
@@ -77,6 +78,26 @@ def train_message(tiny: SentenceTransformer, top_layers: int, threshold: float =
         {"threshold": threshold, "server-round": 3})}))
 
 
+def weights_sent(reply: Message, request: Message) -> dict[str, np.ndarray]:
+    """The weights a device's training reply stands for: its quantised update decoded onto
+    the weights it was sent (shared.fl.compression), or its float weights."""
+    arrays = {name: a.numpy() for name, a in reply.content["arrays"].items()}
+    if not is_compressed(arrays):
+        return arrays
+    return decode_update(arrays, {name: a.numpy()
+                                  for name, a in request.content["arrays"].items()})
+
+
+NPY_HEADER = 128  # bytes np.save writes before a 1-D array's data (format version 1)
+
+
+def wire_bound(sizes: dict[str, int], bits: int) -> int:
+    """Bytes of a compressed reply of tensors of these sizes, as the server counts them:
+    values and scales, and each of the two arrays' npy header and name."""
+    framing = sum(2 * (NPY_HEADER + len(name)) + len(":q") + len(":scale") for name in sizes)
+    return compressed_bytes(sizes, bits) + framing
+
+
 def around(tau: float, pairs: int, seed: int) -> dict[str, list[int]]:
     """Validation evidence whose duplicates lie above ``tau`` and distinct pairs below."""
     rng = np.random.default_rng(seed)
@@ -86,10 +107,11 @@ def around(tau: float, pairs: int, seed: int) -> dict[str, list[int]]:
     return Evidence.of_pairs(sims, labels).to_metrics()
 
 
-def reply(node: int, evidence: dict[str, object], examples: float, weights: torch.Tensor
-          ) -> Message:
+def reply(node: int, evidence: dict[str, object], examples: float,
+          weights: torch.Tensor | ArrayRecord) -> Message:
+    """A device's training reply; ``weights``: the one tensor "w", or a whole record."""
     return Message(RecordDict({
-        "arrays": ArrayRecord({"w": weights}),
+        "arrays": weights if isinstance(weights, ArrayRecord) else ArrayRecord({"w": weights}),
         "metrics": MetricRecord({"num-examples": examples, "train-loss": 0.1, "skipped": 0,
                                  **evidence})}),
         reply_to=message(RecordDict({"config": ConfigRecord({})}), dst=node))
