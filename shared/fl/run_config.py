@@ -22,6 +22,7 @@ RunConfig = Mapping[str, bool | int | float | str]
 DEVICE_KEYS = frozenset({
     "encoder-model", "top-layers", "seed", "epochs", "batch-size", "learning-rate",
     "min-pairs", "data-source", "qqp-path", "partitioning", "pairs-per-client", "cache-dir",
+    "update-bits",
 })
 T = TypeVar("T", int, float, str)
 
