@@ -17,7 +17,9 @@ its libraries need glibc 2.38), the same questions on the packaged Q4_K_M GGUF w
 same thread count, reading the engine's own prompt token ids, greedy, stopping where the
 engine stops; its top-1 agreement with float32 as above. Every runtime answers each
 question in turn (A B A B ...), so the machine's drift falls on all alike. (This replaces
-the column that needed llama-cpp-python compiled from source.)
+the column that needed llama-cpp-python compiled from source.) On a shared machine run it
+with OMP_WAIT_POLICY=passive: llama.cpp's OpenMP threads otherwise spin while they wait and
+decoded 10 times slower under load.
 
     python benchmarks/generation_speed.py                  # Gemma 3 270M, float32 and int8
     python benchmarks/generation_speed.py --quick          # builtin:tiny-gemma3, a few prompts
