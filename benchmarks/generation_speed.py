@@ -12,10 +12,14 @@ of --steps decode steps that read float32's greedy tokens (so both predict after
 text). int8 reads prompts in float32, so its first token is float32's by construction;
 its decode steps are what int8 changes.
 
-llama.cpp: when llama-cpp-python is importable (install it into this venv, or run in the
-venv scripts/llama_cpp_integration.sh makes), the same questions on the packaged Q4_K_M
-GGUF with the same thread count, loaded as scripts/llama_cpp_server.py loads it (without
-the AMX repack that crashes here).
+llama.cpp: when the prebuilt wheel llama-cpp-py-sync loads (pip install llama-cpp-py-sync;
+its libraries need glibc 2.38), the same questions on the packaged Q4_K_M GGUF with the
+same thread count, reading the engine's own prompt token ids, greedy, stopping where the
+engine stops; its top-1 agreement with float32 as above. Every runtime answers each
+question in turn (A B A B ...), so the machine's drift falls on all alike. (This replaces
+the column that needed llama-cpp-python compiled from source.) On a shared machine run it
+with OMP_WAIT_POLICY=passive: llama.cpp's OpenMP threads otherwise spin while they wait and
+decoded 10 times slower under load.
 
     python benchmarks/generation_speed.py                  # Gemma 3 270M, float32 and int8
     python benchmarks/generation_speed.py --quick          # builtin:tiny-gemma3, a few prompts
@@ -23,16 +27,16 @@ the AMX repack that crashes here).
 
 import json
 import statistics
-import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from _common import (
-    REPO_ROOT,
     apply_defaults,
     base_parser,
     heading,
@@ -44,8 +48,13 @@ from _common import (
 )
 from meancache.upstream.model_loading import load_model
 from meancache.upstream.precision import PRECISIONS
-from meancache.upstream.prompt_cache.engine import Delta, Finish, PromptCacheEngine
-from meancache.upstream.sampling import SamplingParams
+from meancache.upstream.prompt_cache.engine import Finish, PromptCacheEngine
+from meancache.upstream.sampling import SamplingParams, TextStream
+
+if TYPE_CHECKING:
+    from _llama_cpp_sync import LlamaSession
+
+LLAMA = "llama.cpp Q4_K_M (llama-cpp-py-sync)"
 
 
 @dataclass(frozen=True)
@@ -67,27 +76,64 @@ def instructions(path: Path, n: int, chars: int) -> list[str]:
     return texts
 
 
-def engine_speed(engine: PromptCacheEngine, questions: Sequence[str], max_tokens: int) -> Speed:
+Answer = tuple[float, float, int] | None  # TTFT ms, decode tokens/s, tokens; None: too short
+
+
+def engine_answer(engine: PromptCacheEngine, question: str, max_tokens: int) -> Answer:
+    """One greedy answer, as the server produces it."""
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
-    ttfts, rates, counts = [], [], []
-    for i, question in enumerate([questions[0], *questions]):  # the first is a warm-up
-        prepared = engine.prepare_messages([{"role": "user", "content": question}])
-        start = time.perf_counter()
-        first = None
-        finish = None
-        for event in engine.generate(prepared, params):
-            if isinstance(event, Delta) and first is None:
-                first = time.perf_counter()
-            if isinstance(event, Finish):
-                finish = event
-        end = time.perf_counter()
-        if i == 0 or finish is None or finish.completion_tokens < 2 or first is None:
-            continue
-        ttfts.append(finish.ttft_seconds * 1000)
-        rates.append((finish.completion_tokens - 1) / (end - start - finish.ttft_seconds))
-        counts.append(finish.completion_tokens)
-    return Speed(statistics.median(ttfts), statistics.median(rates),
-                 int(statistics.median(counts)))
+    prepared = engine.prepare_messages([{"role": "user", "content": question}])
+    start = time.perf_counter()
+    finish = None
+    for event in engine.generate(prepared, params):
+        if isinstance(event, Finish):
+            finish = event
+    end = time.perf_counter()
+    if finish is None or finish.completion_tokens < 2:
+        return None
+    return (finish.ttft_seconds * 1000,
+            (finish.completion_tokens - 1) / (end - start - finish.ttft_seconds),
+            finish.completion_tokens)
+
+
+def llama_answer(llama: "LlamaSession", engine: PromptCacheEngine, question: str,
+                 max_tokens: int) -> Answer:
+    """The same answer from llama.cpp: the engine's prompt token ids, greedy, and the same
+    end-of-sequence ids and stop strings (the engine's loop guard aside)."""
+    prepared = engine.prepare_messages([{"role": "user", "content": question}])
+    ids = engine.prompt_ids(prepared)
+    stream = TextStream(engine.tokenizer, engine.loaded.stop)
+    start = time.perf_counter()
+    token = int(llama.prefill(ids).argmax())
+    ttft = time.perf_counter() - start
+    produced, position = 1, len(ids)
+    while token not in engine._eos and produced < max_tokens:
+        stream.push(token)
+        if stream.stopped:
+            break
+        token = int(llama.step(token, position).argmax())
+        position += 1
+        produced += 1
+    end = time.perf_counter()
+    if produced < 2:
+        return None
+    return ttft * 1000, (produced - 1) / (end - start - ttft), produced
+
+
+def interleaved(runners: dict[str, Callable[[str], Answer]], questions: Sequence[str]
+                ) -> dict[str, Speed]:
+    """Each question answered by every runtime in turn (A B A B ...), so that the machine's
+    drift falls on all alike; the first question is a warm-up; medians."""
+    answers: dict[str, list[tuple[float, float, int]]] = {name: [] for name in runners}
+    for i, question in enumerate([questions[0], *questions]):
+        for name, run in runners.items():
+            answer = run(question)
+            if i > 0 and answer is not None:
+                answers[name].append(answer)
+    return {name: Speed(statistics.median(a[0] for a in rows),
+                        statistics.median(a[1] for a in rows),
+                        int(statistics.median(a[2] for a in rows)))
+            for name, rows in answers.items() if rows}
 
 
 def predictions(engine: PromptCacheEngine, prompts: Sequence[str], steps: int,
@@ -119,40 +165,36 @@ def agreement(ours: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]
     return first, sum(x == y for x, y in pairs) / max(len(pairs), 1)
 
 
-def llama_cpp_speed(questions: Sequence[str], max_tokens: int, threads: int,
-                    template: PromptCacheEngine) -> Speed | None:
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    sys.path.insert(0, str(REPO_ROOT / "scripts"))
-    from llama_cpp_server import disable_extra_buffers
+def llama_predictions(llama: "LlamaSession", engine: PromptCacheEngine,
+                      prompts: Sequence[str], steps: int,
+                      forced: Sequence[Sequence[int]]) -> list[list[int]]:
+    """As :func:`predictions`, from llama.cpp reading the engine's token ids."""
+    out = []
+    for i, prompt in enumerate(prompts):
+        ids = engine.prompt_ids(engine.prepare_messages([{"role": "user", "content": prompt}]))
+        predicted = [int(llama.prefill(ids).argmax())]
+        for step in range(steps):
+            predicted.append(int(llama.step(forced[i][step], len(ids) + step).argmax()))
+        out.append(predicted)
+    return out
 
-    disable_extra_buffers()
+
+def open_llama_for(model: str, threads: int, work: Path) -> "LlamaSession | None":
+    """llama.cpp on the packaged Q4_K_M GGUF (Gemma 3 270M only), or None with a note."""
+    if model != "builtin:gemma-3-270m":
+        return None
+    try:
+        from _llama_cpp_sync import open_llama
+    except ImportError as exc:
+        note(f"llama.cpp: {exc}")
+        return None
     from meancache.upstream.gemma import assemble
 
-    with tempfile.TemporaryDirectory(prefix="meancache-gguf-") as work:
-        llm = Llama(model_path=str(assemble(Path(work))), n_threads=threads, n_ctx=2048,
-                    verbose=False)
-        ttfts, rates, counts = [], [], []
-        for i, question in enumerate([questions[0], *questions]):
-            text = template.tokenizer.apply_chat_template(
-                [{"role": "user", "content": question}], tokenize=False,
-                add_generation_prompt=True)
-            start = time.perf_counter()
-            first, n = None, 0
-            for _ in llm(text, max_tokens=max_tokens, temperature=0.0, stream=True,
-                         stop=list(template.loaded.stop) or None):
-                first = first or time.perf_counter()
-                n += 1
-            end = time.perf_counter()
-            if i == 0 or first is None or n < 2:
-                continue
-            ttfts.append((first - start) * 1000)
-            rates.append((n - 1) / (end - first))
-            counts.append(n)
-    return Speed(statistics.median(ttfts), statistics.median(rates),
-                 int(statistics.median(counts)))
+    try:
+        return open_llama(assemble(work), threads)
+    except ImportError as exc:
+        note(f"llama.cpp: {exc}")
+        return None
 
 
 def main() -> None:
@@ -176,41 +218,48 @@ def main() -> None:
     prompts = instructions(args.data_dir / "instructions" / "sharegpt_first_turns.jsonl",
                            args.prompts, 2000)
 
-    speeds: dict[str, Speed] = {}
+    engines: dict[str, PromptCacheEngine] = {}
     loads: dict[str, float] = {}
     predicted: dict[str, list[list[int]]] = {}
-    engine = None
     order = sorted(args.precisions, key=lambda p: p != "float32")  # the reference first
     for precision in order:
         note(f"{args.model} in {precision} ...")
         start = time.perf_counter()
-        engine = PromptCacheEngine(load_model(args.model, device="cpu",
-                                              data_dir=args.cache_dir, precision=precision))
+        engines[precision] = PromptCacheEngine(load_model(args.model, device="cpu",
+                                                          data_dir=args.cache_dir,
+                                                          precision=precision))
         loads[precision] = time.perf_counter() - start
-        speeds[precision] = engine_speed(engine, questions, args.max_tokens)
-        predicted[precision] = predictions(engine, prompts, args.steps,
+        predicted[precision] = predictions(engines[precision], prompts, args.steps,
                                            predicted.get("float32"))
-    llama = llama_cpp_speed(questions, args.max_tokens, args.threads, engine) \
-        if engine is not None and args.model == "builtin:gemma-3-270m" else None
+    engine = engines[order[-1]]  # for the token ids llama.cpp reads (the same tokenizer)
+    runners: dict[str, Callable[[str], Answer]] = {
+        f"meancache {p}": partial(engine_answer, e, max_tokens=args.max_tokens)
+        for p, e in engines.items()}
+    with tempfile.TemporaryDirectory(prefix="meancache-gguf-") as work:
+        start = time.perf_counter()
+        llama = open_llama_for(args.model, args.threads, Path(work))
+        if llama is not None:
+            loads[LLAMA] = time.perf_counter() - start
+            runners[LLAMA] = partial(llama_answer, llama, engine, max_tokens=args.max_tokens)
+            if "float32" in predicted:
+                predicted[LLAMA] = llama_predictions(llama, engine, prompts, args.steps,
+                                                     predicted["float32"])
+        note(f"timing {', '.join(runners)}, question by question ...")
+        speeds = interleaved(runners, questions)
 
     heading(f"Generation speed, {args.model}, {args.threads} threads, "
-            f"{len(questions)} questions, greedy, up to {args.max_tokens} tokens")
+            f"{len(questions)} questions interleaved, greedy, up to {args.max_tokens} tokens")
     table = make_table(["runtime", "load s", "TTFT ms (p50)", "decode tokens/s (p50)",
                         "tokens per answer", f"top-1 = float32: first token ({len(prompts)})",
                         f"decode steps ({len(prompts)} x {args.steps})"])
     reference = predicted.get("float32")
-    for precision, speed in speeds.items():
-        first, steps = agreement(predicted[precision], reference) if reference else (0, 0)
-        table.add_row(f"meancache {precision}", f"{loads[precision]:.1f}",
-                      f"{speed.ttft_ms:.0f}", f"{speed.tokens_per_s:.1f}", str(speed.tokens),
+    for name, speed in speeds.items():
+        key = name.removeprefix("meancache ")
+        first, steps = agreement(predicted[key], reference) if reference else (0, 0)
+        table.add_row(name, f"{loads[key]:.1f}", f"{speed.ttft_ms:.0f}",
+                      f"{speed.tokens_per_s:.1f}", str(speed.tokens),
                       f"{first:.1%}" if reference else "-",
                       f"{steps:.1%}" if reference else "-")
-    if llama is not None:
-        table.add_row("llama.cpp Q4_K_M", "-", f"{llama.ttft_ms:.0f}",
-                      f"{llama.tokens_per_s:.1f}", str(llama.tokens), "-", "-")
-    else:
-        note("llama.cpp: llama-cpp-python is not installed here "
-             "(scripts/llama_cpp_integration.sh builds it)")
     print_table(table)
     note(f"machine: {load_before} at the start; {machine_load()} at the end")
     print_command()
