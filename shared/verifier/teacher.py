@@ -33,6 +33,7 @@ from meancache.shared.verifier.train import (
     batches,
     bfloat16_matmuls,
     dev_report,
+    train_step,
     training_examples,
 )
 
@@ -236,7 +237,6 @@ def _run(out: Path, record: dict, examples: list[tuple[str, str, int]], backbone
     log.info("teacher: %d examples, %d steps (%d per epoch), batch %d, forward in %s, "
              "%d thread(s)", len(examples), steps, per_epoch, config.batch,
              "bfloat16" if bf16 else "float32", options.threads)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
     run_steps, started, last_save = 0, time.monotonic(), time.monotonic()
     window = (time.monotonic(), at.step)
     while True:
@@ -247,20 +247,10 @@ def _run(out: Path, record: dict, examples: list[tuple[str, str, int]], backbone
                                                                + at.epoch))
         for rows in order[at.position:]:
             tick = time.monotonic()
-            tokens = tokenize_pairs([r[0] for r in rows], [r[1] for r in rows],
-                                    config.max_tokens, tokenizer)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                logits = model(*(torch.from_numpy(x) for x in (
-                    tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)))
-            loss = loss_fn(logits.float(), torch.tensor([float(r[2]) for r in rows]))
-            optimiser.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimiser.step()
-            schedule.step()
+            value = train_step(model, rows, config.max_tokens, tokenizer, bf16, optimiser,
+                               schedule)
             at.step, at.position, run_steps = at.step + 1, at.position + 1, run_steps + 1
             at.seconds += time.monotonic() - tick
-            value = float(loss.detach())
             at.loss = value if at.step == 1 else 0.98 * at.loss + 0.02 * value
             if progress is not None:
                 progress(at.step, steps)

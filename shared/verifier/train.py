@@ -24,6 +24,7 @@ import time
 import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from meancache.shared.files import sha256_file
@@ -39,6 +40,9 @@ from meancache.shared.verifier.runtime import (
 from meancache.shared.verifier.tokens import MAX_TOKENS, tokenize_pairs
 
 log = logging.getLogger(__name__)
+
+if TYPE_CHECKING:  # only for annotations: a lookup never imports torch
+    import torch
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,29 @@ def bfloat16_matmuls() -> bool:
                 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def train_step(model: "torch.nn.Module", rows: list[tuple[str, str, float]], max_tokens: int,
+               tokenizer: Path | None, bf16: bool, optimiser: "torch.optim.Optimizer",
+               schedule: "torch.optim.lr_scheduler.LRScheduler") -> float:
+    """One AdamW step on a batch of (question, question, label) rows, the student's and
+    the teacher's alike: binary cross-entropy on the logit, gradients clipped at norm 1,
+    the forward pass in bfloat16 where ``bf16``. Returns the batch's loss."""
+    import torch
+
+    tokens = tokenize_pairs([r[0] for r in rows], [r[1] for r in rows], max_tokens,
+                            tokenizer)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        logits = model(*(torch.from_numpy(x) for x in (
+            tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)))
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(
+        logits.float(), torch.tensor([float(r[2]) for r in rows]))
+    optimiser.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimiser.step()
+    schedule.step()
+    return float(loss.detach())
+
+
 def fit(examples: list[tuple[str, str, int]], config: TrainConfig) -> "object":
     """``epochs`` passes of AdamW with linear warm-up and decay."""
     import torch
@@ -135,26 +162,15 @@ def fit(examples: list[tuple[str, str, int]], config: TrainConfig) -> "object":
     warm = max(1, int(steps * config.warmup))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimiser, lambda s: min((s + 1) / warm, max(0.0, (steps - s) / (steps - warm))))
-    loss_fn = torch.nn.BCEWithLogitsLoss()
     rng = random.Random(config.seed + 1)
     bf16 = bfloat16_matmuls()
     print(f"forward pass in {'bfloat16' if bf16 else 'float32'}", flush=True)
     step, started, running = 0, time.monotonic(), 0.0
     for _ in range(config.epochs):
         for rows in batches(examples, config.batch, rng):
-            tokens = tokenize_pairs([r[0] for r in rows], [r[1] for r in rows],
-                                    config.max_tokens)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-                logits = model(*(torch.from_numpy(x) for x in (
-                    tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)))
-            loss = loss_fn(logits.float(), torch.tensor([float(r[2]) for r in rows]))
-            optimiser.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimiser.step()
-            schedule.step()
+            loss = train_step(model, rows, config.max_tokens, None, bf16, optimiser, schedule)
             step += 1
-            running = 0.98 * running + 0.02 * float(loss) if step > 1 else float(loss)
+            running = 0.98 * running + 0.02 * loss if step > 1 else loss
             if step % 50 == 0 or step == steps:
                 elapsed = time.monotonic() - started
                 print(f"step {step}/{steps}  loss {running:.4f}  "
