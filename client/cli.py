@@ -463,7 +463,8 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter",
     replaying.add_argument("--learn", action="store_true", help="replay the questions as a "
                            "stream a user meets: the cache learns its error bound as it goes, "
                            "beside the static decision")
-    replaying.add_argument("--seed", type=int, default=0, help="the stream's order (--learn)")
+    replaying.add_argument("--seed", type=int, default=0,
+                           help="the stream's order, with --learn (default: %(default)s)")
     replaying.add_argument("--explore", type=float, default=0.1, help="share of near-boundary "
-                           "hits also asked upstream (--learn; default %(default)s)")
+                           "hits also asked upstream, with --learn (default: %(default)s)")
     replaying.set_defaults(handler=cmd_eval_replay)

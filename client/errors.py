@@ -101,6 +101,11 @@ def _own_words(status: int | None) -> str:
     return f"the upstream refused the request (it answered {status})"
 
 
+class StreamTooLong(MeanCacheError):
+    """Raised inside a capped response's byte stream (``upstream_client.cap_stream``): the
+    upstream sent more than the answer may hold. Caught by the reader of that stream."""
+
+
 class UpstreamUnavailableError(UpstreamRequestError):
     """No connection (after the connect retries), a timeout, or a 429 or 5xx (``status``;
     None when there was no answer)."""

@@ -32,7 +32,11 @@ from typing import Any
 
 import httpx
 from httpx_sse import EventSource, SSEError, aconnect_sse
-from meancache.client.errors import UpstreamRejectedError, UpstreamUnavailableError
+from meancache.client.errors import (
+    StreamTooLong,
+    UpstreamRejectedError,
+    UpstreamUnavailableError,
+)
 from meancache.client.http_errors import describe, error_message
 from meancache.shared.pml import PML_MEDIA_TYPE
 
@@ -101,9 +105,6 @@ class AnswerCaps:
     def too_long(self) -> str:
         return f"the upstream sent over {self.stream_bytes} bytes for {self.tokens} tokens"
 
-
-class StreamTooLong(Exception):
-    """Raised inside a capped response's byte stream (``cap_stream``)."""
 
 
 class _CappedStream(httpx.AsyncByteStream):

@@ -15,6 +15,7 @@ and never the other way round)::
     ├── AppSignatureError
     ├── VerifierError
     ├── PairsFileError
+    ├── HeadTooLarge (h11.RemoteProtocolError)   (request line or headers past shared.http_limits')
     ├── FlowerCommandError
     ├── MissingExtraError
     ├── RunConfigError (ValueError)
@@ -47,6 +48,7 @@ and never the other way round)::
     ├── UpstreamRequestError
     │   ├── UpstreamUnavailableError
     │   └── UpstreamRejectedError
+    ├── StreamTooLong                     (an upstream's body past its byte cap, inside the stream)
     ├── ProxyRequestError                 (`meancache proxy`: status and OpenAI error)
     └── UpstreamError                     meancache.upstream.errors
         ├── BadRequest
@@ -68,6 +70,8 @@ and never the other way round)::
 """
 
 from __future__ import annotations
+
+import h11
 
 #: At most this many characters of a caller's text are quoted back in an error message.
 EXCERPT_CHARS = 40
@@ -203,3 +207,13 @@ class PackVersionError(PackError):
 
 class PackMismatchError(PackError):
     """A pack built for another model, or embedded by another encoder."""
+
+
+class HeadTooLarge(MeanCacheError, h11.RemoteProtocolError):
+    """A request line or headers past ``shared.http_limits``' limits: ``status`` and
+    ``message`` are the answer (an h11 protocol error, so the server's parser stops)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message, error_status_hint=status)
+        self.status = status
+        self.message = message

@@ -24,6 +24,7 @@ from typing import Any
 
 import h11
 import uvicorn
+from meancache.shared.errors import HeadTooLarge
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
@@ -40,14 +41,6 @@ LINGER_SECONDS = 2.0  # reading (and dropping) what a refused client still sends
 _END_OF_HEAD = re.compile(b"\n\r?\n")  # h11's own: a blank line, CRLF or bare LF
 
 
-class HeadTooLarge(h11.RemoteProtocolError):
-    """A request line or headers past this module's limits: ``status`` and ``message``
-    are the answer."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message, error_status_hint=status)
-        self.status = status
-        self.message = message
 
 
 def check_head(received: bytes | bytearray) -> None:

@@ -36,7 +36,7 @@ def add_commands(commands: Any) -> None:
     serve.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                        help="compute every prompt in full instead of reading back the states "
                        "of the longest prefix an earlier request of the same key computed "
-                       "(for comparison; default: prefix reuse is on)")
+                       "(for comparison) (default: off: prefixes are reused)")
     serve.add_argument("--max-body-kb", type=int, default=4096,
                        help="largest request body (default: %(default)s)")
     defaults = SERVER_DEFAULTS

@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 from httpx_sse import EventSource, SSEError
-from meancache.client.errors import ProxyRequestError, UpstreamRequestError
+from meancache.client.errors import ProxyRequestError, StreamTooLong, UpstreamRequestError
 from meancache.client.http_errors import describe
 from meancache.client.proxy.wire import (
     ChatRequest,
@@ -24,7 +24,7 @@ from meancache.client.proxy.wire import (
     checked_answer,
     header,
 )
-from meancache.client.upstream_client import AnswerCaps, StreamTooLong, UpstreamClient
+from meancache.client.upstream_client import AnswerCaps, UpstreamClient
 from meancache.shared.http_limits import error_body
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
