@@ -11,22 +11,22 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from meancache.client import cli as device_commands
+from meancache.client import device_commands
 from meancache.client.config import Settings
-from meancache.client.fl import commands as fl_device_commands
+from meancache.client.fl import join_sync_commands as fl_device_commands
 from meancache.client.logs import setup_logging
-from meancache.client.pack import commands as pack_device_commands
+from meancache.client.pack import update_commands as pack_device_commands
 from meancache.client.private_files import check_data_dir, owner_only_files
 from meancache.embedded import start_embedded_upstream, start_shared_upstream
-from meancache.fl_server import cli as fl_server_commands
+from meancache.fl_server import server_commands as fl_server_commands
 from meancache.fl_server.config import FlServerSettings
 from meancache.shared.encoder import BACKENDS
 from meancache.shared.errors import ConfigError, MeanCacheError
 from meancache.shared.settings import SettingsBase, toml_value
-from meancache.shared.verifier import commands as verifier_commands
-from meancache.upstream import cli as upstream_commands
+from meancache.shared.verifier import training_commands as verifier_commands
+from meancache.upstream import serve_commands as upstream_commands
 from meancache.upstream.config import UpstreamSettings
-from meancache.upstream.pack import commands as pack_builder_commands
+from meancache.upstream.pack import build_commands as pack_builder_commands
 
 err = Console(stderr=True)
 

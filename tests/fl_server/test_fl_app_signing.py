@@ -27,7 +27,6 @@ from meancache.client.fl.supernode import (
     trusted_entities,
 )
 from meancache.fl_server.app_declaration import default_run_config, write_app
-from meancache.fl_server.cli import split_run_config
 from meancache.fl_server.config import FlServerSettings
 from meancache.fl_server.fleet_gateway import (
     RunChecks,
@@ -36,6 +35,7 @@ from meancache.fl_server.fleet_gateway import (
     strip_signature,
 )
 from meancache.fl_server.processes import run_command, superlink_command
+from meancache.fl_server.server_commands import split_run_config
 from meancache.shared.fl.app_signing import (
     find_signature,
     operator_key,

@@ -197,7 +197,7 @@ def test_a_malformed_host_header_is_refused(header: str) -> None:
 
 
 def test_allow_host_adds_names_to_the_loopback_ones() -> None:
-    from meancache.upstream.cli import allowed_hosts, host_argument
+    from meancache.upstream.serve_commands import allowed_hosts, host_argument
 
     assert allowed_hosts(None) is None
     assert allowed_hosts([host_argument("Upstream.Example")]) == {
