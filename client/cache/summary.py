@@ -14,6 +14,8 @@ from meancache.client.matching import labels
 from meancache.client.matching.labels import DECLINED
 from meancache.shared.verifier.runtime import ARTEFACT_DIR, read_card
 
+EXPLORED = "explored"  # the counter of would-be hits also asked upstream (exploration)
+
 
 def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, nbytes: int,
                 stale_entries: int, encoder_version: str, encoder_backend: str,
@@ -32,6 +34,7 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
         tokens_saved=store.counter("tokens_saved"),
         tokens_upstream=store.counter("tokens_upstream"),
         declines=store.counters(DECLINED),
+        explored=store.counter(EXPLORED),
         threshold=thresholds.current,
         global_threshold=thresholds.global_value,
         local_threshold=thresholds.local_value,

@@ -1,17 +1,22 @@
 """Exploration: a would-be hit whose score lies near the threshold is, with a small
 probability, also sent upstream, so the region the cache serves keeps getting labels
 (vCache explores the same way). The fresh answer is what the user sees; the pair is
-labelled by ``agreement``. What it costs is one upstream call per explored hit: about
-``rate`` of the hits within ``width`` of the threshold."""
+labelled by ``agreement``, weighted by the inverse of ``rate`` in the bound. What it costs
+is one upstream call per explored hit: about ``rate`` of the hits within ``width`` of the
+threshold, so never more than ``rate`` x hits (at the default, at most 10 calls per 100
+hits; measured on benchmarks/learning_stream.py's streams in docs/cache.md)."""
 
 import random
 from dataclasses import dataclass
 
+EXPLORE_RATE = 0.1  # the default share of near-boundary would-be hits also asked upstream
+EXPLORE_WIDTH = 0.25  # the default width of "near", in the judge's score
+
 
 @dataclass(frozen=True)
 class Exploration:
-    rate: float = 0.1  # share of near-boundary would-be hits also sent upstream
-    width: float = 0.25  # how far above the threshold (in score) a hit counts as near
+    rate: float = EXPLORE_RATE  # share of near-boundary would-be hits also sent upstream
+    width: float = EXPLORE_WIDTH  # how far above the threshold (in score) a hit counts as near
 
     def __post_init__(self) -> None:
         if not 0 <= self.rate <= 1:
@@ -23,5 +28,6 @@ class Exploration:
         return threshold <= score < threshold + self.width
 
     def explores(self, score: float, threshold: float, rng: random.Random) -> bool:
-        """Whether this would-be hit is also asked upstream."""
-        return self.near(score, threshold) and rng.random() < self.rate
+        """Whether this would-be hit is also asked upstream (a draw is made only for a
+        near one, so the seeded sequence depends on the near hits alone)."""
+        return self.near(score, threshold) and self.rate > 0 and rng.random() < self.rate
