@@ -62,6 +62,9 @@ class CacheStats:
     wrong_rate_upper: float | None = None
     wrong_rate_labels: int = 0
     max_wrong_rate: float | None = None
+    # Until the labels choose the threshold (the verifier's own serves meanwhile): the
+    # fewest labels, none wrong, with which they can (bound.labels_needed).
+    wrong_rate_needs: int | None = None
 
     @property
     def wrong_rate_line(self) -> str:
@@ -69,8 +72,10 @@ class CacheStats:
         if self.wrong_rate is None or self.wrong_rate_upper is None:
             return "not estimated yet (0 labels; the verifier's own threshold serves)"
         bound = "" if self.max_wrong_rate is None else f", bound {self.max_wrong_rate:.1%}"
+        needs = "" if self.wrong_rate_needs is None else \
+            f"; the labels decide from {self.wrong_rate_needs}"
         return (f"{self.wrong_rate:.1%} (at most {self.wrong_rate_upper:.1%} at 95%, "
-                f"{self.wrong_rate_labels} labels{bound})")
+                f"{self.wrong_rate_labels} labels{bound}{needs})")
 
     @property
     def hit_rate_line(self) -> str:

@@ -83,8 +83,10 @@ class SemanticCache:
         verifier: Verifier | None = None,
         rng: random.Random | None = None,
     ) -> None:
-        """``verifier``: the shipped learned one unless another is given. ``rng``: what
-        draws which near-boundary hits are explored (a seeded one makes it repeatable)."""
+        """``verifier``: the shipped learned one unless another is given. ``rng``: the
+        draws of exploration (``settings.explore_rate``); the caches that face a user (the
+        chat, the proxy) are given one, a seeded one makes it repeatable. Without one the
+        cache never explores (replays and benchmarks measure the decision itself)."""
         self.settings = settings or CacheSettings()
         self.store = EntryStore(Path(directory))
         self.policy = CachePolicy(self.store, PolicySettings(
@@ -107,7 +109,7 @@ class SemanticCache:
         self.learned = Learned(self.store, self.settings.max_wrong_rate)
         self.matcher.learned = self.learned if self.settings.learned else None
         self.exploration = Exploration(self.settings.explore_rate, self.settings.explore_width)
-        self._rng = rng or random.Random()
+        self._rng = rng
         self._declined: OrderedDict[str, Pending] = OrderedDict()
 
     def close(self) -> None:
@@ -193,8 +195,8 @@ class SemanticCache:
         """The would-be hit ``match`` as an exploration, if it is one: the learned bound
         decides, the verifier's probability lies near the entry's threshold and the draw
         says so. The very same question (served by identity) is never explored."""
-        if self.matcher.learned is None or match.probability is None or \
-                embedding_text(match.candidate.text) == question.key:
+        if self._rng is None or self.matcher.learned is None or match.probability is None \
+                or embedding_text(match.candidate.text) == question.key:
             return None
         threshold = self.learned.threshold(match.candidate.key)
         if not self.exploration.explores(match.probability, threshold, self._rng):

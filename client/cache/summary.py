@@ -8,7 +8,7 @@ from meancache.client.cache.entry import STORED_DTYPE
 from meancache.client.cache.results import CacheStats
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
-from meancache.client.learning.bound import Bound
+from meancache.client.learning.bound import Bound, labels_needed
 from meancache.client.learning.state import Learned
 from meancache.client.matching import labels
 from meancache.client.matching.labels import DECLINED
@@ -48,6 +48,8 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
         wrong_rate_upper=None if bound is None else bound.upper,
         wrong_rate_labels=0 if bound is None else bound.labels,
         max_wrong_rate=max_wrong_rate,
+        wrong_rate_needs=None if bound is None or bound.learned or max_wrong_rate is None
+        else labels_needed(max_wrong_rate),
     )
 
 

@@ -39,10 +39,10 @@ class MatchSettings(BaseModel):
                                   "where its estimate, learned from its own traffic, keeps "
                                   "under this with 95% confidence (client/learning/bound.py).")
     explore_rate: float = Field(EXPLORE_RATE, ge=0, le=1, description="The share of "
-                                "would-be hits near the learned threshold that are also asked "
-                                "upstream, the fresh answer shown and the pair labelled, so the "
-                                "bound keeps learning where the cache serves "
-                                "(client/learning/explore.py); 0 turns exploration off.")
+                                "would-be hits near the learned threshold that the chat and the "
+                                "proxy ask upstream instead, showing the fresh answer and "
+                                "labelling the pair, so the bound keeps learning where the cache "
+                                "serves (client/learning/explore.py); 0 turns exploration off.")
     explore_width: float = Field(EXPLORE_WIDTH, ge=0, le=1, description="How far above the "
                                  "learned threshold (in the verifier's probability) a would-be "
                                  "hit counts as near it, and may be explored.")

@@ -18,6 +18,7 @@ it opens again on demand. Where they live: client/device_caches.py.
 import hashlib
 import json
 import logging
+import random
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -184,7 +185,8 @@ class Partitions:
     def _load(self, pid: str, directory: Path,
               preamble: Sequence[tuple[str, str]]) -> Partition:
         settings = self.settings
-        cache = SemanticCache(directory / "cache", self.encoder, settings.cache_settings())
+        cache = SemanticCache(directory / "cache", self.encoder, settings.cache_settings(),
+                              rng=random.Random())  # it explores (settings.explore_rate)
         exchanges = ExchangeStore(directory / "exchanges")
         answers = AnswerService(
             cache, self.upstream, exchanges, settings.answer_max_tokens,

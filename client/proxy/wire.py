@@ -243,4 +243,5 @@ def stats_body(caches: Sequence[tuple[str, CacheStats]]) -> dict[str, Any]:
                         "wrong_rate_upper": stats.wrong_rate_upper,
                         "wrong_rate_labels": stats.wrong_rate_labels,
                         "max_wrong_rate": stats.max_wrong_rate,
+                        "wrong_rate_needs": stats.wrong_rate_needs,
                         "rejections": stats.rejections} for pid, stats in caches]}

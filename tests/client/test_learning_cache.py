@@ -97,7 +97,8 @@ def test_exploration_checks_the_would_be_hits_a_seeded_draw_picks_and_labels_the
     assert any(expected) and not all(expected)  # the seed shows both outcomes
     results = [cache.lookup(question) for question in PARAPHRASES]
     assert [isinstance(r, Miss) and r.explored for r in results] == expected
-    assert all(isinstance(r, Hit) for r, explored in zip(results, expected) if not explored)
+    assert all(isinstance(r, Hit) for r, explored in zip(results, expected, strict=True)
+               if not explored)
     assert isinstance(cache.lookup(FRANCE), Hit)  # the very same question: never explored
     stats = cache.stats()
     assert stats.explored == sum(expected) and stats.misses == sum(expected)
@@ -109,9 +110,14 @@ def test_exploration_checks_the_would_be_hits_a_seeded_draw_picks_and_labels_the
 
 
 def test_exploration_off_serves_every_would_be_hit(make_cache: CacheFactory,
-                                                   passing: LearnedVerifier) -> None:
+                                                   passing: LearnedVerifier,
+                                                   tmp_path: Path) -> None:
     settings = SETTINGS.model_copy(update=dict(explore_rate=0.0, explore_width=1.0))
-    cache = make_cache(settings=settings, verifier=passing)
+    cache = make_cache(settings=settings, verifier=passing, rng=random.Random(1))
     cache.insert(FRANCE, ANSWER)
     assert all(isinstance(cache.lookup(question), Hit) for question in PARAPHRASES)
     assert cache.stats().explored == 0
+    exploring = settings.model_copy(update=dict(explore_rate=1.0))
+    replaying = make_cache(tmp_path / "replay", settings=exploring, verifier=passing)
+    replaying.insert(FRANCE, ANSWER)  # no draws given (a replay, a benchmark): no exploration
+    assert all(isinstance(replaying.lookup(question), Hit) for question in PARAPHRASES)
