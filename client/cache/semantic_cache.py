@@ -108,7 +108,8 @@ class SemanticCache:
         # waiting for the upstream's answer to label them.
         self.learned = Learned(self.store, self.settings.max_wrong_rate)
         self.matcher.learned = self.learned if self.settings.learned else None
-        self.exploration = Exploration(self.settings.explore_rate, self.settings.explore_width)
+        self.exploration = Exploration(self.settings.explore_rate, self.settings.explore_width,
+                                       self.settings.explore_until_learned)
         self._rng = rng
         self._declined: OrderedDict[str, Pending] = OrderedDict()
 
@@ -198,10 +199,11 @@ class SemanticCache:
         if self._rng is None or self.matcher.learned is None or match.probability is None \
                 or embedding_text(match.candidate.text) == question.key:
             return None
-        threshold = self.learned.threshold(match.candidate.key)
-        if not self.exploration.explores(match.probability, threshold, self._rng):
+        threshold, learned = self.learned.threshold(match.candidate.key), self.learned.bound.learned
+        if not self.exploration.explores(match.probability, threshold, self._rng, learned):
             return None
-        return Pending(match.candidate.key, match.probability, self.exploration.rate, "explore")
+        return Pending(match.candidate.key, match.probability,
+                       self.exploration.rate_now(learned), "explore")
 
     def _pending(self, key: str, pending: Pending) -> None:
         self._declined[key] = pending

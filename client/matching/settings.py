@@ -46,6 +46,11 @@ class MatchSettings(BaseModel):
     explore_width: float = Field(EXPLORE_WIDTH, ge=0, le=1, description="How far above the "
                                  "learned threshold (in the verifier's probability) a would-be "
                                  "hit counts as near it, and may be explored.")
+    explore_until_learned: bool = Field(False, description="Explore every near would-be hit "
+                                        "until the labels choose the threshold (149 labels at "
+                                        "2%, none wrong), then `explore_rate` of them: the "
+                                        "bound learns sooner, for an upstream call per near "
+                                        "would-be hit until then.")
     tune_min_per_class: int = Field(5, gt=0, description="Labelled pairs of each kind "
                                     "(hit, false hit) before tau is re-tuned locally.")
 
