@@ -104,14 +104,14 @@ class SemanticCache:
                                  self._context_vector)
         self.space.attach(self._entries, progress)
         # What this device's traffic taught about where it may answer (client/learning):
-        # the bound on the verifier's probability, aliases, and the declined candidates
-        # waiting for the upstream's answer to label them.
+        # the bound on the verifier's probability, aliases, and the declined or explored
+        # candidates awaiting the upstream's answer to label them.
         self.learned = Learned(self.store, self.settings.max_wrong_rate)
         self.matcher.learned = self.learned if self.settings.learned else None
         self.exploration = Exploration(self.settings.explore_rate, self.settings.explore_width,
                                        self.settings.explore_until_learned)
         self._rng = rng
-        self._declined: OrderedDict[str, Pending] = OrderedDict()
+        self._awaiting: OrderedDict[str, Pending] = OrderedDict()
 
     def close(self) -> None:
         self.background.stop()
@@ -206,9 +206,9 @@ class SemanticCache:
                        self.exploration.rate_now(learned), "explore")
 
     def _pending(self, key: str, pending: Pending) -> None:
-        self._declined[key] = pending
-        while len(self._declined) > DECLINED_KEPT:
-            self._declined.popitem(last=False)
+        self._awaiting[key] = pending
+        while len(self._awaiting) > DECLINED_KEPT:
+            self._awaiting.popitem(last=False)
 
     def _context_vector(self, context: Context | None) -> np.ndarray | None:
         """The previous question's vector (None for a first turn, or without context rules)."""
@@ -285,7 +285,7 @@ class SemanticCache:
         """The upstream's answer to a question whose best candidate was declined or
         explored: the two answers agree or not, a labelled pair for the bound (and an alias
         if they agree)."""
-        pending = self._declined.pop(embedding_text(query), None)
+        pending = self._awaiting.pop(embedding_text(query), None)
         if pending is None:
             return
         with contextlib.suppress(EntryNotFoundError):
@@ -297,7 +297,7 @@ class SemanticCache:
     def reset_learning(self) -> int:
         """Forget what the traffic taught (`meancache cache reset-learning`)."""
         with self._lock:
-            self._declined.clear()
+            self._awaiting.clear()
             return self.learned.reset()
 
     def delete(self, entry_id: str) -> bool:
