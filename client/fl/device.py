@@ -20,8 +20,6 @@ from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings, load_settings
 from meancache.client.device_caches import device_cache_dirs, device_pairs
 from meancache.client.fl.trust import accept_fresh, installed_round, trusted_key
-from meancache.shared.encoder import locate_model
-from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.errors import CheckpointError
 from meancache.shared.fl.checkpoint import (
     GlobalModel,
@@ -45,10 +43,6 @@ class DeviceState:
     def __init__(self, settings: Settings | Path) -> None:
         self.settings = settings if isinstance(settings, Settings) else load_settings(
             data_dir=settings)
-
-    def base_version(self, encoder_model: str | None) -> str:
-        model_dir = locate_model(encoder_model, self.settings.models_dir)
-        return model_fingerprint(model_dir, self.settings.encoder_dir / "fingerprints.json")
 
     def keep_global(self, state: "dict[str, torch.Tensor]", description: str | None) -> None:
         """Keep a global model received in a Flower round, by the same rule as `fl sync`
