@@ -11,12 +11,14 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from meancache.fl_server.privacy import SampledClientsDP
+from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.rounds import HeldOut, RoundRecorder
 from meancache.fl_server.run_config import ServerConfig
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import load_sentence_transformer, locate_model, profile_threshold
 from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
+from meancache.shared.fl.signing import server_key
 from meancache.shared.fl.weights import federated_names, federated_state
 from meancache.shared.pairs import read_pairs
 from meancache.shared.query import embedding_text
@@ -66,6 +68,8 @@ def run_rounds(grid: Grid, config: ServerConfig) -> None:
     strategy = ThresholdFedAvg(
         threshold, ArrayRecord(initial), limits, config.threshold_rule, config.aggregation,
         unweighted=dp,
+        models=RoundModels(server_key(config.checkpoint_dir), base, config.model.top_layers,
+                           offset),
         fraction_train=config.fraction_train,
         min_train_nodes=config.min_train_nodes,
         min_available_nodes=config.min_available_nodes,

@@ -22,6 +22,8 @@ from meancache.client.fl.device import DeviceState
 from meancache.client.fl.run_config import ClientConfig
 from meancache.client.fl.train import pair_similarities, train_locally
 from meancache.shared.encoder import load_sentence_transformer, locate_model
+from meancache.shared.errors import MeanCacheError
+from meancache.shared.fl.checkpoint import DESCRIPTION_KEY
 from meancache.shared.fl.compression import encode_update
 from meancache.shared.fl.evidence import KEYS as EVIDENCE_KEYS
 from meancache.shared.fl.evidence import Evidence
@@ -127,11 +129,11 @@ class Received:
     threshold: float
 
 
-def receive(msg: Message, config: ClientConfig, node: dict[str, Any], keep_round: int
-            ) -> Received:
-    """Load the global weights; on a real device also keep them (and the threshold).
-    A non-finite weight or an invalid threshold is refused (ValueError) before anything
-    is loaded or kept."""
+def receive(msg: Message, config: ClientConfig, node: dict[str, Any]) -> Received:
+    """Load the global weights; on a real device also keep them (and the threshold) when
+    the server's signed description of them is trusted and fresh (DeviceState.keep_global:
+    else the device still takes part, and keeps what it has). A non-finite weight or an
+    invalid threshold is refused (ValueError) before anything is loaded or kept."""
     threshold = check_threshold(msg.content["config"]["threshold"])
     arrays = msg.content["arrays"]
     state = arrays.to_torch_state_dict()
@@ -139,13 +141,12 @@ def receive(msg: Message, config: ClientConfig, node: dict[str, Any], keep_round
     model = _base_model(config.model.encoder_model, _models_dir(node))
     load_federated_state(model, state)
     if "data-dir" in node:
-        DeviceState(Path(str(node["data-dir"]))).keep_global(
-            state, threshold, keep_round, config.model.encoder_model, config.model.top_layers)
+        try:
+            DeviceState(Path(str(node["data-dir"]))).keep_global(
+                state, msg.content["config"].get(DESCRIPTION_KEY))
+        except MeanCacheError as exc:
+            log.warning("not keeping this round's global model: %s", exc)
     return Received(config, node, model, arrays, threshold)
-
-
-def _server_round(msg: Message) -> int:
-    return int(msg.content["config"].get("server-round", 1))
 
 
 def train_reply(msg: Message, got: Received) -> Message:
@@ -197,9 +198,8 @@ app = ClientApp(mods=[wire_audit_mod])
 
 @app.train(mods=[compress_update_mod, clip_when_asked_mod])
 def train(msg: Message, context: Context) -> Message:
-    # A round starts from the global model after the previous round.
     got = receive(msg, ClientConfig.from_run_config(context.run_config),
-                  dict(context.node_config), keep_round=_server_round(msg) - 1)
+                  dict(context.node_config))
     return train_reply(msg, got)
 
 
@@ -207,5 +207,5 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Keep the new global model on a device; score it on the local validation pairs."""
     got = receive(msg, ClientConfig.from_run_config(context.run_config),
-                  dict(context.node_config), keep_round=_server_round(msg))
+                  dict(context.node_config))
     return evaluate_reply(msg, got)

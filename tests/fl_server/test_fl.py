@@ -49,6 +49,7 @@ from tests.support.fl import (
     gaussian_rdp_epsilon,
     message,
     train_message,
+    trust_round_key,
     weights_sent,
     wire_bound,
 )
@@ -144,6 +145,7 @@ def test_device_training_sends_only_weights_counts_and_similarity_evidence(
     tmp_path: Path, tiny_dir: Path, tiny: SentenceTransformer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    trust_round_key(monkeypatch)
     device_with_feedback(tmp_path, FEEDBACK)
     request = train_message(tiny, 1)
     reply = client_app(request, device_context(tmp_path, tiny_dir))
@@ -189,6 +191,7 @@ def test_a_device_trains_on_the_pairs_of_every_proxy_cache_and_sets_their_tau(
     """Feedback given through `meancache proxy` (two apps' caches) trains as the chat's
     does: too few pairs in the chat's cache alone, enough with the apps'."""
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    trust_round_key(monkeypatch)
     device_with_feedback(tmp_path, FEEDBACK[:3])
     device_with_feedback(tmp_path, FEEDBACK[3:13], cache="key-one/0000000000000000")
     device_with_feedback(tmp_path, FEEDBACK[13:], cache="app-notes/0000000000000001")

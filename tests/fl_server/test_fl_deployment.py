@@ -77,10 +77,13 @@ def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
     wait_for_port(control)
     wait_for_port(link)
     wait_for_port(model_port)
+    server_key = str(server / "fl-server" / "checkpoints" / "signing-key.pub")
     processes.start(alice, "fl", "join", "--superlink", f"127.0.0.1:{link}",
-                    "--port", str(free_port()), "--app-key", app_key)
+                    "--port", str(free_port()), "--app-key", app_key,
+                    "--server-key", server_key)
     bob_node = processes.start(bob, "fl", "join", "--superlink", f"127.0.0.1:{link}",
-                               "--port", str(free_port()), "--app-key", app_key)
+                               "--port", str(free_port()), "--app-key", app_key,
+                               "--server-key", server_key)
     run = processes.start(server, "fl", "run", "--superlink", f"127.0.0.1:{control}",
                           "--rounds", "1", "--run-config",
                           "top-layers=1 min-pairs=10 min-available-nodes=2 min-train-nodes=1 "
