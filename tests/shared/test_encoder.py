@@ -383,6 +383,7 @@ def test_a_record_that_does_not_describe_the_export_is_checked_afresh(
     assert cosines(enc.encode(QUERIES), encoder.encode(QUERIES)).min() >= 1 - 1e-6
 
 
+@pytest.mark.slow(20)
 def test_a_record_without_its_export_is_not_trusted(
     tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path
 ) -> None:
