@@ -46,7 +46,6 @@ from tests.support.fl import (
     FEEDBACK,
     device_context,
     device_with_feedback,
-    gaussian_rdp_epsilon,
     message,
     train_message,
     weights_sent,
@@ -339,33 +338,6 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) 
     initial = federated_state(model, federated_names(model, 1))
     assert any(not torch.equal(state[k], initial[k]) for k in initial)  # it learned
     load_federated_state(model, state)
-
-
-@pytest.mark.slow(65)
-def test_central_differential_privacy_option_runs(tmp_path: Path, tiny_dir: Path) -> None:
-    sigma, clip, devices = 5.0, 0.1, 2
-    noisy = simulate(SimulationConfig(
-        pairs=DATA / "qqp" / "pairs.jsonl", checkpoint_dir=tmp_path / "dp", clients=devices,
-        per_round=devices, run_config={
-            "num-server-rounds": 1, "pairs-per-client": 30, "top-layers": 1,
-            "encoder-model": str(tiny_dir), "held-out-pairs": 0,
-            "dp-noise-multiplier": sigma, "dp-clipping-norm": clip}), tmp_path / "flwr-home")
-    assert len(noisy) == 2
-    meta, with_dp = load_checkpoint(latest_checkpoint(tmp_path / "dp"))  # type: ignore[arg-type]
-    model = SentenceTransformer(str(tiny_dir), device="cpu")
-    initial = federated_state(model, federated_names(model, 1))
-    # The global model is the initial one plus the average of updates clipped to `clip`
-    # (an L2 norm of at most `clip`) plus Gaussian noise of sigma * clip / devices on each
-    # of its d values (norm ~ that * sqrt(d), within 1% for d in the thousands). Without
-    # the noise, or with noise for one device instead of the two averaged, the norm of the
-    # change falls far outside this band.
-    change = torch.cat([(with_dp[k] - initial[k]).flatten() for k in initial])
-    expected = sigma * clip / devices * change.numel() ** 0.5
-    assert abs(float(change.norm()) - expected) < clip + 0.05 * expected
-    # The privacy spent is reported after the round and kept with the checkpoint.
-    assert noisy[1]["epsilon"] == pytest.approx(gaussian_rdp_epsilon(sigma, 1, 1e-5))
-    assert meta.metrics["epsilon"] == pytest.approx(noisy[1]["epsilon"])
-    assert meta.metrics["delta"] == 1e-5
 
 
 def test_simulate_never_deletes_a_directory_it_did_not_create(tmp_path: Path) -> None:
