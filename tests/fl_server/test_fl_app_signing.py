@@ -168,6 +168,7 @@ def wait_for_line(log: Path, text: str, seconds: float = 120) -> None:
         time.sleep(0.3)
 
 
+@pytest.mark.slow(40)
 def test_a_stock_supernode_refuses_an_unsigned_and_a_tampered_app(
         tmp_path: Path, fleet: tuple[int, Path, Path], tiny_dir: Path) -> None:
     control, signatures, log = fleet
@@ -187,6 +188,7 @@ def test_a_stock_supernode_refuses_an_unsigned_and_a_tampered_app(
     assert not (tmp_path / "device" / "fl" / "global").exists()  # it never trained
 
 
+@pytest.mark.slow(60)
 def test_a_signed_app_runs_only_without_overrides_of_what_devices_read(
         tmp_path: Path, fleet: tuple[int, Path, Path], tiny_dir: Path) -> None:
     """Issue 38, finding 6: `--run-config` overrides travel beside the signed app. One of
