@@ -21,6 +21,8 @@ from meancache.shared.pml import (
 )
 from meancache.upstream.errors import PromptTooLongError, UpstreamError
 from meancache.upstream.model_loading import LoadedModel
+from meancache.upstream.precision import DEFAULT_KV_FORMAT
+from meancache.upstream.prompt_cache.kv_format import KVCache, KVFormat
 from meancache.upstream.prompt_cache.layout import LEADING, SCHEMA_TEXT, SchemaLayout, lay_out
 from meancache.upstream.prompt_cache.module_store import Key, ModuleStore
 from meancache.upstream.prompt_cache.prefixes import BLOCK_TOKENS, chain, root
@@ -32,10 +34,10 @@ from meancache.upstream.prompt_cache.states import (
     concatenate,
     encode_segment,
     sliding_window,
+    stored_slice,
 )
 from meancache.upstream.prompt_cache.user_text import UserText
 from meancache.upstream.sampling import History, SamplingParams, TextStream, next_token
-from transformers import DynamicCache
 
 Message = dict[str, str]
 
@@ -104,11 +106,15 @@ class PromptCacheEngine:
     schemas, and error messages list only its own names. The same holds for prefix reuse:
     a tenant reads back only the prefixes its own requests computed.
 
-    ``prefix_reuse`` False computes every prompt's new tokens afresh (for comparison)."""
+    ``prefix_reuse`` False computes every prompt's new tokens afresh (for comparison).
+    ``kv_format`` is how attention states are held, computed and stored alike
+    (prompt_cache.kv_format)."""
 
     def __init__(self, loaded: LoadedModel, module_budget_bytes: int = 2 << 30,
-                 prefix_reuse: bool = True, block_tokens: int = BLOCK_TOKENS) -> None:
+                 prefix_reuse: bool = True, block_tokens: int = BLOCK_TOKENS,
+                 kv_format: str = DEFAULT_KV_FORMAT) -> None:
         self.loaded = loaded
+        self.kv_format = KVFormat(kv_format)
         self.prefix_reuse = prefix_reuse
         self.block_tokens = block_tokens
         self.model = loaded.model
@@ -118,7 +124,7 @@ class PromptCacheEngine:
         self._registries: dict[str, SchemaRegistry] = {}
         self.layouts: dict[str, SchemaLayout] = {}  # by schema_key
         self.modules = ModuleStore(module_budget_bytes)
-        self.bytes_per_token = bytes_per_token(self.model)
+        self.bytes_per_token = bytes_per_token(self.model, self.kv_format)
         config = self.model.config
         if (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
                 and sliding_window(config) is None):  # Gemma 3's window is applied by the masks
@@ -197,7 +203,8 @@ class PromptCacheEngine:
             leading = None
             if key[1] != LEADING and len(layout.segments[LEADING]):
                 leading = self._states((key[0], LEADING), pinned | {key})
-            return encode_segment(self.model, segment.token_ids, segment.positions, leading)
+            return encode_segment(self.model, self.kv_format, segment.token_ids,
+                                  segment.positions, leading)
 
         return self.modules.get(key, encode, pinned)
 
@@ -280,7 +287,7 @@ class PromptCacheEngine:
 
     @torch.inference_mode()
     def _prefill(self, prepared: PreparedPrompt
-                 ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache, int]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, KVCache, int]:
         """As :meth:`prefill`, and how many new tokens were read back from prefix blocks.
 
         The new tokens are read in position order (a PML argument sits before the text
@@ -297,7 +304,7 @@ class PromptCacheEngine:
         blocks = self._blocks(prepared, new_ids, new_positions)
         found = self._found(blocks[: (len(new_ids) - 1) // self.block_tokens])
         reused = len(found) * self.block_tokens
-        cache, cached_positions = concatenate(states + found)
+        cache, cached_positions = concatenate(states + found, self.kv_format)
         device = self.loaded.device
         ids = torch.tensor([new_ids[reused:]], device=device)
         positions = torch.tensor(new_positions[reused:], device=device)
@@ -333,7 +340,7 @@ class PromptCacheEngine:
             found.append(states)
         return found
 
-    def _keep(self, cache: DynamicCache, blocks: list[Key], reused: int, positions: list[int],
+    def _keep(self, cache: KVCache, blocks: list[Key], reused: int, positions: list[int],
               pinned: frozenset[Key], modules: list[SegmentStates]) -> None:
         """Hold the blocks computed now, as many as fit in the budget beside the modules
         this prompt reads (a chain longer than that keeps its start), then count the
@@ -344,18 +351,18 @@ class PromptCacheEngine:
         kept = reused
         for index in range(reused, len(blocks)):
             first = index * size
-            block = SegmentStates(
-                tuple(layer.keys[:, :, base + first:base + first + size].clone()
-                      for layer in cache.layers),
-                tuple(layer.values[:, :, base + first:base + first + size].clone()
-                      for layer in cache.layers),
-                torch.tensor(positions[first:first + size]),
-            )
+            block = stored_slice(cache, self.kv_format, base + first, base + first + size,
+                                 torch.tensor(positions[first:first + size]))
             if (index + 1) * block.nbytes > room:
                 break
             self.modules.put(blocks[index], block, pinned | frozenset(blocks[:index]))
             kept = index + 1
         self.modules.touch(reversed(blocks[:kept]))
+
+    def new_cache(self) -> KVCache:
+        """An empty cache in the engine's KV format (what a reference forward pass over a
+        whole prompt needs to read the states a request reads)."""
+        return KVCache(self.kv_format)
 
     @torch.inference_mode()
     def decode_step(self, token: int, position: int, seen: torch.Tensor, cache: object
