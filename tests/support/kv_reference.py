@@ -12,7 +12,9 @@ against the logits with float32 states. For float32, D is 0 and the bound is unc
 """
 
 import torch
-from meancache.upstream.prompt_cache.engine import PromptCacheEngine
+from meancache.upstream.prompt_cache.engine import PreparedPrompt, PromptCacheEngine
+from meancache.upstream.prompt_cache.layout import LEADING
+from meancache.upstream.prompt_cache.states import additive_mask
 
 
 def rounded_reference(engine: PromptCacheEngine, tolerance: float, **forward: object
@@ -42,3 +44,50 @@ def error_bound(kv_format: str, x: torch.Tensor) -> torch.Tensor:
         return torch.maximum(x.abs() * 2.0**-8, torch.full_like(x, 2.0**-134))
     scale = x.abs().amax(dim=-1, keepdim=True) / 127
     return scale / 2 + x.abs() * 2 * torch.finfo(torch.float32).eps
+
+
+def reference_mask(model: torch.nn.Module, allowed: torch.Tensor, positions: torch.Tensor
+                   ) -> torch.Tensor | dict[str, torch.Tensor]:
+    """What each layer type may see: ``allowed``, and for sliding layers only keys less than
+    ``sliding_window`` positions behind the query (transformers' own window rule)."""
+    full = additive_mask(allowed, model.dtype)
+    if "sliding_attention" not in (getattr(model.config, "layer_types", None) or ()):
+        return full
+    near = positions[:, None] - positions[None, :] < model.config.sliding_window
+    return {"full_attention": full, "sliding_attention": additive_mask(allowed & near, model.dtype)}
+
+
+def reference_logits(engine: PromptCacheEngine, prepared: PreparedPrompt, tolerance: float,
+                     extra: list[int] = ()  # type: ignore[assignment]
+                     ) -> tuple[torch.Tensor, float]:
+    """One uncached forward pass with the equivalent block mask; logits of the new tokens
+    (and of ``extra`` tokens decoded after them), and the bound a cached path meets."""
+    layout = engine.layouts[prepared.cached[0][0]]  # a prompt reads one schema's segments
+    ids: list[int] = []
+    positions: list[int] = []
+    block: list[str] = []
+    for _, key in prepared.cached:
+        segment = layout.segments[key]
+        ids += segment.token_ids
+        positions += segment.positions
+        block += [key] * len(segment)
+    n_cached = len(ids)
+    ids += list(prepared.new_ids)
+    positions += list(prepared.new_positions)
+    last = max(prepared.new_positions)
+    for offset, token in enumerate(extra, 1):
+        ids.append(token)
+        positions.append(last + offset)
+    n = len(ids)
+    pos = torch.tensor(positions)
+    allowed = torch.zeros(n, n, dtype=torch.bool)
+    for q in range(n_cached):  # a segment sees the leading tokens and its own earlier ones
+        for k in range(n_cached):
+            same = block[k] == block[q] and k <= q
+            allowed[q, k] = same or (block[k] == LEADING and block[q] != LEADING)
+    allowed[n_cached:, :n_cached] = pos[:n_cached][None, :] < pos[n_cached:][:, None]
+    allowed[n_cached:, n_cached:] = pos[None, n_cached:] <= pos[n_cached:, None]
+    logits, bound = rounded_reference(engine, tolerance, input_ids=torch.tensor([ids]),
+                                      position_ids=pos[None],
+                                      attention_mask=reference_mask(engine.model, allowed, pos))
+    return logits[n_cached:], bound

@@ -18,7 +18,12 @@ from meancache.upstream.prompt_cache.layout import LEADING
 from meancache.upstream.prompt_cache.states import additive_mask, attention_mask, concatenate
 from meancache.upstream.sampling import SamplingParams, TextStream
 
-from tests.support.kv_reference import error_bound, rounded_reference
+from tests.support.kv_reference import (
+    error_bound,
+    reference_logits,
+    reference_mask,
+    rounded_reference,
+)
 
 # Compares the results of numeric kernels: CI runs these on AVX2 kernels too.
 pytestmark = pytest.mark.kernels
@@ -79,53 +84,6 @@ def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return engine
 
 
-def reference_mask(model: torch.nn.Module, allowed: torch.Tensor, positions: torch.Tensor
-                   ) -> torch.Tensor | dict[str, torch.Tensor]:
-    """What each layer type may see: ``allowed``, and for sliding layers only keys less than
-    ``sliding_window`` positions behind the query (transformers' own window rule)."""
-    full = additive_mask(allowed, model.dtype)
-    if "sliding_attention" not in (getattr(model.config, "layer_types", None) or ()):
-        return full
-    near = positions[:, None] - positions[None, :] < model.config.sliding_window
-    return {"full_attention": full, "sliding_attention": additive_mask(allowed & near, model.dtype)}
-
-
-def reference_logits(engine: PromptCacheEngine, prepared: PreparedPrompt,
-                     extra: list[int] = ()  # type: ignore[assignment]
-                     ) -> tuple[torch.Tensor, float]:
-    """One uncached forward pass with the equivalent block mask; logits of the new tokens
-    (and of ``extra`` tokens decoded after them), and the bound a cached path meets."""
-    layout = engine.layouts["travel"]
-    ids: list[int] = []
-    positions: list[int] = []
-    block: list[str] = []
-    for _, key in prepared.cached:
-        segment = layout.segments[key]
-        ids += segment.token_ids
-        positions += segment.positions
-        block += [key] * len(segment)
-    n_cached = len(ids)
-    ids += list(prepared.new_ids)
-    positions += list(prepared.new_positions)
-    last = max(prepared.new_positions)
-    for offset, token in enumerate(extra, 1):
-        ids.append(token)
-        positions.append(last + offset)
-    n = len(ids)
-    pos = torch.tensor(positions)
-    allowed = torch.zeros(n, n, dtype=torch.bool)
-    for q in range(n_cached):  # a segment sees the leading tokens and its own earlier ones
-        for k in range(n_cached):
-            same = block[k] == block[q] and k <= q
-            allowed[q, k] = same or (block[k] == LEADING and block[q] != LEADING)
-    allowed[n_cached:, :n_cached] = pos[:n_cached][None, :] < pos[n_cached:][:, None]
-    allowed[n_cached:, n_cached:] = pos[None, n_cached:] <= pos[n_cached:, None]
-    logits, bound = rounded_reference(engine, TOLERANCE, input_ids=torch.tensor([ids]),
-                                      position_ids=pos[None],
-                                      attention_mask=reference_mask(engine.model, allowed, pos))
-    return logits[n_cached:], bound
-
-
 def prefill_logits(engine: PromptCacheEngine, prepared: PreparedPrompt) -> torch.Tensor:
     """All new tokens' logits from the cached path (the engine keeps only the last)."""
     states = [engine._states(key) for key in prepared.cached]
@@ -179,7 +137,7 @@ def test_gaps_and_independent_modules_equal_the_block_masked_reference(
     assert keys == [LEADING, "", "city", "history", "long"]  # short and budget left out
     assert len(prepared.new_positions) > len("Lyon")
     cached = prefill_logits(engine, prepared)
-    reference, bound = reference_logits(engine, prepared)
+    reference, bound = reference_logits(engine, prepared, TOLERANCE)
     assert (cached - reference).abs().max().item() <= bound
     logits, _, _ = engine.prefill(prepared)
     assert (logits - reference[-1]).abs().max().item() <= bound
@@ -197,7 +155,7 @@ def decode_step(engine: PromptCacheEngine, prepared: PreparedPrompt
 def test_a_decode_step_after_a_gap_equals_its_reference(engine: PromptCacheEngine) -> None:
     prepared = engine.prepare_messages([{"role": "user", "content": PROMPT}])
     step, token = decode_step(engine, prepared)
-    reference, bound = reference_logits(engine, prepared, [token])
+    reference, bound = reference_logits(engine, prepared, TOLERANCE, [token])
     assert (step - reference[-1]).abs().max().item() <= bound
 
 

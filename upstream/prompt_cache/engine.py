@@ -3,17 +3,24 @@ the longest prefix of the new tokens that an earlier prompt of the same tenant c
 (automatic prefix reuse, see prompt_cache.prefixes); only the rest is computed, and
 decoding continues from the highest position + 1."""
 
+import dataclasses
+import hashlib
+import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 from meancache.shared.pml import (
     Import,
+    Module,
     Prompt,
+    PromptNode,
     Role,
+    Schema,
     SchemaRegistry,
     Text,
     parse_prompt,
@@ -45,6 +52,15 @@ log = logging.getLogger(__name__)
 
 #: The one tenant of a server without API keys (and of code that serves no network).
 LOCAL_TENANT = "local"
+#: Layouts of marked messages one tenant keeps (prepare_marked); their states share the
+#: module store's budget and LRU with everything else.
+MAX_MARKED_LAYOUTS = 64
+
+
+def marked_namespace(tenant: str) -> str:
+    """Where ``tenant``'s marked-message layouts are kept: '#' is in no schema name, so
+    they meet no schema's key, and no other tenant's."""
+    return f"#marked:{tenant}"
 
 
 def schema_key(tenant: str, name: str) -> str:
@@ -80,6 +96,7 @@ class PreparedPrompt:
     new_ids: tuple[int, ...]
     new_positions: tuple[int, ...]
     tenant: str = LOCAL_TENANT
+    marked_tokens: int = 0  # tokens of marked messages that are not held: computed first
 
 
 @dataclass(frozen=True)
@@ -122,7 +139,8 @@ class PromptCacheEngine:
         self.roles = role_template(self.tokenizer)
         self.user_text = UserText(self.tokenizer)
         self._registries: dict[str, SchemaRegistry] = {}
-        self.layouts: dict[str, SchemaLayout] = {}  # by schema_key
+        self.layouts: dict[str, SchemaLayout] = {}  # by schema_key, and marked layouts' keys
+        self._marked: dict[str, OrderedDict[str, None]] = {}  # a tenant's marked layouts, LRU
         self.modules = ModuleStore(module_budget_bytes)
         self.bytes_per_token = bytes_per_token(self.model, self.kv_format)
         config = self.model.config
@@ -232,10 +250,59 @@ class PromptCacheEngine:
     def prepare_pml(self, prompt: Prompt, history: list[Message] = (),  # type: ignore[assignment]
                     tenant: str = LOCAL_TENANT) -> PreparedPrompt:
         schema = self.registry(tenant).resolve(prompt, self.count_tokens)
-        key = schema_key(tenant, schema.name)
+        return self._prepare(schema_key(tenant, schema.name), prompt.imports(), history,
+                             prompt.children, tenant)
+
+    def prepare_marked(self, messages: list[Message], marked: tuple[int, ...],
+                       tenant: str = LOCAL_TENANT) -> PreparedPrompt:
+        """A chat request whose messages at ``marked`` (shared.pml.marks) are kept as
+        modules: an implicit schema of one module per marked message, in their order, with
+        the other messages as text after it. The same marked messages in a later request,
+        whatever history surrounds them, read their states back."""
+        if messages[-1].get("content", "").lstrip().startswith("<prompt"):
+            raise UpstreamError("a request that marks modules cannot end in a PML <prompt>; "
+                                "send one or the other")
+        picked = [messages[i] for i in marked]
+        digest = hashlib.sha256(json.dumps([[m["role"], m["content"]] for m in picked]
+                                           ).encode()).hexdigest()
+        key = f"{marked_namespace(tenant)}:{digest}"
+        if key not in self.layouts:
+            modules = tuple(Module(f"m{i}", (Role(m["role"], (Text(m["content"]),)),))  # type: ignore[arg-type]
+                            for i, m in enumerate(picked))
+            self._keep_marked(tenant, key, lay_out(Schema(key, modules), self.user_text,
+                                                   self.roles))
+        self._marked[tenant].move_to_end(key)
+        imports = [Import(f"m{i}", {}, ()) for i in range(len(picked))]
+        skip = set(marked)
+        history = [m for i, m in enumerate(messages) if i not in skip]
+        prepared = self._prepare(key, imports, history, (), tenant)
+        segments = self.layouts[key].segments
+        to_encode = sum(len(segments[part]) for part in segments
+                        if (key, part) not in self.modules)
+        return dataclasses.replace(prepared, marked_tokens=to_encode)
+
+    def _keep_marked(self, tenant: str, key: str, layout: SchemaLayout) -> None:
+        """Hold the layout of a tenant's marked messages; past :data:`MAX_MARKED_LAYOUTS`
+        the least recently used goes, with its states."""
+        if layout.end >= self.loaded.context_length:
+            raise PromptTooLongError(
+                f"the marked messages take {layout.end} positions; the model's context holds "
+                f"{self.loaded.context_length}: mark less")
+        held = self._marked.setdefault(tenant, OrderedDict())
+        held[key] = None
+        self.layouts[key] = layout
+        while len(held) > MAX_MARKED_LAYOUTS:
+            old, _ = held.popitem(last=False)
+            del self.layouts[old]
+            self.modules.drop_schema(old)
+
+    def _prepare(self, key: str, top: Iterable[Import], history: Iterable[Message],
+                 children: Iterable[PromptNode], tenant: str) -> PreparedPrompt:
+        """The prompt that imports ``top`` (and their imports) of the layout at ``key``,
+        with ``history`` and ``children`` as text after the schema."""
         layout = self.layouts[key]
         imports: list[Import] = []
-        pending = list(prompt.imports())
+        pending = list(top)
         while pending:
             item = pending.pop(0)
             imports.append(item)
@@ -256,7 +323,7 @@ class PromptCacheEngine:
             self.roles.prefix[m["role"]] + escape(m["content"]) + self.roles.suffix[m["role"]]
             for m in history
         )
-        for node in prompt.children:
+        for node in children:
             if isinstance(node, Text):
                 text += escape(node.text)
             elif isinstance(node, Role):
@@ -399,7 +466,8 @@ class PromptCacheEngine:
         if params.seed is not None:
             generator = torch.Generator(device=self.loaded.device).manual_seed(params.seed)
         logits, seen, cache, reused = self._prefill(prepared)
-        cached_tokens = seen.numel() - len(prepared.new_ids) + reused
+        # marked messages encoded by this very request were computed, not read back
+        cached_tokens = seen.numel() - len(prepared.new_ids) + reused - prepared.marked_tokens
         prompt_tokens = seen.numel()
         stream = TextStream(self.tokenizer, params.stop + self.loaded.stop)
         history = History(self.prompt_ids(prepared), params)

@@ -84,6 +84,36 @@ def _quantise(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x / scale).round().clamp(-127, 127).to(torch.int8), scale
 
 
+class GrowingLayer(DynamicLayer):
+    """A cache layer that writes new states into spare room at its end instead of
+    concatenating (DynamicLayer copies every state it holds at each update, which for a
+    4,096-token module costs more than the 16 tokens a question computes); the room
+    doubles when full. ``keys`` and ``values`` are views of the filled part."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, tokens: int) -> None:
+        super().__init__()
+        self.lazy_initialization(keys, values)
+        self._room = (keys, values)
+        self._tokens = tokens
+        self.keys, self.values = keys[:, :, :tokens], values[:, :, :tokens]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        end = self._tokens + key_states.shape[2]
+        keys, values = self._room
+        if end > keys.shape[2]:
+            grown = [torch.empty(*room.shape[:2], max(2 * room.shape[2], end), room.shape[3],
+                                 dtype=room.dtype, device=room.device) for room in self._room]
+            for old, new in zip(self._room, grown, strict=True):
+                new[:, :, :self._tokens] = old[:, :, :self._tokens]
+            keys, values = self._room = (grown[0], grown[1])
+        keys[:, :, self._tokens:end] = key_states
+        values[:, :, self._tokens:end] = value_states
+        self._tokens = end
+        self.keys, self.values = keys[:, :, :end], values[:, :, :end]
+        return self.keys, self.values
+
+
 class KVCache(DynamicCache):
     """A DynamicCache that rounds every key and value to ``kv_format`` as it arrives, so
     what attention reads is what the store can hold."""
@@ -91,16 +121,35 @@ class KVCache(DynamicCache):
     def __init__(self, kv_format: KVFormat) -> None:
         super().__init__()
         self.kv_format = kv_format
+        self.layer_class_to_replicate = _EmptyGrowingLayer
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         return super().update(self.kv_format.round(key_states),
                               self.kv_format.round(value_states), layer_idx, *args, **kwargs)
 
-    def fill(self, keys: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-        """Start the layers with these float32 tensors, taken as they are (no copy)."""
-        for key, value in zip(keys, values, strict=True):
-            layer = DynamicLayer()
-            layer.lazy_initialization(key, value)
-            layer.keys, layer.values = key, value
-            self.layers.append(layer)
+    def fill(self, keys: list[torch.Tensor], values: list[torch.Tensor], tokens: int) -> None:
+        """Start each layer on these float32 tensors, whose first ``tokens`` entries are
+        filled and the rest is room (taken as they are: no copy)."""
+        self.layers = [GrowingLayer(k, v, tokens) for k, v in zip(keys, values, strict=True)]
+
+
+class _EmptyGrowingLayer(GrowingLayer):
+    """A layer that starts empty: its first update sets its room."""
+
+    def __init__(self) -> None:
+        DynamicLayer.__init__(self)
+        self._room = ()
+        self._tokens = 0
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: object,
+               **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self._room:
+            self.lazy_initialization(key_states, value_states)
+            self._room = tuple(torch.empty(*s.shape[:2], s.shape[2] + ROOM, s.shape[3],
+                                           dtype=s.dtype, device=s.device)
+                               for s in (key_states, value_states))
+        return super().update(key_states, value_states, *args, **kwargs)
+
+
+ROOM = 64  # spare entries a cache starts with beyond what it holds: a question's tokens

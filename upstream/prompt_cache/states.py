@@ -16,7 +16,7 @@ transformers 5.x notes, each covered by a test:
 from dataclasses import dataclass
 
 import torch
-from meancache.upstream.prompt_cache.kv_format import KVCache, KVFormat
+from meancache.upstream.prompt_cache.kv_format import ROOM, KVCache, KVFormat
 from transformers import PreTrainedConfig, PreTrainedModel
 
 
@@ -109,7 +109,7 @@ def concatenate(states: list[SegmentStates], kv_format: KVFormat
     tokens = sum(s.tokens for s in states)
 
     def joined(parts: list[torch.Tensor]) -> torch.Tensor:
-        out = torch.empty(*parts[0].shape[:2], tokens, kv_format.head_dim(parts[0]),
+        out = torch.empty(*parts[0].shape[:2], tokens + ROOM, kv_format.head_dim(parts[0]),
                           device=parts[0].device)
         at = 0
         for part in parts:
@@ -119,7 +119,7 @@ def concatenate(states: list[SegmentStates], kv_format: KVFormat
 
     layers = range(len(states[0].keys))
     cache.fill([joined([s.keys[i] for s in states]) for i in layers],
-               [joined([s.values[i] for s in states]) for i in layers])
+               [joined([s.values[i] for s in states]) for i in layers], tokens)
     return cache, torch.cat([s.positions for s in states])
 
 
