@@ -20,6 +20,7 @@ from meancache.client.matching.origins import CacheOrigin, Matched, PackOrigin, 
 from meancache.client.matching.question import Query
 from meancache.client.pack import PackStore
 from meancache.client.upstream_client import Completed, Delta, UpstreamClient
+from meancache.shared.pml.marks import MAX_MARKS
 
 OnDelta = Callable[[str], Awaitable[None]]  # awaited per streamed piece of the answer
 
@@ -139,7 +140,7 @@ class UpstreamSource:
     """The upstream: always answers (or raises), streamed, and the complete answer stored
     in the cache (a cancelled or broken stream stores nothing). ``preamble``: the system
     messages every question is sent after (the proxy's; the chat sends none), the same for
-    every answer this cache stores."""
+    every answer this cache stores, and marked as modules for the upstream to keep."""
 
     def __init__(self, upstream: UpstreamClient, cache: SemanticCache, max_tokens: int,
                  temperature: float, preamble: Sequence[dict[str, str]] = ()) -> None:
@@ -158,7 +159,8 @@ class UpstreamSource:
         messages.append({"role": "user", "content": content})
         completed: Completed | None = None
         async for event in self.upstream.stream_chat(messages, self.max_tokens,
-                                                     self.temperature):
+                                                     self.temperature,
+                                                     range(min(len(self.preamble), MAX_MARKS))):
             if isinstance(event, Delta):
                 if asked.on_delta is not None:
                     await asked.on_delta(event.text)
