@@ -1,6 +1,7 @@
-"""Talking to the upstream: any OpenAI-compatible server, plus meancache's PML schemas and
-instruction packs. Every request the client side sends to the upstream goes through
-``UpstreamClient``: the chat and `meancache ask` (streamed answers, schemas), the start
+"""Talking to the upstream: any OpenAI-compatible server, plus meancache's module marks
+(shared.pml.marks: a header other servers ignore) and instruction packs. Every request the
+client side sends to the upstream goes through
+``UpstreamClient``: the chat and `meancache ask` (streamed answers), the start
 check, and the pack download (`meancache pack update` and the chat's pack action).
 
 A base URL is taken with or without its ``/v1`` (``http://host:8080`` and
@@ -18,7 +19,7 @@ body is read only up to MAX_ERROR_BYTES.
 
 httpx, not the openai SDK: against the tiny upstream the SDK's first token came no sooner
 (paired median ratio 0.90-0.94 in httpx's favour), a process that asks once ran 2.6x as
-long (its import: 0.68 s vs 0.26 s), and it neither posts PML nor resumes a download.
+long (its import: 0.68 s vs 0.26 s), and it does not resume a download.
 """
 
 import asyncio
@@ -38,7 +39,6 @@ from meancache.client.errors import (
     UpstreamUnavailableError,
 )
 from meancache.client.http_errors import describe, error_message
-from meancache.shared.pml import PML_MEDIA_TYPE
 from meancache.shared.pml.marks import MODULES_HEADER, write_marks
 
 # What an answer is asked with unless the settings say otherwise (client.config's defaults).
@@ -335,17 +335,6 @@ class UpstreamClient:
                                             "(meancache upstream serve --model ...)", 404)
             self.model = models[0]
         return self.model
-
-    async def add_schema(self, pml: str) -> dict[str, Any]:
-        """Register a PML schema (meancache upstreams only)."""
-        response = await self._send("POST", "/v1/schemas", content=pml.encode(),
-                                    headers={"Content-Type": PML_MEDIA_TYPE})
-        try:
-            return dict(response.json())
-        except (ValueError, TypeError, RecursionError):
-            raise UpstreamRejectedError(f"the upstream at {self.base_url} answered POST "
-                                        "/v1/schemas with something other than a JSON object",
-                                        response.status_code) from None
 
     async def stream_chat(self, messages: list[dict[str, str]],
                           max_tokens: int = DEFAULT_MAX_TOKENS,
