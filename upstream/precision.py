@@ -20,6 +20,12 @@ PRECISIONS = ("float32", "fp16-int8")
 # its 2.5 GB target (benchmarks/chat_memory.py).
 DEFAULT_PRECISION = "fp16-int8"
 
+# How attention (K/V) states are held, computed and cached (upstream.prompt_cache.kv_format,
+# which has each format's error bound). float16 halves the bytes of every cached token at
+# 2^-11 relative rounding, 8x finer than bfloat16's at the same size; int8 quarters them.
+KV_FORMATS = ("float32", "float16", "bfloat16", "int8")
+DEFAULT_KV_FORMAT = "float16"
+
 
 def check_precision(precision: str) -> str:
     if precision not in PRECISIONS:
