@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from meancache.client.matching import entry_threshold
+from meancache.client.matching.decision import LearnedDecision
 from meancache.client.matching.feedback import Feedback, Thresholds
 from meancache.client.matching.labels import DECLINED, PairStore
 from meancache.client.matching.question import (
@@ -84,6 +85,12 @@ def ambiguous(probabilities: np.ndarray, threshold: float) -> bool:
     the replay of QQP dev-a duplicates, hit precision 89.8% -> 95.1%; single pairs are
     unchanged; docs/verification.md)."""
     return int((np.asarray(probabilities) >= threshold).sum()) > 1
+
+
+@lru_cache(maxsize=1)
+def learned_decision() -> LearnedDecision:
+    """The shipped decision card, loaded (and checked) once."""
+    return LearnedDecision.load()
 
 
 @lru_cache(maxsize=1)
@@ -235,6 +242,9 @@ class Matcher:
         if self.learned is not None:
             self.learned.prior = verifier.threshold
             threshold = self.learned.threshold(counting[top].key)
+        decision = self._decision(verifier)
+        if decision is not None:
+            return self._decided(question, counting, probabilities, threshold, best, decision)
         if probability < threshold:
             log.info("verifier vetoed %d candidates for %r (best %r, p=%.3f)",
                      len(counting), question.text, counting[top].text, probability)
@@ -248,3 +258,39 @@ class Matcher:
             return NoMatch(f"{kind} (p={probability:.2f} and more; which one is meant is a "
                            "guess)", best, kind)
         return self._ruled(question, counting[top], best, WITH_LEARNED, probability)
+
+    def _decision(self, verifier: Verifier) -> LearnedDecision | None:
+        """The learned decision where the settings choose it and ``verifier`` is the one
+        its card was fitted on (its probabilities are what the coefficients weigh; with
+        another verifier the rules decide)."""
+        if self.settings.decision != "learned":
+            return None
+        decision = learned_decision()
+        card = getattr(verifier, "card", None)
+        if getattr(card, "sha256", None) == decision.verifier_sha256:
+            return decision
+        log.warning("the learned decision was fitted on another verifier: the rules decide")
+        return None
+
+    def _decided(self, question: Question, counting: list[Candidate],
+                 probabilities: np.ndarray, threshold: float, best: float | None,
+                 decision: LearnedDecision) -> Match | NoMatch:
+        """The verifier's pick, if the learned decision (``decision.py``) serves it with
+        the hand-made parts its card keeps, and the device's own bound (``threshold``,
+        where its labels raised it over the card's) does not refuse it."""
+        top = int(np.argmax(probabilities))
+        probability = float(probabilities[top])
+        card = self.verifier.threshold
+        served, score = decision.serves([c.similarity for c in counting], probabilities,
+                                        self.recall_tau, card)
+        refused = (threshold > card and probability < threshold) \
+            or ("floor" in decision.keeps and probability < card) \
+            or ("ambiguity rule" in decision.keeps and ambiguous(probabilities, card))
+        if not served or refused:
+            log.info("learned decision declined %r for %r (p=%.3f, score %.3f)",
+                     counting[top].text, question.text, probability, score)
+            kind = "the learned decision found no candidate clearly the same question"
+            return NoMatch(f"{kind} (p={probability:.2f}, score {score:.2f})", best, kind,
+                           (counting[top].key, probability))
+        checks = WITH_LEARNED if "kept rules" in decision.keeps else ()
+        return self._ruled(question, counting[top], best, checks, probability)
