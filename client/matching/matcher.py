@@ -21,11 +21,13 @@ source:
 - the verifier (``settings.verifier``), with ``settings.verify_hits`` on, decides; a veto is a
   miss, never a reason to serve a lower candidate:
   - "learned" (the default; ``shared.verifier``) scores up to ``VERIFIED_AT_MOST``
-    counting candidates, each pair alone; the most probable is served if its
-    probability reaches the verifier's threshold, no other candidate's does too
-    (``ambiguous``), and the rule checks kept beside it (``rules.WITH_LEARNED``: a
-    swapped direction, an opposite word) do not veto it (the very same question passes by
-    identity). It is loaded only when this is chosen;
+    counting candidates, each pair alone, and the most probable (the pick) is served
+    (the very same question passes by identity) as ``settings.decision`` says:
+    "rules": if its probability reaches the verifier's threshold, no other candidate's
+    does too (``ambiguous``), and the rule checks kept beside it (``rules.WITH_LEARNED``:
+    a swapped direction, an opposite word) do not veto it; "learned": if the fitted
+    decision (``decision.py``) serves it, with the hand-made parts its card keeps. It is
+    loaded only when this is chosen;
   - "rules" (``rules.verify``, every check) looks at the best counting candidate
     only and vetoes it when the two differ in a negation, number, name, ...
 
@@ -116,6 +118,7 @@ class Matcher:
         # The error bound learned from this device's traffic (client/learning/state.py):
         # where set, its threshold on the verifier's probability replaces the card's.
         self.learned: Learned | None = None
+        self._warned = False  # the learned decision's card does not fit the verifier
 
     # the question -------------------------------------------------------------------
     @property
@@ -269,7 +272,10 @@ class Matcher:
         card = getattr(verifier, "card", None)
         if getattr(card, "sha256", None) == decision.verifier_sha256:
             return decision
-        log.warning("the learned decision was fitted on another verifier: the rules decide")
+        if not self._warned:
+            self._warned = True
+            log.warning("the learned decision was fitted on another verifier than this "
+                        "one: the rules decide")
         return None
 
     def _decided(self, question: Question, counting: list[Candidate],
