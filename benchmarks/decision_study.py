@@ -311,6 +311,19 @@ class Study:
         return served, served & self.pick_right, served & self.pick_own
 
 
+def narrowed(records: list[dict], recall_tau: float) -> list[dict]:
+    """The records as a smaller recall margin would have made them: only the candidates
+    at or over ``recall_tau`` count (a prefix: they come most similar first)."""
+    out = []
+    for r in records:
+        n = sum(c >= recall_tau for c in r["cosines"][:r["counting"]])
+        same = r["same"] if r["same"] is not None and r["same"] < n else None
+        out.append({**r, "counting": n, "same": same,
+                    "probabilities": r["probabilities"][:n] if same is None else [],
+                    "vetoed": r["vetoed"][:n]})
+    return out
+
+
 def quality(study: Study, mask: np.ndarray, served: np.ndarray, right: np.ndarray
             ) -> dict[str, float]:
     s, r, a = served[mask], right[mask], study.answerable[mask]
@@ -417,6 +430,59 @@ def card(w: np.ndarray, b: float, t: float, system: str, verifier: LearnedVerifi
     return {**body, "sha256": card_digest(body)}
 
 
+def fitted(study: Study, system: str, args: argparse.Namespace
+           ) -> tuple[np.ndarray, float | None]:
+    """The decision fitted on ``study``'s choose splits: its scores and the threshold
+    chosen there for ``system``."""
+    w, b = fit(study, np.isin(study.domain, DOMAINS) & (study.split == "choose"))
+    scores = scores_of(study, w, b)
+    return scores, choose_threshold(study, system, scores, args.precision, args.near_misses)
+
+
+def margin_ablation(records: list[dict], tau: float, threshold: float,
+                    args: argparse.Namespace, system: str) -> None:
+    """The shipped variant refitted with smaller recall margins: whether candidates
+    between tau - 0.1 and tau help it (the test splits)."""
+    table = make_table(["recall margin", "threshold", *(f"{d} test: precision @ hit rate"
+                                                        for d in DOMAINS)], right_from=1)
+    for margin in (RECALL_MARGIN, 0.05, 0.0):
+        study = Study(narrowed(records, tau - margin), tau, tau - margin, threshold)
+        scores, t = fitted(study, system, args)
+        if t is None:
+            table.add_row(f"{margin:.2f}", "none", *("-" for _ in DOMAINS))
+            continue
+        served, right, _ = study.served(system, scores, t)
+        cells = []
+        for d in DOMAINS:
+            q = quality(study, study.where(d, "test"), served, right)
+            cells.append(f"{pct(q['precision'])} @ {pct(q['hit rate'])}")
+        table.add_row(f"{margin:.2f}", f"{t:.3f}", *cells)
+    print_table(table)
+
+
+def trees_ablation(study: Study, system: str, args: argparse.Namespace) -> None:
+    """A tiny gradient-boosted tree ensemble on the same rows beside the logistic model:
+    whether a non-linear decision would serve more (not shipped either way)."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    rows = np.isin(study.domain, DOMAINS) & (study.split == "choose") & study.scored \
+        & ~study.same
+    model = HistGradientBoostingClassifier(max_depth=3, max_iter=100, random_state=args.seed)
+    model.fit(study.x[rows], study.pick_right[rows])
+    scores = model.predict_proba(study.x)[:, 1]
+    t = choose_threshold(study, system, scores, args.precision, args.near_misses)
+    if t is None:
+        note("trees: no threshold meets the choose constraints")
+        return
+    served, right, _ = study.served(system, scores, t)
+    table = make_table(["model", "threshold", *(f"{d} test: precision @ hit rate"
+                                                for d in DOMAINS)], right_from=1)
+    table.add_row(f"trees ({system})", f"{t:.3f}", *(
+        "{} @ {}".format(pct(q["precision"]), pct(q["hit rate"])) for q in
+        (quality(study, study.where(d, "test"), served, right) for d in DOMAINS)))
+    print_table(table)
+
+
 def main() -> None:
     args = parse_args()
     print_command()
@@ -449,6 +515,8 @@ def main() -> None:
                                                study.threshold), scored, scored[:50])
     note(f"the learned decision's cost per lookup: p50 {cost.p50 * 1000:.1f} us, "
          f"p99 {cost.p99 * 1000:.1f} us ({cost.n} lookups)")
+    margin_ablation(records, tau, verifier.threshold, args, shipped)
+    trees_ablation(study, shipped, args)
     if args.write_card:
         args.write_card.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
         note(f"wrote {args.write_card}")
