@@ -393,7 +393,7 @@ def parse_args() -> argparse.Namespace:
 # The learned decision alone and with each hand-made part kept beside it: the verifier's
 # threshold as a floor on the pick's probability, the ambiguity rule, the kept rules.
 LEARNED = ("learned", "learned + floor", "learned + ambiguity rule", "learned + kept rules",
-           "learned + floor + kept rules")
+           "learned + floor + kept rules", "learned + ambiguity rule + kept rules")
 SYSTEMS = ("embedding only", "verifier alone", "default (rules)", *LEARNED)
 
 
