@@ -28,6 +28,8 @@ from meancache.client.matching.matcher import ambiguous, learned_decision, shipp
 from meancache.shared.errors import VerifierError
 from pydantic import ValidationError
 
+from tests.support.fuzz import fuzzed
+
 CacheFactory = Callable[..., SemanticCache]
 ASKED = "How do I reverse a list in Python?"
 RIGHT = "How can I reverse a list in Python?"
@@ -114,6 +116,7 @@ def test_the_shipped_card_loads_and_names_its_data() -> None:
     assert set(LearnedDecision.load().keeps) <= set(KEEPS)
 
 
+@fuzzed(max_examples=40)
 @given(field=st.sampled_from(["coefficients", "intercept", "threshold", "keeps",
                               "verifier_sha256", "features"]),
        data=st.data())
