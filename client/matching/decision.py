@@ -8,7 +8,9 @@ time, while the verifier's pick is often right there. A logistic model over the
 candidates' cosines, their probabilities, the gap between the first two and the pick's
 rank serves where the pick clearly dominates and declines where it does not
 (benchmarks/decision_study.py fits it on the choose splits of three domains and reports
-the test splits; docs/verification.md).
+the test splits; docs/verification.md). Fitted on the default encoder's (MPNet) cosines
+and the shipped verifier's probabilities: with another verifier the matcher leaves the
+decision to the rules.
 
 Its card (``decision.json``) is package data: the features in order, their coefficients,
 the intercept, the score from which a pick is served, the verifier it was fitted on and

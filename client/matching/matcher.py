@@ -295,8 +295,9 @@ class Matcher:
         if not served or refused:
             log.info("learned decision declined %r for %r (p=%.3f, score %.3f)",
                      counting[top].text, question.text, probability, score)
-            kind = "the learned decision found no candidate clearly the same question"
-            return NoMatch(f"{kind} (p={probability:.2f}, score {score:.2f})", best, kind,
-                           (counting[top].key, probability))
+            kind = "the verifier judged it a different question" if probability < card \
+                else "the learned decision found it no clear match"
+            return NoMatch(f"{kind} (p={probability:.2f}, decision score {score:.2f})", best,
+                           kind, (counting[top].key, probability))
         checks = WITH_LEARNED if "kept rules" in decision.keeps else ()
         return self._ruled(question, counting[top], best, checks, probability)

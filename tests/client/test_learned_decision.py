@@ -72,7 +72,7 @@ def test_a_dominant_pick_is_served_where_the_ambiguity_rule_declines(
 def test_a_low_probability_pick_is_declined(make_cache: CacheFactory) -> None:
     # a near-miss alone, close by cosine, that the verifier finds a different question
     hit = cache_with(make_cache, "learned", Fixed({CLOSE: 0.15})).lookup(ASKED)
-    assert isinstance(hit, Miss) and "learned decision" in hit.reason
+    assert isinstance(hit, Miss) and "decision score" in hit.reason
 
 
 def test_two_equal_picks_are_declined(make_cache: CacheFactory) -> None:
