@@ -76,8 +76,8 @@ def add_commands(commands: Any) -> None:
                        "best words are scored exactly (about 1.6x float32's decode speed "
                        "on a CPU, same next tokens; see benchmarks/generation_speed.py), "
                        "int4: prompts as fp16-int8, decode steps on 4-bit weights through "
-                       "ONNX Runtime (Gemma 3 only; faster, next tokens float32's in about "
-                       "88%% of steps; a minute or two more to load), or float32 as loaded "
+                       "ONNX Runtime (Gemma 3 only; faster, next tokens float32's in "
+                       "82-88%% of steps; about a minute more to load), or float32 as loaded "
                        "(default: %(default)s)")
     serve.add_argument("--allow-host", action="append", metavar="NAME", type=host_argument,
                        help="also answer requests whose Host header names NAME (repeat for "
