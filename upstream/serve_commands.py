@@ -79,8 +79,11 @@ def add_commands(commands: Any) -> None:
     serve.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
                        help="fp16-int8: float16 layers and an int8 output layer whose "
                        "best words are scored exactly (about 1.6x float32's decode speed "
-                       "on a CPU, same next tokens; see benchmarks/generation_speed.py), or "
-                       "float32 as loaded (default: %(default)s)")
+                       "on a CPU, same next tokens; see benchmarks/generation_speed.py), "
+                       "int4: prompts as fp16-int8, decode steps on 4-bit weights through "
+                       "ONNX Runtime (Gemma 3 only; faster, next tokens float32's in "
+                       "82-88%% of steps; about a minute more to load), or float32 as loaded "
+                       "(default: %(default)s)")
     serve.add_argument("--kv-format", choices=KV_FORMATS, default=DEFAULT_KV_FORMAT,
                        help="how attention states are computed and cached: float16 and "
                        "bfloat16 halve float32's bytes per cached token (each value within "

@@ -436,6 +436,8 @@ class PromptCacheEngine:
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits after ``token`` read at ``position`` (it sees every position in ``seen``
         and itself), and ``seen`` with that position added."""
+        if self.loaded.decoder is not None:
+            return self.loaded.decoder.step(token, position, seen, cache)
         device = self.loaded.device
         at = torch.tensor([position], device=device)
         seen = torch.cat([seen, at])
