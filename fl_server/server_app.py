@@ -1,4 +1,5 @@
-"""The Flower ServerApp: FedAvg of the encoder's weights and of the thresholds, a
+"""The Flower ServerApp: FedAvg of the encoder's and the learned verifier's weights (one
+record, the verifier's under ``verifier.``: shared.fl.weights) and of the thresholds, a
 versioned checkpoint after every round. Its settings: fl_server.run_config.ServerConfig.
 """
 
@@ -17,9 +18,15 @@ from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import load_sentence_transformer, locate_model, profile_threshold
 from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
-from meancache.shared.fl.weights import federated_names, federated_state
+from meancache.shared.fl.weights import (
+    federated_names,
+    federated_state,
+    verifier_names,
+    with_verifier,
+)
 from meancache.shared.pairs import read_pairs
 from meancache.shared.query import embedding_text
+from meancache.shared.verifier.federated import base_sha, base_verifier
 from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
@@ -48,6 +55,13 @@ def run_rounds(grid: Grid, config: ServerConfig) -> None:
     names = federated_names(model, config.model.top_layers)
     initial = federated_state(model, names)
     threshold = profile_threshold(config.model.encoder_model)
+    verifier_base = ""
+    if config.model.verifier_layers > 0:
+        verifier = base_verifier(config.model.verifier_dir)
+        verifier_base = base_sha(config.model.verifier_dir)
+        initial = with_verifier(initial, federated_state(
+            verifier, verifier_names(verifier, config.model.verifier_layers)))  # type: ignore[arg-type]
+        names = list(initial)
     offset = 0
     latest = latest_checkpoint(config.checkpoint_dir)
     if latest is not None:
@@ -55,7 +69,8 @@ def run_rounds(grid: Grid, config: ServerConfig) -> None:
         # Round numbers only grow, even from a fresh model: a device refuses a round
         # below one it has (shared.fl.freshness).
         offset = meta.round
-        if meta.base_model == base and set(state) == set(names):
+        if (meta.base_model, meta.verifier_base) == (base, verifier_base) and set(
+                state) == set(names):
             initial, threshold = state, meta.threshold
             log.info("continuing from the global model of round %d", meta.round)
     dp = config.dp_noise_multiplier > 0
@@ -83,7 +98,7 @@ def run_rounds(grid: Grid, config: ServerConfig) -> None:
                                   config.dp_clipping_norm, config.dp_delta)
         privacy = runner.ledger.spent
     recorder = RoundRecorder(strategy, config.checkpoint_dir, base, config.model.top_layers,
-                             offset, held_out, privacy)
+                             offset, held_out, privacy, verifier_base)
     runner.start(
         grid=grid,
         initial_arrays=ArrayRecord(initial),

@@ -41,11 +41,14 @@ class DeviceState:
         return model_fingerprint(model_dir, self.settings.encoder_dir / "fingerprints.json")
 
     def keep_global(self, state: "dict[str, torch.Tensor]", threshold: float, round_number: int,
-                    encoder_model: str | None, top_layers: int) -> None:
+                    encoder_model: str | None, top_layers: int, verifier_base: str = ""
+                    ) -> None:
         """Store a global model and threshold received from the server; the cache switches
-        to it (and re-embeds) the next time it opens."""
+        to it (and re-embeds) the next time it opens. ``verifier_base``: the sha256 of the
+        int8 verifier its ``verifier.`` tensors were trained from ("": none)."""
         save_checkpoint(self.settings.global_model_dir, round_number, state, threshold,
-                        self.base_version(encoder_model), top_layers)
+                        self.base_version(encoder_model), top_layers,
+                        verifier_base=verifier_base)
         prune_rounds(self.settings.global_model_dir, KEEP_ROUNDS)
         self.set_global_threshold(threshold)
         log.info("kept global model of round %d (threshold %.4f)", round_number, threshold)

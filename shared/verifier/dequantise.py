@@ -127,12 +127,15 @@ def _head_size(model: object, values: dict[str, np.ndarray]) -> int:
     as, (batch, length, -1, head size), before it is split into heads."""
     consumers = _consumers(model)
     producers = {out: n for n in model.graph.node for out in n.output}  # type: ignore[attr-defined]
-    add = next(n for n in model.graph.node  # type: ignore[attr-defined]
-               if n.op_type == "Add" and "backbone.encoder.layer.0.attention.self.query.bias"
-               in n.input)
-    reshape = next(n for n in consumers[add.output[0]] if n.op_type == "Reshape")  # type: ignore[attr-defined]
-    concat = producers[reshape.input[1]]  # type: ignore[attr-defined]
-    size = values[concat.input[-1]]
+    try:
+        add = next(n for n in model.graph.node  # type: ignore[attr-defined]
+                   if n.op_type == "Add"
+                   and "backbone.encoder.layer.0.attention.self.query.bias" in n.input)
+        reshape = next(n for n in consumers[add.output[0]] if n.op_type == "Reshape")  # type: ignore[attr-defined]
+        size = values[producers[reshape.input[1]].input[-1]]  # type: ignore[attr-defined]
+    except (StopIteration, KeyError, IndexError):
+        raise VerifierError("the verifier's int8 file does not say how wide its attention "
+                            "heads are: not the network meancache exports") from None
     return int(np.asarray(size).ravel()[0])
 
 
