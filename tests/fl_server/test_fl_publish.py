@@ -29,7 +29,7 @@ def test_a_simulated_global_model_is_published_and_a_new_user_installs_it(
     assert main(["--data-dir", str(server), "--encoder", str(tiny), "fl", "simulate",
                  "--clients", "2", "--per-round", "2", "--rounds", "1",
                  "--pairs-per-client", "30", "--held-out", "0", "--top-layers", "1",
-                 "--publish"]) == 0
+                 "--verifier-layers", "0", "--publish"]) == 0
     server_dir = server / "fl-server" / "checkpoints"
     simulated = read_meta(latest_checkpoint(server / "fl-simulation"))  # type: ignore[arg-type]
     published = read_meta(latest_checkpoint(server_dir))  # type: ignore[arg-type]

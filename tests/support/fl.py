@@ -62,11 +62,12 @@ FEEDBACK = [
      for i in range(12)]
 
 
-def device_context(data_dir: Path, tiny_dir: Path) -> Context:
+def device_context(data_dir: Path, tiny_dir: Path,
+                   verifier: dict[str, int | str] | None = None) -> Context:
     """A SuperNode's context: the app's run config (with a run's overrides) and the
-    user's data dir."""
+    user's data dir; ``verifier``: its run-config keys (by default not federated)."""
     run_config = {**default_run_config(), "encoder-model": str(tiny_dir), "top-layers": 1,
-                  "min-pairs": 10}
+                  "min-pairs": 10, **(verifier or {"verifier-top-layers": 0})}
     return Context(run_id=1, node_id=7, node_config={"data-dir": str(data_dir)},
                    state=RecordDict(), run_config=run_config)
 
