@@ -14,6 +14,7 @@ from flwr.serverapp import Grid, ServerApp
 from meancache.fl_server.privacy import SampledClientsDP
 from meancache.fl_server.rounds import HeldOut, RoundRecorder
 from meancache.fl_server.run_config import ServerConfig
+from meancache.fl_server.secure_rounds import run_secure_rounds
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import load_sentence_transformer, locate_model, profile_threshold
 from meancache.shared.encoder.fingerprint import model_fingerprint
@@ -45,10 +46,10 @@ def _held_out(model: SentenceTransformer, path: Path, limit: int, seed: int) -> 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    run_rounds(grid, ServerConfig.from_run_config(context.run_config))
+    run_rounds(grid, ServerConfig.from_run_config(context.run_config), context)
 
 
-def run_rounds(grid: Grid, config: ServerConfig) -> None:
+def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
     model_dir = locate_model(config.model.encoder_model, config.models_dir)
     model = load_sentence_transformer(model_dir)
     base = model_fingerprint(model_dir)
@@ -91,6 +92,16 @@ def run_rounds(grid: Grid, config: ServerConfig) -> None:
     if config.held_out_path is not None and config.held_out_pairs > 0:
         held_out = _held_out(model, config.held_out_path, config.held_out_pairs,
                              config.model.seed)
+    if config.secure_aggregation:
+        run_secure_rounds(
+            grid, context, list(initial), ArrayRecord(initial), threshold, limits,
+            config.threshold_rule, config.num_server_rounds, config.round_timeout,
+            {"fraction_fit": config.fraction_train, "min_fit_clients": config.min_train_nodes,
+             "min_available_clients": config.min_available_nodes},
+            lambda secure: RoundRecorder(secure, config.checkpoint_dir, base,  # type: ignore[arg-type]
+                                         config.model.top_layers, offset, held_out, None,
+                                         verifier_base))
+        return
     runner: ThresholdFedAvg | SampledClientsDP = strategy
     privacy = None
     if dp:

@@ -21,6 +21,7 @@ from meancache.client.config import load_settings
 from meancache.client.fl.data import partition, split
 from meancache.client.fl.device import DeviceState
 from meancache.client.fl.run_config import ClientConfig
+from meancache.client.fl.secure import RECORDS, is_secure, secure_mod
 from meancache.client.fl.train import pair_similarities, train_locally
 from meancache.client.verifier import export_global_verifier
 from meancache.shared.encoder import load_sentence_transformer, locate_model
@@ -28,6 +29,7 @@ from meancache.shared.fl.checkpoint import latest_checkpoint
 from meancache.shared.fl.compression import encode_update
 from meancache.shared.fl.evidence import KEYS as EVIDENCE_KEYS
 from meancache.shared.fl.evidence import Evidence
+from meancache.shared.fl.secure import SECURE
 from meancache.shared.fl.weights import (
     check_finite,
     federated_names,
@@ -97,14 +99,20 @@ def _reply(msg: Message, arrays: ArrayRecord, metrics: dict[str, float | list[in
 
 
 def wire_audit_mod(msg: Message, context: Context, call_next: Any) -> Message:
-    """Refuse to send anything but weights and the allowed metrics (no text, no config)."""
+    """Refuse to send anything but weights and the allowed metrics (no text, no config;
+    in a SecAgg+ round, also the protocol's own record and the FitRes's status and
+    metrics, client.fl.secure)."""
     reply = call_next(msg, context)
     if reply.has_error():
         return reply
     content = reply.content
-    extra = set(content.config_records) or {
-        key for record in content.metric_records.values() for key in record
-        if key not in ALLOWED_METRICS}
+    secure = is_secure(content)
+    records = [*content.metric_records.values(),
+               *(content.config_records[n] for n in ("fitres.metrics",)
+                 if secure and n in content.config_records)]
+    extra = (set(content.config_records) - (RECORDS if secure else set())) or {
+        key for record in records for key in record
+        if key not in ALLOWED_METRICS | ({"num_examples"} if secure else set())}
     if extra:
         log.error("refused to send %s to the server", sorted(extra))
         raise PermissionError(f"reply holds fields that may not leave the device: {extra}")
@@ -121,10 +129,11 @@ def clip_when_asked_mod(msg: Message, context: Context, call_next: Any) -> Messa
 
 def compress_update_mod(msg: Message, context: Context, call_next: Any) -> Message:
     """Send the update quantised (run config update-bits; shared.fl.compression) instead
-    of the float32 weights: outside the clipping mod, so what is quantised is clipped."""
+    of the float32 weights: outside the clipping mod, so what is quantised is clipped.
+    Not in a SecAgg+ round, which masks full weights."""
     reply = call_next(msg, context)
     bits = ClientConfig.from_run_config(context.run_config).update_bits
-    if bits == 0 or reply.has_error():
+    if bits == 0 or reply.has_error() or SECURE in msg.content["config"]:
         return reply
     sent = {name: array.numpy() for name, array in msg.content["arrays"].items()}
     trained = {name: array.numpy() for name, array in reply.content["arrays"].items()}
@@ -230,7 +239,7 @@ def evaluate_reply(msg: Message, got: Received) -> Message:
 app = ClientApp(mods=[wire_audit_mod])
 
 
-@app.train(mods=[compress_update_mod, clip_when_asked_mod])
+@app.train(mods=[secure_mod, compress_update_mod, clip_when_asked_mod])
 def train(msg: Message, context: Context) -> Message:
     # A round starts from the global model after the previous round.
     got = receive(msg, ClientConfig.from_run_config(context.run_config),
