@@ -35,6 +35,9 @@ def add_commands(fl: Any) -> None:
     simulate.add_argument("--verifier-layers", type=int, default=app["verifier-top-layers"],
                           help="train and send the learned verifier's top N layers and its "
                           "head beside the encoder (0: the verifier is not federated)")
+    simulate.add_argument("--secure-aggregation", action="store_true",
+                          help="SecAgg+: the server learns only the sum of the devices' "
+                          "weights (no central DP, no median)")
     simulate.add_argument("--update-bits", type=int, choices=(0, 8, 4),
                           default=app["update-bits"], help="devices send their update "
                           "quantised to 8 or 4 bits (0: float32 weights)")
@@ -235,6 +238,7 @@ def run_simulate(args: argparse.Namespace, settings: FlServerSettings) -> int:
             "pairs-per-client": args.pairs_per_client, "top-layers": args.top_layers,
             "update-bits": args.update_bits, "epochs": args.epochs,
             "verifier-top-layers": args.verifier_layers,
+            "secure-aggregation": int(args.secure_aggregation),
             "learning-rate": args.learning_rate,
             "encoder-model": settings.encoder_model or "",
             "held-out-pairs": args.held_out, "seed": args.seed,

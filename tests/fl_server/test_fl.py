@@ -336,15 +336,15 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path,
     assert seen == [0, 1, 2]  # progress came round by round
     assert (tmp_path / "flwr-home" / "apps").is_dir()  # Flower's home is ours
     assert all(r["clients"] == 2 and r["bytes_per_client"] > 0 for r in rows[1:])
-    # each device sent its 8-bit update (the default), within the bound of the layers' size
+    # each device sent its 4-bit update (the default), within the bound of the layers' size
     model = SentenceTransformer(str(tiny_dir), device="cpu")
     verifier = float_verifier(tiny_verifier)
     initial = with_verifier(federated_state(model, federated_names(model, 1)),
                             federated_state(verifier, verifier_names(verifier, 1)))  # type: ignore[arg-type]
     trained = {name: value.numel() for name, value in initial.items()}
     judged = {name: n for name, n in trained.items() if name.startswith(VERIFIER)}
-    assert all(r["bytes_per_client"] <= wire_bound(trained, 8) for r in rows[1:])
-    assert all(0 < r["verifier_bytes_per_client"] <= wire_bound(judged, 8) for r in rows[1:])
+    assert all(r["bytes_per_client"] <= wire_bound(trained, 4) for r in rows[1:])
+    assert all(0 < r["verifier_bytes_per_client"] <= wire_bound(judged, 4) for r in rows[1:])
     assert rows[1]["evidence_pairs"] > 0  # devices' similarity evidence came back
     assert all({"f05", "f1", "precision", "recall"} <= set(r) for r in rows)
     latest = latest_checkpoint(tmp_path / "ckpt")
