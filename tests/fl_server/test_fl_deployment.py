@@ -25,6 +25,9 @@ from tests.support.servers import wait_for_port
 from tests.support.tiny_encoder import make_tiny_encoder
 
 SCRIPT = REPO / "deploy" / "make-certificates.sh"
+# What devices run with, signed into the app (the verifier's federation is covered by
+# test_fl_verifier.py and the simulation; a round of it here costs minutes).
+DEVICE_SETTINGS = "top-layers=1 min-pairs=10 verifier-top-layers=0"
 
 
 class Processes:
@@ -70,7 +73,7 @@ def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
     # The operator signs the app once, with the settings devices run with; the devices
     # run only apps signed with that key.
     assert processes.start(server, "fl", "sign-app", "--run-config",
-                           "top-layers=1 min-pairs=10").wait(timeout=120) == 0
+                           DEVICE_SETTINGS).wait(timeout=120) == 0
     app_key = str(server / "fl-operator" / "app-signing-key.pub")
     processes.start(server, "fl", "server", "--port", str(link),
                     "--model-port", str(model_port), "--control-port", str(control))
@@ -83,7 +86,7 @@ def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
                                "--port", str(free_port()), "--app-key", app_key)
     run = processes.start(server, "fl", "run", "--superlink", f"127.0.0.1:{control}",
                           "--rounds", "1", "--run-config",
-                          "top-layers=1 min-pairs=10 min-available-nodes=2 min-train-nodes=1 "
+                          f"{DEVICE_SETTINGS} min-available-nodes=2 min-train-nodes=1 "
                           "fraction-evaluate=0.0 round-timeout=300.0")
     deadline = time.monotonic() + 180
     while latest_checkpoint(bob / "fl" / "global") is None:  # Bob received the model...
@@ -113,6 +116,36 @@ def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
                              encoder_model=str(processes.encoder), encoder_backend="torch")
     base = Encoder.load(processes.encoder, backend="torch")
     assert load_device_encoder(settings).version != base.version
+
+
+def test_secure_aggregation_runs_on_real_supernodes(tmp_path: Path,
+                                                   processes: Processes) -> None:
+    """A SecAgg+ round through the real commands: the server checkpoints and signs the
+    sum of the two SuperNodes' masked weights."""
+    server, alice, bob = tmp_path / "server", tmp_path / "alice", tmp_path / "bob"
+    device_with_feedback(alice, FEEDBACK)
+    device_with_feedback(bob, FEEDBACK[::-1])
+    link, control = free_port(), free_port()
+    assert processes.start(server, "fl", "sign-app", "--run-config",
+                           DEVICE_SETTINGS).wait(timeout=120) == 0
+    app_key = str(server / "fl-operator" / "app-signing-key.pub")
+    processes.start(server, "fl", "server", "--port", str(link),
+                    "--model-port", str(free_port()), "--control-port", str(control))
+    wait_for_port(control)
+    wait_for_port(link)
+    for device in (alice, bob):
+        processes.start(device, "fl", "join", "--superlink", f"127.0.0.1:{link}",
+                        "--port", str(free_port()), "--app-key", app_key)
+    run = processes.start(server, "fl", "run", "--superlink", f"127.0.0.1:{control}",
+                          "--rounds", "1", "--run-config",
+                          f"{DEVICE_SETTINGS} min-available-nodes=2 min-train-nodes=2 "
+                          "fraction-evaluate=0.0 round-timeout=300.0 secure-aggregation=1")
+    assert run.wait(timeout=400) == 0, (tmp_path / "server-run.log").read_text()
+    latest = latest_checkpoint(server / "fl-server" / "checkpoints")
+    assert latest is not None and latest.name == "round-0001"
+    meta = read_meta(latest)
+    assert meta.signature and meta.metrics["clients"] == 2
+    assert "rejected" not in meta.metrics  # nothing was screened: the updates were hidden
 
 
 def test_supernodes_connect_over_tls_with_the_certificate_script(
