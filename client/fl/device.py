@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings, load_settings
-from meancache.client.device_caches import device_cache_dirs, device_pairs
+from meancache.client.device_caches import device_alias_pairs, device_cache_dirs, device_pairs
 from meancache.shared.encoder import locate_model
 from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.fl.checkpoint import prune_rounds, save_checkpoint
@@ -63,3 +63,10 @@ class DeviceState:
         """The labelled pairs of every cache on the device, for training and threshold
         evidence; they leave the device only as weight updates and evidence counts."""
         return device_pairs(directory for _, directory in device_cache_dirs(self.settings))
+
+    def alias_pairs(self) -> list[Pair]:
+        """The aliases every cache on the device learned, as positive pairs: the
+        verifier trains on them beside ``pairs``; they too leave the device only as
+        weight updates."""
+        return device_alias_pairs(directory for _, directory in device_cache_dirs(
+            self.settings))

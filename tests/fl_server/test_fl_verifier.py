@@ -14,9 +14,14 @@ import onnx
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from meancache.client.cache.entry import Entry
+from meancache.client.cache.store import EntryStore
 from meancache.client.config import load_settings
 from meancache.client.fl.client_app import app as client_app
+from meancache.client.fl.device import DeviceState
 from meancache.client.fl.sync import sync_global_model
+from meancache.client.learning.bound import Label
+from meancache.client.learning.state import Learned
 from meancache.client.verifier import load_device_verifier
 from meancache.fl_server.model_endpoint import create_model_app
 from meancache.shared.errors import CheckpointError, VerifierError
@@ -29,6 +34,7 @@ from meancache.shared.fl.weights import (
     verifier_names,
     with_verifier,
 )
+from meancache.shared.pairs import Pair
 from meancache.shared.verifier.dequantise import float_verifier
 from meancache.shared.verifier.model import export_onnx, quantize_int8
 from meancache.shared.verifier.runtime import MODEL_FILE, LearnedVerifier, read_card
@@ -91,6 +97,15 @@ def test_a_device_trains_the_verifier_and_runs_the_global_one_as_int8(
 ) -> None:
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
     device_with_feedback(tmp_path, FEEDBACK)
+    # What the cache learned from the upstream: a question confirmed to share an entry's
+    # answer (an alias) is a positive pair for the verifier.
+    store = EntryStore(tmp_path / "cache")
+    entry = Entry("how do I boil an egg", "ten minutes", np.zeros(4, np.float32), "v")
+    store.put(entry)
+    Learned(store, 0.02).learn(Label(0.9, False, 1.0, entry.id), "How do you boil eggs?")
+    store.close()
+    assert DeviceState(tmp_path).alias_pairs() == [
+        Pair("how do you boil eggs", "how do I boil an egg", 1)]
     context = device_context(tmp_path, tiny_dir, {"verifier-top-layers": 1,
                                                   "verifier-model": str(tiny_verifier)})
     sent = _global(tiny, tiny_verifier)
