@@ -40,6 +40,7 @@ from meancache.client.eval_stream import (
     stream_of,
 )
 from meancache.client.learning.agreement import AGREE_AT, agree
+from meancache.client.learning.bound import labels_needed
 from meancache.client.learning.explore import Exploration
 from meancache.shared.pairs import Pair
 from meancache.shared.verifier.runtime import LearnedVerifier
@@ -153,6 +154,9 @@ def main() -> None:
     parser.add_argument("--max-wrong-rate", type=float, default=0.02)
     parser.add_argument("--explore", type=float, default=0.1, help="exploration rate")
     parser.add_argument("--streams", nargs="+", default=["qqp", "arena"])
+    parser.add_argument("--until-learned", action="store_true",
+                        help="also the learned decision exploring every near would-be hit until "
+                        "the labels choose the threshold (Exploration.until_learned)")
     parser.add_argument("--variants", action="store_true",
                         help="also the learned decision with the ambiguity and word rules, and "
                         "with the cosine alone (the measurement that decides whether they stay)")
@@ -182,22 +186,25 @@ def main() -> None:
                 SemanticCache(Path(directory), encoder, settings) as cache:
             static = replay_static(cache, turns)
         row(table, "static (shipped decision)", static, time.perf_counter() - started)
-        runs = [("learned (verifier score)", verifier, LearnedRules())]
+        runs = [("learned (verifier score)", verifier, LearnedRules(), False)]
+        if args.until_learned:
+            runs += [("learned, exploring until learned", verifier, LearnedRules(), True)]
         if args.variants and name == "qqp":  # the choices are made on qqp only
-            runs += [("learned + ambiguity rule", verifier, LearnedRules(ambiguity=True)),
-                     ("learned + word rules", verifier, LearnedRules(word_rules=True)),
-                     ("learned (cosine alone)", None, LearnedRules())]
-        for label, judge, rules in runs:
+            runs += [("learned + ambiguity rule", verifier, LearnedRules(ambiguity=True), False),
+                     ("learned + word rules", verifier, LearnedRules(word_rules=True), False),
+                     ("learned (cosine alone)", None, LearnedRules(), False)]
+        for label, judge, rules, until_learned in runs:
             started = time.perf_counter()
             tally, learning = learned_replay(
                 encoder, judge, settings, turns, args.max_wrong_rate,
                 verifier.threshold if judge is not None else settings.global_threshold,
-                Exploration(rate=args.explore), rules, args.seed)
+                Exploration(rate=args.explore, until_learned=until_learned), rules, args.seed)
             row(table, label, tally, time.perf_counter() - started)
             b = learning.bound
             note(f"{name} / {label}: final threshold {b.threshold:.3f} (learned={b.learned}), "
                  f"estimated wrong {b.estimate}, upper {b.upper}, {b.labels} labels over it, "
-                 f"{learning.aliases} aliases")
+                 f"{len(learning.labels)} labels in all ({labels_needed(args.max_wrong_rate)} "
+                 f"needed, none wrong, before any region can pass), {learning.aliases} aliases")
             if label.startswith("learned (verifier"):
                 xs, wrong, hit = rolling(tally.outcomes, 300)
                 lines[f"{name}: learned wrong %"] = (xs, wrong)

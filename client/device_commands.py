@@ -81,7 +81,7 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
         if key == "declines":
             value = stats.declines_line
         table.add_row(key.replace("_", " "), "-" if value is None else str(value))
-    table.add_row("hit rate", f"{stats.hit_rate:.1%}")
+    table.add_row("hit rate", stats.hit_rate_line)
     table.add_row("wrong answers (estimated)", stats.wrong_rate_line)
     table.add_row("token saving ratio", f"{stats.token_saving_ratio:.1%}")
     out.print(table)

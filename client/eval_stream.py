@@ -200,9 +200,11 @@ class LearningReplay:
             best, score, refused = judged
             threshold = self.learning.threshold(str(best))
             if score >= threshold and not refused:
-                if not self.exploration.explores(score, threshold, self.rng):
+                learned = self.learning.bound.learned
+                if not self.exploration.explores(score, threshold, self.rng, learned):
                     return self.answers[best], CACHE
-                self._label(turn.question, best, score, fresh, self.exploration.rate, "explore")
+                self._label(turn.question, best, score, fresh,
+                            self.exploration.rate_now(learned), "explore")
                 return fresh, EXPLORED
             self._label(turn.question, best, score, fresh, 1.0, "miss")
         self.store(turn.question, fresh, vector)

@@ -31,6 +31,7 @@ class Miss:
     best_similarity: float | None = None
     truncated: bool = False
     vetoed: bool = False  # a near match the verifier declined (``reason`` says why)
+    explored: bool = False  # a would-be hit also asked upstream to label it (exploration)
 
 
 @dataclass(frozen=True)
@@ -54,12 +55,16 @@ class CacheStats:
     bytes_per_embedding: int
     tokens_upstream: int = 0  # query + answer tokens of the answers the upstream gave
     declines: dict[str, int] = field(default_factory=dict)  # near matches vetoed, by reason
+    explored: int = 0  # would-be hits also asked upstream (exploration), counted as misses
     # The learned error bound (client/learning/bound.py): the estimated share of served
     # answers that are wrong, its 95% upper limit, the labels behind it, the bound set.
     wrong_rate: float | None = None
     wrong_rate_upper: float | None = None
     wrong_rate_labels: int = 0
     max_wrong_rate: float | None = None
+    # Until the labels choose the threshold (the verifier's own serves meanwhile): the
+    # fewest labels, none wrong, with which they can (bound.labels_needed).
+    wrong_rate_needs: int | None = None
 
     @property
     def wrong_rate_line(self) -> str:
@@ -67,8 +72,16 @@ class CacheStats:
         if self.wrong_rate is None or self.wrong_rate_upper is None:
             return "not estimated yet (0 labels; the verifier's own threshold serves)"
         bound = "" if self.max_wrong_rate is None else f", bound {self.max_wrong_rate:.1%}"
+        needs = "" if self.wrong_rate_needs is None else \
+            f"; the labels decide from {self.wrong_rate_needs}"
         return (f"{self.wrong_rate:.1%} (at most {self.wrong_rate_upper:.1%} at 95%, "
-                f"{self.wrong_rate_labels} labels{bound})")
+                f"{self.wrong_rate_labels} labels{bound}{needs})")
+
+    @property
+    def hit_rate_line(self) -> str:
+        """The hit rate with its counts, and what exploration asked upstream."""
+        explored = f", {self.explored} of them explored" if self.explored else ""
+        return f"{self.hit_rate:.1%} ({self.hits} hits, {self.misses} misses{explored})"
 
     @property
     def declines_line(self) -> str:

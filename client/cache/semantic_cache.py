@@ -10,9 +10,11 @@ module joins them behind one lock and asks the matcher.
 
 import contextlib
 import logging
+import random
 import uuid
 from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -26,23 +28,36 @@ from meancache.client.cache.results import CacheStats, Hit, Miss
 from meancache.client.cache.settings import CacheSettings
 from meancache.client.cache.space import VectorSpace
 from meancache.client.cache.store import EntryStore
-from meancache.client.cache.summary import cache_stats
+from meancache.client.cache.summary import EXPLORED, cache_stats
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.errors import EntryNotFoundError
 from meancache.client.learning.agreement import agree
 from meancache.client.learning.bound import USER, Label
+from meancache.client.learning.explore import Exploration
 from meancache.client.learning.state import Learned
 from meancache.client.matching.feedback import ThresholdChange
 from meancache.client.matching.matcher import NOTHING_CLOSE, Match, Matcher, NoMatch, Verifier
 from meancache.client.matching.origins import CacheOrigin, Source
-from meancache.client.matching.question import Candidate, Query
+from meancache.client.matching.question import Candidate, Query, Question
 from meancache.shared.encoder import Encoder, PCAProjection
 from meancache.shared.progress import Progress
 from meancache.shared.query import embedding_text
 
 log = logging.getLogger(__name__)
 
-DECLINED_KEPT = 64  # declined candidates remembered until the upstream answers
+DECLINED_KEPT = 64  # declined or explored candidates remembered until the upstream answers
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A candidate waiting for the upstream's answer to the question to label it: declined
+    (``labelled_with`` 1: every declined candidate is compared) or explored (the
+    exploration rate: the chance that this would-be hit was checked)."""
+
+    entry_id: str
+    score: float
+    labelled_with: float = 1.0
+    source: str = "miss"
 
 
 class SemanticCache:
@@ -66,8 +81,12 @@ class SemanticCache:
         *,
         background: bool = False,
         verifier: Verifier | None = None,
+        rng: random.Random | None = None,
     ) -> None:
-        """``verifier``: the shipped learned one unless another is given."""
+        """``verifier``: the shipped learned one unless another is given. ``rng``: the
+        draws of exploration (``settings.explore_rate``); the caches that face a user (the
+        chat, the proxy) are given one, a seeded one makes it repeatable. Without one the
+        cache never explores (replays and benchmarks measure the decision itself)."""
         self.settings = settings or CacheSettings()
         self.store = EntryStore(Path(directory))
         self.policy = CachePolicy(self.store, PolicySettings(
@@ -85,11 +104,14 @@ class SemanticCache:
                                  self._context_vector)
         self.space.attach(self._entries, progress)
         # What this device's traffic taught about where it may answer (client/learning):
-        # the bound on the verifier's probability, aliases, and the declined candidates
-        # waiting for the upstream's answer to label them.
+        # the bound on the verifier's probability, aliases, and the declined or explored
+        # candidates awaiting the upstream's answer to label them.
         self.learned = Learned(self.store, self.settings.max_wrong_rate)
         self.matcher.learned = self.learned if self.settings.learned else None
-        self._declined: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self.exploration = Exploration(self.settings.explore_rate, self.settings.explore_width,
+                                       self.settings.explore_until_learned)
+        self._rng = rng
+        self._awaiting: OrderedDict[str, Pending] = OrderedDict()
 
     def close(self) -> None:
         self.background.stop()
@@ -149,14 +171,19 @@ class SemanticCache:
             tau = self.threshold
             decision = self.matcher.decide(
                 question, self._candidates(found, self._context_vector(context), tau))
+            if isinstance(decision, Match) and (explored := self._explores(question, decision)):
+                self.store.add_to_counter("misses")
+                self.store.add_to_counter(EXPLORED)
+                self._pending(question.key, explored)
+                return Miss(query.text, f"the cache's match (p={explored.score:.2f}) is checked "
+                            "against a fresh answer (exploration)", decision.candidate.similarity,
+                            question.truncated, explored=True)
             if isinstance(decision, Match):
                 with contextlib.suppress(EntryNotFoundError):  # deleted by another process
                     return self._serve(query.text, decision.candidate, question.truncated)
             self.store.add_to_counter("misses")
             if isinstance(decision, NoMatch) and decision.judged is not None:
-                self._declined[question.key] = decision.judged
-                while len(self._declined) > DECLINED_KEPT:
-                    self._declined.popitem(last=False)
+                self._pending(question.key, Pending(*decision.judged))
             reason = decision.reason if isinstance(decision, NoMatch) else NOTHING_CLOSE
             if isinstance(decision, NoMatch) and decision.vetoed:
                 return Miss(query.text, reason, decision.best_similarity, question.truncated,
@@ -164,6 +191,24 @@ class SemanticCache:
             if reason == NOTHING_CLOSE and best is not None and best >= tau:
                 reason = "similar queries were asked in another context"
             return Miss(query.text, reason, best, question.truncated)
+
+    def _explores(self, question: Question, match: Match) -> Pending | None:
+        """The would-be hit ``match`` as an exploration, if it is one: the learned bound
+        decides, the verifier's probability lies near the entry's threshold and the draw
+        says so. The very same question (served by identity) is never explored."""
+        if self._rng is None or self.matcher.learned is None or match.probability is None \
+                or embedding_text(match.candidate.text) == question.key:
+            return None
+        threshold, learned = self.learned.threshold(match.candidate.key), self.learned.bound.learned
+        if not self.exploration.explores(match.probability, threshold, self._rng, learned):
+            return None
+        return Pending(match.candidate.key, match.probability,
+                       self.exploration.rate_now(learned), "explore")
+
+    def _pending(self, key: str, pending: Pending) -> None:
+        self._awaiting[key] = pending
+        while len(self._awaiting) > DECLINED_KEPT:
+            self._awaiting.popitem(last=False)
 
     def _context_vector(self, context: Context | None) -> np.ndarray | None:
         """The previous question's vector (None for a first turn, or without context rules)."""
@@ -237,20 +282,22 @@ class SemanticCache:
         return entry
 
     def _label(self, query: str, answer: str) -> None:
-        """The upstream's answer to a question whose best candidate was declined: the two
-        answers agree or not, a labelled pair for the bound (and an alias if they agree)."""
-        judged = self._declined.pop(embedding_text(query), None)
-        if judged is None:
+        """The upstream's answer to a question whose best candidate was declined or
+        explored: the two answers agree or not, a labelled pair for the bound (and an alias
+        if they agree)."""
+        pending = self._awaiting.pop(embedding_text(query), None)
+        if pending is None:
             return
         with contextlib.suppress(EntryNotFoundError):
-            cached = self.store.get(judged[0])
+            cached = self.store.get(pending.entry_id)
             wrong = not agree(answer, cached.answer, self.encoder.encode)
-            self.learned.learn(Label(judged[1], wrong, 1.0, cached.id), query)
+            self.learned.learn(Label(pending.score, wrong, pending.labelled_with, cached.id,
+                                     pending.source), query)
 
     def reset_learning(self) -> int:
         """Forget what the traffic taught (`meancache cache reset-learning`)."""
         with self._lock:
-            self._declined.clear()
+            self._awaiting.clear()
             return self.learned.reset()
 
     def delete(self, entry_id: str) -> bool:

@@ -8,11 +8,13 @@ from meancache.client.cache.entry import STORED_DTYPE
 from meancache.client.cache.results import CacheStats
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
-from meancache.client.learning.bound import Bound
+from meancache.client.learning.bound import Bound, labels_needed
 from meancache.client.learning.state import Learned
 from meancache.client.matching import labels
 from meancache.client.matching.labels import DECLINED
 from meancache.shared.verifier.runtime import ARTEFACT_DIR, read_card
+
+EXPLORED = "explored"  # the counter of would-be hits also asked upstream (exploration)
 
 
 def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, nbytes: int,
@@ -32,6 +34,7 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
         tokens_saved=store.counter("tokens_saved"),
         tokens_upstream=store.counter("tokens_upstream"),
         declines=store.counters(DECLINED),
+        explored=store.counter(EXPLORED),
         threshold=thresholds.current,
         global_threshold=thresholds.global_value,
         local_threshold=thresholds.local_value,
@@ -45,6 +48,8 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
         wrong_rate_upper=None if bound is None else bound.upper,
         wrong_rate_labels=0 if bound is None else bound.labels,
         max_wrong_rate=max_wrong_rate,
+        wrong_rate_needs=None if bound is None or bound.learned or max_wrong_rate is None
+        else labels_needed(max_wrong_rate),
     )
 
 

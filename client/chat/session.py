@@ -2,6 +2,7 @@
 answer path and conversation store. Shared by `meancache ask` and the chat app."""
 
 import logging
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,7 +93,8 @@ class ChatSession:
         encoder = load_device_encoder(settings)
         _timed(steps, "opening the cache")
         cache = SemanticCache(settings.cache_dir, encoder, settings.cache_settings(), progress,
-                              background=background, verifier=load_device_verifier(settings))
+                              background=background, rng=random.Random(),  # it explores
+                              verifier=load_device_verifier(settings))
         embedded = None
         if upstream is not None:
             label = (f"upstream {url}" + (f" · {upstream.model}" if upstream.model else "")

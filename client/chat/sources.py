@@ -56,22 +56,27 @@ class Asked:
 
 @dataclass(frozen=True)
 class Declined:
-    """A source had a near match and its verifier refused it: no answer from it, and the
+    """A source had a near match and did not serve it: its verifier refused it, or the
+    cache checks it against the upstream's fresh answer (``explored``: exploration). The
     answer that follows says so in its badge (else the reason is only in the log)."""
 
     similarity: float
     reason: str
     source: str  # "cache" or "pack"
+    explored: bool = False
 
     @classmethod
     def of(cls, miss: Miss | NoMatch, source: str = "cache") -> "Declined | None":
         """The decline a miss records, None if nothing was declined."""
-        if not miss.vetoed:
+        explored = isinstance(miss, Miss) and miss.explored
+        if not miss.vetoed and not explored:
             return None
-        return cls(miss.best_similarity or 0.0, miss.reason, source)
+        return cls(miss.best_similarity or 0.0, miss.reason, source, explored)
 
     @property
     def note(self) -> str:
+        if self.explored:
+            return f"{self.source} match ({self.similarity:.2f}) checked: {self.reason}"
         return f"{self.source} declined a near match ({self.similarity:.2f}): {self.reason}"
 
 

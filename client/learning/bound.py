@@ -24,6 +24,7 @@ bound) raise the threshold past every score seen, so only aliases and the very s
 question are served until the evidence passes somewhere.
 """
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -58,6 +59,14 @@ class Bound:
     upper: float | None
     labels: int
     learned: bool  # the labels chose it (else the prior or the raised guard)
+
+
+def labels_needed(max_wrong_rate: float, confidence: float = CONFIDENCE) -> int:
+    """The fewest labels, none of them wrong, with which any region can pass: below it the
+    chance of seeing no error at a true rate of ``max_wrong_rate`` exceeds 1 - confidence,
+    so no exact test may pass (149 at 2% and 95%). Labels pooled in any way cannot pass
+    with fewer: it is the floor of how soon the bound can learn."""
+    return math.ceil(math.log(1 - confidence) / math.log1p(-max_wrong_rate))
 
 
 def upper_limit(errors: float, n: float, confidence: float = CONFIDENCE) -> float:
@@ -108,7 +117,7 @@ def choose(labels: Sequence[Label], max_wrong_rate: float, prior: float,
                      beta.ppf(confidence, errors + 1, np.maximum(n - errors, 1e-12)))
     # The sequence starts where the tail holds enough labels to pass at all (no error in
     # log(1 - confidence) / log(1 - rate) labels): above it nothing can be tested.
-    enough = np.log(1 - confidence) / np.log1p(-max_wrong_rate)
+    enough = labels_needed(max_wrong_rate, confidence)
     start = int(np.argmax(n >= enough)) if (n >= enough).any() else len(at)
     failed = start + np.flatnonzero(upper[start:] > max_wrong_rate)
     last = (failed[0] if len(failed) else len(at)) - 1  # fixed sequence: stop at a failure

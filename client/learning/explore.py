@@ -1,17 +1,29 @@
 """Exploration: a would-be hit whose score lies near the threshold is, with a small
 probability, also sent upstream, so the region the cache serves keeps getting labels
 (vCache explores the same way). The fresh answer is what the user sees; the pair is
-labelled by ``agreement``. What it costs is one upstream call per explored hit: about
-``rate`` of the hits within ``width`` of the threshold."""
+labelled by ``agreement``, weighted by the inverse of ``rate`` in the bound. What it costs
+is one upstream call per explored hit: about ``rate`` of the hits within ``width`` of the
+threshold, so never more than ``rate`` x hits (at the default, at most 10 calls per 100
+hits; measured on benchmarks/learning_stream.py's streams in docs/cache.md)."""
 
 import random
 from dataclasses import dataclass
 
+EXPLORE_RATE = 0.1  # the default share of near-boundary would-be hits also asked upstream
+EXPLORE_WIDTH = 0.25  # the default width of "near", in the judge's score
+
 
 @dataclass(frozen=True)
 class Exploration:
-    rate: float = 0.1  # share of near-boundary would-be hits also sent upstream
-    width: float = 0.25  # how far above the threshold (in score) a hit counts as near
+    """``until_learned``: every near would-be hit is explored until the labels choose the
+    threshold (``Bound.learned``), ``rate`` of them afterwards. vCache explores most where
+    its estimate is least certain; here that reaches the labels the bound needs
+    (``bound.labels_needed``) sooner, for an upstream call per near would-be hit until
+    then (measured in docs/cache.md)."""
+
+    rate: float = EXPLORE_RATE  # share of near-boundary would-be hits also sent upstream
+    width: float = EXPLORE_WIDTH  # how far above the threshold (in score) a hit counts as near
+    until_learned: bool = False
 
     def __post_init__(self) -> None:
         if not 0 <= self.rate <= 1:
@@ -22,6 +34,14 @@ class Exploration:
     def near(self, score: float, threshold: float) -> bool:
         return threshold <= score < threshold + self.width
 
-    def explores(self, score: float, threshold: float, rng: random.Random) -> bool:
-        """Whether this would-be hit is also asked upstream."""
-        return self.near(score, threshold) and rng.random() < self.rate
+    def rate_now(self, learned: bool) -> float:
+        """The chance a near would-be hit is explored now (what its label is weighted by)."""
+        return 1.0 if self.until_learned and not learned else self.rate
+
+    def explores(self, score: float, threshold: float, rng: random.Random,
+                 learned: bool = True) -> bool:
+        """Whether this would-be hit is also asked upstream (a draw is made only for a
+        near one, so the seeded sequence depends on the near hits alone). ``learned``:
+        whether the labels chose ``threshold``."""
+        rate = self.rate_now(learned)
+        return self.near(score, threshold) and rate > 0 and rng.random() < rate

@@ -1,6 +1,7 @@
 """The settings a decision reads, and their defaults: declared once here (the cache's
 settings and the device's inherit them). Light: no torch, no scikit-learn."""
 
+from meancache.client.learning.explore import EXPLORE_RATE, EXPLORE_WIDTH
 from meancache.shared.settings import check_choice
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -37,6 +38,19 @@ class MatchSettings(BaseModel):
                                   "served from the cache that may be wrong: it serves only "
                                   "where its estimate, learned from its own traffic, keeps "
                                   "under this with 95% confidence (client/learning/bound.py).")
+    explore_rate: float = Field(EXPLORE_RATE, ge=0, le=1, description="The share of "
+                                "would-be hits near the learned threshold that the chat and the "
+                                "proxy ask upstream instead, showing the fresh answer and "
+                                "labelling the pair, so the bound keeps learning where the cache "
+                                "serves (client/learning/explore.py); 0 turns exploration off.")
+    explore_width: float = Field(EXPLORE_WIDTH, ge=0, le=1, description="How far above the "
+                                 "learned threshold (in the verifier's probability) a would-be "
+                                 "hit counts as near it, and may be explored.")
+    explore_until_learned: bool = Field(False, description="Explore every near would-be hit "
+                                        "until the labels choose the threshold (149 labels at "
+                                        "2%, none wrong), then `explore_rate` of them: the "
+                                        "bound learns sooner, for an upstream call per near "
+                                        "would-be hit until then.")
     tune_min_per_class: int = Field(5, gt=0, description="Labelled pairs of each kind "
                                     "(hit, false hit) before tau is re-tuned locally.")
 

@@ -1,5 +1,6 @@
 """The proxy's HTTP API (Starlette): ``/v1/chat/completions`` (whole and streamed),
-``/v1/models`` and ``/v1/meancache/feedback``, on paths normalised before routing
+``/v1/models``, ``/v1/meancache/feedback`` and ``/v1/meancache/stats`` (the app's own
+caches: hit rate and the learned wrong rate with its bound), on paths normalised before routing
 (``//v1/models/`` is ``/v1/models``); any other path is a 404 and any other method a
 405, in OpenAI's error shape. Each request is checked in order before it costs anything:
 header count and body time (GuardRequests), Host (loopback names only), the app's key,
@@ -40,6 +41,7 @@ from meancache.client.proxy.wire import (
     header,
     model_list,
     parse,
+    stats_body,
 )
 from meancache.client.upstream_client import UpstreamClient
 from meancache.shared.errors import MeanCacheError
@@ -58,7 +60,7 @@ log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 RESPONSE_ID = re.compile(r"chatcmpl-([0-9a-f]{16})([0-9a-f]{32})")
-ROUTES = "/v1/chat/completions, /v1/models and /v1/meancache/feedback"
+ROUTES = "/v1/chat/completions, /v1/models, /v1/meancache/feedback and /v1/meancache/stats"
 
 
 @dataclass
@@ -182,9 +184,15 @@ def create_app(state: ProxyState) -> Starlette:
                                 is None else str(correction.threshold)}
         return JSONResponse(answer, headers=header(turn))
 
+    async def stats(request: Request) -> Response:
+        app = identify(request)  # an app sees its own caches' statistics, no other's
+        return JSONResponse(stats_body(await asyncio.to_thread(state.partitions.stats,
+                                                               app.namespace)))
+
     routes = [Route("/v1/chat/completions", chat, methods=["POST"]),
               Route("/v1/models", models, methods=["GET"]),
-              Route("/v1/meancache/feedback", feedback, methods=["POST"])]
+              Route("/v1/meancache/feedback", feedback, methods=["POST"]),
+              Route("/v1/meancache/stats", stats, methods=["GET"])]
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -18,14 +18,17 @@ it opens again on demand. Where they live: client/device_caches.py.
 import hashlib
 import json
 import logging
+import random
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
-from meancache.client.cache import SemanticCache
+from meancache.client.cache import CacheStats, SemanticCache
 from meancache.client.cache.store import EntryStore
+from meancache.client.cache.summary import stored_stats
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.chat.answering import AnswerService
 from meancache.client.config import Settings
@@ -130,6 +133,31 @@ class Partitions:
             return None
         return self._opened((namespace, pid), directory, preamble, made=False)
 
+    def stats(self, namespace: str) -> list[tuple[str, CacheStats]]:
+        """Each cache of ``namespace`` (one per set of system messages) with its
+        statistics, the learned wrong rate among them: an open cache's own, a closed one's
+        read from its store without opening it (no index, no eviction of an open one).
+        Blocking: run it in a worker thread."""
+        directory = proxy_dir(self.settings) / namespace
+        pids = sorted(p.name for p in directory.iterdir() if p.is_dir()) \
+            if directory.is_dir() else []
+        found = []
+        for pid in pids[:MAX_PER_NAMESPACE]:
+            with self._lock:
+                partition = self._use((namespace, pid)) if (namespace, pid) in self._open \
+                    else None
+            if partition is not None:
+                try:
+                    found.append((pid, partition.cache.stats()))
+                finally:
+                    self.release(partition)
+            elif (directory / pid / "cache" / "cache.db").exists():
+                with closing(EntryStore(directory / pid / "cache")) as store:
+                    found.append((pid, stored_stats(
+                        store, self.settings.global_threshold, self.settings.encoder_backend,
+                        self.settings.max_wrong_rate)))
+        return found
+
     def _opened(self, key: tuple[str, str], directory: Path,
                 preamble: Sequence[tuple[str, str]], made: bool) -> Partition:
         """The cache of ``key``, opened by this request or by the one already opening it.
@@ -159,6 +187,7 @@ class Partitions:
               preamble: Sequence[tuple[str, str]]) -> Partition:
         settings = self.settings
         cache = SemanticCache(directory / "cache", self.encoder, settings.cache_settings(),
+                              rng=random.Random(),  # it explores (settings.explore_rate)
                               verifier=load_device_verifier(settings))
         exchanges = ExchangeStore(directory / "exchanges")
         answers = AnswerService(

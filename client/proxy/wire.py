@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import quote
 
+from meancache.client.cache import CacheStats
 from meancache.client.chat.conversations import Turn
 from meancache.client.errors import ProxyRequestError
 from meancache.shared.errors import excerpt
@@ -167,9 +168,12 @@ def usage(turn: Turn) -> dict[str, Any]:
 
 def provenance(turn: Turn) -> dict[str, Any]:
     """The ``meancache`` field: where the answer came from (and ``cut``: why the proxy cut
-    the upstream's answer short, when it did)."""
+    the upstream's answer short, when it did; ``declined``: the near match the cache did
+    not serve, and why: refused, or checked against this fresh answer by exploration)."""
     found = {"source": str(turn.source), "similarity": turn.similarity,
              "matched_query": turn.matched_query}
+    if turn.declined:
+        found["declined"] = turn.declined
     return found | {"cut": turn.cut} if turn.cut else found
 
 
@@ -222,3 +226,22 @@ class Completion:
 def model_list(models: Sequence[str]) -> dict[str, Any]:
     return {"object": "list", "data": [{"id": name, "object": "model", "created": 0,
                                         "owned_by": "upstream"} for name in models]}
+
+
+def stats_body(caches: Sequence[tuple[str, CacheStats]]) -> dict[str, Any]:
+    """``GET /v1/meancache/stats``: the app's caches (one per set of system messages), each
+    with its hit rate and, beside it, the learned estimate of its wrong rate with the
+    upper confidence limit the bound rests on; and the hit rate over all of them."""
+    hits = sum(stats.hits for _, stats in caches)
+    misses = sum(stats.misses for _, stats in caches)
+    return {"object": "meancache.stats",
+            "hits": hits, "misses": misses,
+            "hit_rate": hits / (hits + misses) if hits + misses else 0.0,
+            "caches": [{"id": pid, "entries": stats.entries, "hits": stats.hits,
+                        "misses": stats.misses, "explored": stats.explored,
+                        "hit_rate": stats.hit_rate, "wrong_rate": stats.wrong_rate,
+                        "wrong_rate_upper": stats.wrong_rate_upper,
+                        "wrong_rate_labels": stats.wrong_rate_labels,
+                        "max_wrong_rate": stats.max_wrong_rate,
+                        "wrong_rate_needs": stats.wrong_rate_needs,
+                        "rejections": stats.rejections} for pid, stats in caches]}

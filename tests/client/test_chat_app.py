@@ -566,3 +566,34 @@ def test_stats_export_listing_and_deletion_run_off_the_ui_thread(
                 assert threads and ui not in threads, name
 
     asyncio.run(run())
+
+
+def test_exploration_shows_the_fresh_answer_labels_the_pair_and_counts_it(
+        settings: Settings) -> None:
+    """With every near would-be hit explored (rate 1: deterministic), the paraphrase that
+    would be served gets the upstream's fresh answer, its badge says the match was
+    checked, the pair becomes a label and the stats screen counts the exploration."""
+    exploring = settings.model_copy(update=dict(explore_rate=1.0, explore_width=1.0))
+
+    async def run() -> None:
+        app = MeanCacheApp(exploring)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await ask(pilot, "How do I reverse a list in Python?")
+            await ask(pilot, "How can I reverse a Python list?")
+            checked = app.chat.conversation.turns[-1]
+            assert checked.source == "upstream" and checked.answer
+            assert "cache match" in badge(app) and "checked" in badge(app)
+            assert "exploration" in badge(app)
+            cache = app.session.cache  # type: ignore[union-attr]
+            [label] = cache.learned.labels
+            assert (label.source, label.labelled_with) == ("explore", 1.0)
+            await ask(pilot, "How do I reverse a list in Python?")  # the very same question
+            assert app.chat.conversation.turns[-1].source == "cache"
+            await pilot.press("ctrl+t")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "StatsScreen")
+            rows = dict(app.screen.rows)  # type: ignore[attr-defined]
+            assert rows["hit rate"] == "33.3% (1 hits, 2 misses, 1 of them explored)"
+            assert "1 labels" in rows["wrong answers (estimated)"]
+
+    asyncio.run(run())

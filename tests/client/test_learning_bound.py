@@ -14,6 +14,7 @@ from meancache.client.learning.bound import (
     Label,
     choose,
     entry_threshold,
+    labels_needed,
     lower_limit,
     upper_limit,
 )
@@ -30,6 +31,21 @@ def test_limits_bracket_the_observed_rate(errors: int, extra: int, confidence: f
 def test_no_errors_needs_about_150_labels_for_two_percent() -> None:
     # (1 - 0.02)^n <= 0.05  <=>  n >= 149: the exact binomial arithmetic
     assert upper_limit(0, 148) > 0.02 >= upper_limit(0, 149)
+
+
+@given(st.floats(0.005, 0.2), st.sampled_from([0.9, 0.95, 0.99]))
+def test_no_pooling_of_fewer_labels_than_needed_can_pass(rate: float, confidence: float
+                                                         ) -> None:
+    """The floor of how soon the bound can learn: with ``labels_needed`` right labels the
+    upper limit reaches the rate, with one fewer it cannot, and ``choose`` never learns
+    from fewer, however the labels' scores fall (all right, spread over one region)."""
+    needed = labels_needed(rate, confidence)
+    assert upper_limit(0, needed, confidence) <= rate < upper_limit(0, needed - 1, confidence)
+    scores = [0.2 + 0.3 * i / needed for i in range(needed)]
+    fewer = [Label(s, False) for s in scores[1:]]
+    assert not choose(fewer, rate, PRIOR, confidence).learned
+    assert choose([Label(s, False) for s in scores], rate, PRIOR, confidence).threshold \
+        == pytest.approx(0.2)
 
 
 def test_without_labels_the_prior_decides() -> None:

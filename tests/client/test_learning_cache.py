@@ -4,6 +4,7 @@ pair and makes the question an alias, answered at once next time, after a reopen
 a different answer is a wrong label and no alias; resetting the learning forgets it and
 keeps the entries."""
 
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -68,3 +69,55 @@ def test_wrong_answer_is_the_strongest_label_and_ends_the_alias(
     assert cache.learned.labels[-1].wrong and cache.learned.labels[-1].source == "user"
     assert cache.learned.threshold(hit.entry_id) > cache.learned.labels[-1].score
     assert cache.learned.alias(PARAPHRASE) is None
+
+
+PARAPHRASES = ["Which city is the capital of France?", "Tell me the capital of France.",
+               "France's capital city is which one?", "Name the capital of France",
+               "What city is France's capital?", "What's the capital city of France?",
+               "In France, which city is the capital?", "Capital of France, please?",
+               "Do you know the capital of France?", "Which is the French capital?"]
+
+
+@pytest.fixture(scope="module")
+def passing(tmp_path_factory: pytest.TempPathFactory) -> LearnedVerifier:
+    """The tiny verifier with a threshold every pair reaches: each paraphrase is a would-be
+    hit (one entry only, so the ambiguity rule never applies)."""
+    directory = make_tiny_verifier(tmp_path_factory.mktemp("tiny-passing"))
+    return LearnedVerifier(directory / "verifier.onnx", Card(read_card(directory).sha256, 0.0))
+
+
+def test_exploration_checks_the_would_be_hits_a_seeded_draw_picks_and_labels_them(
+        make_cache: CacheFactory, passing: LearnedVerifier) -> None:
+    seed, rate = 2026, 0.5
+    settings = SETTINGS.model_copy(update=dict(explore_rate=rate, explore_width=1.0))
+    cache = make_cache(settings=settings, verifier=passing, rng=random.Random(seed))
+    cache.insert(FRANCE, ANSWER)
+    draws = random.Random(seed)  # every lookup is near (width 1), so one draw each
+    expected = [draws.random() < rate for _ in PARAPHRASES]
+    assert any(expected) and not all(expected)  # the seed shows both outcomes
+    results = [cache.lookup(question) for question in PARAPHRASES]
+    assert [isinstance(r, Miss) and r.explored for r in results] == expected
+    assert all(isinstance(r, Hit) for r, explored in zip(results, expected, strict=True)
+               if not explored)
+    assert isinstance(cache.lookup(FRANCE), Hit)  # the very same question: never explored
+    stats = cache.stats()
+    assert stats.explored == sum(expected) and stats.misses == sum(expected)
+    explored = PARAPHRASES[expected.index(True)]
+    cache.insert(explored, ANSWER)  # the upstream's fresh answer agrees
+    [label] = cache.learned.labels
+    assert (label.source, label.labelled_with, label.wrong) == ("explore", rate, False)
+    assert cache.learned.alias(explored) == label.entry
+
+
+def test_exploration_off_serves_every_would_be_hit(make_cache: CacheFactory,
+                                                   passing: LearnedVerifier,
+                                                   tmp_path: Path) -> None:
+    settings = SETTINGS.model_copy(update=dict(explore_rate=0.0, explore_width=1.0))
+    cache = make_cache(settings=settings, verifier=passing, rng=random.Random(1))
+    cache.insert(FRANCE, ANSWER)
+    assert all(isinstance(cache.lookup(question), Hit) for question in PARAPHRASES)
+    assert cache.stats().explored == 0
+    exploring = settings.model_copy(update=dict(explore_rate=1.0))
+    replaying = make_cache(tmp_path / "replay", settings=exploring, verifier=passing)
+    replaying.insert(FRANCE, ANSWER)  # no draws given (a replay, a benchmark): no exploration
+    assert all(isinstance(replaying.lookup(question), Hit) for question in PARAPHRASES)

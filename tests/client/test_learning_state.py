@@ -67,3 +67,18 @@ def test_exploration_only_near_the_threshold() -> None:
     assert always.explores(0.55, 0.5, rng)
     assert not always.explores(0.65, 0.5, rng) and not always.explores(0.45, 0.5, rng)
     assert not Exploration(rate=0.0).explores(0.5, 0.5, rng)
+
+
+def test_exploring_until_learned_checks_every_near_hit_until_the_labels_decide() -> None:
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    rng = random.Random(seed)
+    warming = Exploration(rate=0.1, width=0.25, until_learned=True)
+    assert warming.rate_now(learned=False) == 1.0 and warming.rate_now(learned=True) == 0.1
+    assert all(warming.explores(0.6, 0.5, rng, learned=False) for _ in range(50))
+    assert not warming.explores(0.8, 0.5, rng, learned=False)  # not near: served
+    draws = random.Random(seed)
+    for _ in range(50):
+        draws.random()
+    expected = [draws.random() < 0.1 for _ in range(50)]
+    assert [warming.explores(0.6, 0.5, rng, learned=True) for _ in range(50)] == expected

@@ -38,6 +38,7 @@ ANSWER_TOKENS = 8  # the answers the proxy stores (and asks the upstream for)
 
 def proxy_settings(data: Path, upstream: str | None, **overrides: Any) -> Settings:
     overrides.setdefault("answer_max_tokens", ANSWER_TOKENS)
+    overrides.setdefault("explore_rate", 0.0)  # tests of hits draw no exploration
     return load_settings(data / "config", data / "data", environ={}, encoder_model="minilm",
                          encoder_backend="torch", upstream_url=upstream, **overrides)
 

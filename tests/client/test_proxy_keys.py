@@ -28,7 +28,7 @@ def upstream() -> Iterator[str]:
 def settings_for(data: Path, upstream: str, **overrides: Any) -> Settings:
     return load_settings(data / "config", data / "data", environ={}, encoder_model="minilm",
                          encoder_backend="torch", upstream_url=upstream, answer_max_tokens=8,
-                         **overrides)
+                         explore_rate=0.0, **overrides)
 
 
 def ask(url: str, authorization: str | None) -> httpx.Response:

@@ -10,14 +10,15 @@ from textual.pilot import Pilot
 
 def chat_settings(tmp_path: Path, encoder_cache_dir: Path, upstream_url: str) -> Settings:
     """A fresh data dir under ``tmp_path`` (the session's encoder exports linked in), the
-    packaged MiniLM, the upstream at ``upstream_url``, short answers."""
+    packaged MiniLM, the upstream at ``upstream_url``, short answers, and no exploration
+    (a test of hits must not draw; tests of exploration set ``explore_rate``)."""
     data = tmp_path / "data"
     data.mkdir()
     (data / "encoder").symlink_to(encoder_cache_dir, target_is_directory=True)
     base = load_settings(config_dir=tmp_path / "config", data_dir=data, environ={},
                          encoder_model="minilm")
     return base.model_copy(update=dict(upstream_url=upstream_url, answer_max_tokens=24,
-                                       tune_min_per_class=1))
+                                       tune_min_per_class=1, explore_rate=0.0))
 
 
 async def wait_for(pilot: Pilot, condition: Callable[[], bool], seconds: float = 30) -> None:

@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Footer, Label
 def stats_rows(stats: CacheStats, pack_version: str | None) -> list[tuple[str, str]]:
     local = "-" if stats.local_threshold is None else f"{stats.local_threshold:.3f}"
     return [
-        ("hit rate", f"{stats.hit_rate:.1%} ({stats.hits} hits, {stats.misses} misses)"),
+        ("hit rate", stats.hit_rate_line),
         ("wrong answers (estimated)", stats.wrong_rate_line),
         ("false hits (rejected)", str(stats.rejections)),
         ("near matches declined", stats.declines_line),
