@@ -9,10 +9,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
-from meancache.fl_server.strategy import ThresholdFedAvg
+from meancache.fl_server.pooled_threshold import Pooled
+from meancache.fl_server.screening import Screened
 from meancache.shared.fl.checkpoint import save_checkpoint
 from meancache.shared.fl.signing import server_key, sign
 from meancache.shared.fl.weights import load_federated_state, split_verifier
@@ -46,12 +48,23 @@ class HeldOut:
                 "best_precision": best.precision, "best_recall": best.recall}
 
 
+class RoundStats(Protocol):
+    """What a round's strategy recorded (fl_server.strategy.ThresholdFedAvg, or
+    fl_server.secure_rounds.SecureFedAvg under SecAgg+)."""
+
+    threshold: float
+    bytes_received: dict[int, dict[int, int]]
+    verifier_bytes: dict[int, dict[int, int]]
+    screened: dict[int, Screened]
+    pooled: dict[int, Pooled]
+
+
 @dataclass
 class RoundRecorder:
     """Used as FedAvg's ``evaluate_fn``: called with the final (post-DP) global weights
     at round 0 and after every round."""
 
-    strategy: ThresholdFedAvg
+    strategy: RoundStats
     checkpoint_dir: Path
     base_model: str
     top_layers: int

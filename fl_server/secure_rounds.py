@@ -43,7 +43,7 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from meancache.fl_server.pooled_threshold import Pooled, ThresholdRule, pooled_threshold
-from meancache.fl_server.screening import ReplyLimits
+from meancache.fl_server.screening import ReplyLimits, Screened
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.secure import NAMES, SECURE, from_scalars
 
@@ -103,7 +103,7 @@ class SecureFedAvg(LegacyFedAvg):
         self.recorder = recorder
         self.bytes_received: dict[int, dict[int, int]] = {}
         self.verifier_bytes: dict[int, dict[int, int]] = {}  # not told apart once masked
-        self.screened: dict[int, Any] = {}  # nothing is screened: the updates are hidden
+        self.screened: dict[int, Screened] = {}  # nothing is screened: the updates are hidden
         self.pooled: dict[int, Pooled] = {}
         super().__init__(
             initial_parameters=ndarrays_to_parameters([initial[n].numpy() for n in names]),

@@ -98,7 +98,7 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
             config.threshold_rule, config.num_server_rounds, config.round_timeout,
             {"fraction_fit": config.fraction_train, "min_fit_clients": config.min_train_nodes,
              "min_available_clients": config.min_available_nodes},
-            lambda secure: RoundRecorder(secure, config.checkpoint_dir, base,  # type: ignore[arg-type]
+            lambda secure: RoundRecorder(secure, config.checkpoint_dir, base,
                                          config.model.top_layers, offset, held_out, None,
                                          verifier_base))
         return
