@@ -29,7 +29,7 @@ def default_run_config() -> RunConfig:
 def write_app(parent: Path, device_config: RunConfig | None = None) -> Path:
     """Write the app into ``parent/meancache-fl/`` with the installed meancache version as
     its own, so the FAB (and `flwr ls`) names the version the run was started with, and
-    ``device_config`` (keys of shared.fl.run_config.DEVICE_KEYS) as its defaults, so the
+    ``device_config`` (keys of shared.fl.run_config.SIGNED_KEYS) as its defaults, so the
     operator's signature of the FAB covers what devices run with."""
     app = declaration()
     app["project"]["version"] = version("meancache")

@@ -17,8 +17,9 @@ each GetFab answer. A FAB nobody signed goes out without one, and a SuperNode st
 
 A run's overrides (``flwr run --run-config``) travel beside the FAB, outside its signature,
 and a SuperNode applies them unchecked (flwr/supernode/start_client_internal.py fuses the
-FAB's config with ``Run.override_config`` from GetRun). So the settings devices read
-(shared.fl.run_config.DEVICE_KEYS) come only from the signed app (`fl run` and `fl
+FAB's config with ``Run.override_config`` from GetRun; the ServerApp reads the same fused
+config). So the settings devices read and the server's that shape what devices receive
+(shared.fl.run_config.SIGNED_KEYS) come only from the signed app (`fl run` and `fl
 sign-app` write them into it), and the gateway hands a signature only to a GetFab whose run
 it has seen, in a GetRun answer it forwarded, override none of them: a run that does, or
 one it has not seen (the SuperNode asks GetRun first), gets its app unsigned, which every
@@ -38,7 +39,7 @@ from flwr.proto.fab_pb2 import GetFabRequest, GetFabResponse
 from flwr.proto.run_pb2 import GetRunResponse
 from google.protobuf.message import DecodeError
 from meancache.shared.fl.app_signing import find_signature
-from meancache.shared.fl.run_config import DEVICE_KEYS
+from meancache.shared.fl.run_config import SIGNED_KEYS
 from meancache.shared.http_limits import GuardRequests
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
@@ -130,28 +131,29 @@ def strip_signature(answer: bytes) -> bytes:
 
 
 class RunChecks:
-    """Which runs override settings devices read (DEVICE_KEYS), as seen in the GetRun
-    answers forwarded; only a run seen to override none of them gets its app signed."""
+    """Which runs override settings devices read or that shape what they receive
+    (SIGNED_KEYS), as seen in the GetRun answers forwarded; only a run seen to override
+    none of them gets its app signed."""
 
     def __init__(self, limit: int = MAX_RUNS) -> None:
         self.limit = limit
         self._unsigned: OrderedDict[int, list[str]] = OrderedDict()  # run -> keys
 
     def saw(self, answer: bytes) -> None:
-        """Note the run of a GetRun answer and the device settings it overrides."""
+        """Note the run of a GetRun answer and the signed settings it overrides."""
         response = GetRunResponse()
         try:
             response.ParseFromString(answer)
         except DecodeError:
             return
         run = response.run
-        keys = sorted(DEVICE_KEYS & set(run.override_config))
+        keys = sorted(SIGNED_KEYS & set(run.override_config))
         if keys:
-            log.warning("run %d overrides %s, which devices read, outside the operator's "
-                        "signature of its app: SuperNodes get the app unsigned and refuse "
-                        "it; write them into the signed app (`meancache fl sign-app "
-                        "--run-config` and `meancache fl run` with the same ones)", run.run_id,
-                        ", ".join(keys))
+            log.warning("run %d overrides %s (what devices read or receive) outside the "
+                        "operator's signature of its app: SuperNodes get the app unsigned "
+                        "and refuse it; write them into the signed app (`meancache fl "
+                        "sign-app --run-config` and `meancache fl run` with the same ones)",
+                        run.run_id, ", ".join(keys))
         self._unsigned[run.run_id] = keys
         self._unsigned.move_to_end(run.run_id)
         while len(self._unsigned) > self.limit:

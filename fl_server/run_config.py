@@ -1,6 +1,7 @@
 """The ServerApp's settings, read once from the run config (defaults: the Flower app's
 ``[tool.flwr.app.config]``), and the operator's ``--run-config`` split into what devices
-read (written into the signed app) and what only the server reads (a run's overrides)."""
+read or that shapes what they receive (written into the signed app) and the server's
+scheduling of a run (its overrides)."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ from meancache.fl_server.screening import ReplyLimits
 from meancache.fl_server.strategy import AGGREGATIONS
 from meancache.shared.errors import RunConfigError
 from meancache.shared.fl.run_config import (
-    DEVICE_KEYS,
+    SIGNED_KEYS,
     ModelConfig,
     RunConfig,
     at_least,
@@ -121,6 +122,7 @@ def parse_overrides(text: str | None) -> Values:
 
 
 def split_overrides(config: Values) -> tuple[Values, Values]:
-    """(what devices read: signed into the app, what only the server reads: overrides)."""
-    device = {k: v for k, v in config.items() if k in DEVICE_KEYS}
-    return device, {k: v for k, v in config.items() if k not in DEVICE_KEYS}
+    """(what devices read or receive: signed into the app (SIGNED_KEYS), the server's
+    scheduling of the run: overrides)."""
+    signed = {k: v for k, v in config.items() if k in SIGNED_KEYS}
+    return signed, {k: v for k, v in config.items() if k not in SIGNED_KEYS}

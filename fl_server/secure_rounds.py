@@ -30,10 +30,12 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.common import (
+    FitIns,
     FitRes,
     Parameters,
     Scalar,
     ndarrays_to_parameters,
+    parameters_to_ndarrays,
 )
 from flwr.server import ServerConfig as LegacyServerConfig
 from flwr.server.client_proxy import ClientProxy
@@ -43,7 +45,9 @@ from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from meancache.fl_server.pooled_threshold import Pooled, ThresholdRule, pooled_threshold
+from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.screening import ReplyLimits, Screened
+from meancache.shared.fl.checkpoint import DESCRIPTION_KEY
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.secure import NAMES, SECURE, from_scalars
 
@@ -88,14 +92,17 @@ class CountingGrid:
 
 
 class SecureFedAvg(LegacyFedAvg):
-    """The legacy strategy SecAgg+ needs: it sends the global weights, the threshold and
+    """The legacy strategy SecAgg+ needs: it sends the global weights, their signed
+    description (fl_server.round_model, as the Message-API rounds do), the threshold and
     the device-side bounds, and is handed the already summed weights (each device's
     FitRes with the aggregate in place of its own parameters)."""
 
     def __init__(self, names: list[str], initial: ArrayRecord, threshold: float,
-                 limits: ReplyLimits, rule: ThresholdRule, grid: CountingGrid,
-                 recorder: Callable[[int, ArrayRecord], object], **kwargs: Any) -> None:
+                 limits: ReplyLimits, rule: ThresholdRule, models: RoundModels,
+                 grid: CountingGrid, recorder: Callable[[int, ArrayRecord], object],
+                 **kwargs: Any) -> None:
         self.names = names
+        self.models = models
         self.threshold = threshold
         self.limits = limits
         self.rule = rule
@@ -105,13 +112,24 @@ class SecureFedAvg(LegacyFedAvg):
         self.verifier_bytes: dict[int, dict[int, int]] = {}  # not told apart once masked
         self.screened: dict[int, Screened] = {}  # nothing is screened: the updates are hidden
         self.pooled: dict[int, Pooled] = {}
+        # the global weights configure_fit sends, which _fit_config describes
+        self.sent = ndarrays_to_parameters([initial[n].numpy() for n in names])
         super().__init__(
-            initial_parameters=ndarrays_to_parameters([initial[n].numpy() for n in names]),
+            initial_parameters=self.sent,
             on_fit_config_fn=self._fit_config, evaluate_fn=self._evaluate,
             fraction_evaluate=0.0, min_evaluate_clients=0, accept_failures=True, **kwargs)
 
+    def configure_fit(self, server_round: int, parameters: Parameters,
+                      client_manager: Any) -> list[tuple[ClientProxy, FitIns]]:
+        self.sent = parameters
+        return super().configure_fit(server_round, parameters, client_manager)
+
     def _fit_config(self, server_round: int) -> dict[str, Scalar]:
-        return {"threshold": self.threshold, "server-round": server_round, SECURE: 1,
+        sent = ArrayRecord({n: Array(a) for n, a in zip(
+            self.names, parameters_to_ndarrays(self.sent), strict=True)})
+        description = self.models.describe(server_round - 1, self.threshold, sent)
+        return {"threshold": self.threshold, SECURE: 1,
+                DESCRIPTION_KEY: description,
                 NAMES: "\n".join(self.names), "clipping_norm": self.limits.max_update_norm,
                 "max-examples": self.limits.max_examples}
 
@@ -144,13 +162,14 @@ class SecureFedAvg(LegacyFedAvg):
 
 def run_secure_rounds(grid: Grid, context: Context, names: list[str], initial: ArrayRecord,
                       threshold: float, limits: ReplyLimits, rule: ThresholdRule,
-                      rounds: int, timeout: float, sampling: dict[str, Any],
+                      models: RoundModels, rounds: int, timeout: float,
+                      sampling: dict[str, Any],
                       recorder_for: Callable[[SecureFedAvg], Callable[[int, ArrayRecord],
                                                                       object]]) -> None:
     """``rounds`` rounds of FedAvg under SecAgg+; ``recorder_for`` makes the
     checkpointing callback (fl_server.rounds.RoundRecorder) of the strategy."""
     counting = CountingGrid(grid)
-    strategy = SecureFedAvg(names, initial, threshold, limits, rule, counting,
+    strategy = SecureFedAvg(names, initial, threshold, limits, rule, models, counting,
                             lambda r, a: None, **sampling)
     strategy.recorder = recorder_for(strategy)
     legacy = LegacyContext(context, config=LegacyServerConfig(num_rounds=rounds,

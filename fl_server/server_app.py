@@ -12,6 +12,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 from meancache.fl_server.privacy import SampledClientsDP
+from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.rounds import HeldOut, RoundRecorder
 from meancache.fl_server.run_config import ServerConfig
 from meancache.fl_server.secure_rounds import run_secure_rounds
@@ -19,6 +20,7 @@ from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import load_sentence_transformer, locate_model, profile_threshold
 from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
+from meancache.shared.fl.signing import server_key
 from meancache.shared.fl.weights import (
     federated_names,
     federated_state,
@@ -79,9 +81,11 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
     if dp:  # the server clips to the DP norm itself: a device may not have
         limits = replace(limits, max_update_norm=min(limits.max_update_norm,
                                                      config.dp_clipping_norm))
+    models = RoundModels(server_key(config.checkpoint_dir), base, config.model.top_layers,
+                         offset, verifier_base)
     strategy = ThresholdFedAvg(
         threshold, ArrayRecord(initial), limits, config.threshold_rule, config.aggregation,
-        unweighted=dp,
+        unweighted=dp, models=models,
         fraction_train=config.fraction_train,
         min_train_nodes=config.min_train_nodes,
         min_available_nodes=config.min_available_nodes,
@@ -95,7 +99,7 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
     if config.secure_aggregation:
         run_secure_rounds(
             grid, context, list(initial), ArrayRecord(initial), threshold, limits,
-            config.threshold_rule, config.num_server_rounds, config.round_timeout,
+            config.threshold_rule, models, config.num_server_rounds, config.round_timeout,
             {"fraction_fit": config.fraction_train, "min_fit_clients": config.min_train_nodes,
              "min_available_clients": config.min_available_nodes},
             lambda secure: RoundRecorder(secure, config.checkpoint_dir, base,

@@ -93,9 +93,11 @@ def add_commands(fl: Any) -> None:
     sign_app.add_argument("--out", type=Path, help="where the FL server's gateway finds the "
                           "signature (its --app-signatures; None: <data dir>/fl-server/"
                           "app-signatures)")
-    sign_app.add_argument("--run-config", help="the settings devices run with, signed into "
-                          "the app, e.g. \"epochs=2 top-layers=1\": give `fl run` the same "
-                          "ones (the server's own keys here are left to `fl run`)")
+    sign_app.add_argument("--run-config", help="the settings devices run with and the "
+                          "server's that shape what they receive (aggregation, screening, "
+                          "DP, threshold tuning), signed into the app, e.g. \"epochs=2 "
+                          "aggregation='median'\": give `fl run` the same ones (rounds, node "
+                          "counts and timeouts here are left to `fl run`)")
     sign_app.set_defaults(handler=run_sign_app)
 
     run = fl.add_parser("run", help="start federated rounds on a running FL server",
@@ -107,8 +109,8 @@ def add_commands(fl: Any) -> None:
     run.add_argument("--run-config", help="more settings, e.g. \"top-layers=2 "
                      "min-train-nodes=4\" (the keys and their defaults: [tool.flwr.app.config] "
                      "in meancache/fl_server/flower_app/pyproject.toml); those devices read "
-                     "go into the app, which `fl sign-app --run-config` with the same ones "
-                     "signed")
+                     "or that shape what they receive go into the app, which `fl sign-app "
+                     "--run-config` with the same ones signed")
     run.add_argument("--root-certificate", type=Path,
                      help="the CA certificate, for TLS (None: insecure)")
     run.set_defaults(handler=run_rounds)
@@ -116,8 +118,9 @@ def add_commands(fl: Any) -> None:
 
 def split_run_config(settings: FlServerSettings, text: str | None
                      ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(the settings devices read, written into the app and so under the operator's
-    signature; the server's own, a run's overrides) of this data dir's encoder and
+    """(the settings devices read or that shape what they receive, written into the app
+    and so under the operator's signature; the server's scheduling of the run, its
+    overrides) of this data dir's encoder and
     ``--run-config``: `fl sign-app` and `fl run` make the same app from the same ones."""
     from meancache.fl_server.run_config import parse_overrides, split_overrides
 
@@ -190,9 +193,10 @@ def run_server(args: argparse.Namespace, settings: FlServerSettings) -> int:
 
 def run_rounds(args: argparse.Namespace, settings: FlServerSettings) -> int:
     """`flwr run` of the packaged Flower app (copied, stamped with this version), the
-    settings devices read written into it (they reach devices only under the operator's
-    signature of the app: the gateway refuses a run that overrides them), the server's
-    passed as the run's overrides (a TOML file: any path survives)."""
+    settings devices read or that shape what they receive written into it (they reach
+    devices only under the operator's signature of the app: the gateway refuses a run that
+    overrides them), the server's scheduling passed as the run's overrides (a TOML file:
+    any path survives)."""
     import tempfile
 
     import tomli_w

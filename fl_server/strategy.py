@@ -17,7 +17,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from meancache.fl_server.pooled_threshold import Pooled, ThresholdRule, pooled_threshold
+from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.screening import ReplyLimits, Screened, screen
+from meancache.shared.fl.checkpoint import DESCRIPTION_KEY
 from meancache.shared.fl.evidence import KEYS, Evidence
 from meancache.shared.fl.weights import VERIFIER
 
@@ -36,9 +38,11 @@ def coordinate_median(replies: list[Message]) -> ArrayRecord:
 class ThresholdFedAvg(FedAvg):
     def __init__(self, threshold: float, arrays: ArrayRecord, limits: ReplyLimits,
                  rule: ThresholdRule, aggregation: str = "fedavg", unweighted: bool = False,
-                 **kwargs: Any) -> None:
+                 models: RoundModels | None = None, **kwargs: Any) -> None:
         """``unweighted``: every device that replied counts once, whatever its example
-        count (central DP: fl_server.privacy)."""
+        count (central DP: fl_server.privacy); ``models``: signs the description of the
+        global model each message carries (fl_server.round_model; None: none, and devices
+        keep nothing)."""
         super().__init__(**kwargs)
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, not {aggregation!r}")
@@ -48,6 +52,7 @@ class ThresholdFedAvg(FedAvg):
         self.rule = rule
         self.aggregation = aggregation
         self.unweighted = unweighted
+        self.models = models
         self.bytes_received: dict[int, dict[int, int]] = {}  # round -> node -> bytes
         self.verifier_bytes: dict[int, dict[int, int]] = {}  # the verifier's share of them
         self.screened: dict[int, Screened] = {}  # round -> what screening did
@@ -55,14 +60,19 @@ class ThresholdFedAvg(FedAvg):
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        config["threshold"] = self.threshold
+        self._describe(config, server_round - 1, arrays)  # the model after the last round
         self.global_arrays = arrays
         return super().configure_train(server_round, arrays, config, grid)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord,
                            config: ConfigRecord, grid: Grid) -> Iterable[Message]:
-        config["threshold"] = self.threshold
+        self._describe(config, server_round, arrays)
         return super().configure_evaluate(server_round, arrays, config, grid)
+
+    def _describe(self, config: ConfigRecord, model_round: int, arrays: ArrayRecord) -> None:
+        config["threshold"] = self.threshold
+        if self.models is not None:
+            config[DESCRIPTION_KEY] = self.models.describe(model_round, self.threshold, arrays)
 
     def _weight(self, message: Message) -> float:
         metrics = next(iter(message.content.metric_records.values()), {})

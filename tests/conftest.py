@@ -18,6 +18,7 @@ from tests.support.parallel import (
     built_once,
     group_modules_with_state,
     share_cores,
+    start_longest_first,
     workers,
 )
 from tests.support.paths import DATA_DIR
@@ -56,6 +57,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     group_modules_with_state(items)
+    start_longest_first(items)
 
 
 @pytest.fixture(scope="session")

@@ -50,6 +50,7 @@ def test_a_second_ask_reuses_the_background_upstream_until_stopped(
     assert "no embedded upstream is running" in capsys.readouterr().err
 
 
+@pytest.mark.slow(20)
 def test_an_idle_background_upstream_exits_and_unregisters(tmp_path: Path) -> None:
     data = tmp_path / "data"
     env = os.environ | {"MEANCACHE_DATA_DIR": str(data),

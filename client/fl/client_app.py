@@ -25,7 +25,8 @@ from meancache.client.fl.secure import RECORDS, is_secure, secure_mod
 from meancache.client.fl.train import pair_similarities, train_locally
 from meancache.client.verifier import export_global_verifier
 from meancache.shared.encoder import load_sentence_transformer, locate_model
-from meancache.shared.fl.checkpoint import latest_checkpoint
+from meancache.shared.errors import MeanCacheError
+from meancache.shared.fl.checkpoint import DESCRIPTION_KEY, latest_checkpoint
 from meancache.shared.fl.compression import encode_update
 from meancache.shared.fl.evidence import KEYS as EVIDENCE_KEYS
 from meancache.shared.fl.evidence import Evidence
@@ -160,11 +161,11 @@ class Received:
     threshold: float
 
 
-def receive(msg: Message, config: ClientConfig, node: dict[str, Any], keep_round: int
-            ) -> Received:
-    """Load the global weights; on a real device also keep them (and the threshold).
-    A non-finite weight or an invalid threshold is refused (ValueError) before anything
-    is loaded or kept."""
+def receive(msg: Message, config: ClientConfig, node: dict[str, Any]) -> Received:
+    """Load the global weights; on a real device also keep them (and the threshold) when
+    the server's signed description of them is trusted and fresh (DeviceState.keep_global:
+    else the device still takes part, and keeps what it has). A non-finite weight or an
+    invalid threshold is refused (ValueError) before anything is loaded or kept."""
     threshold = check_threshold(msg.content["config"]["threshold"])
     arrays = msg.content["arrays"]
     state = arrays.to_torch_state_dict()
@@ -181,14 +182,12 @@ def receive(msg: Message, config: ClientConfig, node: dict[str, Any], keep_round
         load_federated_state(verifier, verifier_state)  # type: ignore[arg-type]
         verifier_base = base_sha(config.model.verifier_dir)
     if "data-dir" in node:
-        DeviceState(Path(str(node["data-dir"]))).keep_global(
-            state, threshold, keep_round, config.model.encoder_model, config.model.top_layers,
-            verifier_base)
+        try:
+            DeviceState(Path(str(node["data-dir"]))).keep_global(
+                state, msg.content["config"].get(DESCRIPTION_KEY), verifier_base)
+        except MeanCacheError as exc:
+            log.warning("not keeping this round's global model: %s", exc)
     return Received(config, node, model, verifier, arrays, threshold)
-
-
-def _server_round(msg: Message) -> int:
-    return int(msg.content["config"].get("server-round", 1))
 
 
 def train_reply(msg: Message, got: Received) -> Message:
@@ -249,9 +248,8 @@ app = ClientApp(mods=[wire_audit_mod])
 
 @app.train(mods=[secure_mod, compress_update_mod, clip_when_asked_mod])
 def train(msg: Message, context: Context) -> Message:
-    # A round starts from the global model after the previous round.
     got = receive(msg, ClientConfig.from_run_config(context.run_config),
-                  dict(context.node_config), keep_round=_server_round(msg) - 1)
+                  dict(context.node_config))
     return train_reply(msg, got)
 
 
@@ -259,10 +257,13 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Keep the new global model on a device; score it on the local validation pairs."""
     got = receive(msg, ClientConfig.from_run_config(context.run_config),
-                  dict(context.node_config), keep_round=_server_round(msg))
+                  dict(context.node_config))
     if got.verifier is not None and "data-dir" in got.node:  # the device's int8 verifier
         settings = DeviceState(Path(str(got.node["data-dir"]))).settings
         kept = latest_checkpoint(settings.global_model_dir)
         if kept is not None:
-            export_global_verifier(settings, kept, got.config.model.verifier_dir)
+            try:
+                export_global_verifier(settings, kept, got.config.model.verifier_dir)
+            except MeanCacheError as exc:  # the device keeps the verifier it has
+                log.warning("not making the global verifier: %s", exc)
     return evaluate_reply(msg, got)

@@ -11,6 +11,7 @@ next lookup: tau is read from the store); a proxy cache made later copies it whe
 made (client/proxy/partitions.py). Each cache's local tau stays its own.
 """
 
+import json
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -18,10 +19,17 @@ from typing import TYPE_CHECKING
 from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings, load_settings
 from meancache.client.device_caches import device_alias_pairs, device_cache_dirs, device_pairs
-from meancache.shared.encoder import locate_model
-from meancache.shared.encoder.fingerprint import model_fingerprint
-from meancache.shared.fl.checkpoint import prune_rounds, save_checkpoint
+from meancache.client.fl.trust import accept_fresh, installed_round, trusted_key
+from meancache.shared.errors import CheckpointError
+from meancache.shared.fl.checkpoint import (
+    GlobalModel,
+    prune_rounds,
+    save_checkpoint,
+    state_sha256,
+)
+from meancache.shared.fl.signing import verify
 from meancache.shared.pairs import Pair
+from meancache.shared.threshold import check_threshold
 
 if TYPE_CHECKING:  # weights are handed over, never computed here
     import torch
@@ -36,22 +44,38 @@ class DeviceState:
         self.settings = settings if isinstance(settings, Settings) else load_settings(
             data_dir=settings)
 
-    def base_version(self, encoder_model: str | None) -> str:
-        model_dir = locate_model(encoder_model, self.settings.models_dir)
-        return model_fingerprint(model_dir, self.settings.encoder_dir / "fingerprints.json")
-
-    def keep_global(self, state: "dict[str, torch.Tensor]", threshold: float, round_number: int,
-                    encoder_model: str | None, top_layers: int, verifier_base: str = ""
-                    ) -> None:
-        """Store a global model and threshold received from the server; the cache switches
-        to it (and re-embeds) the next time it opens. ``verifier_base``: the sha256 of the
-        int8 verifier its ``verifier.`` tensors were trained from ("": none)."""
-        save_checkpoint(self.settings.global_model_dir, round_number, state, threshold,
-                        self.base_version(encoder_model), top_layers,
-                        verifier_base=verifier_base)
-        prune_rounds(self.settings.global_model_dir, KEEP_ROUNDS)
-        self.set_global_threshold(threshold)
-        log.info("kept global model of round %d (threshold %.4f)", round_number, threshold)
+    def keep_global(self, state: "dict[str, torch.Tensor]", description: str | None,
+                    verifier_base: str = "") -> None:
+        """Keep a global model received in a Flower round, by the same rule as `fl sync`
+        (client.fl.trust): ``description`` (the server's signed JSON of its round,
+        threshold and weights' sha256; None from a server that sends none) must verify
+        under the FL server's key and be fresh, and ``state`` must be what it describes.
+        The global threshold is set from it, and the cache switches to the model (and
+        re-embeds) the next time it opens. ``verifier_base``: the sha256 of the int8
+        verifier this device trains the ``verifier.`` tensors over ("": the verifier is not
+        federated); the description must name the same (client.verifier applies global
+        verifier weights only over their base). MeanCacheError: nothing kept or changed."""
+        meta = _described(description)
+        key = trusted_key(self.settings)
+        root = self.settings.global_model_dir
+        if key is not None:
+            verify(meta, key)
+        if meta.verifier_base != verifier_base:
+            raise CheckpointError(f"{meta.label} holds a verifier trained from the int8 "
+                                  f"verifier {meta.verifier_base[:16] or 'none'}, not this "
+                                  f"device's ({verifier_base[:16] or 'none'}); not kept")
+        if state_sha256(state) != meta.sha256:
+            raise CheckpointError(f"the weights sent with {meta.label} are not the ones its "
+                                  "description names (sha256); not kept")
+        if key is None:
+            log.warning("keeping %s unverified (fl_allow_unsigned)", meta.label)
+        else:
+            accept_fresh(meta, installed_round(root), self.settings)
+        save_checkpoint(root, meta.round, state, meta.threshold, meta.base_model,
+                        meta.top_layers, meta.metrics, sign=lambda _: meta)
+        prune_rounds(root, KEEP_ROUNDS)
+        self.set_global_threshold(meta.threshold)
+        log.info("kept global model of round %d (threshold %.4f)", meta.round, meta.threshold)
 
     def set_global_threshold(self, value: float) -> None:
         """The FL server's tau for every cache on the device (the chat's first: made if
@@ -70,3 +94,20 @@ class DeviceState:
         weight updates."""
         return device_alias_pairs(directory for _, directory in device_cache_dirs(
             self.settings))
+
+
+def _described(description: str | None) -> GlobalModel:
+    """The server's description of a round's global model, parsed; CheckpointError for
+    none or a malformed one."""
+    if not isinstance(description, str):
+        raise CheckpointError("the FL server sent no signed description of this round's "
+                              "global model (an older server?); not kept")
+    try:
+        meta = GlobalModel(**json.loads(description))
+        check_threshold(meta.threshold)
+        if not isinstance(meta.round, int) or isinstance(meta.round, bool) or meta.round < 0:
+            raise ValueError(f"round {meta.round!r}")
+    except (ValueError, TypeError) as exc:
+        raise CheckpointError(f"the FL server's description of this round's global model "
+                              f"is invalid ({exc}); not kept") from None
+    return meta

@@ -28,6 +28,10 @@ def add_commands(fl: Any) -> None:
     join.add_argument("--allow-unsigned-apps", action="store_true",
                       help="run whatever Flower app the FL server hands out (a lab only: "
                       "whoever submits a run there runs code on this device)")
+    join.add_argument("--server-key", metavar="KEY_OR_FILE",
+                      help="the FL server's signing-key.pub (its one line, or the file): "
+                      "the global model of a round is kept only signed with it and fresh, "
+                      "as `fl sync` installs one (None: fl_server_public_key)")
     join.set_defaults(handler=run_join)
 
     sync = fl.add_parser("sync", help="download the newest global model and threshold",
@@ -68,10 +72,17 @@ def run_join(args: argparse.Namespace, settings: Settings) -> int:
     signed = "apps signed by the operator's key" if trusted else "any app (unsigned allowed)"
     print(f"meancache fl join: training on {settings.data_dir} for {args.superlink}, "
           f"running {signed}", file=sys.stderr, flush=True)
+    environment = supernode_environment(settings.data_dir)
+    server_key = args.server_key or settings.fl_server_public_key
+    if server_key:  # what the ClientApp reads its settings from
+        environment["MEANCACHE_FL_SERVER_PUBLIC_KEY"] = server_key
+    elif not settings.fl_allow_unsigned:
+        print("warning: no FL server key (--server-key or fl_server_public_key): this device "
+              "trains but keeps no global model from the rounds", file=sys.stderr, flush=True)
     command = supernode_command(args.superlink, args.port, settings.data_dir,
                                 args.root_certificate or settings.fl_certificate,
                                 args.insecure or settings.fl_insecure, args.auth_key, trusted)
-    return run_foreground(command, supernode_environment(settings.data_dir))
+    return run_foreground(command, environment)
 
 
 def run_sync(args: argparse.Namespace, settings: Settings) -> int:

@@ -35,18 +35,17 @@ import os
 import shutil
 import ssl
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from meancache.client.config import Settings
 from meancache.client.errors import SyncError
 from meancache.client.fl.device import KEEP_ROUNDS, DeviceState
 from meancache.client.fl.transport import http_verify
+from meancache.client.fl.trust import accept_fresh, trusted_key
 from meancache.client.http_errors import error_message
 from meancache.shared.errors import CheckpointError, VerifierError
 from meancache.shared.fl.checkpoint import (
@@ -58,8 +57,7 @@ from meancache.shared.fl.checkpoint import (
     prune_rounds,
     read_meta,
 )
-from meancache.shared.fl.freshness import check_fresh, newest, read_seen, write_seen
-from meancache.shared.fl.signing import PUBLIC_KEY, read_public_key, verify
+from meancache.shared.fl.signing import verify
 from meancache.shared.progress import Progress
 from meancache.shared.threshold import check_threshold
 from safetensors import SafetensorError
@@ -70,7 +68,6 @@ META_PATH = "/v1/global-model"
 CHUNK = 1 << 16
 MAX_DESCRIPTION_BYTES = 1 << 16
 MAX_WEIGHTS_BYTES = 2 << 30  # all of MPNet's weights take 0.4 GiB
-SEEN_KIND = "global-model"  # its entry in the device's record of versions seen
 
 
 @dataclass(frozen=True)
@@ -100,13 +97,13 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
     base = url.rstrip("/")
     root = settings.global_model_dir
     verify_tls = http_verify(base, settings.fl_certificate, settings.fl_insecure)
-    server_key = _trusted_key(settings)
+    server_key = trusted_key(settings)
     with _client(base, timeout, verify_tls) as http:
         remote = _fetch_meta(http, base)
         installed = _installed(root)
         if server_key is not None:
             verify(remote.meta, server_key)
-            _check_fresh(remote.meta, installed, settings)
+            accept_fresh(remote.meta, installed[1].round if installed else None, settings)
         else:
             warning = (f"warning: installing the global model of round {remote.meta.round} "
                        f"from {base} unverified (fl_allow_unsigned): whoever can change what "
@@ -142,37 +139,6 @@ def _make_verifier(settings: Settings, checkpoint: Path) -> None:
         log.warning("%s", exc)
         print(f"warning: {exc}", file=sys.stderr, flush=True)
 
-
-def _check_fresh(meta: GlobalModel, installed: tuple[Path, GlobalModel] | None,
-                 settings: Settings) -> None:
-    """FreshnessError for a stale model (shared.fl.freshness); otherwise it is
-    remembered as seen at once, so a download that fails after it still bars an older
-    one."""
-    fl_dir = settings.global_model_dir.parent
-    seen = read_seen(fl_dir, SEEN_KIND)
-    check_fresh(meta, installed[1].round if installed else None, seen, time.time(),
-                settings.allow_downgrade)
-    remembered = newest(seen, meta, settings.allow_downgrade)
-    if remembered != seen:
-        try:
-            write_seen(fl_dir, SEEN_KIND, remembered)
-        except OSError as exc:
-            raise CheckpointError(f"cannot record the global model seen in {fl_dir}: "
-                                  f"{exc}") from None
-
-
-def _trusted_key(settings: Settings) -> Ed25519PublicKey | None:
-    """The FL server's key this device verifies global models with; None only when the
-    user allowed unsigned models and set no key. No key otherwise: SyncError, before
-    anything is downloaded."""
-    if settings.fl_server_public_key:
-        return read_public_key(settings.fl_server_public_key)
-    if settings.fl_allow_unsigned:
-        return None
-    raise SyncError(f"refusing to install a global model nobody can verify: set "
-                    f"fl_server_public_key (or pass --server-key) to the FL server's "
-                    f"{PUBLIC_KEY}, or pass --allow-unsigned (fl_allow_unsigned) to accept "
-                    "unsigned models in a lab; the installed model was kept")
 
 
 # talking to the server -------------------------------------------------------------------

@@ -73,6 +73,9 @@ def train_locally(model: SentenceTransformer, pairs: list[Pair], config: TrainCo
 
 
 def pair_similarities(model: SentenceTransformer, pairs: list[Pair]) -> np.ndarray:
+    """Each pair's cosine; none for no pairs (a device with too few to hold any out)."""
+    if not pairs:
+        return np.empty(0, dtype=np.float32)
     a = model.encode([p.q1 for p in pairs], normalize_embeddings=True, batch_size=64)
     b = model.encode([p.q2 for p in pairs], normalize_embeddings=True, batch_size=64)
     return (a * b).sum(1)

@@ -3,6 +3,7 @@ federated weights), ``meta.json`` (round, threshold, metrics, sha256 of the weig
 ``<root>/LATEST`` naming the newest. Written to a temporary directory and renamed, so a
 crash never leaves a half checkpoint, and a download is checked against its hash."""
 
+import hashlib
 import json
 import os
 import shutil
@@ -21,6 +22,9 @@ if TYPE_CHECKING:  # reading the metadata (which model a device runs) needs no t
 WEIGHTS = "weights.safetensors"
 META = "meta.json"
 LATEST = "LATEST"
+# The key of a Flower round's config record holding the server's signed description
+# (a GlobalModel's JSON) of the global model the message carries.
+DESCRIPTION_KEY = "global-model"
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,14 @@ class GlobalModel:
         return fields
 
 
+def state_sha256(state: "dict[str, torch.Tensor]") -> str:
+    """sha256 of ``state`` as save_checkpoint writes it: what the description of weights
+    sent in a Flower round names (the same bytes a checkpoint of them holds)."""
+    from safetensors.torch import save
+
+    return hashlib.sha256(save({k: v.contiguous() for k, v in state.items()})).hexdigest()
+
+
 def round_dir(root: Path, round_number: int) -> Path:
     return root / f"round-{round_number:04d}"
 
@@ -64,8 +76,10 @@ def save_checkpoint(root: Path, round_number: int, state: "dict[str, torch.Tenso
                     metrics: dict[str, float] | None = None,
                     sign: Callable[[GlobalModel], GlobalModel] | None = None,
                     verifier_base: str = "") -> GlobalModel:
-    """``sign``: the server's (shared.fl.signing.sign with its key), applied to the
-    metadata before it is written."""
+    """``sign``: what turns the metadata into what is written: the server's signing
+    (shared.fl.signing.sign with its key), or on a device the server's signed description
+    of these same weights (checked against state_sha256 first). ``verifier_base``: see
+    GlobalModel."""
     from safetensors.torch import save_file
 
     root.mkdir(parents=True, exist_ok=True)

@@ -16,14 +16,28 @@ from meancache.shared.errors import RunConfigError
 RunConfig = Mapping[str, bool | int | float | str]
 
 # The keys a device's ClientApp reads (client.fl.run_config.ClientConfig, which a test
-# holds to exactly these). Their values must come from the operator's signed app: `fl run`
-# and `fl sign-app` write them into the app, and the Fleet gateway refuses to hand the
-# signature of an app to a run that overrides any of them (fl_server.fleet_gateway).
+# holds to exactly these). Their values (and SHAPING_KEYS') must come from the operator's
+# signed app: `fl run` and `fl sign-app` write them into the app, and the Fleet gateway
+# refuses to hand the signature of an app to a run that overrides any of them
+# (fl_server.fleet_gateway).
 DEVICE_KEYS = frozenset({
     "encoder-model", "top-layers", "seed", "epochs", "batch-size", "learning-rate",
     "min-pairs", "data-source", "qqp-path", "partitioning", "pairs-per-client", "cache-dir",
     "update-bits", "verifier-top-layers", "verifier-model",
 })
+# The server's keys that shape what devices receive each round: the global weights
+# (screening, aggregation, central DP noise and the clipping norm a device is told to clip
+# to) and the global threshold (its tuning rule). A run could otherwise lower the bar for
+# a poisoned update or move every device's threshold by overriding them outside the
+# signature, so they travel as DEVICE_KEYS do. What only schedules a run (rounds, node
+# counts, fractions, timeouts), where the server keeps its checkpoints, how it scores them
+# and the delta its epsilon is reported at stay a run's own overrides.
+SHAPING_KEYS = frozenset({
+    "max-examples", "max-update-norm", "aggregation", "threshold-prior-pairs",
+    "threshold-min-pairs", "threshold-band", "dp-noise-multiplier", "dp-clipping-norm",
+})
+# What only the operator's signed app may set: a run overriding any is refused.
+SIGNED_KEYS = DEVICE_KEYS | SHAPING_KEYS
 T = TypeVar("T", int, float, str)
 
 _NAMES = {int: "an integer", float: "a number", str: "a string"}

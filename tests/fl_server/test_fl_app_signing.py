@@ -2,8 +2,8 @@
 (``--trusted-entities`` with the operator's key) refuses an app the operator did not sign,
 and one whose signature is for other bytes, when the real SuperLink behind the real Fleet
 gateway hands them out; and (issue 38, finding 6) a signed app submitted with overrides of
-settings devices read, which its signature does not cover. (The signed app running a
-round: test_fl_deployment.)"""
+settings devices read or that shape what they receive, which its signature does not cover.
+(The signed app running a round: test_fl_deployment.)"""
 
 import hashlib
 import json
@@ -44,7 +44,8 @@ from meancache.shared.fl.app_signing import (
     sign_fab,
 )
 from meancache.shared.fl.checkpoint import latest_checkpoint
-from meancache.shared.fl.run_config import DEVICE_KEYS
+from meancache.shared.fl.run_config import DEVICE_KEYS, SIGNED_KEYS
+from meancache.shared.fl.signing import PUBLIC_KEY
 from meancache.shared.loopback_server import LoopbackServer
 from meancache.shared.processes import flower_environment, free_port
 
@@ -133,8 +134,12 @@ def fleet(tmp_path: Path) -> Iterator[tuple[int, Path, Path]]:
         wait_for_port(control)
         assert gateway.start()
         log = tmp_path / "supernode.log"
+        # The device keeps a round's global model only signed by the key of the server
+        # the runs name (their checkpoint-dir, where the ServerApp makes it).
+        environment = supernode_environment(device) | {
+            "MEANCACHE_FL_SERVER_PUBLIC_KEY": str(tmp_path / "checkpoints" / PUBLIC_KEY)}
         start(supernode_command(f"127.0.0.1:{gateway.port}", free_port(), device, None,
-                                trusted=trusted), supernode_environment(device), log)
+                                trusted=trusted), environment, log)
         yield control, signatures, log
     finally:
         while STARTED:
@@ -164,6 +169,7 @@ def wait_for_line(log: Path, text: str, seconds: float = 120) -> None:
         time.sleep(0.3)
 
 
+@pytest.mark.slow(40)
 def test_a_stock_supernode_refuses_an_unsigned_and_a_tampered_app(
         tmp_path: Path, fleet: tuple[int, Path, Path], tiny_dir: Path) -> None:
     control, signatures, log = fleet
@@ -183,6 +189,7 @@ def test_a_stock_supernode_refuses_an_unsigned_and_a_tampered_app(
     assert not (tmp_path / "device" / "fl" / "global").exists()  # it never trained
 
 
+@pytest.mark.slow(60)
 def test_a_signed_app_runs_only_without_overrides_of_what_devices_read(
         tmp_path: Path, fleet: tuple[int, Path, Path], tiny_dir: Path) -> None:
     """Issue 38, finding 6: `--run-config` overrides travel beside the signed app. One of
@@ -204,6 +211,58 @@ def test_a_signed_app_runs_only_without_overrides_of_what_devices_read(
     assert log.read_text().count(UNSIGNED) == 1
 
 
+def test_a_signed_app_runs_only_without_overrides_of_what_devices_receive(
+        tmp_path: Path, fleet: tuple[int, Path, Path], tiny_dir: Path) -> None:
+    """Overrides of the server's keys that shape the weights and threshold devices are
+    sent (a threshold band wide enough to move tau anywhere in one round, screening that
+    lets any update through) get the signed app unsigned as a device key's do."""
+    control, signatures, log = fleet
+    key = operator_key(tmp_path / "op" / "key")
+    signed = app(tmp_path / "released", device=device_settings(tiny_dir))
+    save_signature(sign_fab(build_fab_from_disk(signed), key), signatures)
+    submit(tmp_path, control, signed, "threshold-band=1.0 max-update-norm=1e30")
+    wait_for_line(log, UNSIGNED)
+    assert latest_checkpoint(tmp_path / "device" / "fl" / "global") is None
+
+
+def test_keys_shaping_what_devices_receive_go_into_the_signed_app(
+        tmp_path: Path) -> None:
+    settings = FlServerSettings.load(config_dir=tmp_path / "cfg", environ={},
+                                     data_dir=tmp_path / "data", encoder_model="minilm")
+    signed, server = split_run_config(settings, (
+        "aggregation='median' threshold-band=0.1 threshold-prior-pairs=9 "
+        "threshold-min-pairs=3 max-examples=5 max-update-norm=1.5 dp-noise-multiplier=0.5 "
+        "dp-clipping-norm=0.3 num-server-rounds=4 min-train-nodes=3 round-timeout=9.0 "
+        "held-out-pairs=7 dp-delta=1e-6"))
+    assert set(signed) == {"encoder-model", "aggregation", "threshold-band",
+                           "threshold-prior-pairs", "threshold-min-pairs", "max-examples",
+                           "max-update-norm", "dp-noise-multiplier", "dp-clipping-norm"}
+    assert set(server) == {"num-server-rounds", "min-train-nodes", "round-timeout",
+                           "held-out-pairs", "dp-delta"}
+    assert signed.keys() <= SIGNED_KEYS and not server.keys() & SIGNED_KEYS
+
+
+def test_fl_run_warns_when_the_app_it_submits_is_not_signed(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Signed with `fl sign-app --run-config` X, `fl run --run-config` X says nothing;
+    with other device settings it warns that devices will refuse the app. (No SuperLink:
+    a missing CA certificate ends `flwr run` at once, after the check.)"""
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    data = ["--data-dir", str(tmp_path / "data"), "--encoder", "minilm", "fl"]
+    assert main([*data, "sign-app", "--run-config", "epochs=2 aggregation='median'"]) == 0
+    capfd.readouterr()
+    run = [*data, "run", "--superlink", f"127.0.0.1:{free_port()}",
+           "--root-certificate", str(tmp_path / "absent-ca.crt"), "--run-config"]
+    main([*run, "epochs=2 aggregation='median' min-train-nodes=3"])
+    assert "not signed" not in capfd.readouterr().err
+    for unsigned in ("epochs=3 aggregation='median'", "epochs=2 aggregation='fedavg'"):
+        main([*run, unsigned])
+        err = capfd.readouterr().err
+        assert "warning: this app" in err and "is not signed in" in err, err
+        assert "devices that run only the operator's apps refuse it" in err, err
+
+
 def get_run_answer(run_id: int, **overrides: int) -> bytes:
     run = Run(run_id=run_id)
     for name, value in overrides.items():
@@ -219,6 +278,9 @@ def test_the_gateway_signs_only_runs_it_saw_override_no_device_setting() -> None
     assert not checks.may_sign(GetFabRequest(run_id=2, hash_str="h").SerializeToString())
     assert not checks.may_sign(GetFabRequest(run_id=3, hash_str="h").SerializeToString())
     assert not checks.may_sign(b"\xff not protobuf")
+    shaping = RunChecks()
+    shaping.saw(get_run_answer(5, threshold_min_pairs=1))  # shapes the threshold sent
+    assert not shaping.may_sign(GetFabRequest(run_id=5).SerializeToString())
     checks.saw(get_run_answer(3))
     checks.saw(get_run_answer(4))  # run 1 is forgotten: its app would go out unsigned
     assert not checks.may_sign(GetFabRequest(run_id=1).SerializeToString())

@@ -63,6 +63,7 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
     running.stop_all()
 
 
+@pytest.mark.slow(130)
 def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
                                                       processes: Processes) -> None:
     server, alice, bob = tmp_path / "server", tmp_path / "alice", tmp_path / "bob"
@@ -70,20 +71,23 @@ def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
     # Bob has more to learn from: his training is still running when he drops out.
     device_with_feedback(bob, FEEDBACK * 60)
     link, model_port, control = free_port(), free_port(), free_port()
-    # The operator signs the app once, with the settings devices run with; the devices
-    # run only apps signed with that key.
+    processes.start(server, "fl", "server", "--port", str(link),
+                    "--model-port", str(model_port), "--control-port", str(control))
+    # Meanwhile the operator signs the app once, with the settings devices run with; the
+    # devices run only apps signed with that key.
     assert processes.start(server, "fl", "sign-app", "--run-config",
                            DEVICE_SETTINGS).wait(timeout=120) == 0
     app_key = str(server / "fl-operator" / "app-signing-key.pub")
-    processes.start(server, "fl", "server", "--port", str(link),
-                    "--model-port", str(model_port), "--control-port", str(control))
     wait_for_port(control)
     wait_for_port(link)
     wait_for_port(model_port)
+    server_key = str(server / "fl-server" / "checkpoints" / "signing-key.pub")
     processes.start(alice, "fl", "join", "--superlink", f"127.0.0.1:{link}",
-                    "--port", str(free_port()), "--app-key", app_key)
+                    "--port", str(free_port()), "--app-key", app_key,
+                    "--server-key", server_key)
     bob_node = processes.start(bob, "fl", "join", "--superlink", f"127.0.0.1:{link}",
-                               "--port", str(free_port()), "--app-key", app_key)
+                               "--port", str(free_port()), "--app-key", app_key,
+                               "--server-key", server_key)
     run = processes.start(server, "fl", "run", "--superlink", f"127.0.0.1:{control}",
                           "--rounds", "1", "--run-config",
                           f"{DEVICE_SETTINGS} min-available-nodes=2 min-train-nodes=1 "
@@ -148,6 +152,7 @@ def test_secure_aggregation_runs_on_real_supernodes(tmp_path: Path,
     assert "rejected" not in meta.metrics  # nothing was screened: the updates were hidden
 
 
+@pytest.mark.slow(30)
 def test_supernodes_connect_over_tls_with_the_certificate_script(
     tmp_path: Path, processes: Processes
 ) -> None:
@@ -203,6 +208,7 @@ def test_supernodes_connect_over_tls_with_the_certificate_script(
     assert json.loads(runs.stdout[runs.stdout.index("{"):])["runs"] == [], runs.stdout
 
 
+@pytest.mark.slow(25)
 def test_supernode_authentication_refuses_an_unregistered_key(
     tmp_path: Path, processes: Processes
 ) -> None:

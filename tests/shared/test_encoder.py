@@ -17,8 +17,10 @@ from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.errors import EncoderError, ModelNotFoundError
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 
-# Compares the results of numeric kernels: CI runs these on AVX2 kernels too.
-pytestmark = pytest.mark.kernels
+# The tests marked kernels compare a PyTorch computation with another or with ONNX Runtime:
+# CI runs them on AVX2 kernels too. That rerun changes only PyTorch's side (ATen, oneDNN,
+# fbgemm); ONNX Runtime picks its own kernels, so a test of ONNX Runtime alone, or of no
+# numbers, would rerun what the plain suite ran.
 
 QUERIES = [
     "What is the capital of France?",
@@ -98,12 +100,14 @@ def test_unknown_backend_is_rejected() -> None:
 
 
 # ONNX backend ----------------------------------------------------------------------------
+@pytest.mark.kernels
 def test_onnx_backend_is_active(encoder: Encoder, encoder_cache_dir: Path) -> None:
     assert encoder.backend == "onnx"
     assert encoder.fallback_reason is None
     assert (encoder_cache_dir / "onnx" / f"{encoder.version}.onnx").is_file()
 
 
+@pytest.mark.kernels
 def test_onnx_matches_torch(encoder: Encoder, torch_encoder: Encoder) -> None:
     assert torch_encoder.backend == "torch"
     assert cosines(encoder.encode(QUERIES), torch_encoder.encode(QUERIES)).min() >= 0.999
@@ -135,6 +139,7 @@ def test_no_cache_dir_falls_back_to_torch() -> None:
     assert "cache directory" in (enc.fallback_reason or "")
 
 
+@pytest.mark.kernels
 def test_failed_export_falls_back_to_torch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                            encoder: Encoder) -> None:
     def broken_export(*args: object, **kwargs: object) -> None:
@@ -148,6 +153,7 @@ def test_failed_export_falls_back_to_torch(tmp_path: Path, monkeypatch: pytest.M
     assert cosines(enc.encode(QUERIES), encoder.encode(QUERIES)).min() >= 0.999
 
 
+@pytest.mark.kernels
 def test_cache_dir_that_is_a_file_falls_back_to_torch(tmp_path: Path, encoder: Encoder) -> None:
     not_a_dir = tmp_path / "cache-dir"
     not_a_dir.write_text("a regular file where the encoder cache should be")
@@ -233,6 +239,7 @@ def test_pca_fit_shapes(pca16: PCAProjection) -> None:
     np.testing.assert_allclose(rows @ rows.T, np.eye(16), atol=1e-4)  # orthonormal directions
 
 
+@pytest.mark.kernels
 def test_pca_encoder_gives_projected_unit_vectors(
     torch_encoder: Encoder, pca16: PCAProjection
 ) -> None:
@@ -266,6 +273,7 @@ def test_pca_rejects_mismatched_shapes() -> None:
         PCAProjection(np.zeros((4, 8), dtype=np.float32), np.zeros(7, dtype=np.float32))
 
 
+@pytest.mark.kernels
 def test_onnx_with_pca_matches_torch(
     encoder: Encoder, torch_encoder: Encoder, pca16: PCAProjection
 ) -> None:
@@ -383,6 +391,7 @@ def test_a_record_that_does_not_describe_the_export_is_checked_afresh(
     assert cosines(enc.encode(QUERIES), encoder.encode(QUERIES)).min() >= 1 - 1e-6
 
 
+@pytest.mark.slow(20)
 def test_a_record_without_its_export_is_not_trusted(
     tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path
 ) -> None:
@@ -402,6 +411,7 @@ def with_float32_export(encoder: Encoder, encoder_cache_dir: Path, directory: Pa
     return Path(shutil.copy(full, directory / "onnx" / full.name))
 
 
+@pytest.mark.kernels
 def test_the_int8_backend_quantises_every_weight_matrix_and_passes_its_check(
     tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path, torch_encoder: Encoder
 ) -> None:

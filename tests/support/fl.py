@@ -10,14 +10,18 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, Metadata, MetricRecord, RecordDict
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.config import Settings, load_settings
 from meancache.client.device_caches import proxy_dir
 from meancache.fl_server.app_declaration import default_run_config
+from meancache.fl_server.round_model import RoundModels
 from meancache.shared.fl.checkpoint import (
+    DESCRIPTION_KEY,
     META,
     WEIGHTS,
     GlobalModel,
@@ -27,7 +31,7 @@ from meancache.shared.fl.checkpoint import (
 )
 from meancache.shared.fl.compression import compressed_bytes, decode_update, is_compressed
 from meancache.shared.fl.evidence import Evidence
-from meancache.shared.fl.signing import server_key, sign
+from meancache.shared.fl.signing import public_key_text, server_key, sign
 from meancache.shared.fl.weights import federated_names, federated_state
 from sentence_transformers import SentenceTransformer
 from starlette.applications import Starlette
@@ -72,11 +76,26 @@ def device_context(data_dir: Path, tiny_dir: Path,
                    state=RecordDict(), run_config=run_config)
 
 
-def train_message(tiny: SentenceTransformer, top_layers: int, threshold: float = 0.8
-                  ) -> Message:
+# The FL server's signing key in messages made here; a device trusts it with
+# trust_round_key.
+ROUND_KEY = Ed25519PrivateKey.generate()
+
+
+def trust_round_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make a device (its settings read from the environment) trust ROUND_KEY."""
+    monkeypatch.setenv("MEANCACHE_FL_SERVER_PUBLIC_KEY",
+                       public_key_text(ROUND_KEY.public_key()))
+
+
+def train_message(tiny: SentenceTransformer, top_layers: int, threshold: float = 0.8,
+                  model_round: int = 2, key: Ed25519PrivateKey = ROUND_KEY) -> Message:
+    """Round 3's training message: the global model after round ``model_round``, with the
+    server's description of it signed by ``key`` (fl_server.round_model)."""
     arrays = ArrayRecord(federated_state(tiny, federated_names(tiny, top_layers)))
+    description = RoundModels(key, "base", top_layers, 0).describe(model_round, threshold,
+                                                                   arrays)
     return message(RecordDict({"arrays": arrays, "config": ConfigRecord(
-        {"threshold": threshold, "server-round": 3})}))
+        {"threshold": threshold, "server-round": 3, DESCRIPTION_KEY: description})}))
 
 
 def weights_sent(reply: Message, request: Message) -> dict[str, np.ndarray]:

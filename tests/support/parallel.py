@@ -4,6 +4,7 @@ and the tests of a module that builds state once for the module run on one worke
 
 import os
 import shutil
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,6 +60,29 @@ def group_modules_with_state(items: list[pytest.Item]) -> None:
     for item in items:
         if builds_module_state(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def work_unit(item: pytest.Item) -> str:
+    """What `--dist loadgroup` hands a worker at once: the item's group, or the item."""
+    names = sorted(str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+                   for mark in item.iter_markers("xdist_group"))
+    return "_".join(names) if names else item.nodeid
+
+
+def start_longest_first(items: list[pytest.Item]) -> None:
+    """Order the work units by the seconds their ``slow`` tests declare, then by their
+    number of tests (xdist's own order, which `--no-loadscope-reorder` leaves to this):
+    a long test handed out last would run on alone while the other workers idle."""
+    units = {item.nodeid: work_unit(item) for item in items}
+    seconds: Counter[str] = Counter()
+    for item in items:
+        if (mark := item.get_closest_marker("slow")) is not None:
+            if not (mark.args and isinstance(mark.args[0], int | float)):
+                raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.slow takes the test's "
+                                        "seconds, e.g. @pytest.mark.slow(40)")
+            seconds[units[item.nodeid]] += mark.args[0]
+    sizes = Counter(units.values())
+    items.sort(key=lambda item: (-seconds[units[item.nodeid]], -sizes[units[item.nodeid]]))
 
 
 def built_once(factory: pytest.TempPathFactory, name: str,

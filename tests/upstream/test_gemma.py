@@ -194,6 +194,7 @@ def test_gemma_needs_a_data_dir() -> None:
         load_model(GEMMA, device="cpu")
 
 
+@pytest.mark.slow(75)
 def test_the_real_model_answers_a_simple_question(tmp_path: Path) -> None:
     """The packaged GGUF, converted for real (a minute or two), through the engine."""
     engine = PromptCacheEngine(load_model(GEMMA, device="cpu", data_dir=tmp_path))

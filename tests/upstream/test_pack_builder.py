@@ -20,9 +20,6 @@ from meancache.upstream.pack.nll import instruction_nll
 from meancache.upstream.pack.plan import SizeModel, predicted_hit_rate, sigma_for_hit_rate
 from meancache.upstream.pack.search import SearchConfig, tree_search
 
-# Compares the results of numeric kernels: CI runs these on AVX2 kernels too.
-pytestmark = pytest.mark.kernels
-
 TINY = TrainConfig(epochs=20, batch_size=8, layers=1, hidden=64, heads=2, vocab_size=300,
                    max_tokens=16, checkpoint_every=4, learning_rate=3e-3)
 SEARCH = SearchConfig(sigma=12.0, max_depth=12, limits=((2, 6), (10**9, 3)), batch_size=64)
@@ -151,6 +148,10 @@ def float64_lm(scratch_lm: tuple[Path, list[int]], tmp_path_factory: pytest.Temp
     return out
 
 
+# The two searches below compare searches that batch and reuse KV states in other shapes
+# (numeric kernels' results): CI runs them on AVX2 kernels too. The Ray test's subtrees are
+# the same comparison in other processes; its own subject is distribution and resume.
+@pytest.mark.kernels
 def test_tree_search_keeps_to_the_budget_and_resumes(float64_lm: Path, tmp_path: Path) -> None:
     lm = load_lm(float64_lm)
     assert lm.model.dtype == torch.float64
@@ -181,6 +182,7 @@ def test_tree_search_keeps_to_the_budget_and_resumes(float64_lm: Path, tmp_path:
                for t, n in whole.instructions.items())
 
 
+@pytest.mark.kernels
 def test_a_narrow_kv_budget_finds_the_same_holding_few_paths_states(
         float64_lm: Path) -> None:
     lm = load_lm(float64_lm)
@@ -268,6 +270,7 @@ def test_commands_train_plan_build_then_the_device_updates(
                                                     built.manifest.count)
 
 
+@pytest.mark.slow(100)
 def test_ray_subtrees_find_what_one_process_finds_and_resume_after_a_kill(
         float64_lm: Path, tmp_path: Path) -> None:
     import ray

@@ -12,10 +12,13 @@ from dataclasses import dataclass, field
 
 import httpx
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from meancache.shared.pml import PML_MEDIA_TYPE
 from meancache.upstream.server.app import ServerSettings
-from meancache.upstream.server.limits import Limits
+from meancache.upstream.server.limits import Limits, parse_json
 
+from tests.support.fuzz import fuzzed
 from tests.support.servers import running_upstream
 
 KEY = "hostile-test-key"
@@ -119,6 +122,10 @@ CASES = [
     Case("seed-5000-digits", 400, "digits",
          body().replace(b'"max_tokens": 2', b'"seed": ' + b"1" * 5000)),
     Case("seed-string", 400, "seed", body(seed="7")),
+    Case("temperature-5-digit-exponent", 400, "exponent",
+         body().replace(b'"max_tokens": 2', b'"temperature": 1e-00001')),
+    Case("temperature-21-digits", 400, "21 digits",
+         body().replace(b'"max_tokens": 2', b'"temperature": 0.' + b"1" * 20)),
     Case("stop-number", 400, "'stop'", body(stop=5)),
     Case("stop-list-of-numbers", 400, "'stop'", body(stop=[1, 2])),
     Case("stop-five-strings", 400, "stop", body(stop=["a", "b", "c", "d", "e"])),
@@ -215,6 +222,16 @@ def normal_chat(base_url: str) -> None:
                           timeout=60)
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] >= 1
+
+
+@fuzzed()
+@given(value=st.floats(allow_nan=False, allow_infinity=False))
+def test_every_finite_double_as_json_writes_it_passes_the_number_cap(value: float) -> None:
+    """The cap on a number's digits refuses long runs of digits, never a valid double:
+    2.2250738585072014e-308 (23 characters, 17 digits) was refused as "23 characters",
+    so a fuzzed temperature the proxy relayed got a 400 (MEANCACHE_FUZZ_SEED=3457099220)."""
+    assert parse_json(json.dumps({"temperature": value}).encode(), Limits()) == {
+        "temperature": value}
 
 
 def test_the_table_holds_at_least_60_distinct_cases() -> None:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the CLI reads Limits' defaults without loading torch
     from meancache.upstream.server.wire import ChatRequest
 
 SEED_LIMIT = 2**63  # torch.Generator.manual_seed takes a signed 64-bit seed
+MAX_EXPONENT_DIGITS = 3  # a double's exponent never needs more (e-324 ... e+308)
 
 
 @dataclass(frozen=True)
@@ -29,7 +30,7 @@ class Limits:
     max_tokens: int = 4096  # the largest max_tokens (response size) a request may ask for
     max_stop_chars: int = 64  # length of each stop string (there are at most 4)
     max_json_depth: int = 32  # nesting of objects and arrays in a request body
-    max_number_digits: int = 20  # digits of a JSON number
+    max_number_digits: int = 20  # digits of a JSON number (its exponent aside)
     max_schemas_per_key: int = 32  # PML schemas one API key may hold
     max_schema_tokens_per_key: int = 65536  # cached module tokens of those schemas together
 
@@ -38,9 +39,17 @@ def parse_json(body: bytes, limits: Limits) -> Any:
     """The request body as JSON, refused with BadRequest if it is not valid JSON, nests
     too deeply, has an over-long or non-finite number, or text that is not valid Unicode."""
     def number(text: str) -> str:
-        if len(text) > limits.max_number_digits + 2:  # room for a sign and a point
-            raise BadRequest(f"a number in the body has {len(text)} characters; at most "
+        # Digits are counted, not characters: any double's shortest form (up to 17
+        # digits, a sign, a point and an exponent such as e-308: 24 characters) is a
+        # valid number, and what the cap guards against is a long run of digits.
+        mantissa, _, exponent = text.lower().partition("e")
+        digits = sum(c.isdigit() for c in mantissa)
+        if digits > limits.max_number_digits:
+            raise BadRequest(f"a number in the body has {digits} digits; at most "
                              f"{limits.max_number_digits} digits are accepted")
+        if len(exponent.lstrip("+-")) > MAX_EXPONENT_DIGITS:
+            raise BadRequest(f"a number in the body has an exponent of {exponent[:12]!r}; "
+                             f"at most {MAX_EXPONENT_DIGITS} digits are accepted there")
         return text
 
     def real(text: str) -> float:
