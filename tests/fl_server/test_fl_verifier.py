@@ -25,7 +25,12 @@ from meancache.client.learning.state import Learned
 from meancache.client.verifier import load_device_verifier
 from meancache.fl_server.model_endpoint import create_model_app
 from meancache.shared.errors import CheckpointError, VerifierError
-from meancache.shared.fl.checkpoint import META, latest_checkpoint, save_checkpoint
+from meancache.shared.fl.checkpoint import (
+    DESCRIPTION_KEY,
+    META,
+    latest_checkpoint,
+    save_checkpoint,
+)
 from meancache.shared.fl.signing import PUBLIC_KEY, server_key, sign
 from meancache.shared.fl.weights import (
     federated_names,
@@ -47,6 +52,8 @@ from tests.support.fl import (
     device_with_feedback,
     impostor_endpoint,
     message,
+    round_message,
+    trust_round_key,
     weights_sent,
 )
 from tests.support.servers import serving
@@ -108,9 +115,10 @@ def test_a_device_trains_the_verifier_and_runs_the_global_one_as_int8(
         Pair("how do you boil eggs", "how do I boil an egg", 1)]
     context = device_context(tmp_path, tiny_dir, {"verifier-top-layers": 1,
                                                   "verifier-model": str(tiny_verifier)})
+    trust_round_key(monkeypatch)
+    base_sha = read_card(tiny_verifier).sha256
     sent = _global(tiny, tiny_verifier)
-    request = message(RecordDict({"arrays": ArrayRecord(sent), "config": ConfigRecord(
-        {"threshold": 0.8, "server-round": 1})}))
+    request = round_message(ArrayRecord(sent), 0.8, 0, verifier_base=base_sha)
     reply = client_app(request, context)
     assert not reply.has_error(), reply.error if reply.has_error() else ""
     assert reply.content["metrics"]["verifier-train-loss"] > 0
@@ -127,16 +135,21 @@ def test_a_device_trains_the_verifier_and_runs_the_global_one_as_int8(
 
     settings = load_settings(data_dir=tmp_path)
     assert load_device_verifier(settings) is None  # nothing global evaluated yet
-    global_state = _global(tiny, tiny_verifier, nudge=0.05)
-    evaluation = message(RecordDict({"arrays": ArrayRecord(global_state),
-                                     "config": ConfigRecord({"threshold": 0.8,
-                                                             "server-round": 1})}),
-                         kind="evaluate")
+    global_state = ArrayRecord(_global(tiny, tiny_verifier, nudge=0.05))
+    # The round's signed description names the verifier's base: one naming another base
+    # (or none), or whose verifier_base was altered after signing, is not kept.
+    altered = round_message(global_state, 0.8, 2, verifier_base=base_sha, kind="evaluate")
+    config = altered.content["config"]
+    config[DESCRIPTION_KEY] = str(config[DESCRIPTION_KEY]).replace(base_sha, "f" * 64)
+    for refused in (altered, *(round_message(global_state, 0.8, 2, verifier_base=other,
+                                             kind="evaluate") for other in ("f" * 64, ""))):
+        assert not client_app(refused, context).has_error()  # it still takes part
+        assert latest_checkpoint(settings.global_model_dir).name == "round-0000"  # type: ignore[union-attr]
+    evaluation = round_message(global_state, 0.8, 1, verifier_base=base_sha, kind="evaluate")
     assert not client_app(evaluation, context).has_error()
     kept = latest_checkpoint(settings.global_model_dir)
-    assert kept is not None
-    assert json.loads((kept / META).read_text())["verifier_base"] == read_card(
-        tiny_verifier).sha256
+    assert kept is not None and kept.name == "round-0001"
+    assert json.loads((kept / META).read_text())["verifier_base"] == base_sha
     device = load_device_verifier(settings)
     assert device is not None and device.threshold == read_card(tiny_verifier).threshold
     base = LearnedVerifier.load(tiny_verifier)
