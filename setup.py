@@ -14,5 +14,7 @@ setup(
     package_data={"meancache.fl_server": ["flower_app/pyproject.toml"],
                   # the learned verifier: int8 ONNX and its card (sha256, threshold)
                   "meancache.shared": ["verifier/artefact/verifier.onnx",
-                                       "verifier/artefact/verifier.json"]},
+                                       "verifier/artefact/verifier.json"],
+                  # the learned decision's card (coefficients, threshold, sha256)
+                  "meancache.client": ["matching/decision.json"]},
 )

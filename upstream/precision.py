@@ -1,7 +1,9 @@
-"""The numeric precision the upstream serves a model in: ``float32`` as loaded, or
+"""The numeric precision the upstream serves a model in: ``float32`` as loaded,
 ``fp16-int8`` (upstream.compact_weights: float16 linear layers, an int8 output layer
 with an exactly scored shortlist, a lossless bfloat16 embedding), which reads a third of
-the bytes per decoded token and so decodes about 1.6x as fast on a CPU."""
+the bytes per decoded token and so decodes about 1.6x as fast on a CPU, or ``int4``
+(Gemma 3 only): prompts as fp16-int8, decode steps on 4-bit weights through ONNX Runtime
+(upstream.onnx_decode), faster again but no longer float32's next token every time."""
 
 import logging
 from typing import TYPE_CHECKING
@@ -9,16 +11,23 @@ from typing import TYPE_CHECKING
 from meancache.upstream.errors import ModelLoadError
 
 if TYPE_CHECKING:  # torch and transformers load only when a model does (fast CLI start)
+    from meancache.upstream.onnx_decode import OnnxDecoder
     from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
-PRECISIONS = ("float32", "fp16-int8")
+PRECISIONS = ("float32", "fp16-int8", "int4")
 # What `upstream serve` runs: next tokens as float32's (benchmarks/generation_speed.py)
 # at about 1.6x the decode speed and 280 MB less memory. The chat's embedded upstream
 # stays float32: beside the encoder, compacting leaves the chat at 2.6 GB resident, over
 # its 2.5 GB target (benchmarks/chat_memory.py).
 DEFAULT_PRECISION = "fp16-int8"
+
+# How attention (K/V) states are held, computed and cached (upstream.prompt_cache.kv_format,
+# which has each format's error bound). float16 halves the bytes of every cached token at
+# 2^-11 relative rounding, 8x finer than bfloat16's at the same size; int8 quarters them.
+KV_FORMATS = ("float32", "float16", "bfloat16", "int8")
+DEFAULT_KV_FORMAT = "float16"
 
 
 def check_precision(precision: str) -> str:
@@ -28,10 +37,11 @@ def check_precision(precision: str) -> str:
     return precision
 
 
-def apply_precision(model: "PreTrainedModel", precision: str) -> "PreTrainedModel":
-    """Prepare ``model`` in place for serving in ``precision``."""
+def apply_precision(model: "PreTrainedModel", precision: str) -> "OnnxDecoder | None":
+    """Prepare ``model`` in place for serving in ``precision``; the decoder that runs its
+    decode steps instead of the model, for int4."""
     if check_precision(precision) == "float32":
-        return model
+        return None
     import torch
     from meancache.upstream.compact_weights import compact
 
@@ -40,5 +50,10 @@ def apply_precision(model: "PreTrainedModel", precision: str) -> "PreTrainedMode
         raise ModelLoadError(f"{precision} needs a linear output layer; "
                              f"{model.config.model_type} has {type(output).__name__}: "
                              "serve it in float32")
+    decoder = None
+    if precision == "int4":  # exported from the float32 weights, before they are compacted
+        from meancache.upstream.onnx_decode import onnx_decoder
+
+        decoder = onnx_decoder(model)
     compact(model, output)
-    return model
+    return decoder

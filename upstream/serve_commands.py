@@ -6,7 +6,12 @@ from typing import Any
 
 from meancache.upstream.config import UpstreamSettings
 from meancache.upstream.errors import UpstreamError
-from meancache.upstream.precision import DEFAULT_PRECISION, PRECISIONS
+from meancache.upstream.precision import (
+    DEFAULT_KV_FORMAT,
+    DEFAULT_PRECISION,
+    KV_FORMATS,
+    PRECISIONS,
+)
 from meancache.upstream.sampling_params import SERVER_DEFAULTS, SamplingParams
 from meancache.upstream.server.limits import Limits
 
@@ -74,8 +79,17 @@ def add_commands(commands: Any) -> None:
     serve.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
                        help="fp16-int8: float16 layers and an int8 output layer whose "
                        "best words are scored exactly (about 1.6x float32's decode speed "
-                       "on a CPU, same next tokens; see benchmarks/generation_speed.py), or "
-                       "float32 as loaded (default: %(default)s)")
+                       "on a CPU, same next tokens; see benchmarks/generation_speed.py), "
+                       "int4: prompts as fp16-int8, decode steps on 4-bit weights through "
+                       "ONNX Runtime (Gemma 3 only; faster, next tokens float32's in "
+                       "82-88%% of steps; about a minute more to load), or float32 as loaded "
+                       "(default: %(default)s)")
+    serve.add_argument("--kv-format", choices=KV_FORMATS, default=DEFAULT_KV_FORMAT,
+                       help="how attention states are computed and cached: float16 and "
+                       "bfloat16 halve float32's bytes per cached token (each value within "
+                       "2^-11 or 2^-8 of it, relative), int8 (a scale per row, each value "
+                       "within half a step) quarters them; reuse stays exact in each "
+                       "(default: %(default)s)")
     serve.add_argument("--allow-host", action="append", metavar="NAME", type=host_argument,
                        help="also answer requests whose Host header names NAME (repeat for "
                        "more; loopback names are always answered). A server on a network "
@@ -167,6 +181,7 @@ def run_serve(args: argparse.Namespace, settings: UpstreamSettings) -> int:
         ),
         module_budget_bytes=args.module_budget_mb * 1024 * 1024,
         prefix_reuse=args.prefix_reuse,
+        kv_format=args.kv_format,
         data_dir=settings.data_dir,
         precision=args.precision,
     )

@@ -15,7 +15,7 @@ from typing import Protocol
 
 from meancache.client.cache import SemanticCache, ThresholdChange
 from meancache.client.chat.conversations import Conversation, Document, Turn
-from meancache.client.chat.documents import chat_schema, read_document
+from meancache.client.chat.documents import read_document
 from meancache.client.chat.sources import (
     AnswerSource,
     Asked,
@@ -124,16 +124,9 @@ class AnswerService:
         return correction
 
     async def attach(self, conversation: Conversation, path: Path) -> Document:
-        """Register the conversation's documents plus ``path`` as a schema on the upstream."""
+        """Attach ``path`` (read now to check it is usable text): later questions in the
+        conversation are sent after it."""
         text = await asyncio.to_thread(read_document, path)
-        previous = [await asyncio.to_thread(read_document, Path(d.path))
-                    for d in conversation.documents]
-        document = Document(str(path.expanduser().resolve()), "", 0)
-        trial = replace(conversation, documents=[*conversation.documents, document])
-        name, pml = chat_schema(trial, [*previous, text])
-        info = await self.upstream.add_schema(pml)
-        document = replace(document, schema=name, tokens=int(info.get("cached_tokens", 0)))
-        for doc in conversation.documents:
-            doc.schema = name
+        document = Document(str(path.expanduser().resolve()), len(text))
         conversation.documents.append(document)
         return document

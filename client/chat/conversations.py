@@ -131,11 +131,16 @@ class Turn:
 
 @dataclass
 class Document:
-    """A file attached to a conversation as a Prompt Cache module on the upstream."""
+    """A file attached to a conversation, sent before each question about it (as a module
+    a meancache upstream keeps: client.chat.documents)."""
 
     path: str
-    schema: str
-    tokens: int
+    chars: int  # its length when attached
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Document":
+        """Also a document saved when documents were PML schemas (no ``chars``)."""
+        return cls(str(data["path"]), int(data.get("chars", 0)))
 
 
 @dataclass
@@ -154,7 +159,7 @@ class Conversation:
         return cls(
             id=data["id"], title=data.get("title", "Chat"), created=data["created"],
             turns=[Turn.from_json(t) for t in data.get("turns", [])],
-            documents=[Document(**d) for d in data.get("documents", [])],
+            documents=[Document.from_json(d) for d in data.get("documents", [])],
         )
 
     def add(self, turn: Turn) -> None:
@@ -174,7 +179,7 @@ class Conversation:
     def to_markdown(self) -> str:
         lines = [f"# {self.title}", ""]
         for doc in self.documents:
-            lines.append(f"_Attached: {doc.path} ({doc.tokens} tokens)_")
+            lines.append(f"_Attached: {doc.path} ({doc.chars} characters)_")
         for turn in self.turns:
             lines += ["", f"**You:** {turn.question}", "", f"**Answer** ({turn.badge}):", "",
                       turn.answer]

@@ -1,21 +1,12 @@
-"""Documents attached to a chat become one PML schema on the upstream, a module each; the
-chat's questions import them, so the upstream computes only the question's tokens."""
+"""Documents attached to a chat go to the upstream as ordinary system messages before the
+conversation, each marked as a module (shared.pml.marks): a meancache upstream keeps
+their states and computes only what follows them, any other OpenAI-compatible upstream
+reads them as the messages they are."""
 
-import hashlib
 from pathlib import Path
 
-from meancache.client.chat.conversations import Conversation, Document
+from meancache.client.chat.conversations import Document
 from meancache.client.errors import DocumentError
-from meancache.shared.pml import (
-    Import,
-    Module,
-    Prompt,
-    Role,
-    Schema,
-    Text,
-    write_prompt,
-    write_schema,
-)
 
 MAX_DOCUMENT_BYTES = 2 * 1024 * 1024
 
@@ -41,24 +32,11 @@ def read_document(path: Path) -> str:
     return text
 
 
-def module_name(index: int) -> str:
-    return f"doc{index}"
+INSTRUCTION = "Answer using the documents."
 
 
-def chat_schema(conversation: Conversation, texts: list[str]) -> tuple[str, str]:
-    """(schema name, PML) for the conversation's documents, one module each."""
-    digest = hashlib.sha256("\0".join(texts).encode()).hexdigest()[:10]
-    name = f"chat-{conversation.id}-{digest}"
-    modules = tuple(
-        Module(module_name(i), (Text(f"{Path(doc.path).name}:\n{text}\n"),))
-        for i, (doc, text) in enumerate(zip(conversation.documents, texts, strict=True))
-    )
-    system = Role("system", (Text("Answer using the documents."),))
-    return name, write_schema(Schema(name, (system, *modules)))
-
-
-def document_prompt(documents: list[Document], question: str) -> str:
-    """A PML prompt that imports every document module and asks ``question``."""
-    imports = tuple(Import(module_name(i), {}, ()) for i in range(len(documents)))
-    question_node = Role("user", (Text(question),))
-    return write_prompt(Prompt(documents[-1].schema, (*imports, question_node)))
+def document_messages(documents: list[Document], texts: list[str]) -> list[dict[str, str]]:
+    """The instruction, then one system message per document (its file name, its text)."""
+    return [{"role": "system", "content": INSTRUCTION}] + [
+        {"role": "system", "content": f"{Path(doc.path).name}:\n{text}\n"}
+        for doc, text in zip(documents, texts, strict=True)]

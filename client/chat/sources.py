@@ -10,16 +10,18 @@ the documents, so it is neither served from nor stored in a cache.
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from meancache.client.cache import Context, Hit, Miss, SemanticCache, Source, ThresholdChange
 from meancache.client.chat.conversations import Conversation, Turn
-from meancache.client.chat.documents import document_prompt
+from meancache.client.chat.documents import document_messages, read_document
 from meancache.client.matching.matcher import Matcher, NoMatch
 from meancache.client.matching.origins import CacheOrigin, Matched, PackOrigin, UpstreamOrigin
 from meancache.client.matching.question import Query
 from meancache.client.pack import PackStore
 from meancache.client.upstream_client import Completed, Delta, UpstreamClient
+from meancache.shared.pml.marks import MAX_MARKS
 
 OnDelta = Callable[[str], Awaitable[None]]  # awaited per streamed piece of the answer
 
@@ -144,7 +146,7 @@ class UpstreamSource:
     """The upstream: always answers (or raises), streamed, and the complete answer stored
     in the cache (a cancelled or broken stream stores nothing). ``preamble``: the system
     messages every question is sent after (the proxy's; the chat sends none), the same for
-    every answer this cache stores."""
+    every answer this cache stores, and marked as modules for the upstream to keep."""
 
     def __init__(self, upstream: UpstreamClient, cache: SemanticCache, max_tokens: int,
                  temperature: float, preamble: Sequence[dict[str, str]] = ()) -> None:
@@ -154,16 +156,24 @@ class UpstreamSource:
         self.temperature = temperature
         self.preamble = list(preamble)
 
+    async def _documents(self, asked: Asked) -> list[dict[str, str]]:
+        """The conversation's documents as messages, read as they are now."""
+        if not asked.about_documents:
+            return []
+        documents = asked.conversation.documents
+        texts = [await asyncio.to_thread(read_document, Path(doc.path)) for doc in documents]
+        return document_messages(documents, texts)
+
     async def answer(self, asked: Asked, corrected: bool = False) -> Turn:
         """``corrected``: the answer replaces a rejected match (stored as such)."""
-        messages = self.preamble + Conversation(
+        fixed = self.preamble + await self._documents(asked)  # marked as modules
+        messages = fixed + Conversation(
             turns=asked.conversation.turns[:asked.turn_index]).messages()
-        content = document_prompt(asked.conversation.documents, asked.question) \
-            if asked.about_documents else asked.question
-        messages.append({"role": "user", "content": content})
+        messages.append({"role": "user", "content": asked.question})
         completed: Completed | None = None
         async for event in self.upstream.stream_chat(messages, self.max_tokens,
-                                                     self.temperature):
+                                                     self.temperature,
+                                                     range(min(len(fixed), MAX_MARKS))):
             if isinstance(event, Delta):
                 if asked.on_delta is not None:
                     await asked.on_delta(event.text)

@@ -9,6 +9,8 @@ ask it, it imports neither.
   count, verifier, over-long questions, the question's vector);
 - ``feedback.py``: a served match and its rejection recorded, tau re-tuned;
 - ``labels.py``: the labelled pairs as stored, and which of them teach;
+- ``decision.py``: the learned decision whether the verifier's pick is served, and its
+  card;
 - ``entry_threshold.py``: an entry's own threshold from its feedback;
 - ``rules.py``: the rule checks (negation, numbers, names, direction, ...);
 - ``origins.py``: where an answer came from, and whether it may be rejected;

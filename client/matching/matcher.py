@@ -21,11 +21,13 @@ source:
 - the verifier (``settings.verifier``), with ``settings.verify_hits`` on, decides; a veto is a
   miss, never a reason to serve a lower candidate:
   - "learned" (the default; ``shared.verifier``) scores up to ``VERIFIED_AT_MOST``
-    counting candidates, each pair alone; the most probable is served if its
-    probability reaches the verifier's threshold, no other candidate's does too
-    (``ambiguous``), and the rule checks kept beside it (``rules.WITH_LEARNED``: a
-    swapped direction, an opposite word) do not veto it (the very same question passes by
-    identity). It is loaded only when this is chosen;
+    counting candidates, each pair alone, and the most probable (the pick) is served
+    (the very same question passes by identity) as ``settings.decision`` says:
+    "rules": if its probability reaches the verifier's threshold, no other candidate's
+    does too (``ambiguous``), and the rule checks kept beside it (``rules.WITH_LEARNED``:
+    a swapped direction, an opposite word) do not veto it; "learned": if the fitted
+    decision (``decision.py``) serves it, with the hand-made parts its card keeps. It is
+    loaded only when this is chosen;
   - "rules" (``rules.verify``, every check) looks at the best counting candidate
     only and vetoes it when the two differ in a negation, number, name, ...
 
@@ -42,6 +44,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from meancache.client.matching import entry_threshold
+from meancache.client.matching.decision import LearnedDecision
 from meancache.client.matching.feedback import Feedback, Thresholds
 from meancache.client.matching.labels import DECLINED, PairStore
 from meancache.client.matching.question import (
@@ -87,6 +90,12 @@ def ambiguous(probabilities: np.ndarray, threshold: float) -> bool:
 
 
 @lru_cache(maxsize=1)
+def learned_decision() -> LearnedDecision:
+    """The shipped decision card, loaded (and checked) once."""
+    return LearnedDecision.load()
+
+
+@lru_cache(maxsize=1)
 def shipped_verifier() -> LearnedVerifier:
     """The verifier that ships with meancache, loaded (and hash-checked) once."""
     return LearnedVerifier.load()
@@ -109,6 +118,7 @@ class Matcher:
         # The error bound learned from this device's traffic (client/learning/state.py):
         # where set, its threshold on the verifier's probability replaces the card's.
         self.learned: Learned | None = None
+        self._warned = False  # the learned decision's card does not fit the verifier
 
     # the question -------------------------------------------------------------------
     @property
@@ -235,6 +245,9 @@ class Matcher:
         if self.learned is not None:
             self.learned.prior = verifier.threshold
             threshold = self.learned.threshold(counting[top].key)
+        decision = self._decision(verifier)
+        if decision is not None:
+            return self._decided(question, counting, probabilities, threshold, best, decision)
         if probability < threshold:
             log.info("verifier vetoed %d candidates for %r (best %r, p=%.3f)",
                      len(counting), question.text, counting[top].text, probability)
@@ -248,3 +261,43 @@ class Matcher:
             return NoMatch(f"{kind} (p={probability:.2f} and more; which one is meant is a "
                            "guess)", best, kind)
         return self._ruled(question, counting[top], best, WITH_LEARNED, probability)
+
+    def _decision(self, verifier: Verifier) -> LearnedDecision | None:
+        """The learned decision where the settings choose it and ``verifier`` is the one
+        its card was fitted on (its probabilities are what the coefficients weigh; with
+        another verifier the rules decide)."""
+        if self.settings.decision != "learned":
+            return None
+        decision = learned_decision()
+        card = getattr(verifier, "card", None)
+        if getattr(card, "sha256", None) == decision.verifier_sha256:
+            return decision
+        if not self._warned:
+            self._warned = True
+            log.warning("the learned decision was fitted on another verifier than this "
+                        "one: the rules decide")
+        return None
+
+    def _decided(self, question: Question, counting: list[Candidate],
+                 probabilities: np.ndarray, threshold: float, best: float | None,
+                 decision: LearnedDecision) -> Match | NoMatch:
+        """The verifier's pick, if the learned decision (``decision.py``) serves it with
+        the hand-made parts its card keeps, and the device's own bound (``threshold``,
+        where its labels raised it over the card's) does not refuse it."""
+        top = int(np.argmax(probabilities))
+        probability = float(probabilities[top])
+        card = self.verifier.threshold
+        served, score = decision.serves([c.similarity for c in counting], probabilities,
+                                        self.recall_tau, card)
+        refused = (threshold > card and probability < threshold) \
+            or ("floor" in decision.keeps and probability < card) \
+            or ("ambiguity rule" in decision.keeps and ambiguous(probabilities, card))
+        if not served or refused:
+            log.info("learned decision declined %r for %r (p=%.3f, score %.3f)",
+                     counting[top].text, question.text, probability, score)
+            kind = "the verifier judged it a different question" if probability < card \
+                else "the learned decision found it no clear match"
+            return NoMatch(f"{kind} (p={probability:.2f}, decision score {score:.2f})", best,
+                           kind, (counting[top].key, probability))
+        checks = WITH_LEARNED if "kept rules" in decision.keeps else ()
+        return self._ruled(question, counting[top], best, checks, probability)

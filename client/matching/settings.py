@@ -14,6 +14,13 @@ RECALL_MARGIN = 0.1
 # on QQP dev-b and fewer held-out near-misses served than the rules, docs/verification.md),
 # or the word rules alone (client.matching.rules; no model loaded).
 VERIFIERS = ("rules", "learned")
+# How the learned verifier's pick is decided: "learned" (the default: a logistic model over
+# the candidates' cosines and probabilities, client/matching/decision.py; more hits at a
+# higher hit precision than "rules" on the test splits of QQP and two generated domains,
+# benchmarks/decision_study.py, docs/verification.md) or "rules" (served if its
+# probability reaches the card's threshold, no other candidate's does too, and the kept
+# rule checks do not veto it).
+DECISIONS = ("rules", "learned")
 
 
 class MatchSettings(BaseModel):
@@ -30,6 +37,11 @@ class MatchSettings(BaseModel):
     verifier: str = Field("learned", description="Which verifier checks hits: 'learned' "
                           "(a cross-encoder, the rule checks it misses beside it) or 'rules' "
                           "(word rules alone, no model).")
+    decision: str = Field("learned", description="How the learned verifier's pick is "
+                          "decided: 'learned' (a fitted model over the candidates' cosines "
+                          "and probabilities, the kept rule checks beside it) or 'rules' (it "
+                          "alone reaches the verifier's threshold and the kept rule checks "
+                          "pass it).")
     recall_margin: float = Field(RECALL_MARGIN, ge=0, description="How far under tau a "
                                  "candidate still reaches the learned verifier.")
     entry_thresholds: bool = Field(True, description="Each entry's own threshold, learned "
@@ -58,6 +70,11 @@ class MatchSettings(BaseModel):
     @classmethod
     def _known_verifier(cls, value: str) -> str:
         return check_choice("verifier", value, VERIFIERS)
+
+    @field_validator("decision")
+    @classmethod
+    def _known_decision(cls, value: str) -> str:
+        return check_choice("decision", value, DECISIONS)
 
     @property
     def learned(self) -> bool:

@@ -32,7 +32,7 @@ from meancache.client.errors import (
 from meancache.client.proxy.apps import APP_HEADER, App, Apps
 from meancache.client.proxy.eligibility import Bypass, Question, question_of
 from meancache.client.proxy.partitions import Partitions
-from meancache.client.proxy.relay import relay, relay_caps, sse, stream_error, told
+from meancache.client.proxy.relay import recurring, relay, relay_caps, sse, stream_error, told
 from meancache.client.proxy.wire import (
     HEADER,
     ChatRequest,
@@ -135,17 +135,18 @@ def create_app(state: ProxyState) -> Starlette:
         stream = bool(asked.stream)
         found = question_of(asked, state.model, state.answer_max_tokens, state.greedy_only)
         caps = relay_caps(asked)
+        marked = recurring(asked)
         if isinstance(found, Bypass):
-            return await relay(state.upstream, body, stream, found.reason, caps)
+            return await relay(state.upstream, body, stream, found.reason, caps, marked)
         partition = await asyncio.to_thread(state.partitions.get, app.namespace,
                                             found.preamble)
         if isinstance(partition, Bypass):
-            return await relay(state.upstream, body, stream, partition.reason, caps)
+            return await relay(state.upstream, body, stream, partition.reason, caps, marked)
         streaming = False  # a stream releases the cache once it is sent
         try:
             conversation = await _conversation(partition.exchanges.known, found)
             if conversation is None:
-                return await relay(state.upstream, body, stream, "history", caps)
+                return await relay(state.upstream, body, stream, "history", caps, marked)
             completion = Completion(f"chatcmpl-{partition.id}{conversation.id}", state.model)
             if not stream:
                 turn = await partition.answers.answer(conversation, found.text,

@@ -9,7 +9,7 @@ never sees the upstream's own error text or its URL (they go to the log)."""
 
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
@@ -26,6 +26,7 @@ from meancache.client.proxy.wire import (
 )
 from meancache.client.upstream_client import AnswerCaps, UpstreamClient
 from meancache.shared.http_limits import error_body
+from meancache.shared.pml.marks import MAX_MARKS
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -61,14 +62,24 @@ def _bad_answer(what: str) -> ProxyRequestError:
                              "bad_upstream_answer", kind="upstream_error")
 
 
+def recurring(asked: ChatRequest) -> list[int]:
+    """The app's system messages (not the last message): text that recurs from request to
+    request, marked for the upstream to keep as modules (shared.pml.marks)."""
+    found = [i for i, message in enumerate(asked.messages[:-1])
+             if message.role == "system" and isinstance(message.content, str)]
+    return found[:MAX_MARKS]
+
+
 async def relay(upstream: UpstreamClient, body: bytes, stream: bool, reason: str,
-                caps: AnswerCaps) -> Response:
-    """The upstream's answer to ``body``, marked ``x-meancache: bypass; reason=...``."""
+                caps: AnswerCaps, modules: Sequence[int] = ()) -> Response:
+    """The upstream's answer to ``body`` (its ``modules`` marked), marked
+    ``x-meancache: bypass; reason=...``."""
     deadline = upstream.deadline()
     stack = AsyncExitStack()
     max_bytes = caps.stream_bytes if stream else MAX_ANSWER_BYTES  # a whole one is cut parsed
     async with upstream.in_time(deadline):
-        response = await stack.enter_async_context(upstream.relay_chat(body, max_bytes))
+        response = await stack.enter_async_context(upstream.relay_chat(body, max_bytes,
+                                                                       modules))
     headers = header(None, reason)
     if not stream:
         try:

@@ -14,7 +14,7 @@ CHAT_BINDINGS = [
     Binding("ctrl+o", "conversations", "Chats", id="conversations",
             tooltip="Open, delete or export past chats"),
     Binding("ctrl+l", "attach", "Attach", id="attach",
-            tooltip="Attach a text file as a Prompt Cache module"),
+            tooltip="Attach a text file to this chat (a module on a meancache upstream)"),
     Binding("ctrl+s", "export", "Export", id="export",
             tooltip="Export this chat as Markdown"),
     Binding("ctrl+t", "stats", "Stats", id="stats", tooltip="Hit rate, thresholds, sizes"),

@@ -23,7 +23,7 @@ from meancache.shared.pack import write_pack
 from meancache.shared.pairs import Pair
 from meancache.shared.query import clean_query
 
-from tests.support.servers import free_port, scripted_upstream
+from tests.support.servers import echo_upstream, free_port, scripted_upstream
 
 CacheFactory = Callable[..., SemanticCache]
 
@@ -94,6 +94,53 @@ def test_documents_bypass_the_cache(make_cache: CacheFactory, store: Conversatio
     assert [e.id for e in answers.cache.entries()] == [cached.id]  # nothing stored
     assert answers.cache.stats().hits == 0
     assert len(store.load(conversation.id).turns) == 2
+
+
+def test_documents_are_marked_messages_a_meancache_upstream_keeps_as_modules(
+        make_cache: CacheFactory, store: ConversationStore, upstream_url: str,
+        tmp_path: Path) -> None:
+    """The document goes as a system message marked as a module: the next question (after
+    another turn of history) reads its states back from the real upstream."""
+    answers = service(make_cache, store, upstream_url)
+    document = tmp_path / "ferry.txt"
+    text = "The ferry leaves the north pier at seven and at noon.\n" * 3
+    document.write_text(text)
+    conversation = Conversation()
+
+    async def run() -> list[Turn]:
+        await answers.attach(conversation, document)
+        return [await answers.answer(conversation, q)
+                for q in ("When does the ferry leave?", "And on Sundays?")]
+
+    first, second = asyncio.run(run())
+    assert conversation.documents[0].chars == len(text)
+    assert first.cached_tokens < len(text.encode()) <= second.cached_tokens  # byte-level
+
+
+def test_documents_reach_a_plain_upstream_as_ordinary_messages(
+        make_cache: CacheFactory, store: ConversationStore, tmp_path: Path) -> None:
+    received: list[dict[str, object]] = []
+    document = tmp_path / "notes.txt"
+    document.write_text("Lists in Python have a reverse() method.\n")
+    conversation = Conversation()
+    with echo_upstream(received) as url:
+        answers = service(make_cache, store, url)
+
+        async def run() -> None:
+            await answers.attach(conversation, document)
+            await answers.answer(conversation, QUESTION)
+
+        asyncio.run(run())
+    assert received[-1]["messages"] == [
+        {"role": "system", "content": "Answer using the documents."},
+        {"role": "system", "content": "notes.txt:\nLists in Python have a reverse() method.\n\n"},
+        {"role": "user", "content": QUESTION}]
+
+
+def test_a_conversation_saved_with_pml_documents_still_loads() -> None:
+    saved = Conversation().to_json() | {"documents": [
+        {"path": "/tmp/notes.txt", "schema": "chat-1-abc", "tokens": 12}]}
+    assert Conversation.from_json(saved).documents[0].path == "/tmp/notes.txt"
 
 
 def test_reject_replaces_the_turn_and_saves(make_cache: CacheFactory,

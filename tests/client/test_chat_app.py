@@ -187,7 +187,8 @@ def test_attached_document_reports_reused_tokens(settings: Settings, tmp_path: P
             app.screen.query_one("#attach-path").value = str(document)  # type: ignore
             await pilot.press("enter")
             await wait_for(pilot, lambda: bool(app.chat.conversation.documents))
-            await ask(pilot, "Which key fits the saddle?")
+            await ask(pilot, "Which key fits the saddle?")  # computes the document once
+            await ask(pilot, "And the seat post?")  # reads it back
             turn = app.chat.conversation.turns[-1]
             assert turn.source == "upstream"
             assert turn.cached_tokens >= len(document.read_text()) // 2

@@ -62,7 +62,8 @@ def test_the_cache_is_given_every_cache_setting_and_shares_its_defaults(
                "entry_thresholds": False, "max_entries": 7, "max_bytes": 9,
                "eviction_policy": "lfu", "pattern_clustering": "dbscan", "pca_dims": 0,
                "pca_min_entries": 3, "tune_min_per_class": 2, "verifier": "rules",
-               "candidates": 3, "recall_margin": 0.05, "max_wrong_rate": 0.05}
+               "candidates": 3, "recall_margin": 0.05, "max_wrong_rate": 0.05,
+               "decision": "rules"}
     got = settings.model_copy(update=changed).cache_settings()
     assert got.model_dump() == CacheSettings().model_dump() | changed
     assert set(changed) == set(CacheSettings.model_fields)  # every one is the user's to set

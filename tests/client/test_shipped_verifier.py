@@ -19,6 +19,9 @@ from meancache.shared.verifier.runtime import LearnedVerifier
 
 CacheFactory = Callable[..., SemanticCache]
 LEARNED = CacheSettings(verifier="learned")
+# The rules decision around the verifier (the threshold, the ambiguity rule, the kept
+# checks), whose mechanics the tests below name; the learned one: test_learned_decision.py
+RULED = CacheSettings(verifier="learned", decision="rules")
 # (asked, a look-alike that needs another answer, a paraphrase): the look-alike is the
 # more similar of the two in MiniLM's space
 TRIPLES = [
@@ -71,8 +74,9 @@ def test_a_swapped_direction_the_model_misses_is_vetoed_by_the_kept_rule_as_a_mi
     assert swapped_p >= shipped.threshold and swapped_p > other_p  # the model's miss
     between = float(swapped_p + other_p) / 2
     passing = LearnedVerifier(shipped.path, replace(shipped.card, threshold=between))
-    cache = make_cache(settings=CacheSettings(verifier="learned", global_threshold=0.3,
-                                              recall_margin=0.0), verifier=passing)
+    cache = make_cache(settings=RULED.model_copy(update={"global_threshold": 0.3,
+                                                          "recall_margin": 0.0}),
+                       verifier=passing)
     a, b, c = embed_texts(encoder, [asked, swapped, other])
     assert min(float(a @ b), float(a @ c)) >= cache.matcher.recall_tau  # both offered
     cache.insert(swapped, "the swapped question's answer")
@@ -93,7 +97,7 @@ def test_two_stored_questions_that_each_pass_are_an_ambiguous_miss(
     shipped = LearnedVerifier.load()
     assert shipped.probabilities(asked, [beginner])[0] >= shipped.threshold  # alone
     assert min(shipped.probabilities(asked, [beginner, quickly])) >= shipped.threshold
-    cache = make_cache(settings=LEARNED)
+    cache = make_cache(settings=RULED)
     a, b, c = embed_texts(encoder, [asked, beginner, quickly])
     assert min(float(a @ b), float(a @ c)) >= cache.matcher.recall_tau  # both offered
     cache.insert(beginner, "start with the tutorial")

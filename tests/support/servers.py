@@ -92,17 +92,20 @@ ANSWERS: dict[str, Callable[[], Response]] = {
 ECHO_MODEL = "echo"
 
 
-def echo_app(received: list[dict[str, object]]) -> Starlette:
+def echo_app(received: list[dict[str, object]],
+             headers: list[dict[str, str]] | None = None) -> Starlette:
     """An OpenAI-compatible upstream whose answers name the last user message and count
     up ("Answer 3: ..."), so that a fresh answer differs from a cached one; whole or
     streamed in three pieces, with usage; every request body is appended to
-    ``received``."""
+    ``received`` (and its headers to ``headers``)."""
     count = 0
 
     async def chat(request: Request) -> Response:
         nonlocal count
         body = await request.json()
         received.append(body)
+        if headers is not None:
+            headers.append(dict(request.headers))
         count += 1
         text = f"Answer {count}: {body['messages'][-1]['content']}"
         usage = {"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,
@@ -130,9 +133,10 @@ def echo_app(received: list[dict[str, object]]) -> Starlette:
 
 
 @contextmanager
-def echo_upstream(received: list[dict[str, object]] | None = None) -> Iterator[str]:
+def echo_upstream(received: list[dict[str, object]] | None = None,
+                  headers: list[dict[str, str]] | None = None) -> Iterator[str]:
     """Yields the base URL of an echo upstream (``echo_app``) until the block ends."""
-    with serving(echo_app([] if received is None else received)) as url:
+    with serving(echo_app([] if received is None else received, headers)) as url:
         yield url
 
 

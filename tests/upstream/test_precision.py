@@ -35,8 +35,8 @@ def bfloat16_valued_gemma() -> torch.nn.Module:
 
 
 def test_an_unknown_precision_is_refused_by_name() -> None:
-    with pytest.raises(ModelLoadError, match="unknown precision 'int4'.*float32, fp16-int8"):
-        load_model("builtin:tiny-gemma3", device="cpu", precision="int4")
+    with pytest.raises(ModelLoadError, match="unknown precision 'int3'.*float32, fp16-int8, int4"):
+        load_model("builtin:tiny-gemma3", device="cpu", precision="int3")
 
 
 def test_the_shortlist_is_scored_exactly_and_the_rest_in_int8() -> None:
@@ -73,7 +73,8 @@ def test_the_shortlist_is_scored_exactly_and_the_rest_in_int8() -> None:
 
 def test_a_bfloat16_valued_embedding_is_kept_in_bfloat16_and_reads_back_exactly() -> None:
     reference = bfloat16_valued_gemma()
-    model = apply_precision(bfloat16_valued_gemma(), "fp16-int8")
+    model = bfloat16_valued_gemma()
+    assert apply_precision(model, "fp16-int8") is None  # compacted in place, no decoder
     embedding = model.get_input_embeddings()
     assert isinstance(embedding, BFloat16Embedding) and embedding.table.dtype == torch.bfloat16
     assert isinstance(model.get_output_embeddings(), ShortlistOutput)

@@ -1,8 +1,10 @@
 """Prompt Cache exactness: reused module states give the logits a full forward pass gives.
 
-References are computed without any cache: one forward pass over every token at its
-position, with the block attention mask that independent module encoding implies (and, for
-Gemma 3's sliding layers, that mask cut to the window, measured in positions).
+References are computed without any cached states: one forward pass over every token at
+its position, with the block attention mask that independent module encoding implies (and,
+for Gemma 3's sliding layers, that mask cut to the window, measured in positions), its
+keys and values rounded to the engine's KV format as the engine rounds them
+(tests.support.kv_reference gives the bound for each format).
 """
 
 from pathlib import Path
@@ -13,8 +15,15 @@ from meancache.upstream.builtin import builtin_tokenizer
 from meancache.upstream.model_loading import LoadedModel, load_model
 from meancache.upstream.prompt_cache.engine import Delta, Finish, PreparedPrompt, PromptCacheEngine
 from meancache.upstream.prompt_cache.layout import LEADING
-from meancache.upstream.prompt_cache.states import additive_mask, attention_mask
+from meancache.upstream.prompt_cache.states import additive_mask, attention_mask, concatenate
 from meancache.upstream.sampling import SamplingParams, TextStream
+
+from tests.support.kv_reference import (
+    error_bound,
+    reference_logits,
+    reference_mask,
+    rounded_reference,
+)
 
 # Compares the results of numeric kernels: CI runs these on AVX2 kernels too.
 pytestmark = pytest.mark.kernels
@@ -60,71 +69,25 @@ def saved_model_dir(architecture: str, directory: Path) -> Path:
 
 @pytest.fixture(scope="module",
                 params=["builtin:tiny", "builtin:tiny-gpt2", "builtin:tiny-gemma3", "dir:mistral",
-                        "dir:qwen2"])
+                        "dir:qwen2", "builtin:tiny-gemma3 float32", "builtin:tiny-gemma3 bfloat16",
+                        "builtin:tiny-gemma3 int8", "builtin:tiny-gpt2 int8"])
 def engine(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
            ) -> PromptCacheEngine:
-    spec = request.param
+    """Every architecture in the default KV format, and the other formats on two."""
+    spec, _, kv_format = request.param.partition(" ")
     if spec.startswith("dir:"):
         architecture = spec.removeprefix("dir:")
         spec = str(saved_model_dir(architecture, tmp_path_factory.mktemp(architecture)))
-    engine = PromptCacheEngine(load_model(spec, device="cpu"))
+    engine = PromptCacheEngine(load_model(spec, device="cpu"),
+                               **({"kv_format": kv_format} if kv_format else {}))
     engine.add_schema(SCHEMA)
     return engine
-
-
-def reference_mask(model: torch.nn.Module, allowed: torch.Tensor, positions: torch.Tensor
-                   ) -> torch.Tensor | dict[str, torch.Tensor]:
-    """What each layer type may see: ``allowed``, and for sliding layers only keys less than
-    ``sliding_window`` positions behind the query (transformers' own window rule)."""
-    full = additive_mask(allowed, model.dtype)
-    if "sliding_attention" not in (getattr(model.config, "layer_types", None) or ()):
-        return full
-    near = positions[:, None] - positions[None, :] < model.config.sliding_window
-    return {"full_attention": full, "sliding_attention": additive_mask(allowed & near, model.dtype)}
-
-
-def reference_logits(engine: PromptCacheEngine, prepared: PreparedPrompt,
-                     extra: list[int] = ()) -> torch.Tensor:  # type: ignore[assignment]
-    """One uncached forward pass with the equivalent block mask; logits of the new tokens
-    (and of ``extra`` tokens decoded after them)."""
-    layout = engine.layouts["travel"]
-    ids: list[int] = []
-    positions: list[int] = []
-    block: list[str] = []
-    for _, key in prepared.cached:
-        segment = layout.segments[key]
-        ids += segment.token_ids
-        positions += segment.positions
-        block += [key] * len(segment)
-    n_cached = len(ids)
-    ids += list(prepared.new_ids)
-    positions += list(prepared.new_positions)
-    last = max(prepared.new_positions)
-    for offset, token in enumerate(extra, 1):
-        ids.append(token)
-        positions.append(last + offset)
-    n = len(ids)
-    pos = torch.tensor(positions)
-    allowed = torch.zeros(n, n, dtype=torch.bool)
-    for q in range(n_cached):  # a segment sees the leading tokens and its own earlier ones
-        for k in range(n_cached):
-            same = block[k] == block[q] and k <= q
-            allowed[q, k] = same or (block[k] == LEADING and block[q] != LEADING)
-    allowed[n_cached:, :n_cached] = pos[:n_cached][None, :] < pos[n_cached:][:, None]
-    allowed[n_cached:, n_cached:] = pos[None, n_cached:] <= pos[n_cached:, None]
-    model = engine.model
-    with torch.inference_mode():
-        out = model(input_ids=torch.tensor([ids]), position_ids=pos[None],
-                    attention_mask=reference_mask(model, allowed, pos))
-    return out.logits[0, n_cached:]
 
 
 def prefill_logits(engine: PromptCacheEngine, prepared: PreparedPrompt) -> torch.Tensor:
     """All new tokens' logits from the cached path (the engine keeps only the last)."""
     states = [engine._states(key) for key in prepared.cached]
-    from meancache.upstream.prompt_cache.states import concatenate
-
-    cache, cached_positions = concatenate(states)
+    cache, cached_positions = concatenate(states, engine.kv_format)
     positions = torch.tensor(prepared.new_positions)
     allowed = torch.cat([cached_positions[None, :] < positions[:, None],
                          positions[None, :] <= positions[:, None]], dim=1)
@@ -138,11 +101,13 @@ def prefill_logits(engine: PromptCacheEngine, prepared: PreparedPrompt) -> torch
 
 
 def uncached_greedy(engine: PromptCacheEngine, ids: list[int], max_tokens: int) -> list[int]:
-    """Greedy tokens after ``ids`` from plain full forward passes, with no cache at all."""
+    """Greedy tokens after ``ids`` from plain full forward passes, with no cached states
+    (each pass rounds its states to the engine's KV format)."""
     ids, generated = list(ids), []
     with torch.inference_mode():
         for _ in range(max_tokens):
-            token = int(engine.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            token = int(engine.model(input_ids=torch.tensor([ids]), use_cache=True,
+                                     past_key_values=engine.new_cache()).logits[0, -1].argmax())
             if token in engine._eos:
                 break
             generated.append(token)
@@ -172,10 +137,10 @@ def test_gaps_and_independent_modules_equal_the_block_masked_reference(
     assert keys == [LEADING, "", "city", "history", "long"]  # short and budget left out
     assert len(prepared.new_positions) > len("Lyon")
     cached = prefill_logits(engine, prepared)
-    reference = reference_logits(engine, prepared)
-    assert (cached - reference).abs().max().item() <= TOLERANCE
+    reference, bound = reference_logits(engine, prepared, TOLERANCE)
+    assert (cached - reference).abs().max().item() <= bound
     logits, _, _ = engine.prefill(prepared)
-    assert (logits - reference[-1]).abs().max().item() <= TOLERANCE
+    assert (logits - reference[-1]).abs().max().item() <= bound
 
 
 def decode_step(engine: PromptCacheEngine, prepared: PreparedPrompt
@@ -190,8 +155,8 @@ def decode_step(engine: PromptCacheEngine, prepared: PreparedPrompt
 def test_a_decode_step_after_a_gap_equals_its_reference(engine: PromptCacheEngine) -> None:
     prepared = engine.prepare_messages([{"role": "user", "content": PROMPT}])
     step, token = decode_step(engine, prepared)
-    reference = reference_logits(engine, prepared, [token])[-1]
-    assert (step - reference).abs().max().item() <= TOLERANCE
+    reference, bound = reference_logits(engine, prepared, TOLERANCE, [token])
+    assert (step - reference[-1]).abs().max().item() <= bound
 
 
 def test_a_contiguous_prefix_equals_a_full_prefill_and_greedy_text_matches(
@@ -209,10 +174,10 @@ def test_a_contiguous_prefix_equals_a_full_prefill_and_greedy_text_matches(
     assert list(prepared.new_positions)[0] == len(full_ids) - len(prepared.new_ids)
     assert engine.prompt_ids(prepared) == full_ids  # what the repetition guard reads
 
-    with torch.inference_mode():  # plain causal prefill, no cache, no mask, default positions
-        full = engine.model(input_ids=torch.tensor([full_ids])).logits[0]
+    # plain causal prefill: no cached states, no mask, default positions
+    full, bound = rounded_reference(engine, TOLERANCE, input_ids=torch.tensor([full_ids]))
     cached = prefill_logits(engine, prepared)
-    assert (cached - full[-len(prepared.new_ids):]).abs().max().item() <= TOLERANCE
+    assert (cached - full[-len(prepared.new_ids):]).abs().max().item() <= bound
 
     params = SamplingParams(max_tokens=12, temperature=0.0)
     events = list(engine.generate(prepared, params))
@@ -255,12 +220,17 @@ def test_position_jumps_need_the_explicit_mask(engine: PromptCacheEngine) -> Non
 
 
 def test_memory_per_token_matches_the_formula(engine: PromptCacheEngine) -> None:
+    """2 (K, V) x layers x kv heads x one head's row: head_dim x 4 bytes in float32, x 2
+    in float16 and bfloat16, head_dim int8 codes + a 4-byte float32 scale in int8."""
     config = engine.model.config
     layers = getattr(config, "num_hidden_layers", None) or config.n_layer
     heads = getattr(config, "num_attention_heads", None) or config.n_head
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     hidden = getattr(config, "hidden_size", None) or config.n_embd
-    expected = 2 * layers * kv_heads * (hidden // heads) * 4
+    head_dim = hidden // heads
+    row = {"float32": 4 * head_dim, "float16": 2 * head_dim, "bfloat16": 2 * head_dim,
+           "int8": head_dim + 4}[engine.kv_format.name]
+    expected = 2 * layers * kv_heads * row
     states = engine._states(("travel", "city"))
     assert states.nbytes == expected * states.tokens
     assert engine.bytes_per_token == expected
@@ -344,9 +314,9 @@ def test_gemma3_module_states_stay_exact_across_and_beyond_the_window(
     gemma: PromptCacheEngine,
 ) -> None:
     """A module longer than the window, placed beyond it: its cached keys and values equal
-    those of one pass over the leading tokens and the module at their positions."""
-    from transformers import DynamicCache
-
+    those of one pass over the leading tokens and the module at their positions (rounded
+    alike; a value that summation order moved across a rounding boundary is one step of
+    the format, twice its rounding error, away)."""
     model = gemma.model
     window = model.config.sliding_window
     layout = gemma.layouts["travel"]
@@ -356,14 +326,17 @@ def test_gemma3_module_states_stay_exact_across_and_beyond_the_window(
     states = gemma._states(("travel", "long"))
     positions = torch.tensor(leading.positions + module.positions)
     causal = torch.ones(len(positions), len(positions), dtype=torch.bool).tril()
-    cache = DynamicCache()
+    cache = gemma.new_cache()
     with torch.inference_mode():
         model(input_ids=torch.tensor([leading.token_ids + module.token_ids]),
               position_ids=positions[None], past_key_values=cache, use_cache=True,
               attention_mask=reference_mask(model, causal, positions))
-    for layer, (keys, values) in enumerate(zip(states.keys, states.values, strict=True)):
-        assert (keys - cache.layers[layer].keys[:, :, len(leading):]).abs().max() <= TOLERANCE
-        assert (values - cache.layers[layer].values[:, :, len(leading):]).abs().max() <= TOLERANCE
+    ours, _ = concatenate([states], gemma.kv_format)
+    for mine, whole in zip(ours.layers, cache.layers, strict=True):
+        for kept, full in ((mine.keys, whole.keys), (mine.values, whole.values)):
+            full = full[:, :, len(leading):]
+            bound = TOLERANCE + 2 * error_bound(gemma.kv_format.name, full)
+            assert ((kept - full).abs() <= bound).all()
 
 
 def test_an_answer_starts_at_its_first_visible_character() -> None:

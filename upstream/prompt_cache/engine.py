@@ -3,17 +3,24 @@ the longest prefix of the new tokens that an earlier prompt of the same tenant c
 (automatic prefix reuse, see prompt_cache.prefixes); only the rest is computed, and
 decoding continues from the highest position + 1."""
 
+import dataclasses
+import hashlib
+import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
 from meancache.shared.pml import (
     Import,
+    Module,
     Prompt,
+    PromptNode,
     Role,
+    Schema,
     SchemaRegistry,
     Text,
     parse_prompt,
@@ -21,6 +28,8 @@ from meancache.shared.pml import (
 )
 from meancache.upstream.errors import PromptTooLongError, UpstreamError
 from meancache.upstream.model_loading import LoadedModel
+from meancache.upstream.precision import DEFAULT_KV_FORMAT
+from meancache.upstream.prompt_cache.kv_format import KVCache, KVFormat
 from meancache.upstream.prompt_cache.layout import LEADING, SCHEMA_TEXT, SchemaLayout, lay_out
 from meancache.upstream.prompt_cache.module_store import Key, ModuleStore
 from meancache.upstream.prompt_cache.prefixes import BLOCK_TOKENS, chain, root
@@ -32,10 +41,10 @@ from meancache.upstream.prompt_cache.states import (
     concatenate,
     encode_segment,
     sliding_window,
+    stored_slice,
 )
 from meancache.upstream.prompt_cache.user_text import UserText
 from meancache.upstream.sampling import History, SamplingParams, TextStream, next_token
-from transformers import DynamicCache
 
 Message = dict[str, str]
 
@@ -43,6 +52,15 @@ log = logging.getLogger(__name__)
 
 #: The one tenant of a server without API keys (and of code that serves no network).
 LOCAL_TENANT = "local"
+#: Layouts of marked messages one tenant keeps (prepare_marked); their states share the
+#: module store's budget and LRU with everything else.
+MAX_MARKED_LAYOUTS = 64
+
+
+def marked_namespace(tenant: str) -> str:
+    """Where ``tenant``'s marked-message layouts are kept: '#' is in no schema name, so
+    they meet no schema's key, and no other tenant's."""
+    return f"#marked:{tenant}"
 
 
 def schema_key(tenant: str, name: str) -> str:
@@ -78,6 +96,7 @@ class PreparedPrompt:
     new_ids: tuple[int, ...]
     new_positions: tuple[int, ...]
     tenant: str = LOCAL_TENANT
+    marked_tokens: int = 0  # tokens of marked messages that are not held: computed first
 
 
 @dataclass(frozen=True)
@@ -104,11 +123,15 @@ class PromptCacheEngine:
     schemas, and error messages list only its own names. The same holds for prefix reuse:
     a tenant reads back only the prefixes its own requests computed.
 
-    ``prefix_reuse`` False computes every prompt's new tokens afresh (for comparison)."""
+    ``prefix_reuse`` False computes every prompt's new tokens afresh (for comparison).
+    ``kv_format`` is how attention states are held, computed and stored alike
+    (prompt_cache.kv_format)."""
 
     def __init__(self, loaded: LoadedModel, module_budget_bytes: int = 2 << 30,
-                 prefix_reuse: bool = True, block_tokens: int = BLOCK_TOKENS) -> None:
+                 prefix_reuse: bool = True, block_tokens: int = BLOCK_TOKENS,
+                 kv_format: str = DEFAULT_KV_FORMAT) -> None:
         self.loaded = loaded
+        self.kv_format = KVFormat(kv_format)
         self.prefix_reuse = prefix_reuse
         self.block_tokens = block_tokens
         self.model = loaded.model
@@ -116,9 +139,10 @@ class PromptCacheEngine:
         self.roles = role_template(self.tokenizer)
         self.user_text = UserText(self.tokenizer)
         self._registries: dict[str, SchemaRegistry] = {}
-        self.layouts: dict[str, SchemaLayout] = {}  # by schema_key
+        self.layouts: dict[str, SchemaLayout] = {}  # by schema_key, and marked layouts' keys
+        self._marked: dict[str, OrderedDict[str, None]] = {}  # a tenant's marked layouts, LRU
         self.modules = ModuleStore(module_budget_bytes)
-        self.bytes_per_token = bytes_per_token(self.model)
+        self.bytes_per_token = bytes_per_token(self.model, self.kv_format)
         config = self.model.config
         if (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
                 and sliding_window(config) is None):  # Gemma 3's window is applied by the masks
@@ -197,7 +221,8 @@ class PromptCacheEngine:
             leading = None
             if key[1] != LEADING and len(layout.segments[LEADING]):
                 leading = self._states((key[0], LEADING), pinned | {key})
-            return encode_segment(self.model, segment.token_ids, segment.positions, leading)
+            return encode_segment(self.model, self.kv_format, segment.token_ids,
+                                  segment.positions, leading)
 
         return self.modules.get(key, encode, pinned)
 
@@ -225,10 +250,59 @@ class PromptCacheEngine:
     def prepare_pml(self, prompt: Prompt, history: list[Message] = (),  # type: ignore[assignment]
                     tenant: str = LOCAL_TENANT) -> PreparedPrompt:
         schema = self.registry(tenant).resolve(prompt, self.count_tokens)
-        key = schema_key(tenant, schema.name)
+        return self._prepare(schema_key(tenant, schema.name), prompt.imports(), history,
+                             prompt.children, tenant)
+
+    def prepare_marked(self, messages: list[Message], marked: tuple[int, ...],
+                       tenant: str = LOCAL_TENANT) -> PreparedPrompt:
+        """A chat request whose messages at ``marked`` (shared.pml.marks) are kept as
+        modules: an implicit schema of one module per marked message, in their order, with
+        the other messages as text after it. The same marked messages in a later request,
+        whatever history surrounds them, read their states back."""
+        if messages[-1].get("content", "").lstrip().startswith("<prompt"):
+            raise UpstreamError("a request that marks modules cannot end in a PML <prompt>; "
+                                "send one or the other")
+        picked = [messages[i] for i in marked]
+        digest = hashlib.sha256(json.dumps([[m["role"], m["content"]] for m in picked]
+                                           ).encode()).hexdigest()
+        key = f"{marked_namespace(tenant)}:{digest}"
+        if key not in self.layouts:
+            modules = tuple(Module(f"m{i}", (Role(m["role"], (Text(m["content"]),)),))  # type: ignore[arg-type]
+                            for i, m in enumerate(picked))
+            self._keep_marked(tenant, key, lay_out(Schema(key, modules), self.user_text,
+                                                   self.roles))
+        self._marked[tenant].move_to_end(key)
+        imports = [Import(f"m{i}", {}, ()) for i in range(len(picked))]
+        skip = set(marked)
+        history = [m for i, m in enumerate(messages) if i not in skip]
+        prepared = self._prepare(key, imports, history, (), tenant)
+        segments = self.layouts[key].segments
+        to_encode = sum(len(segments[part]) for part in segments
+                        if (key, part) not in self.modules)
+        return dataclasses.replace(prepared, marked_tokens=to_encode)
+
+    def _keep_marked(self, tenant: str, key: str, layout: SchemaLayout) -> None:
+        """Hold the layout of a tenant's marked messages; past :data:`MAX_MARKED_LAYOUTS`
+        the least recently used goes, with its states."""
+        if layout.end >= self.loaded.context_length:
+            raise PromptTooLongError(
+                f"the marked messages take {layout.end} positions; the model's context holds "
+                f"{self.loaded.context_length}: mark less")
+        held = self._marked.setdefault(tenant, OrderedDict())
+        held[key] = None
+        self.layouts[key] = layout
+        while len(held) > MAX_MARKED_LAYOUTS:
+            old, _ = held.popitem(last=False)
+            del self.layouts[old]
+            self.modules.drop_schema(old)
+
+    def _prepare(self, key: str, top: Iterable[Import], history: Iterable[Message],
+                 children: Iterable[PromptNode], tenant: str) -> PreparedPrompt:
+        """The prompt that imports ``top`` (and their imports) of the layout at ``key``,
+        with ``history`` and ``children`` as text after the schema."""
         layout = self.layouts[key]
         imports: list[Import] = []
-        pending = list(prompt.imports())
+        pending = list(top)
         while pending:
             item = pending.pop(0)
             imports.append(item)
@@ -249,7 +323,7 @@ class PromptCacheEngine:
             self.roles.prefix[m["role"]] + escape(m["content"]) + self.roles.suffix[m["role"]]
             for m in history
         )
-        for node in prompt.children:
+        for node in children:
             if isinstance(node, Text):
                 text += escape(node.text)
             elif isinstance(node, Role):
@@ -280,7 +354,7 @@ class PromptCacheEngine:
 
     @torch.inference_mode()
     def _prefill(self, prepared: PreparedPrompt
-                 ) -> tuple[torch.Tensor, torch.Tensor, DynamicCache, int]:
+                 ) -> tuple[torch.Tensor, torch.Tensor, KVCache, int]:
         """As :meth:`prefill`, and how many new tokens were read back from prefix blocks.
 
         The new tokens are read in position order (a PML argument sits before the text
@@ -297,7 +371,7 @@ class PromptCacheEngine:
         blocks = self._blocks(prepared, new_ids, new_positions)
         found = self._found(blocks[: (len(new_ids) - 1) // self.block_tokens])
         reused = len(found) * self.block_tokens
-        cache, cached_positions = concatenate(states + found)
+        cache, cached_positions = concatenate(states + found, self.kv_format)
         device = self.loaded.device
         ids = torch.tensor([new_ids[reused:]], device=device)
         positions = torch.tensor(new_positions[reused:], device=device)
@@ -333,7 +407,7 @@ class PromptCacheEngine:
             found.append(states)
         return found
 
-    def _keep(self, cache: DynamicCache, blocks: list[Key], reused: int, positions: list[int],
+    def _keep(self, cache: KVCache, blocks: list[Key], reused: int, positions: list[int],
               pinned: frozenset[Key], modules: list[SegmentStates]) -> None:
         """Hold the blocks computed now, as many as fit in the budget beside the modules
         this prompt reads (a chain longer than that keeps its start), then count the
@@ -344,24 +418,26 @@ class PromptCacheEngine:
         kept = reused
         for index in range(reused, len(blocks)):
             first = index * size
-            block = SegmentStates(
-                tuple(layer.keys[:, :, base + first:base + first + size].clone()
-                      for layer in cache.layers),
-                tuple(layer.values[:, :, base + first:base + first + size].clone()
-                      for layer in cache.layers),
-                torch.tensor(positions[first:first + size]),
-            )
+            block = stored_slice(cache, self.kv_format, base + first, base + first + size,
+                                 torch.tensor(positions[first:first + size]))
             if (index + 1) * block.nbytes > room:
                 break
             self.modules.put(blocks[index], block, pinned | frozenset(blocks[:index]))
             kept = index + 1
         self.modules.touch(reversed(blocks[:kept]))
 
+    def new_cache(self) -> KVCache:
+        """An empty cache in the engine's KV format (what a reference forward pass over a
+        whole prompt needs to read the states a request reads)."""
+        return KVCache(self.kv_format)
+
     @torch.inference_mode()
     def decode_step(self, token: int, position: int, seen: torch.Tensor, cache: object
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits after ``token`` read at ``position`` (it sees every position in ``seen``
         and itself), and ``seen`` with that position added."""
+        if self.loaded.decoder is not None:
+            return self.loaded.decoder.step(token, position, seen, cache)
         device = self.loaded.device
         at = torch.tensor([position], device=device)
         seen = torch.cat([seen, at])
@@ -392,7 +468,8 @@ class PromptCacheEngine:
         if params.seed is not None:
             generator = torch.Generator(device=self.loaded.device).manual_seed(params.seed)
         logits, seen, cache, reused = self._prefill(prepared)
-        cached_tokens = seen.numel() - len(prepared.new_ids) + reused
+        # marked messages encoded by this very request were computed, not read back
+        cached_tokens = seen.numel() - len(prepared.new_ids) + reused - prepared.marked_tokens
         prompt_tokens = seen.numel()
         stream = TextStream(self.tokenizer, params.stop + self.loaded.stop)
         history = History(self.prompt_ids(prepared), params)

@@ -5,7 +5,8 @@ transformers 5.x notes, each covered by a test:
 - a jump in ``position_ids`` without a cache or a 4D mask is taken for packed sequences,
   so every forward pass here gets an explicit 4D additive mask;
 - a ``DynamicCache`` grows in place during a forward pass, so a request never runs on a
-  module's own tensors: serving concatenates them into a fresh cache;
+  module's own tensors: serving unpacks them into a fresh cache (prompt_cache.kv_format:
+  states are stored in the engine's KV format and read as float32);
 - models with sliding-window layers (Gemma 3) take a dict of masks keyed by layer type; a
   single 4D mask would be applied to the sliding layers too, letting them see too far back.
   Our caches keep every layer's states in full (no ``config``, so no sliding cache layers),
@@ -15,7 +16,8 @@ transformers 5.x notes, each covered by a test:
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, PreTrainedConfig, PreTrainedModel
+from meancache.upstream.prompt_cache.kv_format import ROOM, KVCache, KVFormat
+from transformers import PreTrainedConfig, PreTrainedModel
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -54,7 +56,7 @@ def attention_mask(model: PreTrainedModel, allowed: torch.Tensor, query_position
 
 @dataclass(frozen=True)
 class SegmentStates:
-    keys: tuple[torch.Tensor, ...]  # per layer: (1, kv_heads, tokens, head_dim)
+    keys: tuple[torch.Tensor, ...]  # per layer: (1, kv_heads, tokens, row), stored (KVFormat.pack)
     values: tuple[torch.Tensor, ...]
     positions: torch.Tensor  # (tokens,)
 
@@ -68,15 +70,15 @@ class SegmentStates:
 
 
 @torch.inference_mode()
-def encode_segment(model: PreTrainedModel, token_ids: list[int], positions: list[int],
-                   leading: SegmentStates | None = None) -> SegmentStates:
+def encode_segment(model: PreTrainedModel, kv_format: KVFormat, token_ids: list[int],
+                   positions: list[int], leading: SegmentStates | None = None) -> SegmentStates:
     """One forward pass over the segment (causal within it) at its positions, attending
-    also to the ``leading`` states; only the segment's own states are returned."""
+    also to the ``leading`` states; only the segment's own states are returned, stored."""
     device = next(model.parameters()).device
     ids = torch.tensor([token_ids], device=device)
     pos = torch.tensor([positions], device=device)
     n = len(token_ids)
-    cache, _ = concatenate([leading] if leading is not None else [])
+    cache, _ = concatenate([leading] if leading is not None else [], kv_format)
     before = leading.tokens if leading is not None else 0
     allowed = torch.cat([torch.ones(n, before, dtype=torch.bool, device=device),
                          torch.ones(n, n, dtype=torch.bool, device=device).tril()], dim=1)
@@ -84,30 +86,49 @@ def encode_segment(model: PreTrainedModel, token_ids: list[int], positions: list
     model(input_ids=ids, position_ids=pos,
           attention_mask=attention_mask(model, allowed, pos[0], keys),
           past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return stored_slice(cache, kv_format, before, None, pos[0].clone())
+
+
+def stored_slice(cache: KVCache, kv_format: KVFormat, start: int, stop: int | None,
+                 positions: torch.Tensor) -> SegmentStates:
+    """The states of cache entries ``start:stop``, packed for the store."""
     return SegmentStates(
-        tuple(layer.keys[:, :, before:] for layer in cache.layers),
-        tuple(layer.values[:, :, before:] for layer in cache.layers),
-        pos[0].clone(),
+        tuple(kv_format.pack(layer.keys[:, :, start:stop]) for layer in cache.layers),
+        tuple(kv_format.pack(layer.values[:, :, start:stop]) for layer in cache.layers),
+        positions,
     )
 
 
-def concatenate(states: list[SegmentStates]) -> tuple[DynamicCache, torch.Tensor]:
-    """A fresh cache holding the segments side by side, and their positions."""
-    cache = DynamicCache()
+def concatenate(states: list[SegmentStates], kv_format: KVFormat
+                ) -> tuple[KVCache, torch.Tensor]:
+    """A fresh cache holding the segments side by side (unpacked straight into one float32
+    tensor per layer: one pass over the stored bytes), and their positions."""
+    cache = KVCache(kv_format)
     if not states:
         return cache, torch.empty(0, dtype=torch.long)
-    for layer in range(len(states[0].keys)):
-        cache.update(torch.cat([s.keys[layer] for s in states], dim=2),
-                     torch.cat([s.values[layer] for s in states], dim=2), layer)
+    tokens = sum(s.tokens for s in states)
+
+    def joined(parts: list[torch.Tensor]) -> torch.Tensor:
+        out = torch.empty(*parts[0].shape[:2], tokens + ROOM, kv_format.head_dim(parts[0]),
+                          device=parts[0].device)
+        at = 0
+        for part in parts:
+            kv_format.unpack_into(part, out[:, :, at:at + part.shape[2]])
+            at += part.shape[2]
+        return out
+
+    layers = range(len(states[0].keys))
+    cache.fill([joined([s.keys[i] for s in states]) for i in layers],
+               [joined([s.values[i] for s in states]) for i in layers], tokens)
     return cache, torch.cat([s.positions for s in states])
 
 
-def bytes_per_token(model: PreTrainedModel) -> int:
-    """2 (K and V) x layers x kv_heads x head_dim x bytes per element."""
+def bytes_per_token(model: PreTrainedModel, kv_format: KVFormat) -> int:
+    """2 (K and V) x layers x kv_heads x the bytes of one head's row in ``kv_format``."""
     config = model.config
     layers = getattr(config, "num_hidden_layers", None) or config.n_layer
     heads = getattr(config, "num_attention_heads", None) or config.n_head
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     hidden = getattr(config, "hidden_size", None) or config.n_embd
     head_dim = getattr(config, "head_dim", None) or hidden // heads
-    return 2 * layers * kv_heads * head_dim * torch.finfo(model.dtype).bits // 8
+    return 2 * layers * kv_heads * kv_format.row_bytes(head_dim)

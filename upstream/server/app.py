@@ -10,6 +10,7 @@ from typing import Any
 
 from meancache.shared.http_limits import GuardRequests, error_body
 from meancache.shared.pml import PML_MEDIA_TYPE
+from meancache.shared.pml.marks import MODULES_HEADER, parse_marks
 from meancache.upstream.errors import (
     BadRequest,
     ClientGoneError,
@@ -96,12 +97,15 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
         chat_request = parse_chat_request(await read_json(request), settings.defaults,
                                           model_name)
         check_chat(chat_request, limits)
+        marks = request.headers.get(MODULES_HEADER)
+        marked = parse_marks(marks, len(chat_request.messages)) if marks is not None else ()
         completion = Completion(model_name)
 
         def run(cancel: Any) -> Any:
             # One job, one turn: preparing the prompt and generating as two jobs would let
             # another key's request run in between, doubling what a greedy key costs others.
-            prepared = engine.prepare_messages(chat_request.messages, tenant)
+            prepared = (engine.prepare_marked(chat_request.messages, marked, tenant) if marked
+                        else engine.prepare_messages(chat_request.messages, tenant))
             check_prompt(prepared, limits)
             engine.check_fits(prepared, chat_request.params)
             return engine.generate(prepared, chat_request.params, cancel)

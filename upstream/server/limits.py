@@ -114,10 +114,12 @@ def check_chat(request: ChatRequest, limits: Limits) -> None:
 
 
 def check_prompt(prepared: PreparedPrompt, limits: Limits) -> None:
-    """The new tokens a prompt asks the model to read in one prefill."""
-    if len(prepared.new_ids) > limits.max_prompt_tokens:
+    """The new tokens a prompt asks the model to read in one prefill (with the marked
+    messages it computes as modules first)."""
+    new = len(prepared.new_ids) + prepared.marked_tokens
+    if new > limits.max_prompt_tokens:
         raise PromptTooLongError(
-            f"the prompt adds {len(prepared.new_ids)} new tokens; this server reads at most "
+            f"the prompt adds {new} new tokens; this server reads at most "
             f"{limits.max_prompt_tokens} per request: shorten it, or put fixed text in a PML "
             "module")
 

@@ -17,7 +17,7 @@ from meancache.shared.progress import Progress
 from meancache.shared.running_upstream import BACKGROUND, RunningUpstream, register, unregister
 from meancache.upstream.errors import NoPackError, UpstreamError
 from meancache.upstream.model_loading import LoadedModel, load_model
-from meancache.upstream.precision import DEFAULT_PRECISION
+from meancache.upstream.precision import DEFAULT_KV_FORMAT, DEFAULT_PRECISION
 from meancache.upstream.prompt_cache.engine import PromptCacheEngine
 from meancache.upstream.server.app import ServerSettings, create_app
 from meancache.upstream.server.packs import latest_pack
@@ -51,7 +51,8 @@ def report_conversion(done: int, total: int) -> None:
 
 def serve(model: str, host: str, port: int, settings: ServerSettings,
           module_budget_bytes: int, data_dir: Path | None = None,
-          precision: str = DEFAULT_PRECISION, prefix_reuse: bool = True) -> None:
+          precision: str = DEFAULT_PRECISION, prefix_reuse: bool = True,
+          kv_format: str = DEFAULT_KV_FORMAT) -> None:
     warning = open_server_warning(host, bool(settings.api_key or settings.api_keys))
     if warning:
         log.warning(warning)
@@ -60,7 +61,8 @@ def serve(model: str, host: str, port: int, settings: ServerSettings,
         settings = dataclasses.replace(settings, allowed_hosts=LOOPBACK_NAMES)
     loaded = load_model(model, data_dir=data_dir, progress=report_conversion,
                         precision=precision)
-    app = create_app(PromptCacheEngine(loaded, module_budget_bytes, prefix_reuse), settings)
+    engine = PromptCacheEngine(loaded, module_budget_bytes, prefix_reuse, kv_format=kv_format)
+    app = create_app(engine, settings)
     line = f"serving {describe(loaded)} on http://{host}:{port}{describe_packs(settings)}"
     log.info(line)
     print(f"meancache upstream: {line}", file=sys.stderr, flush=True)
@@ -98,12 +100,13 @@ class BackgroundServer:
     def __init__(self, model: str = "builtin:tiny", settings: ServerSettings | None = None,
                  module_budget_bytes: int = 512 << 20, data_dir: Path | None = None,
                  progress: Progress | None = None, precision: str = "float32",
-                 prefix_reuse: bool = True) -> None:
+                 prefix_reuse: bool = True, kv_format: str = DEFAULT_KV_FORMAT) -> None:
         self.settings = dataclasses.replace(settings or ServerSettings(),
                                             allowed_hosts=LOOPBACK_NAMES)
         self.loaded = load_model(model, data_dir=data_dir, progress=progress,
                                  precision=precision)
-        engine = PromptCacheEngine(self.loaded, module_budget_bytes, prefix_reuse)
+        engine = PromptCacheEngine(self.loaded, module_budget_bytes, prefix_reuse,
+                                   kv_format=kv_format)
         self.activity = Activity(create_app(engine, self.settings))
         self._server = LoopbackServer(self.activity, "upstream")
         self.port = self._server.port

@@ -54,7 +54,7 @@ class AttachScreen(ModalScreen[Document | None]):
             self.notify(str(exc), title="Cannot attach", severity="error")
             self.dismiss(None)
             return
-        self.notify(f"{path.name} attached ({document.tokens} tokens)", title="Attached")
+        self.notify(f"{path.name} attached ({document.chars} characters)", title="Attached")
         self.dismiss(document)
 
     def action_close(self) -> None:

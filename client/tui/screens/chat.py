@@ -223,8 +223,8 @@ class ChatScreen(Screen[None]):
     def _attached(self, document: Document | None) -> None:
         if document is not None:
             self.messages.add_notice(
-                f"attached {document.path}: {document.tokens} tokens cached as modules on "
-                "the upstream; this chat's answers reuse them")
+                f"attached {document.path} ({document.chars} characters): sent before each "
+                "question, kept as a module by a meancache upstream")
 
     def action_pack_update(self) -> None:
         session, progress = self.session, self.progress("downloading the instruction pack…")

@@ -1,0 +1,526 @@
+"""A learned decision against the hand-made one (issue 35, part 3): per asked question,
+the candidates the client's decision sees, their cosines and the verifier's probabilities
+(each pair alone), and which would be right to serve; a logistic model over
+``client.matching.decision.FEATURES`` fitted on the choose splits, its threshold chosen
+there for a hit precision of at least --precision, reported on the test splits.
+
+Domains (each asked question is a cache lookup; right = its own stored question served):
+- ``qqp``: the replay of QQP dev duplicates (every q1 stored, every q2 asked), choose =
+  dev-a, test = dev-b (``dev_half``), as benchmarks/verification.py builds it; a stored
+  question QQP links to the asked one counts as right too (the same question);
+- ``arena``: Chatbot Arena first turns stored, each asked in a paraphrase made by code
+  (benchmarks/learning_stream.py's ``paraphrase``); beside them code-made near-misses
+  asked whose own question is not stored (every hit wrong);
+- ``dense``: ShareGPT and Arena first turns, each stored beside two code-made near-misses
+  of it (``shared.verifier.negatives``: negation, swapped words, numbers, names, order),
+  each its own question: many near neighbours per question, where the ambiguity rule
+  declines; asked as in ``arena``.
+The generated domains are split into choose / test by a seeded hash of the group (a
+stored question, its near-misses and its paraphrase), never by question. Beside them the
+held-out near-miss set (benchmarks/data/near_miss_heldout.jsonl, one candidate a pair):
+reported only, never fitted or tuned on.
+
+Deciders: embedding only (the nearest at cosine >= tau); today's default (the pick at
+p >= the card's threshold, not ``ambiguous``, the kept rules not vetoing); the learned
+decision alone; and the learned decision with the ambiguity rule and with the kept rules
+(the ablations). The features are computed once and kept under --work (not the repo).
+
+    python benchmarks/decision_study.py --work /work/probe/decide35 \
+        --write-card client/matching/decision.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from _common import (
+    base_parser,
+    embed_cached,
+    load_encoder,
+    load_qqp,
+    make_table,
+    note,
+    pct,
+    print_command,
+    print_table,
+    sample,
+    time_each,
+    unique,
+)
+from learning_stream import OPENERS, paraphrase
+from meancache.client.matching.decision import (
+    FEATURES,
+    KEEPS,
+    LearnedDecision,
+    card_digest,
+    features,
+)
+from meancache.client.matching.matcher import VERIFIED_AT_MOST, ambiguous
+from meancache.client.matching.rules import WITH_LEARNED, verify
+from meancache.client.matching.settings import RECALL_MARGIN
+from meancache.shared.encoder import Encoder, profile_threshold
+from meancache.shared.pairs import Pair
+from meancache.shared.query import embedding_text
+from meancache.shared.verifier.negatives import EDITS
+from meancache.shared.verifier.runtime import LearnedVerifier
+from meancache.shared.verifier.train import dev_half
+from verification import (
+    NEAR_MISS,
+    RULES_NEAR_MISS,
+    TUNING,
+    linked_groups,
+    near_miss_rows,
+    same_group,
+)
+
+CANDIDATES = 8  # the matcher's default ``candidates``
+DOMAINS = ("qqp", "arena", "dense")
+HELD_OUT = "near-miss (held out)"  # reported only
+
+
+# data ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Asked:
+    query: str
+    group: str  # what is split on
+    stored: list[str]  # the cache's questions (shared per domain)
+    own: int | None  # the stored question that answers it, if any
+
+
+def split_of(seed: int, group: str) -> str:
+    digest = hashlib.sha256(f"{seed}:{group}".encode()).digest()
+    return "choose" if digest[0] < 128 else "test"
+
+
+def reworded(text: str, rng: random.Random) -> str:
+    """``paraphrase`` made to differ from ``text`` as the embedding reads it (a mere
+    change of case would pass by identity and test nothing)."""
+    out = paraphrase(text, rng)
+    if embedding_text(out) == embedding_text(text):
+        out = rng.choice(OPENERS) + text[0].lower() + text[1:]
+    return out
+
+
+def near_misses(text: str, rng: random.Random, others: list[str], count: int) -> list[str]:
+    """Up to ``count`` code-made near-misses of ``text``, each of another kind of edit."""
+    kinds = list(EDITS)
+    rng.shuffle(kinds)
+    out: list[str] = []
+    for kind in kinds:
+        edited = EDITS[kind](text, rng, others)
+        if edited and embedding_text(edited) not in {embedding_text(t) for t in [text, *out]}:
+            out.append(edited)
+            if len(out) == count:
+                break
+    return out
+
+
+def first_turns(data_dir: Path, names: tuple[str, ...]) -> list[str]:
+    rows = []
+    for name in names:
+        with (data_dir / "instructions" / f"{name}_first_turns.jsonl").open() as fh:
+            rows += [json.loads(line)["text"].strip() for line in fh]
+    return unique(r for r in rows if 3 <= len(r.split()) <= 40)
+
+
+def generated(data_dir: Path, names: tuple[str, ...], groups: int, stored_misses: int,
+              seed: int) -> tuple[list[Asked], list[str]]:
+    """Stored questions (each with ``stored_misses`` near-misses stored beside it), each
+    asked in a paraphrase; a third of the groups also ask a near-miss not stored."""
+    rng = random.Random(seed)
+    pool = first_turns(data_dir, names)
+    rng.shuffle(pool)
+    stored: list[str] = []
+    plan: list[tuple[str, str, bool]] = []  # (query, group, answerable)
+    for text in pool[:groups]:
+        misses = near_misses(text, rng, pool, stored_misses + 1)
+        stored += [text, *misses[:stored_misses]]
+        plan.append((reworded(text, rng), text, True))
+        if len(misses) > stored_misses and rng.random() < 1 / 3:
+            plan.append((misses[stored_misses], text, False))
+    stored = unique(stored)
+    index = {t: i for i, t in enumerate(stored)}
+    return [Asked(q, g, stored, index[g] if ok else None) for q, g, ok in plan], stored
+
+
+def qqp_replay(data_dir: Path) -> dict[str, tuple[list[Asked], list[str]]]:
+    halves: dict[str, list] = {"dev-a": [], "dev-b": []}
+    for p in load_qqp(data_dir, "dev"):
+        if p.label == 1:
+            halves[dev_half(Pair(p.q1.strip(), p.q2.strip(), p.label))].append(p)
+    out = {}
+    for half, duplicates in halves.items():
+        stored = unique(p.q1 for p in duplicates)
+        index = {q: i for i, q in enumerate(stored)}
+        out[half] = ([Asked(p.q2, half, stored, index[p.q1]) for p in duplicates], stored)
+    return out
+
+
+# features -----------------------------------------------------------------------------
+def record(asked: Asked, cosines: np.ndarray, order: np.ndarray, recall_tau: float,
+           verifier: LearnedVerifier, links: dict[str, str] | None) -> dict:
+    """What the client's decision sees for one question, and what would be right."""
+    texts = [asked.stored[j] for j in order]
+    cos = [float(cosines[j]) for j in order]
+    right = [bool(asked.own == j) for j in order]
+    if links is not None:
+        right = [r or same_group(links, asked.query, t) for r, t in zip(right, texts, strict=True)]
+    counting = [i for i in range(len(texts)) if cos[i] >= recall_tau][:VERIFIED_AT_MOST]
+    same = [i for i in counting if embedding_text(texts[i]) == embedding_text(asked.query)]
+    probabilities: list[float] = []
+    if counting and not same:
+        probabilities = [float(p) for p in
+                         verifier.probabilities(asked.query, [texts[i] for i in counting])]
+    return {"query": asked.query, "texts": texts, "cosines": cos, "right": right,
+            "own": [bool(asked.own == j) for j in order], "answerable": asked.own is not None,
+            "counting": len(counting), "same": same[0] if same else None,
+            "probabilities": probabilities,
+            "vetoed": [verify(asked.query, texts[i], WITH_LEARNED) is not None
+                       for i in range(len(counting))]}
+
+
+def pair_records(name: str, rows: list[dict], encoder: Encoder, recall_tau: float,
+                 verifier: LearnedVerifier, cache_dir: Path) -> list[dict]:
+    """A near-miss set's pairs as lookups: q1 stored, q2 asked (one candidate each)."""
+    a = embed_cached(encoder, [embedding_text(r["q1"]) for r in rows], cache_dir)
+    b = embed_cached(encoder, [embedding_text(r["q2"]) for r in rows], cache_dir)
+    return [{"domain": name, "split": "test", "group": str(i),
+             **record(Asked(r["q2"], str(i), [r["q1"]], 0 if r["label"] == 1 else None),
+                      np.array([a[i] @ b[i]]), np.array([0]), recall_tau, verifier, None)}
+            for i, r in enumerate(rows)]
+
+
+def collect(args: argparse.Namespace) -> tuple[list[dict], Path]:
+    """Every asked question's record, computed once and kept in --work."""
+    verifier = LearnedVerifier.load()
+    key = hashlib.sha256(json.dumps([args.groups, args.seed, verifier.version, DOMAINS,
+                                     "v1"]).encode()).hexdigest()[:12]
+    path = args.work / f"records-{key}.jsonl"
+    if path.is_file():
+        note(f"records from {path}")
+        return [json.loads(line) for line in path.open()], path
+    encoder = load_encoder("onnx-int8", args.cache_dir, model="mpnet")
+    tau = profile_threshold("mpnet")
+    recall_tau = tau - RECALL_MARGIN
+    links = linked_groups(args.data_dir)
+    sets: list[tuple[str, str, list[Asked], list[str], bool]] = []
+    for half, (asked, stored) in qqp_replay(args.data_dir).items():
+        asked = sample(asked, args.groups, args.seed)
+        sets.append(("qqp", "choose" if half == "dev-a" else "test", asked, stored, True))
+    for domain, names, misses, seed in (("arena", ("arena",), 0, args.seed),
+                                        ("dense", ("sharegpt", "arena"), 2, args.seed + 1)):
+        asked, stored = generated(args.data_dir, names, args.groups, misses, seed)
+        for split in ("choose", "test"):
+            sets.append((domain, split, [a for a in asked
+                                         if split_of(args.seed, a.group) == split],
+                         stored, False))
+    records = []
+    for domain, split, asked, stored, linked in sets:
+        note(f"{domain} {split}: {len(asked)} asked of {len(stored)} stored")
+        sv = embed_cached(encoder, [embedding_text(t) for t in stored], args.cache_dir)
+        qv = embed_cached(encoder, [embedding_text(a.query) for a in asked], args.cache_dir)
+        sims = qv @ sv.T
+        for i, a in enumerate(asked):
+            order = np.argsort(-sims[i])[:CANDIDATES]
+            records.append({"domain": domain, "split": split, "group": a.group,
+                            **record(a, sims[i], order, recall_tau, verifier,
+                                     links if linked else None)})
+    for name, source in ((HELD_OUT, NEAR_MISS), (TUNING, RULES_NEAR_MISS)):
+        records += pair_records(name, near_miss_rows(source), encoder, recall_tau, verifier,
+                                args.cache_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as fh:
+        for rec in records:
+            fh.write(json.dumps(rec) + "\n")
+    note(f"wrote {path}")
+    return records, path
+
+
+
+# deciders -----------------------------------------------------------------------------
+@dataclass
+class Study:
+    """The records as arrays: per question the pick's features and what each decider
+    would serve, and whether that is right."""
+
+    records: list[dict]
+    tau: float
+    recall_tau: float
+    threshold: float  # the verifier card's
+
+    def __post_init__(self) -> None:
+        r = self.records
+        self.domain = np.array([x["domain"] for x in r])
+        self.split = np.array([x["split"] for x in r])
+        self.answerable = np.array([x["answerable"] for x in r])
+        self.same = np.array([x["same"] is not None for x in r])
+        self.scored = np.array([bool(x["probabilities"]) for x in r])
+        tops = [int(np.argmax(x["probabilities"])) if x["probabilities"] else 0 for x in r]
+        self.pick_right = np.array([bool(x["right"][x["same"]]) if x["same"] is not None
+                                    else bool(x["probabilities"]) and bool(x["right"][t])
+                                    for x, t in zip(r, tops, strict=True)])
+        self.pick_own = np.array([bool(x["own"][x["same"]]) if x["same"] is not None
+                                  else bool(x["probabilities"]) and bool(x["own"][t])
+                                  for x, t in zip(r, tops, strict=True)])
+        self.nearest_own = np.array([bool(x["own"][0]) if x["texts"] else False for x in r])
+        self.p1 = np.array([max(x["probabilities"]) if x["probabilities"] else 0.0 for x in r])
+        self.ambiguous = np.array([bool(x["probabilities"]) and
+                                   ambiguous(np.array(x["probabilities"]), self.threshold)
+                                   for x in r])
+        self.vetoed = np.array([bool(x["probabilities"]) and x["vetoed"][t]
+                                for x, t in zip(r, tops, strict=True)])
+        self.x = np.array([features(x["cosines"][:x["counting"]], x["probabilities"],
+                                    self.recall_tau, self.threshold)
+                           if x["probabilities"] else np.zeros(len(FEATURES)) for x in r])
+        self.nearest = np.array([x["cosines"][0] >= self.tau if x["texts"] else False
+                                 for x in r])
+        self.nearest_right = np.array([bool(x["right"][0]) if x["texts"] else False
+                                       for x in r])
+
+    def where(self, domain: str, split: str) -> np.ndarray:
+        return (self.domain == domain) & (self.split == split)
+
+    def served(self, system: str, scores: np.ndarray | None = None, t: float = 0.0
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(served, right, right counting only the question's own stored one) per
+        question for ``system``."""
+        if system == "embedding only":
+            return (self.nearest, self.nearest & self.nearest_right,
+                    self.nearest & self.nearest_own)
+        if system == "verifier alone":
+            gate = self.p1 >= self.threshold
+        elif system == "default (rules)":
+            gate = (self.p1 >= self.threshold) & ~self.ambiguous & ~self.vetoed
+        else:
+            assert scores is not None
+            gate = scores >= t
+            if "floor" in system:  # the verifier's own threshold kept
+                gate &= self.p1 >= self.threshold
+            if "ambiguity" in system:
+                gate &= ~self.ambiguous
+            if "kept rules" in system:
+                gate &= ~self.vetoed
+        served = self.same | (self.scored & gate)
+        return served, served & self.pick_right, served & self.pick_own
+
+
+def narrowed(records: list[dict], recall_tau: float) -> list[dict]:
+    """The records as a smaller recall margin would have made them: only the candidates
+    at or over ``recall_tau`` count (a prefix: they come most similar first)."""
+    out = []
+    for r in records:
+        n = sum(c >= recall_tau for c in r["cosines"][:r["counting"]])
+        same = r["same"] if r["same"] is not None and r["same"] < n else None
+        out.append({**r, "counting": n, "same": same,
+                    "probabilities": r["probabilities"][:n] if same is None else [],
+                    "vetoed": r["vetoed"][:n]})
+    return out
+
+
+def quality(study: Study, mask: np.ndarray, served: np.ndarray, right: np.ndarray
+            ) -> dict[str, float]:
+    s, r, a = served[mask], right[mask], study.answerable[mask]
+    return {"precision": r.sum() / s.sum() if s.sum() else 1.0,
+            "hit rate": (s & a).sum() / a.sum() if a.sum() else 0.0,
+            "unanswerable served": (s & ~a).sum() / (~a).sum() if (~a).sum() else float("nan"),
+            "served": int(s.sum()), "wrong": int((s & ~r).sum()), "asked": int(mask.sum())}
+
+
+def fit(study: Study, train: np.ndarray):
+    """A logistic regression on the standardised features (scikit-learn), returned as
+    coefficients on the raw features and an intercept."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.preprocessing import StandardScaler
+
+    rows = train & study.scored & ~study.same
+    scaler = StandardScaler().fit(study.x[rows])
+    model = LogisticRegression(C=1.0, max_iter=1000).fit(scaler.transform(study.x[rows]),
+                                                           study.pick_right[rows])
+    w = model.coef_[0] / scaler.scale_
+    b = float(model.intercept_[0] - (model.coef_[0] * scaler.mean_ / scaler.scale_).sum())
+    return w, b
+
+
+def scores_of(study: Study, w: np.ndarray, b: float) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(study.x @ w + b, -50, 50)))
+
+
+def choose_threshold(study: Study, system: str, scores: np.ndarray, target: float,
+                     near_misses: float) -> float | None:
+    """The lowest score at which every domain's choose split is served with a hit
+    precision of at least ``target`` and at most ``near_misses`` of the rules' tuning
+    set's near-misses are served (the set the kept rules were chosen on); None if none."""
+    tuning = study.where(TUNING, "test")
+    for t in np.round(np.arange(0.05, 1.0, 0.005), 3):
+        served, right, _ = study.served(system, scores, t)
+        if all(quality(study, study.where(d, "choose"), served, right)["precision"] >= target
+               for d in DOMAINS) and \
+                quality(study, tuning, served, right)["unanswerable served"] <= near_misses:
+            return float(t)
+    return None
+
+
+def choose_hit_rate(study: Study, system: str, scores: np.ndarray, t: float) -> float:
+    """The mean hit rate of the choose splits: what picks the variant shipped."""
+    served, right, _ = study.served(system, scores, t)
+    return float(np.mean([quality(study, study.where(d, "choose"), served, right)["hit rate"]
+                          for d in DOMAINS]))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = base_parser(__doc__)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/decision_study"),
+                        help="where the computed records are kept (outside the repo)")
+    parser.add_argument("--groups", type=int, default=1500,
+                        help="asked questions per QQP half, stored groups per generated "
+                        "domain")
+    parser.add_argument("--precision", type=float, default=0.97,
+                        help="the hit precision the threshold is chosen for (choose splits)")
+    parser.add_argument("--near-misses", type=float, default=0.05,
+                        help="the share of the rules' tuning set's near-misses the threshold "
+                        "may serve")
+    parser.add_argument("--write-card", type=Path, help="write the fitted decision's card")
+    return parser.parse_args()
+
+
+# The learned decision alone and with each hand-made part kept beside it: the verifier's
+# threshold as a floor on the pick's probability, the ambiguity rule, the kept rules.
+LEARNED = ("learned", "learned + floor", "learned + ambiguity rule", "learned + kept rules",
+           "learned + floor + kept rules", "learned + ambiguity rule + kept rules")
+SYSTEMS = ("embedding only", "verifier alone", "default (rules)", *LEARNED)
+
+
+def report(study: Study, scores: np.ndarray, thresholds: dict[str, float]) -> None:
+    table = make_table(["domain", "split", "decider", "asked", "served", "wrong",
+                        "hit precision", "own question only", "hit rate",
+                        "near-misses asked: served"], right_from=3)
+    for domain in (*DOMAINS, TUNING, HELD_OUT):
+        for split in ("choose", "test"):
+            mask = study.where(domain, split)
+            if not mask.any():
+                continue
+            for system in SYSTEMS:
+                served, right, own = study.served(system, scores, thresholds.get(system, 0))
+                q = quality(study, mask, served, right)
+                o = quality(study, mask, served, own)
+                table.add_row(domain, split, system, str(q["asked"]), str(q["served"]),
+                              str(q["wrong"]), pct(q["precision"]),
+                              pct(o["precision"]) if domain == "qqp" else "-",
+                              pct(q["hit rate"]),
+                              pct(q["unanswerable served"])
+                              if np.isfinite(q["unanswerable served"]) else "-")
+    print_table(table)
+
+
+def card(w: np.ndarray, b: float, t: float, system: str, verifier: LearnedVerifier,
+         records_path: Path) -> dict:
+    keeps = [k for k in KEEPS if k.split()[0] in system]
+    body = {"features": list(FEATURES), "coefficients": [round(float(c), 6) for c in w],
+            "intercept": round(b, 6), "threshold": t, "keeps": keeps,
+            "verifier_sha256": verifier.card.sha256,
+            "data_sha256": hashlib.sha256(records_path.read_bytes()).hexdigest(),
+            "command": "python benchmarks/decision_study.py " + " ".join(sys.argv[1:])}
+    return {**body, "sha256": card_digest(body)}
+
+
+def fitted(study: Study, system: str, args: argparse.Namespace
+           ) -> tuple[np.ndarray, float | None]:
+    """The decision fitted on ``study``'s choose splits: its scores and the threshold
+    chosen there for ``system``."""
+    w, b = fit(study, np.isin(study.domain, DOMAINS) & (study.split == "choose"))
+    scores = scores_of(study, w, b)
+    return scores, choose_threshold(study, system, scores, args.precision, args.near_misses)
+
+
+def margin_ablation(records: list[dict], tau: float, threshold: float,
+                    args: argparse.Namespace, system: str) -> None:
+    """The shipped variant refitted with smaller recall margins: whether candidates
+    between tau - 0.1 and tau help it (the test splits)."""
+    table = make_table(["recall margin", "threshold", *(f"{d} test: precision @ hit rate"
+                                                        for d in DOMAINS)], right_from=1)
+    for margin in (RECALL_MARGIN, 0.05, 0.0):
+        study = Study(narrowed(records, tau - margin), tau, tau - margin, threshold)
+        scores, t = fitted(study, system, args)
+        if t is None:
+            table.add_row(f"{margin:.2f}", "none", *("-" for _ in DOMAINS))
+            continue
+        served, right, _ = study.served(system, scores, t)
+        cells = []
+        for d in DOMAINS:
+            q = quality(study, study.where(d, "test"), served, right)
+            cells.append(f"{pct(q['precision'])} @ {pct(q['hit rate'])}")
+        table.add_row(f"{margin:.2f}", f"{t:.3f}", *cells)
+    print_table(table)
+
+
+def trees_ablation(study: Study, system: str, args: argparse.Namespace) -> None:
+    """A tiny gradient-boosted tree ensemble on the same rows beside the logistic model:
+    whether a non-linear decision would serve more (not shipped either way)."""
+    from sklearn.ensemble import HistGradientBoostingClassifier
+
+    rows = np.isin(study.domain, DOMAINS) & (study.split == "choose") & study.scored \
+        & ~study.same
+    model = HistGradientBoostingClassifier(max_depth=3, max_iter=100, random_state=args.seed)
+    model.fit(study.x[rows], study.pick_right[rows])
+    scores = model.predict_proba(study.x)[:, 1]
+    t = choose_threshold(study, system, scores, args.precision, args.near_misses)
+    if t is None:
+        note("trees: no threshold meets the choose constraints")
+        return
+    served, right, _ = study.served(system, scores, t)
+    table = make_table(["model", "threshold", *(f"{d} test: precision @ hit rate"
+                                                for d in DOMAINS)], right_from=1)
+    table.add_row(f"trees ({system})", f"{t:.3f}", *(
+        "{} @ {}".format(pct(q["precision"]), pct(q["hit rate"])) for q in
+        (quality(study, study.where(d, "test"), served, right) for d in DOMAINS)))
+    print_table(table)
+
+
+def main() -> None:
+    args = parse_args()
+    print_command()
+    records, path = collect(args)
+    verifier = LearnedVerifier.load()
+    tau = profile_threshold("mpnet")
+    study = Study(records, tau, tau - RECALL_MARGIN, verifier.threshold)
+    known = np.isin(study.domain, DOMAINS)
+    w, b = fit(study, known & (study.split == "choose"))
+    scores = scores_of(study, w, b)
+    chosen = {s: choose_threshold(study, s, scores, args.precision, args.near_misses)
+              for s in LEARNED}
+    thresholds = {s: t for s, t in chosen.items() if t is not None}
+    rates = {s: choose_hit_rate(study, s, scores, t) for s, t in thresholds.items()}
+    note(f"thresholds chosen on the choose splits: {chosen}; mean choose hit rate {rates}")
+    shipped = max(rates, key=lambda s: (round(rates[s], 3), -len(s)))  # ties: fewer parts
+    table = make_table(["feature", "coefficient"], right_from=1)
+    for name, c in zip(FEATURES, w, strict=True):
+        table.add_row(name, f"{c:+.4f}")
+    table.add_row("intercept", f"{b:+.4f}")
+    print_table(table)
+    report(study, scores, thresholds)
+    note(f"shipped variant (highest mean choose hit rate): {shipped} at "
+         f"{thresholds[shipped]}")
+    out = card(w, b, thresholds[shipped], shipped, verifier, path)
+    decision = LearnedDecision.from_card(out)
+    scored = [r for r in records if r["probabilities"]]
+    cost = time_each(lambda r: decision.serves(r["cosines"][:r["counting"]],
+                                               r["probabilities"], study.recall_tau,
+                                               study.threshold), scored, scored[:50])
+    note(f"the learned decision's cost per lookup: p50 {cost.p50 * 1000:.1f} us, "
+         f"p99 {cost.p99 * 1000:.1f} us ({cost.n} lookups)")
+    margin_ablation(records, tau, verifier.threshold, args, shipped)
+    trees_ablation(study, shipped, args)
+    if args.write_card:
+        args.write_card.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
+        note(f"wrote {args.write_card}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,162 @@
+"""The learned decision (``decision = "learned"``, client/matching/decision.py): the shipped
+card, fitted by benchmarks/decision_study.py, serves the verifier's pick where it clearly
+dominates even when the ambiguity rule would have declined, declines a low-probability
+pick, and is refused when its content, hash or fields are wrong.
+
+The cache is real (DiskCache, the packaged MiniLM); the verifier is the shipped one's card
+with probabilities set per stored question, since the real model cannot be made to give
+a chosen probability on demand."""
+
+import copy
+import json
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
+from meancache.client.matching.decision import (
+    CARD_PATH,
+    FEATURES,
+    KEEPS,
+    LearnedDecision,
+    card_digest,
+    features,
+)
+from meancache.client.matching.matcher import ambiguous, learned_decision, shipped_verifier
+from meancache.shared.errors import VerifierError
+from pydantic import ValidationError
+
+from tests.support.fuzz import fuzzed
+
+CacheFactory = Callable[..., SemanticCache]
+ASKED = "How do I reverse a list in Python?"
+RIGHT = "How can I reverse a list in Python?"
+CLOSE = "How do I reverse a string in Python?"
+OTHER = "How do I sort a list in Python?"
+
+
+class Fixed:
+    """The shipped verifier's card (so the learned decision applies) with a chosen
+    probability per stored question."""
+
+    def __init__(self, probabilities: Mapping[str, float]) -> None:
+        self.card = shipped_verifier().card
+        self.threshold = self.card.threshold
+        self.by_text = dict(probabilities)
+
+    def probabilities(self, query: str, candidates: Sequence[str]) -> np.ndarray:
+        return np.array([self.by_text[c] for c in candidates], dtype=np.float32)
+
+
+def cache_with(make_cache: CacheFactory, decision: str, verifier: Fixed) -> SemanticCache:
+    # every stored question counts (tau low, no margin): the verifier and decision decide
+    settings = CacheSettings(global_threshold=0.3, recall_margin=0.0, verifier="learned",
+                             decision=decision)
+    cache = make_cache(settings=settings, verifier=verifier)
+    for question in verifier.by_text:
+        cache.insert(question, f"answer to {question}")
+    return cache
+
+
+def test_a_dominant_pick_is_served_where_the_ambiguity_rule_declines(
+        make_cache: CacheFactory) -> None:
+    verifier = Fixed({RIGHT: 0.995, CLOSE: 0.60, OTHER: 0.02})
+    assert ambiguous(np.array([0.995, 0.60, 0.02]), verifier.threshold)  # two pass
+    assert isinstance(cache_with(make_cache, "rules", verifier).lookup(ASKED), Miss)
+    hit = cache_with(make_cache, "learned", verifier).lookup(ASKED)
+    assert isinstance(hit, Hit) and hit.answer == f"answer to {RIGHT}"
+
+
+def test_a_low_probability_pick_is_declined(make_cache: CacheFactory) -> None:
+    # a near-miss alone, close by cosine, that the verifier finds a different question
+    hit = cache_with(make_cache, "learned", Fixed({CLOSE: 0.15})).lookup(ASKED)
+    assert isinstance(hit, Miss) and "decision score" in hit.reason
+
+
+def test_two_equal_picks_are_declined(make_cache: CacheFactory) -> None:
+    """Two candidates the verifier cannot tell apart: which answer is meant is a guess."""
+    verifier = Fixed({RIGHT: 0.90, CLOSE: 0.90, OTHER: 0.02})
+    assert isinstance(cache_with(make_cache, "learned", verifier).lookup(ASKED), Miss)
+
+
+def test_another_verifier_leaves_the_decision_to_the_rules(make_cache: CacheFactory) -> None:
+    """The coefficients weigh the shipped verifier's probabilities: with another verifier
+    (another card) the rules decide, and the ambiguity rule declines."""
+    verifier = Fixed({RIGHT: 0.995, CLOSE: 0.60, OTHER: 0.02})
+    verifier.card = type(verifier.card)("0" * 64, verifier.threshold)
+    assert isinstance(cache_with(make_cache, "learned", verifier).lookup(ASKED), Miss)
+
+
+def test_the_score_grows_with_the_gap_over_the_runner_up() -> None:
+    decision = learned_decision()
+    threshold = shipped_verifier().threshold
+    scores = [decision.score(features([0.9, 0.88], [0.95, p2], 0.776, threshold))
+              for p2 in (0.9, 0.6, 0.3, 0.05)]
+    assert scores == sorted(scores) and scores[-1] > scores[0]
+
+
+def test_features_need_one_probability_per_cosine() -> None:
+    with pytest.raises(ValueError, match="2 cosines for 1 probabilities"):
+        features([0.9, 0.8], [0.5], 0.776, 0.5)
+    assert len(features([0.9], [0.5], 0.776, 0.5)) == len(FEATURES)
+
+
+# the card ----------------------------------------------------------------------------
+def shipped_card() -> dict:
+    return json.loads(CARD_PATH.read_text(encoding="utf-8"))
+
+
+def test_the_shipped_card_loads_and_names_its_data() -> None:
+    card = shipped_card()
+    assert card["sha256"] == card_digest(card)
+    assert len(card["data_sha256"]) == 64 and card["command"].startswith("python benchmarks/")
+    assert card["verifier_sha256"] == shipped_verifier().card.sha256
+    assert set(LearnedDecision.load().keeps) <= set(KEEPS)
+
+
+@fuzzed(max_examples=40)
+@given(field=st.sampled_from(["coefficients", "intercept", "threshold", "keeps",
+                              "verifier_sha256", "features"]),
+       data=st.data())
+def test_a_changed_card_is_refused_by_its_hash(field: str, data: st.DataObject) -> None:
+    card = shipped_card()
+    if field == "coefficients":
+        i = data.draw(st.integers(0, len(FEATURES) - 1))
+        card[field][i] += data.draw(st.floats(0.001, 10)) * data.draw(st.sampled_from([-1, 1]))
+    elif field in ("intercept", "threshold"):
+        card[field] = card[field] + data.draw(st.floats(0.0001, 0.1))
+    elif field == "keeps":
+        card[field] = [k for k in KEEPS if k not in card[field]][:1] or []
+    else:
+        card[field] = data.draw(st.text(min_size=1, max_size=8))
+    with pytest.raises(VerifierError, match="does not match its sha256"):
+        LearnedDecision.from_card(card)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda c: c.pop("threshold"), "must have exactly the fields"),
+    (lambda c: c.update(extra=1), "must have exactly the fields"),
+    (lambda c: c.update(features=list(reversed(FEATURES))), "names the features"),
+    (lambda c: c.update(coefficients=c["coefficients"][:-1]), "finite coefficients"),
+    (lambda c: c.update(coefficients=["x"] * len(FEATURES)), "not a number"),
+    (lambda c: c.update(threshold=1.5), "threshold between 0 and 1"),
+    (lambda c: c.update(keeps=["everything"]), "may keep only some of"),
+], ids=["missing", "extra", "features", "short", "text", "threshold", "keeps"])
+def test_a_card_with_wrong_fields_is_refused_even_if_rehashed(change, message: str) -> None:
+    card = copy.deepcopy(shipped_card())
+    change(card)
+    card["sha256"] = card_digest(card)
+    with pytest.raises(VerifierError, match=message):
+        LearnedDecision.from_card(card)
+
+
+def test_a_missing_card_is_refused(tmp_path) -> None:
+    with pytest.raises(VerifierError, match="missing or unreadable"):
+        LearnedDecision.load(tmp_path / "decision.json")
+
+
+def test_an_unknown_decision_setting_is_refused() -> None:
+    with pytest.raises(ValidationError, match="decision 'guess' is unknown"):
+        CacheSettings(decision="guess")

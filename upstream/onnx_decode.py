@@ -1,0 +1,215 @@
+"""Decode steps on ONNX Runtime with 4-bit weights (``--precision int4``).
+
+A decode step reads every weight once, so its speed follows the bytes of weights read
+and the kernels that read them. torch's CPU low-bit kernels were slower than its float16
+path for one token; ONNX Runtime's ``MatMulNBits`` (4-bit blocks of 32 weights, each with
+a float32 scale, multiplied against 8-bit rounded activations on the CPU's integer dot
+products) reads a quarter of float16's bytes, as llama.cpp's Q4 formats do. So a step is
+one ONNX graph: Gemma 3's decoder layers, final norm and output layer written here in
+plain tensor operations, exported once at load and quantised; the output layer's best
+``compact_weights.SHORTLIST`` words are then scored again with their exact rows.
+
+Only decode steps run here. Prompts, Prompt Cache modules and prefix blocks are read by the
+torch model (in fp16-int8) into the same ``DynamicCache``, and each step reads that cache
+and appends its new key and value to it, so module reuse, prefix reuse, tenants and limits
+work as in the other precisions. The answers are not float32's: the next token after a
+decode step was float32's in 82-88% of steps on Gemma 3 270M
+(benchmarks/generation_speed.py), against 97% for llama.cpp's Q4_K_M.
+"""
+
+import io
+import logging
+import warnings
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+from meancache.upstream.errors import ModelLoadError
+
+if TYPE_CHECKING:
+    from meancache.upstream.compact_weights import ShortlistOutput
+    from transformers import DynamicCache, PreTrainedModel
+
+log = logging.getLogger(__name__)
+
+BITS = 4
+BLOCK = 32  # weights per 4-bit block, each block with its own scale
+INT8_ACTIVATIONS = 4  # MatMulNBits accuracy_level: activations rounded to int8 per block
+ARCHITECTURES = ("gemma3_text",)
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: scaled by (1 + weight), in float32."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class GemmaStep(torch.nn.Module):
+    """One decode step of a Gemma 3 model over explicit inputs, for export: the token's
+    embedding ``h`` (1, hidden), the rotary cos/sin of its position for sliding and full
+    layers (1, head_dim), additive masks over the cached positions and itself (1, L + 1),
+    and per layer the cached keys and values (kv_heads, L, head_dim). Returns the logits,
+    the final hidden state and per layer the new key and value (kv_heads, 1, head_dim).
+
+    Attention reads the cache without concatenating it (scores against the cache and
+    against the new key are joined instead), so a step copies no cached state. Linear
+    weights are held transposed so that each is a MatMul the quantiser can pack."""
+
+    def __init__(self, model: "PreTrainedModel") -> None:
+        super().__init__()
+        config = model.config
+        self.eps = config.rms_norm_eps
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.scaling = config.query_pre_attn_scalar ** -0.5
+        self.sliding = [kind == "sliding_attention" for kind in config.layer_types]
+        self.linears = torch.nn.ParameterList()
+        self.norms = torch.nn.ParameterList()
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+                           mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                self.linears.append(_frozen(linear.weight.t()))
+            for norm in (layer.input_layernorm, attn.q_norm, attn.k_norm,
+                         layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+                         layer.post_feedforward_layernorm):
+                self.norms.append(_frozen(norm.weight.float()))
+        self.final_norm = _frozen(model.model.norm.weight.float())
+        self.output = _frozen(model.get_output_embeddings().weight.t())
+
+    def forward(self, h: torch.Tensor, cos_s: torch.Tensor, sin_s: torch.Tensor,
+                cos_f: torch.Tensor, sin_f: torch.Tensor, mask_s: torch.Tensor,
+                mask_f: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        group = self.heads // self.kv_heads
+        new: list[torch.Tensor] = []
+        for i, sliding in enumerate(self.sliding):
+            wq, wk, wv, wo, wg, wu, wd = self.linears[7 * i:7 * i + 7]
+            n_in, n_q, n_k, n_attn, n_pre, n_post = self.norms[6 * i:6 * i + 6]
+            cos, sin, mask = (cos_s, sin_s, mask_s) if sliding else (cos_f, sin_f, mask_f)
+            keys, values = past[2 * i], past[2 * i + 1]
+            x = _rms(h, n_in, self.eps)
+            q = _rotate(_rms((x @ wq).reshape(self.kv_heads, group, self.head_dim), n_q,
+                             self.eps), cos, sin)
+            k = _rotate(_rms((x @ wk).reshape(self.kv_heads, 1, self.head_dim), n_k,
+                             self.eps), cos, sin)
+            v = (x @ wv).reshape(self.kv_heads, 1, self.head_dim)
+            scores = torch.cat([q @ keys.transpose(1, 2), (q * k).sum(-1, keepdim=True)], -1)
+            p = torch.softmax(scores * self.scaling + mask, dim=-1)
+            cached = keys.shape[1]
+            attended = p[..., :cached] @ values + p[..., cached:] * v
+            h = h + _rms(attended.reshape(1, self.heads * self.head_dim) @ wo, n_attn, self.eps)
+            x = _rms(h, n_pre, self.eps)
+            mlp = torch.nn.functional.gelu(x @ wg, approximate="tanh") * (x @ wu)
+            h = h + _rms(mlp @ wd, n_post, self.eps)
+            new += [k, v]
+        h = _rms(h, self.final_norm, self.eps)
+        return (h @ self.output, h, *new)
+
+
+def _frozen(tensor: torch.Tensor) -> torch.nn.Parameter:
+    return torch.nn.Parameter(tensor.detach().float().contiguous(), requires_grad=False)
+
+
+def export_step(model: "PreTrainedModel", bits: int | None = BITS,
+                accuracy_level: int = INT8_ACTIVATIONS) -> bytes:
+    """The decode step of ``model`` as a serialized ONNX model, its linear layers packed
+    in ``bits``-bit blocks (None: left in float32, for checking the graph itself)."""
+    config = model.config
+    if config.model_type not in ARCHITECTURES:
+        raise ModelLoadError(f"int4 decoding supports {', '.join(ARCHITECTURES)}; "
+                             f"{config.model_type} is not one: serve it in float32 or "
+                             "fp16-int8")
+    import onnx
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    layers, cached = config.num_hidden_layers, 2
+    past = [torch.zeros(config.num_key_value_heads, cached, config.head_dim)
+            for _ in range(2 * layers)]
+    example = (torch.zeros(1, config.hidden_size), *[torch.zeros(1, config.head_dim)] * 4,
+               *[torch.zeros(1, cached + 1)] * 2, *past)
+    growing = {name: {1: "seen"} for name in
+               ["mask_s", "mask_f", *(f"past_{i}" for i in range(2 * layers))]}
+    buffer = io.BytesIO()
+    with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+        warnings.simplefilter("ignore")  # the TorchScript exporter is marked deprecated
+        torch.onnx.export(GemmaStep(model).eval(), example, buffer, dynamo=False,
+                          opset_version=21, dynamic_axes=growing,
+                          input_names=["h", "cos_s", "sin_s", "cos_f", "sin_f", "mask_s",
+                                       "mask_f", *(f"past_{i}" for i in range(2 * layers))],
+                          output_names=["logits", "hidden",
+                                        *(f"new_{i}" for i in range(2 * layers))])
+    graph = onnx.load_from_string(buffer.getvalue())
+    if bits is None:
+        return graph.SerializeToString()
+    quantizer = MatMulNBitsQuantizer(graph, bits=bits, block_size=BLOCK, is_symmetric=True,
+                                     accuracy_level=accuracy_level)
+    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
+    quantizer.process()
+    return quantizer.model.model.SerializeToString()
+
+
+class OnnxDecoder:
+    """Runs decode steps of a torch-loaded Gemma 3 model on its exported step graph."""
+
+    def __init__(self, model: "PreTrainedModel", graph: bytes, threads: int) -> None:
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        self.session: onnxruntime.InferenceSession = onnxruntime.InferenceSession(
+            graph, options, providers=["CPUExecutionProvider"])
+        self.model = model
+        self.window = int(model.config.sliding_window)
+        self.layers = model.config.num_hidden_layers
+
+    def _shortlist(self) -> "ShortlistOutput | None":
+        from meancache.upstream.compact_weights import ShortlistOutput
+
+        output = self.model.get_output_embeddings()
+        return output if isinstance(output, ShortlistOutput) else None
+
+    @torch.inference_mode()
+    def step(self, token: int, position: int, seen: torch.Tensor, cache: "DynamicCache"
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As PromptCacheEngine.decode_step: logits after ``token`` at ``position``, which
+        sees every position in ``seen`` and itself; its key and value join ``cache``."""
+        inner = self.model.model
+        at = torch.tensor([[position]])
+        h = self.model.get_input_embeddings()(torch.tensor([[token]]))[0].float()
+        cos_s, sin_s = inner.rotary_emb(h[None], at, "sliding_attention")
+        cos_f, sin_f = inner.rotary_emb(h[None], at, "full_attention")
+        seen = torch.cat([seen, at[0]])
+        near = (position - seen < self.window)[None]  # the window is measured in positions
+        floor = np.finfo(np.float32).min
+        feeds = {"h": h.numpy(), "cos_s": cos_s[0].numpy(), "sin_s": sin_s[0].numpy(),
+                 "cos_f": cos_f[0].numpy(), "sin_f": sin_f[0].numpy(),
+                 "mask_s": np.where(near.numpy(), 0, floor).astype(np.float32),
+                 "mask_f": np.zeros((1, seen.numel()), np.float32)}
+        for i, layer in enumerate(cache.layers):
+            feeds[f"past_{2 * i}"] = layer.keys[0].float().numpy()
+            feeds[f"past_{2 * i + 1}"] = layer.values[0].float().numpy()
+        out = self.session.run(None, feeds)
+        for i, layer in enumerate(cache.layers):
+            dtype = layer.keys.dtype
+            cache.update(torch.from_numpy(out[2 + 2 * i])[None].to(dtype),
+                         torch.from_numpy(out[3 + 2 * i])[None].to(dtype), i)
+        logits = torch.from_numpy(out[0][0])
+        shortlist = self._shortlist()
+        if shortlist is not None:
+            logits = shortlist.rescore(torch.from_numpy(out[1][0]), logits)
+        return logits, seen
+
+
+def onnx_decoder(model: "PreTrainedModel", bits: int | None = BITS,
+                 accuracy_level: int = INT8_ACTIVATIONS) -> OnnxDecoder:
+    """The 4-bit decoder of ``model``, built from its weights as they are now (call it
+    before compacting them)."""
+    graph = export_step(model, bits, accuracy_level)
+    log.info("%s: decode steps on ONNX Runtime, %s-bit weights in blocks of %d",
+             model.config.model_type, bits or 32, BLOCK)
+    return OnnxDecoder(model, graph, torch.get_num_threads())
