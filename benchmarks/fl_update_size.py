@@ -4,8 +4,8 @@ them (ArrayRecord.count_bytes: array data with its npy header, and the names).
 
 The encoders' shapes are those of the shipped models (MiniLM-L6 and MPNet-base, random
 weights: the bytes depend on the shapes alone); the verifier is its MiniLM-L6
-cross-encoder (shared/verifier/model.py), whose federated part would be the same top
-layers and its head.
+cross-encoder (shared/verifier/model.py), whose federated part is its top layers and its
+head (run config verifier-top-layers; shared.fl.weights.verifier_names).
 
     python benchmarks/fl_update_size.py
 """
@@ -15,15 +15,10 @@ import torch
 from _common import base_parser, heading, make_table, print_command, print_table
 from flwr.app import Array, ArrayRecord
 from meancache.shared.fl.compression import encode_update
-from meancache.shared.fl.weights import federated_names
+from meancache.shared.fl.weights import verifier_names
 from transformers import AutoConfig, AutoModel, BertConfig, BertModel
 
 LIMIT = 5 * 10**6  # the issue's budget per device per round, encoder and verifier together
-
-
-def _named(model: torch.nn.Module, top_layers: int) -> dict[str, np.ndarray]:
-    names = set(federated_names(model, top_layers))  # type: ignore[arg-type]
-    return {n: p.detach().numpy() for n, p in model.named_parameters() if n in names}
 
 
 def _encoders() -> dict[str, torch.nn.Module]:
@@ -48,9 +43,9 @@ def _as_sentence_transformer(backbone: torch.nn.Module) -> torch.nn.Module:
 
 
 def _with_head(model: torch.nn.Module, top_layers: int) -> dict[str, np.ndarray]:
-    named = _named(model, top_layers)
-    named |= {n: p.detach().numpy() for n, p in model.named_parameters() if n.startswith("head.")}
-    return named
+    """The federated tensors: an encoder's top layers, or the verifier's and its head."""
+    names = set(verifier_names(model, top_layers))
+    return {n: p.detach().numpy() for n, p in model.named_parameters() if n in names}
 
 
 def main() -> None:

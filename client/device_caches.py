@@ -14,8 +14,11 @@ from pathlib import Path
 
 from meancache.client.cache.store import EntryStore
 from meancache.client.config import Settings
+from meancache.client.errors import EntryNotFoundError
+from meancache.client.learning.state import aliases
 from meancache.client.matching.labels import labelled_pairs
 from meancache.shared.pairs import Pair
+from meancache.shared.query import normalise_query
 
 
 def proxy_dir(settings: Settings) -> Path:
@@ -43,4 +46,23 @@ def device_pairs(cache_dirs: Iterable[Path]) -> list[Pair]:
         if cache_dir.exists():
             with closing(EntryStore(cache_dir)) as store:
                 pairs += labelled_pairs(store)
+    return pairs
+
+
+def device_alias_pairs(cache_dirs: Iterable[Path]) -> list[Pair]:
+    """Each alias the caches learned (client.learning) as a positive pair of the alias and
+    its entry's question, for the verifier's federated training; an alias whose entry
+    is gone, or which only repeats its entry's question, teaches nothing and is left out."""
+    pairs: list[Pair] = []
+    for cache_dir in cache_dirs:
+        if not cache_dir.exists():
+            continue
+        with closing(EntryStore(cache_dir)) as store:
+            for question, entry_id in aliases(store).items():
+                try:
+                    stored = store.get(entry_id).query
+                except EntryNotFoundError:
+                    continue
+                if normalise_query(stored) != question:
+                    pairs.append(Pair(question, stored, 1))
     return pairs

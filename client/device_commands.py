@@ -53,13 +53,15 @@ def assemble_encoder(settings: Settings) -> None:
 def open_cache(settings: Settings, directory: Path | None = None) -> "SemanticCache":
     from meancache.client.cache import SemanticCache
     from meancache.client.encoder import load_device_encoder
+    from meancache.client.verifier import load_device_verifier
 
     assemble_encoder(settings)
     with err.status("loading the embedding model (the first start exports it to ONNX)"):
         encoder = load_device_encoder(settings)
     with ProgressBar("re-embedding cached queries", err) as progress:
         return SemanticCache(directory or settings.cache_dir, encoder,
-                             settings.cache_settings(), progress)
+                             settings.cache_settings(), progress,
+                             verifier=load_device_verifier(settings))
 
 
 # cache -------------------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """What a Flower round's message says about the global model it carries: its round (in
-the server's numbering, continued across runs), the threshold and the weights' sha256,
-signed by the server's key at the moment it is sent. A device keeps the model only if
-the signature verifies under the key it trusts and the description is fresh
-(shared.fl.freshness: the same rule as `fl sync`), so a replayed round or a stale
+the server's numbering, continued across runs), the threshold, the weights' sha256 and,
+where the verifier is federated, the int8 verifier its tensors apply over
+(``verifier_base``), signed by the server's key at the moment it is sent. A device keeps
+the model only if the signature verifies under the key it trusts and the description is
+fresh (shared.fl.freshness: the same rule as `fl sync`), so a replayed round or a stale
 SuperLink cannot roll it back."""
 
 import json
@@ -20,11 +21,13 @@ class RoundModels:
     base_model: str  # fingerprint of the base encoder
     top_layers: int
     round_offset: int  # rounds of earlier runs this one continues from
+    verifier_base: str = ""  # sha256 of the int8 verifier federated beside ("": none)
 
     def describe(self, server_round: int, threshold: float, arrays: ArrayRecord) -> str:
         """The signed description (JSON) of ``arrays``, the global model after this run's
         ``server_round`` (0: the one it started from)."""
         state = arrays.to_torch_state_dict()
         meta = GlobalModel(server_round + self.round_offset, float(threshold),
-                           state_sha256(state), self.base_model, self.top_layers)
+                           state_sha256(state), self.base_model, self.top_layers,
+                           verifier_base=self.verifier_base)
         return json.dumps(sign(meta, self.key).to_json())

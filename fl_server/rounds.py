@@ -9,13 +9,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
-from meancache.fl_server.strategy import ThresholdFedAvg
+from meancache.fl_server.pooled_threshold import Pooled
+from meancache.fl_server.screening import Screened
 from meancache.shared.fl.checkpoint import save_checkpoint
 from meancache.shared.fl.signing import server_key, sign
-from meancache.shared.fl.weights import load_federated_state
+from meancache.shared.fl.weights import load_federated_state, split_verifier
 from meancache.shared.threshold import best_threshold, score_thresholds
 from sentence_transformers import SentenceTransformer
 
@@ -35,7 +37,7 @@ class HeldOut:
     labels: np.ndarray
 
     def score(self, arrays: ArrayRecord, threshold: float) -> dict[str, float]:
-        load_federated_state(self.model, arrays.to_torch_state_dict())
+        load_federated_state(self.model, split_verifier(arrays.to_torch_state_dict())[0])
         a = self.model.encode(self.q1, normalize_embeddings=True, batch_size=64)
         b = self.model.encode(self.q2, normalize_embeddings=True, batch_size=64)
         sims = (a * b).sum(1)
@@ -46,18 +48,30 @@ class HeldOut:
                 "best_precision": best.precision, "best_recall": best.recall}
 
 
+class RoundStats(Protocol):
+    """What a round's strategy recorded (fl_server.strategy.ThresholdFedAvg, or
+    fl_server.secure_rounds.SecureFedAvg under SecAgg+)."""
+
+    threshold: float
+    bytes_received: dict[int, dict[int, int]]
+    verifier_bytes: dict[int, dict[int, int]]
+    screened: dict[int, Screened]
+    pooled: dict[int, Pooled]
+
+
 @dataclass
 class RoundRecorder:
     """Used as FedAvg's ``evaluate_fn``: called with the final (post-DP) global weights
     at round 0 and after every round."""
 
-    strategy: ThresholdFedAvg
+    strategy: RoundStats
     checkpoint_dir: Path
     base_model: str
     top_layers: int
     round_offset: int = 0  # rounds of an earlier run this one continues from
     held_out: HeldOut | None = None
     privacy: Callable[[], dict[str, float]] | None = None  # epsilon so far, with DP on
+    verifier_base: str = ""  # sha256 of the int8 verifier trained from ("": not federated)
     started: float = field(default_factory=time.time)
 
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
@@ -68,6 +82,8 @@ class RoundRecorder:
         if received:
             metrics["bytes_per_client"] = sum(received.values()) / len(received)
             metrics["clients"] = len(received)
+            verifier = self.strategy.verifier_bytes.get(server_round, {})
+            metrics["verifier_bytes_per_client"] = sum(verifier.values()) / len(received)
         screened = self.strategy.screened.get(server_round)
         if screened is not None:
             metrics |= {"rejected": len(screened.rejected),
@@ -85,7 +101,8 @@ class RoundRecorder:
             state = arrays.to_torch_state_dict()
             save_checkpoint(self.checkpoint_dir, server_round + self.round_offset, state,
                             self.strategy.threshold, self.base_model, self.top_layers,
-                            metrics, partial(sign, key=server_key(self.checkpoint_dir)))
+                            metrics, partial(sign, key=server_key(self.checkpoint_dir)),
+                            self.verifier_base)
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         with (self.checkpoint_dir / HISTORY).open("a") as fh:
             fh.write(json.dumps(metrics) + "\n")

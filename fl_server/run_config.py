@@ -43,6 +43,7 @@ class ServerConfig:
     dp_delta: float
     held_out_path: Path | None  # None: the global models are not scored
     held_out_pairs: int
+    secure_aggregation: bool  # SecAgg+ (fl_server.secure_rounds): the server sees only sums
 
     @property
     def models_dir(self) -> Path:
@@ -80,7 +81,22 @@ class ServerConfig:
             dp_delta=read(config, "dp-delta", float, (lambda v: 0 < v < 1, "between 0 and 1")),
             held_out_path=read_path(config, "held-out-path"),
             held_out_pairs=read(config, "held-out-pairs", int, at_least(0)),
+            secure_aggregation=_secure(config),
         )
+
+
+def _secure(config: RunConfig) -> bool:
+    """SecAgg+ hides each update, so what needs one (central DP's server-side clipping,
+    the median) cannot run beside it: refused by name rather than silently dropped."""
+    secure = read(config, "secure-aggregation", int, (lambda v: v in (0, 1), "0 or 1")) == 1
+    if secure and read(config, "dp-noise-multiplier", float) > 0:
+        raise RunConfigError("run config 'secure-aggregation' = 1 cannot run with central DP "
+                             "('dp-noise-multiplier' > 0): the server must see each update "
+                             "to clip it")
+    if secure and read(config, "aggregation", str) != "fedavg":
+        raise RunConfigError("run config 'secure-aggregation' = 1 needs 'aggregation' = "
+                             "'fedavg': the server sees only the sum of the updates")
+    return secure
 
 
 Values = dict[str, bool | int | float | str]

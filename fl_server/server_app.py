@@ -1,4 +1,5 @@
-"""The Flower ServerApp: FedAvg of the encoder's weights and of the thresholds, a
+"""The Flower ServerApp: FedAvg of the encoder's and the learned verifier's weights (one
+record, the verifier's under ``verifier.``: shared.fl.weights) and of the thresholds, a
 versioned checkpoint after every round. Its settings: fl_server.run_config.ServerConfig.
 """
 
@@ -14,14 +15,21 @@ from meancache.fl_server.privacy import SampledClientsDP
 from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.rounds import HeldOut, RoundRecorder
 from meancache.fl_server.run_config import ServerConfig
+from meancache.fl_server.secure_rounds import run_secure_rounds
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import load_sentence_transformer, locate_model, profile_threshold
 from meancache.shared.encoder.fingerprint import model_fingerprint
 from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
 from meancache.shared.fl.signing import server_key
-from meancache.shared.fl.weights import federated_names, federated_state
+from meancache.shared.fl.weights import (
+    federated_names,
+    federated_state,
+    verifier_names,
+    with_verifier,
+)
 from meancache.shared.pairs import read_pairs
 from meancache.shared.query import embedding_text
+from meancache.shared.verifier.federated import base_sha, base_verifier
 from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
@@ -40,16 +48,23 @@ def _held_out(model: SentenceTransformer, path: Path, limit: int, seed: int) -> 
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    run_rounds(grid, ServerConfig.from_run_config(context.run_config))
+    run_rounds(grid, ServerConfig.from_run_config(context.run_config), context)
 
 
-def run_rounds(grid: Grid, config: ServerConfig) -> None:
+def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
     model_dir = locate_model(config.model.encoder_model, config.models_dir)
     model = load_sentence_transformer(model_dir)
     base = model_fingerprint(model_dir)
     names = federated_names(model, config.model.top_layers)
     initial = federated_state(model, names)
     threshold = profile_threshold(config.model.encoder_model)
+    verifier_base = ""
+    if config.model.verifier_layers > 0:
+        verifier = base_verifier(config.model.verifier_dir)
+        verifier_base = base_sha(config.model.verifier_dir)
+        initial = with_verifier(initial, federated_state(
+            verifier, verifier_names(verifier, config.model.verifier_layers)))  # type: ignore[arg-type]
+        names = list(initial)
     offset = 0
     latest = latest_checkpoint(config.checkpoint_dir)
     if latest is not None:
@@ -57,7 +72,8 @@ def run_rounds(grid: Grid, config: ServerConfig) -> None:
         # Round numbers only grow, even from a fresh model: a device refuses a round
         # below one it has (shared.fl.freshness).
         offset = meta.round
-        if meta.base_model == base and set(state) == set(names):
+        if (meta.base_model, meta.verifier_base) == (base, verifier_base) and set(
+                state) == set(names):
             initial, threshold = state, meta.threshold
             log.info("continuing from the global model of round %d", meta.round)
     dp = config.dp_noise_multiplier > 0
@@ -65,11 +81,11 @@ def run_rounds(grid: Grid, config: ServerConfig) -> None:
     if dp:  # the server clips to the DP norm itself: a device may not have
         limits = replace(limits, max_update_norm=min(limits.max_update_norm,
                                                      config.dp_clipping_norm))
+    models = RoundModels(server_key(config.checkpoint_dir), base, config.model.top_layers,
+                         offset, verifier_base)
     strategy = ThresholdFedAvg(
         threshold, ArrayRecord(initial), limits, config.threshold_rule, config.aggregation,
-        unweighted=dp,
-        models=RoundModels(server_key(config.checkpoint_dir), base, config.model.top_layers,
-                           offset),
+        unweighted=dp, models=models,
         fraction_train=config.fraction_train,
         min_train_nodes=config.min_train_nodes,
         min_available_nodes=config.min_available_nodes,
@@ -80,6 +96,16 @@ def run_rounds(grid: Grid, config: ServerConfig) -> None:
     if config.held_out_path is not None and config.held_out_pairs > 0:
         held_out = _held_out(model, config.held_out_path, config.held_out_pairs,
                              config.model.seed)
+    if config.secure_aggregation:
+        run_secure_rounds(
+            grid, context, list(initial), ArrayRecord(initial), threshold, limits,
+            config.threshold_rule, models, config.num_server_rounds, config.round_timeout,
+            {"fraction_fit": config.fraction_train, "min_fit_clients": config.min_train_nodes,
+             "min_available_clients": config.min_available_nodes},
+            lambda secure: RoundRecorder(secure, config.checkpoint_dir, base,
+                                         config.model.top_layers, offset, held_out, None,
+                                         verifier_base))
+        return
     runner: ThresholdFedAvg | SampledClientsDP = strategy
     privacy = None
     if dp:
@@ -87,7 +113,7 @@ def run_rounds(grid: Grid, config: ServerConfig) -> None:
                                   config.dp_clipping_norm, config.dp_delta)
         privacy = runner.ledger.spent
     recorder = RoundRecorder(strategy, config.checkpoint_dir, base, config.model.top_layers,
-                             offset, held_out, privacy)
+                             offset, held_out, privacy, verifier_base)
     runner.start(
         grid=grid,
         initial_arrays=ArrayRecord(initial),

@@ -32,6 +32,12 @@ def add_commands(fl: Any) -> None:
                           help="labelled pairs each device trains on")
     simulate.add_argument("--top-layers", type=int, default=app["top-layers"],
                           help="train and send only the top N transformer layers (0: all)")
+    simulate.add_argument("--verifier-layers", type=int, default=app["verifier-top-layers"],
+                          help="train and send the learned verifier's top N layers and its "
+                          "head beside the encoder (0: the verifier is not federated)")
+    simulate.add_argument("--secure-aggregation", action="store_true",
+                          help="SecAgg+: the server learns only the sum of the devices' "
+                          "weights (no central DP, no median)")
     simulate.add_argument("--update-bits", type=int, choices=(0, 8, 4),
                           default=app["update-bits"], help="devices send their update "
                           "quantised to 8 or 4 bits (0: float32 weights)")
@@ -235,6 +241,8 @@ def run_simulate(args: argparse.Namespace, settings: FlServerSettings) -> int:
             "num-server-rounds": args.rounds, "partitioning": args.partitioning,
             "pairs-per-client": args.pairs_per_client, "top-layers": args.top_layers,
             "update-bits": args.update_bits, "epochs": args.epochs,
+            "verifier-top-layers": args.verifier_layers,
+            "secure-aggregation": int(args.secure_aggregation),
             "learning-rate": args.learning_rate,
             "encoder-model": settings.encoder_model or "",
             "held-out-pairs": args.held_out, "seed": args.seed,
@@ -248,14 +256,15 @@ def run_simulate(args: argparse.Namespace, settings: FlServerSettings) -> int:
 
     rows = simulate(config, settings.data_dir / "flwr-simulation", on_round=progress)
     table = Table("round", "F0.5", "F1", "precision", "recall", "threshold",
-                  "best tau", "best F0.5", "seconds", "KiB/client",
+                  "best tau", "best F0.5", "seconds", "KiB/client", "of it verifier",
                   title=f"{args.clients} clients, {args.per_round} per round, "
                         f"{args.partitioning}, {args.pairs_per_client} pairs each")
     for row in rows:
         scores = [f"{row[k]:.3f}" if k in row else "-" for k in (
             "f05", "f1", "precision", "recall", "threshold", "best_threshold", "best_f05")]
         table.add_row(str(int(row["round"])), *scores, f"{row['seconds']:.1f}",
-                      f"{row.get('bytes_per_client', 0) / 1024:.0f}")
+                      f"{row.get('bytes_per_client', 0) / 1024:.0f}",
+                      f"{row.get('verifier_bytes_per_client', 0) / 1024:.0f}")
     Console(file=sys.stdout, width=160).print(table)
     if args.publish:
         from meancache.fl_server.publish import publish

@@ -21,6 +21,7 @@ from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.screening import ReplyLimits, Screened, screen
 from meancache.shared.fl.checkpoint import DESCRIPTION_KEY
 from meancache.shared.fl.evidence import KEYS, Evidence
+from meancache.shared.fl.weights import VERIFIER
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class ThresholdFedAvg(FedAvg):
         self.unweighted = unweighted
         self.models = models
         self.bytes_received: dict[int, dict[int, int]] = {}  # round -> node -> bytes
+        self.verifier_bytes: dict[int, dict[int, int]] = {}  # the verifier's share of them
         self.screened: dict[int, Screened] = {}  # round -> what screening did
         self.pooled: dict[int, Pooled] = {}  # round -> how the threshold was tuned
 
@@ -83,6 +85,11 @@ class ThresholdFedAvg(FedAvg):
             m.metadata.src_node_id: sum(r.count_bytes() for r in m.content.array_records.values())
             for m in replies if m.has_content()
         }
+        self.verifier_bytes[server_round] = {
+            m.metadata.src_node_id: ArrayRecord({
+                name: array for name, array in m.content["arrays"].items()
+                if name.startswith(VERIFIER)}).count_bytes()
+            for m in replies if m.has_content() and "arrays" in m.content.array_records}
         screened = screen(replies, self.global_arrays, self.limits)
         self.screened[server_round] = screened
         if self.unweighted:

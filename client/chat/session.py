@@ -17,6 +17,7 @@ from meancache.client.encoder import load_device_encoder
 from meancache.client.errors import ConfigError, UpstreamUnavailableError
 from meancache.client.pack import PackStore
 from meancache.client.upstream_client import UpstreamClient
+from meancache.client.verifier import load_device_verifier
 from meancache.shared.encoder import locate_model
 from meancache.shared.progress import Progress
 
@@ -92,7 +93,8 @@ class ChatSession:
         encoder = load_device_encoder(settings)
         _timed(steps, "opening the cache")
         cache = SemanticCache(settings.cache_dir, encoder, settings.cache_settings(), progress,
-                              background=background, rng=random.Random())  # it explores
+                              background=background, rng=random.Random(),  # it explores
+                              verifier=load_device_verifier(settings))
         embedded = None
         if upstream is not None:
             label = (f"upstream {url}" + (f" · {upstream.model}" if upstream.model else "")

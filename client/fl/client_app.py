@@ -1,6 +1,7 @@
-"""The Flower ClientApp: train the encoder on this device's pairs, reply with weights,
-counts, and the similarity evidence of its validation pairs (shared.fl.evidence) from
-which the server tunes the global threshold.
+"""The Flower ClientApp: train the encoder, and the learned verifier's top layers and
+head (shared.verifier.federated), on this device's pairs; reply with both models' weights
+in one record (the verifier's under ``verifier.``), counts, and the similarity evidence of
+its validation pairs (shared.fl.evidence) from which the server tunes the global threshold.
 
 Settings: client.fl.run_config.ClientConfig. Node config: data-dir (the user's meancache
 data dir) on a real device; partition-id and num-partitions in simulation.
@@ -20,28 +21,36 @@ from meancache.client.config import load_settings
 from meancache.client.fl.data import partition, split
 from meancache.client.fl.device import DeviceState
 from meancache.client.fl.run_config import ClientConfig
+from meancache.client.fl.secure import RECORDS, is_secure, secure_mod
 from meancache.client.fl.train import pair_similarities, train_locally
+from meancache.client.verifier import export_global_verifier
 from meancache.shared.encoder import load_sentence_transformer, locate_model
 from meancache.shared.errors import MeanCacheError
-from meancache.shared.fl.checkpoint import DESCRIPTION_KEY
+from meancache.shared.fl.checkpoint import DESCRIPTION_KEY, latest_checkpoint
 from meancache.shared.fl.compression import encode_update
 from meancache.shared.fl.evidence import KEYS as EVIDENCE_KEYS
 from meancache.shared.fl.evidence import Evidence
+from meancache.shared.fl.secure import SECURE
 from meancache.shared.fl.weights import (
     check_finite,
     federated_names,
     federated_state,
     load_federated_state,
+    split_verifier,
+    verifier_names,
+    with_verifier,
 )
 from meancache.shared.pairs import Pair, read_pairs
 from meancache.shared.query import embedding_text
 from meancache.shared.threshold import check_threshold, score_thresholds
+from meancache.shared.verifier.federated import base_sha, base_verifier, train_verifier
+from meancache.shared.verifier.model import CrossEncoder
 from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
 
 # What a reply may contain: anything else is refused before it leaves the device.
-ALLOWED_METRICS = frozenset({"num-examples", "train-loss", "skipped",
+ALLOWED_METRICS = frozenset({"num-examples", "train-loss", "verifier-train-loss", "skipped",
                              "precision", "recall", "f1", "f05", *EVIDENCE_KEYS})
 
 
@@ -64,17 +73,32 @@ def _qqp(path: Path) -> list[Pair]:
     return read_pairs(path, split="train")
 
 
-def local_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
-    """This node's labelled pairs (on a device: of the chat's cache and every proxy
-    cache), normalised as the device's matcher embeds questions: the weights train, and
-    the threshold evidence is measured, in the space tau acts in."""
+def labelled_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
+    """This node's labelled pairs as asked (on a device: of the chat's cache and every
+    proxy cache): the verifier reads them so, as the matcher hands it questions."""
     if config.qqp_path is not None and config.data_source == "qqp":
-        pairs = partition(_qqp(config.qqp_path), int(node["partition-id"]),
-                          int(node["num-partitions"]), config.pairs_per_client,
-                          config.partitioning, config.train.seed, config.cache_dir)
-    else:
-        pairs = DeviceState(Path(str(node["data-dir"]))).pairs()
+        return partition(_qqp(config.qqp_path), int(node["partition-id"]),
+                         int(node["num-partitions"]), config.pairs_per_client,
+                         config.partitioning, config.train.seed, config.cache_dir)
+    return DeviceState(Path(str(node["data-dir"]))).pairs()
+
+
+def alias_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
+    """On a device, the aliases its caches learned (positive pairs for the verifier);
+    none in simulation."""
+    if config.data_source == "qqp":
+        return []
+    return DeviceState(Path(str(node["data-dir"]))).alias_pairs()
+
+
+def for_encoder(pairs: list[Pair]) -> list[Pair]:
+    """Pairs normalised as the device's matcher embeds questions: the encoder's weights
+    train, and the threshold evidence is measured, in the space tau acts in."""
     return [Pair(embedding_text(p.q1), embedding_text(p.q2), p.label) for p in pairs]
+
+
+def local_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
+    return for_encoder(labelled_pairs(config, node))
 
 
 def _reply(msg: Message, arrays: ArrayRecord, metrics: dict[str, float | list[int]]
@@ -84,14 +108,20 @@ def _reply(msg: Message, arrays: ArrayRecord, metrics: dict[str, float | list[in
 
 
 def wire_audit_mod(msg: Message, context: Context, call_next: Any) -> Message:
-    """Refuse to send anything but weights and the allowed metrics (no text, no config)."""
+    """Refuse to send anything but weights and the allowed metrics (no text, no config;
+    in a SecAgg+ round, also the protocol's own record and the FitRes's status and
+    metrics, client.fl.secure)."""
     reply = call_next(msg, context)
     if reply.has_error():
         return reply
     content = reply.content
-    extra = set(content.config_records) or {
-        key for record in content.metric_records.values() for key in record
-        if key not in ALLOWED_METRICS}
+    secure = is_secure(content)
+    records = [*content.metric_records.values(),
+               *(content.config_records[n] for n in ("fitres.metrics",)
+                 if secure and n in content.config_records)]
+    extra = (set(content.config_records) - (RECORDS if secure else set())) or {
+        key for record in records for key in record
+        if key not in ALLOWED_METRICS | ({"num_examples"} if secure else set())}
     if extra:
         log.error("refused to send %s to the server", sorted(extra))
         raise PermissionError(f"reply holds fields that may not leave the device: {extra}")
@@ -108,10 +138,11 @@ def clip_when_asked_mod(msg: Message, context: Context, call_next: Any) -> Messa
 
 def compress_update_mod(msg: Message, context: Context, call_next: Any) -> Message:
     """Send the update quantised (run config update-bits; shared.fl.compression) instead
-    of the float32 weights: outside the clipping mod, so what is quantised is clipped."""
+    of the float32 weights: outside the clipping mod, so what is quantised is clipped.
+    Not in a SecAgg+ round, which masks full weights."""
     reply = call_next(msg, context)
     bits = ClientConfig.from_run_config(context.run_config).update_bits
-    if bits == 0 or reply.has_error():
+    if bits == 0 or reply.has_error() or SECURE in msg.content["config"]:
         return reply
     sent = {name: array.numpy() for name, array in msg.content["arrays"].items()}
     trained = {name: array.numpy() for name, array in reply.content["arrays"].items()}
@@ -125,6 +156,7 @@ class Received:
     config: ClientConfig
     node: dict[str, Any]
     model: SentenceTransformer  # with the global weights loaded
+    verifier: CrossEncoder | None  # likewise; None where the verifier is not federated
     arrays: ArrayRecord
     threshold: float
 
@@ -138,24 +170,34 @@ def receive(msg: Message, config: ClientConfig, node: dict[str, Any]) -> Receive
     arrays = msg.content["arrays"]
     state = arrays.to_torch_state_dict()
     check_finite(state)
+    encoder_state, verifier_state = split_verifier(state)
     model = _base_model(config.model.encoder_model, _models_dir(node))
-    load_federated_state(model, state)
+    load_federated_state(model, encoder_state)
+    verifier, verifier_base = None, ""
+    if config.model.verifier_layers > 0:
+        verifier = base_verifier(config.model.verifier_dir)
+        if set(verifier_state) != set(verifier_names(verifier, config.model.verifier_layers)):
+            raise ValueError("the global model does not hold the verifier's top "
+                             f"{config.model.verifier_layers} layers and head")
+        load_federated_state(verifier, verifier_state)  # type: ignore[arg-type]
+        verifier_base = base_sha(config.model.verifier_dir)
     if "data-dir" in node:
         try:
             DeviceState(Path(str(node["data-dir"]))).keep_global(
-                state, msg.content["config"].get(DESCRIPTION_KEY))
+                state, msg.content["config"].get(DESCRIPTION_KEY), verifier_base)
         except MeanCacheError as exc:
             log.warning("not keeping this round's global model: %s", exc)
-    return Received(config, node, model, arrays, threshold)
+    return Received(config, node, model, verifier, arrays, threshold)
 
 
 def train_reply(msg: Message, got: Received) -> Message:
-    pairs = local_pairs(got.config, got.node)
+    pairs = labelled_pairs(got.config, got.node)
     if len(pairs) < got.config.min_pairs:
         log.info("only %d labelled pairs (< %d): not training this round", len(pairs),
                  got.config.min_pairs)
         return _skipped(msg, got)
-    train_pairs, validation = split(pairs, seed=got.config.train.seed)
+    asked, held = split(pairs, seed=got.config.train.seed)
+    train_pairs, validation = for_encoder(asked), for_encoder(held)
     # The evidence is of the global model the server sent, not of this device's trained
     # one: a device's own training pulls its similarities away from the averaged model's
     # (pooled evidence of trained models put the best tau near 0.77 while the global
@@ -165,14 +207,22 @@ def train_reply(msg: Message, got: Received) -> Message:
     loss = train_locally(got.model, train_pairs, got.config.train)
     names = federated_names(got.model, got.config.model.top_layers)
     trained = federated_state(got.model, names)
+    metrics: dict[str, float | list[int]] = {
+        "num-examples": len(train_pairs), "train-loss": loss, "skipped": 0,
+        **evidence.to_metrics()}
+    if got.verifier is not None:
+        train = got.config.train
+        judged = verifier_names(got.verifier, got.config.model.verifier_layers)
+        metrics["verifier-train-loss"] = train_verifier(
+            got.verifier, asked + alias_pairs(got.config, got.node), judged, train.epochs,
+            train.batch_size, train.learning_rate, train.seed)
+        trained = with_verifier(trained, federated_state(got.verifier, judged))  # type: ignore[arg-type]
     try:
         check_finite(trained)
     except ValueError as exc:  # training diverged: send nothing of it
         log.error("not sending this round's training: %s", exc)
         return _skipped(msg, got)
-    return _reply(msg, ArrayRecord(trained), {
-        "num-examples": len(train_pairs), "train-loss": loss, "skipped": 0,
-        **evidence.to_metrics()})
+    return _reply(msg, ArrayRecord(trained), metrics)
 
 
 def _skipped(msg: Message, got: Received) -> Message:
@@ -196,7 +246,7 @@ def evaluate_reply(msg: Message, got: Received) -> Message:
 app = ClientApp(mods=[wire_audit_mod])
 
 
-@app.train(mods=[compress_update_mod, clip_when_asked_mod])
+@app.train(mods=[secure_mod, compress_update_mod, clip_when_asked_mod])
 def train(msg: Message, context: Context) -> Message:
     got = receive(msg, ClientConfig.from_run_config(context.run_config),
                   dict(context.node_config))
@@ -208,4 +258,12 @@ def evaluate(msg: Message, context: Context) -> Message:
     """Keep the new global model on a device; score it on the local validation pairs."""
     got = receive(msg, ClientConfig.from_run_config(context.run_config),
                   dict(context.node_config))
+    if got.verifier is not None and "data-dir" in got.node:  # the device's int8 verifier
+        settings = DeviceState(Path(str(got.node["data-dir"]))).settings
+        kept = latest_checkpoint(settings.global_model_dir)
+        if kept is not None:
+            try:
+                export_global_verifier(settings, kept, got.config.model.verifier_dir)
+            except MeanCacheError as exc:  # the device keeps the verifier it has
+                log.warning("not making the global verifier: %s", exc)
     return evaluate_reply(msg, got)

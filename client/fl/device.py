@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings, load_settings
-from meancache.client.device_caches import device_cache_dirs, device_pairs
+from meancache.client.device_caches import device_alias_pairs, device_cache_dirs, device_pairs
 from meancache.client.fl.trust import accept_fresh, installed_round, trusted_key
 from meancache.shared.errors import CheckpointError
 from meancache.shared.fl.checkpoint import (
@@ -44,18 +44,26 @@ class DeviceState:
         self.settings = settings if isinstance(settings, Settings) else load_settings(
             data_dir=settings)
 
-    def keep_global(self, state: "dict[str, torch.Tensor]", description: str | None) -> None:
+    def keep_global(self, state: "dict[str, torch.Tensor]", description: str | None,
+                    verifier_base: str = "") -> None:
         """Keep a global model received in a Flower round, by the same rule as `fl sync`
         (client.fl.trust): ``description`` (the server's signed JSON of its round,
         threshold and weights' sha256; None from a server that sends none) must verify
         under the FL server's key and be fresh, and ``state`` must be what it describes.
         The global threshold is set from it, and the cache switches to the model (and
-        re-embeds) the next time it opens. MeanCacheError: nothing kept or changed."""
+        re-embeds) the next time it opens. ``verifier_base``: the sha256 of the int8
+        verifier this device trains the ``verifier.`` tensors over ("": the verifier is not
+        federated); the description must name the same (client.verifier applies global
+        verifier weights only over their base). MeanCacheError: nothing kept or changed."""
         meta = _described(description)
         key = trusted_key(self.settings)
         root = self.settings.global_model_dir
         if key is not None:
             verify(meta, key)
+        if meta.verifier_base != verifier_base:
+            raise CheckpointError(f"{meta.label} holds a verifier trained from the int8 "
+                                  f"verifier {meta.verifier_base[:16] or 'none'}, not this "
+                                  f"device's ({verifier_base[:16] or 'none'}); not kept")
         if state_sha256(state) != meta.sha256:
             raise CheckpointError(f"the weights sent with {meta.label} are not the ones its "
                                   "description names (sha256); not kept")
@@ -79,6 +87,13 @@ class DeviceState:
         """The labelled pairs of every cache on the device, for training and threshold
         evidence; they leave the device only as weight updates and evidence counts."""
         return device_pairs(directory for _, directory in device_cache_dirs(self.settings))
+
+    def alias_pairs(self) -> list[Pair]:
+        """The aliases every cache on the device learned, as positive pairs: the
+        verifier trains on them beside ``pairs``; they too leave the device only as
+        weight updates."""
+        return device_alias_pairs(directory for _, directory in device_cache_dirs(
+            self.settings))
 
 
 def _described(description: str | None) -> GlobalModel:

@@ -16,7 +16,9 @@ sha256 and only then installed with a rename and a LATEST pointer swap
 the model the device already has. The global threshold of every cache on the device is
 updated at once (client.fl.device.DeviceState); the encoder switches to the new weights
 the next time the cache opens (client.encoder.load_device_encoder, which also refuses
-weights trained from a different base model and keeps the base model then).
+weights trained from a different base model and keeps the base model then). A global model
+holding verifier weights is exported here as this device's int8 verifier
+(client.verifier), which the caches use from their next start.
 
 Downloads stay on the configured server (redirects are refused, and a ``weights_url`` must
 be a path on it), are capped in size (the description at MAX_DESCRIPTION_BYTES, the weights
@@ -45,7 +47,7 @@ from meancache.client.fl.device import KEEP_ROUNDS, DeviceState
 from meancache.client.fl.transport import http_verify
 from meancache.client.fl.trust import accept_fresh, trusted_key
 from meancache.client.http_errors import error_message
-from meancache.shared.errors import CheckpointError
+from meancache.shared.errors import CheckpointError, VerifierError
 from meancache.shared.fl.checkpoint import (
     META,
     WEIGHTS,
@@ -117,11 +119,26 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
                                       max_weights_bytes), True
     prune_rounds(root, KEEP_ROUNDS)
     DeviceState(settings).set_global_threshold(remote.meta.threshold)
+    if remote.meta.verifier_base:
+        _make_verifier(settings, path)
     if changed:
         log.info("installed global model of round %d (threshold %.4f) from %s",
                  remote.meta.round, remote.meta.threshold, base)
     return SyncResult(remote.meta.round, remote.meta.threshold, remote.meta.sha256, changed,
                       path)
+
+
+def _make_verifier(settings: Settings, checkpoint: Path) -> None:
+    """The global verifier as this device's int8 file (client.verifier); one trained from
+    another base verifier is not used, and the sync still succeeds for the rest."""
+    from meancache.client.verifier import export_global_verifier
+
+    try:
+        export_global_verifier(settings, checkpoint)
+    except VerifierError as exc:
+        log.warning("%s", exc)
+        print(f"warning: {exc}", file=sys.stderr, flush=True)
+
 
 
 # talking to the server -------------------------------------------------------------------
@@ -198,7 +215,8 @@ def _parse_meta(body: Any, base: str) -> _Remote:
         meta = GlobalModel(number, float(threshold), sha, str(body["base_model"]),
                            int(body["top_layers"]), dict(body.get("metrics") or {}),
                            float(body.get("created") or 0.0), str(body.get("signature") or ""),
-                           _seconds(body.get("signed_at")), _seconds(body.get("expires")))
+                           _seconds(body.get("signed_at")), _seconds(body.get("expires")),
+                           str(body.get("verifier_base") or ""))
     except (KeyError, TypeError, ValueError) as exc:
         raise invalid(f"{type(exc).__name__}: {exc}") from None
     weights_url = body.get("weights_url") or f"{META_PATH}/rounds/{number}/weights"

@@ -138,3 +138,10 @@ def reset(store: StateStore) -> int:
     transaction: labels, aliases and so the bound and the per-entry evidence they carry."""
     return store.delete_states(PREFIX)
 
+
+
+def aliases(store: StateStore) -> dict[str, str]:
+    """Every alias kept in ``store``: the normalised question and the entry it was
+    confirmed to share an answer with (federated learning trains the verifier on them)."""
+    return {name[len(_ALIAS):]: entry_id for name, entry_id in store.states(_ALIAS).items()
+            if entry_id is not None}

@@ -37,6 +37,7 @@ from meancache.client.pack import PackStore
 from meancache.client.proxy.eligibility import Bypass
 from meancache.client.proxy.exchanges import ExchangeStore
 from meancache.client.upstream_client import UpstreamClient
+from meancache.client.verifier import load_device_verifier
 from meancache.shared.encoder import Encoder
 from meancache.shared.files import write_json_atomic
 
@@ -186,7 +187,8 @@ class Partitions:
               preamble: Sequence[tuple[str, str]]) -> Partition:
         settings = self.settings
         cache = SemanticCache(directory / "cache", self.encoder, settings.cache_settings(),
-                              rng=random.Random())  # it explores (settings.explore_rate)
+                              rng=random.Random(),  # it explores (settings.explore_rate)
+                              verifier=load_device_verifier(settings))
         exchanges = ExchangeStore(directory / "exchanges")
         answers = AnswerService(
             cache, self.upstream, exchanges, settings.answer_max_tokens,

@@ -30,11 +30,11 @@ def global_version(base_version: str, checkpoint: Path) -> str:
 def load_global_weights(model: "SentenceTransformer", checkpoint: Path) -> None:
     """Load FL global weights over the base model (checked against their sha256)."""
     from meancache.shared.fl.checkpoint import load_checkpoint
-    from meancache.shared.fl.weights import load_federated_state
+    from meancache.shared.fl.weights import load_federated_state, split_verifier
 
     _, state = load_checkpoint(checkpoint)
     try:
-        load_federated_state(model, state)
+        load_federated_state(model, split_verifier(state)[0])
     except ValueError as exc:
         raise EncoderError(f"the global model in {checkpoint} does not fit this encoder "
                            f"({exc}); sync one trained for it") from None

@@ -41,6 +41,9 @@ class GlobalModel:
     # checkpoint's, which no device installs, see shared.fl.freshness).
     signed_at: float = 0.0  # seconds since the epoch
     expires: float = 0.0  # no device installs it after this
+    # sha256 of the int8 verifier the weights' "verifier." tensors were trained from
+    # (shared.verifier.dequantise); "": the verifier is not federated.
+    verifier_base: str = ""
 
     @property
     def label(self) -> str:
@@ -48,7 +51,12 @@ class GlobalModel:
         return f"the global model of round {self.round}"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Its fields; ``verifier_base`` only where set, so what a server signed before
+        the verifier was federated verifies unchanged."""
+        fields = asdict(self)
+        if not fields["verifier_base"]:
+            del fields["verifier_base"]
+        return fields
 
 
 def state_sha256(state: "dict[str, torch.Tensor]") -> str:
@@ -66,10 +74,12 @@ def round_dir(root: Path, round_number: int) -> Path:
 def save_checkpoint(root: Path, round_number: int, state: "dict[str, torch.Tensor]",
                     threshold: float, base_model: str, top_layers: int,
                     metrics: dict[str, float] | None = None,
-                    sign: Callable[[GlobalModel], GlobalModel] | None = None) -> GlobalModel:
+                    sign: Callable[[GlobalModel], GlobalModel] | None = None,
+                    verifier_base: str = "") -> GlobalModel:
     """``sign``: what turns the metadata into what is written: the server's signing
     (shared.fl.signing.sign with its key), or on a device the server's signed description
-    of these same weights (checked against state_sha256 first)."""
+    of these same weights (checked against state_sha256 first). ``verifier_base``: see
+    GlobalModel."""
     from safetensors.torch import save_file
 
     root.mkdir(parents=True, exist_ok=True)
@@ -78,7 +88,7 @@ def save_checkpoint(root: Path, round_number: int, state: "dict[str, torch.Tenso
     tmp.mkdir()
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / WEIGHTS))
     meta = GlobalModel(round_number, float(threshold), sha256_file(tmp / WEIGHTS), base_model,
-                       top_layers, dict(metrics or {}))
+                       top_layers, dict(metrics or {}), verifier_base=verifier_base)
     if sign is not None:
         meta = sign(meta)
     (tmp / META).write_text(json.dumps(meta.to_json(), indent=2))

@@ -23,7 +23,7 @@ RunConfig = Mapping[str, bool | int | float | str]
 DEVICE_KEYS = frozenset({
     "encoder-model", "top-layers", "seed", "epochs", "batch-size", "learning-rate",
     "min-pairs", "data-source", "qqp-path", "partitioning", "pairs-per-client", "cache-dir",
-    "update-bits",
+    "update-bits", "verifier-top-layers", "verifier-model",
 })
 # The server's keys that shape what devices receive each round: the global weights
 # (screening, aggregation, central DP noise and the clipping norm a device is told to clip
@@ -92,9 +92,13 @@ class ModelConfig:
     encoder_model: str | None  # None: the packaged MiniLM
     top_layers: int  # 0: every layer
     seed: int
+    verifier_layers: int  # the verifier's top layers trained (and its head); 0: not federated
+    verifier_dir: Path | None  # its int8 base (verifier.onnx and card); None: the shipped one
 
     @classmethod
     def from_run_config(cls, config: RunConfig) -> "ModelConfig":
         return cls(encoder_model=read(config, "encoder-model", str) or None,
                    top_layers=read(config, "top-layers", int, at_least(0)),
-                   seed=read(config, "seed", int))
+                   seed=read(config, "seed", int),
+                   verifier_layers=read(config, "verifier-top-layers", int, at_least(0)),
+                   verifier_dir=read_path(config, "verifier-model"))

@@ -18,6 +18,9 @@ if TYPE_CHECKING:  # the type only: importing sentence-transformers costs second
 
 _LAYER = re.compile(r"\.encoder\.layer\.(\d+)\.")
 _EMBEDDINGS = ".embeddings."
+# The verifier's tensors travel in the same record as the encoder's, under this prefix:
+# one update, so screening, clipping, FedAvg, DP and the compression treat both at once.
+VERIFIER = "verifier."
 
 
 def federated_names(model: "SentenceTransformer", top_layers: int = 0) -> list[str]:
@@ -62,3 +65,24 @@ def check_finite(state: dict[str, torch.Tensor]) -> None:
     for name, value in state.items():
         if not torch.isfinite(value).all():
             raise ValueError(f"the weights hold non-finite values ({name})")
+
+
+def verifier_names(model: "torch.nn.Module", top_layers: int) -> list[str]:
+    """The verifier's trained and sent parameters: its top ``top_layers`` transformer
+    layers and its head (the embeddings never)."""
+    return [*federated_names(model, top_layers),  # type: ignore[arg-type]
+            *(name for name, _ in model.named_parameters() if name.startswith("head."))]
+
+
+def with_verifier(encoder: dict[str, torch.Tensor], verifier: dict[str, torch.Tensor]
+                  ) -> dict[str, torch.Tensor]:
+    """One federated state of both models (the verifier's names prefixed)."""
+    return encoder | {VERIFIER + name: value for name, value in verifier.items()}
+
+
+def split_verifier(state: dict[str, torch.Tensor]
+                   ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """(the encoder's tensors, the verifier's, unprefixed) of a federated state."""
+    encoder = {k: v for k, v in state.items() if not k.startswith(VERIFIER)}
+    verifier = {k[len(VERIFIER):]: v for k, v in state.items() if k.startswith(VERIFIER)}
+    return encoder, verifier

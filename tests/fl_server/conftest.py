@@ -6,6 +6,7 @@ import pytest
 from sentence_transformers import SentenceTransformer
 
 from tests.support.tiny_encoder import make_tiny_encoder
+from tests.support.tiny_verifier import make_tiny_verifier
 
 
 @pytest.fixture(scope="module")
@@ -16,3 +17,9 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def tiny(tiny_dir: Path) -> SentenceTransformer:
     return SentenceTransformer(str(tiny_dir), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_verifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny int8 verifier whose every tensor is distinct, as a trained one's are."""
+    return make_tiny_verifier(tmp_path_factory.mktemp("tiny-verifier"), distinct=True)

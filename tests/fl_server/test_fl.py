@@ -39,7 +39,17 @@ from meancache.shared.fl.checkpoint import (
 from meancache.shared.fl.evidence import KEYS as EVIDENCE_KEYS
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.signing import PUBLIC_KEY, read_public_key, verify
-from meancache.shared.fl.weights import federated_names, federated_state, load_federated_state
+from meancache.shared.fl.weights import (
+    VERIFIER,
+    federated_names,
+    federated_state,
+    load_federated_state,
+    split_verifier,
+    verifier_names,
+    with_verifier,
+)
+from meancache.shared.verifier.dequantise import float_verifier
+from meancache.shared.verifier.runtime import read_card
 from sentence_transformers import SentenceTransformer
 
 from tests.support.fl import (
@@ -312,23 +322,32 @@ def test_a_run_config_from_another_version_is_refused() -> None:
 
 # simulation on the engine -----------------------------------------------------------------
 @pytest.mark.slow(55)
-def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) -> None:
+def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path,
+                                                tiny_verifier: Path) -> None:
+    """The encoder and the verifier (its top layer and head) trained and averaged
+    together, each round's global model of both signed."""
     seen: list[int] = []
     rows = simulate(SimulationConfig(
         pairs=DATA / "qqp" / "pairs.jsonl", checkpoint_dir=tmp_path / "ckpt", clients=3,
         per_round=2, run_config={"num-server-rounds": 2, "pairs-per-client": 40,
                                  "top-layers": 1, "encoder-model": str(tiny_dir),
+                                 "verifier-top-layers": 1,
+                                 "verifier-model": str(tiny_verifier),
                                  "held-out-pairs": 60}),
         tmp_path / "flwr-home", on_round=lambda row: seen.append(int(row["round"])))
     assert [int(r["round"]) for r in rows] == [0, 1, 2]
     assert seen == [0, 1, 2]  # progress came round by round
     assert (tmp_path / "flwr-home" / "apps").is_dir()  # Flower's home is ours
     assert all(r["clients"] == 2 and r["bytes_per_client"] > 0 for r in rows[1:])
-    # each device sent its 8-bit update (the default), within the bound of the layer's size
+    # each device sent its 4-bit update (the default), within the bound of the layers' size
     model = SentenceTransformer(str(tiny_dir), device="cpu")
-    trained = {name: value.numel()
-               for name, value in federated_state(model, federated_names(model, 1)).items()}
-    assert all(r["bytes_per_client"] <= wire_bound(trained, 8) for r in rows[1:])
+    verifier = float_verifier(tiny_verifier)
+    initial = with_verifier(federated_state(model, federated_names(model, 1)),
+                            federated_state(verifier, verifier_names(verifier, 1)))  # type: ignore[arg-type]
+    trained = {name: value.numel() for name, value in initial.items()}
+    judged = {name: n for name, n in trained.items() if name.startswith(VERIFIER)}
+    assert all(r["bytes_per_client"] <= wire_bound(trained, 4) for r in rows[1:])
+    assert all(0 < r["verifier_bytes_per_client"] <= wire_bound(judged, 4) for r in rows[1:])
     assert rows[1]["evidence_pairs"] > 0  # devices' similarity evidence came back
     assert all({"f05", "f1", "precision", "recall"} <= set(r) for r in rows)
     latest = latest_checkpoint(tmp_path / "ckpt")
@@ -336,11 +355,12 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path) 
     meta, state = load_checkpoint(latest)
     assert meta.round == 2 and meta.threshold == pytest.approx(rows[2]["threshold"])
     verify(meta, read_public_key(str(tmp_path / "ckpt" / PUBLIC_KEY)))  # the server signed it
+    assert meta.verifier_base == read_card(tiny_verifier).sha256 and set(state) == set(initial)
     assert rows[1]["rejected"] == 0  # honest devices pass the screening
     assert "epsilon" not in rows[1]  # no privacy is claimed without DP
-    initial = federated_state(model, federated_names(model, 1))
-    assert any(not torch.equal(state[k], initial[k]) for k in initial)  # it learned
-    load_federated_state(model, state)
+    for sent, learned in zip(split_verifier(initial), split_verifier(state), strict=True):
+        assert any(not torch.equal(learned[k], v) for k, v in sent.items())  # both learned
+    load_federated_state(model, split_verifier(state)[0])
 
 
 def test_simulate_never_deletes_a_directory_it_did_not_create(tmp_path: Path) -> None:

@@ -148,7 +148,8 @@ def fleet(tmp_path: Path) -> Iterator[tuple[int, Path, Path]]:
 
 
 def device_settings(encoder: Path) -> dict[str, Any]:
-    return {"encoder-model": str(encoder), "top-layers": 1, "min-pairs": 0}
+    return {"encoder-model": str(encoder), "top-layers": 1, "min-pairs": 0,
+            "verifier-top-layers": 0}
 
 
 def submit(tmp_path: Path, control: int, directory: Path, extra: str = "") -> None:

@@ -1,6 +1,6 @@
 """Deployment on loopback, through the real commands: `meancache fl server` (a Flower
-SuperLink), two `meancache fl join` SuperNodes, `meancache fl run` for one round, and a
-SuperNode killed mid-round; then a new user syncs the global model."""
+SuperLink), two `meancache fl join` SuperNodes, `meancache fl run` for a SecAgg+ round and
+then a round with a SuperNode killed mid-round; then a new user syncs the global model."""
 
 import json
 import os
@@ -25,6 +25,9 @@ from tests.support.servers import wait_for_port
 from tests.support.tiny_encoder import make_tiny_encoder
 
 SCRIPT = REPO / "deploy" / "make-certificates.sh"
+# What devices run with, signed into the app (the verifier's federation is covered by
+# test_fl_verifier.py and the simulation; a round of it here costs minutes).
+DEVICE_SETTINGS = "top-layers=1 min-pairs=10 verifier-top-layers=0"
 
 
 class Processes:
@@ -60,9 +63,11 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
     running.stop_all()
 
 
-@pytest.mark.slow(130)
-def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
-                                                      processes: Processes) -> None:
+@pytest.mark.slow(170)
+def test_a_secure_round_then_a_round_a_supernode_drops_out_of(tmp_path: Path,
+                                                              processes: Processes) -> None:
+    """One fleet, two runs: a SecAgg+ round of both SuperNodes, then a plain round one of
+    them leaves mid-training; then a new user syncs the global model."""
     server, alice, bob = tmp_path / "server", tmp_path / "alice", tmp_path / "bob"
     device_with_feedback(alice, FEEDBACK)
     # Bob has more to learn from: his training is still running when he drops out.
@@ -73,43 +78,60 @@ def test_a_round_completes_when_a_supernode_drops_out(tmp_path: Path,
     # Meanwhile the operator signs the app once, with the settings devices run with; the
     # devices run only apps signed with that key.
     assert processes.start(server, "fl", "sign-app", "--run-config",
-                           "top-layers=1 min-pairs=10").wait(timeout=120) == 0
+                           DEVICE_SETTINGS).wait(timeout=120) == 0
     app_key = str(server / "fl-operator" / "app-signing-key.pub")
     wait_for_port(control)
     wait_for_port(link)
     wait_for_port(model_port)
-    server_key = str(server / "fl-server" / "checkpoints" / "signing-key.pub")
+    checkpoints = server / "fl-server" / "checkpoints"
+    server_key = str(checkpoints / "signing-key.pub")
     processes.start(alice, "fl", "join", "--superlink", f"127.0.0.1:{link}",
                     "--port", str(free_port()), "--app-key", app_key,
                     "--server-key", server_key)
     bob_node = processes.start(bob, "fl", "join", "--superlink", f"127.0.0.1:{link}",
                                "--port", str(free_port()), "--app-key", app_key,
                                "--server-key", server_key)
-    run = processes.start(server, "fl", "run", "--superlink", f"127.0.0.1:{control}",
-                          "--rounds", "1", "--run-config",
-                          "top-layers=1 min-pairs=10 min-available-nodes=2 min-train-nodes=1 "
-                          "fraction-evaluate=0.0 round-timeout=300.0")
-    deadline = time.monotonic() + 180
-    while latest_checkpoint(bob / "fl" / "global") is None:  # Bob received the model...
-        assert time.monotonic() < deadline, "Bob never started training"
-        assert run.poll() is None, (tmp_path / "server-run.log").read_text()
-        time.sleep(0.2)
-    processes.kill(bob_node)  # ...and vanishes mid-round
-    assert run.wait(timeout=240) == 0, (tmp_path / "server-run.log").read_text()
 
-    checkpoints = server / "fl-server" / "checkpoints"
+    def run(settings: str) -> subprocess.Popen[bytes]:
+        return processes.start(server, "fl", "run", "--superlink", f"127.0.0.1:{control}",
+                               "--rounds", "1", "--run-config",
+                               f"{DEVICE_SETTINGS} min-available-nodes=2 {settings} "
+                               "fraction-evaluate=0.0 round-timeout=300.0")
+
+    # SecAgg+: the server checkpoints and signs the sum of the two masked updates, and
+    # each device kept the model it was sent, under the server's signed description.
+    secure = run("min-train-nodes=2 secure-aggregation=1")
+    assert secure.wait(timeout=400) == 0, (tmp_path / "server-run.log").read_text()
     latest = latest_checkpoint(checkpoints)
     assert latest is not None and latest.name == "round-0001"
+    meta = read_meta(latest)
+    assert meta.signature and meta.metrics["clients"] == 2
+    assert "rejected" not in meta.metrics  # nothing was screened: the updates were hidden
+    for device in (alice, bob):
+        assert latest_checkpoint(device / "fl" / "global").name == "round-0000"  # type: ignore[union-attr]
+
+    plain = run("min-train-nodes=1")
+    deadline = time.monotonic() + 180
+    # Bob received the model after round 1...
+    while latest_checkpoint(bob / "fl" / "global").name != "round-0001":  # type: ignore[union-attr]
+        assert time.monotonic() < deadline, "Bob never started training"
+        assert plain.poll() is None, (tmp_path / "server-run.log").read_text()
+        time.sleep(0.2)
+    processes.kill(bob_node)  # ...and vanishes mid-round
+    assert plain.wait(timeout=240) == 0, (tmp_path / "server-run.log").read_text()
+
+    latest = latest_checkpoint(checkpoints)
+    assert latest is not None and latest.name == "round-0002"
     meta = read_meta(latest)
     assert meta.metrics["clients"] == 1  # only Alice's weights were averaged
     history = [json.loads(line) for line in (checkpoints / "history.jsonl").read_text()
                .splitlines()]
-    assert [int(h["round"]) for h in history] == [0, 1]
+    assert [int(h["round"]) for h in history] == [0, 1, 1, 2]  # the second run continued
 
     # A new user downloads the global model and starts from it.
     carol = tmp_path / "carol"
     sync = processes.start(carol, "fl", "sync", "--server", f"http://127.0.0.1:{model_port}",
-                           "--server-key", str(checkpoints / "signing-key.pub"))
+                           "--server-key", server_key)
     assert sync.wait(timeout=120) == 0, (tmp_path / "carol-sync.log").read_text()
     installed = latest_checkpoint(carol / "fl" / "global")
     assert installed is not None and read_meta(installed).sha256 == meta.sha256

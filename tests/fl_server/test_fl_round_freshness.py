@@ -134,12 +134,13 @@ def test_the_server_describes_what_it_sends_in_its_continued_numbering(
     state = {"w": torch.arange(4, dtype=torch.float32)}
     strategy = ThresholdFedAvg(0.8, ArrayRecord(state), ReplyLimits(10, 1.0),
                                ThresholdRule(1, 1, 0.1),
-                               models=RoundModels(ROUND_KEY, "base", 1, round_offset=7))
+                               models=RoundModels(ROUND_KEY, "base", 1, round_offset=7,
+                                                  verifier_base="ab" * 32))
     config = ConfigRecord({})
     strategy._describe(config, 2, ArrayRecord(state))
     meta = GlobalModel(**json.loads(str(config[DESCRIPTION_KEY])))
     verify(meta, ROUND_KEY.public_key())
-    assert (meta.round, meta.threshold) == (9, 0.8)
+    assert (meta.round, meta.threshold, meta.verifier_base) == (9, 0.8, "ab" * 32)
     assert time.time() - 60 < meta.signed_at < meta.expires
     # The sha256 it names is the one of the checkpoint these weights make, on either side.
     saved = save_checkpoint(tmp_path, 9, ArrayRecord(state).to_torch_state_dict(), 0.8,

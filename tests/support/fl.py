@@ -66,11 +66,12 @@ FEEDBACK = [
      for i in range(12)]
 
 
-def device_context(data_dir: Path, tiny_dir: Path) -> Context:
+def device_context(data_dir: Path, tiny_dir: Path,
+                   verifier: dict[str, int | str] | None = None) -> Context:
     """A SuperNode's context: the app's run config (with a run's overrides) and the
-    user's data dir."""
+    user's data dir; ``verifier``: its run-config keys (by default not federated)."""
     run_config = {**default_run_config(), "encoder-model": str(tiny_dir), "top-layers": 1,
-                  "min-pairs": 10}
+                  "min-pairs": 10, **(verifier or {"verifier-top-layers": 0})}
     return Context(run_id=1, node_id=7, node_config={"data-dir": str(data_dir)},
                    state=RecordDict(), run_config=run_config)
 
@@ -91,10 +92,18 @@ def train_message(tiny: SentenceTransformer, top_layers: int, threshold: float =
     """Round 3's training message: the global model after round ``model_round``, with the
     server's description of it signed by ``key`` (fl_server.round_model)."""
     arrays = ArrayRecord(federated_state(tiny, federated_names(tiny, top_layers)))
-    description = RoundModels(key, "base", top_layers, 0).describe(model_round, threshold,
-                                                                   arrays)
+    return round_message(arrays, threshold, model_round, top_layers, key=key)
+
+
+def round_message(arrays: ArrayRecord, threshold: float, model_round: int, top_layers: int = 1,
+                  verifier_base: str = "", key: Ed25519PrivateKey = ROUND_KEY,
+                  kind: str = "train") -> Message:
+    """A round's message carrying ``arrays`` as the global model after ``model_round``,
+    described and signed as the server does (fl_server.round_model)."""
+    description = RoundModels(key, "base", top_layers, 0, verifier_base).describe(
+        model_round, threshold, arrays)
     return message(RecordDict({"arrays": arrays, "config": ConfigRecord(
-        {"threshold": threshold, "server-round": 3, DESCRIPTION_KEY: description})}))
+        {"threshold": threshold, DESCRIPTION_KEY: description})}), kind=kind)
 
 
 def weights_sent(reply: Message, request: Message) -> dict[str, np.ndarray]:

@@ -5,16 +5,28 @@ tests, where the real one's weights would say nothing about the mechanics."""
 import json
 from pathlib import Path
 
+import torch
 from meancache.shared.files import sha256_file
 from meancache.shared.verifier.model import export_onnx, quantize_int8, tiny_random
 from meancache.shared.verifier.runtime import CARD_FILE, MODEL_FILE
 
 
-def make_tiny_verifier(directory: Path, threshold: float = 0.5) -> Path:
-    """``directory`` holding verifier.onnx and its card; returns ``directory``."""
+def make_tiny_verifier(directory: Path, threshold: float = 0.5, distinct: bool = False
+                       ) -> Path:
+    """``directory`` holding verifier.onnx and its card; returns ``directory``.
+    ``distinct``: every bias and LayerNorm drawn at random too, as in a trained model (the
+    exporter folds equal tensors, a fresh model's zero biases among them, into one
+    nameless constant, which the float weights are then not read back from)."""
     directory.mkdir(parents=True, exist_ok=True)
     full = directory / "float32.onnx"
-    export_onnx(tiny_random(), full)
+    model = tiny_random()
+    if distinct:
+        generator = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for param in model.parameters():
+                if param.ndim == 1:
+                    param.add_(0.05 * torch.randn(param.shape, generator=generator))
+    export_onnx(model, full)
     quantize_int8(full, directory / MODEL_FILE)
     full.unlink()
     card = {"sha256": sha256_file(directory / MODEL_FILE), "threshold": threshold}

@@ -1,0 +1,184 @@
+"""Rounds under secure aggregation (run config ``secure-aggregation = 1``): Flower's
+SecAgg+ (``SecAggPlusWorkflow``), so that the server learns only the weighted sum of the
+devices' weights, never one device's.
+
+Flower 1.42 runs SecAgg+ only inside its legacy workflow (``DefaultWorkflow`` over a
+``LegacyContext`` and a legacy ``Strategy``): the workflow raises TypeError for any other
+context, so this mode runs beside the Message-API rounds (fl_server.server_app), not in
+them. What it keeps and loses of the defences (docs/federated-learning.md):
+
+- kept, on the device: the update's L2 norm clipped to ``max-update-norm`` (the server
+  sends it as ``clipping_norm``; client.fl.client_app's clipping mod), and the example
+  count clamped to ``max-examples`` before it weighs the masked sum;
+- kept, on the server: the similarity evidence (counts, sent in the clear as before) is
+  screened, bounded and pooled for the threshold as in plain rounds;
+- lost: screening of individual updates (a malformed or non-finite update, the median,
+  the round's median count cap) and central DP, which clips each update on the server;
+  and the quantised updates: SecAgg+ masks full weights as integers in [0, 2^22) on a
+  32-bit ring.
+
+Legacy parameters are lists without names, and legacy metrics hold only scalars: the
+tensors' names travel in the fit config in a fixed order, and the evidence histograms as
+JSON text (client.fl.secure decodes and encodes them).
+"""
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, Context, Message
+from flwr.common import (
+    FitIns,
+    FitRes,
+    Parameters,
+    Scalar,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server import ServerConfig as LegacyServerConfig
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.compat import LegacyContext
+from flwr.server.strategy import FedAvg as LegacyFedAvg
+from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
+from flwr.serverapp import Grid
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from meancache.fl_server.pooled_threshold import Pooled, ThresholdRule, pooled_threshold
+from meancache.fl_server.round_model import RoundModels
+from meancache.fl_server.screening import ReplyLimits, Screened
+from meancache.shared.fl.checkpoint import DESCRIPTION_KEY
+from meancache.shared.fl.evidence import Evidence
+from meancache.shared.fl.secure import NAMES, SECURE, from_scalars
+
+log = logging.getLogger(__name__)
+
+# SecAgg+'s dropout tolerance: each device's key is shared with every device sampled in
+# the round, and two thirds of those shares rebuild it.
+SHARES = 1.0
+RECONSTRUCTION = 2 / 3
+
+
+def message_bytes(message: Message) -> int:
+    """A reply's bytes as Flower serialises it for the wire (its records' own
+    ``count_bytes`` cannot count the list values SecAgg+'s records hold)."""
+    return sum(len(part.deflate()) for part in get_all_nested_objects(message).values())
+
+
+class CountingGrid:
+    """The grid, counting the bytes of every reply a node sends (all four SecAgg+
+    stages: keys, shares, masked vectors, unmasking)."""
+
+    def __init__(self, grid: Grid) -> None:
+        self._grid = grid
+        self.received: dict[int, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None
+                         ) -> Iterable[Message]:
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        for reply in replies:
+            if reply.has_content():
+                node = reply.metadata.src_node_id
+                self.received[node] = self.received.get(node, 0) + message_bytes(reply)
+        return replies
+
+    def take(self) -> dict[int, int]:
+        """The bytes counted since the last call, by node."""
+        received, self.received = self.received, {}
+        return received
+
+
+class SecureFedAvg(LegacyFedAvg):
+    """The legacy strategy SecAgg+ needs: it sends the global weights, their signed
+    description (fl_server.round_model, as the Message-API rounds do), the threshold and
+    the device-side bounds, and is handed the already summed weights (each device's
+    FitRes with the aggregate in place of its own parameters)."""
+
+    def __init__(self, names: list[str], initial: ArrayRecord, threshold: float,
+                 limits: ReplyLimits, rule: ThresholdRule, models: RoundModels,
+                 grid: CountingGrid, recorder: Callable[[int, ArrayRecord], object],
+                 **kwargs: Any) -> None:
+        self.names = names
+        self.models = models
+        self.threshold = threshold
+        self.limits = limits
+        self.rule = rule
+        self.grid = grid
+        self.recorder = recorder
+        self.bytes_received: dict[int, dict[int, int]] = {}
+        self.verifier_bytes: dict[int, dict[int, int]] = {}  # not told apart once masked
+        self.screened: dict[int, Screened] = {}  # nothing is screened: the updates are hidden
+        self.pooled: dict[int, Pooled] = {}
+        # the global weights configure_fit sends, which _fit_config describes
+        self.sent = ndarrays_to_parameters([initial[n].numpy() for n in names])
+        super().__init__(
+            initial_parameters=self.sent,
+            on_fit_config_fn=self._fit_config, evaluate_fn=self._evaluate,
+            fraction_evaluate=0.0, min_evaluate_clients=0, accept_failures=True, **kwargs)
+
+    def configure_fit(self, server_round: int, parameters: Parameters,
+                      client_manager: Any) -> list[tuple[ClientProxy, FitIns]]:
+        self.sent = parameters
+        return super().configure_fit(server_round, parameters, client_manager)
+
+    def _fit_config(self, server_round: int) -> dict[str, Scalar]:
+        sent = ArrayRecord({n: Array(a) for n, a in zip(
+            self.names, parameters_to_ndarrays(self.sent), strict=True)})
+        description = self.models.describe(server_round - 1, self.threshold, sent)
+        return {"threshold": self.threshold, SECURE: 1,
+                DESCRIPTION_KEY: description,
+                NAMES: "\n".join(self.names), "clipping_norm": self.limits.max_update_norm,
+                "max-examples": self.limits.max_examples}
+
+    def aggregate_fit(self, server_round: int,
+                      results: list[tuple[ClientProxy, FitRes]],
+                      failures: list[Any]) -> tuple[Parameters | None, dict[str, Scalar]]:
+        self.bytes_received[server_round] = self.grid.take()
+        if not results:
+            return None, {}
+        evidence = Evidence.empty()
+        for _, res in results:
+            try:
+                claimed = Evidence.from_metrics(from_scalars(dict(res.metrics)))
+            except ValueError as exc:
+                log.warning("round %d: ignored a device's evidence: %s", server_round, exc)
+                continue
+            evidence = evidence + claimed.at_most(self.limits.max_examples)
+        pooled = pooled_threshold(self.threshold, evidence, self.rule)
+        self.pooled[server_round] = pooled
+        self.threshold = pooled.threshold
+        return results[0][1].parameters, {"threshold": pooled.threshold}
+
+    def _evaluate(self, server_round: int, ndarrays: list[Any], config: dict[str, Scalar]
+                  ) -> tuple[float, dict[str, Scalar]] | None:
+        arrays = ArrayRecord({n: Array(np.asarray(a)) for n, a in zip(self.names, ndarrays,
+                                                                        strict=True)})
+        self.recorder(server_round, arrays)
+        return None
+
+
+def run_secure_rounds(grid: Grid, context: Context, names: list[str], initial: ArrayRecord,
+                      threshold: float, limits: ReplyLimits, rule: ThresholdRule,
+                      models: RoundModels, rounds: int, timeout: float,
+                      sampling: dict[str, Any],
+                      recorder_for: Callable[[SecureFedAvg], Callable[[int, ArrayRecord],
+                                                                      object]]) -> None:
+    """``rounds`` rounds of FedAvg under SecAgg+; ``recorder_for`` makes the
+    checkpointing callback (fl_server.rounds.RoundRecorder) of the strategy."""
+    counting = CountingGrid(grid)
+    strategy = SecureFedAvg(names, initial, threshold, limits, rule, models, counting,
+                            lambda r, a: None, **sampling)
+    strategy.recorder = recorder_for(strategy)
+    legacy = LegacyContext(context, config=LegacyServerConfig(num_rounds=rounds,
+                                                              round_timeout=timeout),
+                           strategy=strategy)
+    workflow = DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(
+        num_shares=SHARES, reconstruction_threshold=RECONSTRUCTION,
+        max_weight=float(limits.max_examples), timeout=timeout))
+    started = time.time()
+    workflow(counting, legacy)  # type: ignore[arg-type]
+    log.info("%d secure rounds in %.1f s", rounds, time.time() - started)
+

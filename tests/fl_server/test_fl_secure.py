@@ -1,0 +1,109 @@
+"""Secure aggregation: Flower's SecAgg+ in the simulation (its fewest devices, one round),
+whose global model is the plain FedAvg of the same devices' training within SecAgg+'s own
+quantisation, and the run-config combinations it cannot serve refused by name."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
+from meancache.client.fl.client_app import app as client_app
+from meancache.fl_server.app_declaration import default_run_config
+from meancache.fl_server.run_config import ServerConfig
+from meancache.fl_server.simulate import SimulationConfig, simulate
+from meancache.shared.errors import RunConfigError
+from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
+from meancache.shared.fl.signing import PUBLIC_KEY, read_public_key, verify
+from meancache.shared.fl.weights import federated_names, federated_state
+from sentence_transformers import SentenceTransformer
+
+from tests.support.fl import message
+from tests.support.paths import DATA_DIR
+
+PAIRS_PER_CLIENT = 30
+TRAINED = int(PAIRS_PER_CLIENT * 0.8)  # each device's example count (client.fl.data.split)
+MAX_EXAMPLES = 1000  # the app's max-examples: SecAgg+'s max_weight
+DEVICES = 2  # the fewest SecAgg+ runs with (Flower's SecAggPlusWorkflow)
+
+
+def _plain_fedavg(config: SimulationConfig, tiny_dir: Path
+                  ) -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]], int]:
+    """The plain FedAvg of the round: each simulated device's training, through the real
+    ClientApp in this process with the run config the simulation submits, averaged by
+    example count. Also each device's update, and the bytes of one float32 reply."""
+    run_config = {**default_run_config(), **config.full_run_config()}
+    model = SentenceTransformer(str(tiny_dir), device="cpu")
+    initial = federated_state(model, federated_names(model, 1))
+    request = message(RecordDict({"arrays": ArrayRecord(initial),
+                                  "config": ConfigRecord({"threshold": 0.8})}))
+    trained, counts, updates = [], [], []
+    for node in range(DEVICES):
+        context = Context(run_id=1, node_id=node + 1, state=RecordDict(),
+                          node_config={"partition-id": node, "num-partitions": DEVICES},
+                          run_config=run_config)
+        reply = client_app(request, context)
+        assert not reply.has_error(), reply.error if reply.has_error() else ""
+        sent = reply.content["arrays"]
+        reply_bytes = sent.count_bytes()
+        state = sent.to_torch_state_dict()
+        trained.append(state)
+        counts.append(int(reply.content["metrics"]["num-examples"]))
+        updates.append({k: state[k] - initial[k] for k in initial})
+    assert counts == [TRAINED] * DEVICES
+    mean = {k: sum(c * s[k] for c, s in zip(counts, trained, strict=True)) / sum(counts)
+            for k in initial}
+    return mean, updates, reply_bytes
+
+
+@pytest.mark.slow(45)
+def test_secure_aggregation_learns_the_plain_fedavg_within_its_quantisation(
+    tmp_path: Path, tiny_dir: Path
+) -> None:
+    config = SimulationConfig(
+        pairs=DATA_DIR / "qqp" / "pairs.jsonl", checkpoint_dir=tmp_path / "secure",
+        clients=DEVICES, per_round=DEVICES, run_config={
+            "num-server-rounds": 1, "pairs-per-client": PAIRS_PER_CLIENT, "top-layers": 1,
+            "encoder-model": str(tiny_dir), "held-out-pairs": 0, "verifier-top-layers": 0,
+            "update-bits": 0, "secure-aggregation": 1})
+    secure = simulate(config, tmp_path / "flwr-home")
+    latest = latest_checkpoint(tmp_path / "secure")
+    assert latest is not None
+    meta, hidden = load_checkpoint(latest)
+    verify(meta, read_public_key(str(tmp_path / "secure" / PUBLIC_KEY)))
+    seen, updates, plain_bytes = _plain_fedavg(config, tiny_dir)
+    # No update reaches the clipping norm, so clipping on the device changes nothing.
+    norm = float(default_run_config()["max-update-norm"])
+    assert all(sum(float(d.square().sum()) for d in u.values()) ** 0.5 < norm
+               for u in updates)
+    # Each device's weights, scaled by its count / max_weight, are rounded stochastically
+    # to a step of 2 * 8 / 2**22 (SecAgg+'s clipping range and quantisation range), an
+    # error under one step; the sum is divided by the scales' sum, so the mean is within
+    # one step / (count / max_weight) of the float one. The simulation's devices train
+    # apart from this process's, which adds their own float noise (about 1e-5 here): the
+    # largest difference is held to twice the bound, the mean to half of it (a sum of two
+    # roundings averages well under a step).
+    bound = 16 / 2**22 * MAX_EXAMPLES / TRAINED
+    assert set(hidden) == set(seen)
+    for name, value in seen.items():
+        difference = (hidden[name].float() - value).abs()
+        assert float(difference.max()) <= 2 * bound, name
+        assert float(difference.mean()) <= bound / 2, name
+    assert any(not torch.equal(hidden[n], v) for n, v in seen.items())  # masked, rounded
+    # every stage's replies are counted: more than the plain float32 weights
+    assert secure[1]["bytes_per_client"] > plain_bytes > 0
+    print(f"bytes per client per round: plain float32 {plain_bytes}, "
+          f"SecAgg+ {secure[1]['bytes_per_client']:.0f}")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"dp-noise-multiplier": 1.0}, "cannot run with central DP"),
+    ({"aggregation": "median"}, "needs 'aggregation' = 'fedavg'"),
+    ({"secure-aggregation": 2}, "'secure-aggregation' must be 0 or 1"),
+])
+def test_what_secure_aggregation_cannot_serve_is_refused_by_name(
+    extra: dict[str, object], message: str
+) -> None:
+    config = {**default_run_config(), "checkpoint-dir": "/tmp/ckpt", "secure-aggregation": 1,
+              **extra}
+    with pytest.raises(RunConfigError, match=message):
+        ServerConfig.from_run_config(config)
