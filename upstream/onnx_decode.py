@@ -13,7 +13,7 @@ Only decode steps run here. Prompts, Prompt Cache modules and prefix blocks are 
 torch model (in fp16-int8) into the same ``KVCache``, and each step reads the filled part of
 its layers and appends its new key and value to them, so module reuse, prefix reuse, tenants
 and limits work as in the other precisions. The step rounds its new key and value to the
-cache's KV format (prompt_cache.kv_format) before attending to them, as the torch path's
+cache's KV format (upstream.kv_rounding) before attending to them, as the torch path's
 cache does, so prefills, reused states and decode steps attend to the same rounded values
 in every format; one graph serves every format (an input picks the rounding). The answers
 are not float32's: the next token after a decode step was float32's in 82-88% of steps on
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from meancache.upstream.errors import ModelLoadError
+from meancache.upstream.kv_rounding import KVFormat
 from meancache.upstream.precision import KV_FORMATS
 
 if TYPE_CHECKING:
     from meancache.upstream.compact_weights import ShortlistOutput
-    from meancache.upstream.prompt_cache.kv_format import KVCache
-    from transformers import PreTrainedModel
+    from transformers import DynamicCache, PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,6 @@ def round_as_kv_format(x: torch.Tensor, kv_format: torch.Tensor) -> torch.Tensor
     """``x`` rounded as the KV format numbered ``kv_format`` (its index in KV_FORMATS)
     holds it: KVFormat.round itself, traced once per format and picked by Where (no
     arithmetic on the picked values, so each is exactly KVFormat.round's)."""
-    from meancache.upstream.prompt_cache.kv_format import KVFormat
-
     picked = x
     for index, name in enumerate(KV_FORMATS):
         if name != "float32":
@@ -196,11 +194,11 @@ class OnnxDecoder:
         return output if isinstance(output, ShortlistOutput) else None
 
     @torch.inference_mode()
-    def step(self, token: int, position: int, seen: torch.Tensor, cache: "KVCache"
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, token: int, position: int, seen: torch.Tensor, cache: "DynamicCache",
+             kv_format: KVFormat) -> tuple[torch.Tensor, torch.Tensor]:
         """As PromptCacheEngine.decode_step: logits after ``token`` at ``position``, which
-        sees every position in ``seen`` and itself; its key and value, rounded to the
-        cache's KV format, join ``cache``."""
+        sees every position in ``seen`` and itself; its key and value, rounded to
+        ``kv_format`` (the cache's), join ``cache``."""
         inner = self.model.model
         at = torch.tensor([[position]])
         h = self.model.get_input_embeddings()(torch.tensor([[token]]))[0].float()
@@ -213,7 +211,7 @@ class OnnxDecoder:
                  "cos_f": cos_f[0].numpy(), "sin_f": sin_f[0].numpy(),
                  "mask_s": np.where(near.numpy(), 0, floor).astype(np.float32),
                  "mask_f": np.zeros((1, seen.numel()), np.float32),
-                 "kv_format": np.array([KV_FORMATS.index(cache.kv_format.name)], np.int64)}
+                 "kv_format": np.array([KV_FORMATS.index(kv_format.name)], np.int64)}
         for i, layer in enumerate(cache.layers):  # keys/values: the filled part, no room
             feeds[f"past_{2 * i}"] = layer.keys[0].float().numpy()
             feeds[f"past_{2 * i + 1}"] = layer.values[0].float().numpy()

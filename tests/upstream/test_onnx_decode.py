@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from meancache.upstream.errors import ModelLoadError
+from meancache.upstream.kv_rounding import KVFormat
 from meancache.upstream.model_loading import load_model
 from meancache.upstream.onnx_decode import (
     BLOCK,
@@ -20,7 +21,7 @@ from meancache.upstream.onnx_decode import (
 )
 from meancache.upstream.precision import KV_FORMATS
 from meancache.upstream.prompt_cache.engine import Finish, PromptCacheEngine
-from meancache.upstream.prompt_cache.kv_format import KVCache, KVFormat
+from meancache.upstream.prompt_cache.kv_format import KVCache
 from meancache.upstream.sampling import SamplingParams
 
 from tests.support.kv_reference import error_bound
@@ -71,7 +72,7 @@ def decode_both(engine: PromptCacheEngine, decoder: OnnxDecoder, messages: list[
         position += 1
         unrounded, before = as_float32_cache(cache), seen
         reference, seen = engine.decode_step(token, position, seen, cache)
-        ours, seen_onnx = decoder.step(token, position, seen_onnx, cache_onnx)
+        ours, seen_onnx = decoder.step(token, position, seen_onnx, cache_onnx, fmt)
         assert torch.equal(seen, seen_onnx)
         rows = [(mine.keys[:, :, -1:], theirs.keys[:, :, -1:])
                 for mine, theirs in zip(cache_onnx.layers, cache.layers, strict=True)]
