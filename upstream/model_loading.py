@@ -73,7 +73,12 @@ def load_model(spec: str = DEFAULT_MODEL, device: str | None = None,
     check_precision(precision)
     loaded = _load(spec, device or ("cuda" if torch.cuda.is_available() else "cpu"),
                    data_dir, progress)
-    decoder = apply_precision(loaded.model, precision)
+    decoder = None
+    if precision == "int4":  # exported from the float32 weights, before they are compacted
+        from meancache.upstream.onnx_decode import onnx_decoder
+
+        decoder = onnx_decoder(loaded.model)
+    apply_precision(loaded.model, precision)
     return loaded if decoder is None else replace(loaded, decoder=decoder)
 
 

@@ -10,11 +10,14 @@ plain tensor operations, exported once at load and quantised; the output layer's
 ``compact_weights.SHORTLIST`` words are then scored again with their exact rows.
 
 Only decode steps run here. Prompts, Prompt Cache modules and prefix blocks are read by the
-torch model (in fp16-int8) into the same ``DynamicCache``, and each step reads that cache
-and appends its new key and value to it, so module reuse, prefix reuse, tenants and limits
-work as in the other precisions. The answers are not float32's: the next token after a
-decode step was float32's in 82-88% of steps on Gemma 3 270M
-(benchmarks/generation_speed.py), against 97% for llama.cpp's Q4_K_M.
+torch model (in fp16-int8) into the same ``KVCache``, and each step reads the filled part of
+its layers and appends its new key and value to them, so module reuse, prefix reuse, tenants
+and limits work as in the other precisions. The step rounds its new key and value to the
+cache's KV format (upstream.kv_rounding) before attending to them, as the torch path's
+cache does, so prefills, reused states and decode steps attend to the same rounded values
+in every format; one graph serves every format (an input picks the rounding). The answers
+are not float32's: the next token after a decode step was float32's in 82-88% of steps on
+Gemma 3 270M (benchmarks/generation_speed.py), against 97% for llama.cpp's Q4_K_M.
 """
 
 import io
@@ -25,6 +28,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 from meancache.upstream.errors import ModelLoadError
+from meancache.upstream.kv_rounding import KVFormat
+from meancache.upstream.precision import KV_FORMATS
 
 if TYPE_CHECKING:
     from meancache.upstream.compact_weights import ShortlistOutput
@@ -48,12 +53,24 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
+def round_as_kv_format(x: torch.Tensor, kv_format: torch.Tensor) -> torch.Tensor:
+    """``x`` rounded as the KV format numbered ``kv_format`` (its index in KV_FORMATS)
+    holds it: KVFormat.round itself, traced once per format and picked by Where (no
+    arithmetic on the picked values, so each is exactly KVFormat.round's)."""
+    picked = x
+    for index, name in enumerate(KV_FORMATS):
+        if name != "float32":
+            picked = torch.where(kv_format == index, KVFormat(name).round(x), picked)
+    return picked
+
+
 class GemmaStep(torch.nn.Module):
     """One decode step of a Gemma 3 model over explicit inputs, for export: the token's
     embedding ``h`` (1, hidden), the rotary cos/sin of its position for sliding and full
     layers (1, head_dim), additive masks over the cached positions and itself (1, L + 1),
-    and per layer the cached keys and values (kv_heads, L, head_dim). Returns the logits,
-    the final hidden state and per layer the new key and value (kv_heads, 1, head_dim).
+    the KV format's index in KV_FORMATS (1,), and per layer the cached keys and values
+    (kv_heads, L, head_dim). Returns the logits, the final hidden state and per layer the
+    new key and value (kv_heads, 1, head_dim), rounded to the KV format as attended to.
 
     Attention reads the cache without concatenating it (scores against the cache and
     against the new key are joined instead), so a step copies no cached state. Linear
@@ -83,7 +100,8 @@ class GemmaStep(torch.nn.Module):
 
     def forward(self, h: torch.Tensor, cos_s: torch.Tensor, sin_s: torch.Tensor,
                 cos_f: torch.Tensor, sin_f: torch.Tensor, mask_s: torch.Tensor,
-                mask_f: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                mask_f: torch.Tensor, kv_format: torch.Tensor, *past: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
         group = self.heads // self.kv_heads
         new: list[torch.Tensor] = []
         for i, sliding in enumerate(self.sliding):
@@ -97,6 +115,7 @@ class GemmaStep(torch.nn.Module):
             k = _rotate(_rms((x @ wk).reshape(self.kv_heads, 1, self.head_dim), n_k,
                              self.eps), cos, sin)
             v = (x @ wv).reshape(self.kv_heads, 1, self.head_dim)
+            k, v = round_as_kv_format(k, kv_format), round_as_kv_format(v, kv_format)
             scores = torch.cat([q @ keys.transpose(1, 2), (q * k).sum(-1, keepdim=True)], -1)
             p = torch.softmax(scores * self.scaling + mask, dim=-1)
             cached = keys.shape[1]
@@ -130,7 +149,7 @@ def export_step(model: "PreTrainedModel", bits: int | None = BITS,
     past = [torch.zeros(config.num_key_value_heads, cached, config.head_dim)
             for _ in range(2 * layers)]
     example = (torch.zeros(1, config.hidden_size), *[torch.zeros(1, config.head_dim)] * 4,
-               *[torch.zeros(1, cached + 1)] * 2, *past)
+               *[torch.zeros(1, cached + 1)] * 2, torch.zeros(1, dtype=torch.long), *past)
     growing = {name: {1: "seen"} for name in
                ["mask_s", "mask_f", *(f"past_{i}" for i in range(2 * layers))]}
     buffer = io.BytesIO()
@@ -139,7 +158,8 @@ def export_step(model: "PreTrainedModel", bits: int | None = BITS,
         torch.onnx.export(GemmaStep(model).eval(), example, buffer, dynamo=False,
                           opset_version=21, dynamic_axes=growing,
                           input_names=["h", "cos_s", "sin_s", "cos_f", "sin_f", "mask_s",
-                                       "mask_f", *(f"past_{i}" for i in range(2 * layers))],
+                                       "mask_f", "kv_format",
+                                       *(f"past_{i}" for i in range(2 * layers))],
                           output_names=["logits", "hidden",
                                         *(f"new_{i}" for i in range(2 * layers))])
     graph = onnx.load_from_string(buffer.getvalue())
@@ -174,10 +194,11 @@ class OnnxDecoder:
         return output if isinstance(output, ShortlistOutput) else None
 
     @torch.inference_mode()
-    def step(self, token: int, position: int, seen: torch.Tensor, cache: "DynamicCache"
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def step(self, token: int, position: int, seen: torch.Tensor, cache: "DynamicCache",
+             kv_format: KVFormat) -> tuple[torch.Tensor, torch.Tensor]:
         """As PromptCacheEngine.decode_step: logits after ``token`` at ``position``, which
-        sees every position in ``seen`` and itself; its key and value join ``cache``."""
+        sees every position in ``seen`` and itself; its key and value, rounded to
+        ``kv_format`` (the cache's), join ``cache``."""
         inner = self.model.model
         at = torch.tensor([[position]])
         h = self.model.get_input_embeddings()(torch.tensor([[token]]))[0].float()
@@ -189,15 +210,16 @@ class OnnxDecoder:
         feeds = {"h": h.numpy(), "cos_s": cos_s[0].numpy(), "sin_s": sin_s[0].numpy(),
                  "cos_f": cos_f[0].numpy(), "sin_f": sin_f[0].numpy(),
                  "mask_s": np.where(near.numpy(), 0, floor).astype(np.float32),
-                 "mask_f": np.zeros((1, seen.numel()), np.float32)}
-        for i, layer in enumerate(cache.layers):
+                 "mask_f": np.zeros((1, seen.numel()), np.float32),
+                 "kv_format": np.array([KV_FORMATS.index(kv_format.name)], np.int64)}
+        for i, layer in enumerate(cache.layers):  # keys/values: the filled part, no room
             feeds[f"past_{2 * i}"] = layer.keys[0].float().numpy()
             feeds[f"past_{2 * i + 1}"] = layer.values[0].float().numpy()
         out = self.session.run(None, feeds)
-        for i, layer in enumerate(cache.layers):
+        for i, layer in enumerate(cache.layers):  # rounded by the graph: appended as they are
             dtype = layer.keys.dtype
-            cache.update(torch.from_numpy(out[2 + 2 * i])[None].to(dtype),
-                         torch.from_numpy(out[3 + 2 * i])[None].to(dtype), i)
+            layer.update(torch.from_numpy(out[2 + 2 * i])[None].to(dtype),
+                         torch.from_numpy(out[3 + 2 * i])[None].to(dtype))
         logits = torch.from_numpy(out[0][0])
         shortlist = self._shortlist()
         if shortlist is not None:

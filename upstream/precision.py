@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 from meancache.upstream.errors import ModelLoadError
 
 if TYPE_CHECKING:  # torch and transformers load only when a model does (fast CLI start)
-    from meancache.upstream.onnx_decode import OnnxDecoder
     from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
@@ -23,7 +22,7 @@ PRECISIONS = ("float32", "fp16-int8", "int4")
 # its 2.5 GB target (benchmarks/chat_memory.py).
 DEFAULT_PRECISION = "fp16-int8"
 
-# How attention (K/V) states are held, computed and cached (upstream.prompt_cache.kv_format,
+# How attention (K/V) states are held, computed and cached (upstream.kv_rounding,
 # which has each format's error bound). float16 halves the bytes of every cached token at
 # 2^-11 relative rounding, 8x finer than bfloat16's at the same size; int8 quarters them.
 KV_FORMATS = ("float32", "float16", "bfloat16", "int8")
@@ -37,11 +36,12 @@ def check_precision(precision: str) -> str:
     return precision
 
 
-def apply_precision(model: "PreTrainedModel", precision: str) -> "OnnxDecoder | None":
-    """Prepare ``model`` in place for serving in ``precision``; the decoder that runs its
-    decode steps instead of the model, for int4."""
+def apply_precision(model: "PreTrainedModel", precision: str) -> None:
+    """Prepare ``model``'s weights in place for serving in ``precision`` (int4's decoder
+    is built by model_loading from the float32 weights, before this compacts them: the
+    decoder rounds states with upstream.kv_rounding, which reads the formats here)."""
     if check_precision(precision) == "float32":
-        return None
+        return
     import torch
     from meancache.upstream.compact_weights import compact
 
@@ -50,10 +50,4 @@ def apply_precision(model: "PreTrainedModel", precision: str) -> "OnnxDecoder | 
         raise ModelLoadError(f"{precision} needs a linear output layer; "
                              f"{model.config.model_type} has {type(output).__name__}: "
                              "serve it in float32")
-    decoder = None
-    if precision == "int4":  # exported from the float32 weights, before they are compacted
-        from meancache.upstream.onnx_decode import onnx_decoder
-
-        decoder = onnx_decoder(model)
     compact(model, output)
-    return decoder

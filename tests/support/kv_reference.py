@@ -1,4 +1,4 @@
-"""References for exactness tests in any KV format (upstream.prompt_cache.kv_format).
+"""References for exactness tests in any KV format (upstream.kv_rounding).
 
 The engine rounds keys and values to its format as the model computes them, so a cached
 path and a full prefill round the same float32 values, and differ by float32 summation

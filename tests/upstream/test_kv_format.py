@@ -7,8 +7,8 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from meancache.upstream.kv_rounding import KVFormat
 from meancache.upstream.precision import KV_FORMATS
-from meancache.upstream.prompt_cache.kv_format import KVFormat
 from meancache.upstream.prompt_cache.states import bytes_per_token
 from transformers import Gemma3TextConfig
 

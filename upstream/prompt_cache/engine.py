@@ -27,9 +27,10 @@ from meancache.shared.pml import (
     parse_schema,
 )
 from meancache.upstream.errors import PromptTooLongError, UpstreamError
+from meancache.upstream.kv_rounding import KVFormat
 from meancache.upstream.model_loading import LoadedModel
 from meancache.upstream.precision import DEFAULT_KV_FORMAT
-from meancache.upstream.prompt_cache.kv_format import KVCache, KVFormat
+from meancache.upstream.prompt_cache.kv_format import KVCache
 from meancache.upstream.prompt_cache.layout import LEADING, SCHEMA_TEXT, SchemaLayout, lay_out
 from meancache.upstream.prompt_cache.module_store import Key, ModuleStore
 from meancache.upstream.prompt_cache.prefixes import BLOCK_TOKENS, chain, root
@@ -125,7 +126,7 @@ class PromptCacheEngine:
 
     ``prefix_reuse`` False computes every prompt's new tokens afresh (for comparison).
     ``kv_format`` is how attention states are held, computed and stored alike
-    (prompt_cache.kv_format)."""
+    (upstream.kv_rounding)."""
 
     def __init__(self, loaded: LoadedModel, module_budget_bytes: int = 2 << 30,
                  prefix_reuse: bool = True, block_tokens: int = BLOCK_TOKENS,
@@ -437,7 +438,7 @@ class PromptCacheEngine:
         """Logits after ``token`` read at ``position`` (it sees every position in ``seen``
         and itself), and ``seen`` with that position added."""
         if self.loaded.decoder is not None:
-            return self.loaded.decoder.step(token, position, seen, cache)
+            return self.loaded.decoder.step(token, position, seen, cache, self.kv_format)
         device = self.loaded.device
         at = torch.tensor([position], device=device)
         seen = torch.cat([seen, at])

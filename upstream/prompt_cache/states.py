@@ -16,7 +16,8 @@ transformers 5.x notes, each covered by a test:
 from dataclasses import dataclass
 
 import torch
-from meancache.upstream.prompt_cache.kv_format import ROOM, KVCache, KVFormat
+from meancache.upstream.kv_rounding import KVFormat
+from meancache.upstream.prompt_cache.kv_format import ROOM, KVCache
 from transformers import PreTrainedConfig, PreTrainedModel
 
 
