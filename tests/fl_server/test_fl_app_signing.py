@@ -232,11 +232,13 @@ def test_keys_shaping_what_devices_receive_go_into_the_signed_app(
     signed, server = split_run_config(settings, (
         "aggregation='median' threshold-band=0.1 threshold-prior-pairs=9 "
         "threshold-min-pairs=3 max-examples=5 max-update-norm=1.5 dp-noise-multiplier=0.5 "
-        "dp-clipping-norm=0.3 num-server-rounds=4 min-train-nodes=3 round-timeout=9.0 "
+        "dp-clipping-norm=0.3 secure-aggregation=0 num-server-rounds=4 min-train-nodes=3 "
+        "round-timeout=9.0 "
         "held-out-pairs=7 dp-delta=1e-6"))
     assert set(signed) == {"encoder-model", "aggregation", "threshold-band",
                            "threshold-prior-pairs", "threshold-min-pairs", "max-examples",
-                           "max-update-norm", "dp-noise-multiplier", "dp-clipping-norm"}
+                           "max-update-norm", "dp-noise-multiplier", "dp-clipping-norm",
+                           "secure-aggregation"}
     assert set(server) == {"num-server-rounds", "min-train-nodes", "round-timeout",
                            "held-out-pairs", "dp-delta"}
     assert signed.keys() <= SIGNED_KEYS and not server.keys() & SIGNED_KEYS

@@ -75,10 +75,12 @@ def test_a_secure_round_then_a_round_a_supernode_drops_out_of(tmp_path: Path,
     link, model_port, control = free_port(), free_port(), free_port()
     processes.start(server, "fl", "server", "--port", str(link),
                     "--model-port", str(model_port), "--control-port", str(control))
-    # Meanwhile the operator signs the app once, with the settings devices run with; the
-    # devices run only apps signed with that key.
-    assert processes.start(server, "fl", "sign-app", "--run-config",
-                           DEVICE_SETTINGS).wait(timeout=120) == 0
+    # Meanwhile the operator signs the two apps, with the settings devices run with and
+    # with secure aggregation (it turns the server's screening off, so only a signed app
+    # may turn it on); the devices run only apps signed with that key.
+    for signed in (DEVICE_SETTINGS, f"{DEVICE_SETTINGS} secure-aggregation=1"):
+        assert processes.start(server, "fl", "sign-app", "--run-config",
+                               signed).wait(timeout=120) == 0
     app_key = str(server / "fl-operator" / "app-signing-key.pub")
     wait_for_port(control)
     wait_for_port(link)
