@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -201,10 +202,15 @@ def test_every_device_and_upstream_option_says_its_default() -> None:
 
 
 def test_eval_pairs_measures_the_whole_decision_with_the_chosen_verifier(
-    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    data_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The decision row is Matcher.decide's; with ``--verifier learned`` (the default): the
-    recall tau, then the shipped verifier, then the rule checks kept beside it."""
+    recall tau, then the shipped verifier's probability, judged by the learned decision's
+    card (the default) or by the verifier's threshold (``decision = "rules"``), then the
+    rule checks kept beside it. Each pair is a lone candidate, so the card's features are
+    computed here from their definitions, not by the matcher's code."""
+    from meancache.client.matching.decision import CARD_PATH
     from meancache.client.matching.matcher import shipped_verifier
     from meancache.client.matching.question import embed_texts
     from meancache.client.matching.rules import WITH_LEARNED, verify
@@ -215,23 +221,45 @@ def test_eval_pairs_measures_the_whole_decision_with_the_chosen_verifier(
     path.write_text("".join(json.dumps(r) + "\n" for r in dev))
     assert main(["eval", "pairs", str(path), "--json", "--verifier", "rules"]) == 0
     assert json.loads(capsys.readouterr().out)["decision"]["verifier"] == "rules"
-    assert main(["eval", "pairs", str(path), "--json"]) == 0
-    decision = json.loads(capsys.readouterr().out)["decision"]
-    assert decision["verifier"] == "learned"
 
     encoder = Encoder.load(cache_dir=data_dir / "encoder")
     a = embed_texts(encoder, [r["q1"] for r in dev])  # normalised, as every match embeds
     b = embed_texts(encoder, [r["q2"] for r in dev])
     verifier = shipped_verifier()
-    served = np.array([
-        float(va @ vb) >= decision["threshold"] - RECALL_MARGIN
-        and verifier.probabilities(r["q2"], [r["q1"]])[0] >= verifier.threshold
-        and verify(r["q2"], r["q1"], WITH_LEARNED) is None
-        for r, va, vb in zip(dev, a, b, strict=True)])
+    card = json.loads(CARD_PATH.read_text())
+    weights = dict(zip(card["features"], card["coefficients"], strict=True))
+
+    def logit(p: float) -> float:
+        p = min(max(p, 1e-4), 1 - 1e-4)  # the card's clip: a missing runner-up reads as 1e-4
+        return math.log(p / (1 - p))
+
+    def learned(cosine: float, p: float, tau: float) -> bool:
+        lone = {"logit_p1": logit(p), "logit_gap": logit(p) - logit(0.0), "p2": 0.0,
+                "cos_pick": cosine, "cos_nearest_gap": 0.0,
+                "cos_margin": cosine - (tau - RECALL_MARGIN), "pick_is_nearest": 1.0,
+                "count": 1.0, "count_over": float(p >= verifier.threshold)}
+        score = card["intercept"] + sum(weights[k] * v for k, v in lone.items())
+        return 1 / (1 + math.exp(-score)) >= card["threshold"]
+
     labels = np.array([r["label"] for r in dev]).astype(bool)
-    tp = int((served & labels).sum())
-    assert decision["precision"] == pytest.approx(tp / max(served.sum(), 1), abs=1e-9)
-    assert decision["recall"] == pytest.approx(tp / labels.sum(), abs=1e-9)
+    for decision_setting in ("rules", "learned"):
+        monkeypatch.setenv("MEANCACHE_DECISION", decision_setting)
+        assert main(["eval", "pairs", str(path), "--json"]) == 0
+        decision = json.loads(capsys.readouterr().out)["decision"]
+        assert decision["verifier"] == "learned"
+        tau = decision["threshold"]
+        served = []
+        for r, va, vb in zip(dev, a, b, strict=True):
+            cosine = float(va @ vb)
+            p = float(verifier.probabilities(r["q2"], [r["q1"]])[0])
+            judged = (learned(cosine, p, tau) if decision_setting == "learned"
+                      else p >= verifier.threshold)
+            served.append(cosine >= tau - RECALL_MARGIN and judged
+                          and verify(r["q2"], r["q1"], WITH_LEARNED) is None)
+        hits = np.array(served)
+        tp = int((hits & labels).sum())
+        assert decision["precision"] == pytest.approx(tp / max(hits.sum(), 1), abs=1e-9)
+        assert decision["recall"] == pytest.approx(tp / labels.sum(), abs=1e-9)
 
 
 def test_eval_replay_counts_right_wrong_and_miss(
