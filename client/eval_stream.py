@@ -24,6 +24,7 @@ import numpy as np
 from meancache.client.cache import Hit, SemanticCache
 from meancache.client.cache.settings import CacheSettings
 from meancache.client.cache.store import EntryStore
+from meancache.client.learning.awaiting import Awaiting, Pending
 from meancache.client.learning.bound import CONFIDENCE, Label
 from meancache.client.learning.explore import Exploration
 from meancache.client.learning.state import Learned
@@ -146,8 +147,8 @@ class LearningReplay:
                  learning: Learned, exploration: Exploration, rules: LearnedRules,
                  seed: int) -> None:
         self.encoder, self.verifier, self.settings = encoder, verifier, settings
-        self.learning, self.exploration, self.rules = learning, exploration, rules
-        self.rng = random.Random(seed)
+        self.learning, self.rules = learning, rules
+        self.awaiting = Awaiting(learning, exploration, random.Random(seed))
         self.questions: list[str] = []
         self.answers: list[str] = []
         self.keys: dict[str, int] = {}
@@ -200,20 +201,19 @@ class LearningReplay:
             best, score, refused = judged
             threshold = self.learning.threshold(str(best))
             if score >= threshold and not refused:
-                learned = self.learning.bound.learned
-                if not self.exploration.explores(score, threshold, self.rng, learned):
+                explored = self.awaiting.explores(str(best), score)
+                if explored is None:
                     return self.answers[best], CACHE
-                self._label(turn.question, best, score, fresh,
-                            self.exploration.rate_now(learned), "explore")
+                self._label(turn.question, explored, fresh)
                 return fresh, EXPLORED
-            self._label(turn.question, best, score, fresh, 1.0, "miss")
+            self._label(turn.question, Pending(str(best), score), fresh)
         self.store(turn.question, fresh, vector)
         return fresh, UPSTREAM
 
-    def _label(self, question: str, best: int, score: float, fresh: str, chance: float,
-               source: str) -> None:
-        wrong = fresh != self.answers[best]  # the simulated upstream's answers say it exactly
-        self.learning.learn(Label(score, wrong, chance, str(best), source), question)
+    def _label(self, question: str, pending: Pending, fresh: str) -> None:
+        wrong = fresh != self.answers[int(pending.entry_id)]  # the simulated answers say it
+        self.learning.learn(Label(pending.score, wrong, pending.labelled_with,
+                                  pending.entry_id, pending.source), question)
 
 
 def replay_learning(replayer: LearningReplay, turns: Sequence[Turn],
