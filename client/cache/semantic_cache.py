@@ -64,11 +64,13 @@ class SemanticCache:
         background: bool = False,
         verifier: Verifier | None = None,
         rng: random.Random | None = None,
+        learns: bool = True,
     ) -> None:
         """``verifier``: the shipped learned one unless another is given. ``rng``: the
         draws of exploration (``settings.explore_rate``); the caches that face a user (the
         chat, the proxy) are given one, a seeded one makes it repeatable. Without one the
-        cache never explores (replays and benchmarks measure the decision itself)."""
+        cache never explores. ``learns`` False: it labels nothing from its traffic (the
+        static decision that `eval replay --learn` compares with)."""
         self.settings = settings or CacheSettings()
         self.store = EntryStore(Path(directory))
         self.policy = CachePolicy(self.store, PolicySettings(
@@ -83,14 +85,12 @@ class SemanticCache:
                                       lambda: self.matcher.encoder)
         self._lock = self._entries.lock
         self.space.attach(self._entries, progress)
-        # What this device's traffic taught about where it may answer (client/learning):
-        # the bound on the verifier's probability, aliases, and the declined or explored
-        # candidates awaiting the upstream's answer to label them.
+        # What the traffic taught (the bound, aliases) and what awaits a label (client/learning)
         self.learned = Learned(self.store, self.settings.max_wrong_rate)
         self.matcher.learned = self.learned if self.settings.learned else None
         self.awaiting = Awaiting(self.learned, Exploration(
             self.settings.explore_rate, self.settings.explore_width,
-            self.settings.explore_until_learned), rng)
+            self.settings.explore_until_learned), rng, learns)
         self._lookup = Lookup(self._entries, self.matcher, self.thresholds, self.settings,
                               self.learned, self.awaiting)
         self.learning = self._lookup.learning

@@ -31,17 +31,19 @@ class Pending:
 
 class Awaiting:
     """What the cache's traffic still has to label. ``rng``: the draws of exploration;
-    without one nothing is explored (replays and benchmarks measure the decision itself)."""
+    without one nothing is explored. ``learns`` False: nothing waits, so nothing is
+    labelled (the static decision a replay compares with)."""
 
     def __init__(self, learned: Learned, exploration: Exploration,
-                 rng: random.Random | None) -> None:
+                 rng: random.Random | None, learns: bool = True) -> None:
         self.learned, self.exploration, self._rng = learned, exploration, rng
+        self.learns = learns
         self._pending: OrderedDict[str, Pending] = OrderedDict()
 
     def explores(self, entry_id: str, score: float) -> Pending | None:
         """The would-be hit on ``entry_id`` at the judge's ``score`` as an exploration, if
         it is one: its score lies near the entry's threshold and the draw says so."""
-        if self._rng is None:
+        if self._rng is None or not self.learns:
             return None
         threshold, learned = self.learned.threshold(entry_id), self.learned.bound.learned
         if not self.exploration.explores(score, threshold, self._rng, learned):
@@ -49,6 +51,8 @@ class Awaiting:
         return Pending(entry_id, score, self.exploration.rate_now(learned), "explore")
 
     def wait(self, question_key: str, pending: Pending) -> None:
+        if not self.learns:
+            return
         self._pending[question_key] = pending
         while len(self._pending) > KEPT:
             self._pending.popitem(last=False)
