@@ -329,7 +329,7 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path,
     seen: list[int] = []
     rows = simulate(SimulationConfig(
         pairs=DATA / "qqp" / "pairs.jsonl", checkpoint_dir=tmp_path / "ckpt", clients=3,
-        per_round=2, run_config={"num-server-rounds": 2, "pairs-per-client": 40,
+        per_round=2, workers=1, run_config={"num-server-rounds": 2, "pairs-per-client": 40,
                                  "top-layers": 1, "encoder-model": str(tiny_dir),
                                  "verifier-top-layers": 1,
                                  "verifier-model": str(tiny_verifier),
