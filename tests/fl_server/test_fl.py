@@ -52,6 +52,7 @@ from meancache.shared.verifier.dequantise import float_verifier
 from meancache.shared.verifier.runtime import read_card
 from sentence_transformers import SentenceTransformer
 
+from meancache.cli import main
 from tests.support.fl import (
     FEEDBACK,
     device_context,
@@ -372,3 +373,13 @@ def test_simulate_never_deletes_a_directory_it_did_not_create(tmp_path: Path) ->
     with pytest.raises(FlowerCommandError, match="was not made by `meancache fl simulate`"):
         simulate(config, tmp_path / "flwr-home")
     assert (mine / "chapter1.tex").read_text() == "years of work"
+
+
+def test_simulate_refuses_a_negative_worker_count(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    assert main(["--data-dir", str(tmp_path / "data"), "fl", "simulate", "--pairs",
+                 str(DATA / "qqp" / "pairs.jsonl"), "--workers", "-1"]) == 2
+    assert "--workers must be 0 (one per core) or more, not -1" in capsys.readouterr().err
+    assert not (tmp_path / "data" / "fl-simulation").exists()  # refused before anything ran
