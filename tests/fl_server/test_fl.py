@@ -322,7 +322,7 @@ def test_a_run_config_from_another_version_is_refused() -> None:
 
 
 # simulation on the engine -----------------------------------------------------------------
-@pytest.mark.slow(55)
+@pytest.mark.slow(45)
 def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path,
                                                 tiny_verifier: Path) -> None:
     """The encoder and the verifier (its top layer and head) trained and averaged

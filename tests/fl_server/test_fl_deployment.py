@@ -63,7 +63,7 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
     running.stop_all()
 
 
-@pytest.mark.slow(170)
+@pytest.mark.slow(130)
 def test_a_secure_round_then_a_round_a_supernode_drops_out_of(tmp_path: Path,
                                                               processes: Processes) -> None:
     """One fleet, two runs: a SecAgg+ round of both SuperNodes, then a plain round one of
@@ -143,7 +143,7 @@ def test_a_secure_round_then_a_round_a_supernode_drops_out_of(tmp_path: Path,
     assert load_device_encoder(settings).version != base.version
 
 
-@pytest.mark.slow(40)
+@pytest.mark.slow(35)
 def test_supernodes_connect_over_tls_and_only_with_a_registered_key(
     tmp_path: Path, processes: Processes
 ) -> None:

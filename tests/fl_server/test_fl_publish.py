@@ -27,7 +27,7 @@ from tests.support.servers import serving
 from tests.support.tiny_encoder import make_tiny_encoder
 
 
-@pytest.mark.slow(50)
+@pytest.mark.slow(40)
 def test_a_simulated_global_model_is_published_and_a_new_user_installs_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -55,7 +55,7 @@ def _plain_fedavg(config: SimulationConfig, tiny_dir: Path
     return mean, updates, reply_bytes
 
 
-@pytest.mark.slow(45)
+@pytest.mark.slow(35)
 def test_secure_aggregation_learns_the_plain_fedavg_within_its_quantisation(
     tmp_path: Path, tiny_dir: Path
 ) -> None:
