@@ -22,7 +22,7 @@ from tests.support.parallel import (
     start_longest_first,
     workers,
 )
-from tests.support.paths import DATA_DIR
+from tests.support.paths import DATA_DIR, data_dir_linking
 
 share_cores()  # under pytest-xdist; before any test imports torch
 
@@ -160,9 +160,7 @@ def data_dir(tmp_path: Path, encoder: Encoder, device_encoder_dir: Path,
              monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A fresh data dir for the `meancache` command (MEANCACHE_DATA_DIR) whose encoder/ is
     the session's device encoder, so ONNX is exported and quantised only once."""
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "encoder").symlink_to(device_encoder_dir, target_is_directory=True)
+    data = data_dir_linking(tmp_path / "data", device_encoder_dir)
     monkeypatch.setenv("MEANCACHE_DATA_DIR", str(data))
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "config"))
     root = logging.getLogger()

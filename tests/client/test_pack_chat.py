@@ -13,6 +13,7 @@ from meancache.upstream.server.app import ServerSettings
 from meancache.upstream.server.serve import BackgroundServer, private_settings
 from textual.widgets import ProgressBar
 
+from tests.support.paths import data_dir_linking
 from tests.support.pilot import ask, badge, started, wait_for
 from tests.support.servers import running_upstream
 
@@ -24,9 +25,7 @@ def publish_and_prepare(tmp_path: Path, device_encoder_dir: Path) -> tuple[Path,
     published = tmp_path / "published"
     write_pack(published / "p.mcpack", [("How do I boil an egg?", ANSWER)],
                model="builtin:tiny", sigma=3.0)
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "encoder").symlink_to(device_encoder_dir, target_is_directory=True)
+    data = data_dir_linking(tmp_path / "data", device_encoder_dir)
     return published, load_settings(config_dir=tmp_path / "config", data_dir=data,
                                     environ={}, encoder_model="minilm")
 
