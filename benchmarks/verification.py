@@ -170,8 +170,8 @@ class Pick:
     index: int | None
     probability: float
     ambiguous: bool = False
-    # The client's decision (``Matcher.decide``): the candidate it serves and the score
-    # it serves from (-inf: a miss; see ``Shipped``).
+    # The client's decision (``Matcher.decide``): the candidate it serves at some threshold
+    # of its card and the score it serves from (-inf: none; ``Shipped.score``).
     served: int | None = None
     score: float = -np.inf
 
@@ -284,26 +284,26 @@ class Shipped:
 
     def score(self, asked: Asked, counting: list[int], probabilities: np.ndarray | None
               ) -> tuple[int | None, float]:
-        """(what ``Matcher.decide`` serves at the operating point, the score it is served
-        from): with the learned decision, its score (``LearnedDecision.serves`` on the
-        counting candidates, as the matcher calls it) where the matcher serves the pick
-        with the card's threshold at 0, checked against the operating point; the very
-        same question 1.0; with the rules deciding, the pick's probability."""
+        """(the candidate ``Matcher.decide`` serves at some threshold, the score from which
+        it serves it; None, -inf: at none): with the learned decision, the pick it serves
+        with the card's threshold at 0 and the card's score (``LearnedDecision.serves`` on
+        the counting candidates, as the matcher calls it), checked against what it serves
+        at the card's own threshold; the very same question 1.0; with the rules deciding,
+        what it serves and the pick's probability (the curve above the operating point)."""
         served = self.serves(asked)
         if probabilities is None:  # the very same question, or nothing counting
             return served, 1.0 if served is not None else -np.inf
         if not self.learned():
             return served, float(probabilities.max()) if served is not None else -np.inf
-        if self.serves(asked, 0.0) is None:
-            score = -np.inf  # declined whatever the threshold (a kept rule's veto)
-        else:
-            score = self.card.serves([float(asked.cosines[j]) for j in counting],
-                                     probabilities, self.matcher().recall_tau,
-                                     self.verifier.threshold)[1]
-        if (served is not None) != (score >= self.card.threshold):
+        anywhere = self.serves(asked, 0.0)
+        score = -np.inf if anywhere is None else self.card.serves(
+            [float(asked.cosines[j]) for j in counting], probabilities,
+            self.matcher().recall_tau, self.verifier.threshold)[1]
+        if (served is not None) != (score >= self.card.threshold) \
+                or served not in (None, anywhere):
             raise SystemExit(f"Matcher.decide and the card's score disagree on "
                              f"{asked.query!r} (score {score:.4f}): a bug here")
-        return served, score
+        return anywhere, score
 
 
 def most_probable(asked: list[Asked], recall_tau: float, shipped: Shipped) -> Chosen:
