@@ -58,6 +58,7 @@ from learning_stream import OPENERS, paraphrase
 from meancache.client.matching.decision import (
     FEATURES,
     KEEPS,
+    SIGNS,
     LearnedDecision,
     card_digest,
     features,
@@ -66,6 +67,7 @@ from meancache.client.matching.matcher import VERIFIED_AT_MOST, ambiguous
 from meancache.client.matching.rules import WITH_LEARNED, verify
 from meancache.client.matching.settings import RECALL_MARGIN
 from meancache.shared.encoder import Encoder, profile_threshold
+from meancache.shared.encoder.packaged import MPNET
 from meancache.shared.pairs import Pair
 from meancache.shared.query import embedding_text
 from meancache.shared.verifier.negatives import EDITS
@@ -333,23 +335,63 @@ def quality(study: Study, mask: np.ndarray, served: np.ndarray, right: np.ndarra
             "served": int(s.sum()), "wrong": int((s & ~r).sum()), "asked": int(mask.sum())}
 
 
-def fit(study: Study, train: np.ndarray):
-    """A logistic regression on the standardised features (scikit-learn), returned as
-    coefficients on the raw features and an intercept."""
+def fit(study: Study, train: np.ndarray, signs: dict[str, int] | None = None
+        ) -> tuple[np.ndarray, float]:
+    """A logistic regression on the standardised features (L2, C = 1, as scikit-learn's
+    default), returned as coefficients on the raw features and an intercept.
+
+    ``signs`` (``decision.SIGNS``) bounds each coefficient to the direction it must have
+    a priori (``SIGNS`` says why): not negative on logit_p1, logit_gap, cos_pick,
+    cos_margin and pick_is_nearest, not positive on p2 and cos_nearest_gap, free on count
+    and count_over (no direction before the data). Standardising divides by a positive
+    scale, so a bound on a standardised coefficient is the same bound on the raw one. The
+    bounded fit minimises the same penalised logistic loss with scipy's L-BFGS-B; without
+    ``signs``, scikit-learn's unbounded fit (the card shipped before).
+    """
     from sklearn.linear_model import LogisticRegression
     from sklearn.preprocessing import StandardScaler
 
     rows = train & study.scored & ~study.same
     scaler = StandardScaler().fit(study.x[rows])
-    model = LogisticRegression(C=1.0, max_iter=1000).fit(scaler.transform(study.x[rows]),
-                                                           study.pick_right[rows])
-    w = model.coef_[0] / scaler.scale_
-    b = float(model.intercept_[0] - (model.coef_[0] * scaler.mean_ / scaler.scale_).sum())
+    x, y = scaler.transform(study.x[rows]), study.pick_right[rows].astype(np.float64)
+    if signs is None:
+        model = LogisticRegression(C=1.0, max_iter=1000).fit(x, y)
+        coef, intercept = model.coef_[0], float(model.intercept_[0])
+    else:
+        coef, intercept = bounded_logistic(x, y, [signs[f] for f in FEATURES])
+    w = coef / scaler.scale_
+    b = float(intercept - (coef * scaler.mean_ / scaler.scale_).sum())
     return w, b
 
 
+def bounded_logistic(x: np.ndarray, y: np.ndarray, signs: list[int]
+                     ) -> tuple[np.ndarray, float]:
+    """Coefficients and intercept minimising sum(log-loss) + ||w||^2 / 2 with each
+    coefficient's sign bounded (+1: >= 0, -1: <= 0, 0: free); the intercept is free."""
+    from scipy.optimize import minimize
+
+    def loss(theta: np.ndarray) -> tuple[float, np.ndarray]:
+        w, b = theta[:-1], theta[-1]
+        z = x @ w + b
+        residual = 1.0 / (1.0 + np.exp(-z)) - y
+        value = float(np.logaddexp(0.0, z).sum() - (y * z).sum() + 0.5 * w @ w)
+        return value, np.r_[x.T @ residual + w, residual.sum()]
+
+    bounds = [(0.0, None) if s > 0 else (None, 0.0) if s < 0 else (None, None)
+              for s in signs] + [(None, None)]
+    result = minimize(loss, np.zeros(x.shape[1] + 1), jac=True, method="L-BFGS-B",
+                      bounds=bounds, options={"maxiter": 10_000, "gtol": 1e-8})
+    if not result.success:
+        raise SystemExit(f"the bounded logistic fit did not converge: {result.message}")
+    return result.x[:-1], float(result.x[-1])
+
+
 def scores_of(study: Study, w: np.ndarray, b: float) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(study.x @ w + b, -50, 50)))
+    return scores_of_x(study.x, w, b)
+
+
+def scores_of_x(x: np.ndarray, w: np.ndarray, b: float) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(x @ w + b, -50, 50)))
 
 
 def choose_threshold(study: Study, system: str, scores: np.ndarray, target: float,
@@ -419,44 +461,108 @@ def report(study: Study, scores: np.ndarray, thresholds: dict[str, float]) -> No
     print_table(table)
 
 
-def card(w: np.ndarray, b: float, t: float, system: str, verifier: LearnedVerifier,
-         records_path: Path) -> dict:
-    keeps = [k for k in KEEPS if k.split()[0] in system]
-    body = {"features": list(FEATURES), "coefficients": [round(float(c), 6) for c in w],
-            "intercept": round(b, 6), "threshold": t, "keeps": keeps,
-            "verifier_sha256": verifier.card.sha256,
+def card(fitting: Fitting, verifier: LearnedVerifier, encoder: Encoder, records_path: Path
+         ) -> dict:
+    keeps = [k for k in KEEPS if k.split()[0] in fitting.shipped]
+    body = {"features": list(FEATURES),
+            "coefficients": [round(float(c), 6) for c in fitting.w],
+            "intercept": round(fitting.b, 6), "threshold": fitting.thresholds[fitting.shipped],
+            "keeps": keeps, "verifier_sha256": verifier.card.sha256,
+            "encoder": MPNET.name, "encoder_version": encoder.base_version,
             "data_sha256": hashlib.sha256(records_path.read_bytes()).hexdigest(),
             "command": "python benchmarks/decision_study.py " + " ".join(sys.argv[1:])}
     return {**body, "sha256": card_digest(body)}
 
 
-def fitted(study: Study, system: str, args: argparse.Namespace
-           ) -> tuple[np.ndarray, float | None]:
-    """The decision fitted on ``study``'s choose splits: its scores and the threshold
-    chosen there for ``system``."""
-    w, b = fit(study, np.isin(study.domain, DOMAINS) & (study.split == "choose"))
+# The fits compared: scikit-learn's unbounded one (the card shipped first), the signs
+# bounded with cos_margin left free, and the signs of ``decision.SIGNS``.
+FITS: dict[str, dict[str, int] | None] = {
+    "unconstrained": None, "signs, cos_margin free": {**SIGNS, "cos_margin": 0},
+    "signs (SIGNS)": SIGNS}
+
+
+@dataclass
+class Fitting:
+    """One fit on the choose splits: its coefficients, scores, the threshold chosen there
+    for each learned variant, and the variant it would ship (highest mean choose hit
+    rate; ties: fewer parts)."""
+
+    name: str
+    w: np.ndarray
+    b: float
+    scores: np.ndarray
+    thresholds: dict[str, float]
+    rates: dict[str, float]
+
+    @property
+    def shipped(self) -> str:
+        return max(self.rates, key=lambda s: (round(self.rates[s], 3), -len(s)))
+
+
+def fitted(study: Study, name: str, args: argparse.Namespace,
+           systems: tuple[str, ...] = LEARNED) -> Fitting:
+    """The decision fitted (``FITS[name]``) on ``study``'s choose splits, with the
+    threshold chosen there for each of ``systems``."""
+    w, b = fit(study, np.isin(study.domain, DOMAINS) & (study.split == "choose"), FITS[name])
     scores = scores_of(study, w, b)
-    return scores, choose_threshold(study, system, scores, args.precision, args.near_misses)
+    chosen = {s: choose_threshold(study, s, scores, args.precision, args.near_misses)
+              for s in systems}
+    thresholds = {s: t for s, t in chosen.items() if t is not None}
+    rates = {s: choose_hit_rate(study, s, scores, t) for s, t in thresholds.items()}
+    note(f"{name}: thresholds chosen on the choose splits: {chosen}; mean choose hit "
+         f"rate {rates}")
+    return Fitting(name, w, b, scores, thresholds, rates)
+
+
+def compare(study: Study, fittings: list[Fitting], examples: dict[str, np.ndarray]) -> None:
+    """The fits side by side, each as the variant it would ship at the threshold chosen
+    on the choose splits: precision @ hit rate on every split (the test splits were used
+    for no choice) and the held-out near-miss set; then the scores of lone picks seen by
+    hand (served where the score reaches the threshold)."""
+    table = make_table(["fit", "variant @ threshold", "mean choose hit rate", "split",
+                        *DOMAINS, "held-out: near-misses served / paraphrases hit"],
+                       right_from=2)
+    for f in fittings:
+        served, right, _ = study.served(f.shipped, f.scores, f.thresholds[f.shipped])
+        held = quality(study, study.where(HELD_OUT, "test"), served, right)
+        for split in ("choose", "test"):
+            cells = []
+            for domain in DOMAINS:
+                q = quality(study, study.where(domain, split), served, right)
+                cells.append(f"{pct(q['precision'])} @ {pct(q['hit rate'])}")
+            first = split == "choose"
+            table.add_row(f.name if first else "",
+                          f"{f.shipped} @ {f.thresholds[f.shipped]:.3f}" if first else "",
+                          pct(f.rates[f.shipped]) if first else "", split, *cells,
+                          "" if first else f"{pct(held['unanswerable served'])} / "
+                          f"{pct(held['hit rate'])}")
+    print_table(table)
+    table = make_table(["fit", "threshold", *examples], right_from=1)
+    for f in fittings:
+        table.add_row(f.name, f"{f.thresholds[f.shipped]:.3f}",
+                      *(f"{float(scores_of_x(x, f.w, f.b)):.3f}" for x in examples.values()))
+    print_table(table)
 
 
 def margin_ablation(records: list[dict], tau: float, threshold: float,
-                    args: argparse.Namespace, system: str) -> None:
-    """The shipped variant refitted with smaller recall margins: whether candidates
-    between tau - 0.1 and tau help it (the test splits)."""
+                    args: argparse.Namespace, shipped: Fitting) -> None:
+    """The shipped fit and variant refitted with smaller recall margins: whether
+    candidates between tau - 0.1 and tau help it (the test splits)."""
     table = make_table(["recall margin", "threshold", *(f"{d} test: precision @ hit rate"
                                                         for d in DOMAINS)], right_from=1)
+    system = shipped.shipped
     for margin in (RECALL_MARGIN, 0.05, 0.0):
         study = Study(narrowed(records, tau - margin), tau, tau - margin, threshold)
-        scores, t = fitted(study, system, args)
-        if t is None:
+        f = fitted(study, shipped.name, args, (system,))
+        if system not in f.thresholds:
             table.add_row(f"{margin:.2f}", "none", *("-" for _ in DOMAINS))
             continue
-        served, right, _ = study.served(system, scores, t)
+        served, right, _ = study.served(system, f.scores, f.thresholds[system])
         cells = []
         for d in DOMAINS:
             q = quality(study, study.where(d, "test"), served, right)
             cells.append(f"{pct(q['precision'])} @ {pct(q['hit rate'])}")
-        table.add_row(f"{margin:.2f}", f"{t:.3f}", *cells)
+        table.add_row(f"{margin:.2f}", f"{f.thresholds[system]:.3f}", *cells)
     print_table(table)
 
 
@@ -490,24 +596,27 @@ def main() -> None:
     verifier = LearnedVerifier.load()
     tau = profile_threshold("mpnet")
     study = Study(records, tau, tau - RECALL_MARGIN, verifier.threshold)
-    known = np.isin(study.domain, DOMAINS)
-    w, b = fit(study, known & (study.split == "choose"))
-    scores = scores_of(study, w, b)
-    chosen = {s: choose_threshold(study, s, scores, args.precision, args.near_misses)
-              for s in LEARNED}
-    thresholds = {s: t for s, t in chosen.items() if t is not None}
-    rates = {s: choose_hit_rate(study, s, scores, t) for s, t in thresholds.items()}
-    note(f"thresholds chosen on the choose splits: {chosen}; mean choose hit rate {rates}")
-    shipped = max(rates, key=lambda s: (round(rates[s], 3), -len(s)))  # ties: fewer parts
-    table = make_table(["feature", "coefficient"], right_from=1)
-    for name, c in zip(FEATURES, w, strict=True):
-        table.add_row(name, f"{c:+.4f}")
-    table.add_row("intercept", f"{b:+.4f}")
+    fittings = [fitted(study, name, args) for name in FITS]
+    table = make_table(["feature", "sign a priori", *(f.name for f in fittings)],
+                       right_from=1)
+    for i, name in enumerate(FEATURES):
+        table.add_row(name, {1: ">= 0", -1: "<= 0", 0: "free"}[SIGNS[name]],
+                      *(f"{f.w[i]:+.4f}" for f in fittings))
+    table.add_row("intercept", "free", *(f"{f.b:+.4f}" for f in fittings))
     print_table(table)
-    report(study, scores, thresholds)
-    note(f"shipped variant (highest mean choose hit rate): {shipped} at "
-         f"{thresholds[shipped]}")
-    out = card(w, b, thresholds[shipped], shipped, verifier, path)
+    # "What's the capital city of France?" against a stored "What is the capital of
+    # France?" alone: MPNet cosine 0.90, the verifier's p 0.37 (the chat's example).
+    examples = {f"lone: cos {c:.2f}, p {p:.2f}": features([c], [p], study.recall_tau,
+                                                             study.threshold)
+                for c, p in ((0.90, 0.37), (0.95, 0.37), (0.80, 0.37), (0.90, 0.20))}
+    compare(study, fittings, examples)
+    best = max(fittings, key=lambda f: f.rates[f.shipped])
+    note(f"shipped: the {best.name} fit (the highest mean choose hit rate with every "
+         f"choose split at >= {pct(args.precision)} hit precision), {best.shipped} at "
+         f"{best.thresholds[best.shipped]}")
+    report(study, best.scores, best.thresholds)
+    encoder = load_encoder("onnx-int8", args.cache_dir, model="mpnet")
+    out = card(best, verifier, encoder, path)
     decision = LearnedDecision.from_card(out)
     scored = [r for r in records if r["probabilities"]]
     cost = time_each(lambda r: decision.serves(r["cosines"][:r["counting"]],
@@ -515,8 +624,8 @@ def main() -> None:
                                                study.threshold), scored, scored[:50])
     note(f"the learned decision's cost per lookup: p50 {cost.p50 * 1000:.1f} us, "
          f"p99 {cost.p99 * 1000:.1f} us ({cost.n} lookups)")
-    margin_ablation(records, tau, verifier.threshold, args, shipped)
-    trees_ablation(study, shipped, args)
+    margin_ablation(records, tau, verifier.threshold, args, best)
+    trees_ablation(study, best.shipped, args)
     if args.write_card:
         args.write_card.write_text(json.dumps(out, indent=2) + "\n", encoding="utf-8")
         note(f"wrote {args.write_card}")

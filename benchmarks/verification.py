@@ -7,11 +7,17 @@
 - learned model alone: the candidates at cosine >= the recall tau (tau - ``RECALL_MARGIN``,
   at most ``VERIFIED_AT_MOST``) are scored by the learned verifier, each pair alone; the most
   probable one is served if its probability >= t;
-- learned + kept rules: the client's decision with ``verifier = "learned"``
-  (``Matcher.decide``): the same, but a miss when another candidate also reaches the
-  card's threshold (``matcher.ambiguous``; judged at the card's threshold, so a miss at
-  every t of the curve) or when the rule checks kept beside the model
-  (``verification.WITH_LEARNED``) veto the one it would serve.
+- the client's decision (``Matcher.decide`` itself, ``verifier = "learned"`` and
+  ``--decision``, the settings' default "learned"): the learned decision's card
+  (client/matching/decision.py) serves the model's pick from its features, the rule checks
+  the card keeps (``rules.WITH_LEARNED``) vetoing; with another encoder or verifier than
+  the card's, or ``--decision rules``, the pick is served if it alone reaches the
+  verifier's threshold (``matcher.ambiguous``) and the kept checks pass it. Its curve
+  moves the card's threshold: each question's score is the card's
+  (``LearnedDecision.serves``) where ``Matcher.decide`` serves the pick with the
+  threshold at 0, checked against what it serves at the card's threshold; with the
+  rules decision, the pick's probability cut above the verifier's threshold (the
+  ambiguity rule judged there).
 ``--verifier`` picks which of them to run (none = embedding only, model = the learned
 model alone; default: all four). A table per rule check says what it vetoes among the
 pairs the model alone serves: the evidence for ``WITH_LEARNED``.
@@ -26,8 +32,9 @@ Data, none of it used to train the verifier or choose its threshold except dev-a
 3. the contextual sets' standalone and follow-up questions (unique_u0/u1): every question
    asked of a cache holding all the others; none is a duplicate, so every hit is wrong.
 4. a replay of QQP dev duplicates, one per half (dev-a: where the decision rule was
-   chosen; dev-b: reported only): --replay duplicates of the half, every q1 stored, every
-   q2 asked against all of them (top --k by cosine): right = its own q1 served. Beside it
+   chosen; dev-b: reported only): every q1 of the half stored (1,407 / 1,439), the q2 of
+   --replay duplicates of the half asked against all of them (top --k by cosine), as
+   benchmarks/decision_study.py replays them: right = its own q1 served. Beside it
    the precision counting as right any stored question QQP itself links to the asked one
    (the same text, or joined through duplicate-labelled pairs of train and dev): a
    duplicate of another pair is the same question, not a wrong answer.
@@ -51,7 +58,7 @@ import json
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -79,13 +86,23 @@ from _common import (
 from _plot import add_plot_option, line_chart
 from meancache.client.cache import CacheSettings, Context, SemanticCache
 from meancache.client.cache.entry import STORED_DTYPE, Entry
-from meancache.client.matching.matcher import VERIFIED_AT_MOST, ambiguous
+from meancache.client.cache.store import EntryStore
+from meancache.client.cache.threshold import ThresholdState
+from meancache.client.matching.decision import LearnedDecision
+from meancache.client.matching.matcher import (
+    VERIFIED_AT_MOST,
+    Match,
+    Matcher,
+    ambiguous,
+    learned_decision,
+)
+from meancache.client.matching.question import Candidate, Question
 from meancache.client.matching.rules import CHECKS, WITH_LEARNED, verify
-from meancache.client.matching.settings import RECALL_MARGIN
+from meancache.client.matching.settings import DECISIONS, RECALL_MARGIN
 from meancache.shared.encoder import BACKENDS, Encoder, profile_threshold
 from meancache.shared.pairs import Pair
 from meancache.shared.query import embedding_text
-from meancache.shared.verifier.runtime import LearnedVerifier
+from meancache.shared.verifier.runtime import Card, LearnedVerifier
 from meancache.shared.verifier.train import dev_half
 
 NEAR_MISS = REPO_ROOT / "benchmarks" / "data" / "near_miss_heldout.jsonl"
@@ -93,7 +110,7 @@ RULES_NEAR_MISS = REPO_ROOT / "tests" / "data" / "near_miss.jsonl"  # the rules'
 HELD_OUT, TUNING = "near-miss (held out)", "near-miss (rules' tuning set)"
 REPLAY = "replay QQP {half}"  # one replay per dev half
 CHOSEN_ON = ("QQP dev-a", TUNING, REPLAY.format(half="dev-a"))  # sets choices were made on
-MODEL, LEARNED = "learned model alone", "learned + kept rules"
+MODEL, LEARNED = "learned model alone", "Matcher.decide"
 # --verifier: the decider each choice runs; "model" is no client setting (no latency row).
 DECIDERS = {"none": "embedding only", "rules": "rules", "model": MODEL, "learned": LEARNED}
 
@@ -153,6 +170,10 @@ class Pick:
     index: int | None
     probability: float
     ambiguous: bool = False
+    # The client's decision (``Matcher.decide``): the candidate it serves at some threshold
+    # of its card and the score it serves from (-inf: none; ``Shipped.score``).
+    served: int | None = None
+    score: float = -np.inf
 
 
 Chosen = list[Pick]  # per question
@@ -162,14 +183,16 @@ def decide(asked: list[Asked], system: str, chosen: Chosen | None = None) -> Ser
     """What ``system`` serves; the learned ones need the model's ``chosen`` candidates."""
     scores, right = np.full(len(asked), -np.inf), np.zeros(len(asked), dtype=bool)
     served_at: list[int | None] = [None] * len(asked)
-    if system in (MODEL, LEARNED):
+    if system == MODEL:
         assert chosen is not None
         for i, pick in enumerate(chosen):
-            j = pick.index
-            if j is None or (system == LEARNED and (pick.ambiguous
-                                                    or kept_rule_vetoes(asked[i], j))):
-                continue  # nothing to serve, ambiguous, or a kept rule vetoes it: a miss
-            scores[i], right[i], served_at[i] = pick.probability, asked[i].right[j], j
+            if (j := pick.index) is not None:
+                scores[i], right[i], served_at[i] = pick.probability, asked[i].right[j], j
+    elif system == LEARNED:
+        assert chosen is not None
+        for i, pick in enumerate(chosen):
+            if (j := pick.served) is not None:
+                scores[i], right[i], served_at[i] = pick.score, asked[i].right[j], j
     else:
         for i, a in enumerate(asked):
             if system == "rules" and verify(a.query, a.texts[0]) is not None:
@@ -182,23 +205,127 @@ def decide(asked: list[Asked], system: str, chosen: Chosen | None = None) -> Ser
     return Served(scores, right, int(sum(a.right.any() for a in asked)), linked)
 
 
-def most_probable(asked: list[Asked], recall_tau: float, verifier: LearnedVerifier
-                  ) -> Chosen:
+@dataclass
+class Remembered:
+    """The shipped verifier with each pair's probability remembered: the learned model
+    alone and ``Matcher.decide`` (at every threshold of its sweep) read the same scores,
+    each pair scored once and alone, as the client scores it."""
+
+    verifier: LearnedVerifier
+    memo: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    @property
+    def card(self) -> Card:  # what a decision card names
+        return self.verifier.card
+
+    @property
+    def threshold(self) -> float:
+        return self.verifier.threshold
+
+    def probabilities(self, query: str, candidates: Sequence[str]) -> np.ndarray:
+        missing = [c for c in dict.fromkeys(candidates) if (query, c) not in self.memo]
+        if missing:
+            for text, p in zip(missing, self.verifier.probabilities(query, missing),
+                               strict=True):
+                self.memo[(query, text)] = float(p)
+        return np.array([self.memo[(query, c)] for c in candidates], dtype=np.float32)
+
+
+@dataclass
+class Shipped:
+    """``Matcher.decide`` as the client runs it (``--decision``), on a scratch store, at
+    tau; with the learned decision's threshold moved where asked (the shipped card with
+    only its threshold changed)."""
+
+    encoder: Encoder
+    tau: float
+    decision: str
+    verifier: Remembered
+    directory: Path
+    matchers: dict[float, Matcher] = field(default_factory=dict)
+    stores: list[EntryStore] = field(default_factory=list)
+
+    @property
+    def card(self) -> LearnedDecision:
+        return learned_decision()
+
+    def matcher(self, threshold: float | None = None) -> Matcher:
+        """The client's matcher; ``threshold`` moves the learned decision's."""
+        key = self.card.threshold if threshold is None else float(threshold)
+        if key not in self.matchers:
+            store = EntryStore(self.directory / f"matcher-{len(self.matchers)}")
+            self.stores.append(store)
+            settings = CacheSettings(global_threshold=self.tau, verifier="learned",
+                                     decision=self.decision).matching
+            self.matchers[key] = Matcher(self.encoder, ThresholdState(store, self.tau),
+                                         store, settings, self.verifier,
+                                         replace(self.card, threshold=key))
+        return self.matchers[key]
+
+    def serves(self, asked: Asked, threshold: float | None = None) -> int | None:
+        """The candidate ``Matcher.decide`` serves for ``asked`` (None: a miss). It reads
+        no vector: the candidates come with their cosines."""
+        matcher = self.matcher(threshold)
+        question = Question(asked.query, embedding_text(asked.query), np.empty(0),
+                            self.encoder.is_truncated(asked.query))
+        decision = matcher.decide(question, [Candidate(str(j), text, float(c)) for j, (text, c)
+                                             in enumerate(zip(asked.texts, asked.cosines,
+                                                              strict=True))])
+        return int(decision.candidate.key) if isinstance(decision, Match) else None
+
+    def learned(self) -> bool:
+        """Whether the learned decision decides (the settings choose it and its card fits
+        this encoder and verifier); else the rules decide."""
+        return self.matcher().decision_card() is not None
+
+    def close(self) -> None:
+        for store in self.stores:
+            store.close()
+
+    def score(self, asked: Asked, counting: list[int], probabilities: np.ndarray | None
+              ) -> tuple[int | None, float]:
+        """(the candidate ``Matcher.decide`` serves at some threshold, the score from which
+        it serves it; None, -inf: at none): with the learned decision, the pick it serves
+        with the card's threshold at 0 and the card's score (``LearnedDecision.serves`` on
+        the counting candidates, as the matcher calls it), checked against what it serves
+        at the card's own threshold; the very same question 1.0; with the rules deciding,
+        what it serves and the pick's probability (the curve above the operating point)."""
+        served = self.serves(asked)
+        if probabilities is None:  # the very same question, or nothing counting
+            return served, 1.0 if served is not None else -np.inf
+        if not self.learned():
+            return served, float(probabilities.max()) if served is not None else -np.inf
+        anywhere = self.serves(asked, 0.0)
+        score = -np.inf if anywhere is None else self.card.serves(
+            [float(asked.cosines[j]) for j in counting], probabilities,
+            self.matcher().recall_tau, self.verifier.threshold)[1]
+        if (served is not None) != (score >= self.card.threshold) \
+                or served not in (None, anywhere):
+            raise SystemExit(f"Matcher.decide and the card's score disagree on "
+                             f"{asked.query!r} (score {score:.4f}): a bug here")
+        return anywhere, score
+
+
+def most_probable(asked: list[Asked], recall_tau: float, shipped: Shipped) -> Chosen:
     """Per question, the candidate the learned model would serve, its candidates scored as
     the client scores them (each pair alone); the very same question passes by identity
-    (1.0, unscored, never ambiguous), as in the client."""
-    chosen = []
+    (1.0, unscored, never ambiguous), as in the client. Beside it what ``Matcher.decide``
+    serves and from which score (``Shipped.score``)."""
+    verifier, chosen = shipped.verifier, []
     for a in asked:
         counting = [j for j in range(min(len(a.texts), VERIFIED_AT_MOST))
                     if a.cosines[j] >= recall_tau]
         same = [j for j in counting if embedding_text(a.texts[j]) == embedding_text(a.query)]
+        probabilities = None
         if not counting or same:
-            chosen.append(Pick(same[0], 1.0) if same else Pick(None, -np.inf))
-            continue
-        probabilities = verifier.probabilities(a.query, [a.texts[j] for j in counting])
-        top = int(np.argmax(probabilities))
-        chosen.append(Pick(counting[top], float(probabilities[top]),
-                           ambiguous(probabilities, verifier.threshold)))
+            pick = Pick(same[0], 1.0) if same else Pick(None, -np.inf)
+        else:
+            probabilities = verifier.probabilities(a.query, [a.texts[j] for j in counting])
+            top = int(np.argmax(probabilities))
+            pick = Pick(counting[top], float(probabilities[top]),
+                        ambiguous(probabilities, verifier.threshold))
+        served, score = shipped.score(a, counting, probabilities)
+        chosen.append(replace(pick, served=served, score=score))
     return chosen
 
 
@@ -250,9 +377,14 @@ def linked_precision(served: Served, point: Point) -> str:
     return pct(float(served.linked[hit].mean())) if hit.any() else "-"
 
 
-def operating_points(tau: float, verifier: LearnedVerifier | None) -> dict[str, float]:
-    learned = verifier.threshold if verifier else float("nan")
-    return {"embedding only": tau, "rules": tau, MODEL: learned, LEARNED: learned}
+def operating_points(tau: float, shipped: Shipped | None) -> dict[str, float]:
+    """Where each decider ships: tau, the verifier's threshold, and the client's decision
+    at its card's threshold (the learned decision) or the verifier's (the rules)."""
+    if shipped is None:
+        return {"embedding only": tau, "rules": tau, MODEL: np.nan, LEARNED: np.nan}
+    model = shipped.verifier.threshold
+    return {"embedding only": tau, "rules": tau, MODEL: model,
+            LEARNED: shipped.card.threshold if shipped.learned() else model}
 
 
 # data ---------------------------------------------------------------------------------
@@ -324,7 +456,7 @@ def replay_sets(args: argparse.Namespace, encoder: Encoder) -> dict[str, list[As
     out = {}
     for half, duplicates in halves.items():
         chosen = sample(duplicates, args.replay, args.seed)
-        stored = unique(p.q1 for p in chosen)
+        stored = unique(p.q1 for p in duplicates)  # every q1 of the half: a fuller cache
         index = {q: i for i, q in enumerate(stored)}
         sv = embed_cached(encoder, [embedding_text(q) for q in stored], args.cache_dir)
         qv = embed_cached(encoder, [embedding_text(p.q2) for p in chosen], args.cache_dir)
@@ -379,9 +511,9 @@ def latency(args: argparse.Namespace, encoders: dict[str, Encoder]) -> Timings:
         with SemanticCache(Path(tmp), encoder, settings) as cache:
             cache.fit_pca()  # as the app does once a cache holds enough questions
         with SemanticCache(Path(tmp), encoder, settings) as cache:
-            chosen = {v: replace(cache.matcher.settings, verify=v != "none",
-                                 verifier="rules" if v == "none" else v)
-                      for v in settings_of}
+            chosen = {v: cache.matcher.settings.model_copy(update={
+                "verify_hits": v != "none", "verifier": "rules" if v == "none" else v,
+                "decision": args.decision}) for v in settings_of}
             for p in dev[:10]:  # warm-up, untimed
                 cache.lookup(p.q2, Context())
                 for each in encoders.values():
@@ -472,8 +604,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--backend", choices=BACKENDS, default="onnx-int8",
                         help="the encoder's backend for the decision quality")
     parser.add_argument("--dev-pairs", type=int, help="QQP dev pairs (default: all 9,636)")
-    parser.add_argument("--replay", type=int, help="QQP dev duplicates replayed per "
-                        "half (default: all, 1,489 in dev-a and 1,516 in dev-b)")
+    parser.add_argument("--replay", type=int, help="QQP dev duplicates asked per half, "
+                        "every q1 of the half stored (default: all, 1,489 in dev-a and "
+                        "1,516 in dev-b)")
     parser.add_argument("--k", type=int, default=VERIFIED_AT_MOST,
                         help="candidates per question in the replays")
     parser.add_argument("--entries", type=int, help="cache size for latency (default 10000)")
@@ -484,10 +617,13 @@ def parse_args() -> argparse.Namespace:
                         help="the latency encoder's backends (the first fills the cache)")
     parser.add_argument("--latency-queries", type=int, help="lookups timed per setting "
                         "(default 200)")
+    parser.add_argument("--decision", choices=DECISIONS,
+                        default=CacheSettings().decision, help="the client's decision "
+                        "around the learned verifier (client/matching/settings.py)")
     parser.add_argument("--verifier", nargs="+", choices=list(DECIDERS),
                         default=list(DECIDERS), help="the deciders to compare: none "
                         "(embedding only), rules, model (the learned model alone), learned "
-                        "(the model and the kept rules; default: all four)")
+                        "(Matcher.decide with --decision; default: all four)")
     add_plot_option(parser)
     args = parser.parse_args()
     return apply_defaults(args, full={"dev_pairs": None, "replay": None, "entries": 10_000,
@@ -508,11 +644,20 @@ def main() -> None:
     sets = pair_sets(args, encoder)
     sets["contextual (all wrong)"] = contextual_set(args, encoder)
     sets.update(replay_sets(args, encoder))
-    chosen = {name: most_probable(asked, recall_tau, verifier)
-              for name, asked in sets.items()} if verifier else {}
-    points = operating_points(tau, verifier)
+    with tempfile.TemporaryDirectory(prefix="meancache-verification-") as tmp:
+        shipped = Shipped(encoder, tau, args.decision, Remembered(verifier), Path(tmp)) \
+            if verifier else None
+        chosen = {name: most_probable(asked, recall_tau, shipped)
+                  for name, asked in sets.items()} if shipped else {}
+        points = operating_points(tau, shipped)
+        deciding = "-" if shipped is None else (
+            f"the learned decision's card at {shipped.card.threshold:.3f}" if shipped.learned()
+            else "the rules")
+        if shipped is not None:
+            shipped.close()
     heading(f"decision quality ({args.encoder}, tau {tau}, recall tau {recall_tau:.3f}, "
-            f"verifier threshold {points[LEARNED]:.3f} chosen on QQP dev-a; kept rules: "
+            f"verifier threshold {points[MODEL]:.3f} chosen on QQP dev-a; Matcher.decide "
+            f"with decision = {args.decision!r}: {deciding}; kept rules: "
             f"{', '.join(WITH_LEARNED)})")
     table = make_table(["data", "decider", "asked", "precision", "hit ratio", "recall",
                         "F0.5", "area (precision x hit ratio)",

@@ -9,13 +9,18 @@ candidates' cosines, their probabilities, the gap between the first two and the 
 rank serves where the pick clearly dominates and declines where it does not
 (benchmarks/decision_study.py fits it on the choose splits of three domains and reports
 the test splits; docs/verification.md). Fitted on the default encoder's (MPNet) cosines
-and the shipped verifier's probabilities: with another verifier the matcher leaves the
-decision to the rules.
+and the shipped verifier's probabilities, with each coefficient's sign bounded where its
+direction is known before the data (``SIGNS``).
 
 Its card (``decision.json``) is package data: the features in order, their coefficients,
 the intercept, the score from which a pick is served, the verifier it was fitted on and
-the sha256 of the data it was fitted on; the card names the sha256 of its own content and
-is refused (``VerifierError``) if that or any field is wrong. Light: numpy only.
+the sha256 of the data it was fitted on, and the encoder whose cosines it weighs (its
+name and ``Encoder.base_version``: the sha256 prefix over the model's weight and config
+files, ``encoder/fingerprint.py``; not the PCA layer, which each cache fits on its own
+questions: the card was fitted on full-space cosines, which PCA-64 approximates); the
+card names the sha256 of its own content and is refused (``VerifierError``) if that or
+any field is wrong. With another verifier or another encoder (another model, or FL
+weights over it) the matcher leaves the decision to the rules. Light: numpy only.
 """
 
 import hashlib
@@ -43,13 +48,31 @@ FEATURES = (
     "count",               # counting candidates scored
     "count_over",          # of them, those at or over the verifier's threshold
 )
+# The direction each feature's coefficient must have, where it is defensible before any
+# data is seen (+1: not negative, -1: not positive, 0: free); benchmarks/decision_study.py
+# fits within them. Unconstrained, the features' collinearity let a fit weigh the pick's
+# cosine against it (-2.4): the closer a doubtful pick, the likelier it was declined.
+SIGNS = {
+    "logit_p1": +1,         # the verifier's confidence in the pick
+    "logit_gap": +1,        # the pick dominates the runner-up
+    "p2": -1,               # a likely runner-up makes which stored answer is meant a guess
+    "cos_pick": +1,         # a closer pick is likelier the same question
+    "cos_nearest_gap": -1,  # the embedding prefers another candidate to the pick
+    "cos_margin": +1,       # the nearest's lead: the pick's, if it is the nearest; if not,
+                            # cos_nearest_gap weighs against it. For a lone pick it is its
+                            # cosine less the recall tau: left free, the fit put the pick's
+                            # cosine against it there (-4.5, benchmarks/decision_study.py)
+    "pick_is_nearest": +1,  # the embedding and the verifier agree
+    "count": 0,             # a dense neighbourhood: more near-misses, but more duplicates
+    "count_over": 0,        # the pick itself counts here when it passes the threshold
+}
 # The hand-made parts a card may keep beside the model (each kept only where the model
 # measurably lost without it on the choose splits): the verifier's threshold as a floor
 # on the pick's probability, the ambiguity rule (``matcher.ambiguous``), the rule checks
 # kept beside the verifier (``rules.WITH_LEARNED``).
 KEEPS = ("floor", "ambiguity rule", "kept rules")
 _FIELDS = ("features", "coefficients", "intercept", "threshold", "keeps", "verifier_sha256",
-           "data_sha256", "command", "sha256")
+           "encoder", "encoder_version", "data_sha256", "command", "sha256")
 
 
 def _logit(p: float) -> float:
@@ -90,6 +113,8 @@ class LearnedDecision:
     threshold: float
     keeps: frozenset[str]
     verifier_sha256: str
+    encoder: str  # the encoder's name, for messages
+    encoder_version: str  # ``Encoder.base_version`` of the encoder it was fitted on
 
     @classmethod
     def from_card(cls, card: object, where: str = "the decision card") -> "LearnedDecision":
@@ -118,7 +143,8 @@ class LearnedDecision:
             raise VerifierError(f"{where} keeps {keeps!r}; it may keep only some of "
                                 f"{list(KEEPS)}")
         return cls(coefficients, numbers[0], numbers[1], frozenset(keeps),
-                   str(card["verifier_sha256"]))
+                   str(card["verifier_sha256"]), str(card["encoder"]),
+                   str(card["encoder_version"]))
 
     @classmethod
     def load(cls, path: Path = CARD_PATH) -> "LearnedDecision":

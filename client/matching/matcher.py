@@ -26,8 +26,9 @@ source:
     "rules": if its probability reaches the verifier's threshold, no other candidate's
     does too (``ambiguous``), and the rule checks kept beside it (``rules.WITH_LEARNED``:
     a swapped direction, an opposite word) do not veto it; "learned": if the fitted
-    decision (``decision.py``) serves it, with the hand-made parts its card keeps. It is
-    loaded only when this is chosen;
+    decision (``decision.py``) serves it, with the hand-made parts its card keeps (with
+    another verifier or encoder than its card names, "rules"). It is loaded only when
+    this is chosen;
   - "rules" (``rules.verify``, every check) looks at the best counting candidate
     only and vetoes it when the two differ in a negation, number, name, ...
 
@@ -103,14 +104,18 @@ def shipped_verifier() -> LearnedVerifier:
 
 class Matcher:
     def __init__(self, encoder: Encoder, thresholds: Thresholds, store: PairStore,
-                 settings: MatchSettings, verifier: Verifier | None = None) -> None:
+                 settings: MatchSettings, verifier: Verifier | None = None,
+                 decision: LearnedDecision | None = None) -> None:
         """``store``: where declined matches are counted and the labelled pairs live.
         ``verifier``: the learned one, used only when the settings choose it; the shipped
-        one by default, loaded on the first decision that needs it."""
+        one by default, loaded on the first decision that needs it. ``decision``: the
+        learned decision's card, the shipped one by default (benchmarks move its
+        threshold)."""
         self.encoder = encoder  # the cache's current vector space (client/cache/space.py)
         self.thresholds = thresholds
         self.settings = settings
         self._verifier = verifier
+        self._card = decision
         self._store = store
         self._lock = threading.Lock()  # the memo
         self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
@@ -118,7 +123,7 @@ class Matcher:
         # The error bound learned from this device's traffic (client/learning/state.py):
         # where set, its threshold on the verifier's probability replaces the card's.
         self.learned: Learned | None = None
-        self._warned = False  # the learned decision's card does not fit the verifier
+        self._warned = False  # the decision card fits another verifier or encoder (logged)
 
     # the question -------------------------------------------------------------------
     @property
@@ -245,7 +250,7 @@ class Matcher:
         if self.learned is not None:
             self.learned.prior = verifier.threshold
             threshold = self.learned.threshold(counting[top].key)
-        decision = self._decision(verifier)
+        decision = self.decision_card()
         if decision is not None:
             return self._decided(question, counting, probabilities, threshold, best, decision)
         if probability < threshold:
@@ -262,20 +267,25 @@ class Matcher:
                            "guess)", best, kind)
         return self._ruled(question, counting[top], best, WITH_LEARNED, probability)
 
-    def _decision(self, verifier: Verifier) -> LearnedDecision | None:
-        """The learned decision where the settings choose it and ``verifier`` is the one
-        its card was fitted on (its probabilities are what the coefficients weigh; with
-        another verifier the rules decide)."""
+    def decision_card(self) -> LearnedDecision | None:
+        """The learned decision where the settings choose it and the verifier and the
+        encoder are the ones its card was fitted on (its coefficients weigh their
+        probabilities and cosines); None: the rules decide (logged once)."""
         if self.settings.decision != "learned":
             return None
-        decision = learned_decision()
-        card = getattr(verifier, "card", None)
-        if getattr(card, "sha256", None) == decision.verifier_sha256:
+        decision = self._card or learned_decision()
+        card = getattr(self.verifier, "card", None)
+        if getattr(card, "sha256", None) != decision.verifier_sha256:
+            other = "verifier than this one"
+        elif self.encoder.base_version != decision.encoder_version:
+            other = (f"encoder ({decision.encoder} {decision.encoder_version}) than this one "
+                     f"({self.encoder.base_version})")
+        else:
             return decision
         if not self._warned:
             self._warned = True
-            log.warning("the learned decision was fitted on another verifier than this "
-                        "one: the rules decide")
+            log.warning("the learned decision was fitted on another %s: the rules decide",
+                        other)
         return None
 
     def _decided(self, question: Question, counting: list[Candidate],

@@ -208,14 +208,18 @@ def test_eval_pairs_measures_the_whole_decision_with_the_chosen_verifier(
 ) -> None:
     """The decision row is Matcher.decide's; with ``--verifier learned`` (the default): the
     recall tau, then the shipped verifier's probability, judged by the learned decision's
-    card (the default) or by the verifier's threshold (``decision = "rules"``), then the
-    rule checks kept beside it. Each pair is a lone candidate, so the card's features are
-    computed here from their definitions, not by the matcher's code."""
+    card (the default) or by the verifier's threshold (``decision = "rules"``, and
+    "learned" with a card fitted on another encoder than the tests' MiniLM: the shipped
+    one, fitted on MPNet), then the rule checks kept beside it. Each pair is a lone
+    candidate, so the card's features are computed here from their definitions, not by
+    the matcher's code."""
     from meancache.client.matching.decision import CARD_PATH
     from meancache.client.matching.matcher import shipped_verifier
     from meancache.client.matching.question import embed_texts
     from meancache.client.matching.rules import WITH_LEARNED, verify
     from meancache.client.matching.settings import RECALL_MARGIN
+
+    from tests.support.decision_card import use_card_for
 
     dev = dev_pairs(40)
     path = tmp_path / "pairs.jsonl"
@@ -243,8 +247,11 @@ def test_eval_pairs_measures_the_whole_decision_with_the_chosen_verifier(
         return 1 / (1 + math.exp(-score)) >= card["threshold"]
 
     labels = np.array([r["label"] for r in dev]).astype(bool)
-    for decision_setting in ("rules", "learned"):
+    for decision_setting, card_fits in (("rules", False), ("learned", False),
+                                        ("learned", True)):
         monkeypatch.setenv("MEANCACHE_DECISION", decision_setting)
+        if card_fits:
+            use_card_for(encoder.base_version, monkeypatch)
         assert main(["eval", "pairs", str(path), "--json"]) == 0
         decision = json.loads(capsys.readouterr().out)["decision"]
         assert decision["verifier"] == "learned"
@@ -253,8 +260,7 @@ def test_eval_pairs_measures_the_whole_decision_with_the_chosen_verifier(
         for r, va, vb in zip(dev, a, b, strict=True):
             cosine = float(va @ vb)
             p = float(verifier.probabilities(r["q2"], [r["q1"]])[0])
-            judged = (learned(cosine, p, tau) if decision_setting == "learned"
-                      else p >= verifier.threshold)
+            judged = learned(cosine, p, tau) if card_fits else p >= verifier.threshold
             served.append(cosine >= tau - RECALL_MARGIN and judged
                           and verify(r["q2"], r["q1"], WITH_LEARNED) is None)
         hits = np.array(served)

@@ -1,14 +1,19 @@
 """The learned decision (``decision = "learned"``, client/matching/decision.py): the shipped
 card, fitted by benchmarks/decision_study.py, serves the verifier's pick where it clearly
 dominates even when the ambiguity rule would have declined, declines a low-probability
-pick, and is refused when its content, hash or fields are wrong.
+pick, never weighs a closer pick against it (its coefficients keep their a priori signs),
+leaves the decision to the rules with another verifier or encoder than it was fitted on,
+and is refused when its content, hash or fields are wrong.
 
 The cache is real (DiskCache, the packaged MiniLM); the verifier is the shipped one's card
 with probabilities set per stored question, since the real model cannot be made to give
-a chosen probability on demand."""
+a chosen probability on demand. The shipped card was fitted on MPNet: where a test needs
+the learned decision to apply, it uses the shipped card refitted to nothing but the
+tests' encoder's version (``for_test_encoder``, tests/support/decision_card.py)."""
 
 import copy
 import json
+import logging
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -20,14 +25,17 @@ from meancache.client.matching.decision import (
     CARD_PATH,
     FEATURES,
     KEEPS,
+    SIGNS,
     LearnedDecision,
     card_digest,
     features,
 )
 from meancache.client.matching.matcher import ambiguous, learned_decision, shipped_verifier
+from meancache.shared.encoder import Encoder
 from meancache.shared.errors import VerifierError
 from pydantic import ValidationError
 
+from tests.support.decision_card import use_card_for
 from tests.support.fuzz import fuzzed
 
 CacheFactory = Callable[..., SemanticCache]
@@ -60,6 +68,13 @@ def cache_with(make_cache: CacheFactory, decision: str, verifier: Fixed) -> Sema
     return cache
 
 
+@pytest.fixture
+def for_test_encoder(encoder: Encoder, monkeypatch: pytest.MonkeyPatch) -> LearnedDecision:
+    """The shipped card as if fitted on the tests' encoder (MiniLM)."""
+    return use_card_for(encoder.base_version, monkeypatch)
+
+
+@pytest.mark.usefixtures("for_test_encoder")
 def test_a_dominant_pick_is_served_where_the_ambiguity_rule_declines(
         make_cache: CacheFactory) -> None:
     verifier = Fixed({RIGHT: 0.995, CLOSE: 0.60, OTHER: 0.02})
@@ -69,24 +84,69 @@ def test_a_dominant_pick_is_served_where_the_ambiguity_rule_declines(
     assert isinstance(hit, Hit) and hit.answer == f"answer to {RIGHT}"
 
 
+@pytest.mark.usefixtures("for_test_encoder")
 def test_a_low_probability_pick_is_declined(make_cache: CacheFactory) -> None:
     # a near-miss alone, close by cosine, that the verifier finds a different question
     hit = cache_with(make_cache, "learned", Fixed({CLOSE: 0.15})).lookup(ASKED)
     assert isinstance(hit, Miss) and "decision score" in hit.reason
 
 
+@pytest.mark.usefixtures("for_test_encoder")
 def test_two_equal_picks_are_declined(make_cache: CacheFactory) -> None:
     """Two candidates the verifier cannot tell apart: which answer is meant is a guess."""
     verifier = Fixed({RIGHT: 0.90, CLOSE: 0.90, OTHER: 0.02})
     assert isinstance(cache_with(make_cache, "learned", verifier).lookup(ASKED), Miss)
 
 
+@pytest.mark.usefixtures("for_test_encoder")
 def test_another_verifier_leaves_the_decision_to_the_rules(make_cache: CacheFactory) -> None:
     """The coefficients weigh the shipped verifier's probabilities: with another verifier
     (another card) the rules decide, and the ambiguity rule declines."""
     verifier = Fixed({RIGHT: 0.995, CLOSE: 0.60, OTHER: 0.02})
     verifier.card = type(verifier.card)("0" * 64, verifier.threshold)
     assert isinstance(cache_with(make_cache, "learned", verifier).lookup(ASKED), Miss)
+
+
+def test_another_encoder_leaves_the_decision_to_the_rules(
+        make_cache: CacheFactory, encoder: Encoder, caplog: pytest.LogCaptureFixture) -> None:
+    """The coefficients weigh the cosines of the encoder the card names (MPNet): with the
+    tests' MiniLM the rules decide, and the ambiguity rule declines what the card serves
+    with a card for this encoder (test above); logged once, not per lookup."""
+    assert learned_decision().encoder_version != encoder.base_version
+    verifier = Fixed({RIGHT: 0.995, CLOSE: 0.60, OTHER: 0.02})
+    cache = cache_with(make_cache, "learned", verifier)
+    with caplog.at_level(logging.WARNING, "meancache.client.matching.matcher"):
+        assert isinstance(cache.lookup(ASKED), Miss)
+        assert isinstance(cache.lookup("How could I reverse a list in Python?"), Miss)
+    warned = [r.getMessage() for r in caplog.records if "another encoder" in r.getMessage()]
+    assert len(warned) == 1 and encoder.base_version in warned[0], warned
+
+
+def test_the_shipped_card_keeps_the_a_priori_signs() -> None:
+    """Each coefficient has the direction ``SIGNS`` gives it (benchmarks/decision_study.py
+    fits within them): no feature that speaks for the pick weighs against it."""
+    decision = learned_decision()
+    for name, c in zip(FEATURES, decision.coefficients, strict=True):
+        assert c * SIGNS[name] >= 0, (name, c)
+
+
+@fuzzed(max_examples=60)
+@given(cosines=st.lists(st.floats(0.78, 1.0), min_size=1, max_size=5),
+       probabilities=st.lists(st.floats(0.0, 1.0), min_size=5, max_size=5),
+       closer=st.floats(0.0, 0.2))
+def test_a_closer_pick_never_scores_lower(cosines: list[float], probabilities: list[float],
+                                          closer: float) -> None:
+    """Every candidate moved closer by the same amount (the pick among them, the nearest
+    still the nearest): the decision's score does not fall. The first card weighed the
+    pick's cosine against it, so a near-identical paraphrase could be declined where a
+    looser one was served."""
+    decision, threshold = learned_decision(), shipped_verifier().threshold
+    cosines = sorted(cosines, reverse=True)
+    shift = min(closer, 1.0 - cosines[0])
+    p = probabilities[:len(cosines)]
+    before = decision.score(features(cosines, p, 0.776, threshold))
+    after = decision.score(features([c + shift for c in cosines], p, 0.776, threshold))
+    assert after >= before - 1e-12, (cosines, p, shift, before, after)
 
 
 def test_the_score_grows_with_the_gap_over_the_runner_up() -> None:
@@ -113,12 +173,13 @@ def test_the_shipped_card_loads_and_names_its_data() -> None:
     assert card["sha256"] == card_digest(card)
     assert len(card["data_sha256"]) == 64 and card["command"].startswith("python benchmarks/")
     assert card["verifier_sha256"] == shipped_verifier().card.sha256
+    assert card["encoder"] == "all-mpnet-base-v2" and len(card["encoder_version"]) == 16
     assert set(LearnedDecision.load().keeps) <= set(KEEPS)
 
 
 @fuzzed(max_examples=40)
 @given(field=st.sampled_from(["coefficients", "intercept", "threshold", "keeps",
-                              "verifier_sha256", "features"]),
+                              "verifier_sha256", "encoder", "encoder_version", "features"]),
        data=st.data())
 def test_a_changed_card_is_refused_by_its_hash(field: str, data: st.DataObject) -> None:
     card = shipped_card()
