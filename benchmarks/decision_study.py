@@ -468,7 +468,7 @@ def card(fitting: Fitting, verifier: LearnedVerifier, encoder: Encoder, records_
             "coefficients": [round(float(c), 6) for c in fitting.w],
             "intercept": round(fitting.b, 6), "threshold": fitting.thresholds[fitting.shipped],
             "keeps": keeps, "verifier_sha256": verifier.card.sha256,
-            "encoder": MPNET.name, "encoder_version": encoder.base_version,
+            "encoder": MPNET.name, "encoder_version": encoder.model_version,
             "data_sha256": hashlib.sha256(records_path.read_bytes()).hexdigest(),
             "command": "python benchmarks/decision_study.py " + " ".join(sys.argv[1:])}
     return {**body, "sha256": card_digest(body)}

@@ -15,12 +15,13 @@ direction is known before the data (``SIGNS``).
 Its card (``decision.json``) is package data: the features in order, their coefficients,
 the intercept, the score from which a pick is served, the verifier it was fitted on and
 the sha256 of the data it was fitted on, and the encoder whose cosines it weighs (its
-name and ``Encoder.base_version``: the sha256 prefix over the model's weight and config
-files, ``encoder/fingerprint.py``; not the PCA layer, which each cache fits on its own
-questions: the card was fitted on full-space cosines, which PCA-64 approximates); the
-card names the sha256 of its own content and is refused (``VerifierError``) if that or
-any field is wrong. With another verifier or another encoder (another model, or FL
-weights over it) the matcher leaves the decision to the rules. Light: numpy only.
+name and ``Encoder.model_version``: the sha256 prefix over the packaged model's weight and
+config files, ``encoder/fingerprint.py``; not the PCA layer, which each cache fits on its
+own questions, nor FL global weights over the model, which fine-tune its top layers: the
+card was fitted on the base model's full-space cosines, which both only move); the card
+names the sha256 of its own content and is refused (``VerifierError``) if that or any
+field is wrong. With another verifier or another encoder model the matcher leaves the
+decision to the rules. Light: numpy only.
 """
 
 import hashlib
@@ -114,7 +115,7 @@ class LearnedDecision:
     keeps: frozenset[str]
     verifier_sha256: str
     encoder: str  # the encoder's name, for messages
-    encoder_version: str  # ``Encoder.base_version`` of the encoder it was fitted on
+    encoder_version: str  # ``Encoder.model_version`` of the encoder it was fitted on
 
     @classmethod
     def from_card(cls, card: object, where: str = "the decision card") -> "LearnedDecision":

@@ -277,9 +277,9 @@ class Matcher:
         card = getattr(self.verifier, "card", None)
         if getattr(card, "sha256", None) != decision.verifier_sha256:
             other = "verifier than this one"
-        elif self.encoder.base_version != decision.encoder_version:
+        elif self.encoder.model_version != decision.encoder_version:
             other = (f"encoder ({decision.encoder} {decision.encoder_version}) than this one "
-                     f"({self.encoder.base_version})")
+                     f"({self.encoder.model_version})")
         else:
             return decision
         if not self._warned:

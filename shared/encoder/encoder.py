@@ -55,12 +55,16 @@ class Encoder:
         *,
         model: "SentenceTransformer | None" = None,
         onnx: "OnnxEmbedder | None" = None,
+        model_version: str | None = None,
     ) -> None:
         """``model``: the PyTorch model, None when ``onnx`` is a checked export of it;
-        ``onnx``: that export, shared by the base model's PCA variants."""
+        ``onnx``: that export, shared by the base model's PCA variants.
+        ``model_version``: the packaged model's own fingerprint, without FL global
+        weights over it (``base_version`` covers those too); by default the same."""
         _check_backend(backend)
         self.model_dir = model_dir
         self.base_version = base_version
+        self.model_version = model_version or base_version
         self.tokenizer = tokenizer
         self.full_dim = full_dim
         self.pca = pca
@@ -104,21 +108,23 @@ class Encoder:
             log.info("encoder runs %s alone (checked: min cosine %.6f)", checked.path.name,
                      checked.min_cosine)
             return cls(model_dir, version, checked.tokenizer, checked.full_dim, pca, backend,
-                       cache_dir, onnx=OnnxEmbedder(checked.path, checked.backend))
+                       cache_dir, onnx=OnnxEmbedder(checked.path, checked.backend),
+                       model_version=base)
         st = load_sentence_transformer(model_dir)
         if global_weights is not None:
             load_global_weights(st, global_weights)
         max_tokens = int(st.max_seq_length or st.tokenizer.model_max_length)
         return cls(model_dir, version,
                    EncoderTokenizer.of_model_tokenizer(st.tokenizer, max_tokens),
-                   int(st.get_embedding_dimension()), pca, backend, cache_dir, model=st)
+                   int(st.get_embedding_dimension()), pca, backend, cache_dir, model=st,
+                   model_version=base)
 
     def with_pca(self, pca: "PCAProjection | None") -> "Encoder":
         """The same model with another PCA layer (shares the loaded weights and the ONNX
         session: PCA is applied after it, so a new layer needs no new export)."""
         return Encoder(self.model_dir, self.base_version, self.tokenizer, self.full_dim, pca,
                        self.requested_backend, self.cache_dir, model=self._model,
-                       onnx=self._onnx)
+                       onnx=self._onnx, model_version=self.model_version)
 
     # identity -----------------------------------------------------------------------
     @property

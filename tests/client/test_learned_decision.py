@@ -71,7 +71,7 @@ def cache_with(make_cache: CacheFactory, decision: str, verifier: Fixed) -> Sema
 @pytest.fixture
 def for_test_encoder(encoder: Encoder, monkeypatch: pytest.MonkeyPatch) -> LearnedDecision:
     """The shipped card as if fitted on the tests' encoder (MiniLM)."""
-    return use_card_for(encoder.base_version, monkeypatch)
+    return use_card_for(encoder.model_version, monkeypatch)
 
 
 @pytest.mark.usefixtures("for_test_encoder")
@@ -112,14 +112,14 @@ def test_another_encoder_leaves_the_decision_to_the_rules(
     """The coefficients weigh the cosines of the encoder the card names (MPNet): with the
     tests' MiniLM the rules decide, and the ambiguity rule declines what the card serves
     with a card for this encoder (test above); logged once, not per lookup."""
-    assert learned_decision().encoder_version != encoder.base_version
+    assert learned_decision().encoder_version != encoder.model_version
     verifier = Fixed({RIGHT: 0.995, CLOSE: 0.60, OTHER: 0.02})
     cache = cache_with(make_cache, "learned", verifier)
     with caplog.at_level(logging.WARNING, "meancache.client.matching.matcher"):
         assert isinstance(cache.lookup(ASKED), Miss)
         assert isinstance(cache.lookup("How could I reverse a list in Python?"), Miss)
     warned = [r.getMessage() for r in caplog.records if "another encoder" in r.getMessage()]
-    assert len(warned) == 1 and encoder.base_version in warned[0], warned
+    assert len(warned) == 1 and encoder.model_version in warned[0], warned
 
 
 def test_the_shipped_card_keeps_the_a_priori_signs() -> None:
@@ -223,6 +223,7 @@ def test_an_unknown_decision_setting_is_refused() -> None:
         CacheSettings(decision="guess")
 
 
+@pytest.mark.usefixtures("for_test_encoder")
 def test_labels_that_lower_the_bound_serve_what_the_card_declines(
         make_cache: CacheFactory) -> None:
     """vCache's promise: where this device's labels show a region of the verifier's

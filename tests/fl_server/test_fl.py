@@ -106,7 +106,10 @@ def test_encoder_with_global_weights_has_its_own_version(tmp_path: Path, tiny_di
     changed = {k: v + 0.01 for k, v in federated_state(tiny, names).items()}
     save_checkpoint(tmp_path, 1, changed, 0.9, base.base_version, 1)
     tuned = Encoder.load(tiny_dir, backend="torch", global_weights=latest_checkpoint(tmp_path))
-    assert tuned.version != base.version
+    assert tuned.version != base.version and tuned.base_version != base.base_version
+    # the packaged model under the global weights stays named (the decision card's check)
+    assert tuned.model_version == base.model_version == base.base_version
+    assert tuned.with_pca(None).model_version == base.model_version
     text = ["how do I learn to swim"]
     assert not np.allclose(tuned.encode(text), base.encode(text))
     save_checkpoint(tmp_path / "other", 1, changed, 0.9, "another-base", 1)
@@ -136,6 +139,7 @@ def test_global_weights_run_from_their_checked_export_at_the_next_start(
                         no_pytorch)
     again = Encoder.load(tiny_dir, cache_dir=cache_dir, global_weights=checkpoint)
     assert again.version == first.version != plain.version
+    assert again.model_version == plain.model_version  # from the checked export too
     text = ["how do I learn to swim", "what is the capital of France"]
     tuned, untuned = again.encode(text), plain.encode(text)
     np.testing.assert_allclose((tuned * first.encode(text)).sum(1), 1.0, atol=1e-6)
