@@ -17,6 +17,10 @@ from meancache.shared.settings import SettingsBase
 from meancache.shared.verifier.runtime import ARTEFACT_DIR
 
 DEFAULT_DATA = Path("../shared/data/qqp/pairs.jsonl")
+# The encoder runtime the device runs by default (the client's encoder_backend): the
+# cosines mine-pairs and make-paraphrases band by are those the cache decides on. The
+# shared side has no backend setting of its own.
+ENCODER_BACKEND = "onnx-int8"
 # Gemma 3 270M's loader (the upstream's, handed in by meancache.cli: the shared layer
 # never imports a side): the data dir -> (model, tokenizer).
 GemmaLoader = Callable[[Path], tuple[Any, Any]]
@@ -99,7 +103,7 @@ def cmd_mine_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
                             "and --max-chars must be at least 1")
     exclude = _exclude(args)
     console = Console(stderr=True)
-    encoder = Encoder.load(_packaged_mpnet(settings, console), backend=settings.encoder_backend,
+    encoder = Encoder.load(_packaged_mpnet(settings, console), backend=ENCODER_BACKEND,
                            cache_dir=settings.encoder_dir)
 
     def encode(texts: list[str]) -> object:
@@ -178,7 +182,7 @@ def _judge_paraphrases(args: argparse.Namespace, settings: SettingsBase,
     from meancache.shared.verifier.train import bfloat16_matmuls
 
     backbone = args.backbone or _packaged_mpnet(settings, console)
-    encoder = Encoder.load(backbone, backend=settings.encoder_backend,
+    encoder = Encoder.load(backbone, backend=ENCODER_BACKEND,
                            cache_dir=settings.encoder_dir)
     scores, record = None, None
     if not args.no_teacher:
