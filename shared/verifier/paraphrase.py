@@ -61,7 +61,12 @@ TASKS = {"paraphrase": PARAPHRASE, "statement": STATEMENT}
 # An output this much shorter or longer (in characters) than its source says something
 # else: a fragment, or an answer instead of a rewording.
 MIN_RATIO, MAX_RATIO = 0.4, 2.5
-REASONS = ("empty", "unfinished", "same", "repeats", "question", "too_short", "too_long")
+# How a chat model starts a reply instead of a rewording ("Here is a Python program ...",
+# "I'm excited to create captions ...").
+REPLY = re.compile(r"(here is|here's|here are|sure\b|certainly|of course|i'm|i am|i'd be|"
+                   r"i can|i will|i'll)", re.IGNORECASE)
+REASONS = ("empty", "unfinished", "same", "repeats", "reply", "question", "too_short",
+           "too_long")
 
 
 @dataclass(frozen=True)
@@ -108,8 +113,9 @@ def _norm(text: str) -> str:
     return " ".join(re.sub(r"[\W_]+", " ", text.lower()).split())
 
 
-def reject_reason(source: str, output: Output, task: str) -> str | None:
-    """Why ``output`` is no rewording of ``source`` (one of ``REASONS``), or None."""
+def reject_reason(source: str, output: Output, statement: bool) -> str | None:
+    """Why ``output`` is no rewording of ``source`` (one of ``REASONS``), or None;
+    ``statement`` when the output must not be a question (a statement, or its rewording)."""
     text, words = output.text, _norm(output.text).split()
     if not words:
         return "empty"
@@ -121,7 +127,9 @@ def reject_reason(source: str, output: Output, task: str) -> str | None:
     if len(set(trigrams)) < len(trigrams) or re.search(r"(\b\w+\b)(\W+\1\b){2}", text.lower()) \
             or re.search(r"(.)\1{7}", text):
         return "repeats"
-    if task == "statement" and text.rstrip().endswith("?"):
+    if REPLY.match(text) and not REPLY.match(source.lstrip()):
+        return "reply"
+    if statement and text.rstrip().endswith("?"):
         return "question"
     ratio = len(_norm(text)) / max(1, len(_norm(source)))
     if ratio < MIN_RATIO:
@@ -300,7 +308,7 @@ def _rephrase(batch: list[Question], lm: LanguageModel, settings: Settings
         tokens, calls = tokens + sum(o.new_tokens for o in outputs), calls + len(outputs)
         survivors = []
         for (question, text), output in zip(sources, outputs, strict=True):
-            reason = reject_reason(text, output, step)
+            reason = reject_reason(text, output, settings.kind == "statement")
             if reason is None:
                 survivors.append((question, text, output.text))
             else:
