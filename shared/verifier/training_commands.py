@@ -124,10 +124,10 @@ def _exclude(args: argparse.Namespace) -> tuple[Path, ...]:
     return tuple(p for p in HELD_OUT if p.is_file())
 
 
-def cmd_make_paraphrases(args: argparse.Namespace, settings: SettingsBase,
-                         load_gemma: GemmaLoader) -> int:
+def cmd_make_paraphrases(args: argparse.Namespace, settings: SettingsBase) -> int:
     """Rephrase a sample with one model (continuing a run in --out), then with --judge
-    score every pair of the file; print the counts."""
+    score every pair of the file; print the counts. ``args.load_gemma`` is the
+    upstream's Gemma loader (``GemmaLoader``)."""
     import json
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -150,7 +150,7 @@ def cmd_make_paraphrases(args: argparse.Namespace, settings: SettingsBase,
 
             lm = load_smollm2()
         else:
-            lm = LanguageModel("gemma", *load_gemma(settings.data_dir), chat=False)
+            lm = LanguageModel("gemma", *args.load_gemma(settings.data_dir), chat=False)
         options = Settings(kind="statement" if args.statements else "paraphrase",
                            limit=args.limit, seed=args.seed, max_chars=args.max_chars,
                            max_new_tokens=args.max_new_tokens, temperature=args.temperature,
@@ -358,4 +358,4 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
                              help="judge by the embedding alone (default: off)")
     paraphrases.add_argument("--backbone", type=Path, help="all-mpnet-base-v2's directory, "
                              "the embedding's and the teacher's (default: the packaged one)")
-    paraphrases.set_defaults(handler=partial(cmd_make_paraphrases, load_gemma=load_gemma))
+    paraphrases.set_defaults(handler=cmd_make_paraphrases, load_gemma=load_gemma)
