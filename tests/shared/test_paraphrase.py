@@ -15,6 +15,7 @@ from meancache.shared.errors import MissingExtraError
 from meancache.shared.verifier.mine import split_of
 from meancache.shared.verifier.paraphrase import (
     PARAPHRASE,
+    REASONS,
     STATEMENT,
     LanguageModel,
     Output,
@@ -101,7 +102,7 @@ def _out(text: str, finished: bool = True) -> Output:
 SOURCE = "How do I make a good cup of coffee?"
 
 
-@pytest.mark.parametrize(("output", "statement", "reason"), [
+DEGENERATE = [
     (_out(""), False, "empty"),
     (_out(" ?! "), False, "empty"),
     (_out("What is the best way to brew", finished=False), False, "unfinished"),
@@ -117,7 +118,14 @@ SOURCE = "How do I make a good cup of coffee?"
           "grinder and beans roasted last week?"), False, "too_long"),
     (_out("What is the best way to brew coffee?"), False, None),
     (_out("Tell me how to brew a good coffee."), True, None),
-])
+]
+
+
+def test_every_reason_has_its_case() -> None:
+    assert {reason for _, _, reason in DEGENERATE} == {*REASONS, None}
+
+
+@pytest.mark.parametrize(("output", "statement", "reason"), DEGENERATE)
 def test_each_degenerate_output_is_rejected_for_its_reason(
         output: Output, statement: bool, reason: str | None) -> None:
     assert reject_reason(SOURCE, output, statement) == reason
