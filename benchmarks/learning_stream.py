@@ -31,19 +31,10 @@ from _common import base_parser, load_encoder, note, print_table
 from _plot import add_plot_option, line_chart
 from meancache.client.cache import SemanticCache
 from meancache.client.cache.settings import CacheSettings
-from meancache.client.eval_stream import (
-    LearnedRules,
-    Tally,
-    Turn,
-    learned_replay,
-    replay_static,
-    stream_of,
-)
+from meancache.client.eval_stream import Tally, Turn, replay, stream_of
 from meancache.client.learning.agreement import AGREE_AT, agree
 from meancache.client.learning.bound import labels_needed
-from meancache.client.learning.explore import Exploration
 from meancache.shared.pairs import Pair
-from meancache.shared.verifier.runtime import LearnedVerifier
 from rich.table import Table
 
 OPENERS = ("Can you tell me: ", "Please answer this. ", "I was wondering, ", "Quick question: ",
@@ -147,28 +138,49 @@ def rolling(outcomes: list[str], window: int) -> tuple[list[float], list[float],
     return xs, wrong, hit
 
 
+def run(name: str, turns: list[Turn], encoder, settings: CacheSettings, table: Table,
+        seed: int, learns: bool = True) -> Tally:
+    """One decision on the stream: the product's cache in a temporary directory (a
+    seeded draw for exploration where it learns)."""
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory() as directory, \
+            SemanticCache(Path(directory), encoder, settings, learns=learns,
+                          rng=random.Random(seed) if learns else None) as cache:
+        tally = replay(cache, turns)
+        b, learned = cache.learned.bound, cache.learned
+        if learns:
+            note(f"{name}: final threshold {b.threshold:.3f} (learned={b.learned}), estimated "
+                 f"wrong {b.estimate}, upper {b.upper}, {b.labels} labels over it, "
+                 f"{len(learned.labels)} labels in all ({labels_needed(settings.max_wrong_rate)}"
+                 f" needed, none wrong, before any region can pass), {learned.aliases} aliases")
+    row(table, name, tally, time.perf_counter() - started)
+    return tally
+
+
 def main() -> None:
     parser = base_parser(__doc__)
-    parser.add_argument("--encoder", default="minilm", help="encoder profile (MiniLM: fast)")
+    parser.add_argument("--encoder", default="mpnet", help="encoder profile (the product's: "
+                        "MPNet, which the decision card was fitted with; minilm: fast)")
     parser.add_argument("--questions", type=int, default=3000, help="questions per stream")
     parser.add_argument("--max-wrong-rate", type=float, default=0.02)
     parser.add_argument("--explore", type=float, default=0.1, help="exploration rate")
     parser.add_argument("--streams", nargs="+", default=["qqp", "arena"])
     parser.add_argument("--until-learned", action="store_true",
                         help="also the learned decision exploring every near would-be hit until "
-                        "the labels choose the threshold (Exploration.until_learned)")
+                        "the labels choose the threshold (explore_until_learned)")
     parser.add_argument("--variants", action="store_true",
-                        help="also the learned decision with the ambiguity and word rules, and "
-                        "with the cosine alone (the measurement that decides whether they stay)")
+                        help="also the rules decision (the ambiguity rule and every word rule: "
+                        "decision = 'rules') and the cosine alone (verify_hits off), each "
+                        "learning (the measurement that decides whether they stay)")
     add_plot_option(parser)
     args = parser.parse_args()
     encoder = load_encoder("onnx", args.cache_dir, model=args.encoder)
-    verifier = LearnedVerifier.load()
     sweep = agreement_accuracy(encoder, args.seed)
     note("answer agreement on 400 generated answer pairs (exact for short answers), "
          "accuracy by cosine threshold: "
          + ", ".join(f"{at}: {accuracy:.1%}" for at, accuracy in sweep.items()))
-    settings = CacheSettings(pca_dims=0)
+    settings = CacheSettings(pca_dims=0, max_wrong_rate=args.max_wrong_rate,
+                             explore_rate=args.explore)
     lines: dict[str, tuple[list[float], list[float]]] = {}
     for name in args.streams:
         turns = (qqp_stream if name == "qqp" else arena_stream)(args.data_dir, args.questions,
@@ -176,42 +188,28 @@ def main() -> None:
         note(f"stream {name}: {len(turns)} questions, {len({t.group for t in turns})} groups, "
              f"order seed {args.seed}")
         table = Table(title=f"{name} stream ({len(turns)} questions, seed {args.seed}, "
-                      f"{args.encoder}, max_wrong_rate {args.max_wrong_rate})")
+                      f"{args.encoder}, max_wrong_rate {args.max_wrong_rate}, decision "
+                      f"{settings.decision})")
         for column in ("decision", "right", "wrong", "miss", "hit precision", "wrong rate",
                        "hit rate", "last-half wrong", "last-half hit rate",
                        "answerable hit rate", "upstream calls", "explored", "s"):
             table.add_column(column)
-        started = time.perf_counter()
-        with tempfile.TemporaryDirectory() as directory, \
-                SemanticCache(Path(directory), encoder, settings) as cache:
-            static = replay_static(cache, turns)
-        row(table, "static (shipped decision)", static, time.perf_counter() - started)
-        runs = [("learned (verifier score)", verifier, LearnedRules(), False)]
+        static = run("static (shipped decision, learning nothing)", turns, encoder, settings,
+                     table, args.seed, learns=False)
+        learned = run("learned (shipped decision + the bound, aliases, exploration)", turns,
+                      encoder, settings, table, args.seed)
         if args.until_learned:
-            runs += [("learned, exploring until learned", verifier, LearnedRules(), True)]
+            run("learned, exploring until learned", turns, encoder,
+                settings.model_copy(update={"explore_until_learned": True}), table, args.seed)
         if args.variants and name == "qqp":  # the choices are made on qqp only
-            runs += [("learned + ambiguity rule", verifier, LearnedRules(ambiguity=True), False),
-                     ("learned + word rules", verifier, LearnedRules(word_rules=True), False),
-                     ("learned (cosine alone)", None, LearnedRules(), False)]
-        for label, judge, rules, until_learned in runs:
-            started = time.perf_counter()
-            tally, learning = learned_replay(
-                encoder, judge, settings, turns, args.max_wrong_rate,
-                verifier.threshold if judge is not None else settings.global_threshold,
-                Exploration(rate=args.explore, until_learned=until_learned), rules, args.seed)
-            row(table, label, tally, time.perf_counter() - started)
-            b = learning.bound
-            note(f"{name} / {label}: final threshold {b.threshold:.3f} (learned={b.learned}), "
-                 f"estimated wrong {b.estimate}, upper {b.upper}, {b.labels} labels over it, "
-                 f"{len(learning.labels)} labels in all ({labels_needed(args.max_wrong_rate)} "
-                 f"needed, none wrong, before any region can pass), {learning.aliases} aliases")
-            if label.startswith("learned (verifier"):
-                xs, wrong, hit = rolling(tally.outcomes, 300)
-                lines[f"{name}: learned wrong %"] = (xs, wrong)
-                lines[f"{name}: learned hit %"] = (xs, hit)
-        xs, wrong, hit = rolling(static.outcomes, 300)
-        lines[f"{name}: static wrong %"] = (xs, wrong)
-        lines[f"{name}: static hit %"] = (xs, hit)
+            run("learned, rules decision", turns, encoder,
+                settings.model_copy(update={"decision": "rules"}), table, args.seed)
+            run("learned, cosine alone", turns, encoder,
+                settings.model_copy(update={"verify_hits": False}), table, args.seed)
+        for label, tally in (("static", static), ("learned", learned)):
+            xs, wrong, hit = rolling(tally.outcomes, 300)
+            lines[f"{name}: {label} wrong %"] = (xs, wrong)
+            lines[f"{name}: {label} hit %"] = (xs, hit)
         print_table(table)
     if args.plot:
         line_chart(args.plot, "Wrong rate and hit rate along the stream (300-question window)",

@@ -50,7 +50,9 @@ def assemble_encoder(settings: Settings) -> None:
         locate_model(settings.encoder_model, settings.models_dir, progress)
 
 
-def open_cache(settings: Settings, directory: Path | None = None) -> "SemanticCache":
+def open_cache(settings: Settings, directory: Path | None = None, **options: object
+               ) -> "SemanticCache":
+    """The device's cache (``options``: SemanticCache's keywords, e.g. ``learns``)."""
     from meancache.client.cache import SemanticCache
     from meancache.client.encoder import load_device_encoder
     from meancache.client.verifier import load_device_verifier
@@ -61,7 +63,7 @@ def open_cache(settings: Settings, directory: Path | None = None) -> "SemanticCa
     with ProgressBar("re-embedding cached queries", err) as progress:
         return SemanticCache(directory or settings.cache_dir, encoder,
                              settings.cache_settings(), progress,
-                             verifier=load_device_verifier(settings))
+                             verifier=load_device_verifier(settings), **options)
 
 
 # cache -------------------------------------------------------------------------------
@@ -330,37 +332,33 @@ def cmd_eval_replay(args: argparse.Namespace, settings: Settings) -> int:
 def _replay_learning(args: argparse.Namespace, settings: Settings, pairs: list) -> int:
     """``eval replay --learn``: the pairs' questions as a seeded stream, the learned
     decision beside the static one (client/eval_stream.py)."""
+    import random
     import tempfile
 
-    from meancache.client.eval_stream import (
-        LearnedRules,
-        learned_replay,
-        replay_static,
-        stream_of,
-    )
-    from meancache.client.learning.explore import Exploration
+    from meancache.client.eval_stream import replay, stream_of
 
     turns = stream_of(pairs, args.seed)
     err.print(f"stream of {len(turns)} questions, order seed {args.seed}")
-    with tempfile.TemporaryDirectory(prefix="meancache-replay-") as directory, \
-            open_cache(settings, Path(directory)) as cache:
-        with ProgressBar("static decision", err) as progress:
-            static = replay_static(cache, turns, progress)
-        verifier = cache.matcher.verifier if settings.learned else None
-        with ProgressBar("learning decision", err) as progress:
-            learned, learning = learned_replay(
-                cache.encoder, verifier, cache.settings, turns, settings.max_wrong_rate,
-                verifier.threshold if verifier is not None else cache.threshold,
-                Exploration(rate=args.explore), LearnedRules(), args.seed, progress=progress)
-    reports = {"static": static.report(), "learned": learned.report()}
+    settings = settings.model_copy(update={"explore_rate": args.explore})
+    reports = {}
+    with tempfile.TemporaryDirectory(prefix="meancache-replay-") as directory:
+        with open_cache(settings, Path(directory) / "static", learns=False) as cache, \
+                ProgressBar("static decision", err) as progress:
+            reports["static"] = replay(cache, turns, progress).report()
+        with open_cache(settings, Path(directory) / "learned",
+                        rng=random.Random(args.seed)) as cache, \
+                ProgressBar("learning decision", err) as progress:
+            reports["learned"] = replay(cache, turns, progress).report()
+            # no bound without the learned verifier's threshold as its prior
+            threshold = None if cache.learned.prior is None else cache.learned.bound.threshold
     if args.json:
         print_json(reports | {"seed": args.seed, "questions": len(turns),
-                              "threshold": learning.bound.threshold})
+                              "threshold": threshold})
         return 0
     table = Table("decision", "part", "right", "wrong", "miss", "hit precision", "hit rate",
                   title=f"{len(turns)} questions, seed {args.seed}, max_wrong_rate "
                   f"{settings.max_wrong_rate}, learned threshold "
-                  f"{learning.bound.threshold:.3f}")
+                  + ("none (no learned verifier)" if threshold is None else f"{threshold:.3f}"))
     for name, report in reports.items():
         for part in ("whole", "last_half"):
             r = report[part]

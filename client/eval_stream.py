@@ -3,39 +3,21 @@ by the cache that learns its bound as it goes, beside the static decision on the
 stream.
 
 Each question belongs to a group (questions labelled the same question); the simulated
-upstream answers a group with one answer of its own, so whether a served answer is right
-is known. A miss is answered upstream and stored; when it had a candidate, the fresh
-answer is compared with the candidate's (exactly: the simulation knows; the encoder's
-comparison, ``agreement``, is measured apart) and the pair labelled; a
-would-be hit near the threshold is explored (``explore``). The learned decision: an
-alias or the very same question answers at once; otherwise the judge's score of the best
-candidate (the learned verifier's probability, the cosine without it) must reach the
-bound's threshold for that entry (``state.Learned``).
+upstream answers a group with one short answer of its own, so whether a served answer is
+right is known, and the cache's own comparison of answers (``learning.agreement``: exact
+for short answers) labels a declined or explored candidate exactly. Both decisions are
+the product's cache (``SemanticCache``: the configured decision, aliases, the bound,
+exploration with a seeded draw); the static one is opened with ``learns=False``.
 """
 
 import random
-import tempfile
 from collections.abc import Sequence
-from contextlib import closing
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import numpy as np
 from meancache.client.cache import Hit, SemanticCache
-from meancache.client.cache.settings import CacheSettings
-from meancache.client.cache.store import EntryStore
-from meancache.client.learning.bound import CONFIDENCE, Label
-from meancache.client.learning.explore import Exploration
-from meancache.client.learning.state import Learned
-from meancache.client.matching.matcher import VERIFIED_AT_MOST, Verifier, ambiguous
-from meancache.client.matching.question import embed_texts
-from meancache.client.matching.rules import WITH_LEARNED, verify
-from meancache.shared.encoder import Encoder
 from meancache.shared.pairs import Pair
 from meancache.shared.progress import Progress
-from meancache.shared.query import embedding_text, normalise_query
-
-CACHE, UPSTREAM, EXPLORED = "cache", "upstream", "explored"
+from meancache.shared.query import normalise_query
 
 
 @dataclass(frozen=True)
@@ -70,8 +52,9 @@ def stream_of(pairs: Sequence[Pair], seed: int) -> list[Turn]:
 
 
 def answer_of(group: int) -> str:
-    """The simulated upstream's answer to every question of ``group``."""
-    return f"The answer to question group number {group}, the same whoever asks it."
+    """The simulated upstream's answer to every question of ``group``: short (at most
+    ``agreement.SHORT_WORDS`` words), so the cache compares two of them exactly."""
+    return f"Answer {group}."
 
 
 @dataclass
@@ -112,9 +95,12 @@ class Tally:
                 "upstream_calls": self.upstream, "explored": self.explored}
 
 
-def replay_static(cache: SemanticCache, turns: Sequence[Turn], progress: Progress | None = None
-                  ) -> Tally:
-    """The cache's own (static) decision on the stream: a miss is answered and stored."""
+def replay(cache: SemanticCache, turns: Sequence[Turn], progress: Progress | None = None
+           ) -> Tally:
+    """The stream as a user meets it: a hit is right when its entry answers the question's
+    group; a miss (explored or not) is answered by the simulated upstream and stored, which
+    labels the candidate that waited for that answer (``SemanticCache.insert``). The cache
+    learns as it goes unless it was opened with ``learns=False`` (the static decision)."""
     tally, group_of, seen = Tally(), {}, set()
     for number, turn in enumerate(turns, 1):
         result = cache.lookup(turn.question)
@@ -123,126 +109,9 @@ def replay_static(cache: SemanticCache, turns: Sequence[Turn], progress: Progres
             tally.count("right" if right else "wrong", turn.group in seen)
         else:
             tally.count("miss", turn.group in seen)
+            tally.explored += result.explored
             group_of[cache.insert(turn.question, answer_of(turn.group)).id] = turn.group
         seen.add(turn.group)
         if progress is not None:
             progress(number, len(turns))
     return tally
-
-
-@dataclass(frozen=True)
-class LearnedRules:
-    """What the learned decision keeps of today's rules (measured, not assumed)."""
-
-    ambiguity: bool = False  # two candidates over the threshold make a miss
-    word_rules: bool = False  # verification.WITH_LEARNED vetoes a hit
-
-
-class LearningReplay:
-    """The learned decision over a growing in-memory store of questions and answers, its
-    learning kept in a real store (``Learned``)."""
-
-    def __init__(self, encoder: Encoder, verifier: Verifier | None, settings: CacheSettings,
-                 learning: Learned, exploration: Exploration, rules: LearnedRules,
-                 seed: int) -> None:
-        self.encoder, self.verifier, self.settings = encoder, verifier, settings
-        self.learning, self.exploration, self.rules = learning, exploration, rules
-        self.rng = random.Random(seed)
-        self.questions: list[str] = []
-        self.answers: list[str] = []
-        self.keys: dict[str, int] = {}
-        self.vectors = np.zeros((0, encoder.dim), dtype=np.float32)
-        # candidates start where the shipped decision's do (the recall tau)
-        self.floor = settings.global_threshold - (settings.recall_margin
-                                                  if verifier is not None else 0.0)
-
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        return embed_texts(self.encoder, texts)
-
-    def judge(self, question: str, vector: np.ndarray) -> tuple[int, float, bool] | None:
-        """(best candidate, its score, whether a rule refuses it), or None without one."""
-        if not self.questions:
-            return None
-        similarities = self.vectors @ vector
-        order = np.argsort(-similarities)[:min(self.settings.candidates, VERIFIED_AT_MOST)]
-        order = [int(i) for i in order if similarities[i] >= self.floor]
-        if not order:
-            return None
-        if self.verifier is None:
-            best, score = order[0], float(similarities[order[0]])
-            return best, score, False
-        probabilities = self.verifier.probabilities(question, [self.questions[i] for i in order])
-        top = int(np.argmax(probabilities))
-        best, score = order[top], float(probabilities[top])
-        threshold = self.learning.threshold(str(best))
-        refused = (self.rules.ambiguity and ambiguous(probabilities, threshold)) or \
-            (self.rules.word_rules and verify(question, self.questions[best],
-                                              WITH_LEARNED) is not None)
-        return best, score, refused
-
-    def store(self, question: str, answer: str, vector: np.ndarray) -> None:
-        self.keys.setdefault(embedding_text(question), len(self.questions))
-        self.questions.append(question)
-        self.answers.append(answer)
-        self.vectors = np.vstack([self.vectors, vector[None].astype(np.float32)])
-
-    def ask(self, turn: Turn, upstream: dict[int, str]) -> tuple[str, str]:
-        """(the answer shown, where it came from: CACHE, UPSTREAM or EXPLORED);
-        ``upstream`` answers by group."""
-        alias = self.learning.alias(turn.question)
-        same = self.keys.get(embedding_text(turn.question))
-        if alias is not None or same is not None:
-            return self.answers[int(alias) if alias is not None else same], CACHE
-        vector = self.embed([turn.question])[0]
-        judged = self.judge(turn.question, vector)
-        fresh = upstream[turn.group]
-        if judged is not None:
-            best, score, refused = judged
-            threshold = self.learning.threshold(str(best))
-            if score >= threshold and not refused:
-                learned = self.learning.bound.learned
-                if not self.exploration.explores(score, threshold, self.rng, learned):
-                    return self.answers[best], CACHE
-                self._label(turn.question, best, score, fresh,
-                            self.exploration.rate_now(learned), "explore")
-                return fresh, EXPLORED
-            self._label(turn.question, best, score, fresh, 1.0, "miss")
-        self.store(turn.question, fresh, vector)
-        return fresh, UPSTREAM
-
-    def _label(self, question: str, best: int, score: float, fresh: str, chance: float,
-               source: str) -> None:
-        wrong = fresh != self.answers[best]  # the simulated upstream's answers say it exactly
-        self.learning.learn(Label(score, wrong, chance, str(best), source), question)
-
-
-def replay_learning(replayer: LearningReplay, turns: Sequence[Turn],
-                    progress: Progress | None = None) -> Tally:
-    tally, seen = Tally(), set()
-    for number, turn in enumerate(turns, 1):
-        answer, source = replayer.ask(turn, {turn.group: answer_of(turn.group)})
-        if source == CACHE:
-            tally.count("right" if answer == answer_of(turn.group) else "wrong",
-                        turn.group in seen)
-        else:
-            tally.count("miss", turn.group in seen)
-            tally.explored += source == EXPLORED
-        seen.add(turn.group)
-        if progress is not None:
-            progress(number, len(turns))
-    return tally
-
-
-def learned_replay(encoder: Encoder, verifier: Verifier | None, settings: CacheSettings,
-                   turns: Sequence[Turn], max_wrong_rate: float, prior: float,
-                   exploration: Exploration, rules: LearnedRules, seed: int,
-                   directory: Path | None = None, progress: Progress | None = None
-                   ) -> tuple[Tally, Learned]:
-    """The learned decision on ``turns``, its learning kept in ``directory`` (a fresh
-    temporary store if None)."""
-    with tempfile.TemporaryDirectory(prefix="meancache-learn-") as scratch, \
-            closing(EntryStore(Path(directory or scratch))) as store:
-        learning = Learned(store, max_wrong_rate, prior, CONFIDENCE)
-        replayer = LearningReplay(encoder, verifier, settings, learning, exploration, rules,
-                                  seed)
-        return replay_learning(replayer, turns, progress), learning

@@ -55,6 +55,9 @@ def add_commands(fl: Any) -> None:
                           help="DP clipping norm")
     simulate.add_argument("--seed", type=int, default=app["seed"],
                           help="seed of partitioning, shuffling and scoring")
+    simulate.add_argument("--workers", type=int, default=0,
+                          help="Ray workers training the devices, each a process that loads "
+                          "the models (0: one per core)")
     simulate.add_argument("--publish", action="store_true",
                           help="after the last round, publish the global model as this data "
                           "dir's FL server's newest round: `fl server` serves it and a new "
@@ -235,9 +238,11 @@ def run_simulate(args: argparse.Namespace, settings: FlServerSettings) -> int:
     if not 0 < args.per_round <= args.clients:
         raise MeanCacheError(f"--per-round must lie between 1 and --clients ({args.clients}); "
                              "lower --per-round or raise --clients")
+    if args.workers < 0:
+        raise MeanCacheError(f"--workers must be 0 (one per core) or more, not {args.workers}")
     config = SimulationConfig(
         pairs=args.pairs, checkpoint_dir=args.checkpoints or settings.data_dir / "fl-simulation",
-        clients=args.clients, per_round=args.per_round, run_config={
+        clients=args.clients, per_round=args.per_round, workers=args.workers, run_config={
             "num-server-rounds": args.rounds, "partitioning": args.partitioning,
             "pairs-per-client": args.pairs_per_client, "top-layers": args.top_layers,
             "update-bits": args.update_bits, "epochs": args.epochs,

@@ -43,6 +43,9 @@ class SimulationConfig:
     clients: int
     per_round: int
     run_config: Mapping[str, bool | int | float | str] = field(default_factory=dict)
+    # Ray workers that train the virtual devices, each a process that loads the models
+    # (0: one per core): fewer than cores where memory is short or devices are tiny.
+    workers: int = 0
 
     def full_run_config(self) -> dict[str, Any]:
         """Every override this simulation submits: ``run_config`` plus what the
@@ -60,9 +63,11 @@ class SimulationConfig:
                 "cache-dir": str(self.checkpoint_dir / "partition-cache")}
 
     def federation_config(self) -> str:
-        """One CPU per virtual device; its logs stay in Flower's log, not on our terminal."""
+        """One CPU per virtual device, and Ray told of ``workers`` CPUs where set (so it
+        starts that many workers); its logs stay in Flower's log, not on our terminal."""
+        workers = f" init-args-num-cpus={self.workers}" if self.workers else ""
         return (f"num-supernodes={self.clients} client-resources-num-cpus=1 "
-                "init-args-log-to-driver=false")
+                f"init-args-log-to-driver=false{workers}")
 
     def rounds(self) -> int:
         return int({**default_run_config(), **self.run_config}["num-server-rounds"])

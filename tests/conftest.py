@@ -5,6 +5,7 @@ import json
 import logging
 import os
 import secrets
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from tests.support.parallel import (
     start_longest_first,
     workers,
 )
-from tests.support.paths import DATA_DIR
+from tests.support.paths import DATA_DIR, data_dir_linking
 
 share_cores()  # under pytest-xdist; before any test imports torch
 
@@ -73,6 +74,20 @@ def encoder_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     run (a few minutes on a busy 2-core machine), each worker writing on its own copy."""
     return built_once(tmp_path_factory, "encoder-cache",
                       lambda directory: Encoder.load(cache_dir=directory))
+
+
+@pytest.fixture(scope="session")
+def device_encoder_dir(tmp_path_factory: pytest.TempPathFactory,
+                       encoder_cache_dir: Path) -> Path:
+    """Where the `meancache` commands and apps that tests run keep their encoder: the
+    device's default int8 variant, quantised once per run from the session's export. Apart
+    from encoder_cache_dir, because the first int8 start deletes the float32 export it was
+    quantised from, which the next float32 start would then export again."""
+    def build(directory: Path) -> None:
+        shutil.copytree(encoder_cache_dir, directory, dirs_exist_ok=True)
+        Encoder.load(backend="onnx-int8", cache_dir=directory)
+
+    return built_once(tmp_path_factory, "device-encoder", build)
 
 
 @pytest.fixture(scope="session")
@@ -141,13 +156,11 @@ def conversations(shared_data_dir: Path) -> list[dict[str, str]]:
 
 
 @pytest.fixture
-def data_dir(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path,
+def data_dir(tmp_path: Path, encoder: Encoder, device_encoder_dir: Path,
              monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A fresh data dir for the `meancache` command (MEANCACHE_DATA_DIR) whose encoder/ is
-    the session's, so ONNX is exported only once."""
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "encoder").symlink_to(encoder_cache_dir, target_is_directory=True)
+    the session's device encoder, so ONNX is exported and quantised only once."""
+    data = data_dir_linking(tmp_path / "data", device_encoder_dir)
     monkeypatch.setenv("MEANCACHE_DATA_DIR", str(data))
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "config"))
     root = logging.getLogger()

@@ -7,9 +7,9 @@ layers, which commands that only read the store never need.
 from typing import TYPE_CHECKING
 
 from meancache.client.cache.entry import Context, Entry
+from meancache.client.cache.repair import repair
 from meancache.client.cache.results import CacheStats, Hit, Miss
 from meancache.client.cache.settings import CacheSettings
-from meancache.client.cache.store import repair
 from meancache.client.errors import (
     CacheAccessError,
     CacheCorruptError,

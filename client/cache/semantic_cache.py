@@ -4,60 +4,42 @@ entry's own threshold, then verification: client/matching/matcher.py).
 
 Its jobs, each in its own module with its own state: the entries and their transactions
 (client/cache/entries.py), the vector space with re-embedding and PCA
-(client/cache/space.py), and what it learns from use (client/cache/learning.py); this
-module joins them behind one lock and asks the matcher.
+(client/cache/space.py), answering a question (client/cache/lookup.py), what feedback
+changes in an entry (client/cache/learning.py) and what the traffic teaches about where it
+may answer (client/learning); this module joins them behind one lock.
 """
 
 import contextlib
 import logging
 import random
-import uuid
-from collections import OrderedDict
-from collections.abc import Iterator
-from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
-import numpy as np
 from meancache.client.background import BackgroundWork
 from meancache.client.cache.entries import CachedEntries
 from meancache.client.cache.entry import STORED_DTYPE, Context, Entry
-from meancache.client.cache.learning import Learning
+from meancache.client.cache.lookup import Lookup
 from meancache.client.cache.policy.cache_policy import CachePolicy, PolicySettings
 from meancache.client.cache.results import CacheStats, Hit, Miss
 from meancache.client.cache.settings import CacheSettings
 from meancache.client.cache.space import VectorSpace
 from meancache.client.cache.store import EntryStore
-from meancache.client.cache.summary import EXPLORED, cache_stats
+from meancache.client.cache.summary import cache_stats
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.errors import EntryNotFoundError
 from meancache.client.learning.agreement import agree
+from meancache.client.learning.awaiting import Awaiting
 from meancache.client.learning.bound import USER, Label
 from meancache.client.learning.explore import Exploration
 from meancache.client.learning.state import Learned
 from meancache.client.matching.feedback import ThresholdChange
-from meancache.client.matching.matcher import NOTHING_CLOSE, Match, Matcher, NoMatch, Verifier
+from meancache.client.matching.matcher import Matcher, Verifier
 from meancache.client.matching.origins import CacheOrigin, Source
-from meancache.client.matching.question import Candidate, Query, Question
+from meancache.client.matching.question import Query
 from meancache.shared.encoder import Encoder, PCAProjection
 from meancache.shared.progress import Progress
 from meancache.shared.query import embedding_text
 
 log = logging.getLogger(__name__)
-
-DECLINED_KEPT = 64  # declined or explored candidates remembered until the upstream answers
-
-
-@dataclass(frozen=True)
-class Pending:
-    """A candidate waiting for the upstream's answer to the question to label it: declined
-    (``labelled_with`` 1: every declined candidate is compared) or explored (the
-    exploration rate: the chance that this would-be hit was checked)."""
-
-    entry_id: str
-    score: float
-    labelled_with: float = 1.0
-    source: str = "miss"
 
 
 class SemanticCache:
@@ -82,11 +64,13 @@ class SemanticCache:
         background: bool = False,
         verifier: Verifier | None = None,
         rng: random.Random | None = None,
+        learns: bool = True,
     ) -> None:
         """``verifier``: the shipped learned one unless another is given. ``rng``: the
         draws of exploration (``settings.explore_rate``); the caches that face a user (the
         chat, the proxy) are given one, a seeded one makes it repeatable. Without one the
-        cache never explores (replays and benchmarks measure the decision itself)."""
+        cache never explores. ``learns`` False: it labels nothing from its traffic (the
+        static decision that `eval replay --learn` compares with)."""
         self.settings = settings or CacheSettings()
         self.store = EntryStore(Path(directory))
         self.policy = CachePolicy(self.store, PolicySettings(
@@ -100,18 +84,16 @@ class SemanticCache:
         self._entries = CachedEntries(self.store, self.settings, self.policy,
                                       lambda: self.matcher.encoder)
         self._lock = self._entries.lock
-        self.learning = Learning(self._entries, self.matcher, self.settings,
-                                 self._context_vector)
         self.space.attach(self._entries, progress)
-        # What this device's traffic taught about where it may answer (client/learning):
-        # the bound on the verifier's probability, aliases, and the declined or explored
-        # candidates awaiting the upstream's answer to label them.
+        # What the traffic taught (the bound, aliases) and what awaits a label (client/learning)
         self.learned = Learned(self.store, self.settings.max_wrong_rate)
         self.matcher.learned = self.learned if self.settings.learned else None
-        self.exploration = Exploration(self.settings.explore_rate, self.settings.explore_width,
-                                       self.settings.explore_until_learned)
-        self._rng = rng
-        self._awaiting: OrderedDict[str, Pending] = OrderedDict()
+        self.awaiting = Awaiting(self.learned, Exploration(
+            self.settings.explore_rate, self.settings.explore_width,
+            self.settings.explore_until_learned), rng, learns)
+        self._lookup = Lookup(self._entries, self.matcher, self.thresholds, self.settings,
+                              self.learned, self.awaiting)
+        self.learning = self._lookup.learning
 
     def close(self) -> None:
         self.background.stop()
@@ -154,83 +136,11 @@ class SemanticCache:
     def lookup(self, query: str | bytes | Query, context: Context | None = None
                ) -> Hit | Miss:
         """The cached answer the matcher accepts for ``query`` in ``context``, or a miss
-        that says why."""
+        that says why (client/cache/lookup.py)."""
         query = Query.of(query)
         with self._lock:
             self.space.sync()
-            alias = self.learned.alias(query.text)
-            if alias is not None:
-                with contextlib.suppress(EntryNotFoundError):
-                    entry = self.store.get(alias)
-                    return self._serve(query.text, Candidate(entry.id, entry.query, 1.0),
-                                       False)
-                self.learned.forget_alias(query.text)
-            question = self.matcher.question(query)
-            found, best = self._entries.index.search(
-                question.vector, self.settings.candidates, min_score=self.matcher.floor)
-            tau = self.threshold
-            decision = self.matcher.decide(
-                question, self._candidates(found, self._context_vector(context), tau))
-            if isinstance(decision, Match) and (explored := self._explores(question, decision)):
-                self.store.add_to_counter("misses")
-                self.store.add_to_counter(EXPLORED)
-                self._pending(question.key, explored)
-                return Miss(query.text, f"the cache's match (p={explored.score:.2f}) is checked "
-                            "against a fresh answer (exploration)", decision.candidate.similarity,
-                            question.truncated, explored=True)
-            if isinstance(decision, Match):
-                with contextlib.suppress(EntryNotFoundError):  # deleted by another process
-                    return self._serve(query.text, decision.candidate, question.truncated)
-            self.store.add_to_counter("misses")
-            if isinstance(decision, NoMatch) and decision.judged is not None:
-                self._pending(question.key, Pending(*decision.judged))
-            reason = decision.reason if isinstance(decision, NoMatch) else NOTHING_CLOSE
-            if isinstance(decision, NoMatch) and decision.vetoed:
-                return Miss(query.text, reason, decision.best_similarity, question.truncated,
-                            True)
-            if reason == NOTHING_CLOSE and best is not None and best >= tau:
-                reason = "similar queries were asked in another context"
-            return Miss(query.text, reason, best, question.truncated)
-
-    def _explores(self, question: Question, match: Match) -> Pending | None:
-        """The would-be hit ``match`` as an exploration, if it is one: the learned bound
-        decides, the verifier's probability lies near the entry's threshold and the draw
-        says so. The very same question (served by identity) is never explored."""
-        if self._rng is None or self.matcher.learned is None or match.probability is None \
-                or embedding_text(match.candidate.text) == question.key:
-            return None
-        threshold, learned = self.learned.threshold(match.candidate.key), self.learned.bound.learned
-        if not self.exploration.explores(match.probability, threshold, self._rng, learned):
-            return None
-        return Pending(match.candidate.key, match.probability,
-                       self.exploration.rate_now(learned), "explore")
-
-    def _pending(self, key: str, pending: Pending) -> None:
-        self._awaiting[key] = pending
-        while len(self._awaiting) > DECLINED_KEPT:
-            self._awaiting.popitem(last=False)
-
-    def _context_vector(self, context: Context | None) -> np.ndarray | None:
-        """The previous question's vector (None for a first turn, or without context rules)."""
-        if not self.settings.context_aware or context is None or not context.is_follow_up:
-            return None
-        return self.matcher.embed(Query.of(context.prev_query or "").text)
-
-    def _candidates(self, found: list[tuple[str, float]], context_vector: np.ndarray | None,
-                    tau: float) -> Iterator[Candidate]:
-        """The entries found in this context, best first, each with its own threshold's
-        evidence; each read only when the matcher gets to it."""
-        for entry, similarity in self._entries.in_context(found, context_vector, tau):
-            yield Candidate(entry.id, entry.query, similarity,
-                            self.learning.evidence(entry) if self.settings.entry_thresholds
-                            else None)
-
-    def _serve(self, query: str, candidate: Candidate, truncated: bool) -> Hit:
-        entry = self.learning.accepted(self.store.get(candidate.key), query)
-        hit = Hit(query, entry.answer, entry.query, candidate.similarity, entry.id,
-                  entry.source, uuid.uuid4().hex, truncated)
-        self.matcher.feedback.served(query, hit.origin, partial(self._entries.served, entry))
-        return hit
+            return self._lookup(query, context)
 
     # insert / delete ----------------------------------------------------------------
     def insert(
@@ -271,7 +181,9 @@ class SemanticCache:
                 else answer_tokens,
                 asked_by=asked_by,
             )
-            self._label(query, answer)
+            self.awaiting.answered(embedding_text(query), query, answer, self._cached_answer,
+                                   lambda fresh, cached: agree(fresh, cached,
+                                                               self.encoder.encode))
             self.store.add_to_counter("tokens_upstream", entry.query_tokens + entry.answer_tokens)
             self.policy.asked(entry, self.threshold)
             if not self.policy.admits(entry, self._entries.is_full_with(entry)):
@@ -281,23 +193,15 @@ class SemanticCache:
         self.space.maybe_fit_pca(progress)
         return entry
 
-    def _label(self, query: str, answer: str) -> None:
-        """The upstream's answer to a question whose best candidate was declined or
-        explored: the two answers agree or not, a labelled pair for the bound (and an alias
-        if they agree)."""
-        pending = self._awaiting.pop(embedding_text(query), None)
-        if pending is None:
-            return
+    def _cached_answer(self, entry_id: str) -> str | None:
         with contextlib.suppress(EntryNotFoundError):
-            cached = self.store.get(pending.entry_id)
-            wrong = not agree(answer, cached.answer, self.encoder.encode)
-            self.learned.learn(Label(pending.score, wrong, pending.labelled_with, cached.id,
-                                     pending.source), query)
+            return self.store.get(entry_id).answer
+        return None
 
     def reset_learning(self) -> int:
         """Forget what the traffic taught (`meancache cache reset-learning`)."""
         with self._lock:
-            self._awaiting.clear()
+            self.awaiting.clear()
             return self.learned.reset()
 
     def delete(self, entry_id: str) -> bool:

@@ -8,7 +8,6 @@ process cheaply whether someone else changed the store since it last looked.
 
 import logging
 import os
-import shutil
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -35,6 +34,11 @@ OTHER_DIRECTORY = "or set MEANCACHE_DATA_DIR (or --data-dir) to another director
 
 def _today() -> str:
     return time.strftime("%Y-%m-%d")  # local: the user's own days
+
+
+def is_entry_key(key: object) -> bool:
+    """Whether a key of the database holds an entry (others hold pairs, states, counters)."""
+    return isinstance(key, tuple) and key[0] == _ENTRY
 
 
 def _entry_key(entry_id: str) -> tuple[str, str]:
@@ -202,7 +206,7 @@ class EntryStore:
     def entries(self) -> Iterator[Entry]:
         """Every readable entry; one that cannot be decoded is logged and skipped, not lost."""
         for key in self._db.iterkeys():
-            if not (isinstance(key, tuple) and key[0] == _ENTRY):
+            if not is_entry_key(key):
                 continue
             try:
                 record = self._db.get(key)
@@ -212,7 +216,7 @@ class EntryStore:
                 log.warning("skipping unreadable cache entry %s: %s", key[1], exc)
 
     def clear_entries(self) -> int:
-        keys = [k for k in self._db.iterkeys() if isinstance(k, tuple) and k[0] == _ENTRY]
+        keys = [k for k in self._db.iterkeys() if is_entry_key(k)]
         with self._db.transact():
             for key in keys:
                 self._db.delete(key)
@@ -229,37 +233,3 @@ class EntryStore:
     def pairs(self) -> list[dict[str, Any]]:
         keys = [k for k in self._db.iterkeys() if isinstance(k, tuple) and k[0] == _PAIR]
         return [p for p in (self._db.get(k) for k in keys) if p is not None]
-
-
-def repair(directory: Path) -> tuple[Path, int, int]:
-    """Move a damaged cache aside and copy every entry that can still be read into a new one.
-
-    Returns (where the old one now lies, entries salvaged, entries lost). Nothing is
-    deleted: what could not be read stays in the moved-aside directory.
-    """
-    directory = Path(directory)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = directory.with_name(f"{directory.name}.broken-{stamp}")
-    suffix = 1
-    while aside.exists():  # two repairs within one second
-        suffix += 1
-        aside = directory.with_name(f"{directory.name}.broken-{stamp}-{suffix}")
-    shutil.move(str(directory), str(aside))
-    salvaged: list[Entry] = []
-    lost = 0
-    try:
-        old = diskcache.Cache(str(aside), eviction_policy="none", size_limit=2**62)
-        for key in list(old.iterkeys()):
-            if isinstance(key, tuple) and key[0] == _ENTRY:
-                try:
-                    salvaged.append(Entry.from_record(old[key]))
-                except Exception:  # the damaged ones stay in ``aside``
-                    lost += 1
-        old.close()
-    except sqlite3.DatabaseError as exc:
-        log.warning("nothing could be salvaged from %s: %s", aside, exc)
-    store = EntryStore(directory)
-    if salvaged:
-        store.put_many(salvaged)
-    store.close()
-    return aside, len(salvaged), lost

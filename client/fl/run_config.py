@@ -4,7 +4,6 @@ app's ``[tool.flwr.app.config]``)."""
 from dataclasses import dataclass
 from pathlib import Path
 
-from meancache.client.fl.train import TrainConfig
 from meancache.shared.errors import RunConfigError
 from meancache.shared.fl.compression import BITS
 from meancache.shared.fl.run_config import (
@@ -15,6 +14,17 @@ from meancache.shared.fl.run_config import (
     read,
     read_path,
 )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Local training's settings (client.fl.train)."""
+
+    epochs: int
+    batch_size: int
+    learning_rate: float
+    top_layers: int  # 0: train (and send) every layer
+    seed: int
 
 
 @dataclass(frozen=True)

@@ -3,24 +3,13 @@ plus a contrastive loss on all labelled pairs. (The threshold is tuned by the se
 the devices' pooled validation evidence: shared.fl.evidence.)"""
 
 import random
-from dataclasses import dataclass
 
 import numpy as np
 import torch
+from meancache.client.fl.run_config import TrainConfig
 from meancache.shared.fl.weights import federated_names, freeze_all_but
 from meancache.shared.pairs import Pair
 from sentence_transformers import SentenceTransformer, losses
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Local training's settings (from the run config: client.fl.run_config)."""
-
-    epochs: int
-    batch_size: int
-    learning_rate: float
-    top_layers: int  # 0: train (and send) every layer
-    seed: int
 
 
 def _features(model: SentenceTransformer, texts: list[str]) -> dict[str, object]:

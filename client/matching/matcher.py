@@ -283,12 +283,16 @@ class Matcher:
                  decision: LearnedDecision) -> Match | NoMatch:
         """The verifier's pick, if the learned decision (``decision.py``) serves it with
         the hand-made parts its card keeps, and the device's own bound (``threshold``,
-        where its labels raised it over the card's) does not refuse it."""
+        where its labels raised it over the card's) does not refuse it. Where this
+        device's labels lowered the bound under the card's threshold (enough of them, right
+        within ``max_wrong_rate``: client/learning/bound.py), a pick that reaches it is
+        served even if the card declines: that is what learning from use buys."""
         top = int(np.argmax(probabilities))
         probability = float(probabilities[top])
         card = self.verifier.threshold
         served, score = decision.serves([c.similarity for c in counting], probabilities,
                                         self.recall_tau, card)
+        served = served or (threshold < card and probability >= threshold)
         refused = (threshold > card and probability < threshold) \
             or ("floor" in decision.keeps and probability < card) \
             or ("ambiguity rule" in decision.keeps and ambiguous(probabilities, card))

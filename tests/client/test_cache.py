@@ -241,16 +241,19 @@ import sys
 from pathlib import Path
 from meancache.client.cache import CacheSettings, SemanticCache
 from meancache.shared.encoder import Encoder
-with SemanticCache(Path(sys.argv[1]), Encoder.load(backend="torch"), CacheSettings()) as cache:
+encoder = Encoder.load(cache_dir=Path(sys.argv[4]))  # the session's checked export
+with SemanticCache(Path(sys.argv[1]), encoder, CacheSettings()) as cache:
     print(cache.insert(sys.argv[2], sys.argv[3]).id)
 """
 
 
-def test_insert_by_another_process_is_found(make_cache: CacheFactory, tmp_path: Path) -> None:
+def test_insert_by_another_process_is_found(make_cache: CacheFactory, tmp_path: Path,
+                                            encoder_cache_dir: Path) -> None:
     cache = make_cache()
     cache.insert(UNRELATED[0], "Use a starter.")
     child = subprocess.run(
-        [sys.executable, "-c", INSERT_CHILD, str(tmp_path / "cache"), FRANCE, "Paris (child)."],
+        [sys.executable, "-c", INSERT_CHILD, str(tmp_path / "cache"), FRANCE, "Paris (child).",
+         str(encoder_cache_dir)],
         cwd=REPO, capture_output=True, text=True, timeout=180,
     )
     assert child.returncode == 0, child.stderr[-3000:]

@@ -65,12 +65,12 @@ import json, os, sys
 from pathlib import Path
 from meancache.client.cache import CacheAccessError, SemanticCache
 from meancache.shared.encoder import Encoder
-encoder = Encoder.load(backend="torch")
+encoder = Encoder.load(cache_dir=Path(sys.argv[1]))  # the session's checked export
 if os.geteuid() == 0:  # root ignores file modes: become an ordinary user first
     os.setgid(65534)
     os.setuid(65534)
 results = {}
-for path in sys.argv[1:]:
+for path in sys.argv[2:]:
     try:
         SemanticCache(Path(path), encoder).close()
         results[path] = ["opened", ""]
@@ -100,10 +100,12 @@ def permission_dirs() -> Iterator[dict[str, Path]]:
         shutil.rmtree(base)
 
 
-def test_unreadable_cache_directories(permission_dirs: dict[str, Path]) -> None:
+def test_unreadable_cache_directories(permission_dirs: dict[str, Path],
+                                      encoder_cache_dir: Path) -> None:
     """Runs in a child process, as an unprivileged user when the tests run as root."""
     paths = [str(p) for p in permission_dirs.values()]
-    child = subprocess.run([sys.executable, "-c", OPEN_AS_USER_CHILD, *paths], cwd=REPO,
+    child = subprocess.run([sys.executable, "-c", OPEN_AS_USER_CHILD, str(encoder_cache_dir),
+                            *paths], cwd=REPO,
                            capture_output=True, text=True, timeout=180)
     assert child.returncode == 0, child.stderr[-3000:]
     results = json.loads(child.stdout.strip().splitlines()[-1])
@@ -235,7 +237,7 @@ from pathlib import Path
 from meancache.client.cache import CacheSettings, SemanticCache
 from meancache.shared.encoder import Encoder
 questions = json.loads(Path(sys.argv[2]).read_text())
-cache = SemanticCache(Path(sys.argv[1]), Encoder.load(backend="torch"),
+cache = SemanticCache(Path(sys.argv[1]), Encoder.load(cache_dir=Path(sys.argv[3])),
                       CacheSettings(pca_dims=0))
 print("ready", flush=True)
 for i, question in enumerate(questions):
@@ -274,7 +276,8 @@ class LineReader:
 
 
 def test_sigkill_during_inserts_loses_nothing_reported(
-    make_cache: CacheFactory, tmp_path: Path, distinct_questions: list[str]
+    make_cache: CacheFactory, tmp_path: Path, distinct_questions: list[str],
+    encoder_cache_dir: Path
 ) -> None:
     directory = tmp_path / "cache"
     first = make_cache(directory)
@@ -284,7 +287,8 @@ def test_sigkill_during_inserts_loses_nothing_reported(
     (tmp_path / "questions.json").write_text(json.dumps(questions))
     with (tmp_path / "child.err").open("wb") as err:
         proc = subprocess.Popen(
-            [sys.executable, "-c", KILL_CHILD, str(directory), str(tmp_path / "questions.json")],
+            [sys.executable, "-c", KILL_CHILD, str(directory), str(tmp_path / "questions.json"),
+             str(encoder_cache_dir)],
             cwd=REPO, stdout=subprocess.PIPE, stderr=err,
         )
         try:

@@ -23,9 +23,9 @@ from tests.support.servers import free_port, scripted_upstream, serving
 
 
 @pytest.fixture
-def settings(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path,
+def settings(tmp_path: Path, encoder: Encoder, device_encoder_dir: Path,
              upstream_url: str) -> Settings:
-    return chat_settings(tmp_path, encoder_cache_dir, upstream_url)
+    return chat_settings(tmp_path, device_encoder_dir, upstream_url)
 
 
 def test_miss_then_repeat_then_paraphrase(settings: Settings) -> None:

@@ -17,9 +17,9 @@ TABLE_NAMES = {"escape": "esc"}  # how the docs' key table writes a key
 
 
 @pytest.fixture
-def settings(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path,
+def settings(tmp_path: Path, encoder: Encoder, device_encoder_dir: Path,
              upstream_url: str) -> Settings:
-    return chat_settings(tmp_path, encoder_cache_dir, upstream_url)
+    return chat_settings(tmp_path, device_encoder_dir, upstream_url)
 
 
 def footer_keys(app: MeanCacheApp) -> list[str]:

@@ -15,9 +15,9 @@ from tests.support.servers import LONG_LINES, scripted_upstream
 
 
 @pytest.fixture
-def settings(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path) -> Settings:
+def settings(tmp_path: Path, encoder: Encoder, device_encoder_dir: Path) -> Settings:
     # the tokens the stub's long answer says it has (an answer past them would be cut)
-    return chat_settings(tmp_path, encoder_cache_dir, "http://unused.invalid").model_copy(
+    return chat_settings(tmp_path, device_encoder_dir, "http://unused.invalid").model_copy(
         update={"answer_max_tokens": 6 * LONG_LINES})
 
 

@@ -19,8 +19,8 @@ from tests.support.pilot import ask, chat_settings, started, wait_for
 
 
 @pytest.fixture
-def settings(tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path) -> Settings:
-    return chat_settings(tmp_path, encoder_cache_dir, "").model_copy(
+def settings(tmp_path: Path, encoder: Encoder, device_encoder_dir: Path) -> Settings:
+    return chat_settings(tmp_path, device_encoder_dir, "").model_copy(
         update=dict(upstream_url=None, upstream_model="builtin:tiny"))
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from meancache.client.cache import SemanticCache
 from meancache.client.config import load_settings
+from meancache.client.encoder import load_device_encoder
 from meancache.shared.encoder import Encoder
 
 from meancache.cli import build_parser, main
@@ -42,7 +43,7 @@ def test_eval_pairs_json_matches_an_independent_computation(
                  "--threshold", "0.8"]) == 0
     report = json.loads(capsys.readouterr().out)
 
-    encoder = Encoder.load(cache_dir=data_dir / "encoder")
+    encoder = load_device_encoder(load_settings())  # the one the command ran
     a = encoder.encode([r["q1"] for r in dev])
     b = encoder.encode([r["q2"] for r in dev])
     predicted = (a * b).sum(1) >= 0.8
@@ -106,7 +107,7 @@ def test_unknown_model_name_says_nothing_is_downloaded(
 
 def fill_cache(data_dir: Path, questions: list[str]) -> None:
     settings = load_settings()
-    encoder = Encoder.load(cache_dir=data_dir / "encoder")
+    encoder = load_device_encoder(settings)
     with SemanticCache(settings.cache_dir, encoder, settings.cache_settings()) as cache:
         for question in questions:
             cache.insert(question, f"answer to {question}")
@@ -222,7 +223,7 @@ def test_eval_pairs_measures_the_whole_decision_with_the_chosen_verifier(
     assert main(["eval", "pairs", str(path), "--json", "--verifier", "rules"]) == 0
     assert json.loads(capsys.readouterr().out)["decision"]["verifier"] == "rules"
 
-    encoder = Encoder.load(cache_dir=data_dir / "encoder")
+    encoder = load_device_encoder(load_settings())  # the one the command ran
     a = embed_texts(encoder, [r["q1"] for r in dev])  # normalised, as every match embeds
     b = embed_texts(encoder, [r["q2"] for r in dev])
     verifier = shipped_verifier()

@@ -160,3 +160,25 @@ def test_a_missing_card_is_refused(tmp_path) -> None:
 def test_an_unknown_decision_setting_is_refused() -> None:
     with pytest.raises(ValidationError, match="decision 'guess' is unknown"):
         CacheSettings(decision="guess")
+
+
+def test_labels_that_lower_the_bound_serve_what_the_card_declines(
+        make_cache: CacheFactory) -> None:
+    """vCache's promise: where this device's labels show a region of the verifier's
+    probability right within max_wrong_rate, the cache answers there, under the card."""
+    from meancache.client.learning.bound import Label, labels_needed
+
+    verifier = Fixed({CLOSE: 0.15})
+    cache = cache_with(make_cache, "learned", verifier)
+    assert isinstance(cache.lookup(ASKED), Miss)  # the card declines it
+    needed = labels_needed(cache.settings.max_wrong_rate)
+    # right labels from 0.10 up, on another entry: one fewer than the bound needs first
+    scores = np.linspace(0.10, 0.99, needed)
+    for score in scores[1:]:
+        cache.learned.learn(Label(float(score), False, 1.0, "another entry", "miss"))
+    assert not cache.learned.bound.learned
+    assert isinstance(cache.lookup(ASKED), Miss)
+    cache.learned.learn(Label(float(scores[0]), False, 1.0, "another entry", "miss"))
+    assert cache.learned.bound.learned and cache.learned.bound.threshold <= 0.15
+    hit = cache.lookup(ASKED)
+    assert isinstance(hit, Hit) and hit.answer == f"answer to {CLOSE}"

@@ -5,24 +5,20 @@ report."""
 
 import json
 import random
+from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 
 import pytest
-from meancache.client.cache import CacheSettings
+from meancache.client.cache import CacheSettings, SemanticCache
 from meancache.client.cache.store import EntryStore
-from meancache.client.eval_stream import (
-    LearnedRules,
-    Turn,
-    learned_replay,
-    stream_of,
-)
-from meancache.client.learning.explore import Exploration
+from meancache.client.eval_stream import Turn, replay, stream_of
 from meancache.client.learning.state import Learned
-from meancache.shared.encoder import Encoder
 from meancache.shared.pairs import Pair
+from meancache.shared.verifier.runtime import LearnedVerifier, read_card
 
 from meancache.cli import main
+from tests.support.tiny_verifier import make_tiny_verifier
 
 FRANCE = "What is the capital of France?"
 PARAPHRASE = "Which city is the capital of France?"
@@ -40,21 +36,30 @@ def test_groups_follow_duplicate_pairs_and_the_seed_orders_them() -> None:
     assert groups["e f"] != groups["g h"]
 
 
-def test_a_confirmed_paraphrase_becomes_an_alias_that_survives(encoder: Encoder,
-                                                               tmp_path: Path) -> None:
-    # candidates from cosine 0.5 (the cosine judges: no verifier), served from 0.999 (the
-    # prior): the paraphrase is a miss whose candidate the upstream's answer labels
-    settings = CacheSettings(global_threshold=0.5, pca_dims=0)
+def test_the_replay_learns_an_alias_that_survives_and_the_static_decision_does_not(
+        make_cache: Callable[..., SemanticCache], tmp_path: Path) -> None:
+    # tau low enough that the questions reach the verifier, a tiny real one whose card
+    # declines everything: the paraphrase is a miss whose candidate the upstream's answer
+    # (the same for the whole group) labels
+    directory = make_tiny_verifier(tmp_path / "verifier", threshold=1.0 - 1e-9)
+    verifier = LearnedVerifier(directory / "verifier.onnx", read_card(directory))
+    settings = CacheSettings(global_threshold=0.3, pca_dims=0)
     turns = [Turn(FRANCE, 0), Turn(PARAPHRASE, 0), Turn(PARAPHRASE.lower().rstrip("?"), 0),
              Turn("How long do I boil an egg?", 1)]
-    tally, learning = learned_replay(encoder, None, settings, turns, 0.02, 0.999,
-                                     Exploration(rate=0.0), LearnedRules(), 0, tmp_path)
+    learning = make_cache(tmp_path / "learned", settings=settings, verifier=verifier)
+    tally = replay(learning, turns)
     assert tally.outcomes == ["miss", "miss", "right", "miss"]
     assert tally.upstream == 3
-    with closing(EntryStore(tmp_path)) as store:
-        again = Learned(store, 0.02, 0.999)
+    learning.close()
+    with closing(EntryStore(tmp_path / "learned")) as store:
+        again = Learned(store, 0.02)
         assert again.alias(PARAPHRASE) is not None
         assert len(again.labels) >= 1 and not again.labels[0].wrong
+    static = make_cache(tmp_path / "static", settings=settings, verifier=verifier,
+                        learns=False)
+    # the third question is the stored second one once normalised: served by identity
+    assert replay(static, turns).outcomes == ["miss", "miss", "right", "miss"]
+    assert static.learned.labels == [] and static.learned.alias(PARAPHRASE) is None
 
 
 def test_replay_learn_reports_both_decisions(data_dir: Path, tmp_path: Path,

@@ -13,27 +13,26 @@ from meancache.upstream.server.app import ServerSettings
 from meancache.upstream.server.serve import BackgroundServer, private_settings
 from textual.widgets import ProgressBar
 
+from tests.support.paths import data_dir_linking
 from tests.support.pilot import ask, badge, started, wait_for
 from tests.support.servers import running_upstream
 
 ANSWER = "Boil it for eight minutes."
 
 
-def publish_and_prepare(tmp_path: Path, encoder_cache_dir: Path) -> tuple[Path, Settings]:
+def publish_and_prepare(tmp_path: Path, device_encoder_dir: Path) -> tuple[Path, Settings]:
     """A published pack, and settings whose data dir reuses the session's encoder."""
     published = tmp_path / "published"
     write_pack(published / "p.mcpack", [("How do I boil an egg?", ANSWER)],
                model="builtin:tiny", sigma=3.0)
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "encoder").symlink_to(encoder_cache_dir, target_is_directory=True)
+    data = data_dir_linking(tmp_path / "data", device_encoder_dir)
     return published, load_settings(config_dir=tmp_path / "config", data_dir=data,
                                     environ={}, encoder_model="minilm")
 
 
 def test_update_pack_action_then_a_pack_answer(tmp_path: Path, encoder: Encoder,
-                                               encoder_cache_dir: Path) -> None:
-    published, base = publish_and_prepare(tmp_path, encoder_cache_dir)
+                                               device_encoder_dir: Path) -> None:
+    published, base = publish_and_prepare(tmp_path, device_encoder_dir)
 
     async def run(url: str) -> None:
         app = MeanCacheApp(base.model_copy(update=dict(upstream_url=url, answer_max_tokens=8)))
@@ -62,10 +61,10 @@ def test_update_pack_action_then_a_pack_answer(tmp_path: Path, encoder: Encoder,
 
 
 def test_the_pack_action_sends_the_embedded_upstreams_own_key(
-        tmp_path: Path, encoder: Encoder, encoder_cache_dir: Path) -> None:
+        tmp_path: Path, encoder: Encoder, device_encoder_dir: Path) -> None:
     """The embedded upstream's key is made at its start: the pack download sends it (no
     configured key would be accepted)."""
-    published, base = publish_and_prepare(tmp_path, encoder_cache_dir)
+    published, base = publish_and_prepare(tmp_path, device_encoder_dir)
     servers: list[BackgroundServer] = []
 
     def start_upstream(model: str, data_dir: Path, progress: object) -> BackgroundServer:

@@ -134,6 +134,7 @@ def test_an_invalid_body_gets_a_4xx_naming_the_problem(base_url: str, body: byte
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
 def test_the_command_serves_an_unmodified_openai_client(tmp_path: Path, upstream_url: str,
+                                                        device_encoder_dir: Path,
                                                         stop: signal.Signals) -> None:
     """`meancache proxy` as a user runs it (a process, a port), and a plain SDK client;
     a service manager's stop (SIGTERM) or Ctrl+C (SIGINT) closes its caches and exits."""
@@ -142,12 +143,14 @@ def test_the_command_serves_an_unmodified_openai_client(tmp_path: Path, upstream
 
     import openai
 
+    from tests.support.paths import data_dir_linking
     from tests.support.servers import free_port, wait_for_port
 
     port = free_port()
-    env = {"MEANCACHE_DATA_DIR": str(tmp_path / "data"), "PATH": "/usr/bin:/bin",
+    data = data_dir_linking(tmp_path / "data", device_encoder_dir)  # the default int8 encoder
+    env = {"MEANCACHE_DATA_DIR": str(data), "PATH": "/usr/bin:/bin",
            "MEANCACHE_CONFIG_DIR": str(tmp_path / "config"), "HF_HUB_OFFLINE": "1",
-           "MEANCACHE_ENCODER_MODEL": "minilm", "MEANCACHE_ENCODER_BACKEND": "torch",
+           "MEANCACHE_ENCODER_MODEL": "minilm",
            "MEANCACHE_ANSWER_MAX_TOKENS": str(ANSWER_TOKENS)}
     process = subprocess.Popen([sys.executable, "-m", "meancache", "proxy", "--port",
                                 str(port), "--upstream", upstream_url], env=env,

@@ -1,4 +1,5 @@
-"""The tiny random-init encoder the federated tests train (a module's worth each)."""
+"""The tiny random-init encoder the federated tests train (a module's worth each), and
+the tiny verifier they read."""
 
 from pathlib import Path
 
@@ -19,7 +20,8 @@ def tiny(tiny_dir: Path) -> SentenceTransformer:
     return SentenceTransformer(str(tiny_dir), device="cpu")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_verifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny int8 verifier whose every tensor is distinct, as a trained one's are."""
+    """A tiny int8 verifier whose every tensor is distinct, as a trained one's are: read
+    only, so one per worker (its ONNX export and quantisation cost about 8 CPU-s)."""
     return make_tiny_verifier(tmp_path_factory.mktemp("tiny-verifier"), distinct=True)

@@ -52,6 +52,7 @@ from meancache.shared.verifier.dequantise import float_verifier
 from meancache.shared.verifier.runtime import read_card
 from sentence_transformers import SentenceTransformer
 
+from meancache.cli import main
 from tests.support.fl import (
     FEEDBACK,
     device_context,
@@ -321,7 +322,7 @@ def test_a_run_config_from_another_version_is_refused() -> None:
 
 
 # simulation on the engine -----------------------------------------------------------------
-@pytest.mark.slow(55)
+@pytest.mark.slow(45)
 def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path,
                                                 tiny_verifier: Path) -> None:
     """The encoder and the verifier (its top layer and head) trained and averaged
@@ -329,7 +330,7 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path,
     seen: list[int] = []
     rows = simulate(SimulationConfig(
         pairs=DATA / "qqp" / "pairs.jsonl", checkpoint_dir=tmp_path / "ckpt", clients=3,
-        per_round=2, run_config={"num-server-rounds": 2, "pairs-per-client": 40,
+        per_round=2, workers=1, run_config={"num-server-rounds": 2, "pairs-per-client": 40,
                                  "top-layers": 1, "encoder-model": str(tiny_dir),
                                  "verifier-top-layers": 1,
                                  "verifier-model": str(tiny_verifier),
@@ -372,3 +373,13 @@ def test_simulate_never_deletes_a_directory_it_did_not_create(tmp_path: Path) ->
     with pytest.raises(FlowerCommandError, match="was not made by `meancache fl simulate`"):
         simulate(config, tmp_path / "flwr-home")
     assert (mine / "chapter1.tex").read_text() == "years of work"
+
+
+def test_simulate_refuses_a_negative_worker_count(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    assert main(["--data-dir", str(tmp_path / "data"), "fl", "simulate", "--pairs",
+                 str(DATA / "qqp" / "pairs.jsonl"), "--workers", "-1"]) == 2
+    assert "--workers must be 0 (one per core) or more, not -1" in capsys.readouterr().err
+    assert not (tmp_path / "data" / "fl-simulation").exists()  # refused before anything ran

@@ -63,7 +63,7 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
     running.stop_all()
 
 
-@pytest.mark.slow(170)
+@pytest.mark.slow(130)
 def test_a_secure_round_then_a_round_a_supernode_drops_out_of(tmp_path: Path,
                                                               processes: Processes) -> None:
     """One fleet, two runs: a SecAgg+ round of both SuperNodes, then a plain round one of
@@ -143,75 +143,23 @@ def test_a_secure_round_then_a_round_a_supernode_drops_out_of(tmp_path: Path,
     assert load_device_encoder(settings).version != base.version
 
 
-@pytest.mark.slow(30)
-def test_supernodes_connect_over_tls_with_the_certificate_script(
+@pytest.mark.slow(35)
+def test_supernodes_connect_over_tls_and_only_with_a_registered_key(
     tmp_path: Path, processes: Processes
 ) -> None:
-    certificates = tmp_path / "certs"
-    subprocess.run(["bash", str(SCRIPT), str(certificates)], check=True, capture_output=True)
-    link, model_port, control = free_port(), free_port(), free_port()
-    processes.start(tmp_path / "server", "fl", "server", "--port", str(link),
-                    "--model-port", str(model_port), "--control-port", str(control),
-                    "--certificates", str(certificates))
-    wait_for_port(control)
-    wait_for_port(link)
-    processes.start(tmp_path / "alice", "fl", "join", "--superlink", f"127.0.0.1:{link}",
-                    "--port", str(free_port()), "--root-certificate",
-                    str(certificates / "ca.crt"), "--allow-unsigned-apps")
-    from meancache.fl_server.processes import write_connection
-    from meancache.shared.processes import flower_command, flower_environment
-
-    home = tmp_path / "flwr-home"
-    write_connection(home, f"127.0.0.1:{control}", certificates / "ca.crt")
-    env = flower_environment(FLWR_HOME=str(home))
-    deadline = time.monotonic() + 60
-    while True:
-        listed = subprocess.run([flower_command("flwr"), "supernode", "ls", "meancache",
-                                 "--format", "json"], env=env, capture_output=True, text=True)
-        if '"online"' in listed.stdout:
-            break
-        assert time.monotonic() < deadline, listed.stdout + listed.stderr
-        time.sleep(1)
-    import httpx
-
-    with pytest.raises(httpx.HTTPError) as refused:  # the port speaks TLS only
-        httpx.get(f"http://127.0.0.1:{link}/v1/fleet/register-node", timeout=5)
-    assert not isinstance(refused.value, httpx.ConnectError)  # it listens, but not plainly
-    import ssl
-
-    trusted = ssl.create_default_context(cafile=str(certificates / "ca.crt"))
-    wait_for_port(model_port)  # the global-model endpoint speaks HTTPS with the same certificate
-    health = httpx.get(f"https://127.0.0.1:{model_port}/health", verify=trusted, timeout=5)
-    assert health.json() == {"status": "ok"}
-
-    # Run submission from the devices' port is refused: only the operator, on the server
-    # itself, reaches the control port.
-    refused = httpx.post(f"https://127.0.0.1:{link}/v1/control/start-run", json={},
-                         verify=trusted, timeout=5)
-    assert refused.status_code == 403 and "runs are submitted on the FL server itself" in \
-        refused.json()["error"]["message"]
-    submitted = processes.start(tmp_path / "mallory", "fl", "run", "--superlink",
-                                f"127.0.0.1:{link}", "--root-certificate",
-                                str(certificates / "ca.crt"), "--rounds", "1")
-    assert submitted.wait(timeout=120) != 0
-    runs = subprocess.run([flower_command("flwr"), "ls", "meancache", "--format", "json"],
-                          env=env, capture_output=True, text=True)
-    assert json.loads(runs.stdout[runs.stdout.index("{"):])["runs"] == [], runs.stdout
-
-
-@pytest.mark.slow(25)
-def test_supernode_authentication_refuses_an_unregistered_key(
-    tmp_path: Path, processes: Processes
-) -> None:
+    """One SuperLink with the certificate script's TLS and SuperNode authentication (each
+    costs a fleet's start): a registered SuperNode connects over TLS, an unregistered key
+    is refused, the ports speak TLS only and run submission from the devices' port is
+    refused."""
     from meancache.fl_server.processes import write_connection
     from meancache.shared.processes import flower_command, flower_environment
 
     certificates = tmp_path / "certs"
     subprocess.run(["bash", str(SCRIPT), str(certificates), "--supernodes", "2"], check=True,
                    capture_output=True, stdin=subprocess.DEVNULL)
-    link, control = free_port(), free_port()
+    link, model_port, control = free_port(), free_port(), free_port()
     processes.start(tmp_path / "server", "fl", "server", "--port", str(link),
-                    "--model-port", str(free_port()), "--control-port", str(control),
+                    "--model-port", str(model_port), "--control-port", str(control),
                     "--certificates", str(certificates), "--supernode-auth")
     wait_for_port(control)
     wait_for_port(link)
@@ -236,9 +184,36 @@ def test_supernode_authentication_refuses_an_unregistered_key(
 
     join("alice", "supernode-1")
     mallory = join("mallory", "supernode-2")  # its key was never registered
+    import httpx
+
+    with pytest.raises(httpx.HTTPError) as refused:  # the port speaks TLS only
+        httpx.get(f"http://127.0.0.1:{link}/v1/fleet/register-node", timeout=5)
+    assert not isinstance(refused.value, httpx.ConnectError)  # it listens, but not plainly
+    import ssl
+
+    trusted = ssl.create_default_context(cafile=str(certificates / "ca.crt"))
+    wait_for_port(model_port)  # the global-model endpoint speaks HTTPS with the same certificate
+    health = httpx.get(f"https://127.0.0.1:{model_port}/health", verify=trusted, timeout=5)
+    assert health.json() == {"status": "ok"}
+
+    # Run submission from the devices' port is refused: only the operator, on the server
+    # itself, reaches the control port.
+    refused = httpx.post(f"https://127.0.0.1:{link}/v1/control/start-run", json={},
+                         verify=trusted, timeout=5)
+    assert refused.status_code == 403 and "runs are submitted on the FL server itself" in \
+        refused.json()["error"]["message"]
+    submitted = processes.start(tmp_path / "eve", "fl", "run", "--superlink",
+                                f"127.0.0.1:{link}", "--root-certificate",
+                                str(certificates / "ca.crt"), "--rounds", "1")
+    assert submitted.wait(timeout=120) != 0
+    runs = subprocess.run([flower_command("flwr"), "ls", "meancache", "--format", "json"],
+                          env=env, capture_output=True, text=True)
+    assert json.loads(runs.stdout[runs.stdout.index("{"):])["runs"] == [], runs.stdout
+
     # The SuperLink refuses to activate mallory's SuperNode, which gives up (Flower's
-    # exit code 305): wait for that, then for alice to be online. Had mallory's key been
-    # admitted, her process would still run (the wait times out) and two nodes be listed.
+    # exit code 305): wait for that, then for alice to be online over TLS. Had mallory's
+    # key been admitted, her process would still run (the wait times out) and two nodes
+    # be listed.
     assert mallory.wait(timeout=120) != 0
     log = (tmp_path / "mallory-join.log").read_text(errors="replace")
     assert "Failed to activate SuperNode" in log, log[-2000:]

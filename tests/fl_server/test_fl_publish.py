@@ -27,7 +27,7 @@ from tests.support.servers import serving
 from tests.support.tiny_encoder import make_tiny_encoder
 
 
-@pytest.mark.slow(50)
+@pytest.mark.slow(40)
 def test_a_simulated_global_model_is_published_and_a_new_user_installs_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -39,7 +39,7 @@ def test_a_simulated_global_model_is_published_and_a_new_user_installs_it(
                  "--clients", str(devices), "--per-round", str(devices), "--rounds", "1",
                  "--pairs-per-client", "30", "--held-out", "0", "--top-layers", "1",
                  "--verifier-layers", "0", "--dp-noise", str(sigma), "--dp-clip", str(clip),
-                 "--publish"]) == 0
+                 "--workers", "1", "--publish"]) == 0
     server_dir = server / "fl-server" / "checkpoints"
     simulated = read_meta(latest_checkpoint(server / "fl-simulation"))  # type: ignore[arg-type]
 

@@ -55,13 +55,13 @@ def _plain_fedavg(config: SimulationConfig, tiny_dir: Path
     return mean, updates, reply_bytes
 
 
-@pytest.mark.slow(45)
+@pytest.mark.slow(35)
 def test_secure_aggregation_learns_the_plain_fedavg_within_its_quantisation(
     tmp_path: Path, tiny_dir: Path
 ) -> None:
     config = SimulationConfig(
         pairs=DATA_DIR / "qqp" / "pairs.jsonl", checkpoint_dir=tmp_path / "secure",
-        clients=DEVICES, per_round=DEVICES, run_config={
+        clients=DEVICES, per_round=DEVICES, workers=1, run_config={
             "num-server-rounds": 1, "pairs-per-client": PAIRS_PER_CLIENT, "top-layers": 1,
             "encoder-model": str(tiny_dir), "held-out-pairs": 0, "verifier-top-layers": 0,
             "update-bits": 0, "secure-aggregation": 1})

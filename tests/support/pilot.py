@@ -7,14 +7,14 @@ from meancache.client.config import Settings, load_settings
 from meancache.client.tui.app import MeanCacheApp
 from textual.pilot import Pilot
 
+from tests.support.paths import data_dir_linking
 
-def chat_settings(tmp_path: Path, encoder_cache_dir: Path, upstream_url: str) -> Settings:
-    """A fresh data dir under ``tmp_path`` (the session's encoder exports linked in), the
+
+def chat_settings(tmp_path: Path, device_encoder_dir: Path, upstream_url: str) -> Settings:
+    """A fresh data dir under ``tmp_path`` (the session's device encoder linked in), the
     packaged MiniLM, the upstream at ``upstream_url``, short answers, and no exploration
     (a test of hits must not draw; tests of exploration set ``explore_rate``)."""
-    data = tmp_path / "data"
-    data.mkdir()
-    (data / "encoder").symlink_to(encoder_cache_dir, target_is_directory=True)
+    data = data_dir_linking(tmp_path / "data", device_encoder_dir)
     base = load_settings(config_dir=tmp_path / "config", data_dir=data, environ={},
                          encoder_model="minilm")
     return base.model_copy(update=dict(upstream_url=upstream_url, answer_max_tokens=24,

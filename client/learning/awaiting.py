@@ -1,0 +1,78 @@
+"""The candidates awaiting the upstream's answer: a declined candidate, or a would-be hit
+sent upstream by exploration, is remembered per question until the upstream answers it;
+the two answers then agree or not, and that is a label for the bound (and an alias when
+they agree). This module alone holds them; nothing here is stored: a candidate whose
+answer never comes (the app closed first) is simply never labelled.
+"""
+
+import random
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from meancache.client.learning.bound import Label
+from meancache.client.learning.explore import Exploration
+from meancache.client.learning.state import Learned
+
+KEPT = 64  # questions remembered at most (the oldest is dropped first)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A candidate waiting for the upstream's answer to the question to label it: declined
+    (``labelled_with`` 1: every declined candidate is compared) or explored (the
+    exploration rate: the chance that this would-be hit was checked)."""
+
+    entry_id: str
+    score: float
+    labelled_with: float = 1.0
+    source: str = "miss"
+
+
+class Awaiting:
+    """What the cache's traffic still has to label. ``rng``: the draws of exploration;
+    without one nothing is explored. ``learns`` False: nothing waits, so nothing is
+    labelled (the static decision a replay compares with)."""
+
+    def __init__(self, learned: Learned, exploration: Exploration,
+                 rng: random.Random | None, learns: bool = True) -> None:
+        self.learned, self.exploration, self._rng = learned, exploration, rng
+        self.learns = learns
+        self._pending: OrderedDict[str, Pending] = OrderedDict()
+
+    def explores(self, entry_id: str, score: float) -> Pending | None:
+        """The would-be hit on ``entry_id`` at the judge's ``score`` as an exploration, if
+        it is one: its score lies near the entry's threshold and the draw says so."""
+        if self._rng is None or not self.learns:
+            return None
+        threshold, learned = self.learned.threshold(entry_id), self.learned.bound.learned
+        if not self.exploration.explores(score, threshold, self._rng, learned):
+            return None
+        return Pending(entry_id, score, self.exploration.rate_now(learned), "explore")
+
+    def wait(self, question_key: str, pending: Pending) -> None:
+        if not self.learns:
+            return
+        self._pending[question_key] = pending
+        while len(self._pending) > KEPT:
+            self._pending.popitem(last=False)
+
+    def answered(self, question_key: str, question: str, answer: str,
+                 cached_answer: Callable[[str], str | None],
+                 agree: Callable[[str, str], bool]) -> Label | None:
+        """The upstream's ``answer`` to a question whose candidate was waiting, as the
+        label it makes (learned at once); None when nothing waited or the entry is gone
+        (``cached_answer`` gives None)."""
+        pending = self._pending.pop(question_key, None)
+        if pending is None:
+            return None
+        cached = cached_answer(pending.entry_id)
+        if cached is None:
+            return None
+        label = Label(pending.score, not agree(answer, cached), pending.labelled_with,
+                      pending.entry_id, pending.source)
+        self.learned.learn(label, question)
+        return label
+
+    def clear(self) -> None:
+        self._pending.clear()
