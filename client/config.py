@@ -134,11 +134,6 @@ class Settings(CacheSettings, UpstreamChoice, EncoderChoice, SettingsBase):
         return out
 
     @property
-    def models_dir(self) -> Path:
-        """Where packaged models that must be assembled (MPNet) are kept."""
-        return self.data_dir / "models"
-
-    @property
     def cache_dir(self) -> Path:
         return self.data_dir / "cache"
 
@@ -146,11 +141,6 @@ class Settings(CacheSettings, UpstreamChoice, EncoderChoice, SettingsBase):
     def packs_dir(self) -> Path:
         """The downloaded instruction pack and its hit count."""
         return self.data_dir / "packs"
-
-    @property
-    def encoder_dir(self) -> Path:
-        """Exported ONNX models and model fingerprints."""
-        return self.data_dir / "encoder"
 
     @property
     def global_model_dir(self) -> Path:

@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     fl_commands = fl.add_subparsers(dest="fl_command", required=True)
     add_side(fl_commands, "fl-server", lambda: fl_server_commands.add_commands(fl_commands))
     add_side(fl_commands, "client", lambda: fl_device_commands.add_commands(fl_commands))
-    add_side(commands, "shared", lambda: verifier_commands.add_commands(commands))
+    add_side(commands, "shared", lambda: verifier_commands.add_commands(commands, _load_gemma))
     config = commands.add_parser("config", help="the settings in effect")
     config_commands = config.add_subparsers(dest="config_command", required=True)
     show = config_commands.add_parser("show", help="each setting of one side, its value and "
@@ -85,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="whose settings (default: %(default)s, the device's)")
     show.set_defaults(handler=show_config)
     return parser
+
+
+def _load_gemma(data_dir: Path) -> tuple[Any, Any]:
+    """builtin:gemma-3-270m (the upstream's converted copy) for `verifier make-paraphrases`,
+    imported only when that command asks for it."""
+    from meancache.upstream.gemma import load_gemma
+
+    return load_gemma(data_dir, "cpu")
 
 
 def show_config(args: argparse.Namespace, settings: SettingsBase) -> int:

@@ -106,6 +106,17 @@ class SettingsBase(BaseSettings):
     def log_file(self) -> Path:
         return self.data_dir / "logs" / "meancache.log"
 
+    @property
+    def models_dir(self) -> Path:
+        """Where packaged models that must be assembled (MPNet) are kept: every side's
+        (the device embeds with MPNet, the verifier's training commands read it too)."""
+        return self.data_dir / "models"
+
+    @property
+    def encoder_dir(self) -> Path:
+        """Exported ONNX models and model fingerprints."""
+        return self.data_dir / "encoder"
+
     @classmethod
     def file_keys(cls) -> dict[str, str]:
         """config.toml's key (and ``MEANCACHE_`` + it upper-cased) of each field: key ->

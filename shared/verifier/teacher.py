@@ -407,6 +407,34 @@ def load_teacher(out: Path, backbone: Path, epoch: int | None = None
     return model.eval(), record, entry
 
 
+def load_provisional(out: Path, backbone: Path, checkpoint: Path) -> tuple[object, dict, dict]:
+    """The model weights of one of the run's training checkpoints, for provisional labels
+    while no epoch has finished (``load_teacher`` takes only scored epochs). The run
+    replaces its checkpoint every few minutes, so the file is read once, open, for both
+    its sha256 (recorded with the labels) and its weights."""
+    import hashlib
+
+    import torch
+    from meancache.shared.verifier.model import from_backbone
+
+    record = read_record(out)
+    check_backbone(record, backbone)
+    try:
+        with checkpoint.open("rb") as file:
+            digest = hashlib.file_digest(file, "sha256").hexdigest()
+            file.seek(0)
+            state = torch.load(file, map_location="cpu", weights_only=True)
+        model = from_backbone(backbone)
+        model.load_state_dict(state["model"])
+        step = int(state["position"]["step"])
+    except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(f"the teacher checkpoint {checkpoint} cannot be loaded ({exc}); "
+                              f"pass one the run in {out} wrote (checkpoint-*.pt)") from None
+    entry = {"checkpoint": checkpoint.name, "sha256": digest, "step": step,
+             "steps": record["steps"], "provisional": True}
+    return model.eval(), record, entry
+
+
 def pair_probabilities(model: object, first: list[str], second: list[str],
                        max_tokens: int, tokenizer: Path, bf16: bool,
                        batch: int = 64, progress: Progress | None = None) -> np.ndarray:

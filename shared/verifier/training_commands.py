@@ -1,11 +1,15 @@
 """`meancache verifier train`: the one command that reproduces the shipped verifier;
 `meancache verifier train-teacher`: the larger judge that labels data for it, resumable;
 `meancache verifier mine-pairs`: the unlabelled pairs it labels;
-`meancache verifier label-pairs`: its labels on them."""
+`meancache verifier label-pairs`: its labels on them;
+`meancache verifier make-paraphrases`: pairs written by the packaged language models, and
+the filter that keeps those the embedding and the teacher agree on."""
 
 import argparse
 import dataclasses
 import os
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +17,13 @@ from meancache.shared.settings import SettingsBase
 from meancache.shared.verifier.runtime import ARTEFACT_DIR
 
 DEFAULT_DATA = Path("../shared/data/qqp/pairs.jsonl")
+# The encoder runtime the device runs by default (the client's encoder_backend): the
+# cosines mine-pairs and make-paraphrases band by are those the cache decides on. The
+# shared side has no backend setting of its own.
+ENCODER_BACKEND = "onnx-int8"
+# Gemma 3 270M's loader (the upstream's, handed in by meancache.cli: the shared layer
+# never imports a side): the data dir -> (model, tokenizer).
+GemmaLoader = Callable[[Path], tuple[Any, Any]]
 
 
 def cmd_train(args: argparse.Namespace, settings: SettingsBase | None = None) -> int:
@@ -90,10 +101,9 @@ def cmd_mine_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
     if not 0.0 < args.low < 1.0 or min(args.per_question, args.pairs, args.max_chars) < 1:
         raise VerifierError("--low must lie between 0 and 1, and --per-question, --pairs "
                             "and --max-chars must be at least 1")
-    exclude = tuple(args.exclude) if args.exclude is not None else tuple(
-        p for p in HELD_OUT if p.is_file())
+    exclude = _exclude(args)
     console = Console(stderr=True)
-    encoder = Encoder.load(_packaged_mpnet(settings, console), backend=settings.encoder_backend,
+    encoder = Encoder.load(_packaged_mpnet(settings, console), backend=ENCODER_BACKEND,
                            cache_dir=settings.encoder_dir)
 
     def encode(texts: list[str]) -> object:
@@ -105,6 +115,88 @@ def cmd_mine_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
                          max_chars=args.max_chars, seed=args.seed, exclude=exclude)
     print(json.dumps({"out": str(args.out), **summary}, indent=2))
     return 0
+
+
+def _exclude(args: argparse.Namespace) -> tuple[Path, ...]:
+    """--exclude's files, or the repo's near-miss sets."""
+    if args.exclude is not None:
+        return tuple(args.exclude)
+    return tuple(p for p in HELD_OUT if p.is_file())
+
+
+def cmd_make_paraphrases(args: argparse.Namespace, settings: SettingsBase) -> int:
+    """Rephrase a sample with one model (continuing a run in --out), then with --judge
+    score every pair of the file; print the counts. ``args.load_gemma`` is the
+    upstream's Gemma loader (``GemmaLoader``)."""
+    import json
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import torch
+    from meancache.shared.errors import VerifierError
+    from meancache.shared.progress_bar import ProgressBar
+    from meancache.shared.verifier.paraphrase import LanguageModel, Settings, make_paraphrases
+    from rich.console import Console
+
+    if min(args.batch, args.max_new_tokens, args.threads, args.max_chars) < 1 \
+            or args.limit < 0 or args.temperature < 0:
+        raise VerifierError("--batch, --max-new-tokens, --threads and --max-chars must be at "
+                            "least 1, --limit and --temperature not negative")
+    torch.set_num_threads(args.threads)
+    console = Console(stderr=True)
+    result: dict[str, Any] = {"out": str(args.out)}
+    if args.limit > 0:
+        if args.model == "smollm2":
+            from meancache.shared.verifier.smollm2 import load_smollm2
+
+            lm = load_smollm2()
+        else:
+            lm = LanguageModel("gemma", *args.load_gemma(settings.data_dir), chat=False)
+        options = Settings(kind="statement" if args.statements else "paraphrase",
+                           limit=args.limit, seed=args.seed, max_chars=args.max_chars,
+                           max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                           batch=args.batch)
+        with ProgressBar(f"{args.model}: {options.kind} questions", console,
+                         line_every=30.0) as bar:
+            summary = make_paraphrases(args.data_root, args.out, lm, options, _exclude(args),
+                                       bar)
+        del lm
+        result |= {"run": summary["runs"][-1], "counts": summary["counts"]}
+    if args.judge:
+        result["judged"] = _judge_paraphrases(args, settings, console)
+    print(json.dumps(result, indent=2, ensure_ascii=False))
+    return 0
+
+
+def _judge_paraphrases(args: argparse.Namespace, settings: SettingsBase,
+                       console: Any) -> dict:
+    """--judge: the MPNet embedding's cosines and the teacher's probabilities (from an
+    epoch, a provisional --checkpoint, or none with --no-teacher) on every pair."""
+    from meancache.shared.encoder import Encoder
+    from meancache.shared.verifier.paraphrase_judge import judge
+    from meancache.shared.verifier.teacher import (
+        TeacherConfig,
+        load_provisional,
+        load_teacher,
+        pair_probabilities,
+    )
+    from meancache.shared.verifier.train import bfloat16_matmuls
+
+    backbone = args.backbone or _packaged_mpnet(settings, console)
+    encoder = Encoder.load(backbone, backend=ENCODER_BACKEND,
+                           cache_dir=settings.encoder_dir)
+    scores, record = None, None
+    if not args.no_teacher:
+        run = args.run or settings.data_dir / "verifier" / "teacher"
+        model, run_record, entry = (load_provisional(run, backbone, args.checkpoint)
+                                    if args.checkpoint else
+                                    load_teacher(run, backbone, args.epoch))
+        config = TeacherConfig(**run_record["config"])
+        bf16 = config.bfloat16 and bfloat16_matmuls()
+        scores = partial(pair_probabilities, model, max_tokens=config.max_tokens,
+                         tokenizer=backbone / "tokenizer.json", bf16=bf16)
+        record = {"run": str(run), "bfloat16": bf16,
+                  **{k: v for k, v in entry.items() if k != "dev"}}
+    return judge(args.out, encoder.encode, scores, record, seed=args.seed)
 
 
 def cmd_label_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
@@ -136,7 +228,7 @@ def _packaged_mpnet(settings: SettingsBase, console: object) -> Path:
         return ensure_assembled(MPNET, settings.models_dir, bar)
 
 
-def add_commands(commands: Any) -> None:
+def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
     verifier = commands.add_parser("verifier", help="the learned verifier of cache hits")
     sub = verifier.add_subparsers(dest="verifier_command", required=True)
     train = sub.add_parser("train", help="train it from the packaged MiniLM and QQP "
@@ -215,3 +307,55 @@ def add_commands(commands: Any) -> None:
                        "packaged all-mpnet-base-v2)")
     label.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     label.set_defaults(handler=cmd_label_pairs)
+    paraphrases = sub.add_parser(
+        "make-paraphrases", help="rephrase a seeded sample of Arena and ShareGPT first turns "
+        "with a packaged language model (JSONL pairs with a seeded train/choose/test split; "
+        "rerun to continue), and with --judge keep those the embedding and the teacher "
+        "agree on")
+    paraphrases.add_argument("--out", type=Path, required=True, help="the kept pairs' JSONL "
+                             "(appended to; rejections go to .rejected.jsonl, counts to "
+                             ".json, --judge's verdicts to .judged.jsonl and .judged.json)")
+    paraphrases.add_argument("--model", choices=("gemma", "smollm2"), default="gemma",
+                             help="Gemma 3 270M (few-shot) or SmolLM2-135M-Instruct (its "
+                             "chat template; the paraphrase extra) (default: gemma)")
+    paraphrases.add_argument("--statements", action="store_true",
+                             help="turn questions into declarative sentences and rephrase "
+                             "those (default: rephrase the first turns themselves)")
+    paraphrases.add_argument("--limit", type=int, default=100, help="first turns in the "
+                             "seeded sample; 0 makes none (with --judge: judge the file) "
+                             "(default: 100)")
+    paraphrases.add_argument("--seed", type=int, default=0,
+                             help="the sample's, the sampling's and the split's seed "
+                             "(default: 0)")
+    paraphrases.add_argument("--temperature", type=float, default=0.7,
+                             help="sampling temperature; 0 decodes greedily (default: 0.7)")
+    paraphrases.add_argument("--max-new-tokens", type=int, default=64,
+                             help="the cap on each output (default: 64)")
+    paraphrases.add_argument("--batch", type=int, default=8,
+                             help="prompts generated together (default: 8)")
+    paraphrases.add_argument("--max-chars", type=int, default=300,
+                             help="longer first turns are not sampled (default: 300, "
+                             "mine-pairs' cap)")
+    paraphrases.add_argument("--data-root", type=Path, default=DEFAULT_DATA.parents[1],
+                             help=f"the shared data (default: {DEFAULT_DATA.parents[1]})")
+    paraphrases.add_argument("--exclude", type=Path, action="append",
+                             help="a pairs JSONL whose questions are never sampled "
+                             "(repeatable; default: the repo's near-miss sets)")
+    paraphrases.add_argument("--threads", type=int, default=1,
+                             help="torch threads (default: 1)")
+    paraphrases.add_argument("--judge", action="store_true",
+                             help="then score every pair of --out: kept where the MPNet "
+                             "cosine is at least the recall tau 0.776 and the teacher's "
+                             "probability at least 0.5 (default: off)")
+    paraphrases.add_argument("--run", type=Path, help="the teacher's run directory "
+                             "(default: <data dir>/verifier/teacher)")
+    paraphrases.add_argument("--epoch", type=int, help="the teacher's epoch (default: the "
+                             "one chosen on dev-a, or the last one scored)")
+    paraphrases.add_argument("--checkpoint", type=Path, help="judge with the weights of one "
+                             "of the run's checkpoint-*.pt instead: provisional, while no "
+                             "epoch has finished (default: an epoch's weights)")
+    paraphrases.add_argument("--no-teacher", action="store_true",
+                             help="judge by the embedding alone (default: off)")
+    paraphrases.add_argument("--backbone", type=Path, help="all-mpnet-base-v2's directory, "
+                             "the embedding's and the teacher's (default: the packaged one)")
+    paraphrases.set_defaults(handler=cmd_make_paraphrases, load_gemma=load_gemma)

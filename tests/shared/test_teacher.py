@@ -28,6 +28,7 @@ from meancache.shared.verifier.teacher import (
     RECORD_FILE,
     RunOptions,
     TeacherConfig,
+    load_provisional,
     load_teacher,
     pair_probabilities,
     train_teacher,
@@ -218,6 +219,33 @@ def test_a_damaged_or_missing_checkpoint_is_never_loaded(
     checkpoint.unlink()
     with pytest.raises(CheckpointError, match="named in teacher.json is missing"):
         train_teacher(out, data, backbone, CONFIG, RunOptions(), resume=True)
+
+
+def test_a_provisional_teacher_is_a_checkpoints_weights_named_by_its_hash(
+        setup: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    """Before any epoch has finished, `make-paraphrases --judge --checkpoint` labels with
+    the weights of a training checkpoint; a damaged or foreign file is refused."""
+    _, backbone, _ = setup
+    out = tmp_path / "run"
+    record = _stopped_run(setup, out)
+    checkpoint = out / record["checkpoint"]["file"]
+    with pytest.raises(VerifierError, match="has not finished an epoch"):
+        load_teacher(out, backbone)
+    model, _, entry = load_provisional(out, backbone, checkpoint)
+    assert entry == {"checkpoint": checkpoint.name, "sha256": sha256_file(checkpoint),
+                     "step": 3, "steps": record["steps"], "provisional": True}
+    saved = torch.load(checkpoint, weights_only=True)["model"]
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, saved[name]), name
+    probs = pair_probabilities(model, ["How tall is Everest?"], ["How high is Everest?"],
+                               CONFIG.max_tokens, backbone / "tokenizer.json", False)
+    assert 0.0 <= probs[0] <= 1.0
+    damaged = tmp_path / "damaged.pt"
+    damaged.write_bytes(checkpoint.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="cannot be loaded"):
+        load_provisional(out, backbone, damaged)
+    with pytest.raises(CheckpointError, match="cannot be loaded"):
+        load_provisional(out, backbone, tmp_path / "missing.pt")
 
 
 def test_a_half_written_checkpoint_is_ignored_and_removed(
