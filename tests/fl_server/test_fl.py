@@ -344,7 +344,7 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path,
     verifier = float_verifier(tiny_verifier)
     initial = with_verifier(federated_state(model, federated_names(model, 1)),
                             federated_state(verifier, verifier_names(verifier, 1)))  # type: ignore[arg-type]
-    trained = {name: value.numel() for name, value in initial.items()}
+    trained = {name: tuple(value.shape) for name, value in initial.items()}
     judged = {name: n for name, n in trained.items() if name.startswith(VERIFIER)}
     assert all(r["bytes_per_client"] <= wire_bound(trained, 4) for r in rows[1:])
     assert all(0 < r["verifier_bytes_per_client"] <= wire_bound(judged, 4) for r in rows[1:])
