@@ -289,6 +289,8 @@ def test_the_run_config_is_typed_from_the_app_defaults() -> None:
     client = ClientConfig.from_run_config(defaults)
     assert client.data_source == "device" and client.train.epochs == defaults["epochs"]
     assert client.model == server.model  # both sides read the same shared keys
+    # the rank a device sends is the highest the server decodes
+    assert client.update_rank == server.limits.max_update_rank == defaults["update-rank"]
 
 
 @pytest.mark.parametrize(("side", "key", "value", "message"), [
@@ -297,6 +299,8 @@ def test_the_run_config_is_typed_from_the_app_defaults() -> None:
      "run config 'fraction-train' must be a number, not 'all'"),
     (ServerConfig, "fraction-train", 1.5, "run config 'fraction-train' must be between 0 and 1"),
     (ClientConfig, "epochs", True, "run config 'epochs' must be an integer, not True"),
+    (ClientConfig, "update-rank", -1, "run config 'update-rank' must be >= 0, not -1"),
+    (ServerConfig, "update-rank", 1.5, "run config 'update-rank' must be an integer, not 1.5"),
     (ClientConfig, "data-source", "disk",
      "run config 'data-source' must be one of 'device', 'qqp', not 'disk'"),
     (ClientConfig, "data-source", "qqp", "'qqp-path' must name a labelled-pairs file"),
