@@ -39,6 +39,8 @@ def main() -> None:
     parser.add_argument("--top-layers", type=int, default=2)
     parser.add_argument("--update-bits", type=int, choices=(0, 8, 4), default=8,
                         help="devices send their update quantised to 8 or 4 bits (0: float32)")
+    parser.add_argument("--update-rank", type=int, default=0,
+                        help="each trained matrix's update as rank-R factors (0: every value)")
     parser.add_argument("--learning-rate", type=float, default=2e-5,
                         help="devices' local learning rate")
     parser.add_argument("--partitioning", choices=("iid", "topic"), default="iid")
@@ -55,7 +57,8 @@ def main() -> None:
             clients=args.clients, per_round=args.per_round, run_config={
                 "num-server-rounds": args.rounds, "partitioning": args.partitioning,
                 "pairs-per-client": args.pairs_per_client, "top-layers": args.top_layers,
-                "update-bits": args.update_bits, "learning-rate": args.learning_rate,
+                "update-bits": args.update_bits, "update-rank": args.update_rank,
+                "learning-rate": args.learning_rate,
                 "encoder-model": args.encoder or "",
                 "held-out-pairs": args.held_out,
                 "seed": args.seed})
@@ -70,7 +73,9 @@ def main() -> None:
             f"{row['seconds']:.1f}", f"{row.get('bytes_per_client', 0) / 2**20:.2f}")
     setup = (f"{args.clients} clients, {args.per_round} per round, {args.pairs_per_client} "
              f"{args.partitioning} train pairs each, top {args.top_layers} layers trained and "
-             f"sent ({args.update_bits or 32}-bit), learning rate {args.learning_rate:g}; scored "
+             f"sent ({args.update_bits or 32}-bit"
+             f"{f', rank {args.update_rank}' if args.update_rank and args.update_bits else ''}"
+             f"), learning rate {args.learning_rate:g}; scored "
              f"on {args.held_out} dev pairs")
     heading(f"Federated rounds: {setup} (round 0 = zero-shot)")
     print_table(table)

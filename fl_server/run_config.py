@@ -20,6 +20,7 @@ from meancache.shared.fl.run_config import (
     positive,
     read,
     read_path,
+    read_update_rank,
     share,
 )
 
@@ -69,6 +70,7 @@ class ServerConfig:
             limits=ReplyLimits(
                 max_examples=read(config, "max-examples", int, at_least(1)),
                 max_update_norm=read(config, "max-update-norm", float, positive()),
+                max_update_rank=read_update_rank(config),
             ),
             threshold_rule=ThresholdRule(
                 prior_pairs=read(config, "threshold-prior-pairs", int, at_least(0)),

@@ -1,12 +1,13 @@
 """Screening of the devices' training replies before aggregation, so that no single device
 can move the global model or threshold far (a poisoned or broken device included).
 
-A compressed reply (a quantised update: shared.fl.compression) is first decoded into the
-global weights plus its update, so everything below acts on full weights; one that does
-not decode is dropped. A reply is dropped when its weights do not fit the global model
-(other names or shapes) or hold a non-finite value, when its example count is not a
-finite whole number >= 0, or when its similarity evidence (shared.fl.evidence) is
-malformed. What is kept is then bounded:
+A compressed reply (a quantised update, of rank-r factors where the run's update-rank
+asks for them: shared.fl.compression) is first decoded into the global weights plus its
+update, so everything below acts on full weights; one that does not decode (other
+tensors or shapes, factors of a rank over update-rank, non-finite scales) is dropped.
+A reply is dropped when its weights do not fit the global model (other names or shapes)
+or hold a non-finite value, when its example count is not a finite whole number >= 0,
+or when its similarity evidence (shared.fl.evidence) is malformed. What is kept is then bounded:
 
 - the example count is clamped to ``max_examples`` and to the round's median count, so no
   device weighs more than a typical one whatever it claims (with five devices, one liar
@@ -36,10 +37,12 @@ COUNT_KEY = "num-examples"
 
 @dataclass(frozen=True)
 class ReplyLimits:
-    """How far one device's reply may reach (run config: max-examples, max-update-norm)."""
+    """How far one device's reply may reach (run config: max-examples, max-update-norm),
+    and the highest rank of a low-rank update it may send (update-rank; 0: none)."""
 
     max_examples: int
     max_update_norm: float
+    max_update_rank: int = 0
 
 
 @dataclass
@@ -79,7 +82,7 @@ def reject_reason(message: Message, global_arrays: ArrayRecord) -> str | None:
     return None
 
 
-def decompress(message: Message, global_arrays: ArrayRecord) -> str | None:
+def decompress(message: Message, global_arrays: ArrayRecord, max_rank: int) -> str | None:
     """Replace a compressed reply's update by the weights it encodes; why it cannot be
     decoded, or None."""
     arrays = message.content.array_records.get("arrays")
@@ -87,7 +90,8 @@ def decompress(message: Message, global_arrays: ArrayRecord) -> str | None:
         return None
     try:
         decoded = decode_update({name: a.numpy() for name, a in arrays.items()},
-                                {name: a.numpy() for name, a in global_arrays.items()})
+                                {name: a.numpy() for name, a in global_arrays.items()},
+                                max_rank)
     except ValueError as exc:
         return str(exc)
     message.content["arrays"] = ArrayRecord({name: Array(v) for name, v in decoded.items()})
@@ -124,7 +128,8 @@ def screen(replies: list[Message], global_arrays: ArrayRecord, limits: ReplyLimi
     for message in replies:
         if message.has_error():
             continue
-        reason = decompress(message, global_arrays) or reject_reason(message, global_arrays)
+        reason = (decompress(message, global_arrays, limits.max_update_rank)
+                  or reject_reason(message, global_arrays))
         if reason is None:
             kept.append(message)
         else:

@@ -41,6 +41,9 @@ def add_commands(fl: Any) -> None:
     simulate.add_argument("--update-bits", type=int, choices=(0, 8, 4),
                           default=app["update-bits"], help="devices send their update "
                           "quantised to 8 or 4 bits (0: float32 weights)")
+    simulate.add_argument("--update-rank", type=int, default=app["update-rank"],
+                          help="devices send each trained matrix's update as its rank-R "
+                          "factors (truncated SVD; 0: every value; with --update-bits 8 or 4)")
     simulate.add_argument("--epochs", type=int, default=app["epochs"],
                           help="local epochs per round")
     simulate.add_argument("--learning-rate", type=float, default=app["learning-rate"],
@@ -245,7 +248,8 @@ def run_simulate(args: argparse.Namespace, settings: FlServerSettings) -> int:
         clients=args.clients, per_round=args.per_round, workers=args.workers, run_config={
             "num-server-rounds": args.rounds, "partitioning": args.partitioning,
             "pairs-per-client": args.pairs_per_client, "top-layers": args.top_layers,
-            "update-bits": args.update_bits, "epochs": args.epochs,
+            "update-bits": args.update_bits, "update-rank": args.update_rank,
+            "epochs": args.epochs,
             "verifier-top-layers": args.verifier_layers,
             "secure-aggregation": int(args.secure_aggregation),
             "learning-rate": args.learning_rate,

@@ -58,17 +58,20 @@ def clip_when_asked_mod(msg: Message, context: Context, call_next: Any) -> Messa
 
 
 def compress_update_mod(msg: Message, context: Context, call_next: Any) -> Message:
-    """Send the update quantised (run config update-bits; shared.fl.compression) instead
-    of the float32 weights: outside the clipping mod, so what is quantised is clipped.
-    Not in a SecAgg+ round, which masks full weights."""
+    """Send the update quantised (run config update-bits), each matrix's as rank-r factors
+    (update-rank; shared.fl.compression), instead of the float32 weights: outside the
+    clipping mod, so what is encoded is clipped. Not in a SecAgg+ round, which masks full
+    weights."""
     reply = call_next(msg, context)
-    bits = ClientConfig.from_run_config(context.run_config).update_bits
+    config = ClientConfig.from_run_config(context.run_config)
+    bits = config.update_bits
     if bits == 0 or reply.has_error() or SECURE in msg.content["config"]:
         return reply
     sent = {name: array.numpy() for name, array in msg.content["arrays"].items()}
     trained = {name: array.numpy() for name, array in reply.content["arrays"].items()}
     reply.content["arrays"] = ArrayRecord(
-        {name: Array(value) for name, value in encode_update(trained, sent, bits).items()})
+        {name: Array(value) for name, value in encode_update(
+            trained, sent, bits, config.update_rank).items()})
     return reply
 
 

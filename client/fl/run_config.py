@@ -13,6 +13,7 @@ from meancache.shared.fl.run_config import (
     one_of,
     read,
     read_path,
+    read_update_rank,
 )
 
 
@@ -38,6 +39,7 @@ class ClientConfig:
     pairs_per_client: int
     cache_dir: Path | None
     update_bits: int  # 0: float32 weights; 8 or 4: the quantised update (shared.fl.compression)
+    update_rank: int  # > 0: each matrix's update as rank-r factors (with update_bits 8 or 4)
 
     @classmethod
     def from_run_config(cls, config: RunConfig) -> "ClientConfig":
@@ -64,4 +66,5 @@ class ClientConfig:
             cache_dir=read_path(config, "cache-dir"),
             update_bits=read(config, "update-bits", int,
                              (lambda v: v in (0, *BITS), "0, 8 or 4")),
+            update_rank=read_update_rank(config),
         )

@@ -23,7 +23,7 @@ RunConfig = Mapping[str, bool | int | float | str]
 DEVICE_KEYS = frozenset({
     "encoder-model", "top-layers", "seed", "epochs", "batch-size", "learning-rate",
     "min-pairs", "data-source", "qqp-path", "partitioning", "pairs-per-client", "cache-dir",
-    "update-bits", "verifier-top-layers", "verifier-model",
+    "update-bits", "update-rank", "verifier-top-layers", "verifier-model",
 })
 # The server's keys that shape what devices receive each round: the global weights
 # (screening, aggregation, central DP noise and the clipping norm a device is told to clip
@@ -103,3 +103,10 @@ class ModelConfig:
                    seed=read(config, "seed", int),
                    verifier_layers=read(config, "verifier-top-layers", int, at_least(0)),
                    verifier_dir=read_path(config, "verifier-model"))
+
+
+def read_update_rank(config: RunConfig) -> int:
+    """update-rank: the rank of the factors a device sends of each trained matrix's
+    update (shared.fl.low_rank; 0: every value), which is also the highest rank the server
+    decodes. Both sides read it here, so they cannot disagree."""
+    return read(config, "update-rank", int, at_least(0))

@@ -294,6 +294,8 @@ def test_the_run_config_is_typed_from_the_app_defaults() -> None:
     client = ClientConfig.from_run_config(defaults)
     assert client.data_source == "device" and client.train.epochs == defaults["epochs"]
     assert client.model == server.model  # both sides read the same shared keys
+    # the rank a device sends is the highest the server decodes
+    assert client.update_rank == server.limits.max_update_rank == defaults["update-rank"]
 
 
 @pytest.mark.parametrize(("side", "key", "value", "message"), [
@@ -302,6 +304,8 @@ def test_the_run_config_is_typed_from_the_app_defaults() -> None:
      "run config 'fraction-train' must be a number, not 'all'"),
     (ServerConfig, "fraction-train", 1.5, "run config 'fraction-train' must be between 0 and 1"),
     (ClientConfig, "epochs", True, "run config 'epochs' must be an integer, not True"),
+    (ClientConfig, "update-rank", -1, "run config 'update-rank' must be >= 0, not -1"),
+    (ServerConfig, "update-rank", 1.5, "run config 'update-rank' must be an integer, not 1.5"),
     (ClientConfig, "data-source", "disk",
      "run config 'data-source' must be one of 'device', 'qqp', not 'disk'"),
     (ClientConfig, "data-source", "qqp", "'qqp-path' must name a labelled-pairs file"),
@@ -349,7 +353,7 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path,
     verifier = float_verifier(tiny_verifier)
     initial = with_verifier(federated_state(model, federated_names(model, 1)),
                             federated_state(verifier, verifier_names(verifier, 1)))  # type: ignore[arg-type]
-    trained = {name: value.numel() for name, value in initial.items()}
+    trained = {name: tuple(value.shape) for name, value in initial.items()}
     judged = {name: n for name, n in trained.items() if name.startswith(VERIFIER)}
     assert all(r["bytes_per_client"] <= wire_bound(trained, 4) for r in rows[1:])
     assert all(0 < r["verifier_bytes_per_client"] <= wire_bound(judged, 4) for r in rows[1:])

@@ -29,7 +29,12 @@ from meancache.shared.fl.checkpoint import (
     round_dir,
     save_checkpoint,
 )
-from meancache.shared.fl.compression import compressed_bytes, decode_update, is_compressed
+from meancache.shared.fl.compression import (
+    compressed_bytes,
+    decode_update,
+    encoded_names,
+    is_compressed,
+)
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.signing import public_key_text, server_key, sign
 from meancache.shared.fl.weights import federated_names, federated_state
@@ -106,24 +111,29 @@ def round_message(arrays: ArrayRecord, threshold: float, model_round: int, top_l
         {"threshold": threshold, DESCRIPTION_KEY: description})}), kind=kind)
 
 
-def weights_sent(reply: Message, request: Message) -> dict[str, np.ndarray]:
-    """The weights a device's training reply stands for: its quantised update decoded onto
-    the weights it was sent (shared.fl.compression), or its float weights."""
+def weights_sent(reply: Message, request: Message, rank: int | None = None
+                 ) -> dict[str, np.ndarray]:
+    """The weights a device's training reply stands for: its quantised update (of factors
+    of at most ``rank``; None: the app's default update-rank) decoded onto the weights it
+    was sent (shared.fl.compression), or its float weights."""
     arrays = {name: a.numpy() for name, a in reply.content["arrays"].items()}
     if not is_compressed(arrays):
         return arrays
     return decode_update(arrays, {name: a.numpy()
-                                  for name, a in request.content["arrays"].items()})
+                                  for name, a in request.content["arrays"].items()},
+                         int(default_run_config()["update-rank"]) if rank is None else rank)
 
 
 NPY_HEADER = 128  # bytes np.save writes before a 1-D array's data (format version 1)
 
 
-def wire_bound(sizes: dict[str, int], bits: int) -> int:
-    """Bytes of a compressed reply of tensors of these sizes, as the server counts them:
-    values and scales, and each of the two arrays' npy header and name."""
-    framing = sum(2 * (NPY_HEADER + len(name)) + len(":q") + len(":scale") for name in sizes)
-    return compressed_bytes(sizes, bits) + framing
+def wire_bound(shapes: dict[str, tuple[int, ...]], bits: int, rank: int = 0) -> int:
+    """Bytes of a compressed reply of tensors of these shapes (of rank-``rank`` factors
+    where that factors them), as the server counts them: values and scales, and each
+    array's npy header and name."""
+    framing = sum(NPY_HEADER + len(array) for name, shape in shapes.items()
+                  for array in encoded_names(name, shape, rank))
+    return compressed_bytes(shapes, bits, rank) + framing
 
 
 def around(tau: float, pairs: int, seed: int) -> dict[str, list[int]]:
