@@ -20,9 +20,11 @@ are not float32's: the next token after a decode step was float32's in 82-88% of
 Gemma 3 270M (benchmarks/generation_speed.py), against 97% for llama.cpp's Q4_K_M.
 """
 
+import hashlib
 import io
 import logging
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -228,10 +230,24 @@ class OnnxDecoder:
 
 
 def onnx_decoder(model: "PreTrainedModel", bits: int | None = BITS,
-                 accuracy_level: int = INT8_ACTIVATIONS) -> OnnxDecoder:
+                 accuracy_level: int = INT8_ACTIVATIONS,
+                 cache_dir: Path | None = None) -> OnnxDecoder:
     """The 4-bit decoder of ``model``, built from its weights as they are now (call it
-    before compacting them)."""
-    graph = export_step(model, bits, accuracy_level)
+    before compacting them); with ``cache_dir``, its graph is kept there and read back by
+    later starts (upstream.decode_graph_cache)."""
+    if cache_dir is None:
+        graph = export_step(model, bits, accuracy_level)
+    else:
+        from meancache.upstream import decode_graph_cache, kv_rounding, precision
+
+        # The code that writes the graph is part of its name: a change to it builds anew.
+        sources = [hashlib.sha256(Path(str(path)).read_bytes()).hexdigest()
+                   for path in (__file__, kv_rounding.__file__, precision.__file__)]
+        settings = {"bits": bits, "block": BLOCK, "accuracy_level": accuracy_level,
+                    "sources": sources}
+        graph = decode_graph_cache.cached_graph(
+            cache_dir, decode_graph_cache.graph_key(model, settings),
+            lambda: export_step(model, bits, accuracy_level))
     log.info("%s: decode steps on ONNX Runtime, %s-bit weights in blocks of %d",
              model.config.model_type, bits or 32, BLOCK)
     return OnnxDecoder(model, graph, torch.get_num_threads())
