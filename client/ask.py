@@ -4,6 +4,8 @@ instruction-pack hit is answered before anything loads (``answer_exactly``)."""
 import asyncio
 import json
 import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from meancache.client.chat.conversations import Conversation, ConversationStore, Turn
@@ -60,9 +62,15 @@ def answer_exactly(settings: Settings, question: str, conversation_id: str | Non
 
 
 async def ask(session: "ChatSession", question: str, conversation_id: str | None,
-              as_json: bool) -> Turn:
+              as_json: bool, documents: Sequence[Path] = ()) -> Turn:
+    """``documents`` are attached first, as the chat attaches them (those the conversation
+    has already are not attached twice); the upstream is sent them marked as modules."""
     conversation = (session.conversations.load(conversation_id) if conversation_id
                     else Conversation())
+    attached = {document.path for document in conversation.documents}
+    for path in documents:
+        if str(path.expanduser().resolve()) not in attached:
+            await session.answers.attach(conversation, path)
 
     async def show(text: str) -> None:
         if not as_json:
@@ -75,10 +83,10 @@ async def ask(session: "ChatSession", question: str, conversation_id: str | None
 
 
 def run_ask(session: "ChatSession", question: str, conversation_id: str | None,
-            as_json: bool) -> Turn:
+            as_json: bool, documents: Sequence[Path] = ()) -> Turn:
     async def main() -> Turn:
         try:
-            return await ask(session, question, conversation_id, as_json)
+            return await ask(session, question, conversation_id, as_json, documents)
         finally:
             await session.aclose()
 

@@ -195,7 +195,8 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.ask import answer_exactly, run_ask
 
     settings = _chat_settings(args, settings)
-    if answer_exactly(settings, " ".join(args.question), args.conversation, args.json):
+    if not args.document and answer_exactly(settings, " ".join(args.question),
+                                            args.conversation, args.json):
         return 0  # an exact pack hit: nothing needed loading
     from meancache.client.chat.session import ChatSession
 
@@ -211,7 +212,8 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     if session.embedded is not None:  # say what runs, and how it ends
         err.print(escape(session.upstream_label), style="dim", highlight=False,
                   soft_wrap=True)
-    run_ask(session, " ".join(args.question), args.conversation, args.json)
+    run_ask(session, " ".join(args.question), args.conversation, args.json,
+            [Path(path) for path in args.document])
     return 0
 
 
@@ -418,6 +420,10 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter",
     ask.add_argument("question", nargs="+", help="the question (its words are joined)")
     ask.add_argument("--conversation", metavar="ID",
                      help="continue this conversation (default: a new one)")
+    ask.add_argument("--document", metavar="FILE", action="append", default=[],
+                     help="attach a text file to the conversation, as the chat's ctrl+l "
+                     "does: the question is answered from it, and a meancache upstream "
+                     "keeps it as a module; repeatable (default: none)")
     _add_upstream_options(ask)
     ask.add_argument("--json", action="store_true", help="one JSON object for scripts")
     ask.set_defaults(handler=cmd_ask, start_upstream=start_shared_upstream)

@@ -68,16 +68,18 @@ def load_model(spec: str = DEFAULT_MODEL, device: str | None = None,
                precision: str = "float32") -> LoadedModel:
     """``builtin:NAME`` (tiny, tiny-gpt2, tiny-gemma3, base, gemma-3-270m) or a local model
     directory, served in ``precision`` (upstream.precision). ``builtin:gemma-3-270m`` keeps
-    its converted weights under ``data_dir``; ``progress`` hears (done, total) of its
-    one-time conversion."""
+    its converted weights under ``data_dir``, and int4 its decode graph; ``progress`` hears
+    (done, total) of the weights' one-time conversion."""
     check_precision(precision)
     loaded = _load(spec, device or ("cuda" if torch.cuda.is_available() else "cpu"),
                    data_dir, progress)
     decoder = None
     if precision == "int4":  # exported from the float32 weights, before they are compacted
+        from meancache.upstream.decode_graph_cache import graph_dir
         from meancache.upstream.onnx_decode import onnx_decoder
 
-        decoder = onnx_decoder(loaded.model)
+        decoder = onnx_decoder(loaded.model, cache_dir=None if data_dir is None
+                               else graph_dir(data_dir))
     apply_precision(loaded.model, precision)
     return loaded if decoder is None else replace(loaded, decoder=decoder)
 

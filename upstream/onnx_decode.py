@@ -20,9 +20,11 @@ are not float32's: the next token after a decode step was float32's in 82-88% of
 Gemma 3 270M (benchmarks/generation_speed.py), against 97% for llama.cpp's Q4_K_M.
 """
 
+import hashlib
 import io
 import logging
 import warnings
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -74,7 +76,10 @@ class GemmaStep(torch.nn.Module):
 
     Attention reads the cache without concatenating it (scores against the cache and
     against the new key are joined instead), so a step copies no cached state. Linear
-    weights are held transposed so that each is a MatMul the quantiser can pack."""
+    weights are held transposed so that each is a MatMul the quantiser can pack; those
+    that read the same input are joined into one (q, k and v; gate and up): 4 MatMuls a
+    layer instead of 7, each wider, so fewer thread-pool rounds a step for the same bytes
+    (each output column is quantised, and computed, as it would be alone)."""
 
     def __init__(self, model: "PreTrainedModel") -> None:
         super().__init__()
@@ -86,11 +91,11 @@ class GemmaStep(torch.nn.Module):
         self.sliding = [kind == "sliding_attention" for kind in config.layer_types]
         self.linears = torch.nn.ParameterList()
         self.norms = torch.nn.ParameterList()
-        for layer in model.model.layers:
+        for layer in model.model.layers:  # q, k, v as one MatMul, gate and up as one
             attn, mlp = layer.self_attn, layer.mlp
-            for linear in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
-                           mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-                self.linears.append(_frozen(linear.weight.t()))
+            for linears in ((attn.q_proj, attn.k_proj, attn.v_proj), (attn.o_proj,),
+                            (mlp.gate_proj, mlp.up_proj), (mlp.down_proj,)):
+                self.linears.append(_frozen(torch.cat([linear.weight for linear in linears]).t()))
             for norm in (layer.input_layernorm, attn.q_norm, attn.k_norm,
                          layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
                          layer.post_feedforward_layernorm):
@@ -105,16 +110,19 @@ class GemmaStep(torch.nn.Module):
         group = self.heads // self.kv_heads
         new: list[torch.Tensor] = []
         for i, sliding in enumerate(self.sliding):
-            wq, wk, wv, wo, wg, wu, wd = self.linears[7 * i:7 * i + 7]
+            w_qkv, wo, w_gate_up, wd = self.linears[4 * i:4 * i + 4]
             n_in, n_q, n_k, n_attn, n_pre, n_post = self.norms[6 * i:6 * i + 6]
             cos, sin, mask = (cos_s, sin_s, mask_s) if sliding else (cos_f, sin_f, mask_f)
             keys, values = past[2 * i], past[2 * i + 1]
             x = _rms(h, n_in, self.eps)
-            q = _rotate(_rms((x @ wq).reshape(self.kv_heads, group, self.head_dim), n_q,
-                             self.eps), cos, sin)
-            k = _rotate(_rms((x @ wk).reshape(self.kv_heads, 1, self.head_dim), n_k,
-                             self.eps), cos, sin)
-            v = (x @ wv).reshape(self.kv_heads, 1, self.head_dim)
+            q, k, v = (x @ w_qkv).split([self.heads * self.head_dim,
+                                         self.kv_heads * self.head_dim,
+                                         self.kv_heads * self.head_dim], dim=-1)
+            q = _rotate(_rms(q.reshape(self.kv_heads, group, self.head_dim), n_q, self.eps),
+                        cos, sin)
+            k = _rotate(_rms(k.reshape(self.kv_heads, 1, self.head_dim), n_k, self.eps),
+                        cos, sin)
+            v = v.reshape(self.kv_heads, 1, self.head_dim)
             k, v = round_as_kv_format(k, kv_format), round_as_kv_format(v, kv_format)
             scores = torch.cat([q @ keys.transpose(1, 2), (q * k).sum(-1, keepdim=True)], -1)
             p = torch.softmax(scores * self.scaling + mask, dim=-1)
@@ -122,7 +130,8 @@ class GemmaStep(torch.nn.Module):
             attended = p[..., :cached] @ values + p[..., cached:] * v
             h = h + _rms(attended.reshape(1, self.heads * self.head_dim) @ wo, n_attn, self.eps)
             x = _rms(h, n_pre, self.eps)
-            mlp = torch.nn.functional.gelu(x @ wg, approximate="tanh") * (x @ wu)
+            gate, up = (x @ w_gate_up).chunk(2, dim=-1)
+            mlp = torch.nn.functional.gelu(gate, approximate="tanh") * up
             h = h + _rms(mlp @ wd, n_post, self.eps)
             new += [k, v]
         h = _rms(h, self.final_norm, self.eps)
@@ -181,11 +190,19 @@ class OnnxDecoder:
         options = onnxruntime.SessionOptions()
         options.intra_op_num_threads = threads
         options.inter_op_num_threads = 1
+        # Idle threads sleep rather than spin: a spinning pool holds the cores after each
+        # run, against the step's own work between runs and any other process's.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         self.session: onnxruntime.InferenceSession = onnxruntime.InferenceSession(
             graph, options, providers=["CPUExecutionProvider"])
         self.model = model
         self.window = int(model.config.sliding_window)
         self.layers = model.config.num_hidden_layers
+        rotary = model.model.rotary_emb  # its frequencies and scale, per layer type
+        self.rotary = {kind: (getattr(rotary, f"{kind}_inv_freq").float().numpy(),
+                              np.float32(getattr(rotary, f"{kind}_attention_scaling")))
+                       for kind in ("sliding_attention", "full_attention")}
 
     def _shortlist(self) -> "ShortlistOutput | None":
         from meancache.upstream.compact_weights import ShortlistOutput
@@ -193,22 +210,28 @@ class OnnxDecoder:
         output = self.model.get_output_embeddings()
         return output if isinstance(output, ShortlistOutput) else None
 
+    def _rotary(self, kind: str, position: int) -> tuple[np.ndarray, np.ndarray]:
+        """The rotary cos and sin at ``position`` (1, head_dim), as the model's rotary
+        embedding computes them (its float32 product of position and frequency, then cos
+        and sin), in numpy: a handful of values, not worth a torch call between runs."""
+        inv_freq, scaling = self.rotary[kind]
+        freqs = np.float32(position) * inv_freq
+        angles = np.concatenate([freqs, freqs])[None]
+        return np.cos(angles) * scaling, np.sin(angles) * scaling
+
     @torch.inference_mode()
     def step(self, token: int, position: int, seen: torch.Tensor, cache: "DynamicCache",
              kv_format: KVFormat) -> tuple[torch.Tensor, torch.Tensor]:
         """As PromptCacheEngine.decode_step: logits after ``token`` at ``position``, which
         sees every position in ``seen`` and itself; its key and value, rounded to
         ``kv_format`` (the cache's), join ``cache``."""
-        inner = self.model.model
-        at = torch.tensor([[position]])
         h = self.model.get_input_embeddings()(torch.tensor([[token]]))[0].float()
-        cos_s, sin_s = inner.rotary_emb(h[None], at, "sliding_attention")
-        cos_f, sin_f = inner.rotary_emb(h[None], at, "full_attention")
-        seen = torch.cat([seen, at[0]])
+        cos_s, sin_s = self._rotary("sliding_attention", position)
+        cos_f, sin_f = self._rotary("full_attention", position)
+        seen = torch.cat([seen, torch.tensor([position])])
         near = (position - seen < self.window)[None]  # the window is measured in positions
         floor = np.finfo(np.float32).min
-        feeds = {"h": h.numpy(), "cos_s": cos_s[0].numpy(), "sin_s": sin_s[0].numpy(),
-                 "cos_f": cos_f[0].numpy(), "sin_f": sin_f[0].numpy(),
+        feeds = {"h": h.numpy(), "cos_s": cos_s, "sin_s": sin_s, "cos_f": cos_f, "sin_f": sin_f,
                  "mask_s": np.where(near.numpy(), 0, floor).astype(np.float32),
                  "mask_f": np.zeros((1, seen.numel()), np.float32),
                  "kv_format": np.array([KV_FORMATS.index(kv_format.name)], np.int64)}
@@ -228,10 +251,24 @@ class OnnxDecoder:
 
 
 def onnx_decoder(model: "PreTrainedModel", bits: int | None = BITS,
-                 accuracy_level: int = INT8_ACTIVATIONS) -> OnnxDecoder:
+                 accuracy_level: int = INT8_ACTIVATIONS,
+                 cache_dir: Path | None = None) -> OnnxDecoder:
     """The 4-bit decoder of ``model``, built from its weights as they are now (call it
-    before compacting them)."""
-    graph = export_step(model, bits, accuracy_level)
+    before compacting them); with ``cache_dir``, its graph is kept there and read back by
+    later starts (upstream.decode_graph_cache)."""
+    if cache_dir is None:
+        graph = export_step(model, bits, accuracy_level)
+    else:
+        from meancache.upstream import decode_graph_cache, kv_rounding, precision
+
+        # The code that writes the graph is part of its name: a change to it builds anew.
+        sources = [hashlib.sha256(Path(str(path)).read_bytes()).hexdigest()
+                   for path in (__file__, kv_rounding.__file__, precision.__file__)]
+        settings = {"bits": bits, "block": BLOCK, "accuracy_level": accuracy_level,
+                    "sources": sources}
+        graph = decode_graph_cache.cached_graph(
+            cache_dir, decode_graph_cache.graph_key(model, settings),
+            lambda: export_step(model, bits, accuracy_level))
     log.info("%s: decode steps on ONNX Runtime, %s-bit weights in blocks of %d",
              model.config.model_type, bits or 32, BLOCK)
     return OnnxDecoder(model, graph, torch.get_num_threads())

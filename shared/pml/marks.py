@@ -17,6 +17,11 @@ from meancache.shared.errors import PMLError
 MODULES_HEADER = "Meancache-Modules"
 MAX_MARKS = 8  # modules one request may mark
 MAX_HEADER_CHARS = 64  # 8 indices of up to 6 digits with their commas fit
+INDEX_DIGITS = 6
+# What parse_marks takes, as published in the upstream's /openapi.json (beside the rules a
+# pattern cannot say: no index twice, none past the messages, never the last).
+MARKS_PATTERN = (rf"^[ \t]*[0-9]{{1,{INDEX_DIGITS}}}[ \t]*"
+                 rf"(,[ \t]*[0-9]{{1,{INDEX_DIGITS}}}[ \t]*){{0,{MAX_MARKS - 1}}}$")
 
 
 def write_marks(indices: Sequence[int]) -> str:
@@ -35,7 +40,8 @@ def parse_marks(value: str, messages: int) -> tuple[int, ...]:
         raise PMLError(f"the {MODULES_HEADER} header has {len(value)} characters; at most "
                        f"{MAX_HEADER_CHARS} are read")
     parts = [part.strip() for part in value.split(",")]
-    if not all(part.isascii() and part.isdigit() and len(part) <= 6 for part in parts):
+    if not all(part.isascii() and part.isdigit() and len(part) <= INDEX_DIGITS
+               for part in parts):
         raise PMLError(f"the {MODULES_HEADER} header lists message indices separated by "
                        f"commas, such as 0,2; got {value[:40]!r}")
     indices = [int(part) for part in parts]

@@ -10,7 +10,7 @@ from meancache.client.chat.conversations import ConversationStore
 from meancache.client.tui.text import printable
 
 from meancache.cli import main
-from tests.support.servers import RECEIVED, free_port, scripted_upstream
+from tests.support.servers import RECEIVED, free_port, module_tokens, scripted_upstream
 
 QUESTION = "How do I reverse a list in Python?"
 PARAPHRASE = "how can I reverse a python list?"
@@ -122,3 +122,42 @@ def test_ask_sends_the_configured_temperature_and_answer_length(
     capsys.readouterr()
     sent = [(body["temperature"], body["max_tokens"]) for body in RECEIVED]
     assert sent == [(0.0, 512), (0.3, 7)]  # the documented defaults, then the configured ones
+
+
+DOCUMENT = ("The ferry leaves the north pier at seven and at noon; tickets are sold on "
+            "board, and bicycles travel free on the first crossing of the day.")
+
+
+def test_ask_marks_an_attached_document_for_a_meancache_upstream_to_keep(
+        data_dir: Path, upstream_url: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """As the chat sends documents: a marked system message (client.chat.documents) that
+    the upstream keeps as a module and reads back for the next question (its /metrics:
+    module tokens, not prefix blocks), attached once however often it is named."""
+    document = tmp_path / "ferry.txt"
+    document.write_text(DOCUMENT, encoding="utf-8")
+    assert main(["ask", "When does the ferry leave?", "--document", str(document),
+                 "--upstream", upstream_url, "--json"]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["source"] == "upstream"
+    before = module_tokens(upstream_url)
+    assert main(["ask", "Do bicycles pay?", "--document", str(document), "--upstream",
+                 upstream_url, "--json", "--conversation", first["conversation"]]) == 0
+    second = json.loads(capsys.readouterr().out)
+    assert second["source"] == "upstream"  # a question about documents: never the cache
+    kept = len(f"{document.name}:\n{DOCUMENT}\n".encode())  # builtin:tiny reads bytes
+    assert module_tokens(upstream_url) - before >= kept
+    assert second["cached_tokens"] >= kept
+    saved = ConversationStore(data_dir / "conversations").load(first["conversation"])
+    assert [d.path for d in saved.documents] == [str(document.resolve())]
+
+
+def test_ask_refuses_a_document_it_cannot_read_by_name(
+        data_dir: Path, upstream_url: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "nowhere.txt"
+    assert main(["ask", QUESTION, "--document", str(missing), "--upstream", upstream_url]) == 2
+    captured = capsys.readouterr()
+    assert f"no file {missing}" in captured.err.replace("\n", "")
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert list((data_dir / "conversations").glob("*.json")) == []

@@ -4,17 +4,20 @@ and on the bypass alike; a plain OpenAI-compatible upstream gets the request it 
 unmarked, body for body (the echo stub records what it was sent: only a recording stub can
 show that)."""
 
-import re
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 from meancache.client.config import load_settings
 from meancache.client.proxy.service import Proxy
 from meancache.shared.pml.marks import MODULES_HEADER
 
-from tests.support.servers import ECHO_MODEL, echo_upstream, running_upstream
+from tests.support.servers import (
+    ECHO_MODEL,
+    echo_upstream,
+    module_tokens,
+    running_upstream,
+)
 
 SYSTEM = ("You are the help desk of a ferry company. The ferry leaves the north pier at "
           "seven and at noon; bicycles travel free on the first crossing of the day.")
@@ -35,17 +38,6 @@ def ask(base_url: str, question: str, model: str = MODEL, **extra: Any) -> str:
                                {"role": "user", "content": question}], **extra)
     raw.parse()
     return raw.headers["x-meancache"]
-
-
-def module_tokens(upstream: str) -> int:
-    """Prompt tokens the upstream read back from modules (cached minus prefix blocks)."""
-    metrics = httpx.get(f"{upstream}/metrics").text
-
-    def total(name: str) -> int:
-        found = re.search(rf"^meancache_upstream_{name}_total (\S+)$", metrics, re.M)
-        assert found is not None, name
-        return int(float(found[1]))
-    return total("cached_tokens") - total("prefix_reused_tokens")
 
 
 def test_a_meancache_upstream_reads_the_apps_system_prompt_back_as_a_module(

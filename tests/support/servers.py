@@ -3,11 +3,13 @@ scripted OpenAI-compatible stub for the faults a real server cannot produce on d
 
 import asyncio
 import json
+import re
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
+import httpx
 from meancache.shared.loopback_server import LoopbackServer
 from meancache.shared.processes import free_port
 from meancache.upstream.server.app import ServerSettings
@@ -19,8 +21,8 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp
 
 __all__ = ["ECHO_MODEL", "LONG_LINES", "RECEIVED", "SCRIPTED_MODEL", "closes_trickled_headers",
-           "echo_upstream", "free_port", "running_upstream", "scripted_upstream", "serving",
-           "wait_for_port"]
+           "echo_upstream", "free_port", "module_tokens", "running_upstream", "scripted_upstream",
+           "serving", "wait_for_port"]
 
 SCRIPTED_MODEL = "scripted"
 RECEIVED: list[dict[str, object]] = []  # every chat request body the stub was sent, in order
@@ -203,3 +205,14 @@ def closes_trickled_headers(port: int, request_line: bytes, seconds: float) -> b
                 return True
             sock.settimeout(30)
     return False
+
+
+def module_tokens(upstream: str) -> int:
+    """Prompt tokens the upstream read back from modules (cached minus prefix blocks)."""
+    metrics = httpx.get(f"{upstream}/metrics").text
+
+    def total(name: str) -> int:
+        found = re.search(rf"^meancache_upstream_{name}_total (\S+)$", metrics, re.M)
+        assert found is not None, name
+        return int(float(found[1]))
+    return total("cached_tokens") - total("prefix_reused_tokens")

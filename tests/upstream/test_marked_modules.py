@@ -3,14 +3,21 @@
 so the same text after another history reads its states back, with the logits of one
 pass over the same layout (the block mask of independent modules, as for PML)."""
 
+import re
+from typing import Any
+
 import httpx
 import openai
 import pytest
-from meancache.shared.pml.marks import MAX_MARKS, MODULES_HEADER
+from hypothesis import given
+from hypothesis import strategies as st
+from meancache.shared.errors import PMLError
+from meancache.shared.pml.marks import MAX_MARKS, MODULES_HEADER, parse_marks
 from meancache.upstream.model_loading import load_model
 from meancache.upstream.prompt_cache.engine import MAX_MARKED_LAYOUTS, PromptCacheEngine
 from meancache.upstream.prompt_cache.layout import LEADING
 
+from tests.support.fuzz import fuzzed
 from tests.support.kv_reference import reference_logits
 from tests.support.servers import running_upstream
 
@@ -154,3 +161,44 @@ def test_marks_with_a_pml_prompt_are_refused(base_url: str) -> None:
                               {"role": "user", "content": '<prompt schema="x">hi</prompt>'}]})
     assert response.status_code == 400 and "one or the other" in response.text
 
+
+
+def published_marks(base_url: str) -> dict[str, Any]:
+    """The header parameter /openapi.json gives the chat completions operation."""
+    document = httpx.get(f"{base_url}/openapi.json").json()
+    parameters = document["paths"]["/v1/chat/completions"]["post"]["parameters"]
+    [header] = [p for p in parameters if p["name"] == MODULES_HEADER]
+    return dict(header)
+
+
+def test_the_marks_header_is_published_in_openapi(base_url: str) -> None:
+    header = published_marks(base_url)
+    assert header["in"] == "header" and header["required"] is False
+    assert header["schema"]["type"] == "string"
+    assert "messages" in header["description"] and "400" in header["description"]
+    example = header["example"]
+    assert re.fullmatch(header["schema"]["pattern"], example)
+    messages = [{"role": "system", "content": f"part {i}"} for i in range(3)] + [
+        {"role": "user", "content": "Which part?"}]
+    response = httpx.post(f"{base_url}/v1/chat/completions", headers={MODULES_HEADER: example},
+                          json={"model": "builtin:tiny", "messages": messages, "max_tokens": 2})
+    assert response.status_code == 200, response.text  # the example is a value it takes
+
+
+@fuzzed(max_examples=80)
+@given(data=st.data())
+def test_the_published_schema_says_which_headers_the_upstream_reads(
+        base_url: str, data: st.DataObject) -> None:
+    """A value the published schema allows, its indices distinct and before the question,
+    is taken (shared.pml.marks.parse_marks, as the server reads it); a value it does not
+    allow is refused, whatever the messages."""
+    schema = published_marks(base_url)["schema"]
+    allowed = data.draw(st.from_regex(schema["pattern"], fullmatch=True).filter(
+        lambda value: len(value) <= schema["maxLength"]))
+    indices = [int(part) for part in allowed.split(",")]
+    if len(set(indices)) == len(indices):
+        assert parse_marks(allowed, max(indices) + 2) == tuple(sorted(indices))
+    other = data.draw(st.text(alphabet="0123456789, \t-x+\u0661", max_size=80))
+    if not (re.fullmatch(schema["pattern"], other) and len(other) <= schema["maxLength"]):
+        with pytest.raises(PMLError):
+            parse_marks(other, 10**7)

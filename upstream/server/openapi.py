@@ -5,6 +5,12 @@ and the checks cannot drift apart."""
 from typing import Any
 
 from meancache.shared.pml import PML_MEDIA_TYPE
+from meancache.shared.pml.marks import (
+    MARKS_PATTERN,
+    MAX_HEADER_CHARS,
+    MAX_MARKS,
+    MODULES_HEADER,
+)
 from meancache.upstream.server.request_models import (
     ChatCompletionRequest,
     ErrorResponse,
@@ -13,6 +19,21 @@ from meancache.upstream.server.request_models import (
 from pydantic.json_schema import models_json_schema
 
 REF = "#/components/schemas/{model}"
+
+
+# Modules without writing PML (shared.pml.marks): the messages a request marks to keep.
+MARKS_PARAMETER = {
+    "name": MODULES_HEADER, "in": "header", "required": False,
+    "description": (
+        "Messages to keep as Prompt Cache modules (an app's system prompt, an attached "
+        "document), as comma-separated indices into `messages`: the marked messages are "
+        "laid out first, each at its own positions, and a later request of the same key "
+        "that marks the same text reads its states back after any history. At most "
+        f"{MAX_MARKS} indices, none twice, none past the messages and never the last "
+        "(the question); not with a PML `<prompt>`. Anything else is a 400 naming this "
+        "header. Other OpenAI-compatible servers ignore it."),
+    "schema": {"type": "string", "maxLength": MAX_HEADER_CHARS, "pattern": MARKS_PATTERN},
+    "example": "0,2"}
 
 
 def _answers(ok: str, *errors: int) -> dict[str, Any]:
@@ -40,6 +61,7 @@ def openapi_document(title: str, secured: bool) -> dict[str, Any]:
     paths = {
         "/v1/chat/completions": {"post": {
             "summary": "chat completion (PML prompts reuse precomputed modules)",
+            "parameters": [MARKS_PARAMETER],
             "requestBody": _json_body("ChatCompletionRequest"),
             "responses": _answers("200", 400, 401, 404, 413, 415, 429, 503)}},
         "/v1/models": {"get": {"summary": "the served model",
