@@ -7,7 +7,7 @@ import random
 import numpy as np
 import torch
 from meancache.client.fl.run_config import TrainConfig
-from meancache.shared.fl.weights import federated_names, freeze_all_but
+from meancache.shared.fl.weights import federated_names, training_only
 from meancache.shared.pairs import Pair
 from sentence_transformers import SentenceTransformer, losses
 
@@ -22,16 +22,14 @@ def _features(model: SentenceTransformer, texts: list[str]) -> dict[str, object]
 def train_locally(model: SentenceTransformer, pairs: list[Pair], config: TrainConfig
                   ) -> float:
     """Fine-tune the federated parameters in place; returns the mean loss."""
-    freeze_all_but(model, federated_names(model, config.top_layers))
     ranking = losses.MultipleNegativesRankingLoss(model)
     contrastive = losses.ContrastiveLoss(model)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                  lr=config.learning_rate)
     rng = random.Random(config.seed)
     duplicates = [p for p in pairs if p.label == 1]
     total, steps = 0.0, 0
-    model.train()
-    try:
+    with training_only(model, federated_names(model, config.top_layers)):
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                      lr=config.learning_rate)
         for _ in range(config.epochs):
             order = list(pairs)
             rng.shuffle(order)
@@ -54,10 +52,6 @@ def train_locally(model: SentenceTransformer, pairs: list[Pair], config: TrainCo
                 optimizer.step()
                 total += float(loss.detach())
                 steps += 1
-    finally:
-        model.eval()
-        for param in model.parameters():
-            param.requires_grad_(True)
     return total / max(steps, 1)
 
 

@@ -9,6 +9,8 @@ are exactly the tokens its users typed.
 """
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -53,10 +55,21 @@ def load_federated_state(model: "SentenceTransformer", state: dict[str, torch.Te
             target.copy_(value.to(target.device, target.dtype))
 
 
-def freeze_all_but(model: "SentenceTransformer", names: list[str]) -> None:
+@contextmanager
+def training_only(model: "torch.nn.Module", names: list[str]) -> Iterator[None]:
+    """Train only the parameters ``names`` of ``model`` within the block; after it, even
+    when training failed, the model is in eval mode with every parameter trainable again,
+    as it was handed over (a simulation reuses one model across clients)."""
     keep = set(names)
     for name, param in model.named_parameters():
         param.requires_grad_(name in keep)
+    model.train()
+    try:
+        yield
+    finally:
+        model.eval()
+        for param in model.parameters():
+            param.requires_grad_(True)
 
 
 def check_finite(state: dict[str, torch.Tensor]) -> None:

@@ -49,27 +49,21 @@ def train_verifier(model: "CrossEncoder", pairs: list[Pair], names: list[str], e
     the logit, each pair read in either order, as the shipped verifier was trained:
     shared.verifier.train); returns the mean loss."""
     import torch
-    from meancache.shared.fl.weights import freeze_all_but
+    from meancache.shared.fl.weights import training_only
     from meancache.shared.verifier.train import batches, train_step
 
-    freeze_all_but(model, names)
-    optimiser = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                  lr=learning_rate, weight_decay=0.01)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda _: 1.0)
     rng = random.Random(seed)
     rows = [(p.q1, p.q2, p.label) for p in pairs]
     total, steps = 0.0, 0
-    model.train()
-    try:
+    with training_only(model, names):
+        optimiser = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                      lr=learning_rate, weight_decay=0.01)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimiser, lambda _: 1.0)
         for _ in range(epochs):
             for chunk in batches(rows, batch, rng):
                 total += train_step(model, [(a, b, float(y)) for a, b, y in chunk],
                                     max_tokens, None, False, optimiser, schedule)
                 steps += 1
-    finally:
-        model.eval()
-        for param in model.parameters():
-            param.requires_grad_(True)
     return total / max(steps, 1)
 
 
