@@ -15,7 +15,8 @@ from pathlib import Path
 from meancache.client.cache.store import EntryStore
 from meancache.client.config import Settings
 from meancache.client.errors import EntryNotFoundError
-from meancache.client.learning.state import aliases
+from meancache.client.learning.bound import USER
+from meancache.client.learning.state import aliases, labelled_questions
 from meancache.client.matching.labels import labelled_pairs
 from meancache.shared.pairs import Pair
 from meancache.shared.query import normalise_query
@@ -49,20 +50,25 @@ def device_pairs(cache_dirs: Iterable[Path]) -> list[Pair]:
     return pairs
 
 
-def device_alias_pairs(cache_dirs: Iterable[Path]) -> list[Pair]:
-    """Each alias the caches learned (client.learning) as a positive pair of the alias and
-    its entry's question, for the verifier's federated training; an alias whose entry
-    is gone, or which only repeats its entry's question, teaches nothing and is left out."""
-    pairs: list[Pair] = []
+def device_learned_pairs(cache_dirs: Iterable[Path]) -> list[Pair]:
+    """What the caches learned from the upstream's answers (client.learning), as pairs of
+    the question and its entry's question for the verifier's federated training: each
+    label that kept its question (right: 1, wrong: 0; a user's "wrong answer" is among
+    the feedback pairs already) and each alias. A pair whose entry is gone, or which only
+    repeats its entry's question, teaches nothing and is left out; each pair comes once."""
+    pairs: dict[tuple[str, str], Pair] = {}
     for cache_dir in cache_dirs:
         if not cache_dir.exists():
             continue
         with closing(EntryStore(cache_dir)) as store:
-            for question, entry_id in aliases(store).items():
+            learned = [(label.question, label.entry, int(not label.wrong))
+                       for label in labelled_questions(store) if label.source != USER]
+            learned += [(question, entry_id, 1) for question, entry_id in aliases(store).items()]
+            for question, entry_id, same in learned:
                 try:
                     stored = store.get(entry_id).query
                 except EntryNotFoundError:
                     continue
                 if normalise_query(stored) != question:
-                    pairs.append(Pair(question, stored, 1))
-    return pairs
+                    pairs.setdefault((question, stored), Pair(question, stored, same))
+    return list(pairs.values())

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings, load_settings
-from meancache.client.device_caches import device_alias_pairs, device_cache_dirs, device_pairs
+from meancache.client.device_caches import device_cache_dirs, device_learned_pairs, device_pairs
 from meancache.client.fl.trust import accept_fresh, installed_round, trusted_key
 from meancache.shared.errors import CheckpointError
 from meancache.shared.fl.checkpoint import (
@@ -88,11 +88,11 @@ class DeviceState:
         evidence; they leave the device only as weight updates and evidence counts."""
         return device_pairs(directory for _, directory in device_cache_dirs(self.settings))
 
-    def alias_pairs(self) -> list[Pair]:
-        """The aliases every cache on the device learned, as positive pairs: the
-        verifier trains on them beside ``pairs``; they too leave the device only as
-        weight updates."""
-        return device_alias_pairs(directory for _, directory in device_cache_dirs(
+    def learned_pairs(self) -> list[Pair]:
+        """What every cache on the device learned from the upstream's answers (labels
+        with their questions, aliases) as pairs: the verifier trains on them beside
+        ``pairs``; they too leave the device only as weight updates."""
+        return device_learned_pairs(directory for _, directory in device_cache_dirs(
             self.settings))
 
 

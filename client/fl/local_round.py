@@ -75,12 +75,12 @@ def labelled_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
     return DeviceState(Path(str(node["data-dir"]))).pairs()
 
 
-def alias_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
-    """On a device, the aliases its caches learned (positive pairs for the verifier);
-    none in simulation."""
+def learned_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
+    """On a device, what its caches learned from the upstream's answers (labelled pairs
+    for the verifier: client.device_caches); none in simulation."""
     if config.data_source == "qqp":
         return []
-    return DeviceState(Path(str(node["data-dir"]))).alias_pairs()
+    return DeviceState(Path(str(node["data-dir"]))).learned_pairs()
 
 
 def for_encoder(pairs: list[Pair]) -> list[Pair]:
@@ -162,7 +162,7 @@ def train_reply(msg: Message, got: Received) -> Message:
         train = got.config.train
         judged = verifier_names(got.verifier, got.config.model.verifier_layers)
         metrics["verifier-train-loss"] = train_verifier(
-            got.verifier, asked + alias_pairs(got.config, got.node), judged, train.epochs,
+            got.verifier, asked + learned_pairs(got.config, got.node), judged, train.epochs,
             train.batch_size, train.learning_rate, train.seed)
         trained = with_verifier(trained, federated_state(got.verifier, judged))  # type: ignore[arg-type]
     try:

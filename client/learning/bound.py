@@ -40,13 +40,16 @@ MIN_ENTRY_LABELS = 3  # an entry's own labels before its evidence counts (vCache
 @dataclass(frozen=True)
 class Label:
     """One labelled served-region pair: the judge's score, whether the cached answer was
-    wrong, the probability that this pair got labelled, and the entry it concerns."""
+    wrong, the probability that this pair got labelled, the entry it concerns and the
+    question asked of it (normalised; kept on the device, where federated learning trains
+    the verifier on the pair: client.device_caches)."""
 
     score: float
     wrong: bool
     labelled_with: float = 1.0
     entry: str = ""
     source: str = "miss"  # "miss", "explore" or "user" (a "wrong answer": the strongest)
+    question: str = ""
 
 
 @dataclass(frozen=True)

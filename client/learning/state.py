@@ -10,7 +10,7 @@ they open the cache). The bound itself is derived from the labels, never stored 
 """
 
 import threading
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any, Protocol
 
 from meancache.client.learning.bound import CONFIDENCE, Bound, Label, choose, entry_threshold
@@ -89,15 +89,17 @@ class Learned:
 
     # labels and aliases ----------------------------------------------------------------
     def learn(self, label: Label, question: str | None = None) -> None:
-        """Record ``label``; a right answer for ``question`` (``label.wrong`` false) also
-        makes it an alias of the label's entry."""
+        """Record ``label`` with ``question`` (normalised); a right answer for it
+        (``label.wrong`` false) also makes it an alias of the label's entry."""
+        if question is not None and not label.question:
+            label = replace(label, question=normalise_query(question))
         with self._lock:
             if len(self._current) >= CHUNK:
                 self._chunk, self._current = self._chunk + 1, []
             self._current.append(asdict(label))
             writes: dict[str, object] = {f"{_LABELS}{self._chunk}": list(self._current)}
-            alias = None if question is None or label.wrong or not label.entry \
-                else normalise_query(question)
+            alias = None if not label.question or label.wrong or not label.entry \
+                else label.question
             if alias is not None:
                 writes[_ALIAS + alias] = label.entry
             self._store.set_states(writes)
@@ -138,6 +140,13 @@ def reset(store: StateStore) -> int:
     transaction: labels, aliases and so the bound and the per-entry evidence they carry."""
     return store.delete_states(PREFIX)
 
+
+def labelled_questions(store: StateStore) -> list[Label]:
+    """The newest ``KEPT`` labels that hold their question (labels written before they
+    kept it do not): federated learning trains the verifier on them, wrong ones included."""
+    chunks = sorted(store.states(_LABELS).items(), key=lambda item: int(item[0][len(_LABELS):]))
+    labels = [Label(**record) for _, chunk in chunks for record in chunk][-KEPT:]
+    return [label for label in labels if label.question and label.entry]
 
 
 def aliases(store: StateStore) -> dict[str, str]:

@@ -9,7 +9,7 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.learning.agreement import agree
 from meancache.client.learning.bound import Label
 from meancache.client.learning.explore import Exploration
-from meancache.client.learning.state import CHUNK, Learned
+from meancache.client.learning.state import CHUNK, Learned, labelled_questions
 
 PRIOR = 0.556
 
@@ -32,6 +32,10 @@ def test_learning_persists(tmp_path: Path) -> None:
     assert again.bound == before
     assert again.alias("Question 5") == "e1"  # normalised lookup
     assert again.alias("a wrong one") is None  # a wrong answer makes no alias
+    # each label keeps its question, normalised, for the verifier's federated training
+    assert again.labels[-1].question == "a wrong one"
+    assert [label.question for label in labelled_questions(store)][:2] == [
+        "question 0", "question 1"]
     assert again.reset() > 0
     assert again.labels == [] and again.alias("question 5") is None
     assert again.bound.threshold == PRIOR

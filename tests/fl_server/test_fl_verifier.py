@@ -104,15 +104,21 @@ def test_a_device_trains_the_verifier_and_runs_the_global_one_as_int8(
 ) -> None:
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
     device_with_feedback(tmp_path, FEEDBACK)
-    # What the cache learned from the upstream: a question confirmed to share an entry's
-    # answer (an alias) is a positive pair for the verifier.
+    # What the cache learned from the upstream's answers: a question confirmed to share an
+    # entry's answer (a label that is right, and its alias) is a positive pair for the
+    # verifier, a candidate whose answer was not the upstream's a negative one; a user's
+    # "wrong answer" is among the feedback pairs already.
     store = EntryStore(tmp_path / "cache")
     entry = Entry("how do I boil an egg", "ten minutes", np.zeros(4, np.float32), "v")
     store.put(entry)
-    Learned(store, 0.02).learn(Label(0.9, False, 1.0, entry.id), "How do you boil eggs?")
+    learned = Learned(store, 0.02)
+    learned.learn(Label(0.9, False, 1.0, entry.id), "How do you boil eggs?")
+    learned.learn(Label(0.7, True, 1.0, entry.id), "How do I boil an egg in a microwave?")
+    learned.learn(Label(0.6, True, 1.0, entry.id, "user", "how long to boil an egg"))
     store.close()
-    assert DeviceState(tmp_path).alias_pairs() == [
-        Pair("how do you boil eggs", "how do I boil an egg", 1)]
+    assert set(DeviceState(tmp_path).learned_pairs()) == {
+        Pair("how do you boil eggs", "how do I boil an egg", 1),
+        Pair("how do i boil an egg in a microwave", "how do I boil an egg", 0)}
     context = device_context(tmp_path, tiny_dir, {"verifier-top-layers": 1,
                                                   "verifier-model": str(tiny_verifier)})
     trust_round_key(monkeypatch)
