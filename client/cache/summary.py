@@ -68,6 +68,11 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str,
         stale_entries=sum(1 for entry in entries if entry.encoder_version != version),
         encoder_version=version, encoder_backend=backend,
         embedding_dim=int(newest.embedding.shape[0]) if newest is not None else 0,
-        bound=None if max_wrong_rate is None else Learned(
-            store, max_wrong_rate, read_card(ARTEFACT_DIR).threshold).bound,
+        bound=None if max_wrong_rate is None else _bound(store, max_wrong_rate),
         max_wrong_rate=max_wrong_rate)
+
+
+def _bound(store: EntryStore, max_wrong_rate: float) -> Bound:
+    """The bound as the shipped verifier judges (no verifier is loaded here)."""
+    card = read_card(ARTEFACT_DIR)
+    return Learned(store, max_wrong_rate, card.threshold, judge=card.sha256).bound

@@ -40,9 +40,10 @@ MIN_ENTRY_LABELS = 3  # an entry's own labels before its evidence counts (vCache
 @dataclass(frozen=True)
 class Label:
     """One labelled served-region pair: the judge's score, whether the cached answer was
-    wrong, the probability that this pair got labelled, the entry it concerns and the
+    wrong, the probability that this pair got labelled, the entry it concerns, the
     question asked of it (normalised; kept on the device, where federated learning trains
-    the verifier on the pair: client.device_caches)."""
+    the verifier on the pair: client.device_caches) and which judge gave the score (its
+    model's sha256: a score means something only to the judge that gave it)."""
 
     score: float
     wrong: bool
@@ -50,6 +51,7 @@ class Label:
     entry: str = ""
     source: str = "miss"  # "miss", "explore" or "user" (a "wrong answer": the strongest)
     question: str = ""
+    judge: str = ""
 
 
 @dataclass(frozen=True)

@@ -37,11 +37,13 @@ class Learned:
     """The device's learned labels, bound and aliases, loaded once and kept current."""
 
     def __init__(self, store: StateStore, max_wrong_rate: float, prior: float | None = None,
-                 confidence: float = CONFIDENCE) -> None:
-        """``prior``: the judge's own threshold (the verifier's card), settable later."""
+                 confidence: float = CONFIDENCE, judge: str = "") -> None:
+        """``prior``: the judge's own threshold (the verifier's card), settable later, as
+        is ``judge``, the identity of the judge whose scores the labels hold."""
         self._store = store
         self.max_wrong_rate = max_wrong_rate
         self._prior = prior
+        self._judge = judge
         self.confidence = confidence
         self._lock = threading.Lock()
         self._load()
@@ -71,12 +73,28 @@ class Learned:
             self._prior, self._bound = value, None
 
     @property
+    def judge(self) -> str:
+        return self._judge
+
+    @judge.setter
+    def judge(self, value: str) -> None:
+        """The judge now scoring (the verifier's sha256): only its labels count, since
+        another model's scores (a global verifier from federated learning, say) lie on
+        another scale. Labels written before labels named their judge count for any."""
+        if value != self._judge:
+            self._judge, self._bound = value, None
+
+    def _counts(self, label: Label) -> bool:
+        return label.judge in ("", self._judge)
+
+    @property
     def bound(self) -> Bound:
         if self.prior is None:
             raise ValueError("the bound needs the judge's own threshold as its prior")
         with self._lock:
             if self._bound is None:
-                self._bound = choose(self.labels, self.max_wrong_rate, self.prior,
+                self._bound = choose([label for label in self.labels if self._counts(label)],
+                                     self.max_wrong_rate, self.prior,
                                      self.confidence)
             return self._bound
 
@@ -85,7 +103,7 @@ class Learned:
         threshold = self.bound.threshold
         if entry is None:
             return threshold
-        return entry_threshold(threshold, self._by_entry.get(entry, ()))
+        return entry_threshold(threshold, filter(self._counts, self._by_entry.get(entry, ())))
 
     # labels and aliases ----------------------------------------------------------------
     def learn(self, label: Label, question: str | None = None) -> None:
@@ -93,6 +111,8 @@ class Learned:
         (``label.wrong`` false) also makes it an alias of the label's entry."""
         if question is not None and not label.question:
             label = replace(label, question=normalise_query(question))
+        if not label.judge:
+            label = replace(label, judge=self._judge)
         with self._lock:
             if len(self._current) >= CHUNK:
                 self._chunk, self._current = self._chunk + 1, []

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from meancache.client.cache.store import EntryStore
 from meancache.client.learning.agreement import agree
-from meancache.client.learning.bound import Label
+from meancache.client.learning.bound import Label, labels_needed
 from meancache.client.learning.explore import Exploration
 from meancache.client.learning.state import CHUNK, Learned, labelled_questions
 
@@ -86,3 +86,21 @@ def test_exploring_until_learned_checks_every_near_hit_until_the_labels_decide()
         draws.random()
     expected = [draws.random() < 0.1 for _ in range(50)]
     assert [warming.explores(0.6, 0.5, rng, learned=True) for _ in range(50)] == expected
+
+
+def test_only_the_labels_of_the_judge_now_scoring_count(tmp_path: Path) -> None:
+    """A score means something only to the model that gave it: after a new verifier (a
+    global one from federated learning, say) the old one's labels no longer move the
+    bound, and they count again under the judge that scored them."""
+    store = EntryStore(tmp_path)
+    learning = Learned(store, 0.02, PRIOR, judge="verifier-a")
+    for i in range(labels_needed(0.02) + 50):
+        learning.learn(Label(0.3 + i / 10_000, False, entry=f"e{i}"), f"question {i}")
+    assert learning.labels[0].judge == "verifier-a"
+    assert learning.bound.learned and learning.bound.threshold < PRIOR
+    learning.judge = "verifier-b"
+    assert not learning.bound.learned and learning.bound.threshold == PRIOR
+    store.close()
+    store = EntryStore(tmp_path)
+    assert Learned(store, 0.02, PRIOR, judge="verifier-a").bound.learned
+    store.close()
