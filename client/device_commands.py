@@ -31,6 +31,8 @@ from rich.text import Text
 if TYPE_CHECKING:
     from meancache.client.cache import SemanticCache
     from meancache.client.chat.session import UpstreamStarter
+    from meancache.shared.encoder import Encoder
+    from meancache.shared.verifier.runtime import LearnedVerifier
 
 out = Console()
 err = Console(stderr=True)
@@ -50,20 +52,27 @@ def assemble_encoder(settings: Settings) -> None:
         locate_model(settings.encoder_model, settings.models_dir, progress)
 
 
-def open_cache(settings: Settings, directory: Path | None = None, **options: object
-               ) -> "SemanticCache":
-    """The device's cache (``options``: SemanticCache's keywords, e.g. ``learns``)."""
-    from meancache.client.cache import SemanticCache
+def device_models(settings: Settings) -> "tuple[Encoder, LearnedVerifier | None]":
+    """The device's encoder and verifier, loaded once for the caches opened with them."""
     from meancache.client.encoder import load_device_encoder
     from meancache.client.verifier import load_device_verifier
 
     assemble_encoder(settings)
     with err.status("loading the embedding model (the first start exports it to ONNX)"):
-        encoder = load_device_encoder(settings)
+        return load_device_encoder(settings), load_device_verifier(settings)
+
+
+def open_cache(settings: Settings, directory: Path | None = None,
+               models: "tuple[Encoder, LearnedVerifier | None] | None" = None, **options: object
+               ) -> "SemanticCache":
+    """The device's cache (``models``: from ``device_models``, loaded here if None;
+    ``options``: SemanticCache's keywords, e.g. ``learns``)."""
+    from meancache.client.cache import SemanticCache
+
+    encoder, verifier = models or device_models(settings)
     with ProgressBar("re-embedding cached queries", err) as progress:
         return SemanticCache(directory or settings.cache_dir, encoder,
-                             settings.cache_settings(), progress,
-                             verifier=load_device_verifier(settings), **options)
+                             settings.cache_settings(), progress, verifier=verifier, **options)
 
 
 # cache -------------------------------------------------------------------------------
@@ -342,12 +351,12 @@ def _replay_learning(args: argparse.Namespace, settings: Settings, pairs: list) 
     turns = stream_of(pairs, args.seed)
     err.print(f"stream of {len(turns)} questions, order seed {args.seed}")
     settings = settings.model_copy(update={"explore_rate": args.explore})
-    reports = {}
+    reports, models = {}, device_models(settings)
     with tempfile.TemporaryDirectory(prefix="meancache-replay-") as directory:
-        with open_cache(settings, Path(directory) / "static", learns=False) as cache, \
+        with open_cache(settings, Path(directory) / "static", models, learns=False) as cache, \
                 ProgressBar("static decision", err) as progress:
             reports["static"] = replay(cache, turns, progress).report()
-        with open_cache(settings, Path(directory) / "learned",
+        with open_cache(settings, Path(directory) / "learned", models,
                         rng=random.Random(args.seed)) as cache, \
                 ProgressBar("learning decision", err) as progress:
             reports["learned"] = replay(cache, turns, progress).report()
