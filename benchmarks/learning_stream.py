@@ -165,9 +165,10 @@ def main() -> None:
     parser.add_argument("--max-wrong-rate", type=float, default=0.02)
     parser.add_argument("--explore", type=float, default=0.1, help="exploration rate")
     parser.add_argument("--streams", nargs="+", default=["qqp", "arena"])
-    parser.add_argument("--until-learned", action="store_true",
-                        help="also the learned decision exploring every near would-be hit until "
-                        "the labels choose the threshold (explore_until_learned)")
+    parser.add_argument("--near-only", action="store_true",
+                        help="also the learned decision exploring only explore_rate of the near "
+                        "would-be hits from the start (explore_until_learned false: the "
+                        "verifier's threshold serves until the labels decide)")
     parser.add_argument("--variants", action="store_true",
                         help="also the rules decision (the ambiguity rule and every word rule: "
                         "decision = 'rules') and the cosine alone (verify_hits off), each "
@@ -198,9 +199,9 @@ def main() -> None:
                      table, args.seed, learns=False)
         learned = run("learned (shipped decision + the bound, aliases, exploration)", turns,
                       encoder, settings, table, args.seed)
-        if args.until_learned:
-            run("learned, exploring until learned", turns, encoder,
-                settings.model_copy(update={"explore_until_learned": True}), table, args.seed)
+        if args.near_only:
+            run("learned, exploring explore_rate of near hits from the start", turns, encoder,
+                settings.model_copy(update={"explore_until_learned": False}), table, args.seed)
         if args.variants and name == "qqp":  # the choices are made on qqp only
             run("learned, rules decision", turns, encoder,
                 settings.model_copy(update={"decision": "rules"}), table, args.seed)

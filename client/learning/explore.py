@@ -23,7 +23,7 @@ class Exploration:
 
     rate: float = EXPLORE_RATE  # share of near-boundary would-be hits also sent upstream
     width: float = EXPLORE_WIDTH  # how far above the threshold (in score) a hit counts as near
-    until_learned: bool = False
+    until_learned: bool = True
 
     def __post_init__(self) -> None:
         if not 0 <= self.rate <= 1:
@@ -36,6 +36,8 @@ class Exploration:
 
     def rate_now(self, learned: bool) -> float:
         """The chance a near would-be hit is explored now (what its label is weighted by)."""
+        if self.rate == 0:  # exploration off, even before the labels decide
+            return 0.0
         return 1.0 if self.until_learned and not learned else self.rate
 
     def explores(self, score: float, threshold: float, rng: random.Random,

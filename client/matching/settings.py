@@ -58,11 +58,13 @@ class MatchSettings(BaseModel):
     explore_width: float = Field(EXPLORE_WIDTH, ge=0, le=1, description="How far above the "
                                  "learned threshold (in the verifier's probability) a would-be "
                                  "hit counts as near it, and may be explored.")
-    explore_until_learned: bool = Field(False, description="Explore every near would-be hit "
+    explore_until_learned: bool = Field(True, description="Explore every near would-be hit "
                                         "until the labels choose the threshold (149 labels at "
-                                        "2%, none wrong), then `explore_rate` of them: the "
-                                        "bound learns sooner, for an upstream call per near "
-                                        "would-be hit until then.")
+                                        "2%, none wrong), then `explore_rate` of them: until "
+                                        "then the cache serves near its threshold only what its "
+                                        "own labels back, so the bound holds on traffic unlike "
+                                        "the verifier's (docs/cache.md); false: the verifier's "
+                                        "own threshold serves until the labels decide.")
     tune_min_per_class: int = Field(5, gt=0, description="Labelled pairs of each kind "
                                     "(hit, false hit) before tau is re-tuned locally.")
 

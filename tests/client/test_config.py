@@ -64,7 +64,7 @@ def test_the_cache_is_given_every_cache_setting_and_shares_its_defaults(
                "pca_min_entries": 3, "tune_min_per_class": 2, "verifier": "rules",
                "candidates": 3, "recall_margin": 0.05, "max_wrong_rate": 0.05,
                "decision": "rules", "explore_rate": 0.3, "explore_width": 0.1,
-               "explore_until_learned": True}
+               "explore_until_learned": False}
     got = settings.model_copy(update=changed).cache_settings()
     assert got.model_dump() == CacheSettings().model_dump() | changed
     assert set(changed) == set(CacheSettings.model_fields)  # every one is the user's to set

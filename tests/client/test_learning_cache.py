@@ -88,8 +88,9 @@ def passing(tmp_path_factory: pytest.TempPathFactory) -> LearnedVerifier:
 
 def test_exploration_checks_the_would_be_hits_a_seeded_draw_picks_and_labels_them(
         make_cache: CacheFactory, passing: LearnedVerifier) -> None:
-    seed, rate = 2026, 0.5
-    settings = SETTINGS.model_copy(update=dict(explore_rate=rate, explore_width=1.0))
+    seed, rate = 2026, 0.5  # the rate itself (not every near hit until the labels decide)
+    settings = SETTINGS.model_copy(update=dict(explore_rate=rate, explore_width=1.0,
+                                               explore_until_learned=False))
     cache = make_cache(settings=settings, verifier=passing, rng=random.Random(seed))
     cache.insert(FRANCE, ANSWER)
     draws = random.Random(seed)  # every lookup is near (width 1), so one draw each

@@ -79,6 +79,7 @@ def test_exploring_until_learned_checks_every_near_hit_until_the_labels_decide()
     rng = random.Random(seed)
     warming = Exploration(rate=0.1, width=0.25, until_learned=True)
     assert warming.rate_now(learned=False) == 1.0 and warming.rate_now(learned=True) == 0.1
+    assert Exploration(rate=0.0, until_learned=True).rate_now(learned=False) == 0.0  # off
     assert all(warming.explores(0.6, 0.5, rng, learned=False) for _ in range(50))
     assert not warming.explores(0.8, 0.5, rng, learned=False)  # not near: served
     draws = random.Random(seed)
