@@ -81,7 +81,8 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
 
     with closing(EntryStore(settings.cache_dir)) as store:  # no encoder: nothing to embed
         stats = stored_stats(store, settings.global_threshold, settings.encoder_backend,
-                             settings.max_wrong_rate)
+                             settings.max_wrong_rate if settings.cache_settings().learned
+                             else None)
         plots = [] if args.json else stats_plots(store, stats.threshold)
     if args.json:
         print_json(dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate,

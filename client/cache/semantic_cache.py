@@ -246,4 +246,4 @@ class SemanticCache:
                 encoder_version=self.encoder.version, encoder_backend=self.encoder.backend,
                 embedding_dim=self.encoder.dim,
                 bound=None if self.learned.prior is None else self.learned.bound,
-                max_wrong_rate=self.settings.max_wrong_rate)
+                max_wrong_rate=self.settings.max_wrong_rate if self.settings.learned else None)

@@ -122,3 +122,15 @@ def test_exploration_off_serves_every_would_be_hit(make_cache: CacheFactory,
     replaying = make_cache(tmp_path / "replay", settings=exploring, verifier=passing)
     replaying.insert(FRANCE, ANSWER)  # no draws given (a replay, a benchmark): no exploration
     assert all(isinstance(replaying.lookup(question), Hit) for question in PARAPHRASES)
+
+
+def test_with_the_learned_verifier_off_no_bound_is_claimed(
+        make_cache: CacheFactory, declining: LearnedVerifier, tmp_path: Path) -> None:
+    """Only the learned verifier's probability carries a bound: with verification off the
+    stats say that tau alone decides, rather than show the verifier's threshold as if it
+    were kept."""
+    stats = make_cache(settings=SETTINGS, verifier=declining).stats()
+    assert stats.max_wrong_rate == 0.02 and "not estimated yet" in stats.wrong_rate_line
+    off = make_cache(tmp_path / "off",
+                     settings=SETTINGS.model_copy(update={"verify_hits": False})).stats()
+    assert off.max_wrong_rate is None and "tau alone decides" in off.wrong_rate_line
