@@ -6,7 +6,6 @@ import random
 from pathlib import Path
 
 import numpy as np
-
 from meancache.client.cache.store import EntryStore
 from meancache.client.learning.agreement import agree
 from meancache.client.learning.bound import Label
