@@ -8,12 +8,14 @@ import json
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord
+from flwr.app import Array, ArrayRecord, ConfigRecord
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
 from hypothesis import given
 from hypothesis import strategies as st
 from meancache.fl_server.pooled_threshold import ThresholdRule
 from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.screening import ReplyLimits, screen
+from meancache.fl_server.secure_rounds import CountingGrid, SecureFedAvg
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.fl.bound_evidence import (
     BINS,
@@ -138,3 +140,28 @@ def test_the_server_drops_a_liar_caps_a_big_device_pools_and_publishes_signed() 
     # a round in which no device sends labels keeps what was published
     strategy.aggregate_train(2, [reply(5, similarity, 10, torch.ones(2))])
     assert strategy.bound.labels == 700
+
+
+def test_under_secure_aggregation_the_evidence_is_still_checked_capped_and_pooled() -> None:
+    """SecAgg+ hides each update, not the evidence (JSON text in the legacy metrics): a
+    device's impossible sums are ignored (its masked update still counts), the others are
+    capped at the round's median labels and published with the next round's model."""
+    state = {"w": np.zeros(2, dtype=np.float32)}
+    strategy = SecureFedAvg(["w"], ArrayRecord({"w": Array(state["w"])}), 0.8,
+                            ReplyLimits(10**6, 1e6), ThresholdRule(0, 10, 1.0),
+                            RoundModels(ROUND_KEY, "base", 1, 0), CountingGrid(None),
+                            lambda r, a: None)
+    liar = labels(50, seed=4).to_metrics()
+    liar[WRONG][200] = 10**6  # more wrong weight than weight
+    similarity = Evidence.empty().to_metrics()
+
+    def fit(bound: dict[str, list[float]]) -> tuple[None, FitRes]:
+        return None, FitRes(Status(Code.OK, ""), ndarrays_to_parameters([state["w"]]), 10,
+                            to_scalars({"num-examples": 10, **similarity, **bound}))
+    strategy.aggregate_fit(1, [fit(labels(900, seed=1).to_metrics()),
+                               fit(labels(100, seed=2).to_metrics()),
+                               fit(labels(300, seed=3).to_metrics()), fit(liar)], [])
+    assert strategy.bound.labels == 300 + 100 + 300
+    meta = GlobalModel(**json.loads(str(strategy._fit_config(2)[DESCRIPTION_KEY])))
+    verify(meta, ROUND_KEY.public_key())
+    assert BoundEvidence.from_record(meta.bound).labels == 700
