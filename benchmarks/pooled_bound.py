@@ -17,11 +17,14 @@ the second half, at the threshold its bound chooses (client.learning.bound)
   publishes it (shared.fl.bound_evidence: all of each other device's labels, binned, each
   device capped at the round's median as screening does; ``choose_pooled``).
 
-It reports, over the held-out devices, the median threshold, the hit rate (the share of
-its test questions answered from the cache), the wrong rate (the share of served answers
-that are wrong, which the bound holds at ``max_wrong_rate``), and how many devices served
-more wrong answers than the bound. Pair-level: every pair is labelled (labelled_with 1),
-as the misses a device compares and the hits it explores are.
+It reports, over the held-out devices, the median threshold, and over their test traffic
+together the hit rate (the share of test questions answered from the cache) and the wrong
+rate (the share of served answers that are wrong, which the bound holds at
+``max_wrong_rate``); and how many devices' thresholds their labels chose (else the
+verifier card's prior, or nothing served where they show its region too wrong). The
+judged labels are kept in --cache-dir, so a rerun scores nothing again. Pair-level: every
+pair is labelled (labelled_with 1), as the misses a device compares and the hits it
+explores are.
 
     python benchmarks/pooled_bound.py                    # 4,000 labels a stream, 5 and 20 devices
     python benchmarks/pooled_bound.py --quick
@@ -80,10 +83,15 @@ def evidence(scores: np.ndarray, wrong: np.ndarray) -> BoundEvidence:
     return BoundEvidence.of_labels(scores, wrong.astype(float), np.ones(len(scores)))
 
 
-def served(threshold: float, scores: np.ndarray, wrong: np.ndarray) -> tuple[float, float]:
-    """(hit rate, wrong share of the served) on a device's test traffic."""
-    hits = scores >= threshold
-    return float(hits.mean()), float(wrong[hits].mean()) if hits.any() else 0.0
+def cached(path, make):
+    """``make()``'s (scores, wrong), kept in ``path``."""
+    if path.is_file():
+        kept = np.load(path)
+        return kept["scores"], kept["wrong"]
+    scores, wrong = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(path, scores=scores, wrong=wrong)
+    return scores, wrong
 
 
 def held_out(scores: np.ndarray, wrong: np.ndarray, devices: int, rate: float, prior: float,
@@ -91,9 +99,9 @@ def held_out(scores: np.ndarray, wrong: np.ndarray, devices: int, rate: float, p
     order = np.array(random.Random(seed).sample(range(len(scores)), len(scores)))
     shards = np.array_split(order, devices)
     shared = [evidence(scores[s], wrong[s]) for s in shards]
-    out: dict[str, list[float]] = {k: [] for k in ("own_t", "own_hit", "own_wrong",
-                                                   "pool_t", "pool_hit", "pool_wrong",
-                                                   "pool_labels")}
+    out: dict[str, list[float]] = {f"{who}_{what}": [] for who in ("own", "pool") for what
+                                   in ("t", "learned", "asked", "served", "wrong")}
+    out["pool_labels"] = []
     for d, shard in enumerate(shards):
         learned, test = shard[: len(shard) // 2], shard[len(shard) // 2:]
         own = [Label(float(scores[i]), bool(wrong[i])) for i in learned]
@@ -103,10 +111,12 @@ def held_out(scores: np.ndarray, wrong: np.ndarray, devices: int, rate: float, p
         alone = choose(own, rate, prior)
         pooled = choose_pooled(own, own, Rows.pooled_bins(*pool.rows()), rate, prior)
         for key, bound in (("own", alone), ("pool", pooled)):
-            hit, wrong_share = served(bound.threshold, scores[test], wrong[test])
+            hits = scores[test] >= bound.threshold
             out[f"{key}_t"].append(min(bound.threshold, 1.0))
-            out[f"{key}_hit"].append(hit)
-            out[f"{key}_wrong"].append(wrong_share)
+            out[f"{key}_learned"].append(bound.learned)
+            out[f"{key}_asked"].append(len(test))
+            out[f"{key}_served"].append(int(hits.sum()))
+            out[f"{key}_wrong"].append(int(wrong[test][hits].sum()))
         out["pool_labels"].append(pool.labels)
     return out
 
@@ -123,8 +133,11 @@ def main() -> None:
         args.pairs, args.devices, args.rates = 800, [4], [0.05]
     prior = LearnedVerifier.load().threshold
     for stream in args.streams:
-        scores, wrong = (scored_pairs(args.data_dir, args.pairs, args.seed) if stream == "qqp"
-                         else arena_pairs(args.data_dir, args.cache_dir, args.pairs, args.seed))
+        scores, wrong = cached(
+            args.cache_dir / "pooled_bound" / f"{stream}-{args.pairs}-{args.seed}.npz",
+            lambda stream=stream: scored_pairs(args.data_dir, args.pairs, args.seed)
+            if stream == "qqp" else arena_pairs(args.data_dir, args.cache_dir, args.pairs,
+                                                args.seed))
         note(f"{stream}: prior (the verifier card's threshold) {prior:.3f}; the stream is "
              f"{wrong.mean():.1%} wrong over all labels, {wrong[scores >= prior].mean():.1%} "
              f"over the prior")
@@ -134,25 +147,25 @@ def main() -> None:
 def report(stream: str, scores: np.ndarray, wrong: np.ndarray, prior: float, args) -> None:
     table = Table(title=f"{stream}: held-out devices at the bound, own labels vs the pool "
                   f"({len(scores)} labels scored by the shipped verifier, seed {args.seed}; "
-                  f"medians over devices, wrong = share of served answers)")
+                  f"thresholds: median over devices; hit and wrong rates: over all held-out "
+                  f"traffic, wrong = share of served answers)")
     for column in ("max_wrong_rate", "devices", "own labels", "pooled labels",
-                   "own: threshold", "own: hit rate", "own: wrong", "own: devices over",
-                   "pooled: threshold", "pooled: hit rate", "pooled: wrong",
-                   "pooled: devices over"):
+                   "own: threshold", "own: learned", "own: hit rate", "own: wrong",
+                   "pooled: threshold", "pooled: learned", "pooled: hit rate",
+                   "pooled: wrong"):
         table.add_column(column)
     for rate in args.rates:
         for devices in args.devices:
             r = held_out(scores, wrong, devices, rate, prior, args.seed)
-            own_labels = len(scores) // devices // 2
-
-            def over(key: str, rate: float = rate, r: dict = r) -> str:
-                return f"{sum(w > rate for w in r[key])}/{len(r[key])}"
-            table.add_row(f"{rate:.0%}", str(devices), str(own_labels),
-                          f"{np.median(r['pool_labels']):.0f}",
-                          f"{np.median(r['own_t']):.3f}", f"{np.median(r['own_hit']):.1%}",
-                          f"{np.median(r['own_wrong']):.1%}", over("own_wrong"),
-                          f"{np.median(r['pool_t']):.3f}", f"{np.median(r['pool_hit']):.1%}",
-                          f"{np.median(r['pool_wrong']):.1%}", over("pool_wrong"))
+            cells = []
+            for who in ("own", "pool"):
+                served = sum(r[f"{who}_served"])
+                cells += [f"{np.median(r[f'{who}_t']):.3f}",
+                          f"{sum(r[f'{who}_learned'])}/{devices}",
+                          f"{served / sum(r[f'{who}_asked']):.1%}",
+                          f"{sum(r[f'{who}_wrong']) / served:.1%}" if served else "-"]
+            table.add_row(f"{rate:.0%}", str(devices), str(len(scores) // devices // 2),
+                          f"{np.median(r['pool_labels']):.0f}", *cells)
     print_table(table)
 
 
