@@ -22,6 +22,12 @@ chosen on QQP dev) is the prior: a new device starts at today's behaviour. Label
 show the prior's region is too wrong (the lower confidence limit of its error above the
 bound) raise the threshold past every score seen, so only aliases and the very same
 question are served until the evidence passes somewhere.
+
+Federated learning pools the labels of many devices (shared.fl.bound_evidence: per score
+bin the sums of w, w² and w·wrong, which are all the test reads), so that 149 labels come
+sooner than one device gathers them: ``choose_pooled`` tests the pool together with the
+device's own newer labels, row by row as ``choose`` tests labels alone, and lets the
+device's own labels refuse a region they show too wrong.
 """
 
 import math
