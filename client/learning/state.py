@@ -104,6 +104,13 @@ class Learned:
                         self.confidence)
             return self._bound
 
+    def install_pooled(self, evidence: BoundEvidence) -> None:
+        """The federation's pooled evidence, for this open cache (a proxy cache made after
+        the device installed it: client/proxy/partitions.py)."""
+        with self._lock:
+            set_pooled(self._store, evidence)
+            self.pooled, self._bound = evidence, None
+
     def _unsent(self) -> list[Label]:
         """The labels learned since the device last sent its evidence (the pooled
         evidence holds those before, as the server weighed them)."""
