@@ -9,6 +9,12 @@ cache's store (``threshold.global``). ``DeviceState.set_global_threshold``, its 
 writer, copies it into every proxy cache in the same call (open ones see it at their
 next lookup: tau is read from the store); a proxy cache made later copies it when it is
 made (client/proxy/partitions.py). Each cache's local tau stays its own.
+
+The error-bound labels travel the same way in both directions: every cache's go out
+with a training reply as sums per score bin (``bound_evidence``: shared.fl.bound_evidence,
+marked sent in each cache by client.learning.state), and the pool a verified global model
+carries is installed in every cache with its threshold (``set_pooled_bound``); an open
+cache reads it when it opens next.
 """
 
 import json
