@@ -16,8 +16,9 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.config import Settings
 from meancache.client.errors import EntryNotFoundError
 from meancache.client.learning.bound import USER
-from meancache.client.learning.state import aliases, labelled_questions
+from meancache.client.learning.state import aliases, labelled_questions, send_evidence, set_pooled
 from meancache.client.matching.labels import labelled_pairs
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.pairs import Pair
 from meancache.shared.query import normalise_query
 
@@ -72,3 +73,22 @@ def device_learned_pairs(cache_dirs: Iterable[Path]) -> list[Pair]:
                 if normalise_query(stored) != question:
                     pairs.setdefault((question, stored), Pair(question, stored, same))
     return list(pairs.values())
+
+
+def device_bound_evidence(cache_dirs: Iterable[Path]) -> BoundEvidence:
+    """The error-bound labels of the caches in ``cache_dirs``, summed as the evidence FL
+    sends (client.learning.state.send_evidence: each cache marks them sent)."""
+    evidence = BoundEvidence.empty()
+    for cache_dir in cache_dirs:
+        if cache_dir.exists():
+            with closing(EntryStore(cache_dir)) as store:
+                evidence = evidence + send_evidence(store)
+    return evidence
+
+
+def set_device_pooled(cache_dirs: Iterable[Path], evidence: BoundEvidence) -> None:
+    """The pooled bound evidence of a verified global model, for every cache in
+    ``cache_dirs`` (made where it does not exist yet, so a new cache starts from it)."""
+    for cache_dir in cache_dirs:
+        with closing(EntryStore(cache_dir)) as store:
+            set_pooled(store, evidence)

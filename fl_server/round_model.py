@@ -1,5 +1,6 @@
 """What a Flower round's message says about the global model it carries: its round (in
-the server's numbering, continued across runs), the threshold, the weights' sha256 and,
+the server's numbering, continued across runs), the threshold, the pooled error-bound
+evidence (shared.fl.bound_evidence), the weights' sha256 and,
 where the verifier is federated, the int8 verifier its tensors apply over
 (``verifier_base``), signed by the server's key at the moment it is sent. A device keeps
 the model only if the signature verifies under the key it trusts and the description is
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ArrayRecord
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import GlobalModel, state_sha256
 from meancache.shared.fl.signing import sign
 
@@ -23,11 +25,14 @@ class RoundModels:
     round_offset: int  # rounds of earlier runs this one continues from
     verifier_base: str = ""  # sha256 of the int8 verifier federated beside ("": none)
 
-    def describe(self, server_round: int, threshold: float, arrays: ArrayRecord) -> str:
+    def describe(self, server_round: int, threshold: float, arrays: ArrayRecord,
+                 bound: BoundEvidence | None = None) -> str:
         """The signed description (JSON) of ``arrays``, the global model after this run's
-        ``server_round`` (0: the one it started from)."""
+        ``server_round`` (0: the one it started from), with the pooled ``bound``
+        evidence."""
         state = arrays.to_torch_state_dict()
         meta = GlobalModel(server_round + self.round_offset, float(threshold),
                            state_sha256(state), self.base_model, self.top_layers,
-                           verifier_base=self.verifier_base)
+                           verifier_base=self.verifier_base,
+                           bound=(bound or BoundEvidence.empty()).to_record())
         return json.dumps(sign(meta, self.key).to_json())

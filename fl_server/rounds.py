@@ -1,6 +1,6 @@
-"""After every round: checkpoint the global model (versioned, with its threshold and a
-sha256, signed by the server's key: shared.fl.signing), append a line to history.jsonl,
-and optionally score it on held-out pairs."""
+"""After every round: checkpoint the global model (versioned, with its threshold, the
+pooled error-bound evidence and a sha256, signed by the server's key: shared.fl.signing),
+append a line to history.jsonl, and optionally score it on held-out pairs."""
 
 import json
 import logging
@@ -15,6 +15,7 @@ import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
 from meancache.fl_server.pooled_threshold import Pooled
 from meancache.fl_server.screening import Screened
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import save_checkpoint
 from meancache.shared.fl.signing import server_key, sign
 from meancache.shared.fl.weights import load_federated_state, split_verifier
@@ -53,6 +54,7 @@ class RoundStats(Protocol):
     fl_server.secure_rounds.SecureFedAvg under SecAgg+)."""
 
     threshold: float
+    bound: BoundEvidence
     bytes_received: dict[int, dict[int, int]]
     verifier_bytes: dict[int, dict[int, int]]
     screened: dict[int, Screened]
@@ -77,6 +79,7 @@ class RoundRecorder:
     def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         metrics: dict[str, float] = {"round": server_round + self.round_offset,
                                      "threshold": self.strategy.threshold,
+                                     "bound_labels": self.strategy.bound.labels,
                                      "seconds": time.time() - self.started}
         received = self.strategy.bytes_received.get(server_round, {})
         if received:
@@ -102,7 +105,7 @@ class RoundRecorder:
             save_checkpoint(self.checkpoint_dir, server_round + self.round_offset, state,
                             self.strategy.threshold, self.base_model, self.top_layers,
                             metrics, partial(sign, key=server_key(self.checkpoint_dir)),
-                            self.verifier_base)
+                            self.verifier_base, self.strategy.bound.to_record())
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         with (self.checkpoint_dir / HISTORY).open("a") as fh:
             fh.write(json.dumps(metrics) + "\n")

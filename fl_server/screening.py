@@ -7,7 +7,9 @@ update, so everything below acts on full weights; one that does not decode (othe
 tensors or shapes, factors of a rank over update-rank, non-finite scales) is dropped.
 A reply is dropped when its weights do not fit the global model (other names or shapes)
 or hold a non-finite value, when its example count is not a finite whole number >= 0,
-or when its similarity evidence (shared.fl.evidence) is malformed. What is kept is then bounded:
+or when its similarity evidence (shared.fl.evidence) or its error-bound evidence
+(shared.fl.bound_evidence: sums that no labels could make included) is malformed. What is
+kept is then bounded:
 
 - the example count is clamped to ``max_examples`` and to the round's median count, so no
   device weighs more than a typical one whatever it claims (with five devices, one liar
@@ -15,6 +17,9 @@ or when its similarity evidence (shared.fl.evidence) is malformed. What is kept 
 - the similarity evidence likewise, to ``max_examples`` pairs and the round's median
   number of pairs (scaled down, so its shape stays), so one device's histograms cannot
   outweigh the others' when the threshold is tuned on them;
+- the error-bound evidence likewise, to ``max_examples`` labels and the round's median
+  number of labels (every sum scaled alike), so one device claiming many right answers
+  cannot lower every device's bound (fl_server.strategy pools the rest);
 - the update (reply weights minus the global weights sent) is scaled down to an L2 norm of
   at most ``max_update_norm`` (update clipping).
 
@@ -23,10 +28,11 @@ How far one round may move the threshold: fl_server.pooled_threshold.
 
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.compression import decode_update, is_compressed
 from meancache.shared.fl.evidence import Evidence
 
@@ -54,6 +60,8 @@ class Screened:
     rejected: dict[int, str]  # node id -> why
     clipped_updates: int
     clamped_evidence: int
+    bound: list[BoundEvidence] = field(default_factory=list)  # of each kept reply, bounded
+    clamped_bound: int = 0
 
 
 def _metrics(message: Message) -> MetricRecord:
@@ -69,6 +77,7 @@ def reject_reason(message: Message, global_arrays: ArrayRecord) -> str | None:
         return f"'{COUNT_KEY}' must be a whole number >= 0, not {count!r}"
     try:
         Evidence.from_metrics(metrics)
+        BoundEvidence.from_metrics(metrics)
     except ValueError as exc:
         return str(exc)
     arrays = message.content.array_records.get("arrays")
@@ -114,7 +123,7 @@ def clip_update(arrays: ArrayRecord, global_arrays: ArrayRecord, max_norm: float
         for name, update in updates.items()})
 
 
-def _cap(values: list[float], limit: float) -> float:
+def median_cap(values: list[float], limit: float) -> float:
     """``limit``, or the median of the positive values when that is lower."""
     positive = [v for v in values if v > 0]
     return min(limit, float(np.median(positive))) if positive else limit
@@ -137,11 +146,13 @@ def screen(replies: list[Message], global_arrays: ArrayRecord, limits: ReplyLimi
             log.warning("rejected the reply of node %d: %s", message.metadata.src_node_id,
                         reason)
     counts = [float(_metrics(m)[COUNT_KEY]) for m in kept]
-    cap = _cap(counts, limits.max_examples)
+    cap = median_cap(counts, limits.max_examples)
     claimed = [Evidence.from_metrics(_metrics(m)) for m in kept]
-    pairs_cap = _cap([e.pairs for e in claimed], limits.max_examples)
+    pairs_cap = median_cap([e.pairs for e in claimed], limits.max_examples)
     evidence = [e.at_most(pairs_cap) for e in claimed]
     clamped_evidence = sum(e.pairs > pairs_cap for e in claimed)
+    labels = [BoundEvidence.from_metrics(_metrics(m)) for m in kept]
+    labels_cap = median_cap([e.labels for e in labels], limits.max_examples)
     clipped_updates = 0
     for message, count in zip(kept, counts, strict=True):
         _metrics(message)[COUNT_KEY] = int(min(count, cap))
@@ -150,4 +161,6 @@ def screen(replies: list[Message], global_arrays: ArrayRecord, limits: ReplyLimi
         if bounded is not None:
             message.content["arrays"] = bounded
             clipped_updates += 1
-    return Screened(kept, evidence, rejected, clipped_updates, clamped_evidence)
+    return Screened(kept, evidence, rejected, clipped_updates, clamped_evidence,
+                    [e.at_most(labels_cap) for e in labels],
+                    sum(e.labels > labels_cap for e in labels))

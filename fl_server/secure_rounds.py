@@ -11,7 +11,10 @@ them. What it keeps and loses of the defences (docs/federated-learning.md):
   sends it as ``clipping_norm``; client.fl.client_app's clipping mod), and the example
   count clamped to ``max-examples`` before it weighs the masked sum;
 - kept, on the server: the similarity evidence (counts, sent in the clear as before) is
-  screened, bounded and pooled for the threshold as in plain rounds;
+  screened, bounded and pooled for the threshold as in plain rounds, and so is the
+  error-bound evidence (shared.fl.bound_evidence: sums per score bin, also in the clear,
+  checked for sums no labels could make and capped at ``max-examples`` labels a device;
+  the round's median cap is kept too, as every device's evidence is seen);
 - lost: screening of individual updates (a malformed or non-finite update, the median,
   the round's median count cap) and central DP, which clips each update on the server;
   and the quantised updates: SecAgg+ masks full weights as integers in [0, 2^22) on a
@@ -46,7 +49,8 @@ from flwr.serverapp import Grid
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from meancache.fl_server.pooled_threshold import Pooled, ThresholdRule, pooled_threshold
 from meancache.fl_server.round_model import RoundModels
-from meancache.fl_server.screening import ReplyLimits, Screened
+from meancache.fl_server.screening import ReplyLimits, Screened, median_cap
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import DESCRIPTION_KEY
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.secure import NAMES, SECURE, from_scalars
@@ -100,8 +104,9 @@ class SecureFedAvg(LegacyFedAvg):
     def __init__(self, names: list[str], initial: ArrayRecord, threshold: float,
                  limits: ReplyLimits, rule: ThresholdRule, models: RoundModels,
                  grid: CountingGrid, recorder: Callable[[int, ArrayRecord], object],
-                 **kwargs: Any) -> None:
+                 bound: BoundEvidence | None = None, **kwargs: Any) -> None:
         self.names = names
+        self.bound = bound or BoundEvidence.empty()
         self.models = models
         self.threshold = threshold
         self.limits = limits
@@ -127,7 +132,8 @@ class SecureFedAvg(LegacyFedAvg):
     def _fit_config(self, server_round: int) -> dict[str, Scalar]:
         sent = ArrayRecord({n: Array(a) for n, a in zip(
             self.names, parameters_to_ndarrays(self.sent), strict=True)})
-        description = self.models.describe(server_round - 1, self.threshold, sent)
+        description = self.models.describe(server_round - 1, self.threshold, sent,
+                                           self.bound)
         return {"threshold": self.threshold, SECURE: 1,
                 DESCRIPTION_KEY: description,
                 NAMES: "\n".join(self.names), "clipping_norm": self.limits.max_update_norm,
@@ -140,13 +146,20 @@ class SecureFedAvg(LegacyFedAvg):
         if not results:
             return None, {}
         evidence = Evidence.empty()
+        labels: list[BoundEvidence] = []
         for _, res in results:
             try:
-                claimed = Evidence.from_metrics(from_scalars(dict(res.metrics)))
+                metrics = from_scalars(dict(res.metrics))
+                claimed = Evidence.from_metrics(metrics)
+                labels.append(BoundEvidence.from_metrics(metrics))
             except ValueError as exc:
                 log.warning("round %d: ignored a device's evidence: %s", server_round, exc)
                 continue
             evidence = evidence + claimed.at_most(self.limits.max_examples)
+        limit = median_cap([e.labels for e in labels], self.limits.max_examples)
+        pooled_bound = sum((e.at_most(limit) for e in labels), BoundEvidence.empty())
+        if pooled_bound.labels:
+            self.bound = pooled_bound
         pooled = pooled_threshold(self.threshold, evidence, self.rule)
         self.pooled[server_round] = pooled
         self.threshold = pooled.threshold
@@ -163,14 +176,14 @@ class SecureFedAvg(LegacyFedAvg):
 def run_secure_rounds(grid: Grid, context: Context, names: list[str], initial: ArrayRecord,
                       threshold: float, limits: ReplyLimits, rule: ThresholdRule,
                       models: RoundModels, rounds: int, timeout: float,
-                      sampling: dict[str, Any],
+                      sampling: dict[str, Any], bound: BoundEvidence | None,
                       recorder_for: Callable[[SecureFedAvg], Callable[[int, ArrayRecord],
                                                                       object]]) -> None:
     """``rounds`` rounds of FedAvg under SecAgg+; ``recorder_for`` makes the
     checkpointing callback (fl_server.rounds.RoundRecorder) of the strategy."""
     counting = CountingGrid(grid)
     strategy = SecureFedAvg(names, initial, threshold, limits, rule, models, counting,
-                            lambda r, a: None, **sampling)
+                            lambda r, a: None, bound, **sampling)
     strategy.recorder = recorder_for(strategy)
     legacy = LegacyContext(context, config=LegacyServerConfig(num_rounds=rounds,
                                                               round_timeout=timeout),

@@ -1,6 +1,7 @@
 """The Flower ServerApp: FedAvg of the encoder's and the learned verifier's weights (one
-record, the verifier's under ``verifier.``: shared.fl.weights) and of the thresholds, a
-versioned checkpoint after every round. Its settings: fl_server.run_config.ServerConfig.
+record, the verifier's under ``verifier.``: shared.fl.weights) and of the thresholds, the
+devices' error-bound evidence pooled, a versioned checkpoint after every round. Its
+settings: fl_server.run_config.ServerConfig.
 """
 
 import logging
@@ -19,6 +20,7 @@ from meancache.fl_server.secure_rounds import run_secure_rounds
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import load_sentence_transformer, locate_model, profile_threshold
 from meancache.shared.encoder.fingerprint import model_fingerprint
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
 from meancache.shared.fl.signing import server_key
 from meancache.shared.fl.weights import (
@@ -66,6 +68,7 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
             verifier, verifier_names(verifier, config.model.verifier_layers)))  # type: ignore[arg-type]
         names = list(initial)
     offset = 0
+    bound = BoundEvidence.empty()
     latest = latest_checkpoint(config.checkpoint_dir)
     if latest is not None:
         meta, state = load_checkpoint(latest)
@@ -75,6 +78,7 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
         if (meta.base_model, meta.verifier_base) == (base, verifier_base) and set(
                 state) == set(names):
             initial, threshold = state, meta.threshold
+            bound = BoundEvidence.from_record(meta.bound)
             log.info("continuing from the global model of round %d", meta.round)
     dp = config.dp_noise_multiplier > 0
     limits = config.limits
@@ -85,7 +89,7 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
                          offset, verifier_base)
     strategy = ThresholdFedAvg(
         threshold, ArrayRecord(initial), limits, config.threshold_rule, config.aggregation,
-        unweighted=dp, models=models,
+        unweighted=dp, models=models, bound=bound,
         fraction_train=config.fraction_train,
         min_train_nodes=config.min_train_nodes,
         min_available_nodes=config.min_available_nodes,
@@ -101,7 +105,7 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
             grid, context, list(initial), ArrayRecord(initial), threshold, limits,
             config.threshold_rule, models, config.num_server_rounds, config.round_timeout,
             {"fraction_fit": config.fraction_train, "min_fit_clients": config.min_train_nodes,
-             "min_available_clients": config.min_available_nodes},
+             "min_available_clients": config.min_available_nodes}, bound,
             lambda secure: RoundRecorder(secure, config.checkpoint_dir, base,
                                          config.model.top_layers, offset, held_out, None,
                                          verifier_base))

@@ -1,6 +1,10 @@
 """FedAvg of the encoder's federated weights, plus the threshold: the global threshold
 goes out with every round and comes back tuned on the devices' pooled similarity evidence
-(fl_server.pooled_threshold), moved only as far as that evidence supports.
+(fl_server.pooled_threshold), moved only as far as that evidence supports. The devices'
+error-bound evidence (shared.fl.bound_evidence) is summed likewise, and the round's sum
+goes out with the next description of the global model (fl_server.round_model), signed:
+each device sends all of its labels every time, so the newest round's sum replaces the
+last one (a round with none keeps it).
 
 Every reply is screened first (fl_server.screening: unfit replies dropped, counts and
 evidence clamped, updates clipped), so one device cannot move either far.
@@ -19,6 +23,8 @@ from flwr.serverapp.strategy import FedAvg
 from meancache.fl_server.pooled_threshold import Pooled, ThresholdRule, pooled_threshold
 from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.screening import ReplyLimits, Screened, screen
+from meancache.shared.fl.bound_evidence import KEYS as BOUND_KEYS
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import DESCRIPTION_KEY
 from meancache.shared.fl.evidence import KEYS, Evidence
 from meancache.shared.fl.weights import VERIFIER
@@ -38,8 +44,10 @@ def coordinate_median(replies: list[Message]) -> ArrayRecord:
 class ThresholdFedAvg(FedAvg):
     def __init__(self, threshold: float, arrays: ArrayRecord, limits: ReplyLimits,
                  rule: ThresholdRule, aggregation: str = "fedavg", unweighted: bool = False,
-                 models: RoundModels | None = None, **kwargs: Any) -> None:
-        """``unweighted``: every device that replied counts once, whatever its example
+                 models: RoundModels | None = None, bound: BoundEvidence | None = None,
+                 **kwargs: Any) -> None:
+        """``bound``: the pooled error-bound evidence published last (a continued run's);
+        ``unweighted``: every device that replied counts once, whatever its example
         count (central DP: fl_server.privacy); ``models``: signs the description of the
         global model each message carries (fl_server.round_model; None: none, and devices
         keep nothing)."""
@@ -47,6 +55,7 @@ class ThresholdFedAvg(FedAvg):
         if aggregation not in AGGREGATIONS:
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, not {aggregation!r}")
         self.threshold = threshold
+        self.bound = bound or BoundEvidence.empty()
         self.global_arrays = arrays  # what devices were sent this round
         self.limits = limits
         self.rule = rule
@@ -72,7 +81,8 @@ class ThresholdFedAvg(FedAvg):
     def _describe(self, config: ConfigRecord, model_round: int, arrays: ArrayRecord) -> None:
         config["threshold"] = self.threshold
         if self.models is not None:
-            config[DESCRIPTION_KEY] = self.models.describe(model_round, self.threshold, arrays)
+            config[DESCRIPTION_KEY] = self.models.describe(model_round, self.threshold, arrays,
+                                                           self.bound)
 
     def _weight(self, message: Message) -> float:
         metrics = next(iter(message.content.metric_records.values()), {})
@@ -92,6 +102,9 @@ class ThresholdFedAvg(FedAvg):
             for m in replies if m.has_content() and "arrays" in m.content.array_records}
         screened = screen(replies, self.global_arrays, self.limits)
         self.screened[server_round] = screened
+        pooled_bound = sum(screened.bound, BoundEvidence.empty())
+        if pooled_bound.labels:
+            self.bound = pooled_bound
         if self.unweighted:
             for message in screened.kept:
                 next(iter(message.content.metric_records.values()))[self.weighted_by_key] = 1
@@ -100,7 +113,7 @@ class ThresholdFedAvg(FedAvg):
             log.warning("round %d: no device trained; the global model stays", server_round)
             return None, None
         metrics = self.train_metrics_aggr_fn([m.content for m in useful], self.weighted_by_key)
-        for key in KEYS:  # the histograms are pooled below, not averaged
+        for key in (*KEYS, *BOUND_KEYS):  # the histograms are pooled, not averaged
             metrics.pop(key, None)
         if self.aggregation == "median":
             arrays = coordinate_median(useful)

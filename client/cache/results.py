@@ -62,6 +62,7 @@ class CacheStats:
     wrong_rate: float | None = None
     wrong_rate_upper: float | None = None
     wrong_rate_labels: int = 0
+    wrong_rate_pooled: int = 0  # of those labels, pooled from other devices (FL)
     max_wrong_rate: float | None = None
     # Until the labels choose the threshold (the verifier's own serves meanwhile): the
     # fewest labels, none wrong, with which they can (bound.labels_needed).
@@ -77,8 +78,10 @@ class CacheStats:
         bound = "" if self.max_wrong_rate is None else f", bound {self.max_wrong_rate:.1%}"
         needs = "" if self.wrong_rate_needs is None else \
             f"; the labels decide from {self.wrong_rate_needs}"
+        pooled = "" if not self.wrong_rate_pooled else \
+            f" ({self.wrong_rate_pooled} pooled from other devices)"
         return (f"{self.wrong_rate:.1%} (at most {self.wrong_rate_upper:.1%} at 95%, "
-                f"{self.wrong_rate_labels} labels{bound}{needs})")
+                f"{self.wrong_rate_labels} labels{pooled}{bound}{needs})")
 
     @property
     def hit_rate_line(self) -> str:

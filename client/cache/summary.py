@@ -47,6 +47,7 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
         wrong_rate=None if bound is None else bound.estimate,
         wrong_rate_upper=None if bound is None else bound.upper,
         wrong_rate_labels=0 if bound is None else bound.labels,
+        wrong_rate_pooled=0 if bound is None else bound.pooled,
         max_wrong_rate=max_wrong_rate,
         wrong_rate_needs=None if bound is None or bound.learned or max_wrong_rate is None
         else labels_needed(max_wrong_rate),

@@ -9,6 +9,12 @@ cache's store (``threshold.global``). ``DeviceState.set_global_threshold``, its 
 writer, copies it into every proxy cache in the same call (open ones see it at their
 next lookup: tau is read from the store); a proxy cache made later copies it when it is
 made (client/proxy/partitions.py). Each cache's local tau stays its own.
+
+The error-bound labels travel the same way in both directions: every cache's go out
+with a training reply as sums per score bin (``bound_evidence``: shared.fl.bound_evidence,
+marked sent in each cache by client.learning.state), and the pool a verified global model
+carries is installed in every cache with its threshold (``set_pooled_bound``); an open
+cache reads it when it opens next.
 """
 
 import json
@@ -18,9 +24,16 @@ from typing import TYPE_CHECKING
 
 from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings, load_settings
-from meancache.client.device_caches import device_cache_dirs, device_learned_pairs, device_pairs
+from meancache.client.device_caches import (
+    device_bound_evidence,
+    device_cache_dirs,
+    device_learned_pairs,
+    device_pairs,
+    set_device_pooled,
+)
 from meancache.client.fl.trust import accept_fresh, installed_round, trusted_key
 from meancache.shared.errors import CheckpointError
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import (
     GlobalModel,
     prune_rounds,
@@ -75,6 +88,7 @@ class DeviceState:
                         meta.top_layers, meta.metrics, sign=lambda _: meta)
         prune_rounds(root, KEEP_ROUNDS)
         self.set_global_threshold(meta.threshold)
+        self.set_pooled_bound(meta.bound)
         log.info("kept global model of round %d (threshold %.4f)", meta.round, meta.threshold)
 
     def set_global_threshold(self, value: float) -> None:
@@ -82,6 +96,17 @@ class DeviceState:
         it does not exist yet, so that the chat starts from it)."""
         for _, cache_dir in device_cache_dirs(self.settings):
             set_global_threshold(cache_dir, value)
+
+    def set_pooled_bound(self, record: dict) -> None:
+        """The bound evidence a verified global model carries (checked when its
+        description was parsed: ``pooled_bound``), for every cache on the device."""
+        set_device_pooled((d for _, d in device_cache_dirs(self.settings)),
+                          pooled_bound(record))
+
+    def bound_evidence(self) -> BoundEvidence:
+        """The error-bound labels of every cache on the device, as the evidence a
+        training reply carries; they are marked sent (client.learning.state)."""
+        return device_bound_evidence(d for _, d in device_cache_dirs(self.settings))
 
     def pairs(self) -> list[Pair]:
         """The labelled pairs of every cache on the device, for training and threshold
@@ -105,9 +130,20 @@ def _described(description: str | None) -> GlobalModel:
     try:
         meta = GlobalModel(**json.loads(description))
         check_threshold(meta.threshold)
+        pooled_bound(meta.bound)
         if not isinstance(meta.round, int) or isinstance(meta.round, bool) or meta.round < 0:
             raise ValueError(f"round {meta.round!r}")
     except (ValueError, TypeError) as exc:
         raise CheckpointError(f"the FL server's description of this round's global model "
                               f"is invalid ({exc}); not kept") from None
     return meta
+
+
+def pooled_bound(record: object) -> BoundEvidence:
+    """The pooled bound evidence of a global model's description; CheckpointError naming
+    what is wrong with a malformed one (the whole model is then refused)."""
+    try:
+        return BoundEvidence.from_record(record)
+    except ValueError as exc:
+        raise CheckpointError(f"the FL server's pooled bound evidence is invalid ({exc}); "
+                              "not kept") from None

@@ -25,6 +25,7 @@ from meancache.client.fl.train import pair_similarities, train_locally
 from meancache.client.verifier import export_global_verifier
 from meancache.shared.encoder import load_sentence_transformer, locate_model
 from meancache.shared.errors import MeanCacheError
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import DESCRIPTION_KEY, latest_checkpoint
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.weights import (
@@ -39,7 +40,12 @@ from meancache.shared.fl.weights import (
 from meancache.shared.pairs import Pair, read_pairs
 from meancache.shared.query import embedding_text
 from meancache.shared.threshold import check_threshold, score_thresholds
-from meancache.shared.verifier.federated import base_sha, base_verifier, train_verifier
+from meancache.shared.verifier.federated import (
+    base_sha,
+    base_verifier,
+    pair_probabilities,
+    train_verifier,
+)
 from meancache.shared.verifier.model import CrossEncoder
 from sentence_transformers import SentenceTransformer
 
@@ -93,6 +99,21 @@ def local_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
     return for_encoder(labelled_pairs(config, node))
 
 
+def bound_evidence(got: "Received", validation: list[Pair]) -> BoundEvidence:
+    """The error-bound evidence this node sends (shared.fl.bound_evidence): on a device,
+    the labels every cache learned (client.fl.device); in simulation, its validation
+    pairs as labels (a pair whose questions differ is a wrong answer) scored by the
+    global verifier it was sent, where the verifier is federated (the bound's score is
+    the verifier's probability: without it there is nothing to send)."""
+    if got.config.data_source != "qqp":
+        return DeviceState(Path(str(got.node["data-dir"]))).bound_evidence()
+    if got.verifier is None or not validation:
+        return BoundEvidence.empty()
+    return BoundEvidence.of_labels(pair_probabilities(got.verifier, validation),
+                                   np.array([p.label == 0 for p in validation], dtype=float),
+                                   np.ones(len(validation)))
+
+
 def _reply(msg: Message, arrays: ArrayRecord, metrics: dict[str, float | list[int]]
            ) -> Message:
     return Message(RecordDict({"arrays": arrays, "metrics": MetricRecord(metrics)}),
@@ -143,9 +164,10 @@ def train_reply(msg: Message, got: Received) -> Message:
     if len(pairs) < got.config.min_pairs:
         log.info("only %d labelled pairs (< %d): not training this round", len(pairs),
                  got.config.min_pairs)
-        return _skipped(msg, got)
+        return _skipped(msg, got, bound_evidence(got, []))
     asked, held = split(pairs, seed=got.config.train.seed)
     train_pairs, validation = for_encoder(asked), for_encoder(held)
+    bound = bound_evidence(got, held)  # of the global verifier, before it trains
     # The evidence is of the global model the server sent, not of this device's trained
     # one: a device's own training pulls its similarities away from the averaged model's
     # (pooled evidence of trained models put the best tau near 0.77 while the global
@@ -157,7 +179,7 @@ def train_reply(msg: Message, got: Received) -> Message:
     trained = federated_state(got.model, names)
     metrics: dict[str, float | list[int]] = {
         "num-examples": len(train_pairs), "train-loss": loss, "skipped": 0,
-        **evidence.to_metrics()}
+        **evidence.to_metrics(), **bound.to_metrics()}
     if got.verifier is not None:
         train = got.config.train
         judged = verifier_names(got.verifier, got.config.model.verifier_layers)
@@ -169,14 +191,15 @@ def train_reply(msg: Message, got: Received) -> Message:
         check_finite(trained)
     except ValueError as exc:  # training diverged: send nothing of it
         log.error("not sending this round's training: %s", exc)
-        return _skipped(msg, got)
+        return _skipped(msg, got, bound)
     return _reply(msg, ArrayRecord(trained), metrics)
 
 
-def _skipped(msg: Message, got: Received) -> Message:
-    """Sitting the round out: the global weights back, no examples, no evidence."""
+def _skipped(msg: Message, got: Received, bound: BoundEvidence) -> Message:
+    """Sitting the round's training out: the global weights back, no examples, no
+    similarity evidence; the error-bound labels still count (they need no training)."""
     return _reply(msg, got.arrays, {"num-examples": 0, "train-loss": 0.0, "skipped": 1,
-                                    **Evidence.empty().to_metrics()})
+                                    **Evidence.empty().to_metrics(), **bound.to_metrics()})
 
 
 def evaluate_reply(msg: Message, got: Received) -> Message:

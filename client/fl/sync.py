@@ -13,8 +13,9 @@ allows a downgrade (``allow_downgrade``, `--allow-downgrade`). The weights are d
 a temporary directory inside the device's global-model dir, checked against the signed
 sha256 and only then installed with a rename and a LATEST pointer swap
 (shared.fl.checkpoint.install_checkpoint): a broken or tampered download never replaces
-the model the device already has. The global threshold of every cache on the device is
-updated at once (client.fl.device.DeviceState); the encoder switches to the new weights
+the model the device already has. The global threshold of every cache on the device, and
+the error-bound evidence the federation pooled (shared.fl.bound_evidence, signed with the
+rest), are updated at once (client.fl.device.DeviceState); the encoder switches to the new weights
 the next time the cache opens (client.encoder.load_device_encoder, which also refuses
 weights trained from a different base model and keeps the base model then). A global model
 holding verifier weights is exported here as this device's int8 verifier
@@ -43,7 +44,7 @@ from urllib.parse import urlsplit
 import httpx
 from meancache.client.config import Settings
 from meancache.client.errors import SyncError
-from meancache.client.fl.device import KEEP_ROUNDS, DeviceState
+from meancache.client.fl.device import KEEP_ROUNDS, DeviceState, pooled_bound
 from meancache.client.fl.transport import http_verify
 from meancache.client.fl.trust import accept_fresh, trusted_key
 from meancache.client.http_errors import error_message
@@ -118,7 +119,9 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
             path, changed = _download(http, base, remote, root, progress,
                                       max_weights_bytes), True
     prune_rounds(root, KEEP_ROUNDS)
-    DeviceState(settings).set_global_threshold(remote.meta.threshold)
+    device = DeviceState(settings)
+    device.set_global_threshold(remote.meta.threshold)
+    device.set_pooled_bound(remote.meta.bound)
     if remote.meta.verifier_base:
         _make_verifier(settings, path)
     if changed:
@@ -216,8 +219,9 @@ def _parse_meta(body: Any, base: str) -> _Remote:
                            int(body["top_layers"]), dict(body.get("metrics") or {}),
                            float(body.get("created") or 0.0), str(body.get("signature") or ""),
                            _seconds(body.get("signed_at")), _seconds(body.get("expires")),
-                           str(body.get("verifier_base") or ""))
-    except (KeyError, TypeError, ValueError) as exc:
+                           str(body.get("verifier_base") or ""), body.get("bound") or {})
+        pooled_bound(meta.bound)
+    except (KeyError, TypeError, ValueError, CheckpointError) as exc:
         raise invalid(f"{type(exc).__name__}: {exc}") from None
     weights_url = body.get("weights_url") or f"{META_PATH}/rounds/{number}/weights"
     if not isinstance(weights_url, str):

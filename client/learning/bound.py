@@ -23,6 +23,12 @@ chosen on QQP dev) is the prior: a new device starts at today's behaviour. Label
 show the prior's region is too wrong (the lower confidence limit of its error above the
 bound) raise the threshold past every score seen, so only aliases and the very same
 question are served until the evidence passes somewhere.
+
+Federated learning pools the labels of many devices (shared.fl.bound_evidence: per score
+bin the sums of w, w² and w·wrong, which are all the test reads), so that 149 labels come
+sooner than one device gathers them: ``choose_pooled`` tests the pool together with the
+device's own newer labels, row by row as ``choose`` tests labels alone, and lets the
+device's own labels refuse a region they show too wrong.
 """
 
 import math
@@ -65,6 +71,7 @@ class Bound:
     upper: float | None
     labels: int
     learned: bool  # the labels chose it (else the prior or the raised guard)
+    pooled: int = 0  # of ``labels``, those pooled from other devices (federated learning)
 
 
 def labels_needed(max_wrong_rate: float, confidence: float = CONFIDENCE) -> int:
@@ -93,17 +100,55 @@ def lower_limit(errors: float, n: float, confidence: float = CONFIDENCE) -> floa
     return float(betaincinv(errors, n - errors + 1, 1 - confidence))
 
 
-def _tails(scores: np.ndarray, wrong: np.ndarray, weights: np.ndarray
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+@dataclass(frozen=True)
+class Rows:
+    """Labels as the test reads them: per row its score, how many labels it stands for,
+    and the sums of their weights w, of w² and of w·wrong (w = 1 / labelled_with). A
+    device's own label is one row; a bin of the evidence pooled by federated learning
+    (shared.fl.bound_evidence) is another, at its lower edge, and ``pooled`` counts it."""
+
+    score: np.ndarray
+    count: np.ndarray
+    weight: np.ndarray
+    squares: np.ndarray
+    wrong: np.ndarray
+    pooled: np.ndarray
+
+    @classmethod
+    def of(cls, labels: Sequence[Label]) -> "Rows":
+        w = 1.0 / np.clip([label.labelled_with for label in labels], 1e-3, 1.0)
+        x = np.array([label.wrong for label in labels], dtype=float)
+        return cls(np.array([label.score for label in labels], dtype=float),
+                   np.ones(len(labels)), w, w ** 2, w * x, np.zeros(len(labels)))
+
+    @classmethod
+    def pooled_bins(cls, score: np.ndarray, count: np.ndarray, weight: np.ndarray,
+                    squares: np.ndarray, wrong: np.ndarray) -> "Rows":
+        return cls(score, count, weight, squares, wrong, count)
+
+    def __add__(self, other: "Rows") -> "Rows":
+        return Rows(*(np.concatenate([a, b]) for a, b in zip(self._arrays(),
+                                                             other._arrays(), strict=True)))
+
+    def _arrays(self) -> tuple[np.ndarray, ...]:
+        return self.score, self.count, self.weight, self.squares, self.wrong, self.pooled
+
+    def __len__(self) -> int:
+        return len(self.score)
+
+
+def _tails(rows: Rows) -> tuple[np.ndarray, ...]:
     """For each distinct score, highest first: (score, estimated wrong share, effective
-    errors, effective n, labels) among the examples scoring at least that."""
-    order = np.argsort(-scores, kind="stable")
-    s, x, w = scores[order], wrong[order], weights[order]
-    last = np.r_[s[1:] != s[:-1], True]  # the last example of each run of equal scores
-    total, squares, errors = np.cumsum(w)[last], np.cumsum(w ** 2)[last], np.cumsum(w * x)[last]
+    errors, effective n, labels, pooled labels) among the rows scoring at least that."""
+    order = np.argsort(-rows.score, kind="stable")
+    s = rows.score[order]
+    last = np.r_[s[1:] != s[:-1], True]  # the last row of each run of equal scores
+    total, squares, errors, counts, pooled = (
+        np.cumsum(a[order])[last] for a in (rows.weight, rows.squares, rows.wrong,
+                                            rows.count, rows.pooled))
     share = errors / total
     n_eff = total ** 2 / squares  # Kish's effective sample size
-    return s[last], share, share * n_eff, n_eff, np.flatnonzero(last) + 1
+    return s[last], share, share * n_eff, n_eff, counts, pooled
 
 
 def choose(labels: Sequence[Label], max_wrong_rate: float, prior: float,
@@ -115,10 +160,32 @@ def choose(labels: Sequence[Label], max_wrong_rate: float, prior: float,
         raise ValueError(f"max_wrong_rate must lie between 0 and 1, not {max_wrong_rate!r}")
     if not labels:
         return Bound(prior, None, None, 0, False)
-    at, share, errors, n, counts = _tails(
-        np.array([label.score for label in labels], dtype=float),
-        np.array([label.wrong for label in labels], dtype=float),
-        1.0 / np.clip([label.labelled_with for label in labels], 1e-3, 1.0))
+    return _choose(Rows.of(labels), max_wrong_rate, prior, confidence)
+
+
+def choose_pooled(own: Sequence[Label], unsent: Sequence[Label], pooled: Rows,
+                  max_wrong_rate: float, prior: float, confidence: float = CONFIDENCE
+                  ) -> Bound:
+    """The bound on the evidence federated learning pooled (``pooled``: other devices'
+    labels, and this device's as it last sent them) together with this device's labels
+    learned since (``unsent``: so none counts twice). The device's own labels (``own``,
+    all of them) may still refuse it: where they show the chosen region too wrong (the
+    lower confidence limit of its error above the bound), their traffic is not the
+    pool's, and the bound on them alone (``choose``) stands."""
+    alone = choose(own, max_wrong_rate, prior, confidence)
+    if not len(pooled):
+        return alone
+    merged = _choose(Rows.of(unsent) + pooled, max_wrong_rate, prior, confidence)
+    tail = [label for label in own if label.score >= merged.threshold]
+    if tail:
+        _, _, errors, n, _, _ = _tails(Rows.of(tail))
+        if lower_limit(errors[-1], n[-1], confidence) > max_wrong_rate:
+            return alone
+    return merged
+
+
+def _choose(rows: Rows, max_wrong_rate: float, prior: float, confidence: float) -> Bound:
+    at, share, errors, n, counts, pooled = _tails(rows)
     upper = np.where(errors >= n, 1.0,
                      betaincinv(errors + 1, np.maximum(n - errors, 1e-12), confidence))
     # The sequence starts where the tail holds enough labels to pass at all (no error in
@@ -130,14 +197,19 @@ def choose(labels: Sequence[Label], max_wrong_rate: float, prior: float,
     last = last if last >= start else -1
     if last >= 0:
         return Bound(float(at[last]), float(share[last]), float(upper[last]),
-                     int(counts[last]), True)
+                     _whole(counts[last]), True, _whole(pooled[last]))
     above = np.flatnonzero(at >= prior)
     if not len(above):
         return Bound(prior, None, None, 0, False)
     i = above[-1]
+    backing = _whole(counts[i]), False, _whole(pooled[i])
     if lower_limit(errors[i], n[i], confidence) > max_wrong_rate:
-        return Bound(NEVER, float(share[i]), float(upper[i]), int(counts[i]), False)
-    return Bound(prior, float(share[i]), float(upper[i]), int(counts[i]), False)
+        return Bound(NEVER, float(share[i]), float(upper[i]), *backing)
+    return Bound(prior, float(share[i]), float(upper[i]), *backing)
+
+
+def _whole(count: float) -> int:
+    return int(round(float(count)))
 
 
 def entry_threshold(global_threshold: float, own: Iterable[Label],

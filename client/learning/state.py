@@ -1,6 +1,9 @@
 """What the cache learned, kept in its store: the labelled served-region pairs the bound
 rests on, and the aliases (questions confirmed to share an entry's answer). This module
-alone reads and writes them; ``reset`` undoes all of it and nothing else.
+alone reads and writes them; ``reset`` undoes all of it and nothing else. It also keeps
+the bound evidence federated learning pooled from other devices (``set_pooled``), which
+the bound tests together with the labels this device learned since it last sent its own
+(``sent``), so that none counts twice.
 
 Labels are written in chunks of ``CHUNK``, each label together with the alias it confirms
 in one transaction (``EntryStore.set_states``): a kill -9 leaves the state before or after
@@ -13,12 +16,27 @@ import threading
 from dataclasses import asdict, replace
 from typing import Any, Protocol
 
-from meancache.client.learning.bound import CONFIDENCE, Bound, Label, choose, entry_threshold
+import numpy as np
+from meancache.client.learning.bound import (
+    CONFIDENCE,
+    Bound,
+    Label,
+    Rows,
+    choose,
+    choose_pooled,
+    entry_threshold,
+)
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.query import normalise_query
 
 PREFIX = "learning:"
 _LABELS = PREFIX + "labels:"
 _ALIAS = PREFIX + "alias:"
+_SENT = PREFIX + "sent"  # how many labels had been learned when the device last sent them
+# The evidence federated learning pooled (the signed global model's, installed by
+# client.fl.device): the federation's, not this device's learning, so outside PREFIX
+# and kept by ``reset`` as the global threshold is.
+POOLED = "pooled-bound"
 CHUNK = 256
 KEPT = 20_000  # newest labels the bound rests on
 
@@ -49,11 +67,14 @@ class Learned:
         self._load()
 
     def _load(self) -> None:
-        chunks = self._store.states(_LABELS)
-        ordered = sorted(chunks.items(), key=lambda item: int(item[0][len(_LABELS):]))
+        ordered = _chunks(self._store)
         self._chunk = int(ordered[-1][0][len(_LABELS):]) if ordered else 0
         self._current = list(ordered[-1][1]) if ordered else []
-        self.labels = [Label(**record) for _, chunk in ordered for record in chunk][-KEPT:]
+        everything = [Label(**record) for _, chunk in ordered for record in chunk]
+        self._learned = len(everything)  # labels ever learned (the chunks are all kept)
+        self.labels = everything[-KEPT:]
+        self._sent = min(int(self._store.states(_SENT).get(_SENT) or 0), self._learned)
+        self.pooled = pooled(self._store)
         self._aliases = {name[len(_ALIAS):]: entry_id
                          for name, entry_id in self._store.states(_ALIAS).items()
                          if entry_id is not None}
@@ -93,10 +114,25 @@ class Learned:
             raise ValueError("the bound needs the judge's own threshold as its prior")
         with self._lock:
             if self._bound is None:
-                self._bound = choose([label for label in self.labels if self._counts(label)],
-                                     self.max_wrong_rate, self.prior,
-                                     self.confidence)
+                own = [label for label in self.labels if self._counts(label)]
+                self._bound = choose(own, self.max_wrong_rate, self.prior,
+                                     self.confidence) if not self.pooled.labels else \
+                    choose_pooled(own, list(filter(self._counts, self._unsent())),
+                                  Rows.pooled_bins(*self.pooled.rows()),
+                                  self.max_wrong_rate, self.prior, self.confidence)
             return self._bound
+
+    def install_pooled(self, evidence: BoundEvidence) -> None:
+        """The federation's pooled evidence, for this open cache (a proxy cache made after
+        the device installed it: client/proxy/partitions.py)."""
+        with self._lock:
+            set_pooled(self._store, evidence)
+            self.pooled, self._bound = evidence, None
+
+    def _unsent(self) -> list[Label]:
+        """The labels learned since the device last sent its evidence (the pooled
+        evidence holds those before, as the server weighed them)."""
+        return self.labels[max(0, len(self.labels) - (self._learned - self._sent)):]
 
     def threshold(self, entry: str | None = None) -> float:
         """The score from which ``entry`` (or any entry) may be served."""
@@ -124,6 +160,7 @@ class Learned:
                 writes[_ALIAS + alias] = label.entry
             self._store.set_states(writes)
             self.labels.append(label)
+            self._learned += 1
             self._by_entry.setdefault(label.entry, []).append(label)
             if len(self.labels) > KEPT:
                 gone = self.labels.pop(0)
@@ -164,9 +201,42 @@ def reset(store: StateStore) -> int:
 def labelled_questions(store: StateStore) -> list[Label]:
     """The newest ``KEPT`` labels that hold their question (labels written before they
     kept it do not): federated learning trains the verifier on them, wrong ones included."""
-    chunks = sorted(store.states(_LABELS).items(), key=lambda item: int(item[0][len(_LABELS):]))
-    labels = [Label(**record) for _, chunk in chunks for record in chunk][-KEPT:]
+    labels = [Label(**record) for _, chunk in _chunks(store) for record in chunk][-KEPT:]
     return [label for label in labels if label.question and label.entry]
+
+
+def _chunks(store: StateStore) -> list[tuple[str, Any]]:
+    chunks = store.states(_LABELS)
+    return sorted(chunks.items(), key=lambda item: int(item[0][len(_LABELS):]))
+
+
+def send_evidence(store: StateStore) -> BoundEvidence:
+    """The labels in ``store`` (the newest ``KEPT``, which the bound rests on) as the
+    bound evidence federated learning sends (shared.fl.bound_evidence: sums per score
+    bin, no text, no entry), marked as sent: from now on the bound merges the pooled
+    evidence with the labels learned after these only."""
+    everything = [Label(**record) for _, chunk in _chunks(store) for record in chunk]
+    labels = everything[-KEPT:]
+    store.set_states({_SENT: len(everything)})
+    return BoundEvidence.of_labels(
+        np.array([label.score for label in labels], dtype=float),
+        np.array([label.wrong for label in labels], dtype=float),
+        1.0 / np.clip([label.labelled_with for label in labels], 1e-3, 1.0))
+
+
+def pooled(store: StateStore) -> BoundEvidence:
+    """The pooled bound evidence installed in ``store`` (none where none is); one that
+    does not read as valid evidence counts as none (it was checked when installed)."""
+    try:
+        return BoundEvidence.from_record(store.states(POOLED).get(POOLED))
+    except ValueError:
+        return BoundEvidence.empty()
+
+
+def set_pooled(store: StateStore, evidence: BoundEvidence) -> None:
+    """Install the bound evidence of a verified global model (client.fl.device); an open
+    cache reads it when it opens next."""
+    store.set_states({POOLED: evidence.to_record()})
 
 
 def aliases(store: StateStore) -> dict[str, str]:

@@ -6,8 +6,8 @@ does one of an app past the first ``MAX_NAMESPACES``: keys are free to make). Ea
 is a whole semantic cache with the chat's settings: the same answer sources in the same
 order (the instruction pack only where there are no system messages, as its answers were
 made without any), the same ``Matcher``, its own tau tuned by its own feedback, starting
-from the device's global one (copied from the chat cache's when the cache is made, then
-kept up to date by FL: client/fl/device.py).
+from the device's global one and the error-bound evidence FL pooled (copied from the chat
+cache's when the cache is made, then kept up to date by FL: client/fl/device.py).
 
 At most ``MAX_OPEN`` caches are open at once: opening one more closes the least recently
 used (a request still using it keeps it until its ``release``; opened again meanwhile,
@@ -33,6 +33,7 @@ from meancache.client.cache.threshold import ThresholdState
 from meancache.client.chat.answering import AnswerService
 from meancache.client.config import Settings
 from meancache.client.device_caches import proxy_dir
+from meancache.client.learning.state import pooled
 from meancache.client.pack import PackStore
 from meancache.client.proxy.eligibility import Bypass
 from meancache.client.proxy.exchanges import ExchangeStore
@@ -40,6 +41,7 @@ from meancache.client.upstream_client import UpstreamClient
 from meancache.client.verifier import load_device_verifier
 from meancache.shared.encoder import Encoder
 from meancache.shared.files import write_json_atomic
+from meancache.shared.fl.bound_evidence import BoundEvidence
 
 log = logging.getLogger(__name__)
 
@@ -88,13 +90,15 @@ class Partitions:
         self._opening: dict[tuple[str, str], threading.Lock] = {}  # caches being opened
         self._lock = threading.Lock()
 
-    def _chat_global_tau(self) -> float | None:
-        """The chat cache's global tau (the FL server's), if the chat has a cache."""
+    def _chat_global(self) -> tuple[float, BoundEvidence] | None:
+        """The chat cache's global tau and pooled bound evidence (the FL server's), if the
+        chat has a cache."""
         if not (self.settings.cache_dir / "cache.db").exists():
             return None
         store = EntryStore(self.settings.cache_dir)
         try:
-            return ThresholdState(store, self.settings.global_threshold).global_value
+            return (ThresholdState(store, self.settings.global_threshold).global_value,
+                    pooled(store))
         finally:
             store.close()
 
@@ -172,8 +176,10 @@ class Partitions:
             try:
                 partition = self._load(key[1], directory, preamble)
                 try:
-                    if made and (tau := self._chat_global_tau()) is not None:
-                        partition.cache.thresholds.set_global(tau)
+                    if made and (chat := self._chat_global()) is not None:
+                        partition.cache.thresholds.set_global(chat[0])
+                        if chat[1].labels:
+                            partition.cache.learned.install_pooled(chat[1])
                 except BaseException:
                     partition.close()
                     raise

@@ -242,6 +242,7 @@ def stats_body(caches: Sequence[tuple[str, CacheStats]]) -> dict[str, Any]:
                         "hit_rate": stats.hit_rate, "wrong_rate": stats.wrong_rate,
                         "wrong_rate_upper": stats.wrong_rate_upper,
                         "wrong_rate_labels": stats.wrong_rate_labels,
+                        "wrong_rate_pooled": stats.wrong_rate_pooled,
                         "max_wrong_rate": stats.max_wrong_rate,
                         "wrong_rate_needs": stats.wrong_rate_needs,
                         "rejections": stats.rejections} for pid, stats in caches]}

@@ -44,6 +44,10 @@ class GlobalModel:
     # sha256 of the int8 verifier the weights' "verifier." tensors were trained from
     # (shared.verifier.dequantise); "": the verifier is not federated.
     verifier_base: str = ""
+    # The error-bound evidence pooled from the devices' labels in the round
+    # (shared.fl.bound_evidence, its ``to_record`` form), under the signature as the
+    # threshold is; {}: none.
+    bound: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -51,11 +55,12 @@ class GlobalModel:
         return f"the global model of round {self.round}"
 
     def to_json(self) -> dict[str, Any]:
-        """Its fields; ``verifier_base`` only where set, so what a server signed before
-        the verifier was federated verifies unchanged."""
+        """Its fields; ``verifier_base`` and ``bound`` only where set, so what a server
+        signed before they existed verifies unchanged."""
         fields = asdict(self)
-        if not fields["verifier_base"]:
-            del fields["verifier_base"]
+        for name in ("verifier_base", "bound"):
+            if not fields[name]:
+                del fields[name]
         return fields
 
 
@@ -75,11 +80,12 @@ def save_checkpoint(root: Path, round_number: int, state: "dict[str, torch.Tenso
                     threshold: float, base_model: str, top_layers: int,
                     metrics: dict[str, float] | None = None,
                     sign: Callable[[GlobalModel], GlobalModel] | None = None,
-                    verifier_base: str = "") -> GlobalModel:
+                    verifier_base: str = "", bound: dict[str, Any] | None = None
+                    ) -> GlobalModel:
     """``sign``: what turns the metadata into what is written: the server's signing
     (shared.fl.signing.sign with its key), or on a device the server's signed description
-    of these same weights (checked against state_sha256 first). ``verifier_base``: see
-    GlobalModel."""
+    of these same weights (checked against state_sha256 first). ``verifier_base`` and
+    ``bound``: see GlobalModel."""
     from safetensors.torch import save_file
 
     root.mkdir(parents=True, exist_ok=True)
@@ -88,7 +94,8 @@ def save_checkpoint(root: Path, round_number: int, state: "dict[str, torch.Tenso
     tmp.mkdir()
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / WEIGHTS))
     meta = GlobalModel(round_number, float(threshold), sha256_file(tmp / WEIGHTS), base_model,
-                       top_layers, dict(metrics or {}), verifier_base=verifier_base)
+                       top_layers, dict(metrics or {}), verifier_base=verifier_base,
+                       bound=dict(bound or {}))
     if sign is not None:
         meta = sign(meta)
     (tmp / META).write_text(json.dumps(meta.to_json(), indent=2))

@@ -20,6 +20,7 @@ from meancache.shared.verifier.runtime import ARTEFACT_DIR, CARD_FILE, MODEL_FIL
 from meancache.shared.verifier.tokens import MAX_TOKENS
 
 if TYPE_CHECKING:
+    import numpy as np
     from meancache.shared.verifier.model import CrossEncoder
 
 
@@ -65,6 +66,26 @@ def train_verifier(model: "CrossEncoder", pairs: list[Pair], names: list[str], e
                                     max_tokens, None, False, optimiser, schedule)
                 steps += 1
     return total / max(steps, 1)
+
+
+def pair_probabilities(model: "CrossEncoder", pairs: list[Pair], batch: int = 32,
+                       max_tokens: int = MAX_TOKENS) -> "np.ndarray":
+    """P(same question) of each pair by the float model (a simulated device's judge: the
+    error-bound evidence it sends is of these scores, as a device's is of its int8
+    verifier's)."""
+    import numpy as np
+    import torch
+    from meancache.shared.verifier.tokens import tokenize_pairs
+
+    out = []
+    with torch.no_grad():
+        for start in range(0, len(pairs), batch):
+            chunk = pairs[start:start + batch]
+            tokens = tokenize_pairs([p.q1 for p in chunk], [p.q2 for p in chunk], max_tokens)
+            logits = model(*(torch.from_numpy(x) for x in (
+                tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)))
+            out.append(torch.sigmoid(logits.float()).numpy())
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.float32)
 
 
 def export_int8(model: "CrossEncoder", out: Path, threshold: float, **about: object

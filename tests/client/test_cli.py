@@ -4,14 +4,18 @@ import argparse
 import json
 import math
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
 import pytest
 from meancache.client.cache import SemanticCache
+from meancache.client.cache.store import EntryStore
 from meancache.client.config import load_settings
 from meancache.client.encoder import load_device_encoder
+from meancache.client.learning.state import set_pooled
 from meancache.shared.encoder import Encoder
+from meancache.shared.fl.bound_evidence import BoundEvidence
 
 from meancache.cli import build_parser, main
 from tests.support.paths import DATA_DIR
@@ -143,6 +147,22 @@ def test_stats_list_export_clear(
     assert main(["cache", "clear", "--yes"]) == 0
     assert main(["cache", "stats", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["entries"] == 0
+
+
+def test_stats_say_how_many_pooled_labels_back_the_bound(
+    data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A device that installed the federation's pooled error-bound evidence (and has no
+    label of its own) is told the bound rests on it."""
+    with closing(EntryStore(load_settings().cache_dir)) as store:
+        set_pooled(store, BoundEvidence.of_labels(np.linspace(0.3, 0.5, 400), np.zeros(400),
+                                                  np.ones(400)))
+    assert main(["cache", "stats", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["wrong_rate_labels"] == stats["wrong_rate_pooled"] > 0
+    assert main(["cache", "stats"]) == 0
+    out = " ".join(capsys.readouterr().out.replace("│", " ").split())  # cells wrap
+    assert f"{stats['wrong_rate_pooled']} pooled from other devices" in out
 
 
 def test_demo_shows_hits_and_misses(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

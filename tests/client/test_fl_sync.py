@@ -7,10 +7,12 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import closing
 from functools import partial
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import torch
 from meancache.client.cache.store import EntryStore
@@ -19,9 +21,11 @@ from meancache.client.config import Settings, load_settings
 from meancache.client.device_caches import proxy_dir
 from meancache.client.errors import SyncError
 from meancache.client.fl.sync import SyncResult, sync_global_model
+from meancache.client.learning.state import pooled
 from meancache.fl_server.model_endpoint import NO_SIGNED_MODEL, create_model_app
 from meancache.shared.errors import CheckpointError
 from meancache.shared.files import sha256_file
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import (
     LATEST,
     META,
@@ -435,6 +439,35 @@ def test_a_tampered_checkpoint_is_neither_served_nor_installed(
     assert unsigned_fields(load_checkpoint(round_dir(device.global_model_dir, 1))[0]) == \
         unsigned_fields(kept)
     assert cache_threshold(device) == pytest.approx(0.8)
+
+
+def _pooled_labels(settings: Settings) -> int:
+    with closing(EntryStore(settings.cache_dir)) as store:
+        return pooled(store).labels
+
+
+def test_sync_installs_the_pooled_bound_evidence_only_as_signed(
+        url: str, server_root: Path, settings: Settings) -> None:
+    """The error-bound evidence the server pooled travels in the signed description, as
+    the threshold does: installed with the model, and a copy whose evidence was altered
+    (more right labels, the hash fixed) is refused from whoever serves it."""
+    evidence = BoundEvidence.of_labels(np.linspace(0.3, 0.5, 400), np.zeros(400), np.ones(400))
+    state = {"w": torch.zeros(4, 4)}
+    save_checkpoint(server_root, 1, state, 0.8, "base", 0, {},
+                    partial(sign, key=server_key(server_root)), bound=evidence.to_record())
+    sync_global_model(url, settings)
+    assert _pooled_labels(settings) == 400
+    save_checkpoint(server_root, 2, state, 0.8, "base", 0, {},
+                    partial(sign, key=server_key(server_root)), bound=evidence.to_record())
+    meta = json.loads((round_dir(server_root, 2) / META).read_text())
+    meta["bound"]["bound-labels"][0] += 1000
+    meta["bound"]["bound-weight"][0] += 1000
+    meta["bound"]["bound-weight-squared"][0] += 1000
+    (round_dir(server_root, 2) / META).write_text(json.dumps(meta))
+    with serving(impostor_endpoint(server_root)) as impostor:
+        with pytest.raises(CheckpointError, match="round 2 is not signed"):
+            sync_global_model(impostor, settings)
+    assert _pooled_labels(settings) == 400 and latest_name(settings) == "round-0001"
 
 
 def test_an_unsigned_or_foreign_checkpoint_is_refused(server_root: Path, settings: Settings,

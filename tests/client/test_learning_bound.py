@@ -4,20 +4,25 @@ every score where they show the prior's region too wrong; an entry's own wrong l
 only ever tighten its threshold."""
 
 import random
+from dataclasses import replace
 
+import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from meancache.client.learning.bound import (
     NEVER,
     USER,
     Label,
+    Rows,
     choose,
+    choose_pooled,
     entry_threshold,
     labels_needed,
     lower_limit,
     upper_limit,
 )
+from meancache.shared.fl.bound_evidence import BINS, BoundEvidence
 
 PRIOR = 0.556
 
@@ -119,3 +124,60 @@ def test_one_user_rejection_raises_the_entry_at_once() -> None:
     label = Label(0.8, True, entry="e", source=USER)
     assert entry_threshold(0.5, [label]) > 0.8
     assert entry_threshold(0.5, [Label(0.8, True, entry="e")]) == 0.5  # one miss label: not yet
+
+
+# evidence pooled by federated learning -------------------------------------------------
+def _pooled(labels: list[Label]) -> Rows:
+    """``labels`` as they reach another device: binned sums (shared.fl.bound_evidence),
+    the bins of several devices added up."""
+    evidence = BoundEvidence.empty()
+    for device in range(3):
+        mine = labels[device::3]
+        evidence = evidence + BoundEvidence.of_labels(
+            np.array([label.score for label in mine]),
+            np.array([label.wrong for label in mine], dtype=float),
+            np.array([1 / label.labelled_with for label in mine]))
+    return Rows.pooled_bins(*evidence.rows())
+
+
+@given(st.lists(st.tuples(st.integers(0, BINS - 1), st.booleans(),
+                          st.sampled_from([1.0, 0.5, 0.25, 0.125])), min_size=1, max_size=600),
+       st.lists(st.tuples(st.integers(0, BINS - 1), st.sampled_from([1.0, 0.5, 0.25])),
+                max_size=300),
+       st.sampled_from([0.02, 0.05, 0.1]), st.sampled_from([0.25, 0.556, 0.9]))
+@settings(max_examples=60, deadline=None)
+def test_pooled_and_own_labels_bound_as_all_of_them_on_one_device(
+        pooled: list[tuple[int, bool, float]], own_right: list[tuple[int, float]],
+        rate: float, prior: float) -> None:
+    """The merge is exact: labels at bin edges with dyadic weights (so every sum is exact
+    in floating point), some pooled from other devices and the rest this device's own,
+    give the bound all of them give on one device. (Own labels all right, so the own
+    guard has nothing to refuse: the next test is about it.)"""
+    others = [Label(k / BINS, wrong, labelled_with) for k, wrong, labelled_with in pooled]
+    own = [Label(k / BINS, False, labelled_with) for k, labelled_with in own_right]
+    merged = choose_pooled(own, own, _pooled(others), rate, prior)
+    alone = choose(own + others, rate, prior)
+    assert replace(merged, pooled=0) == alone
+    if merged.learned:
+        assert merged.pooled == sum(label.score >= merged.threshold for label in others)
+
+
+def test_pooled_right_labels_teach_a_device_without_labels() -> None:
+    pooled = _pooled([Label(0.25 + 0.5 * i / 400, False) for i in range(400)])
+    bound = choose_pooled([], [], pooled, 0.02, PRIOR)
+    assert bound.learned and bound.threshold < PRIOR and bound.pooled == bound.labels > 0
+
+
+def test_own_labels_showing_the_region_too_wrong_refuse_the_pool() -> None:
+    """Another traffic: 20,000 right labels pooled from elsewhere, enough to drown this
+    device's 100 over the same region of which a tenth were wrong, which alone show that
+    region too wrong (lower limit above 2%): its own bound stands (the prior's region
+    closed), not the pool's."""
+    pooled = _pooled([Label(0.5 + 0.5 * i / 20_000, False) for i in range(20_000)])
+    own = [Label(0.8, i % 10 == 0) for i in range(100)]
+    together = choose(own + [Label(0.5 + 0.5 * i / 20_000, False) for i in range(20_000)],
+                      0.02, PRIOR)
+    assert together.learned and together.threshold < 0.8  # what pooling alone would do
+    assert lower_limit(10, 100) > 0.02
+    assert choose_pooled(own, own, pooled, 0.02, PRIOR) == choose(own, 0.02, PRIOR)
+    assert choose(own, 0.02, PRIOR).threshold == NEVER

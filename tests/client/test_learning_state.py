@@ -5,15 +5,43 @@ learning removes exactly them."""
 import random
 from pathlib import Path
 
+import numpy as np
 from meancache.client.cache.store import EntryStore
 from meancache.client.learning.agreement import agree
 from meancache.client.learning.bound import Label, labels_needed
 from meancache.client.learning.explore import Exploration
-from meancache.client.learning.state import CHUNK, Learned, labelled_questions
+from meancache.client.learning.state import (
+    CHUNK,
+    Learned,
+    labelled_questions,
+    send_evidence,
+    set_pooled,
+)
+from meancache.shared.fl.bound_evidence import BoundEvidence
 
 PRIOR = 0.556
 
 
+def test_labels_sent_to_the_pool_count_once(tmp_path: Path) -> None:
+    """A device's labels go out as evidence and come back inside the pool: the bound
+    counts them once (the pool's copy), with the labels learned since; resetting the
+    learning keeps the federation's pool, as it keeps the global threshold."""
+    store = EntryStore(tmp_path)
+    learning = Learned(store, 0.02, PRIOR)
+    for i in range(200):
+        learning.learn(Label(0.4 + i / 1000, False, entry="e"))
+    sent = send_evidence(store)
+    assert sent.labels == 200
+    others = BoundEvidence.of_labels(np.full(100, 0.5), np.zeros(100), np.ones(100))
+    set_pooled(store, sent + others)
+    learning = Learned(store, 0.02, PRIOR)  # a cache reads the pool when it opens
+    assert (learning.bound.labels, learning.bound.pooled) == (300, 300)
+    for _ in range(7):
+        learning.learn(Label(0.65, False, entry="e"))
+    assert (learning.bound.labels, learning.bound.pooled) == (307, 300)
+    learning.reset()
+    assert learning.pooled.labels == 300 and learning.bound.pooled == 300
+    store.close()
 
 
 def test_learning_persists(tmp_path: Path) -> None:

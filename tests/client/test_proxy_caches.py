@@ -10,6 +10,7 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 from meancache.client.config import Settings
 from meancache.client.device_caches import proxy_dir
@@ -18,6 +19,7 @@ from meancache.client.proxy import partitions
 from meancache.client.proxy.apps import key_digest
 from meancache.client.proxy.partitions import Partition
 from meancache.client.proxy.service import Proxy
+from meancache.shared.fl.bound_evidence import BoundEvidence
 
 from tests.client.test_proxy import PARAPHRASE, QUESTION, ask, proxy_settings
 
@@ -90,7 +92,8 @@ def test_the_devices_global_tau_reaches_open_caches_and_those_made_later(
         proxy: Proxy, settings: Settings) -> None:
     """What `fl sync` and a federated round do (DeviceState.set_global_threshold) reaches
     a proxy cache that is open, and one made afterwards starts from it; each keeps its
-    own local tau."""
+    own local tau. The error-bound evidence they install (set_pooled_bound) reaches a
+    cache made afterwards too (an open one reads it when it opens again)."""
     url = proxy.start()
     assert ask(url, QUESTION, key="one")[0] == "miss"
     caches = proxy.state.partitions
@@ -99,6 +102,8 @@ def test_the_devices_global_tau_reaches_open_caches_and_those_made_later(
     assert opened.cache.thresholds.global_value != 0.81
     opened.cache.thresholds.set_local(0.95)
     DeviceState(settings).set_global_threshold(0.81)
+    DeviceState(settings).set_pooled_bound(BoundEvidence.of_labels(
+        np.linspace(0.3, 0.5, 400), np.zeros(400), np.ones(400)).to_record())
     assert opened.cache.thresholds.global_value == 0.81  # seen while open
     assert opened.cache.threshold == 0.95  # its own tuned tau still wins
     caches.release(opened)
@@ -106,6 +111,7 @@ def test_the_devices_global_tau_reaches_open_caches_and_those_made_later(
     made = caches.get(key_digest("two"), ())
     assert isinstance(made, Partition)
     assert made.cache.threshold == made.cache.thresholds.global_value == 0.81
+    assert made.cache.learned.pooled.labels == 400
     caches.release(made)
 
 

@@ -18,6 +18,8 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.fl.client_app import app as client_app
 from meancache.client.fl.client_app import wire_audit_mod
 from meancache.client.fl.run_config import ClientConfig
+from meancache.client.learning.bound import Label
+from meancache.client.learning.state import Learned
 from meancache.fl_server.app_declaration import default_run_config, write_app
 from meancache.fl_server.pooled_threshold import ThresholdRule
 from meancache.fl_server.run_config import ServerConfig
@@ -31,6 +33,8 @@ from meancache.shared.errors import (
     FlowerCommandError,
     RunConfigError,
 )
+from meancache.shared.fl.bound_evidence import KEYS as BOUND_KEYS
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -161,13 +165,21 @@ def test_device_training_sends_only_weights_counts_and_similarity_evidence(
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
     trust_round_key(monkeypatch)
     device_with_feedback(tmp_path, FEEDBACK)
+    store = EntryStore(tmp_path / "cache")  # and the error bound's labels, one wrong
+    learned = Learned(store, 0.02)
+    for i in range(30):
+        learned.learn(Label(0.5 + i / 100, i == 4, 0.5 if i % 2 else 1.0, entry=f"e{i}"))
+    store.close()
     request = train_message(tiny, 1)
     reply = client_app(request, device_context(tmp_path, tiny_dir))
     assert not reply.has_error(), reply.error if reply.has_error() else ""
     content = reply.content
     assert set(content.array_records) == {"arrays"}
     assert not content.config_records
-    assert set(content["metrics"]) == {"num-examples", "train-loss", "skipped", *EVIDENCE_KEYS}
+    assert set(content["metrics"]) == {"num-examples", "train-loss", "skipped", *EVIDENCE_KEYS,
+                                       *BOUND_KEYS}
+    bound = BoundEvidence.from_metrics(content["metrics"])  # its labels as sums per bin
+    assert (bound.labels, bound.weight.sum(), bound.wrong.sum()) == (30, 45.0, 1.0)
     assert content["metrics"]["num-examples"] > 0 and content["metrics"]["skipped"] == 0
     # its validation pairs (a fifth of 24), as counts per similarity bin
     assert Evidence.from_metrics(content["metrics"]).pairs == 24 - int(24 * 0.8)
@@ -358,12 +370,18 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path,
     assert all(r["bytes_per_client"] <= wire_bound(trained, 4) for r in rows[1:])
     assert all(0 < r["verifier_bytes_per_client"] <= wire_bound(judged, 4) for r in rows[1:])
     assert rows[1]["evidence_pairs"] > 0  # devices' similarity evidence came back
+    # and their error-bound evidence: each device's validation pairs as labels, scored by
+    # the global verifier, pooled, and published with the round's model (signed below)
+    validation = 40 - int(40 * 0.8)
+    assert rows[0]["bound_labels"] == 0
+    assert rows[1]["bound_labels"] == rows[2]["bound_labels"] == 2 * validation
     assert all({"f05", "f1", "precision", "recall"} <= set(r) for r in rows)
     latest = latest_checkpoint(tmp_path / "ckpt")
     assert latest is not None
     meta, state = load_checkpoint(latest)
     assert meta.round == 2 and meta.threshold == pytest.approx(rows[2]["threshold"])
     verify(meta, read_public_key(str(tmp_path / "ckpt" / PUBLIC_KEY)))  # the server signed it
+    assert BoundEvidence.from_record(meta.bound).labels == 2 * validation
     assert meta.verifier_base == read_card(tiny_verifier).sha256 and set(state) == set(initial)
     assert rows[1]["rejected"] == 0  # honest devices pass the screening
     assert "epsilon" not in rows[1]  # no privacy is claimed without DP

@@ -10,12 +10,17 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
+from meancache.client.cache.store import EntryStore
 from meancache.client.config import load_settings
 from meancache.client.encoder import load_device_encoder
+from meancache.client.learning.bound import Label
+from meancache.client.learning.state import Learned, pooled
 from meancache.shared.encoder import Encoder
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
 from meancache.shared.processes import free_port
 
@@ -56,6 +61,14 @@ class Processes:
                 self.kill(process)
 
 
+def learned_labels(data_dir: Path, count: int) -> None:
+    """``count`` error-bound labels in the device's chat cache, all right."""
+    with closing(EntryStore(data_dir / "cache")) as store:
+        learned = Learned(store, 0.02)
+        for i in range(count):
+            learned.learn(Label(0.6 + i / 1000, False, entry=f"e{i}"))
+
+
 @pytest.fixture
 def processes(tmp_path: Path) -> Iterator[Processes]:
     running = Processes(tmp_path, make_tiny_encoder(tmp_path / "models"))
@@ -67,11 +80,14 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
 def test_a_secure_round_then_a_round_a_supernode_drops_out_of(tmp_path: Path,
                                                               processes: Processes) -> None:
     """One fleet, two runs: a SecAgg+ round of both SuperNodes, then a plain round one of
-    them leaves mid-training; then a new user syncs the global model."""
+    them leaves mid-training; then a new user syncs the global model, and with it the
+    error-bound labels the devices pooled."""
     server, alice, bob = tmp_path / "server", tmp_path / "alice", tmp_path / "bob"
     device_with_feedback(alice, FEEDBACK)
     # Bob has more to learn from: his training is still running when he drops out.
     device_with_feedback(bob, FEEDBACK * 60)
+    for device, labels in ((alice, 90), (bob, 70)):  # what their caches' bounds learned
+        learned_labels(device, labels)
     link, model_port, control = free_port(), free_port(), free_port()
     processes.start(server, "fl", "server", "--port", str(link),
                     "--model-port", str(model_port), "--control-port", str(control))
@@ -109,6 +125,8 @@ def test_a_secure_round_then_a_round_a_supernode_drops_out_of(tmp_path: Path,
     meta = read_meta(latest)
     assert meta.signature and meta.metrics["clients"] == 2
     assert "rejected" not in meta.metrics  # nothing was screened: the updates were hidden
+    # the labels were not hidden: both devices', capped at the round's median (80)
+    assert BoundEvidence.from_record(meta.bound).labels == 80 + 70
     for device in (alice, bob):
         assert latest_checkpoint(device / "fl" / "global").name == "round-0000"  # type: ignore[union-attr]
 
@@ -126,6 +144,7 @@ def test_a_secure_round_then_a_round_a_supernode_drops_out_of(tmp_path: Path,
     assert latest is not None and latest.name == "round-0002"
     meta = read_meta(latest)
     assert meta.metrics["clients"] == 1  # only Alice's weights were averaged
+    assert BoundEvidence.from_record(meta.bound).labels == 90  # and only her labels
     history = [json.loads(line) for line in (checkpoints / "history.jsonl").read_text()
                .splitlines()]
     assert [int(h["round"]) for h in history] == [0, 1, 1, 2]  # the second run continued
@@ -137,6 +156,8 @@ def test_a_secure_round_then_a_round_a_supernode_drops_out_of(tmp_path: Path,
     assert sync.wait(timeout=120) == 0, (tmp_path / "carol-sync.log").read_text()
     installed = latest_checkpoint(carol / "fl" / "global")
     assert installed is not None and read_meta(installed).sha256 == meta.sha256
+    with closing(EntryStore(carol / "cache")) as store:
+        assert pooled(store).labels == 90  # her bound starts from the fleet's labels
     settings = load_settings(config_dir=tmp_path / "config", data_dir=carol, environ={},
                              encoder_model=str(processes.encoder), encoder_backend="torch")
     base = Encoder.load(processes.encoder, backend="torch")

@@ -9,6 +9,7 @@ import json
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -16,10 +17,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message
 from meancache.client.cache.store import EntryStore
 from meancache.client.fl.client_app import app as client_app
 from meancache.client.fl.trust import SEEN_KIND
+from meancache.client.learning.bound import Bound, labels_needed
+from meancache.client.learning.state import Learned
 from meancache.fl_server.pooled_threshold import ThresholdRule
 from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.screening import ReplyLimits
 from meancache.fl_server.strategy import ThresholdFedAvg
+from meancache.shared.fl.bound_evidence import BINS, BoundEvidence
 from meancache.shared.fl.checkpoint import (
     DESCRIPTION_KEY,
     GlobalModel,
@@ -33,6 +37,8 @@ from meancache.shared.fl.signing import LIFETIME_SECONDS, sign, verify
 from sentence_transformers import SentenceTransformer
 
 from tests.support.fl import ROUND_KEY, device_context, train_message, trust_round_key
+
+PRIOR = 0.556  # the verifier's own threshold, as the bound's prior
 
 
 @pytest.fixture
@@ -146,3 +152,47 @@ def test_the_server_describes_what_it_sends_in_its_continued_numbering(
     saved = save_checkpoint(tmp_path, 9, ArrayRecord(state).to_torch_state_dict(), 0.8,
                             "base", 1)
     assert meta.sha256 == saved.sha256
+
+
+def _pooled_right(labels: int) -> BoundEvidence:
+    """Other devices' error-bound labels, all right, scored 0.3 to 0.5 by the judge."""
+    scores = np.linspace(0.3, 0.5, labels)
+    return BoundEvidence.of_labels(scores, np.zeros(labels), np.ones(labels))
+
+
+def _device_bound(device: "Device") -> Bound:
+    store = EntryStore(device.data_dir / "cache")
+    try:
+        return Learned(store, 0.02, PRIOR).bound
+    finally:
+        store.close()
+
+
+def test_a_new_device_serves_at_the_bound_the_pool_learned_only_when_it_is_signed(
+        device: Device, tiny: SentenceTransformer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device without one label installs the error-bound evidence a signed round
+    carries (what the server pooled from other devices) and answers from the threshold
+    those labels support, below the verifier's own; the same evidence altered after
+    signing, or signed but not evidence any labels make, is refused with the model."""
+    trust_round_key(monkeypatch)
+    pool = _pooled_right(400)
+    assert _device_bound(device) == Bound(PRIOR, None, None, 0, False)
+    tampered = train_message(tiny, 1, model_round=3, bound=pool)
+    config = tampered.content["config"]
+    description = json.loads(str(config[DESCRIPTION_KEY]))
+    description["bound"]["bound-labels"][0] += 50  # more right labels than were pooled
+    config[DESCRIPTION_KEY] = json.dumps(description)
+    unsigned = train_message(tiny, 1, model_round=3, bound=pool)
+    del unsigned.content["config"][DESCRIPTION_KEY]
+    impossible = redescribed(train_message(tiny, 1, model_round=3), bound={
+        "bins": [100], "bound-labels": [1], "bound-weight": [5000.0],
+        "bound-weight-squared": [1.0], "bound-weight-wrong": [0.0]})  # w above 1000·count
+    for message in (tampered, unsigned, impossible):
+        device.receive(message)
+        assert device.kept() is None
+        assert _device_bound(device) == Bound(PRIOR, None, None, 0, False)
+    device.receive(train_message(tiny, 1, model_round=3, bound=pool))
+    assert device.kept() == (3, pytest.approx(0.8))
+    bound = _device_bound(device)
+    assert bound.learned and bound.pooled == bound.labels >= labels_needed(0.02)
+    assert 0.3 - 1 / BINS <= bound.threshold < 0.5 < PRIOR

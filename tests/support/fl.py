@@ -20,6 +20,7 @@ from meancache.client.config import Settings, load_settings
 from meancache.client.device_caches import proxy_dir
 from meancache.fl_server.app_declaration import default_run_config
 from meancache.fl_server.round_model import RoundModels
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import (
     DESCRIPTION_KEY,
     META,
@@ -93,20 +94,22 @@ def trust_round_key(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def train_message(tiny: SentenceTransformer, top_layers: int, threshold: float = 0.8,
-                  model_round: int = 2, key: Ed25519PrivateKey = ROUND_KEY) -> Message:
+                  model_round: int = 2, key: Ed25519PrivateKey = ROUND_KEY,
+                  bound: BoundEvidence | None = None) -> Message:
     """Round 3's training message: the global model after round ``model_round``, with the
     server's description of it signed by ``key`` (fl_server.round_model)."""
     arrays = ArrayRecord(federated_state(tiny, federated_names(tiny, top_layers)))
-    return round_message(arrays, threshold, model_round, top_layers, key=key)
+    return round_message(arrays, threshold, model_round, top_layers, key=key, bound=bound)
 
 
 def round_message(arrays: ArrayRecord, threshold: float, model_round: int, top_layers: int = 1,
                   verifier_base: str = "", key: Ed25519PrivateKey = ROUND_KEY,
-                  kind: str = "train") -> Message:
-    """A round's message carrying ``arrays`` as the global model after ``model_round``,
-    described and signed as the server does (fl_server.round_model)."""
+                  kind: str = "train", bound: BoundEvidence | None = None) -> Message:
+    """A round's message carrying ``arrays`` as the global model after ``model_round``
+    (and the pooled error-bound evidence ``bound``), described and signed as the server
+    does (fl_server.round_model)."""
     description = RoundModels(key, "base", top_layers, 0, verifier_base).describe(
-        model_round, threshold, arrays)
+        model_round, threshold, arrays, bound)
     return message(RecordDict({"arrays": arrays, "config": ConfigRecord(
         {"threshold": threshold, DESCRIPTION_KEY: description})}), kind=kind)
 

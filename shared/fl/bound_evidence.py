@@ -1,0 +1,183 @@
+"""The error-bound evidence a device sends with its training reply, and the pooled sum the
+FL server publishes in its signed global model: what the device's labels (the judge's
+score of a served-region pair, whether the cached answer was wrong, and the probability it
+was labelled: client.learning.bound) say, binned by score.
+
+Per bin of the judge's score (the learned verifier's probability) travel four sums over
+the labels in it: their count, their inverse-probability weights w (= 1 / labelled_with),
+w² and w·wrong. These are exactly what the bound's test reads (the weighted error share
+and Kish's effective sample size of every tail of labels are sums of them), so labels
+pooled from many devices merge with a device's own without loss but the score's bin: a
+pooled bin stands for labels scoring its lower edge. No text, no entry, no score travels.
+
+A reply's sums are checked before they count: a label's weight lies in [1, MAX_WEIGHT]
+(a labelling probability of at least 1e-3, as the bound clips it), so a bin's weight lies
+between its count and MAX_WEIGHT times it, its squares between weight²/count
+(Cauchy–Schwarz) and MAX_WEIGHT times its weight, and its wrong weight within its weight.
+"""
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+BINS = 256  # on [0, 1]: 1/256 wide (a dyadic width: a score on the grid bins exactly)
+MAX_WEIGHT = 1000.0  # 1 / the lowest labelling probability the bound admits (1e-3)
+COUNT = "bound-labels"
+WEIGHT = "bound-weight"
+SQUARES = "bound-weight-squared"
+WRONG = "bound-weight-wrong"
+KEYS = (COUNT, WEIGHT, SQUARES, WRONG)
+RECORD_BINS = "bins"  # the published record: only the bins that hold labels
+_SLACK = 1e-9  # relative: sums added in another order differ in their last bits
+
+
+def _bin(scores: np.ndarray) -> np.ndarray:
+    index = np.floor(np.asarray(scores, dtype=np.float64) * BINS)
+    return np.clip(index, 0, BINS - 1).astype(np.int64)
+
+
+def edges() -> np.ndarray:
+    """The score each bin stands for: its lower edge."""
+    return np.arange(BINS, dtype=np.float64) / BINS
+
+
+@dataclass(frozen=True)
+class BoundEvidence:
+    count: np.ndarray  # float64, BINS each (a device's counts are whole; pooled ones scaled)
+    weight: np.ndarray
+    squares: np.ndarray
+    wrong: np.ndarray
+
+    @classmethod
+    def empty(cls) -> "BoundEvidence":
+        return cls(*(np.zeros(BINS) for _ in KEYS))
+
+    @classmethod
+    def of_labels(cls, scores: np.ndarray, wrong: np.ndarray, weights: np.ndarray
+                  ) -> "BoundEvidence":
+        """The sums of labels scoring ``scores`` with inverse-probability ``weights``."""
+        bins = _bin(scores)
+        w = np.asarray(weights, dtype=np.float64)
+        x = np.asarray(wrong, dtype=np.float64)
+        return cls(*(np.bincount(bins, v, minlength=BINS).astype(np.float64)
+                     for v in (np.ones(len(w)), w, w * w, w * x)))
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, Any]) -> "BoundEvidence":
+        """A reply's evidence (none where it holds none of the keys), or ValueError saying
+        what is wrong with it."""
+        if not any(key in metrics for key in KEYS):
+            return cls.empty()
+        arrays = []
+        for key in KEYS:
+            value = metrics.get(key)
+            if not isinstance(value, list) or len(value) != BINS:
+                raise ValueError(f"its bound evidence is malformed: '{key}' must be a list "
+                                 f"of {BINS} numbers")
+            arrays.append(_numbers(value, key))
+        evidence = cls(*arrays)
+        if not (evidence.count == np.round(evidence.count)).all():
+            raise ValueError(f"its bound evidence is malformed: '{COUNT}' must hold whole "
+                             "numbers")
+        evidence.check()
+        return evidence
+
+    def to_metrics(self) -> dict[str, list[float]]:
+        return {key: array.tolist() for key, array in zip(KEYS, self._arrays(), strict=True)}
+
+    @classmethod
+    def from_record(cls, record: Any) -> "BoundEvidence":
+        """The published form (``to_record``) read back, or ValueError saying what is
+        wrong with it."""
+        if record is None or record == {}:
+            return cls.empty()
+        if not isinstance(record, dict) or set(record) != {RECORD_BINS, *KEYS}:
+            raise ValueError(f"the pooled bound evidence must be an object of "
+                             f"'{RECORD_BINS}' and {', '.join(repr(k) for k in KEYS)}")
+        bins = record[RECORD_BINS]
+        if (not isinstance(bins, list) or len(bins) > BINS
+                or not all(isinstance(b, int) and not isinstance(b, bool) for b in bins)
+                or len(set(bins)) != len(bins) or not all(0 <= b < BINS for b in bins)):
+            raise ValueError(f"the pooled bound evidence's '{RECORD_BINS}' must be distinct "
+                             f"bin numbers in [0, {BINS})")
+        arrays = []
+        for key in KEYS:
+            value = record[key]
+            if not isinstance(value, list) or len(value) != len(bins):
+                raise ValueError(f"the pooled bound evidence's '{key}' must hold one number "
+                                 f"per bin ({len(bins)})")
+            dense = np.zeros(BINS)
+            dense[np.asarray(bins, dtype=np.int64)] = _numbers(value, key)
+            arrays.append(dense)
+        evidence = cls(*arrays)
+        evidence.check()
+        return evidence
+
+    def to_record(self) -> dict[str, list[Any]]:
+        """The bins that hold labels, for the signed global model (small: a device's
+        labels sit in a few high-score bins)."""
+        held = np.flatnonzero(self.count > 0)
+        return {} if not len(held) else {
+            RECORD_BINS: held.tolist(),
+            **{key: array[held].tolist() for key, array in zip(KEYS, self._arrays(),
+                                                                 strict=True)}}
+
+    def check(self) -> None:
+        """ValueError unless these sums can be those of labels (see the module's
+        docstring): what a device claims is checked before it is pooled."""
+        c, w, s, x = self._arrays()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rules = (
+                ("a bin without labels must hold no weight",
+                 (c > 0) | ((w == 0) & (s == 0) & (x == 0))),
+                (f"a bin's weight must lie between its count and {MAX_WEIGHT:g} times it",
+                 (w >= c * (1 - _SLACK)) & (w <= c * MAX_WEIGHT * (1 + _SLACK))),
+                (f"a bin's squared weights must lie between weight²/count and "
+                 f"{MAX_WEIGHT:g} times its weight",
+                 (c == 0) | ((s >= np.where(c > 0, w * w / c, 0) * (1 - _SLACK))
+                             & (s <= w * MAX_WEIGHT * (1 + _SLACK)))),
+                ("a bin's wrong weight must not exceed its weight", x <= w * (1 + _SLACK)))
+        for why, holds in rules:
+            bad = np.flatnonzero(~holds)
+            if len(bad):
+                raise ValueError(f"its bound evidence is inconsistent: {why} (bin {bad[0]})")
+
+    def _arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return self.count, self.weight, self.squares, self.wrong
+
+    @property
+    def labels(self) -> int:
+        return int(round(float(self.count.sum())))
+
+    def __add__(self, other: "BoundEvidence") -> "BoundEvidence":
+        return BoundEvidence(*(a + b for a, b in zip(self._arrays(), other._arrays(),
+                                                      strict=True)))
+
+    def at_most(self, labels: float) -> "BoundEvidence":
+        """Scaled down to ``labels`` labels in all (every sum by the same factor, so the
+        error share stays and Kish's effective size shrinks in proportion): no device's
+        evidence weighs more than screening allows."""
+        total = float(self.count.sum())
+        if total <= labels:
+            return self
+        scale = max(labels, 0.0) / total
+        return BoundEvidence(*(a * scale for a in self._arrays()))
+
+    def rows(self) -> tuple[np.ndarray, ...]:
+        """(score, count, weight, squares, wrong) of the bins that hold labels, a bin at
+        its lower edge: what client.learning.bound merges with a device's own labels."""
+        held = np.flatnonzero(self.count > 0)
+        return (edges()[held], *(a[held] for a in self._arrays()))
+
+
+def _numbers(value: list[Any], key: str) -> np.ndarray:
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value):
+        raise ValueError(f"its bound evidence is malformed: '{key}' must hold numbers")
+    array = np.asarray(value, dtype=np.float64)
+    if not (np.isfinite(array).all() and (array >= 0).all()):
+        raise ValueError(f"its bound evidence is malformed: '{key}' must hold finite "
+                         "numbers >= 0")
+    return array
+

@@ -1,0 +1,167 @@
+"""The error-bound evidence federated learning carries (shared.fl.bound_evidence): a
+device's labels as sums per score bin, read back exactly, refused by name when malformed
+or when no labels could make them, capped per device, pooled by the server and published
+in the signed description of the global model."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord
+from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from hypothesis import given
+from hypothesis import strategies as st
+from meancache.fl_server.pooled_threshold import ThresholdRule
+from meancache.fl_server.round_model import RoundModels
+from meancache.fl_server.screening import ReplyLimits, screen
+from meancache.fl_server.secure_rounds import CountingGrid, SecureFedAvg
+from meancache.fl_server.strategy import ThresholdFedAvg
+from meancache.shared.fl.bound_evidence import (
+    BINS,
+    COUNT,
+    KEYS,
+    MAX_WEIGHT,
+    SQUARES,
+    WEIGHT,
+    WRONG,
+    BoundEvidence,
+)
+from meancache.shared.fl.checkpoint import DESCRIPTION_KEY, GlobalModel
+from meancache.shared.fl.evidence import Evidence
+from meancache.shared.fl.secure import from_scalars, to_scalars
+from meancache.shared.fl.signing import verify
+
+from tests.support.fl import ROUND_KEY, reply
+from tests.support.fuzz import fuzzed
+
+
+def labels(n: int, wrong_every: int = 0, seed: int = 0) -> BoundEvidence:
+    """``n`` labels scored 0.5 to 1, every ``wrong_every``-th wrong, some explored."""
+    rng = np.random.default_rng(seed)
+    wrong = np.zeros(n) if not wrong_every else (np.arange(n) % wrong_every == 0)
+    return BoundEvidence.of_labels(rng.uniform(0.5, 1, n), wrong.astype(float),
+                                   rng.choice([1.0, 10.0, 20.0], n))
+
+
+def test_evidence_reads_back_exactly_from_a_reply_a_secagg_reply_and_the_record() -> None:
+    sent = labels(300, wrong_every=7)
+    assert sent.labels == 300
+    for back in (BoundEvidence.from_metrics(sent.to_metrics()),
+                 BoundEvidence.from_metrics(from_scalars(to_scalars(sent.to_metrics()))),
+                 BoundEvidence.from_record(json.loads(json.dumps(sent.to_record())))):
+        for a, b in zip((back.count, back.weight, back.squares, back.wrong),
+                        (sent.count, sent.weight, sent.squares, sent.wrong), strict=True):
+            assert np.array_equal(a, b)
+    # a reply without any of its keys (a device that learned nothing, an older one) has none
+    assert BoundEvidence.from_metrics({"num-examples": 3}).labels == 0
+    # the record holds only the bins with labels
+    assert len(sent.to_record()["bins"]) == np.count_nonzero(sent.count) < BINS
+
+
+CORRUPTIONS = {
+    "missing": (lambda m, k, i: m.pop(k), "must be a list of 256 numbers"),
+    "short": (lambda m, k, i: m.__setitem__(k, m[k][:-1]), "must be a list of 256 numbers"),
+    "text": (lambda m, k, i: m[k].__setitem__(i, "7"), "must hold numbers"),
+    "boolean": (lambda m, k, i: m[k].__setitem__(i, True), "must hold numbers"),
+    "negative": (lambda m, k, i: m[k].__setitem__(i, -1.0), "finite numbers >= 0"),
+    "nan": (lambda m, k, i: m[k].__setitem__(i, float("nan")), "finite numbers >= 0"),
+    "infinite": (lambda m, k, i: m[k].__setitem__(i, float("inf")), "finite numbers >= 0"),
+}
+
+
+@fuzzed()
+@given(st.sampled_from(sorted(CORRUPTIONS)), st.sampled_from(KEYS),
+       st.integers(0, BINS - 1), st.integers(0, 2**16))
+def test_a_malformed_reply_is_refused_naming_its_key(corruption: str, key: str, index: int,
+                                                     seed: int) -> None:
+    metrics = labels(200, wrong_every=9, seed=seed).to_metrics()
+    corrupt, message = CORRUPTIONS[corruption]
+    corrupt(metrics, key, index)
+    with pytest.raises(ValueError, match="bound evidence is malformed") as raised:
+        BoundEvidence.from_metrics(metrics)
+    assert f"'{key}'" in str(raised.value) and message in str(raised.value)
+
+
+INCONSISTENT = [  # (key, value in a bin holding 4 labels of weight 1, what is named)
+    (COUNT, 2.5, "whole numbers"),
+    (WEIGHT, 3.0, "between its count and"),  # below one per label
+    (WEIGHT, 4 * MAX_WEIGHT + 1, "between its count and"),  # a labelling chance < 1e-3
+    (SQUARES, 3.0, "between weight²/count"),  # four weights summing to 4 have w² >= 4
+    (WRONG, 5.0, "wrong weight must not exceed"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "named"), INCONSISTENT)
+def test_sums_no_labels_could_make_are_refused_naming_the_rule(key: str, value: float,
+                                                               named: str) -> None:
+    metrics = BoundEvidence.of_labels(np.full(4, 0.75), np.zeros(4), np.ones(4)).to_metrics()
+    metrics[key][192] = value
+    with pytest.raises(ValueError, match=named):
+        BoundEvidence.from_metrics(metrics)
+    weight_alone = BoundEvidence.empty().to_metrics()
+    weight_alone[WEIGHT][3] = 1.0  # weight in a bin without labels
+    with pytest.raises(ValueError, match="without labels must hold no weight"):
+        BoundEvidence.from_metrics(weight_alone)
+
+
+def test_the_server_drops_a_liar_caps_a_big_device_pools_and_publishes_signed() -> None:
+    """Screening refuses impossible sums by name and holds one device to the round's
+    median number of labels (every sum scaled alike, so its error share stays); the
+    round's sum is what the next description of the global model carries, signed."""
+    state = {"w": torch.zeros(2)}
+    strategy = ThresholdFedAvg(0.8, ArrayRecord(state), ReplyLimits(10**6, 1e6),
+                               ThresholdRule(0, 10, 1.0),
+                               models=RoundModels(ROUND_KEY, "base", 1, 0),
+                               min_train_nodes=1, min_available_nodes=1)
+    similarity = Evidence.empty().to_metrics()
+    big, small, third = labels(900, wrong_every=50, seed=1), labels(100, seed=2), \
+        labels(300, seed=3)
+    liar = labels(100, seed=4).to_metrics()
+    liar[COUNT][255] += 5000  # 5,000 right labels with no weight: impossible
+    replies = [reply(1, {**similarity, **big.to_metrics()}, 10, torch.ones(2)),
+               reply(2, {**similarity, **small.to_metrics()}, 10, torch.ones(2)),
+               reply(3, {**similarity, **third.to_metrics()}, 10, torch.ones(2)),
+               reply(4, {**similarity, **liar}, 10, torch.ones(2))]
+    screened = screen([m for m in replies], ArrayRecord(state), ReplyLimits(10**6, 1e6))
+    assert "bound evidence is inconsistent" in screened.rejected[4]
+    assert [e.labels for e in screened.bound] == [300, 100, 300]  # median of 900, 100, 300
+    assert screened.clamped_bound == 1
+    capped = screened.bound[0]
+    assert capped.wrong.sum() / capped.weight.sum() == pytest.approx(
+        big.wrong.sum() / big.weight.sum())
+    strategy.aggregate_train(1, replies)
+    assert strategy.bound.labels == 700
+    config = ConfigRecord({})
+    strategy._describe(config, 1, ArrayRecord(state))
+    meta = GlobalModel(**json.loads(str(config[DESCRIPTION_KEY])))
+    verify(meta, ROUND_KEY.public_key())
+    assert BoundEvidence.from_record(meta.bound).labels == 700
+    # a round in which no device sends labels keeps what was published
+    strategy.aggregate_train(2, [reply(5, similarity, 10, torch.ones(2))])
+    assert strategy.bound.labels == 700
+
+
+def test_under_secure_aggregation_the_evidence_is_still_checked_capped_and_pooled() -> None:
+    """SecAgg+ hides each update, not the evidence (JSON text in the legacy metrics): a
+    device's impossible sums are ignored (its masked update still counts), the others are
+    capped at the round's median labels and published with the next round's model."""
+    state = {"w": np.zeros(2, dtype=np.float32)}
+    strategy = SecureFedAvg(["w"], ArrayRecord({"w": Array(state["w"])}), 0.8,
+                            ReplyLimits(10**6, 1e6), ThresholdRule(0, 10, 1.0),
+                            RoundModels(ROUND_KEY, "base", 1, 0), CountingGrid(None),
+                            lambda r, a: None)
+    liar = labels(50, seed=4).to_metrics()
+    liar[WRONG][200] = 10**6  # more wrong weight than weight
+    similarity = Evidence.empty().to_metrics()
+
+    def fit(bound: dict[str, list[float]]) -> tuple[None, FitRes]:
+        return None, FitRes(Status(Code.OK, ""), ndarrays_to_parameters([state["w"]]), 10,
+                            to_scalars({"num-examples": 10, **similarity, **bound}))
+    strategy.aggregate_fit(1, [fit(labels(900, seed=1).to_metrics()),
+                               fit(labels(100, seed=2).to_metrics()),
+                               fit(labels(300, seed=3).to_metrics()), fit(liar)], [])
+    assert strategy.bound.labels == 300 + 100 + 300
+    meta = GlobalModel(**json.loads(str(strategy._fit_config(2)[DESCRIPTION_KEY])))
+    verify(meta, ROUND_KEY.public_key())
+    assert BoundEvidence.from_record(meta.bound).labels == 700
