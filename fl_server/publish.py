@@ -33,4 +33,5 @@ def publish(simulation_dir: Path, server_dir: Path) -> GlobalModel:
     number = meta.round if current is None else max(meta.round, read_meta(current).round + 1)
     return save_checkpoint(server_dir, number, state, meta.threshold, meta.base_model,
                            meta.top_layers, meta.metrics,
-                           partial(sign, key=server_key(server_dir)), bound=meta.bound)
+                           partial(sign, key=server_key(server_dir)),
+                           verifier_base=meta.verifier_base, bound=meta.bound)

@@ -16,7 +16,12 @@ from meancache.fl_server.model_endpoint import create_model_app
 from meancache.fl_server.publish import publish
 from meancache.fl_server.rounds import HISTORY
 from meancache.shared.errors import CheckpointError
-from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint, read_meta
+from meancache.shared.fl.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    read_meta,
+    save_checkpoint,
+)
 from meancache.shared.fl.signing import PUBLIC_KEY
 from meancache.shared.fl.weights import federated_names, federated_state
 from sentence_transformers import SentenceTransformer
@@ -80,3 +85,15 @@ def test_a_simulated_global_model_is_published_and_a_new_user_installs_it(
     assert again.round == published.round + 1
     with pytest.raises(CheckpointError, match="holds no global model to publish"):
         publish(tmp_path / "nothing", server_dir)
+
+
+def test_publishing_keeps_what_the_verifier_was_trained_from(tmp_path: Path) -> None:
+    """A published model keeps the sha256 of the int8 verifier its verifier tensors were
+    trained over: devices refuse verifier tensors whose base is not theirs, so a model
+    published without it would be refused (or worse, applied over another base)."""
+    simulated = tmp_path / "fl-simulation"
+    state = {"verifier.layer.weight": torch.zeros(2, 2)}
+    save_checkpoint(simulated, 1, state, 0.8, "tiny", 1, verifier_base="ab" * 32)
+    published = publish(simulated, tmp_path / "server")
+    assert published.verifier_base == "ab" * 32
+    assert read_meta(latest_checkpoint(tmp_path / "server")).verifier_base == "ab" * 32
