@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from meancache.shared.fl.evidence import binned
 
 BINS = 256  # on [0, 1]: 1/256 wide (a dyadic width: a score on the grid bins exactly)
 MAX_WEIGHT = 1000.0  # 1 / the lowest labelling probability the bound admits (1e-3)
@@ -70,14 +71,8 @@ class BoundEvidence:
         what is wrong with it."""
         if not any(key in metrics for key in KEYS):
             return cls.empty()
-        arrays = []
-        for key in KEYS:
-            value = metrics.get(key)
-            if not isinstance(value, list) or len(value) != BINS:
-                raise ValueError(f"its bound evidence is malformed: '{key}' must be a list "
-                                 f"of {BINS} numbers")
-            arrays.append(_numbers(value, key))
-        evidence = cls(*arrays)
+        evidence = cls(*(_numbers(value, key) for key, value in zip(
+            KEYS, binned(metrics, KEYS, BINS, "bound evidence", "numbers"), strict=True)))
         if not (evidence.count == np.round(evidence.count)).all():
             raise ValueError(f"its bound evidence is malformed: '{COUNT}' must hold whole "
                              "numbers")

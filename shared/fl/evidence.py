@@ -8,8 +8,9 @@ threshold on all of them (fl_server.pooled_threshold), knowing how much evidence
 What travels is BINS small whole numbers per class: no similarity value, no text.
 """
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from meancache.shared.threshold import BETA
@@ -20,6 +21,19 @@ WIDTH = (HIGH - LOW) / BINS
 DUPLICATES = "duplicates-by-similarity"
 DISTINCT = "distinct-by-similarity"
 KEYS = (DUPLICATES, DISTINCT)
+
+
+def binned(metrics: Mapping[str, object], keys: Sequence[str], bins: int, what: str,
+           unit: str) -> list[list[Any]]:
+    """The list a reply's metrics hold under each of ``keys``, each of ``bins`` values, or
+    ValueError naming the key (``what``: the evidence, ``unit``: what its values are)."""
+    lists = []
+    for key in keys:
+        value = metrics.get(key)
+        if not isinstance(value, list) or len(value) != bins:
+            raise ValueError(f"its {what} is malformed: '{key}' must be a list of {bins} {unit}")
+        lists.append(value)
+    return lists
 
 
 def _bin(similarities: np.ndarray) -> np.ndarray:
@@ -51,11 +65,8 @@ class Evidence:
     def from_metrics(cls, metrics: Mapping[str, object]) -> "Evidence":
         """A reply's evidence, or ValueError saying what is wrong with it."""
         counts = []
-        for key in KEYS:
-            value = metrics.get(key)
-            if not isinstance(value, list) or len(value) != BINS:
-                raise ValueError(f"its similarity evidence is malformed: '{key}' must be "
-                                 f"a list of {BINS} counts")
+        for key, value in zip(KEYS, binned(metrics, KEYS, BINS, "similarity evidence",
+                                           "counts"), strict=True):
             array = np.asarray(value, dtype=np.float64)
             if not (np.isfinite(array).all() and (array >= 0).all()
                     and (array == np.round(array)).all()):
