@@ -21,10 +21,11 @@ MAX_WORKERS = 4
 
 def workers() -> int:
     """`-n auto`: one worker per core this process may run on (xdist's own count can
-    take a 2-vCPU machine for one core) and one more, at most MAX_WORKERS. Much of the
+    take a 2-vCPU machine for one core) and two more, at most MAX_WORKERS. Much of the
     suite waits rather than computes (servers and SuperNodes starting, Flower's 3 s polls
-    and 30 s heartbeats, child processes): the extra worker computes while another waits."""
-    return max(1, min(len(os.sched_getaffinity(0)) + 1, MAX_WORKERS))
+    and 30 s heartbeats, child processes), often two of its long tests at once: the extra
+    workers compute while those wait."""
+    return max(1, min(len(os.sched_getaffinity(0)) + 2, MAX_WORKERS))
 
 
 def share_cores() -> None:
