@@ -1,6 +1,6 @@
 """The int4 decode graph kept on disk (``<data dir>/models/decode-graphs``).
 
-Exporting Gemma 3 270M's decode step and packing it in 4 bits takes about two minutes on
+Exporting Gemma 3 270M's decode step and packing it takes about two minutes on
 two cores, at every start; reading it back takes a second. A graph is named by the sha256
 of everything it is computed from: the model's weights and config, the exporter's settings
 and the versions of torch, onnx and onnxruntime that export and quantise it, so a changed
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KEEP = 2  # graphs kept (168 MB each for Gemma 3 270M): the one in use and the one before
+KEEP = 2  # graphs kept (218 MB each for Gemma 3 270M): the one in use and the one before
 SUFFIX = ".onnx"
 RECORD = ".sha256"  # beside each graph: the sha256 of its bytes, written after it
 LIBRARIES = ("torch", "onnx", "onnxruntime")

@@ -80,9 +80,10 @@ def add_commands(commands: Any) -> None:
                        help="fp16-int8: float16 layers and an int8 output layer whose "
                        "best words are scored exactly (about 1.6x float32's decode speed "
                        "on a CPU, same next tokens; see benchmarks/generation_speed.py), "
-                       "int4: prompts as fp16-int8, decode steps on 4-bit weights through "
-                       "ONNX Runtime (Gemma 3 only; faster, next tokens float32's in "
-                       "82-88%% of steps; about a minute more to load), or float32 as loaded "
+                       "int4: prompts as fp16-int8, decode steps through ONNX Runtime on "
+                       "8-bit layers and a 4-bit output layer (Gemma 3 only; faster, next "
+                       "tokens float32's in about 98%% of steps, as llama.cpp's Q4_K_M's 97%%; "
+                       "about a minute more to load), or float32 as loaded "
                        "(default: %(default)s)")
     serve.add_argument("--kv-format", choices=KV_FORMATS, default=DEFAULT_KV_FORMAT,
                        help="how attention states are computed and cached: float16 and "

@@ -5,6 +5,7 @@ prefix reuse, plain prompts) against each other."""
 
 import io
 import random
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -13,7 +14,10 @@ from meancache.upstream.errors import ModelLoadError
 from meancache.upstream.kv_rounding import KVFormat
 from meancache.upstream.model_loading import load_model
 from meancache.upstream.onnx_decode import (
+    BITS,
     BLOCK,
+    LAYER_KINDS,
+    OUTPUT,
     OnnxDecoder,
     export_step,
     onnx_decoder,
@@ -154,7 +158,8 @@ def test_the_graph_rounds_states_as_the_kv_format_does_bit_for_bit(kv_format: st
 def snap_to_4_bits(model: torch.nn.Module) -> None:
     """Round every linear weight to the symmetric 4-bit grid of its blocks, with one
     weight per block at -8 steps, so that the quantiser's scale (largest |w| / 8) is the
-    grid's step and quantising loses nothing."""
+    grid's step and quantising loses nothing; in 8 bits too (the weight at -8 steps is
+    -128 of its scale, a sixteenth of the 4-bit step, so each value is an integer of it)."""
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.Linear):
@@ -172,14 +177,36 @@ def test_4_bit_weights_on_their_grid_decode_as_float32_with_float32_activations(
     loaded = load_model("builtin:tiny-gemma3", device="cpu")
     snap_to_4_bits(loaded.model)
     engine = PromptCacheEngine(loaded)
-    decoder = onnx_decoder(loaded.model, bits=4, accuracy_level=0)
+    decoder = onnx_decoder(loaded.model, accuracy_level=0)  # the served widths (4 or 8)
     decode_both(engine, decoder, [{"role": "user", "content": "rivers and bridges"}], 16)
 
 
-def test_the_int8_activation_kernel_keeps_within_its_rounding_bound() -> None:
-    """At accuracy level 4 (served), each block of 32 activations is rounded to int8 with
-    step s_b = max |x_b| / 127, so |error| <= sum_b s_b / 2 * sum_(k in b) |w_k| beside
-    float32 rounding; it must also differ from float32 somewhere (int8 ran)."""
+def test_each_kind_of_weight_is_packed_in_its_measured_bits() -> None:
+    """Every weight MatMul of the served graph is a MatMulNBits of its kind's width in
+    BITS (the widths the agreement table measured), none is left in float32."""
+    import onnx
+
+    model = load_model("builtin:tiny-gemma3", device="cpu").model
+    graph = onnx.load_from_string(export_step(model)).graph
+    weights = {tensor.name for tensor in graph.initializer}
+    assert not [node.name for node in graph.node
+                if node.op_type == "MatMul" and node.input[1] in weights]
+    widths = Counter(onnx.helper.get_attribute_value(attribute)
+                     for node in graph.node if node.op_type == "MatMulNBits"
+                     for attribute in node.attribute if attribute.name == "bits")
+    layers = model.config.num_hidden_layers
+    expected = Counter({BITS[OUTPUT]: 1})
+    for kind in LAYER_KINDS:
+        expected[BITS[kind]] += layers
+    assert widths == expected
+
+
+@pytest.mark.parametrize("bits", sorted(set(BITS.values())))
+def test_the_int8_activation_kernel_keeps_within_its_rounding_bound(bits: int) -> None:
+    """At accuracy level 4 (served), with each served weight width, each block of 32
+    activations is rounded to int8 with step s_b = max |x_b| / 127, so |error| <= sum_b
+    s_b / 2 * sum_(k in b) |w_k| beside float32 rounding; it must also differ from
+    float32 somewhere (int8 ran)."""
     from onnx import TensorProto, helper, numpy_helper
     from onnxruntime import InferenceSession, SessionOptions
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
@@ -199,7 +226,7 @@ def test_the_int8_activation_kernel_keeps_within_its_rounding_bound() -> None:
         [numpy_helper.from_array(w, "w")])
     quantizer = MatMulNBitsQuantizer(
         helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]),
-        bits=4, block_size=BLOCK, is_symmetric=True, accuracy_level=4)
+        bits=bits, block_size=BLOCK, is_symmetric=True, accuracy_level=4)
     quantizer.process()
     assert {node.op_type for node in quantizer.model.model.graph.node} == {"MatMulNBits"}
     options = SessionOptions()
