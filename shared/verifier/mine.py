@@ -3,6 +3,11 @@ in ``../shared/data`` paired with their nearest neighbours under the embedding, 
 where the cache decides (cosine from the recall tau up), so the student later learns the
 teacher's judgement exactly where the embedding alone cannot tell.
 
+The embedding, hours for every question on a shared CPU, is checkpointed in shards beside
+the output and resumed on a rerun (``embedding_shards``); ``per_source`` caps each source's
+questions at a seeded sample, the same questions first for any cap, so a smaller run's
+vectors serve a larger one and QQP's hundred thousand do not drown the other sets.
+
 Never mined: QQP dev's questions (the reports are made on them) and any question of the
 pair files handed in as ``exclude`` (the repo's near-miss sets). Each pair gets a split ("train",
 "choose", "test") from a seeded hash of the pair itself, before anything is trained on it.
@@ -10,6 +15,7 @@ pair files handed in as ``exclude`` (the repo's near-miss sets). Each pair gets 
 
 import hashlib
 import json
+import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +24,8 @@ import numpy as np
 from meancache.shared.errors import VerifierError
 from meancache.shared.files import write_atomic
 from meancache.shared.pairs import read_pairs
+from meancache.shared.progress import Progress
+from meancache.shared.verifier.embedding_shards import embed_resumably
 from meancache.shared.verifier.rows import read_rows
 
 # all-mpnet-base-v2's tau (0.876) less the learned verifier's recall margin (0.1): where
@@ -109,35 +117,66 @@ def mine(questions: list[Question], vectors: np.ndarray, low: float, per_questio
             for (a, b), c in sorted(pairs.items())]
 
 
+def sample_sources(questions: list[Question], per_source: int | None, seed: int
+                   ) -> list[Question]:
+    """At most ``per_source`` questions of each source, a seeded sample in their first
+    order; a larger cap's sample holds every smaller one's (each source's seeded order,
+    cut)."""
+    if per_source is None:
+        return questions
+    kept: set[int] = set()
+    for source in dict.fromkeys(q.source for q in questions):
+        indices = [i for i, q in enumerate(questions) if q.source == source]
+        random.Random(f"{seed}:{source}").shuffle(indices)
+        kept.update(indices[:per_source])
+    return [q for i, q in enumerate(questions) if i in kept]
+
+
+def shards_dir(out: Path) -> Path:
+    """Where ``mine_pairs`` keeps the embeddings of the run writing ``out``."""
+    return out.with_name(f"{out.stem}.embeddings")
+
+
 def mine_pairs(data_root: Path, out: Path, encode: Callable[[list[str]], np.ndarray],
-               low: float = RECALL_TAU, per_question: int = 2, limit: int = 50_000,
-               max_chars: int = 300, seed: int = 0, exclude: tuple[Path, ...] = ()) -> dict:
-    """Mine, sample ``limit`` pairs with the seed, split and write them (JSONL, atomically);
-    returns the counts written beside them in ``<out>.json``."""
-    questions = question_sets(data_root, max_chars, exclude)
-    vectors = np.asarray(encode([q.text for q in questions]), dtype=np.float32)
+               space: str, low: float = RECALL_TAU, per_question: int = 2,
+               limit: int = 50_000, max_chars: int = 300, seed: int = 0,
+               exclude: tuple[Path, ...] = (), per_source: int | None = None,
+               chunk: int = 512, progress: Progress | None = None) -> dict:
+    """Mine, sample ``limit`` pairs with the seed, split and write them (JSONL, atomically,
+    in a seeded order so that any first rows are a sample of all); returns the counts
+    written beside them in ``<out>.json``. ``space`` names the encoder's vector space (the
+    shards of another are refused); ``chunk``: questions embedded per shard."""
+    questions = sample_sources(question_sets(data_root, max_chars, exclude), per_source, seed)
+    vectors, reused = embed_resumably([q.text for q in questions], encode, shards_dir(out),
+                                      space, chunk, progress)
     pairs = mine(questions, vectors, low, per_question)
-    if len(pairs) > limit:
-        chosen = np.random.default_rng(seed).choice(len(pairs), limit, replace=False)
-        pairs = [pairs[i] for i in sorted(chosen)]
+    order = np.random.default_rng(seed).permutation(len(pairs))[:limit]
+    pairs = [pairs[i] for i in order]
     for pair in pairs:
         pair["split"] = split_of(pair["q1"], pair["q2"], seed)
     write_atomic(out, "".join(json.dumps(p) + "\n" for p in pairs))  # ASCII: one row a line
     sources: dict[str, int] = {}
     for q in questions:
         sources[q.source] = sources.get(q.source, 0) + 1
-    summary = {"pairs": len(pairs), "questions": sources, "band_from": low,
-               "per_question": per_question, "max_chars": max_chars, "seed": seed,
-               "excluded": [str(path) for path in exclude],
+    summary = {"pairs": len(pairs), "questions": sources, "per_source": per_source,
+               "band_from": low, "per_question": per_question, "max_chars": max_chars,
+               "seed": seed, "excluded": [str(path) for path in exclude],
+               "embeddings": {"dir": str(shards_dir(out)), "space": space,
+                              "reused": reused, "embedded": len(questions) - reused},
                "splits": {name: sum(p["split"] == name for p in pairs) for name, _ in SPLITS},
                "pair_sources": _pair_sources(pairs)}
     write_atomic(out.with_suffix(".json"), json.dumps(summary, indent=2) + "\n")
     return summary
 
 
+def sources_key(pair: dict) -> str:
+    """The sets a pair's two questions came from, in one order ("arena + qqp-train")."""
+    return " + ".join(sorted(pair["sources"]))
+
+
 def _pair_sources(pairs: list[dict]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for pair in pairs:
-        key = " + ".join(sorted(pair["sources"]))
+        key = sources_key(pair)
         counts[key] = counts.get(key, 0) + 1
     return counts

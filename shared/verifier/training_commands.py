@@ -98,21 +98,21 @@ def cmd_mine_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
     from meancache.shared.verifier.mine import mine_pairs
     from rich.console import Console
 
-    if not 0.0 < args.low < 1.0 or min(args.per_question, args.pairs, args.max_chars) < 1:
-        raise VerifierError("--low must lie between 0 and 1, and --per-question, --pairs "
-                            "and --max-chars must be at least 1")
+    if not 0.0 < args.low < 1.0 or min(args.per_question, args.pairs, args.max_chars,
+                                         args.per_source or 1) < 1:
+        raise VerifierError("--low must lie between 0 and 1, and --per-question, --pairs, "
+                            "--per-source and --max-chars must be at least 1")
     exclude = _exclude(args)
     console = Console(stderr=True)
     encoder = Encoder.load(_packaged_mpnet(settings, console), backend=ENCODER_BACKEND,
                            cache_dir=settings.encoder_dir)
-
-    def encode(texts: list[str]) -> object:
-        with ProgressBar("embedding questions", console, line_every=60.0) as progress:
-            return encoder.encode(texts, progress=progress)
-
-    summary = mine_pairs(args.data_root, args.out, encode, low=args.low,
-                         per_question=args.per_question, limit=args.pairs,
-                         max_chars=args.max_chars, seed=args.seed, exclude=exclude)
+    with ProgressBar("embedding questions (checkpointed)", console,
+                     line_every=60.0) as progress:
+        summary = mine_pairs(args.data_root, args.out, encoder.encode,
+                             f"{encoder.version} {encoder.backend}", low=args.low,
+                             per_question=args.per_question, limit=args.pairs,
+                             max_chars=args.max_chars, seed=args.seed, exclude=exclude,
+                             per_source=args.per_source, progress=progress)
     print(json.dumps({"out": str(args.out), **summary}, indent=2))
     return 0
 
@@ -205,16 +205,20 @@ def cmd_label_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
+    from meancache.shared.errors import VerifierError
     from meancache.shared.progress_bar import ProgressBar
     from meancache.shared.verifier.label import label_pairs
     from rich.console import Console
 
+    if args.limit is not None and args.limit < 1:
+        raise VerifierError(f"--limit must be at least 1, not {args.limit}")
     torch.set_num_threads(max(1, args.threads))
     console = Console(stderr=True)
     backbone = args.backbone or _packaged_mpnet(settings, console)
-    with ProgressBar("labelling pairs", console, line_every=60.0) as bar:
+    with ProgressBar("labelling pairs (checkpointed)", console, line_every=60.0) as bar:
         summary = label_pairs(args.run or settings.data_dir / "verifier" / "teacher",
-                              backbone, args.pairs, args.out, args.epoch, progress=bar)
+                              backbone, args.pairs, args.out, args.epoch, progress=bar,
+                              limit=args.limit)
     print(json.dumps({"out": str(args.out), **summary}, indent=2))
     return 0
 
@@ -242,6 +246,9 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
     train.add_argument("--generated", type=int, help="code-made hard negatives (default 10000)")
     train.add_argument("--epochs", type=int, help="passes over the examples (default 2)")
     train.add_argument("--seed", type=int, help="seed of every random choice (default 0)")
+    train.add_argument("--soft-labels", help="a label-pairs JSONL (mined pairs with the "
+                       "teacher's probability): its train split is added, each pair's "
+                       "target the teacher's probability (default: none)")
     train.set_defaults(handler=cmd_train)
     teacher = sub.add_parser(
         "train-teacher", help="train the teacher (a cross-encoder on the packaged "
@@ -276,9 +283,11 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
     mine = sub.add_parser(
         "mine-pairs", help="pair the questions of every set in ../shared/data by the MPNet "
         "embedding, in the band where the cache decides, for the teacher to label (JSONL "
-        "with a seeded train/choose/test split)")
+        "with a seeded train/choose/test split); the embeddings are checkpointed, and a "
+        "rerun resumes them")
     mine.add_argument("--out", type=Path, required=True, help="the pairs' JSONL (a summary "
-                      "goes beside it, .json)")
+                      "goes beside it, .json, and the embeddings' shards in "
+                      "<name>.embeddings/)")
     mine.add_argument("--data-root", type=Path, default=DEFAULT_DATA.parents[1],
                       help=f"the shared data (default: {DEFAULT_DATA.parents[1]})")
     mine.add_argument("--low", type=float, default=0.776,
@@ -289,13 +298,18 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
                       help="pairs kept at most, a seeded sample (default 50000)")
     mine.add_argument("--max-chars", type=int, default=300,
                       help="longer texts are not paired (default 300)")
+    mine.add_argument("--per-source", type=int, help="questions of each source at most (QQP "
+                      "train, arena, sharegpt, contextual), a seeded sample that any larger "
+                      "cap's holds (default: all of them)")
     mine.add_argument("--seed", type=int, default=0, help="the sample's and the split's seed")
     mine.add_argument("--exclude", type=Path, action="append",
                       help="a pairs JSONL whose questions are never mined (repeatable; "
                       "default: the repo's near-miss sets, tests/data and benchmarks/data)")
     mine.set_defaults(handler=cmd_mine_pairs)
     label = sub.add_parser("label-pairs", help="the teacher's probability on each pair of a "
-                           "JSONL (mined pairs): the student's soft labels")
+                           "JSONL (mined pairs): the student's soft labels; labelled in "
+                           "chunks kept in <out name>.progress.jsonl, which a rerun "
+                           "continues from")
     label.add_argument("--pairs", type=Path, required=True, help="JSONL rows with q1 and q2")
     label.add_argument("--out", type=Path, required=True, help="the rows with a 'teacher' "
                        "field (a summary goes beside it, .json)")
@@ -305,6 +319,8 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
                        "on dev-a, or the last one scored)")
     label.add_argument("--backbone", type=Path, help="the run's backbone (default: the "
                        "packaged all-mpnet-base-v2)")
+    label.add_argument("--limit", type=int, help="label the first rows only (mine-pairs "
+                       "writes them in a seeded order: a sample) (default: every row)")
     label.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     label.set_defaults(handler=cmd_label_pairs)
     paraphrases = sub.add_parser(

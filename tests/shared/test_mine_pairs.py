@@ -1,6 +1,8 @@
 """Mining pairs for the teacher: every shared question set read, QQP dev and the held-out
 sets never mined, each pair a question and one of its nearest in the band, once, with a
-seeded split fixed by the pair itself. The packaged MiniLM embeds (real neighbours)."""
+seeded split fixed by the pair itself. The packaged MiniLM embeds (real neighbours); a
+tiny random encoder where only the mechanics count (a killed run resumed, the cap's
+sample)."""
 
 import json
 import random
@@ -13,7 +15,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from meancache.shared.encoder import Encoder
 from meancache.shared.errors import VerifierError
-from meancache.shared.verifier.mine import SPLITS, mine_pairs, question_sets, split_of
+from meancache.shared.verifier.embedding_shards import embed_resumably
+from meancache.shared.verifier.mine import (
+    SPLITS,
+    Question,
+    mine_pairs,
+    question_sets,
+    sample_sources,
+    shards_dir,
+    split_of,
+)
+
+from tests.support.tiny_encoder import make_tiny_encoder
 
 TRAIN = [("What is the capital of France?", "Which city is the capital of France?", 1),
          ("How do I learn Python quickly?", "What is the fastest way to learn Python?", 1),
@@ -55,8 +68,8 @@ def mined(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict, list[di
                             for a, b, y in HELD))
     out = root / "mined.jsonl"
     encoder = Encoder.load(None)
-    summary = mine_pairs(root, out, encoder.encode, low=0.6, per_question=2, limit=1000,
-                         max_chars=300, seed=5, exclude=(held,))
+    summary = mine_pairs(root, out, encoder.encode, encoder.version, low=0.6, per_question=2,
+                         limit=1000, max_chars=300, seed=5, exclude=(held,))
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     return root, summary, rows
 
@@ -125,3 +138,93 @@ def test_splits_take_their_shares() -> None:
     for name, share in SPLITS:
         # 5 standard deviations of a binomial share: fails by chance about once in 3 million
         assert abs(names.count(name) / n - share) < 5 * (share * (1 - share) / n) ** 0.5
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Encoder:
+    return Encoder.load(make_tiny_encoder(tmp_path_factory.mktemp("tiny")), backend="torch")
+
+
+class Killed(KeyboardInterrupt):
+    """What a kill looks like to the run: it stops mid-chunk, nothing after runs."""
+
+
+def test_a_killed_run_resumed_writes_the_pairs_of_one_that_never_stopped(
+        tiny: Encoder, tmp_path: Path) -> None:
+    root = _data_root(tmp_path / "data")
+    options = {"low": 0.0, "per_question": 2, "seed": 1, "chunk": 3}
+    whole = tmp_path / "whole" / "pairs.jsonl"
+    whole.parent.mkdir()
+    summary = mine_pairs(root, whole, tiny.encode, "tiny", **options)
+    texts = [q.text for q in question_sets(root, 300)]
+    chunks = -(-len(texts) // 3)
+    kill_at = random.randrange(2, chunks + 1)  # any chunk after the first, the last included
+    print(f"killed in chunk {kill_at} of {chunks}")
+    calls: list[list[str]] = []
+
+    def dying(part: list[str]) -> np.ndarray:
+        calls.append(part)
+        if len(calls) == kill_at:
+            raise Killed
+        return tiny.encode(part)
+
+    out = tmp_path / "parts" / "pairs.jsonl"
+    out.parent.mkdir()
+    with pytest.raises(Killed):
+        mine_pairs(root, out, dying, "tiny", **options)
+    assert not out.exists()
+    assert len(list(shards_dir(out).glob("shard-*.npz"))) == kill_at - 1
+    resumed: list[str] = []
+
+    def recording(part: list[str]) -> np.ndarray:
+        resumed.extend(part)
+        return tiny.encode(part)
+
+    again = mine_pairs(root, out, recording, "tiny", **options)
+    done = 3 * (kill_at - 1)
+    assert [t for part in calls[:kill_at - 1] for t in part] == texts[:done]
+    assert resumed == texts[done:]  # each text embedded once in all
+    assert again["embeddings"]["reused"] == done
+    assert out.read_bytes() == whole.read_bytes() and summary["pairs"] > 0
+    assert mine_pairs(root, out, recording, "tiny", **options)["embeddings"]["embedded"] == 0
+
+
+def test_a_larger_cap_reuses_the_smaller_ones_vectors_and_another_space_is_refused(
+        tiny: Encoder, tmp_path: Path) -> None:
+    root = _data_root(tmp_path / "data")
+    out = tmp_path / "pairs.jsonl"
+    small = mine_pairs(root, out, tiny.encode, "tiny", low=0.0, per_source=1, chunk=4)
+    assert small["questions"] == {"qqp-train": 1, "arena": 1, "sharegpt": 1, "contextual": 1}
+    assert small["per_source"] == 1 and small["embeddings"]["embedded"] == 4
+    large = mine_pairs(root, out, tiny.encode, "tiny", low=0.0, chunk=4)
+    assert large["embeddings"] == {**small["embeddings"], "reused": 4,
+                                   "embedded": len(question_sets(root, 300)) - 4}
+    with pytest.raises(VerifierError, match=r"another vector space \(tiny, not other\)"):
+        mine_pairs(root, out, tiny.encode, "other", low=0.0)
+    shard = sorted(shards_dir(out).glob("shard-*.npz"))[-1]
+    shard.write_bytes(shard.read_bytes()[:40])
+    with pytest.raises(VerifierError, match=rf"shard {shard} cannot be read"):
+        mine_pairs(root, out, tiny.encode, "tiny", low=0.0)
+
+
+def test_shards_key_vectors_by_the_exact_text(tiny: Encoder, tmp_path: Path) -> None:
+    """Texts NumPy's own strings would change (a trailing NUL) come back as they went."""
+    texts = ["What is x?\x00", "What is x?", "\u2028why\n"]
+    first, reused = embed_resumably(texts, tiny.encode, tmp_path, "tiny", chunk=2)
+    again, reused_again = embed_resumably(texts[::-1], tiny.encode, tmp_path, "tiny")
+    assert reused == 0 and reused_again == 3
+    assert np.array_equal(again, first[::-1])
+
+
+@given(st.lists(st.sampled_from(["qqp-train", "arena", "sharegpt"]), max_size=40),
+       st.integers(1, 12), st.integers(1, 12), st.integers(0, 2 ** 31))
+def test_the_cap_keeps_each_sources_seeded_sample_nested_in_any_larger_caps(
+        sources: list[str], cap: int, more: int, seed: int) -> None:
+    questions = [Question(f"q{i}", source) for i, source in enumerate(sources)]
+    sample = sample_sources(questions, cap, seed)
+    assert sample == sample_sources(questions, cap, seed)  # the seed fixes it
+    assert sample == [q for q in questions if q in sample]  # in the sets' own order
+    for source in set(sources):
+        assert sum(q.source == source for q in sample) == min(cap, sources.count(source))
+    assert set(sample) <= set(sample_sources(questions, cap + more, seed))
+    assert sample_sources(questions, None, seed) == questions

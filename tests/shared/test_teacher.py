@@ -2,7 +2,7 @@
 MPNet-style without): a run stopped, even killed, and resumed ends with the weights of one
 that never stopped; its record names the seed, config and data hashes; a checkpoint that
 is damaged, missing or half-written is never loaded; its labels name the weights they
-came from."""
+came from, and labelling killed and resumed writes the labels of a run that never stopped."""
 
 import json
 import os
@@ -21,7 +21,7 @@ from filelock import FileLock
 from meancache.shared.encoder import packaged_minilm_dir
 from meancache.shared.errors import CheckpointError, VerifierError
 from meancache.shared.files import sha256_file
-from meancache.shared.verifier.label import label_pairs
+from meancache.shared.verifier.label import label_pairs, progress_paths
 from meancache.shared.verifier.teacher import (
     EXAMPLES_FILE,
     LOG_FILE,
@@ -321,3 +321,50 @@ def test_the_teachers_labels_are_its_probabilities_under_named_weights(
     pairs.write_text('{"q1": "only one"}\n')
     with pytest.raises(VerifierError, match="mined.jsonl:1: not a JSON object"):
         label_pairs(whole, backbone, pairs, out)
+
+
+class Killed(KeyboardInterrupt):
+    """What a kill looks like to the labelling: it stops, nothing after runs."""
+
+
+def test_labelling_killed_and_resumed_writes_the_labels_of_a_run_that_never_stopped(
+        setup: tuple[Path, Path, Path], tmp_path: Path) -> None:
+    _, backbone, whole = setup
+    rows = [{"q1": f"What is the capital of {s}?", "q2": f"Which city is {o}'s capital?",
+             "split": "train", "sources": ["qqp-train", "arena" if o == s else "qqp-train"]}
+            for s in SUBJECTS for o in SUBJECTS[:2]]
+    pairs = tmp_path / "mined.jsonl"
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    straight = label_pairs(whole, backbone, pairs, tmp_path / "straight.jsonl", epoch=1,
+                           chunk=5)
+    out = tmp_path / "parts.jsonl"
+    kill_at = random.randrange(2, len(rows) // 5 + 1)  # progress is told after each chunk
+    print(f"killed after {kill_at - 1} chunks")
+    calls = []
+
+    def dying(done: int, total: int) -> None:
+        calls.append(done)
+        if len(calls) == kill_at:
+            raise Killed
+
+    with pytest.raises(Killed):
+        label_pairs(whole, backbone, pairs, out, epoch=1, progress=dying, chunk=5)
+    assert not out.exists()
+    labels, _ = progress_paths(out)
+    with labels.open("a") as fh:
+        fh.write('{"q1": "cut short by a kill", "te')  # an append the kill cut short
+    done = 5 * (kill_at - 1)
+    # whole chunks, as a run that never stopped cuts them (a batch's padding is the same)
+    limited = label_pairs(whole, backbone, pairs, out, epoch=1, chunk=5, limit=10)
+    assert limited["pairs"] == 10 and limited["reused"] == min(10, done)
+    again = label_pairs(whole, backbone, pairs, out, epoch=1, chunk=5)
+    assert again["reused"] == max(10, done)
+    assert out.read_bytes() == (tmp_path / "straight.jsonl").read_bytes()
+    assert again["histogram"] == straight["histogram"] and sum(again["histogram"]) == len(rows)
+    assert {k: v["pairs"] for k, v in again["by_sources"].items()} == {
+        "qqp-train + qqp-train": len(rows) - 2, "arena + qqp-train": 2}
+    assert len(labels.read_text().splitlines()) == len(rows)  # each pair labelled once
+    other = json.loads(progress_paths(out)[1].read_text()) | {"weights_sha256": "0" * 64}
+    progress_paths(out)[1].write_text(json.dumps(other))
+    with pytest.raises(VerifierError, match="came from other teacher weights"):
+        label_pairs(whole, backbone, pairs, out, epoch=1)
