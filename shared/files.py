@@ -76,3 +76,17 @@ def write_atomic(path: Path, data: bytes | str, durable: bool = False) -> None:
 def write_json_atomic(path: Path, value: object, durable: bool = False) -> None:
     """Replace ``path`` with ``value`` as JSON (UTF-8), atomically."""
     write_atomic(path, json.dumps(value, ensure_ascii=False), durable)
+
+
+def whole_lines(path: Path) -> bytes:
+    """The whole lines of an appended-to file (JSONL a resumable run writes), after
+    cutting off a last line a kill left half-written, so the next append starts a line of
+    its own; b"" when there is no file."""
+    if not path.is_file():
+        return b""
+    data = path.read_bytes()
+    whole = data[:data.rfind(b"\n") + 1]
+    if len(whole) < len(data):
+        with path.open("r+b") as file:
+            file.truncate(len(whole))
+    return whole

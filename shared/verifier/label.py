@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 from meancache.shared.errors import VerifierError
-from meancache.shared.files import sha256_file, write_atomic
+from meancache.shared.files import sha256_file, whole_lines, write_atomic
 from meancache.shared.progress import Progress
 from meancache.shared.verifier.mine import sources_key
 from meancache.shared.verifier.rows import read_rows
@@ -107,13 +107,7 @@ def _resume(out: Path, teacher: dict) -> dict[tuple[str, str], float]:
     else:
         labels.unlink(missing_ok=True)  # no record of their weights: not reused
         write_atomic(named, json.dumps(teacher) + "\n")
-    if not labels.is_file():
-        return {}
-    data = labels.read_bytes()
-    whole = data[:data.rfind(b"\n") + 1]
-    if len(whole) < len(data):
-        with labels.open("r+b") as fh:
-            fh.truncate(len(whole))
+    whole = whole_lines(labels)
     done: dict[tuple[str, str], float] = {}
     for number, line in enumerate(whole.split(b"\n")[:-1], 1):
         try:

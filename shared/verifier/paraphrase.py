@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 from meancache.shared.errors import VerifierError
-from meancache.shared.files import write_atomic
+from meancache.shared.files import whole_lines, write_atomic
 from meancache.shared.progress import Progress
 from meancache.shared.verifier.mine import Question, question_sets, split_of
 
@@ -206,16 +206,6 @@ def rejected_path(out: Path) -> Path:
     return out.with_suffix(".rejected.jsonl")
 
 
-def _trim(path: Path) -> None:
-    """Drop a last line a killed run left half-written."""
-    if not path.is_file():
-        return
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with path.open("r+b") as file:
-            file.truncate(data.rfind(b"\n") + 1)
-
-
 def read_jsonl(path: Path) -> list[dict]:
     """The rows of a JSONL written here (none when the file is absent)."""
     if not path.is_file():
@@ -264,7 +254,7 @@ def make_paraphrases(data_root: Path, out: Path, lm: LanguageModel, settings: Se
     out.parent.mkdir(parents=True, exist_ok=True)
     rejected = rejected_path(out)
     for path in (out, rejected):
-        _trim(path)
+        whole_lines(path)
     done = {(r["model"], r["kind"], r["question"])
             for r in read_jsonl(out) + read_jsonl(rejected)}
     chosen = sample(data_root, settings.limit, settings.seed, settings.max_chars,

@@ -7,6 +7,7 @@ import json
 import logging
 from pathlib import Path
 
+from meancache.shared.files import whole_lines
 from meancache.shared.pack import PackManifest, write_pack
 from meancache.shared.progress import Progress
 from meancache.upstream.model_loading import LoadedModel
@@ -37,7 +38,7 @@ def answer_instructions(loaded: LoadedModel, instructions: list[str], work_file:
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
     answers = answered_so_far(work_file)
     work_file.parent.mkdir(parents=True, exist_ok=True)
-    _drop_cut_tail(work_file)
+    whole_lines(work_file)
     with work_file.open("a", encoding="utf-8") as fh:
         for done, instruction in enumerate(instructions, start=1):
             if instruction not in answers:
@@ -51,16 +52,6 @@ def answer_instructions(loaded: LoadedModel, instructions: list[str], work_file:
             if progress is not None:
                 progress(done, len(instructions))
     return {i: answers[i] for i in instructions}
-
-
-def _drop_cut_tail(work_file: Path) -> None:
-    """Cut a last line a kill left unfinished, so the next answer starts a line of its own."""
-    if not work_file.exists():
-        return
-    data = work_file.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with work_file.open("r+b") as fh:
-            fh.truncate(data.rfind(b"\n") + 1)
 
 
 def publish_pack(answers: dict[str, str], model: str, sigma: float,
