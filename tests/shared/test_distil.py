@@ -26,6 +26,7 @@ from tests.support.cross_encoders import (
     SUBJECTS,
     assert_same_state,
     checkpoint_state,
+    keep_torch_threads,  # noqa: F401 (autouse)
     qqp_shaped_pairs,
     tiny_backbone,
 )
@@ -33,14 +34,6 @@ from tests.support.cross_encoders import (
 CONFIG = StudentConfig(pairs=12, generated=4, epochs=2, batch=4, max_tokens=24,
                        dev_pairs=12, seed=5)
 SPLITS = ("train", "choose", "test")
-
-
-@pytest.fixture(autouse=True)
-def _keep_torch_threads() -> object:
-    """A run sets torch's thread count; the tests after this one keep theirs."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

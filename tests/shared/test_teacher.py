@@ -38,6 +38,7 @@ from tests.support.cross_encoders import (
     SUBJECTS,
     assert_same_state,
     checkpoint_state,
+    keep_torch_threads,  # noqa: F401 (autouse)
     qqp_shaped_pairs,
     tiny_backbone,
 )
@@ -46,14 +47,6 @@ from tests.support.paths import REPO
 # Tiny sizes: 2 epochs of about 5 steps of 4 pairs (12 QQP-style pairs, some code-made).
 CONFIG = TeacherConfig(pairs=12, generated=4, epochs=2, batch=4, max_tokens=24,
                        dev_pairs=12, seed=3)
-
-
-@pytest.fixture(autouse=True)
-def _keep_torch_threads() -> object:
-    """A run sets torch's thread count; the tests after this one keep theirs."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=["bert", "mpnet"])

@@ -4,7 +4,10 @@ text and a transformer, not QQP or a real model)."""
 
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 SUBJECTS = ["France", "Spain", "Peru", "Japan", "Kenya", "Chile", "Norway", "Egypt",
             "Canada", "India", "Italy", "Ghana"]
@@ -67,3 +70,13 @@ def assert_same_state(a: dict, b: dict) -> None:
             assert torch.equal(value, b["optimiser"]["state"][key][name]), (key, name)
     assert a["schedule"] == b["schedule"]
     assert torch.equal(a["torch_rng"], b["torch_rng"])
+
+
+@pytest.fixture(autouse=True)
+def keep_torch_threads() -> Iterator[None]:
+    """A run sets torch's thread count; the tests after one keep theirs."""
+    import torch
+
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
