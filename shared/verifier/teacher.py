@@ -2,85 +2,54 @@
 once on the student's recipe (QQP train pairs plus the code-made negatives and variants of
 ``train.training_examples``; never QQP dev, never a held-out set) to label data offline.
 
-It takes hours on one core, so the run is resumable: every few minutes the model, the
-optimiser, the schedule, the torch RNG (dropout) and the position in the seeded data order
-are written atomically to ``checkpoint-<step>.pt`` and only then named, with their sha256,
-in the run's record ``teacher.json``; ``resume`` loads exactly that file and continues at
-the same step with the same batches, so a run stopped and resumed ends with the weights of
-one that never stopped. The examples are written once (``examples.jsonl``, hashed), so a
-resume never rebuilds them. Each epoch ends with the model's AUC and F0.5 on a seeded
-QQP dev sample (threshold chosen on dev-a, dev-b only reported) and its weights
-(``epoch-<n>.pt``). Imports torch: training only.
+It takes hours on one core, so it is a resumable run (``training_run``: checkpoints every
+few minutes, ``--resume`` continues at the same step with the same batches), recorded in
+``teacher.json`` with its seed, config, data and backbone hashes; the epoch with the best
+dev-a AUC is the one that labels. Imports torch: training only.
 """
 
-import json
 import logging
-import math
-import random
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 from meancache.shared.errors import CheckpointError, VerifierError
-from meancache.shared.files import atomic_path, sha256_file, write_atomic
+from meancache.shared.files import sha256_file
 from meancache.shared.pairs import read_pairs
 from meancache.shared.progress import Progress
-from meancache.shared.threshold import DEFAULT_THRESHOLD
-from meancache.shared.verifier.tokens import tokenize_pairs
-from meancache.shared.verifier.train import (
-    TrainConfig,
-    batches,
-    bfloat16_matmuls,
-    dev_report,
-    train_step,
-    training_examples,
+from meancache.shared.verifier.train import TrainConfig, training_examples
+from meancache.shared.verifier.training_run import (
+    EXAMPLES_FILE,
+    LOG_FILE,
+    Run,
+    RunConfig,
+    RunOptions,
+    backbone_record,
+    check_backbone,
+    check_same_file,
+    file_record,
+    new_run_guard,
+    pair_probabilities,
+    read_examples,
+    total_steps,
+    train,
+    write_examples,
 )
 
 log = logging.getLogger(__name__)
 
-RECORD_FILE = "teacher.json"
-EXAMPLES_FILE = "examples.jsonl"
-LOG_FILE = "train.log"
+RECORD_FILE = Run(Path(), "teacher").record_file
+__all__ = ["EXAMPLES_FILE", "LOG_FILE", "RECORD_FILE", "RunOptions", "TeacherConfig",
+           "load_provisional", "load_teacher", "pair_probabilities", "read_record",
+           "train_teacher"]
 
 
 @dataclass(frozen=True)
-class TeacherConfig:
-    """What decides the weights; fixed for a run (a resume reads it from the record)."""
-
-    pairs: int = 60_000  # QQP train pairs drawn (more than the split holds: all of them)
-    generated: int = 10_000  # code-made hard negatives (and a quarter as many variants)
-    epochs: int = 2
-    batch: int = 16
-    learning_rate: float = 2e-5
-    warmup: float = 0.06  # share of the steps
-    weight_decay: float = 0.01
-    max_tokens: int = 96  # both questions together: 99.8% of QQP train pairs fit
-    tau: float = DEFAULT_THRESHOLD  # MiniLM cosine over which a label-0 pair is "hard"
-    dev_pairs: int = 4_000  # seeded QQP dev sample scored after each epoch
-    seed: int = 0
-    bfloat16: bool = True  # autocast the forward pass where the CPU multiplies bf16 natively
+class TeacherConfig(RunConfig):
+    """The teacher's: batch 16 at 2e-5 over 96 tokens (99.8% of QQP train pairs fit)."""
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """How this invocation runs; free to change between a run and its resume."""
-
-    threads: int = 1  # torch threads: one leaves the other core to everyone else
-    checkpoint_minutes: float = 5.0
-    stop_after: int | None = None  # steps in this invocation, then checkpoint and return
-    log_every: int = 20  # steps between progress lines in the log
-
-
-@dataclass
-class Position:
-    """Where the run is: ``position`` batches of epoch ``epoch`` (0-based) are done."""
-
-    step: int = 0
-    epoch: int = 0
-    position: int = 0
-    seconds: float = 0.0  # training time spent over all invocations
-    loss: float = 0.0  # running (exponential) mean
+def read_record(out: Path) -> dict:
+    return Run(out, "teacher").read_record()
 
 
 def train_teacher(out: Path, data: Path, backbone: Path, config: TeacherConfig,
@@ -88,296 +57,51 @@ def train_teacher(out: Path, data: Path, backbone: Path, config: TeacherConfig,
                   progress: Progress | None = None) -> dict:
     """Start (or with ``resume`` continue) the run in ``out``, one process at a time;
     returns its record."""
-    from filelock import FileLock, Timeout
-
+    run = Run(out, "teacher")
     if resume:
-        read_record(out)  # a clear error before anything is created
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        with FileLock(out / ".teacher.lock", timeout=0):
-            return _train_locked(out, data, backbone, config, options, resume, progress)
-    except Timeout:
-        raise VerifierError(f"another process is training the teacher in {out}; wait for "
-                            "it to end, or stop it first") from None
+        run.read_record()  # a clear error before anything is created
+    with run.locked(), run.logging_to_file():
+        if resume:
+            record = run.read_record()
+            config = TeacherConfig(**record["config"])
+            check_same_file(record["data"]["qqp"], data, "QQP pairs file")
+            check_backbone(record, backbone)
+            examples = read_examples(run, record)
+        else:
+            record, examples = _start(run, data, backbone, config)
+        model = train(run, record, examples, backbone, config, options, resume, progress)
+        if model is None:
+            return record
+        record["finished"] = True
+        record["chosen_epoch"] = max(record["epochs"],
+                                     key=lambda e: e["dev"]["dev-a"]["auc"])["epoch"]
+        run.write_record(record)
+        log.info("finished; epoch %d chosen on dev-a AUC", record["chosen_epoch"])
+        return record
 
 
-def _train_locked(out: Path, data: Path, backbone: Path, config: TeacherConfig,
-                  options: RunOptions, resume: bool, progress: Progress | None) -> dict:
-    import torch
-
-    torch.set_num_threads(options.threads)
-    if resume:
-        record = read_record(out)
-        config = TeacherConfig(**record["config"])
-        _check_same_data(record, data, backbone)
-        examples = _read_examples(out, record)
-    else:
-        record, examples = _start(out, data, backbone, config)
-    handler = logging.FileHandler(out / LOG_FILE, encoding="utf-8")
-    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    try:
-        return _run(out, record, examples, backbone, config, options, resume, progress)
-    finally:
-        log.removeHandler(handler)
-        handler.close()
-
-
-def _start(out: Path, data: Path, backbone: Path, config: TeacherConfig
-           ) -> tuple[dict, list[tuple[str, str, int]]]:
+def _start(run: Run, data: Path, backbone: Path, config: TeacherConfig
+           ) -> tuple[dict, list[tuple[str, str, float]]]:
     """A new run's examples (written once, hashed) and its first record."""
-    if (out / RECORD_FILE).exists():
-        raise VerifierError(f"{out} already holds a teacher run ({RECORD_FILE}); continue it "
-                            "with --resume, or pass another --out")
-    train = read_pairs(data, split="train")
+    new_run_guard(run)
+    train_pairs = read_pairs(data, split="train")
     dev = read_pairs(data, split="dev")
     recipe = TrainConfig(pairs=config.pairs, generated=config.generated, tau=config.tau,
                          seed=config.seed)
-    examples, counts = training_examples(train, recipe)
-    text = "".join(json.dumps({"q1": a, "q2": b, "label": y}, ensure_ascii=False) + "\n"
-                   for a, b, y in examples)
-    write_atomic(out / EXAMPLES_FILE, text, durable=True)
-    steps = config.epochs * math.ceil(len(examples) / config.batch)
+    examples, counts = training_examples(train_pairs, recipe)
     record = {
         "command": "meancache verifier train-teacher", "config": asdict(config),
-        "seed": config.seed, "backbone": _backbone_record(backbone),
-        "data": {"qqp": {"path": str(data.resolve()), "sha256": sha256_file(data),
-                         "train_rows": len(train), "dev_rows": len(dev),
+        "seed": config.seed, "backbone": backbone_record(backbone),
+        "data": {"qqp": {**file_record(data), "train_rows": len(train_pairs),
+                         "dev_rows": len(dev),
                          "used": "train split for training; a seeded dev sample for the "
                                  "epoch reports (threshold on dev-a, dev-b reported only)"}},
-        "examples": {"file": EXAMPLES_FILE, "sha256": sha256_file(out / EXAMPLES_FILE),
-                     "count": len(examples), "kinds": counts},
-        "steps": steps, "checkpoint": None, "epochs": [], "finished": False,
+        "examples": {**write_examples(run, examples), "kinds": counts},
+        "steps": total_steps(len(examples), config), "checkpoint": None, "epochs": [],
+        "finished": False,
     }
-    _write_record(out, record)
-    return record, examples
-
-
-def _backbone_record(backbone: Path) -> dict:
-    config = backbone / "config.json"
-    if not config.is_file():
-        raise VerifierError(f"{backbone} holds no config.json: pass a transformer model "
-                            "directory as the teacher's backbone")
-    return {"path": str(backbone.resolve()), "name": backbone.name,
-            "config_sha256": sha256_file(config),
-            "tokenizer_sha256": sha256_file(backbone / "tokenizer.json")}
-
-
-def _check_same_data(record: dict, data: Path, backbone: Path) -> None:
-    """A resume must read the data and the backbone the run started from."""
-    if sha256_file(data) != record["data"]["qqp"]["sha256"]:
-        raise VerifierError(f"{data} is not the file this run was trained on (its sha256 "
-                            "differs from the record's); pass the run's --data")
-    check_backbone(record, backbone)
-
-
-def check_backbone(record: dict, backbone: Path) -> None:
-    """The run's weights fit only the backbone (architecture, tokenizer) it started from."""
-    now = _backbone_record(backbone)
-    for key in ("config_sha256", "tokenizer_sha256"):
-        if now[key] != record["backbone"][key]:
-            raise VerifierError(f"the backbone {backbone} is not the one this run started "
-                                f"from ({record['backbone']['path']}); pass that one")
-
-
-def read_record(out: Path) -> dict:
-    try:
-        return json.loads((out / RECORD_FILE).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise VerifierError(f"{out} holds no teacher run to resume ({RECORD_FILE} is "
-                            "missing); start one without --resume") from None
-    except (OSError, ValueError) as exc:
-        raise VerifierError(f"the teacher run's record {out / RECORD_FILE} cannot be read "
-                            f"({exc})") from None
-
-
-def _write_record(out: Path, record: dict) -> None:
-    write_atomic(out / RECORD_FILE, json.dumps(record, indent=2) + "\n", durable=True)
-
-
-def _read_examples(out: Path, record: dict) -> list[tuple[str, str, int]]:
-    path = out / record["examples"]["file"]
-    if not path.is_file() or sha256_file(path) != record["examples"]["sha256"]:
-        raise VerifierError(f"{path} is missing or not the examples this run started with "
-                            "(its sha256 differs from the record's); start a new run")
-    return [(p.q1, p.q2, p.label) for p in read_pairs(path)]
-
-
-def _run(out: Path, record: dict, examples: list[tuple[str, str, int]], backbone: Path,
-         config: TeacherConfig, options: RunOptions, resume: bool,
-         progress: Progress | None) -> dict:
-    import torch
-    from meancache.shared.verifier.model import from_backbone
-
-    torch.manual_seed(config.seed)  # the fresh head
-    model = from_backbone(backbone).train()
-    # The word embeddings stay as MPNet learned them (as the student's do): a fifth of
-    # the weights, whose optimiser state would cost more than one pass teaches them.
-    model.backbone.embeddings.word_embeddings.weight.requires_grad_(False)
-    optimiser = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                  lr=config.learning_rate, weight_decay=config.weight_decay)
-    steps = record["steps"]
-    warm = max(1, int(steps * config.warmup))
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        optimiser, lambda s: min((s + 1) / warm, max(0.0, (steps - s) / max(1, steps - warm))))
-    at = Position()
-    if resume and record["checkpoint"] is not None:
-        at = load_checkpoint(out, record, model, optimiser, schedule)
-        log.info("resumed at step %d (epoch %d, batch %d)", at.step, at.epoch + 1,
-                 at.position)
-    _remove_partials(out)
-    bf16 = config.bfloat16 and bfloat16_matmuls()
-    record.setdefault("invocations", []).append({
-        "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "from_step": at.step,
-        **asdict(options), "bfloat16": bf16, "torch": torch.__version__})
-    _write_record(out, record)
-    tokenizer = backbone / "tokenizer.json"
-    per_epoch = math.ceil(len(examples) / config.batch)
-    log.info("teacher: %d examples, %d steps (%d per epoch), batch %d, forward in %s, "
-             "%d thread(s)", len(examples), steps, per_epoch, config.batch,
-             "bfloat16" if bf16 else "float32", options.threads)
-    run_steps, started, last_save = 0, time.monotonic(), time.monotonic()
-    window = (time.monotonic(), at.step)
-    while True:
-        _evaluate_pending(out, record, model, at, config, tokenizer, bf16)
-        if at.epoch >= config.epochs:
-            break
-        order = batches(examples, config.batch, random.Random(config.seed * 1_000_003
-                                                               + at.epoch))
-        for rows in order[at.position:]:
-            tick = time.monotonic()
-            value = train_step(model, rows, config.max_tokens, tokenizer, bf16, optimiser,
-                               schedule)
-            at.step, at.position, run_steps = at.step + 1, at.position + 1, run_steps + 1
-            at.seconds += time.monotonic() - tick
-            at.loss = value if at.step == 1 else 0.98 * at.loss + 0.02 * value
-            if progress is not None:
-                progress(at.step, steps)
-            if at.step % options.log_every == 0:
-                window = _log_progress(at, steps, config, window, started, run_steps,
-                                       schedule.get_last_lr()[0])
-            stop = options.stop_after is not None and run_steps >= options.stop_after
-            if stop or time.monotonic() - last_save >= options.checkpoint_minutes * 60:
-                save_checkpoint(out, record, model, optimiser, schedule, at)
-                last_save = time.monotonic()
-            if stop:
-                log.info("stopped after %d steps of this run (step %d of %d); continue "
-                         "with --resume", run_steps, at.step, steps)
-                return record
-        at.epoch, at.position = at.epoch + 1, 0
-        save_checkpoint(out, record, model, optimiser, schedule, at)
-        last_save = time.monotonic()
-    record["finished"] = True
-    record["chosen_epoch"] = max(record["epochs"],
-                                 key=lambda e: e["dev"]["dev-a"]["auc"])["epoch"]
-    _write_record(out, record)
-    log.info("finished: %d steps; epoch %d chosen on dev-a AUC", at.step,
-             record["chosen_epoch"])
-    return record
-
-
-def _log_progress(at: Position, steps: int, config: TeacherConfig,
-                  window: tuple[float, int], started: float, run_steps: int,
-                  lr: float) -> tuple[float, int]:
-    """One log line: step, examples/s (since the last line), loss, learning rate, ETA
-    (from this invocation's mean speed)."""
-    now = time.monotonic()
-    rate = (at.step - window[1]) * config.batch / max(now - window[0], 1e-9)
-    left = (steps - at.step) * (now - started) / run_steps
-    log.info("step %d/%d  epoch %d/%d  %.1f examples/s  loss %.4f  lr %.2e  ETA %s",
-             at.step, steps, at.epoch + 1, config.epochs, rate, at.loss, lr,
-             _duration(left))
-    return now, at.step
-
-
-def _duration(seconds: float) -> str:
-    return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
-
-
-def save_checkpoint(out: Path, record: dict, model: object, optimiser: object,
-                    schedule: object, at: Position) -> None:
-    """Write ``checkpoint-<step>.pt`` beside the record (renamed in only once complete and
-    on disk), then name it and its sha256 in the record, then drop the older one: a kill
-    at any point leaves a record that names a whole checkpoint."""
-    import torch
-
-    name = f"checkpoint-{at.step:07d}.pt"
-    started = time.monotonic()
-    state = {"model": model.state_dict(), "optimiser": optimiser.state_dict(),
-             "schedule": schedule.state_dict(), "torch_rng": torch.get_rng_state(),
-             "position": asdict(at)}
-    with atomic_path(out / name, durable=True) as partial:
-        torch.save(state, partial)
-    previous = record["checkpoint"]
-    record["checkpoint"] = {"file": name, "sha256": sha256_file(out / name), **asdict(at),
-                            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    _write_record(out, record)
-    if previous is not None and previous["file"] != name:
-        (out / previous["file"]).unlink(missing_ok=True)
-    log.info("checkpoint %s written in %.1f s", name, time.monotonic() - started)
-
-
-def load_checkpoint(out: Path, record: dict, model: object, optimiser: object,
-                    schedule: object) -> Position:
-    """The recorded checkpoint into the model, optimiser and schedule, and the RNG; a file
-    that is missing or not the one recorded (damaged, replaced) is never loaded."""
-    import torch
-
-    entry = record["checkpoint"]
-    path = out / entry["file"]
-    if not path.is_file():
-        raise CheckpointError(f"the checkpoint {path} named in {RECORD_FILE} is missing; "
-                              "the run cannot resume (start a new one in another --out)")
-    if sha256_file(path) != entry["sha256"]:
-        raise CheckpointError(f"the checkpoint {path} is damaged (its sha256 is not the one "
-                              f"{RECORD_FILE} recorded); it is not loaded. Start a new run "
-                              "in another --out")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        model.load_state_dict(state["model"])
-        optimiser.load_state_dict(state["optimiser"])
-        schedule.load_state_dict(state["schedule"])
-        torch.set_rng_state(state["torch_rng"])
-        return Position(**state["position"])
-    except (RuntimeError, KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(f"the checkpoint {path} cannot be loaded into this model "
-                              f"({exc}); it is not used") from None
-
-
-def _remove_partials(out: Path) -> None:
-    """Files a killed run was writing (never named in the record)."""
-    for partial in out.glob(".*.partial"):
-        partial.unlink(missing_ok=True)
-
-
-def _evaluate_pending(out: Path, record: dict, model: object, at: Position,
-                      config: TeacherConfig, tokenizer: Path, bf16: bool) -> None:
-    """After a finished epoch not yet scored: its dev report and weights into the record."""
-    import torch
-
-    if at.position != 0 or at.epoch == 0 or any(e["epoch"] == at.epoch
-                                                 for e in record["epochs"]):
-        return
-    data = Path(record["data"]["qqp"]["path"])
-    dev = read_pairs(data, split="dev")
-    dev = random.Random(config.seed).sample(dev, min(config.dev_pairs, len(dev)))
-    started = time.monotonic()
-    probs = pair_probabilities(model, [p.q1 for p in dev], [p.q2 for p in dev],
-                               config.max_tokens, tokenizer, bf16)
-    threshold, report = dev_report(probs, dev)
-    weights = f"epoch-{at.epoch}.pt"
-    with atomic_path(out / weights, durable=True) as partial:
-        torch.save(model.state_dict(), partial)
-    record["epochs"].append({"epoch": at.epoch, "step": at.step, "dev": report,
-                             "threshold_on_dev_a": round(threshold, 6),
-                             "dev_sample": len(dev), "weights": weights,
-                             "weights_sha256": sha256_file(out / weights),
-                             "minutes_training": round(at.seconds / 60, 1)})
-    _write_record(out, record)
-    log.info("epoch %d: dev-a AUC %.4f F0.5 %.4f, dev-b AUC %.4f F0.5 %.4f (%.0f s)",
-             at.epoch, report["dev-a"]["auc"], report["dev-a"]["f05"],
-             report["dev-b"]["auc"], report["dev-b"]["f05"], time.monotonic() - started)
+    run.write_record(record)
+    return record, [(a, b, float(y)) for a, b, y in examples]
 
 
 def load_teacher(out: Path, backbone: Path, epoch: int | None = None
@@ -433,26 +157,3 @@ def load_provisional(out: Path, backbone: Path, checkpoint: Path) -> tuple[objec
     entry = {"checkpoint": checkpoint.name, "sha256": digest, "step": step,
              "steps": record["steps"], "provisional": True}
     return model.eval(), record, entry
-
-
-def pair_probabilities(model: object, first: list[str], second: list[str],
-                       max_tokens: int, tokenizer: Path, bf16: bool,
-                       batch: int = 64, progress: Progress | None = None) -> np.ndarray:
-    """P(same question) of each pair, in batches of similar length (little padding)."""
-    import torch
-
-    order = sorted(range(len(first)), key=lambda i: len(first[i]) + len(second[i]))
-    out = np.empty(len(first), dtype=np.float64)
-    model.eval()
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        for start in range(0, len(order), batch):
-            rows = order[start:start + batch]
-            tokens = tokenize_pairs([first[i] for i in rows], [second[i] for i in rows],
-                                    max_tokens, tokenizer)
-            logits = model(*(torch.from_numpy(x) for x in (
-                tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)))
-            out[rows] = torch.sigmoid(logits.float()).numpy()
-            if progress is not None:
-                progress(start + len(rows), len(order))
-    model.train()
-    return out

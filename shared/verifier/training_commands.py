@@ -1,5 +1,6 @@
 """`meancache verifier train`: the one command that reproduces the shipped verifier;
 `meancache verifier train-teacher`: the larger judge that labels data for it, resumable;
+`meancache verifier distil`: the verifier distilled from it, resumable;
 `meancache verifier mine-pairs`: the unlabelled pairs it labels;
 `meancache verifier label-pairs`: its labels on them;
 `meancache verifier make-paraphrases`: pairs written by the packaged language models, and
@@ -41,23 +42,19 @@ def cmd_train(args: argparse.Namespace, settings: SettingsBase | None = None) ->
     return 0
 
 
-TEACHER_OPTIONS = {"epochs": int, "batch": int, "learning_rate": float, "max_tokens": int,
-                   "pairs": int, "generated": int, "dev_pairs": int, "seed": int}
+RUN_OPTIONS = {"epochs": int, "batch": int, "learning_rate": float, "max_tokens": int,
+               "pairs": int, "generated": int, "dev_pairs": int, "seed": int}
 
 
-def cmd_train_teacher(args: argparse.Namespace, settings: SettingsBase) -> int:
-    """Start or resume the teacher's run; print its record's summary at the end."""
-    import json
+def _run_settings(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """A run's config overrides (refused for a resumed run, which keeps its own) and this
+    invocation's options, checked, for train-teacher and distil alike."""
+    from meancache.shared.errors import VerifierError
+    from meancache.shared.verifier.training_run import RunOptions
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     if args.threads == 1:  # the tokenizer's own thread pool would take the other core
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from meancache.shared.errors import VerifierError
-    from meancache.shared.progress_bar import ProgressBar
-    from meancache.shared.verifier.teacher import RunOptions, TeacherConfig, train_teacher
-    from rich.console import Console
-
-    overrides = {name: getattr(args, name) for name in TEACHER_OPTIONS
+    overrides = {name: getattr(args, name) for name in RUN_OPTIONS
                  if getattr(args, name) is not None}
     if args.resume and overrides:
         names = ", ".join("--" + n.replace("_", "-") for n in overrides)
@@ -70,17 +67,53 @@ def cmd_train_teacher(args: argparse.Namespace, settings: SettingsBase) -> int:
             args.stop_after is not None and args.stop_after < 1):
         raise VerifierError("--threads and --stop-after must be at least 1 and "
                             "--checkpoint-minutes not negative")
+    return overrides, RunOptions(threads=args.threads,
+                                 checkpoint_minutes=args.checkpoint_minutes,
+                                 stop_after=args.stop_after)
+
+
+def _summary(out: Path, record: dict) -> str:
+    import json
+
+    return json.dumps({"out": str(out), "finished": record["finished"],
+                       "checkpoint": record["checkpoint"], "epochs": record["epochs"],
+                       **({"card": record["card"]} if "card" in record else {})}, indent=2)
+
+
+def cmd_train_teacher(args: argparse.Namespace, settings: SettingsBase) -> int:
+    """Start or resume the teacher's run; print its record's summary at the end."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    overrides, options = _run_settings(args)
+    from meancache.shared.progress_bar import ProgressBar
+    from meancache.shared.verifier.teacher import TeacherConfig, train_teacher
+    from rich.console import Console
+
     out = args.out or settings.data_dir / "verifier" / "teacher"
     console = Console(stderr=True)
     backbone = args.backbone or _packaged_mpnet(settings, console)
-    options = RunOptions(threads=args.threads, checkpoint_minutes=args.checkpoint_minutes,
-                         stop_after=args.stop_after)
     with ProgressBar("teacher steps", console, line_every=60.0) as bar:
         record = train_teacher(out, args.data, backbone, TeacherConfig(**overrides), options,
                                resume=args.resume, progress=bar)
-    print(json.dumps({"out": str(out), "finished": record["finished"],
-                      "checkpoint": record["checkpoint"], "epochs": record["epochs"]},
-                     indent=2))
+    print(_summary(out, record))
+    return 0
+
+
+def cmd_distil(args: argparse.Namespace, settings: SettingsBase) -> int:
+    """Start or resume the student's run; once done, export it and print its card."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    overrides, options = _run_settings(args)
+    from meancache.shared.encoder import packaged_minilm_dir
+    from meancache.shared.progress_bar import ProgressBar
+    from meancache.shared.verifier.distil import StudentConfig, distil
+    from rich.console import Console
+
+    out = args.out or settings.data_dir / "verifier" / "student"
+    with ProgressBar("student steps", Console(stderr=True), line_every=60.0) as bar:
+        record = distil(out, args.data, args.labels or [],
+                        args.backbone or packaged_minilm_dir(), args.artefact,
+                        StudentConfig(**overrides), options, resume=args.resume,
+                        progress=bar)
+    print(_summary(out, record))
     return 0
 
 
@@ -232,6 +265,44 @@ def _packaged_mpnet(settings: SettingsBase, console: object) -> Path:
         return ensure_assembled(MPNET, settings.models_dir, bar)
 
 
+def _add_run_arguments(parser: argparse.ArgumentParser, what: str, backbone: str,
+                       threads: int) -> None:
+    """The options of a resumable training run (``training_run``), with ``what``'s
+    defaults."""
+    from meancache.shared.verifier.distil import StudentConfig
+    from meancache.shared.verifier.teacher import TeacherConfig
+
+    config = TeacherConfig() if what == "teacher" else StudentConfig()
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run in --out where its last checkpoint left it")
+    parser.add_argument("--out", type=Path, help="the run's directory: record, examples, "
+                        f"checkpoints, log (default: <data dir>/verifier/{what})")
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA,
+                        help=f"QQP pairs JSONL with a split field (default: {DEFAULT_DATA})")
+    parser.add_argument("--backbone", type=Path,
+                        help=f"a transformer model directory (default: {backbone})")
+    parser.add_argument("--epochs", type=int,
+                        help=f"passes over the examples (default {config.epochs})")
+    parser.add_argument("--batch", type=int, help=f"pairs per step (default {config.batch})")
+    parser.add_argument("--learning-rate", type=float,
+                        help=f"peak AdamW rate (default {config.learning_rate:g})")
+    parser.add_argument("--max-tokens", type=int,
+                        help=f"tokens per pair (default {config.max_tokens})")
+    parser.add_argument("--pairs", type=int, help="QQP train pairs drawn (default: all)")
+    parser.add_argument("--generated", type=int,
+                        help=f"code-made hard negatives (default {config.generated})")
+    parser.add_argument("--dev-pairs", type=int, help="QQP dev pairs scored after each "
+                        f"epoch (default {config.dev_pairs})")
+    parser.add_argument("--seed", type=int,
+                        help=f"seed of every random choice (default {config.seed})")
+    parser.add_argument("--threads", type=int, default=threads,
+                        help=f"torch threads (default {threads})")
+    parser.add_argument("--checkpoint-minutes", type=float, default=5.0,
+                        help="minutes between checkpoints (default 5)")
+    parser.add_argument("--stop-after", type=int, metavar="STEPS",
+                        help="stop (with a checkpoint) after this many steps of this run")
+
+
 def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
     verifier = commands.add_parser("verifier", help="the learned verifier of cache hits")
     sub = verifier.add_subparsers(dest="verifier_command", required=True)
@@ -246,40 +317,28 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
     train.add_argument("--generated", type=int, help="code-made hard negatives (default 10000)")
     train.add_argument("--epochs", type=int, help="passes over the examples (default 2)")
     train.add_argument("--seed", type=int, help="seed of every random choice (default 0)")
-    train.add_argument("--soft-labels", help="a label-pairs JSONL (mined pairs with the "
-                       "teacher's probability): its train split is added, each pair's "
-                       "target the teacher's probability (default: none)")
     train.set_defaults(handler=cmd_train)
     teacher = sub.add_parser(
         "train-teacher", help="train the teacher (a cross-encoder on the packaged "
         "all-mpnet-base-v2) that labels data for the verifier: hours on one core, "
         "checkpointed every few minutes, continued with --resume")
-    teacher.add_argument("--resume", action="store_true",
-                         help="continue the run in --out where its last checkpoint left it")
-    teacher.add_argument("--out", type=Path, help="the run's directory: record, examples, "
-                         "checkpoints, log (default: <data dir>/verifier/teacher)")
-    teacher.add_argument("--data", type=Path, default=DEFAULT_DATA,
-                         help=f"QQP pairs JSONL with a split field (default: {DEFAULT_DATA})")
-    teacher.add_argument("--backbone", type=Path, help="a transformer model directory "
-                         "(default: the packaged all-mpnet-base-v2, assembled into "
-                         "<data dir>/models on first use)")
-    teacher.add_argument("--epochs", type=int, help="passes over the examples (default 2)")
-    teacher.add_argument("--batch", type=int, help="pairs per step (default 16)")
-    teacher.add_argument("--learning-rate", type=float, help="peak AdamW rate (default 2e-5)")
-    teacher.add_argument("--max-tokens", type=int, help="tokens per pair (default 96)")
-    teacher.add_argument("--pairs", type=int, help="QQP train pairs drawn (default: all)")
-    teacher.add_argument("--generated", type=int,
-                         help="code-made hard negatives (default 10000)")
-    teacher.add_argument("--dev-pairs", type=int,
-                         help="QQP dev pairs scored after each epoch (default 4000)")
-    teacher.add_argument("--seed", type=int, help="seed of every random choice (default 0)")
-    teacher.add_argument("--threads", type=int, default=1,
-                         help="torch threads (default 1: the other core stays free)")
-    teacher.add_argument("--checkpoint-minutes", type=float, default=5.0,
-                         help="minutes between checkpoints (default 5)")
-    teacher.add_argument("--stop-after", type=int, metavar="STEPS",
-                         help="stop (with a checkpoint) after this many steps of this run")
+    _add_run_arguments(teacher, "teacher", "the packaged all-mpnet-base-v2, assembled into "
+                       "<data dir>/models on first use", threads=1)
     teacher.set_defaults(handler=cmd_train_teacher)
+    student = sub.add_parser(
+        "distil", help="distil the verifier a device runs (the packaged MiniLM) from the "
+        "teacher: QQP and the code-made pairs with their labels, and the pairs the teacher "
+        "labelled (--labels) with its probabilities; checkpointed, continued with --resume; "
+        "at the end exported to int8 ONNX with its card")
+    student.add_argument("--labels", type=Path, action="append",
+                         help="a label-pairs JSONL or a make-paraphrases .judged.jsonl, all "
+                         "from one teacher's weights (repeatable) (default: none, QQP and "
+                         "the code-made pairs alone)")
+    student.add_argument("--artefact", type=Path, default=ARTEFACT_DIR,
+                         help="where verifier.onnx and verifier.json go (default: the "
+                         "package's own, replacing the shipped model)")
+    _add_run_arguments(student, "student", "the packaged all-MiniLM-L6-v2", threads=2)
+    student.set_defaults(handler=cmd_distil)
     mine = sub.add_parser(
         "mine-pairs", help="pair the questions of every set in ../shared/data by the MPNet "
         "embedding, in the band where the cache decides, for the teacher to label (JSONL "

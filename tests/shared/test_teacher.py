@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 import torch
 from filelock import FileLock
-from meancache.shared.encoder import packaged_minilm_dir
 from meancache.shared.errors import CheckpointError, VerifierError
 from meancache.shared.files import sha256_file
 from meancache.shared.verifier.label import label_pairs, progress_paths
@@ -33,56 +32,21 @@ from meancache.shared.verifier.teacher import (
     pair_probabilities,
     train_teacher,
 )
-from transformers import BertConfig, BertModel, MPNetConfig, MPNetModel
 
 from meancache.cli import main
+from tests.support.cross_encoders import (
+    SUBJECTS,
+    assert_same_state,
+    checkpoint_state,
+    keep_torch_threads,  # noqa: F401 (autouse)
+    qqp_shaped_pairs,
+    tiny_backbone,
+)
 from tests.support.paths import REPO
 
-SUBJECTS = ["France", "Spain", "Peru", "Japan", "Kenya", "Chile", "Norway", "Egypt",
-            "Canada", "India", "Italy", "Ghana"]
 # Tiny sizes: 2 epochs of about 5 steps of 4 pairs (12 QQP-style pairs, some code-made).
 CONFIG = TeacherConfig(pairs=12, generated=4, epochs=2, batch=4, max_tokens=24,
                        dev_pairs=12, seed=3)
-
-
-def _pairs_file(directory: Path) -> Path:
-    """QQP-shaped rows (train and dev) made from templates: the mechanics need text, not
-    QQP's."""
-    rows = []
-    for i, subject in enumerate(SUBJECTS):
-        other = SUBJECTS[(i + 1) % len(SUBJECTS)]
-        rows.append({"q1": f"What is the capital of {subject}?",
-                     "q2": f"Which city is the capital of {subject}?", "label": 1,
-                     "split": "train"})
-        rows.append({"q1": f"How many people live in {subject}?",
-                     "q2": f"How many people live in {other}?", "label": 0, "split": "train"})
-        rows.append({"q1": f"What language is spoken in {subject}?",
-                     "q2": f"Which language do people speak in {subject}?",
-                     "label": i % 2, "split": "dev"})
-    path = directory / "pairs.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
-    return path
-
-
-def _backbone(directory: Path, kind: str) -> Path:
-    """A 2-layer, 32-wide random model over MiniLM's vocabulary, with its tokenizer."""
-    torch.manual_seed(0)
-    sizes = {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 2,
-             "num_attention_heads": 2, "intermediate_size": 64}
-    model = (BertModel(BertConfig(**sizes, max_position_embeddings=64)) if kind == "bert"
-             else MPNetModel(MPNetConfig(**sizes, max_position_embeddings=66, pad_token_id=0)))
-    target = directory / kind
-    model.save_pretrained(target)
-    shutil.copy(packaged_minilm_dir() / "tokenizer.json", target / "tokenizer.json")
-    return target
-
-
-@pytest.fixture(autouse=True)
-def _keep_torch_threads() -> object:
-    """A run sets torch's thread count; the tests after this one keep theirs."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=["bert", "mpnet"])
@@ -90,29 +54,11 @@ def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
           ) -> tuple[Path, Path, Path]:
     """The pairs file, a backbone, and a run of all 12 steps that never stopped."""
     root = tmp_path_factory.mktemp(f"teacher-{request.param}")
-    data, backbone = _pairs_file(root), _backbone(root, request.param)
+    data, backbone = qqp_shaped_pairs(root), tiny_backbone(root, request.param)
     threads = torch.get_num_threads()
     train_teacher(root / "whole", data, backbone, CONFIG, RunOptions(log_every=2))
     torch.set_num_threads(threads)
     return data, backbone, root / "whole"
-
-
-def _state(out: Path) -> dict:
-    record = json.loads((out / RECORD_FILE).read_text())
-    return torch.load(out / record["checkpoint"]["file"], weights_only=True)
-
-
-def _assert_same_state(a: dict, b: dict) -> None:
-    """Bit-equal weights, optimiser moments, schedule, RNG and position."""
-    assert a["position"]["step"] == b["position"]["step"]
-    assert a["model"].keys() == b["model"].keys()
-    for name in a["model"]:
-        assert torch.equal(a["model"][name], b["model"][name]), name
-    for key, moments in a["optimiser"]["state"].items():
-        for name, value in moments.items():
-            assert torch.equal(value, b["optimiser"]["state"][key][name]), (key, name)
-    assert a["schedule"] == b["schedule"]
-    assert torch.equal(a["torch_rng"], b["torch_rng"])
 
 
 def test_a_run_stopped_and_resumed_ends_with_the_weights_of_one_that_never_stopped(
@@ -128,7 +74,8 @@ def test_a_run_stopped_and_resumed_ends_with_the_weights_of_one_that_never_stopp
                   RunOptions(stop_after=max(stops) - min(stops) or 1), resume=True)
     record = train_teacher(out, data, backbone, CONFIG, RunOptions(), resume=True)
     assert record["finished"] and record["checkpoint"]["step"] == steps
-    _assert_same_state(_state(out), _state(whole))
+    assert_same_state(checkpoint_state(out, RECORD_FILE),
+                      checkpoint_state(whole, RECORD_FILE))
     expected = json.loads((whole / RECORD_FILE).read_text())["epochs"]
     assert [e["epoch"] for e in record["epochs"]] == [1, 2]
     for got, want in zip(record["epochs"], expected, strict=True):
@@ -174,7 +121,8 @@ def test_a_killed_run_resumes_from_its_last_whole_checkpoint(
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert not list(out.glob(".*.partial"))
-    _assert_same_state(_state(out), _state(whole))
+    assert_same_state(checkpoint_state(out, RECORD_FILE),
+                      checkpoint_state(whole, RECORD_FILE))
 
 
 def test_the_record_names_the_seed_the_config_and_the_data_hashes(

@@ -137,35 +137,3 @@ def test_training_batches_hold_every_example_once_in_either_order(
     assert len(made) == -(-len(examples) // size)  # one short batch at most
     as_sets = Counter((frozenset((a, b)), y) for batch in made for a, b, y in batch)
     assert as_sets == Counter((frozenset((a, b)), y) for a, b, y in examples)
-
-
-def test_soft_labels_add_the_train_split_with_the_teachers_probability(
-        tmp_path: Path) -> None:
-    """Distillation's input: the mined pairs' train split, each target the teacher's
-    probability (not rounded to 0 or 1); choose and test stay out; a row without a
-    probability is named."""
-    from meancache.shared.pairs import Pair
-    from meancache.shared.verifier.train import TrainConfig, training_examples
-
-    rows = [{"q1": "How do I boil an egg?", "q2": "How to boil eggs?", "split": "train",
-             "teacher": 0.93},
-            {"q1": "Why is the sky blue?", "q2": "Why is the sea blue?", "split": "train",
-             "teacher": 0.041},
-            {"q1": "What is 2+2?", "q2": "What is two plus two?", "split": "test",
-             "teacher": 0.88}]
-    soft = tmp_path / "labelled.jsonl"
-    soft.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    train = [Pair(f"What is the capital of {c}?", f"Which city is the capital of {c}?", 1)
-             for c in ("France", "Spain", "Peru", "Chile")]
-    config = TrainConfig(pairs=4, generated=4, soft_labels=str(soft))
-    examples, counts = training_examples(train, config)
-    assert counts["teacher-labelled mined pairs (soft)"] == 2
-    assert ("How do I boil an egg?", "How to boil eggs?", 0.93) in examples
-    assert ("Why is the sky blue?", "Why is the sea blue?", 0.041) in examples
-    assert not any(a == "What is 2+2?" for a, _, _ in examples)
-    plain, plain_counts = training_examples(train, TrainConfig(pairs=4, generated=4))
-    assert len(examples) == len(plain) + 2 and "teacher-labelled" not in str(plain_counts)
-    rows[1]["teacher"] = 1.5
-    soft.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(VerifierError, match=r"labelled.jsonl: row 2 has no teacher prob"):
-        training_examples(train, config)
