@@ -14,8 +14,12 @@ The mechanisms are generic edits, not a list of near-miss examples:
   Python?"), while a trade around a symmetric one ("and", "or", "vs") is a label-1
   variant ("Python or Java?" / "Java or Python?");
 - changed time or place: a year moved, an "in <Place>" moved to another place.
-Each generated pair is labelled 0. A few label-1 variants (case, punctuation, "what's" for
-"what is") keep the model from learning "any edit is a different question".
+Each generated pair is labelled 0. Label-1 variants keep the model from learning "any
+edit is a different question": case, punctuation and spacing, and rewordings that keep the
+request: contractions ("what is"/"what's"), common abbreviations ("United States"/"US",
+"artificial intelligence"/"AI"), "without"/"with no", "how do I"/"how to", and a symmetric
+direction ("the distance from A to B" asks what "from B to A" asks; such a question is
+therefore never a reversed-direction negative).
 """
 
 import random
@@ -133,9 +137,18 @@ def swap_entity(text: str, rng: random.Random, others: Sequence[str]) -> str | N
     return None
 
 
+_FROM_TO = re.compile(r"\bfrom (\w+(?: \w+)?) (to|into) (\w+(?: \w+)?)")
+# Questions whose answer is the same either way round: a distance.
+_SYMMETRIC_DIRECTION = re.compile(r"\b(distance|how far|how many (?:miles|kilometers|km))\b",
+                                  re.I)
+
+
 def reverse_direction(text: str, rng: random.Random, _: Sequence[str]) -> str | None:
-    """"from A to B" -> "from B to A"; "A into B" -> "B into A"."""
-    match = re.search(r"\bfrom (\w+(?: \w+)?) (to|into) (\w+(?: \w+)?)", text)
+    """"from A to B" -> "from B to A"; "A into B" -> "B into A" (not where the answer is
+    the same either way: ``symmetric_direction``)."""
+    if _SYMMETRIC_DIRECTION.search(text):
+        return None
+    match = _FROM_TO.search(text)
     if match:
         a, word, b = match.groups()
         return text[:match.start()] + f"from {b} {word} {a}" + text[match.end():]
@@ -188,15 +201,67 @@ EDITS: dict[str, Edit] = {
 }
 
 
+def symmetric_direction(text: str) -> str | None:
+    """A label-1 variant where one exists: "the distance from A to B" -> "from B to A"."""
+    match = _FROM_TO.search(text) if _SYMMETRIC_DIRECTION.search(text) else None
+    if match is None:
+        return None
+    a, word, b = match.groups()
+    return text[:match.start()] + f"from {b} {word} {a}" + text[match.end():]
+
+
+# The same words either way (a closed list of general English, as the word classes above
+# are), written as they are written mid-sentence. An abbreviation in capitals matches only
+# in capitals ("US", never the "us" of "tell us"); anything else in any case.
+EQUIVALENTS: tuple[tuple[str, str], ...] = (
+    ("what is", "what's"), ("it is", "it's"), ("that is", "that's"), ("do not", "don't"),
+    ("does not", "doesn't"), ("cannot", "can't"), ("is not", "isn't"), ("are not", "aren't"),
+    ("I am", "I'm"), ("how do I", "how can I"), ("how do I", "how to"),
+    ("without", "with no"), ("is it possible to", "can I"), ("tell me", "explain"),
+    ("United States", "US"), ("United States", "USA"), ("United Kingdom", "UK"),
+    ("European Union", "EU"), ("New York City", "NYC"), ("artificial intelligence", "AI"),
+    ("machine learning", "ML"), ("as soon as possible", "ASAP"), ("television", "TV"),
+    ("approximately", "approx."), ("information", "info"), ("application", "app"),
+    ("versus", "vs"), ("for example", "e.g."), ("photograph", "photo"),
+    ("mathematics", "math"), ("kilometers", "km"), ("kilograms", "kg"),
+    ("minutes", "mins"), ("laboratory", "lab"), ("advertisement", "ad"),
+)
+
+
+def _phrase(words: str) -> re.Pattern[str]:
+    flags = 0 if words.isupper() else re.I
+    return re.compile(r"(?<![\w'])" + re.escape(words) + r"(?![\w'])", flags)
+
+
+_EQUIVALENT_PATTERNS = [(_phrase(a), b) for a, b in EQUIVALENTS] \
+    + [(_phrase(b), a) for a, b in EQUIVALENTS]
+
+
+def reworded(text: str, rng: random.Random) -> str | None:
+    """One of ``EQUIVALENTS`` applied, either way round, where the text has one."""
+    found = [(m, other) for pattern, other in _EQUIVALENT_PATTERNS
+             if (m := pattern.search(text)) is not None]
+    if not found:
+        return None
+    match, other = rng.choice(found)
+    if match.start() == 0 and match.group()[:1].isupper():  # a sentence's first word
+        other = other[:1].upper() + other[1:]
+    return text[:match.start()] + other + text[match.end():]
+
+
 def same_question_variant(text: str, rng: random.Random) -> str:
-    """A label-1 variant: the same question typed differently."""
+    """A label-1 variant: the same question typed differently, or reworded where a
+    rewording that keeps the request applies (then more often: it is the harder lesson)."""
+    words = [v for v in (reworded(text, rng), symmetric_direction(text)) if v]
+    if words and rng.random() < 0.75:
+        return rng.choice(words)
     choice = rng.randrange(4)
     if choice == 0:
         return text.lower()
     if choice == 1:
         return text.rstrip("?.! ")
     if choice == 2:
-        return re.sub(r"\bWhat is\b", "What's", text) if "What is" in text else text.upper()
+        return text.upper()
     return re.sub(r"\s+", " ", text.replace("?", " ?")).strip()
 
 

@@ -114,6 +114,39 @@ def test_names_are_traded_around_an_asymmetric_word_and_kept_around_a_symmetric_
     assert negatives.symmetric_variant("Is Python faster than Java?") is None
 
 
+@pytest.mark.parametrize(("question", "either"), [
+    ("How do I make coffee without sugar?", {"How do I make coffee with no sugar?",
+                                             "How can I make coffee without sugar?",
+                                             "How to make coffee without sugar?"}),
+    ("Tell us about US politics", {"Tell us about United States politics"}),
+    ("Tell us about the United States", {"Tell us about the US", "Tell us about the USA"}),
+    ("AI is it dangerous?", {"Artificial intelligence is it dangerous?"}),
+    ("Why can't I sleep?", {"Why cannot I sleep?"}),
+])
+def test_a_rewording_keeps_the_request_either_way_round(question: str, either: set[str]
+                                                         ) -> None:
+    """Every label-1 rewording made is one of the equivalences, applied in the right case;
+    "us" is not "US"."""
+    import random
+
+    rng = random.Random(0)
+    made = {negatives.reworded(question, rng) for _ in range(40)}
+    assert made == either
+
+
+def test_the_distance_either_way_round_is_the_same_question_never_a_negative() -> None:
+    import random
+
+    question = "What is the distance from Paris to London?"
+    assert negatives.symmetric_direction(question) == \
+        "What is the distance from London to Paris?"
+    assert negatives.reverse_direction(question, random.Random(0), []) is None
+    assert negatives.symmetric_direction("How do I get from Paris to London?") is None
+    assert negatives.reverse_direction("How do I get from Paris to London?",
+                                       random.Random(0), []) == \
+        "How do I get from London to Paris?"
+
+
 def test_generation_is_seeded_and_spreads_over_the_kinds() -> None:
     questions = ["How do I learn Python in 30 days?", "Is it safe to fly to Japan?",
                  "What is the best way to travel from Rome to Paris?",
