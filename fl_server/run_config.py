@@ -88,13 +88,10 @@ class ServerConfig:
 
 
 def _secure(config: RunConfig) -> bool:
-    """SecAgg+ hides each update, so what needs one (central DP's server-side clipping,
-    the median) cannot run beside it: refused by name rather than silently dropped."""
+    """SecAgg+ hides each update, so what needs one (the median) cannot run beside it:
+    refused by name rather than silently dropped. Central DP runs beside it with
+    client-side clipping only (fl_server.privacy.SecureSumDP)."""
     secure = read(config, "secure-aggregation", int, (lambda v: v in (0, 1), "0 or 1")) == 1
-    if secure and read(config, "dp-noise-multiplier", float) > 0:
-        raise RunConfigError("run config 'secure-aggregation' = 1 cannot run with central DP "
-                             "('dp-noise-multiplier' > 0): the server must see each update "
-                             "to clip it")
     if secure and read(config, "aggregation", str) != "fedavg":
         raise RunConfigError("run config 'secure-aggregation' = 1 needs 'aggregation' = "
                              "'fedavg': the server sees only the sum of the updates")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from meancache.fl_server.privacy import SampledClientsDP
+from meancache.fl_server.privacy import SampledClientsDP, SecureSumDP
 from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.rounds import HeldOut, RoundRecorder
 from meancache.fl_server.run_config import ServerConfig
@@ -106,9 +106,13 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
             config.threshold_rule, models, config.num_server_rounds, config.round_timeout,
             {"fraction_fit": config.fraction_train, "min_fit_clients": config.min_train_nodes,
              "min_available_clients": config.min_available_nodes}, bound,
-            lambda secure: RoundRecorder(secure, config.checkpoint_dir, base,
-                                         config.model.top_layers, offset, held_out, None,
-                                         verifier_base))
+            lambda secure, spent: RoundRecorder(secure, config.checkpoint_dir, base,
+                                                config.model.top_layers, offset, held_out,
+                                                spent, verifier_base),
+            # the devices clip to the smaller of the two norms: the noise fits that one
+            (lambda secure: SecureSumDP(secure, config.dp_noise_multiplier,
+                                        limits.max_update_norm, config.dp_delta))
+            if dp else None)
         return
     runner: ThresholdFedAvg | SampledClientsDP = strategy
     privacy = None
