@@ -57,7 +57,7 @@ from meancache.fl_server.pooled_threshold import Pooled, ThresholdRule, pooled_t
 from meancache.fl_server.privacy import SecureSumDP
 from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.screening import ReplyLimits, Screened, median_cap
-from meancache.shared.fl.bound_evidence import BoundEvidence
+from meancache.shared.fl.bound_evidence import ROUND_JUDGE, BoundEvidence
 from meancache.shared.fl.checkpoint import DESCRIPTION_KEY
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.secure import NAMES, SECURE, from_scalars
@@ -130,6 +130,7 @@ class SecureFedAvg(LegacyFedAvg):
         self.verifier_bytes: dict[int, dict[int, int]] = {}  # not told apart once masked
         self.screened: dict[int, Screened] = {}  # nothing is screened: the updates are hidden
         self.pooled: dict[int, Pooled] = {}
+        self.judges: dict[int, str] = {}  # round -> the judge its error-bound labels are of
         # the global weights configure_fit sends, which _fit_config describes
         self.sent = ndarrays_to_parameters([initial[n].numpy() for n in names])
         super().__init__(
@@ -147,7 +148,8 @@ class SecureFedAvg(LegacyFedAvg):
             self.names, parameters_to_ndarrays(self.sent), strict=True)})
         description = self.models.describe(server_round - 1, self.threshold, sent,
                                            self.bound)
-        return {"threshold": self.threshold, SECURE: 1,
+        self.judges[server_round] = judge = self.models.judge(server_round - 1, sent)
+        return {"threshold": self.threshold, SECURE: 1, ROUND_JUDGE: judge,
                 DESCRIPTION_KEY: description,
                 NAMES: "\n".join(self.names), "clipping_norm": self.limits.max_update_norm,
                 "max-examples": self.max_weight}
@@ -172,7 +174,7 @@ class SecureFedAvg(LegacyFedAvg):
         limit = median_cap([e.labels for e in labels], self.limits.max_examples)
         pooled_bound = sum((e.at_most(limit) for e in labels), BoundEvidence.empty())
         if pooled_bound.labels:
-            self.bound = pooled_bound
+            self.bound = pooled_bound.judged_by(self.judges.get(server_round, ""))
         pooled = pooled_threshold(self.threshold, evidence, self.rule)
         self.pooled[server_round] = pooled
         self.threshold = pooled.threshold

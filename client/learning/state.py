@@ -3,7 +3,7 @@ rests on, and the aliases (questions confirmed to share an entry's answer). This
 alone reads and writes them; ``reset`` undoes all of it and nothing else. It also keeps
 the bound evidence federated learning pooled from other devices (``set_pooled``), which
 the bound tests together with the labels this device learned since it last sent its own
-(``sent``), so that none counts twice.
+(``sent``), so that none counts twice, where the pool names the judge now scoring.
 
 Labels are written in chunks of ``CHUNK``, each label together with the alias it confirms
 in one transaction (``EntryStore.set_states``): a kill -9 leaves the state before or after
@@ -99,7 +99,7 @@ class Learned:
 
     @judge.setter
     def judge(self, value: str) -> None:
-        """The judge now scoring (the verifier's sha256): only its labels count, since
+        """The judge now scoring (the verifier's card.judge): only its labels count, since
         another model's scores (a global verifier from federated learning, say) lie on
         another scale. Labels written before labels named their judge count for any."""
         if value != self._judge:
@@ -116,11 +116,17 @@ class Learned:
             if self._bound is None:
                 own = [label for label in self.labels if self._counts(label)]
                 self._bound = choose(own, self.max_wrong_rate, self.prior,
-                                     self.confidence) if not self.pooled.labels else \
+                                     self.confidence) if not self._pool_applies() else \
                     choose_pooled(own, list(filter(self._counts, self._unsent())),
                                   Rows.pooled_bins(*self.pooled.rows()),
                                   self.max_wrong_rate, self.prior, self.confidence)
             return self._bound
+
+    def _pool_applies(self) -> bool:
+        """The pool counts only where it holds labels of the judge now scoring: another
+        verifier's scores (or a pool naming none) would say nothing of this one's."""
+        return bool(self.pooled.labels and self._judge
+                    and self.pooled.judge == self._judge)
 
     def install_pooled(self, evidence: BoundEvidence) -> None:
         """The federation's pooled evidence, for this open cache (a proxy cache made after
@@ -210,13 +216,15 @@ def _chunks(store: StateStore) -> list[tuple[str, Any]]:
     return sorted(chunks.items(), key=lambda item: int(item[0][len(_LABELS):]))
 
 
-def send_evidence(store: StateStore) -> BoundEvidence:
-    """The labels in ``store`` (the newest ``KEPT``, which the bound rests on) as the
-    bound evidence federated learning sends (shared.fl.bound_evidence: sums per score
-    bin, no text, no entry), marked as sent: from now on the bound merges the pooled
-    evidence with the labels learned after these only."""
+def send_evidence(store: StateStore, judge: str) -> BoundEvidence:
+    """The labels in ``store`` (the newest ``KEPT``, which the bound rests on) that
+    ``judge`` scored, as the bound evidence federated learning sends for the pool of that
+    judge (shared.fl.bound_evidence: sums per score bin, no text, no entry; a label that
+    names no judge, or another, is not sent: its score is on an unknown scale), marked as
+    sent: from now on the bound merges the pooled evidence with the labels learned after
+    these only."""
     everything = [Label(**record) for _, chunk in _chunks(store) for record in chunk]
-    labels = everything[-KEPT:]
+    labels = [label for label in everything[-KEPT:] if judge and label.judge == judge]
     store.set_states({_SENT: len(everything)})
     return BoundEvidence.of_labels(
         np.array([label.score for label in labels], dtype=float),

@@ -38,6 +38,8 @@ from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
+    read_meta,
+    round_dir,
     save_checkpoint,
 )
 from meancache.shared.fl.evidence import KEYS as EVIDENCE_KEYS
@@ -382,6 +384,11 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path,
     assert meta.round == 2 and meta.threshold == pytest.approx(rows[2]["threshold"])
     verify(meta, read_public_key(str(tmp_path / "ckpt" / PUBLIC_KEY)))  # the server signed it
     assert BoundEvidence.from_record(meta.bound).labels == 2 * validation
+    # each round's pool names the verifier its labels were scored by: round 1's the int8
+    # base the devices were sent, round 2's the global model of round 1 (its sha256)
+    first = read_meta(round_dir(tmp_path / "ckpt", 1))
+    assert BoundEvidence.from_record(first.bound).judge == read_card(tiny_verifier).sha256
+    assert BoundEvidence.from_record(meta.bound).judge == first.sha256
     assert meta.verifier_base == read_card(tiny_verifier).sha256 and set(state) == set(initial)
     assert rows[1]["rejected"] == 0  # honest devices pass the screening
     assert "epsilon" not in rows[1]  # no privacy is claimed without DP
