@@ -15,7 +15,7 @@ with a training reply as sums per score bin (``bound_evidence``: shared.fl.bound
 only those scored by the judge the round names, marked sent in each cache by
 client.learning.state), and the pool a verified global model carries, naming its judge,
 is installed in every cache with its threshold (``set_pooled_bound``); a cache applies it
-only while it runs that judge.
+only while it runs that judge, an open one from its next lookup on.
 """
 
 import json

@@ -62,7 +62,7 @@ def test_labels_sent_to_the_pool_count_once(tmp_path: Path) -> None:
     assert sent.labels == 200
     others = BoundEvidence.of_labels(np.full(100, 0.5), np.zeros(100), np.ones(100))
     set_pooled(store, (sent + others).judged_by(JUDGE))
-    learning = Learned(store, 0.02, PRIOR, judge=JUDGE)  # a cache reads the pool when it opens
+    learning = Learned(store, 0.02, PRIOR, judge=JUDGE)  # a cache opened after
     assert (learning.bound.labels, learning.bound.pooled) == (300, 300)
     for _ in range(7):
         learning.learn(Label(0.65, False, entry="e"))
