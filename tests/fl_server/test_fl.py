@@ -34,7 +34,7 @@ from meancache.shared.errors import (
     RunConfigError,
 )
 from meancache.shared.fl.bound_evidence import KEYS as BOUND_KEYS
-from meancache.shared.fl.bound_evidence import BoundEvidence
+from meancache.shared.fl.bound_evidence import ROUND_JUDGE, BoundEvidence
 from meancache.shared.fl.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -168,11 +168,15 @@ def test_device_training_sends_only_weights_counts_and_similarity_evidence(
     trust_round_key(monkeypatch)
     device_with_feedback(tmp_path, FEEDBACK)
     store = EntryStore(tmp_path / "cache")  # and the error bound's labels, one wrong
-    learned = Learned(store, 0.02)
+    learned = Learned(store, 0.02, judge="an older verifier")
+    for i in range(5):  # scored by a verifier the round does not pool: not sent
+        learned.learn(Label(0.9, True, entry=f"o{i}"))
+    learned.judge = "the round's verifier"
     for i in range(30):
         learned.learn(Label(0.5 + i / 100, i == 4, 0.5 if i % 2 else 1.0, entry=f"e{i}"))
     store.close()
     request = train_message(tiny, 1)
+    request.content["config"][ROUND_JUDGE] = "the round's verifier"
     reply = client_app(request, device_context(tmp_path, tiny_dir))
     assert not reply.has_error(), reply.error if reply.has_error() else ""
     content = reply.content
