@@ -79,12 +79,21 @@ class ServerConfig:
             ),
             aggregation=read(config, "aggregation", str, one_of(*AGGREGATIONS)),
             dp_noise_multiplier=read(config, "dp-noise-multiplier", float, at_least(0)),
-            dp_clipping_norm=read(config, "dp-clipping-norm", float, at_least(0)),
+            dp_clipping_norm=_dp_clipping_norm(config),
             dp_delta=read(config, "dp-delta", float, (lambda v: 0 < v < 1, "between 0 and 1")),
             held_out_path=read_path(config, "held-out-path"),
             held_out_pairs=read(config, "held-out-pairs", int, at_least(0)),
             secure_aggregation=_secure(config),
         )
+
+
+def _dp_clipping_norm(config: RunConfig) -> float:
+    """With DP on, the noise is a multiple of the clipping norm: 0 would be no noise."""
+    norm = read(config, "dp-clipping-norm", float, at_least(0))
+    if norm == 0 and read(config, "dp-noise-multiplier", float) > 0:
+        raise RunConfigError("run config 'dp-clipping-norm' must be > 0 with central DP "
+                             "('dp-noise-multiplier' > 0)")
+    return norm
 
 
 def _secure(config: RunConfig) -> bool:

@@ -155,6 +155,7 @@ def test_secure_aggregation_with_dp_noises_the_sum_of_the_updates_each_device_cl
 @pytest.mark.parametrize(("extra", "message"), [
     ({"aggregation": "median"}, "needs 'aggregation' = 'fedavg'"),
     ({"secure-aggregation": 2}, "'secure-aggregation' must be 0 or 1"),
+    ({"dp-noise-multiplier": 1.0, "dp-clipping-norm": 0.0}, "must be > 0 with central DP"),
 ])
 def test_what_secure_aggregation_cannot_serve_is_refused_by_name(
     extra: dict[str, object], message: str
@@ -163,3 +164,11 @@ def test_what_secure_aggregation_cannot_serve_is_refused_by_name(
               **extra}
     with pytest.raises(RunConfigError, match=message):
         ServerConfig.from_run_config(config)
+
+
+def test_central_dp_runs_beside_secure_aggregation() -> None:
+    """Client-side clipping and the noise on the sum: no longer refused."""
+    config = ServerConfig.from_run_config({
+        **default_run_config(), "checkpoint-dir": "/tmp/ckpt", "secure-aggregation": 1,
+        "dp-noise-multiplier": 1.0})
+    assert config.secure_aggregation and config.dp_noise_multiplier == 1.0
