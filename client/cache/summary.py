@@ -76,4 +76,4 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str,
 def _bound(store: EntryStore, max_wrong_rate: float) -> Bound:
     """The bound as the shipped verifier judges (no verifier is loaded here)."""
     card = read_card(ARTEFACT_DIR)
-    return Learned(store, max_wrong_rate, card.threshold, judge=card.sha256).bound
+    return Learned(store, max_wrong_rate, card.threshold, judge=card.judge).bound

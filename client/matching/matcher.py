@@ -249,7 +249,7 @@ class Matcher:
         threshold = verifier.threshold
         if self.learned is not None:
             self.learned.prior = verifier.threshold
-            self.learned.judge = getattr(getattr(verifier, "card", None), "sha256", "")
+            self.learned.judge = getattr(getattr(verifier, "card", None), "judge", "")
             threshold = self.learned.threshold(counting[top].key)
         decision = self.decision_card()
         if decision is not None:
