@@ -75,14 +75,15 @@ def device_learned_pairs(cache_dirs: Iterable[Path]) -> list[Pair]:
     return list(pairs.values())
 
 
-def device_bound_evidence(cache_dirs: Iterable[Path]) -> BoundEvidence:
-    """The error-bound labels of the caches in ``cache_dirs``, summed as the evidence FL
-    sends (client.learning.state.send_evidence: each cache marks them sent)."""
+def device_bound_evidence(cache_dirs: Iterable[Path], judge: str) -> BoundEvidence:
+    """The error-bound labels ``judge`` scored in the caches in ``cache_dirs``, summed as
+    the evidence FL sends (client.learning.state.send_evidence: each cache marks them
+    sent)."""
     evidence = BoundEvidence.empty()
     for cache_dir in cache_dirs:
         if cache_dir.exists():
             with closing(EntryStore(cache_dir)) as store:
-                evidence = evidence + send_evidence(store)
+                evidence = evidence + send_evidence(store, judge)
     return evidence
 
 

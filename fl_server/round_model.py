@@ -24,6 +24,19 @@ class RoundModels:
     top_layers: int
     round_offset: int  # rounds of earlier runs this one continues from
     verifier_base: str = ""  # sha256 of the int8 verifier federated beside ("": none)
+    # sha256 of the int8 verifier devices run where none came from a global model (the
+    # shipped one, or the run's verifier-model): the judge of the error-bound labels
+    shipped_judge: str = ""
+
+    def judge(self, server_round: int, arrays: ArrayRecord) -> str:
+        """Whose scores the error-bound labels sent in reply to ``arrays`` (the global
+        model after this run's ``server_round``) must be: the verifier devices run with
+        it. Federated, a published model's verifier is named as a device names the one
+        it makes from it (client.verifier: the model's sha256); the model a run starts
+        from without a published one, or an unfederated verifier, is the int8 base."""
+        if self.verifier_base and server_round + self.round_offset > 0:
+            return state_sha256(arrays.to_torch_state_dict())
+        return self.verifier_base or self.shipped_judge
 
     def describe(self, server_round: int, threshold: float, arrays: ArrayRecord,
                  bound: BoundEvidence | None = None) -> str:

@@ -79,7 +79,7 @@ class ServerConfig:
             ),
             aggregation=read(config, "aggregation", str, one_of(*AGGREGATIONS)),
             dp_noise_multiplier=read(config, "dp-noise-multiplier", float, at_least(0)),
-            dp_clipping_norm=read(config, "dp-clipping-norm", float, at_least(0)),
+            dp_clipping_norm=_dp_clipping_norm(config),
             dp_delta=read(config, "dp-delta", float, (lambda v: 0 < v < 1, "between 0 and 1")),
             held_out_path=read_path(config, "held-out-path"),
             held_out_pairs=read(config, "held-out-pairs", int, at_least(0)),
@@ -87,14 +87,20 @@ class ServerConfig:
         )
 
 
+def _dp_clipping_norm(config: RunConfig) -> float:
+    """With DP on, the noise is a multiple of the clipping norm: 0 would be no noise."""
+    norm = read(config, "dp-clipping-norm", float, at_least(0))
+    if norm == 0 and read(config, "dp-noise-multiplier", float) > 0:
+        raise RunConfigError("run config 'dp-clipping-norm' must be > 0 with central DP "
+                             "('dp-noise-multiplier' > 0)")
+    return norm
+
+
 def _secure(config: RunConfig) -> bool:
-    """SecAgg+ hides each update, so what needs one (central DP's server-side clipping,
-    the median) cannot run beside it: refused by name rather than silently dropped."""
+    """SecAgg+ hides each update, so what needs one (the median) cannot run beside it:
+    refused by name rather than silently dropped. Central DP runs beside it with
+    client-side clipping only (fl_server.privacy.SecureSumDP)."""
     secure = read(config, "secure-aggregation", int, (lambda v: v in (0, 1), "0 or 1")) == 1
-    if secure and read(config, "dp-noise-multiplier", float) > 0:
-        raise RunConfigError("run config 'secure-aggregation' = 1 cannot run with central DP "
-                             "('dp-noise-multiplier' > 0): the server must see each update "
-                             "to clip it")
     if secure and read(config, "aggregation", str) != "fedavg":
         raise RunConfigError("run config 'secure-aggregation' = 1 needs 'aggregation' = "
                              "'fedavg': the server sees only the sum of the updates")

@@ -15,10 +15,15 @@ them. What it keeps and loses of the defences (docs/federated-learning.md):
   error-bound evidence (shared.fl.bound_evidence: sums per score bin, also in the clear,
   checked for sums no labels could make and capped at ``max-examples`` labels a device;
   the round's median cap is kept too, as every device's evidence is seen);
+- central DP (``dp-noise-multiplier`` > 0) as client-side clipping only
+  (fl_server.privacy.SecureSumDP): each device clips its update to the DP clipping norm
+  and weighs 1 (``max-examples`` 1 is sent, and SecAgg+'s ``max_weight`` is 1), and the
+  server adds the Gaussian noise to the unmasked mean; epsilon is reported as in plain
+  rounds;
 - lost: screening of individual updates (a malformed or non-finite update, the median,
-  the round's median count cap) and central DP, which clips each update on the server;
-  and the quantised updates: SecAgg+ masks full weights as integers in [0, 2^22) on a
-  32-bit ring.
+  the round's median count cap), the server's own clipping under DP (it cannot see an
+  update to clip it), and the quantised updates: SecAgg+ masks full weights as integers
+  in [0, 2^22) on a 32-bit ring.
 
 Legacy parameters are lists without names, and legacy metrics hold only scalars: the
 tensors' names travel in the fit config in a fixed order, and the evidence histograms as
@@ -44,18 +49,22 @@ from flwr.server import ServerConfig as LegacyServerConfig
 from flwr.server.client_proxy import ClientProxy
 from flwr.server.compat import LegacyContext
 from flwr.server.strategy import FedAvg as LegacyFedAvg
+from flwr.server.strategy import Strategy as LegacyStrategy
 from flwr.server.workflow import DefaultWorkflow, SecAggPlusWorkflow
 from flwr.serverapp import Grid
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from meancache.fl_server.pooled_threshold import Pooled, ThresholdRule, pooled_threshold
+from meancache.fl_server.privacy import SecureSumDP
 from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.screening import ReplyLimits, Screened, median_cap
-from meancache.shared.fl.bound_evidence import BoundEvidence
+from meancache.shared.fl.bound_evidence import ROUND_JUDGE, BoundEvidence
 from meancache.shared.fl.checkpoint import DESCRIPTION_KEY
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.secure import NAMES, SECURE, from_scalars
 
 log = logging.getLogger(__name__)
+
+Spent = Callable[[], dict[str, float]]  # the privacy spent so far (PrivacyLedger.spent)
 
 # SecAgg+'s dropout tolerance: each device's key is shared with every device sampled in
 # the round, and two thirds of those shares rebuild it.
@@ -104,8 +113,12 @@ class SecureFedAvg(LegacyFedAvg):
     def __init__(self, names: list[str], initial: ArrayRecord, threshold: float,
                  limits: ReplyLimits, rule: ThresholdRule, models: RoundModels,
                  grid: CountingGrid, recorder: Callable[[int, ArrayRecord], object],
-                 bound: BoundEvidence | None = None, **kwargs: Any) -> None:
+                 bound: BoundEvidence | None = None, max_weight: int | None = None,
+                 **kwargs: Any) -> None:
         self.names = names
+        # a device's weight in the masked sum (its count, clamped on the device): 1 under
+        # DP, where every device counts once; the evidence is still capped by limits
+        self.max_weight = limits.max_examples if max_weight is None else max_weight
         self.bound = bound or BoundEvidence.empty()
         self.models = models
         self.threshold = threshold
@@ -117,6 +130,7 @@ class SecureFedAvg(LegacyFedAvg):
         self.verifier_bytes: dict[int, dict[int, int]] = {}  # not told apart once masked
         self.screened: dict[int, Screened] = {}  # nothing is screened: the updates are hidden
         self.pooled: dict[int, Pooled] = {}
+        self.judges: dict[int, str] = {}  # round -> the judge its error-bound labels are of
         # the global weights configure_fit sends, which _fit_config describes
         self.sent = ndarrays_to_parameters([initial[n].numpy() for n in names])
         super().__init__(
@@ -134,10 +148,11 @@ class SecureFedAvg(LegacyFedAvg):
             self.names, parameters_to_ndarrays(self.sent), strict=True)})
         description = self.models.describe(server_round - 1, self.threshold, sent,
                                            self.bound)
-        return {"threshold": self.threshold, SECURE: 1,
+        self.judges[server_round] = judge = self.models.judge(server_round - 1, sent)
+        return {"threshold": self.threshold, SECURE: 1, ROUND_JUDGE: judge,
                 DESCRIPTION_KEY: description,
                 NAMES: "\n".join(self.names), "clipping_norm": self.limits.max_update_norm,
-                "max-examples": self.limits.max_examples}
+                "max-examples": self.max_weight}
 
     def aggregate_fit(self, server_round: int,
                       results: list[tuple[ClientProxy, FitRes]],
@@ -159,7 +174,7 @@ class SecureFedAvg(LegacyFedAvg):
         limit = median_cap([e.labels for e in labels], self.limits.max_examples)
         pooled_bound = sum((e.at_most(limit) for e in labels), BoundEvidence.empty())
         if pooled_bound.labels:
-            self.bound = pooled_bound
+            self.bound = pooled_bound.judged_by(self.judges.get(server_round, ""))
         pooled = pooled_threshold(self.threshold, evidence, self.rule)
         self.pooled[server_round] = pooled
         self.threshold = pooled.threshold
@@ -177,20 +192,25 @@ def run_secure_rounds(grid: Grid, context: Context, names: list[str], initial: A
                       threshold: float, limits: ReplyLimits, rule: ThresholdRule,
                       models: RoundModels, rounds: int, timeout: float,
                       sampling: dict[str, Any], bound: BoundEvidence | None,
-                      recorder_for: Callable[[SecureFedAvg], Callable[[int, ArrayRecord],
-                                                                      object]]) -> None:
-    """``rounds`` rounds of FedAvg under SecAgg+; ``recorder_for`` makes the
-    checkpointing callback (fl_server.rounds.RoundRecorder) of the strategy."""
+                      recorder_for: Callable[[SecureFedAvg, Spent | None],
+                                             Callable[[int, ArrayRecord], object]],
+                      dp: Callable[[SecureFedAvg], SecureSumDP] | None = None) -> None:
+    """``rounds`` rounds of FedAvg under SecAgg+, with DP's noise on the sum when ``dp``
+    wraps the strategy (fl_server.privacy.SecureSumDP); ``recorder_for`` makes the
+    checkpointing callback (fl_server.rounds.RoundRecorder) of the strategy, given the
+    privacy spent so far under DP."""
     counting = CountingGrid(grid)
     strategy = SecureFedAvg(names, initial, threshold, limits, rule, models, counting,
-                            lambda r, a: None, bound, **sampling)
-    strategy.recorder = recorder_for(strategy)
+                            lambda r, a: None, bound, 1 if dp else None, **sampling)
+    noised = dp(strategy) if dp is not None else None
+    runner: LegacyStrategy = noised or strategy
+    strategy.recorder = recorder_for(strategy, noised.ledger.spent if noised else None)
     legacy = LegacyContext(context, config=LegacyServerConfig(num_rounds=rounds,
                                                               round_timeout=timeout),
-                           strategy=strategy)
+                           strategy=runner)
     workflow = DefaultWorkflow(fit_workflow=SecAggPlusWorkflow(
         num_shares=SHARES, reconstruction_threshold=RECONSTRUCTION,
-        max_weight=float(limits.max_examples), timeout=timeout))
+        max_weight=float(strategy.max_weight), timeout=timeout))
     started = time.time()
     workflow(counting, legacy)  # type: ignore[arg-type]
     log.info("%d secure rounds in %.1f s", rounds, time.time() - started)

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from meancache.fl_server.privacy import SampledClientsDP
+from meancache.fl_server.privacy import SampledClientsDP, SecureSumDP
 from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.rounds import HeldOut, RoundRecorder
 from meancache.fl_server.run_config import ServerConfig
@@ -20,6 +20,7 @@ from meancache.fl_server.secure_rounds import run_secure_rounds
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import load_sentence_transformer, locate_model, profile_threshold
 from meancache.shared.encoder.fingerprint import model_fingerprint
+from meancache.shared.errors import VerifierError
 from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
 from meancache.shared.fl.signing import server_key
@@ -46,6 +47,16 @@ def _held_out(model: SentenceTransformer, path: Path, limit: int, seed: int) -> 
     return HeldOut(model, [embedding_text(p.q1) for p in pairs],  # as devices embed them
                    [embedding_text(p.q2) for p in pairs],
                    np.array([p.label for p in pairs]))
+
+
+def _shipped_judge(config: ServerConfig) -> str:
+    """The int8 verifier devices run before any global one ("": none readable here: the
+    rounds then name no judge, and devices send no error-bound labels)."""
+    try:
+        return base_sha(config.model.verifier_dir)
+    except VerifierError as exc:
+        log.warning("no judge for the error-bound labels: %s", exc)
+        return ""
 
 
 @app.main()
@@ -86,7 +97,7 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
         limits = replace(limits, max_update_norm=min(limits.max_update_norm,
                                                      config.dp_clipping_norm))
     models = RoundModels(server_key(config.checkpoint_dir), base, config.model.top_layers,
-                         offset, verifier_base)
+                         offset, verifier_base, _shipped_judge(config))
     strategy = ThresholdFedAvg(
         threshold, ArrayRecord(initial), limits, config.threshold_rule, config.aggregation,
         unweighted=dp, models=models, bound=bound,
@@ -106,9 +117,13 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
             config.threshold_rule, models, config.num_server_rounds, config.round_timeout,
             {"fraction_fit": config.fraction_train, "min_fit_clients": config.min_train_nodes,
              "min_available_clients": config.min_available_nodes}, bound,
-            lambda secure: RoundRecorder(secure, config.checkpoint_dir, base,
-                                         config.model.top_layers, offset, held_out, None,
-                                         verifier_base))
+            lambda secure, spent: RoundRecorder(secure, config.checkpoint_dir, base,
+                                                config.model.top_layers, offset, held_out,
+                                                spent, verifier_base),
+            # the devices clip to the smaller of the two norms: the noise fits that one
+            (lambda secure: SecureSumDP(secure, config.dp_noise_multiplier,
+                                        limits.max_update_norm, config.dp_delta))
+            if dp else None)
         return
     runner: ThresholdFedAvg | SampledClientsDP = strategy
     privacy = None

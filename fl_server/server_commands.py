@@ -37,7 +37,8 @@ def add_commands(fl: Any) -> None:
                           "head beside the encoder (0: the verifier is not federated)")
     simulate.add_argument("--secure-aggregation", action="store_true",
                           help="SecAgg+: the server learns only the sum of the devices' "
-                          "weights (no central DP, no median)")
+                          "weights (no median; with --dp-noise, devices clip and the "
+                          "server adds the noise to the sum)")
     simulate.add_argument("--update-bits", type=int, choices=(0, 8, 4),
                           default=app["update-bits"], help="devices send their update "
                           "quantised to 8 or 4 bits (0: float32 weights)")

@@ -24,7 +24,7 @@ from meancache.fl_server.pooled_threshold import Pooled, ThresholdRule, pooled_t
 from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.screening import ReplyLimits, Screened, screen
 from meancache.shared.fl.bound_evidence import KEYS as BOUND_KEYS
-from meancache.shared.fl.bound_evidence import BoundEvidence
+from meancache.shared.fl.bound_evidence import ROUND_JUDGE, BoundEvidence
 from meancache.shared.fl.checkpoint import DESCRIPTION_KEY
 from meancache.shared.fl.evidence import KEYS, Evidence
 from meancache.shared.fl.weights import VERIFIER
@@ -66,10 +66,14 @@ class ThresholdFedAvg(FedAvg):
         self.verifier_bytes: dict[int, dict[int, int]] = {}  # the verifier's share of them
         self.screened: dict[int, Screened] = {}  # round -> what screening did
         self.pooled: dict[int, Pooled] = {}  # round -> how the threshold was tuned
+        self.judges: dict[int, str] = {}  # round -> the judge its error-bound labels are of
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         self._describe(config, server_round - 1, arrays)  # the model after the last round
+        if self.models is not None:  # the judge whose labels this round pools
+            self.judges[server_round] = config[ROUND_JUDGE] = self.models.judge(
+                server_round - 1, arrays)
         self.global_arrays = arrays
         return super().configure_train(server_round, arrays, config, grid)
 
@@ -104,7 +108,7 @@ class ThresholdFedAvg(FedAvg):
         self.screened[server_round] = screened
         pooled_bound = sum(screened.bound, BoundEvidence.empty())
         if pooled_bound.labels:
-            self.bound = pooled_bound
+            self.bound = pooled_bound.judged_by(self.judges.get(server_round, ""))
         if self.unweighted:
             for message in screened.kept:
                 next(iter(message.content.metric_records.values()))[self.weighted_by_key] = 1

@@ -67,7 +67,7 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str,
     thresholds = ThresholdState(store, global_threshold)
     if learned_verifier:  # the shipped verifier's (none is loaded here)
         card = read_card(ARTEFACT_DIR)
-        judge, prior = card.sha256, card.threshold
+        judge, prior = card.judge, card.threshold
     else:
         judge, prior = cosine_judge(version), thresholds.current
     return cache_stats(

@@ -12,9 +12,10 @@ made (client/proxy/partitions.py). Each cache's local tau stays its own.
 
 The error-bound labels travel the same way in both directions: every cache's go out
 with a training reply as sums per score bin (``bound_evidence``: shared.fl.bound_evidence,
-marked sent in each cache by client.learning.state), and the pool a verified global model
-carries is installed in every cache with its threshold (``set_pooled_bound``); an open
-cache reads it when it opens next.
+only those scored by the judge the round names, marked sent in each cache by
+client.learning.state), and the pool a verified global model carries, naming its judge,
+is installed in every cache with its threshold (``set_pooled_bound``); a cache applies it
+only while it runs that judge, an open one from its next lookup on.
 """
 
 import json
@@ -103,10 +104,11 @@ class DeviceState:
         set_device_pooled((d for _, d in device_cache_dirs(self.settings)),
                           pooled_bound(record))
 
-    def bound_evidence(self) -> BoundEvidence:
-        """The error-bound labels of every cache on the device, as the evidence a
-        training reply carries; they are marked sent (client.learning.state)."""
-        return device_bound_evidence(d for _, d in device_cache_dirs(self.settings))
+    def bound_evidence(self, judge: str) -> BoundEvidence:
+        """The error-bound labels of every cache on the device scored by ``judge`` (the
+        round's: a pool holds one judge's scores), as the evidence a training reply
+        carries; they are marked sent (client.learning.state)."""
+        return device_bound_evidence((d for _, d in device_cache_dirs(self.settings)), judge)
 
     def pairs(self) -> list[Pair]:
         """The labelled pairs of every cache on the device, for training and threshold

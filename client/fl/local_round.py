@@ -25,7 +25,7 @@ from meancache.client.fl.train import pair_similarities, train_locally
 from meancache.client.verifier import export_global_verifier
 from meancache.shared.encoder import load_sentence_transformer, locate_model
 from meancache.shared.errors import MeanCacheError
-from meancache.shared.fl.bound_evidence import BoundEvidence
+from meancache.shared.fl.bound_evidence import ROUND_JUDGE, BoundEvidence
 from meancache.shared.fl.checkpoint import DESCRIPTION_KEY, latest_checkpoint
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.weights import (
@@ -101,12 +101,13 @@ def local_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
 
 def bound_evidence(got: "Received", validation: list[Pair]) -> BoundEvidence:
     """The error-bound evidence this node sends (shared.fl.bound_evidence): on a device,
-    the labels every cache learned (client.fl.device); in simulation, its validation
+    the labels every cache learned scored by the judge the round names (client.fl.device);
+    in simulation, its validation
     pairs as labels (a pair whose questions differ is a wrong answer) scored by the
     global verifier it was sent, where the verifier is federated (the bound's score is
     the verifier's probability: without it there is nothing to send)."""
     if got.config.data_source != "qqp":
-        return DeviceState(Path(str(got.node["data-dir"]))).bound_evidence()
+        return DeviceState(Path(str(got.node["data-dir"]))).bound_evidence(got.judge)
     if got.verifier is None or not validation:
         return BoundEvidence.empty()
     return BoundEvidence.of_labels(pair_probabilities(got.verifier, validation),
@@ -128,6 +129,7 @@ class Received:
     verifier: CrossEncoder | None  # likewise; None where the verifier is not federated
     arrays: ArrayRecord
     threshold: float
+    judge: str = ""  # whose labels the round pools (shared.fl.bound_evidence.ROUND_JUDGE)
 
 
 def receive(msg: Message, config: ClientConfig, node: dict[str, Any]) -> Received:
@@ -156,7 +158,9 @@ def receive(msg: Message, config: ClientConfig, node: dict[str, Any]) -> Receive
                 state, msg.content["config"].get(DESCRIPTION_KEY), verifier_base)
         except MeanCacheError as exc:
             log.warning("not keeping this round's global model: %s", exc)
-    return Received(config, node, model, verifier, arrays, threshold)
+    judge = msg.content["config"].get(ROUND_JUDGE, "")
+    return Received(config, node, model, verifier, arrays, threshold,
+                    judge if isinstance(judge, str) else "")
 
 
 def train_reply(msg: Message, got: Received) -> Message:

@@ -4,8 +4,9 @@ when it needs this device's weights, the legacy fit message is turned into the M
 one the ClientApp trains on, and its reply back into a legacy FitRes.
 
 On the way out the example count is clamped to the ``max-examples`` the server sent: the
-server cannot clamp what it cannot see. The update's norm is clipped by the ClientApp's
-clipping mod (the server sends ``clipping_norm``), before the weights are masked; they
+server cannot clamp what it cannot see (under central DP it sends 1: every device counts
+once). The update's norm is clipped by the ClientApp's clipping mod (the server sends
+``clipping_norm``, the DP clipping norm under DP), before the weights are masked; they
 are not quantised (SecAgg+ masks full weights).
 """
 

@@ -51,7 +51,7 @@ class Label:
     wrong, the probability that this pair got labelled, the entry it concerns, the
     question asked of it (normalised; kept on the device, where federated learning trains
     the verifier on the pair: client.device_caches) and which judge gave the score (its
-    model's sha256: a score means something only to the judge that gave it)."""
+    verifier's card.judge: a score means something only to the judge that gave it)."""
 
     score: float
     wrong: bool

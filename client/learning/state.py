@@ -3,7 +3,8 @@ rests on, and the aliases (questions confirmed to share an entry's answer). This
 alone reads and writes them; ``reset`` undoes all of it and nothing else. It also keeps
 the bound evidence federated learning pooled from other devices (``set_pooled``), which
 the bound tests together with the labels this device learned since it last sent its own
-(``sent``), so that none counts twice.
+(``sent``), so that none counts twice, where the pool names the judge now scoring; an
+open cache follows a newly installed pool at its next bound (``POOLED_VERSION``).
 
 Labels are written in chunks of ``CHUNK``, each label together with the alias it confirms
 in one transaction (``EntryStore.set_states``): a kill -9 leaves the state before or after
@@ -13,6 +14,7 @@ they open the cache). The bound itself is derived from the labels, never stored 
 """
 
 import threading
+import uuid
 from dataclasses import asdict, replace
 from typing import Any, Protocol
 
@@ -37,6 +39,9 @@ _SENT = PREFIX + "sent"  # how many labels had been learned when the device last
 # client.fl.device): the federation's, not this device's learning, so outside PREFIX
 # and kept by ``reset`` as the global threshold is.
 POOLED = "pooled-bound"
+# A new token with every install: an open cache (this process's or another's) compares
+# it, one record read, and reads the pool itself only when it moved.
+POOLED_VERSION = "pooled-version"
 CHUNK = 256
 COSINE_JUDGE = "cosine"  # with the learned verifier off, the embedding's cosine judges
 KEPT = 20_000  # newest labels the bound rests on
@@ -56,6 +61,8 @@ class StateStore(Protocol):
     def states(self, prefix: str) -> dict[str, Any]: ...
 
     def delete_states(self, prefix: str) -> int: ...
+
+    def get_meta(self, name: str, default: Any = None) -> Any: ...
 
 
 class Learned:
@@ -81,6 +88,7 @@ class Learned:
         self._learned = len(everything)  # labels ever learned (the chunks are all kept)
         self.labels = everything[-KEPT:]
         self._sent = min(int(self._store.states(_SENT).get(_SENT) or 0), self._learned)
+        self._pool_version = self._store.get_meta(POOLED_VERSION)
         self.pooled = pooled(self._store)
         self._aliases = {name[len(_ALIAS):]: entry_id
                          for name, entry_id in self._store.states(_ALIAS).items()
@@ -106,9 +114,9 @@ class Learned:
 
     @judge.setter
     def judge(self, value: str) -> None:
-        """The judge now scoring (the verifier's sha256, or ``cosine_judge``'s name): only
-        its labels count, since another model's scores (a global verifier from federated
-        learning, say) lie on another scale."""
+        """The judge now scoring (the verifier's ``card.judge``, or ``cosine_judge``'s name):
+        only its labels count, since another model's scores (a global verifier from
+        federated learning, say) lie on another scale."""
         if value != self._judge:
             self._judge, self._bound = value, None
 
@@ -123,20 +131,36 @@ class Learned:
         if self.prior is None:
             raise ValueError("the bound needs the judge's own threshold as its prior")
         with self._lock:
+            self._follow_pool()
             if self._bound is None:
                 own = [label for label in self.labels if self._counts(label)]
                 self._bound = choose(own, self.max_wrong_rate, self.prior,
-                                     self.confidence) if not self.pooled.labels else \
+                                     self.confidence) if not self._pool_applies() else \
                     choose_pooled(own, list(filter(self._counts, self._unsent())),
                                   Rows.pooled_bins(*self.pooled.rows()),
                                   self.max_wrong_rate, self.prior, self.confidence)
             return self._bound
 
+    def _follow_pool(self) -> None:
+        """A pool installed since this cache read its own (by `fl sync` or a round, in
+        any process: client.fl.device writes through a store of its own) counts from the
+        next bound on, not from the next open: one record read each time, the pool
+        itself read only when its version moved."""
+        version = self._store.get_meta(POOLED_VERSION)
+        if version != self._pool_version:
+            self._pool_version, self.pooled, self._bound = version, pooled(self._store), None
+
+    def _pool_applies(self) -> bool:
+        """The pool counts only where it holds labels of the judge now scoring: another
+        verifier's scores (or a pool naming none) would say nothing of this one's."""
+        return bool(self.pooled.labels and self._judge
+                    and self.pooled.judge == self._judge)
+
     def install_pooled(self, evidence: BoundEvidence) -> None:
         """The federation's pooled evidence, for this open cache (a proxy cache made after
         the device installed it: client/proxy/partitions.py)."""
         with self._lock:
-            set_pooled(self._store, evidence)
+            self._pool_version = set_pooled(self._store, evidence)
             self.pooled, self._bound = evidence, None
 
     def _unsent(self) -> list[Label]:
@@ -220,13 +244,15 @@ def _chunks(store: StateStore) -> list[tuple[str, Any]]:
     return sorted(chunks.items(), key=lambda item: int(item[0][len(_LABELS):]))
 
 
-def send_evidence(store: StateStore) -> BoundEvidence:
-    """The labels in ``store`` (the newest ``KEPT``, which the bound rests on) as the
-    bound evidence federated learning sends (shared.fl.bound_evidence: sums per score
-    bin, no text, no entry), marked as sent: from now on the bound merges the pooled
-    evidence with the labels learned after these only."""
+def send_evidence(store: StateStore, judge: str) -> BoundEvidence:
+    """The labels in ``store`` (the newest ``KEPT``, which the bound rests on) that
+    ``judge`` scored, as the bound evidence federated learning sends for the pool of that
+    judge (shared.fl.bound_evidence: sums per score bin, no text, no entry; a label that
+    names no judge, or another, is not sent: its score is on an unknown scale), marked as
+    sent: from now on the bound merges the pooled evidence with the labels learned after
+    these only."""
     everything = [Label(**record) for _, chunk in _chunks(store) for record in chunk]
-    labels = everything[-KEPT:]
+    labels = [label for label in everything[-KEPT:] if judge and label.judge == judge]
     store.set_states({_SENT: len(everything)})
     return BoundEvidence.of_labels(
         np.array([label.score for label in labels], dtype=float),
@@ -238,15 +264,18 @@ def pooled(store: StateStore) -> BoundEvidence:
     """The pooled bound evidence installed in ``store`` (none where none is); one that
     does not read as valid evidence counts as none (it was checked when installed)."""
     try:
-        return BoundEvidence.from_record(store.states(POOLED).get(POOLED))
+        return BoundEvidence.from_record(store.get_meta(POOLED))
     except ValueError:
         return BoundEvidence.empty()
 
 
-def set_pooled(store: StateStore, evidence: BoundEvidence) -> None:
-    """Install the bound evidence of a verified global model (client.fl.device); an open
-    cache reads it when it opens next."""
-    store.set_states({POOLED: evidence.to_record()})
+def set_pooled(store: StateStore, evidence: BoundEvidence) -> str:
+    """Install the bound evidence of a verified global model (client.fl.device), with a
+    new version, which it returns: an open cache on ``store`` reads it at its next
+    bound (``Learned._follow_pool``)."""
+    version = uuid.uuid4().hex
+    store.set_states({POOLED: evidence.to_record(), POOLED_VERSION: version})
+    return version
 
 
 def aliases(store: StateStore) -> dict[str, str]:

@@ -155,12 +155,12 @@ class Matcher:
     @property
     def judge(self) -> tuple[str, float]:
         """Who scores a pick for the learned bound, and the threshold it starts from (the
-        bound's prior): the learned verifier (its model's sha256) from its card's
+        bound's prior): the learned verifier (``card.judge``) from its card's
         threshold, or with it off the embedding's cosine from tau. A score means something
         only to the judge that gave it, so the cosine's is named by the vector space."""
         if self.settings.learned:
             verifier = self.verifier
-            return getattr(getattr(verifier, "card", None), "sha256", ""), verifier.threshold
+            return getattr(getattr(verifier, "card", None), "judge", ""), verifier.threshold
         return cosine_judge(self.encoder.version), self.tau
 
     def judge_score(self, query: str, stored: str) -> float:

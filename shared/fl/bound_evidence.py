@@ -10,6 +10,13 @@ and Kish's effective sample size of every tail of labels are sums of them), so l
 pooled from many devices merge with a device's own without loss but the score's bin: a
 pooled bin stands for labels scoring its lower edge. No text, no entry, no score travels.
 
+Scores mean something only to the judge that gave them (a new global verifier scores on
+another scale), so a round names the judge whose labels devices send (``ROUND_JUDGE`` in
+its config: the sha256 identifying the verifier the devices run, see
+fl_server.round_model), the pool the server publishes names it (``judge``, in its
+record), and a device applies a pool only where it names the judge the device runs
+(client.learning.state). A reply's sums carry no judge: the round names it.
+
 A reply's sums are checked before they count: a label's weight lies in [1, MAX_WEIGHT]
 (a labelling probability of at least 1e-3, as the bound clips it), so a bin's weight lies
 between its count and MAX_WEIGHT times it, its squares between weight²/count
@@ -17,7 +24,7 @@ between its count and MAX_WEIGHT times it, its squares between weight²/count
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +38,9 @@ SQUARES = "bound-weight-squared"
 WRONG = "bound-weight-wrong"
 KEYS = (COUNT, WEIGHT, SQUARES, WRONG)
 RECORD_BINS = "bins"  # the published record: only the bins that hold labels
+JUDGE = "judge"  # the published record: whose scores its labels are
+ROUND_JUDGE = "bound-judge"  # a round's config: the judge whose labels devices send
+_MAX_JUDGE = 128  # characters of a judge's name (a sha256 is 64)
 _SLACK = 1e-9  # relative: sums added in another order differ in their last bits
 
 
@@ -50,6 +60,7 @@ class BoundEvidence:
     weight: np.ndarray
     squares: np.ndarray
     wrong: np.ndarray
+    judge: str = ""  # whose scores ("": a reply's, which the round names, or an old pool)
 
     @classmethod
     def empty(cls) -> "BoundEvidence":
@@ -88,9 +99,14 @@ class BoundEvidence:
         wrong with it."""
         if record is None or record == {}:
             return cls.empty()
-        if not isinstance(record, dict) or set(record) != {RECORD_BINS, *KEYS}:
+        if not isinstance(record, dict) or set(record) - {JUDGE} != {RECORD_BINS, *KEYS}:
             raise ValueError(f"the pooled bound evidence must be an object of "
-                             f"'{RECORD_BINS}' and {', '.join(repr(k) for k in KEYS)}")
+                             f"'{RECORD_BINS}', {', '.join(repr(k) for k in KEYS)} and "
+                             f"optionally '{JUDGE}'")
+        judge = record.get(JUDGE, "")
+        if not isinstance(judge, str) or len(judge) > _MAX_JUDGE:
+            raise ValueError(f"the pooled bound evidence's '{JUDGE}' must be a name of at "
+                             f"most {_MAX_JUDGE} characters")
         bins = record[RECORD_BINS]
         if (not isinstance(bins, list) or len(bins) > BINS
                 or not all(isinstance(b, int) and not isinstance(b, bool) for b in bins)
@@ -106,18 +122,23 @@ class BoundEvidence:
             dense = np.zeros(BINS)
             dense[np.asarray(bins, dtype=np.int64)] = _numbers(value, key)
             arrays.append(dense)
-        evidence = cls(*arrays)
+        evidence = cls(*arrays, judge=judge)
         evidence.check()
         return evidence
 
-    def to_record(self) -> dict[str, list[Any]]:
-        """The bins that hold labels, for the signed global model (small: a device's
-        labels sit in a few high-score bins)."""
+    def to_record(self) -> dict[str, Any]:
+        """The bins that hold labels and the judge, for the signed global model (small: a
+        device's labels sit in a few high-score bins)."""
         held = np.flatnonzero(self.count > 0)
         return {} if not len(held) else {
             RECORD_BINS: held.tolist(),
             **{key: array[held].tolist() for key, array in zip(KEYS, self._arrays(),
-                                                                 strict=True)}}
+                                                                 strict=True)},
+            **({JUDGE: self.judge} if self.judge else {})}
+
+    def judged_by(self, judge: str) -> "BoundEvidence":
+        """These sums as the labels of ``judge`` (the server names a round's pool)."""
+        return replace(self, judge=judge)
 
     def check(self) -> None:
         """ValueError unless these sums can be those of labels (see the module's
@@ -147,8 +168,12 @@ class BoundEvidence:
         return int(round(float(self.count.sum())))
 
     def __add__(self, other: "BoundEvidence") -> "BoundEvidence":
+        if self.judge and other.judge and self.judge != other.judge:
+            raise ValueError("the labels of two judges do not add up: their scores lie on "
+                             "different scales")
         return BoundEvidence(*(a + b for a, b in zip(self._arrays(), other._arrays(),
-                                                      strict=True)))
+                                                      strict=True)),
+                             judge=self.judge or other.judge)
 
     def at_most(self, labels: float) -> "BoundEvidence":
         """Scaled down to ``labels`` labels in all (every sum by the same factor, so the
@@ -158,7 +183,7 @@ class BoundEvidence:
         if total <= labels:
             return self
         scale = max(labels, 0.0) / total
-        return BoundEvidence(*(a * scale for a in self._arrays()))
+        return BoundEvidence(*(a * scale for a in self._arrays()), judge=self.judge)
 
     def rows(self) -> tuple[np.ndarray, ...]:
         """(score, count, weight, squares, wrong) of the bins that hold labels, a bin at

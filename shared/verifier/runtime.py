@@ -31,6 +31,15 @@ class Card:
     sha256: str
     threshold: float  # probability at which a pair counts as "the same question"
     max_tokens: int = MAX_TOKENS
+    global_model: str = ""  # a device-made one's: the global model's sha256 it came from
+
+    @property
+    def judge(self) -> str:
+        """Whose scores this verifier gives, by a name every device agrees on: a verifier
+        made on a device from a global model goes by that model's sha256 (what the FL
+        server signed; the int8 file each device makes need not be byte-identical), any
+        other by its file's sha256 (shared.fl.bound_evidence: a pool is one judge's)."""
+        return self.global_model or self.sha256
 
 
 def read_card(directory: Path) -> Card:
@@ -38,7 +47,7 @@ def read_card(directory: Path) -> Card:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         return Card(str(raw["sha256"]), float(raw["threshold"]),
-                    int(raw.get("max_tokens", MAX_TOKENS)))
+                    int(raw.get("max_tokens", MAX_TOKENS)), str(raw.get("global_model", "")))
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise VerifierError(f"the verifier's card {path} is missing or unreadable ({exc}); "
                             "reinstall meancache or retrain with `meancache verifier "

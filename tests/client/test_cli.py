@@ -16,6 +16,7 @@ from meancache.client.encoder import load_device_encoder
 from meancache.client.learning.state import set_pooled
 from meancache.shared.encoder import Encoder
 from meancache.shared.fl.bound_evidence import BoundEvidence
+from meancache.shared.verifier.runtime import ARTEFACT_DIR, read_card
 
 from meancache.cli import build_parser, main
 from tests.support.paths import DATA_DIR
@@ -155,8 +156,9 @@ def test_stats_say_how_many_pooled_labels_back_the_bound(
     """A device that installed the federation's pooled error-bound evidence (and has no
     label of its own) is told the bound rests on it."""
     with closing(EntryStore(load_settings().cache_dir)) as store:
-        set_pooled(store, BoundEvidence.of_labels(np.linspace(0.3, 0.5, 400), np.zeros(400),
-                                                  np.ones(400)))
+        set_pooled(store, BoundEvidence.of_labels(  # scored by the shipped verifier
+            np.linspace(0.3, 0.5, 400), np.zeros(400), np.ones(400)).judged_by(
+                read_card(ARTEFACT_DIR).judge))
     assert main(["cache", "stats", "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
     assert stats["wrong_rate_labels"] == stats["wrong_rate_pooled"] > 0

@@ -2,14 +2,18 @@
 have the same answer (the upstream's answer agrees with the cached one) is a labelled
 pair and makes the question an alias, answered at once next time, after a reopen too;
 a different answer is a wrong label and no alias; resetting the learning forgets it and
-keeps the entries."""
+keeps the entries; the federation's pool counts in an open cache as soon as it is
+installed."""
 
 import random
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
+from meancache.client.device_caches import set_device_pooled
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.verifier.runtime import Card, LearnedVerifier, read_card
 
 from tests.support.tiny_verifier import make_tiny_verifier
@@ -45,6 +49,25 @@ def test_an_agreeing_answer_makes_an_alias_that_survives_a_reopen(
     assert isinstance(again.lookup(PARAPHRASE.lower()), Hit)  # its own entry, by identity
     assert again.learned.labels == [] and again.learned.alias(PARAPHRASE) is None
     assert len(again) == 2
+
+
+def test_an_open_cache_answers_from_a_pool_installed_while_it_is_open(
+        make_cache: CacheFactory, declining: LearnedVerifier, tmp_path: Path) -> None:
+    """`fl sync` and a round install the federation's pooled labels through a store of
+    their own (client.device_caches), from this process or another: the cache already
+    open follows them at its next lookup, not at its next open; a pool of another
+    verifier's scores it ignores."""
+    cache = make_cache(settings=SETTINGS, verifier=declining)
+    cache.insert(FRANCE, ANSWER)
+    assert isinstance(cache.lookup(PARAPHRASE), Miss)  # the card's threshold declines it
+    right = BoundEvidence.of_labels(np.linspace(0.0, 0.05, 400), np.zeros(400), np.ones(400))
+    set_device_pooled([tmp_path / "cache"], right.judged_by("another verifier"))
+    assert isinstance(cache.lookup(PARAPHRASE), Miss)
+    assert cache.learned.pooled.judge == "another verifier" and cache.learned.bound.pooled == 0
+    set_device_pooled([tmp_path / "cache"], right.judged_by(declining.card.judge))
+    hit = cache.lookup(PARAPHRASE)  # 400 right labels from score 0 up: the bound passes
+    assert isinstance(hit, Hit) and hit.answer == ANSWER and hit.matched_query == FRANCE
+    assert cache.learned.bound.pooled == 400
 
 
 def test_a_different_answer_is_a_wrong_label_and_no_alias(

@@ -20,6 +20,34 @@ from meancache.client.learning.state import (
 from meancache.shared.fl.bound_evidence import BoundEvidence
 
 PRIOR = 0.556
+JUDGE = "verifier-a"  # the verifier scoring (its card.judge)
+
+
+def test_a_device_sends_and_applies_only_the_pool_of_the_judge_it_runs(tmp_path: Path
+                                                                       ) -> None:
+    """Scores mean something only to the verifier that gave them: the labels a device
+    sends for a round's pool are those its judge scored (not another verifier's, nor
+    labels that name none), and a pool built on another judge's scores, or naming none
+    (an older server's), is kept but never moves the bound."""
+    store = EntryStore(tmp_path)
+    mine = Learned(store, 0.02, PRIOR, judge=JUDGE)
+    for i in range(30):
+        mine.learn(Label(0.9, i % 10 == 0, entry=f"a{i}"))
+    mine.judge = "verifier-b"  # a global verifier arrived: its labels are on its scale
+    for i in range(20):
+        mine.learn(Label(0.2, False, entry=f"b{i}"))
+    store.set_states({"learning:labels:99": [{"score": 0.5, "wrong": False}]})  # no judge
+    sent = send_evidence(store, JUDGE)
+    assert sent.labels == 30 and float(sent.wrong.sum()) == 3 and sent.judge == ""
+    assert send_evidence(store, "verifier-b").labels == 20
+    assert send_evidence(store, "").labels == 0  # a round naming no judge gets none
+    pool = BoundEvidence.of_labels(np.linspace(0.3, 0.5, 400), np.zeros(400), np.ones(400))
+    for judge, applied in (("verifier-b", 400), (JUDGE, 0), ("", 0)):
+        mine.install_pooled(pool.judged_by(judge))  # in an open cache
+        assert mine.bound.pooled == applied, judge
+        opened = Learned(store, 0.02, PRIOR, judge="verifier-b")  # and one opened after
+        assert opened.pooled.labels == 400 and opened.bound.pooled == applied, judge
+    store.close()
 
 
 def test_labels_sent_to_the_pool_count_once(tmp_path: Path) -> None:
@@ -27,14 +55,14 @@ def test_labels_sent_to_the_pool_count_once(tmp_path: Path) -> None:
     counts them once (the pool's copy), with the labels learned since; resetting the
     learning keeps the federation's pool, as it keeps the global threshold."""
     store = EntryStore(tmp_path)
-    learning = Learned(store, 0.02, PRIOR)
+    learning = Learned(store, 0.02, PRIOR, judge=JUDGE)
     for i in range(200):
         learning.learn(Label(0.4 + i / 1000, False, entry="e"))
-    sent = send_evidence(store)
+    sent = send_evidence(store, JUDGE)
     assert sent.labels == 200
     others = BoundEvidence.of_labels(np.full(100, 0.5), np.zeros(100), np.ones(100))
-    set_pooled(store, sent + others)
-    learning = Learned(store, 0.02, PRIOR)  # a cache reads the pool when it opens
+    set_pooled(store, (sent + others).judged_by(JUDGE))
+    learning = Learned(store, 0.02, PRIOR, judge=JUDGE)  # a cache opened after
     assert (learning.bound.labels, learning.bound.pooled) == (300, 300)
     for _ in range(7):
         learning.learn(Label(0.65, False, entry="e"))

@@ -34,10 +34,12 @@ from meancache.shared.errors import (
     RunConfigError,
 )
 from meancache.shared.fl.bound_evidence import KEYS as BOUND_KEYS
-from meancache.shared.fl.bound_evidence import BoundEvidence
+from meancache.shared.fl.bound_evidence import ROUND_JUDGE, BoundEvidence
 from meancache.shared.fl.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
+    read_meta,
+    round_dir,
     save_checkpoint,
 )
 from meancache.shared.fl.evidence import KEYS as EVIDENCE_KEYS
@@ -166,11 +168,15 @@ def test_device_training_sends_only_weights_counts_and_similarity_evidence(
     trust_round_key(monkeypatch)
     device_with_feedback(tmp_path, FEEDBACK)
     store = EntryStore(tmp_path / "cache")  # and the error bound's labels, one wrong
-    learned = Learned(store, 0.02)
+    learned = Learned(store, 0.02, judge="an older verifier")
+    for i in range(5):  # scored by a verifier the round does not pool: not sent
+        learned.learn(Label(0.9, True, entry=f"o{i}"))
+    learned.judge = "the round's verifier"
     for i in range(30):
         learned.learn(Label(0.5 + i / 100, i == 4, 0.5 if i % 2 else 1.0, entry=f"e{i}"))
     store.close()
     request = train_message(tiny, 1)
+    request.content["config"][ROUND_JUDGE] = "the round's verifier"
     reply = client_app(request, device_context(tmp_path, tiny_dir))
     assert not reply.has_error(), reply.error if reply.has_error() else ""
     content = reply.content
@@ -382,6 +388,11 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path,
     assert meta.round == 2 and meta.threshold == pytest.approx(rows[2]["threshold"])
     verify(meta, read_public_key(str(tmp_path / "ckpt" / PUBLIC_KEY)))  # the server signed it
     assert BoundEvidence.from_record(meta.bound).labels == 2 * validation
+    # each round's pool names the verifier its labels were scored by: round 1's the int8
+    # base the devices were sent, round 2's the global model of round 1 (its sha256)
+    first = read_meta(round_dir(tmp_path / "ckpt", 1))
+    assert BoundEvidence.from_record(first.bound).judge == read_card(tiny_verifier).sha256
+    assert BoundEvidence.from_record(meta.bound).judge == first.sha256
     assert meta.verifier_base == read_card(tiny_verifier).sha256 and set(state) == set(initial)
     assert rows[1]["rejected"] == 0  # honest devices pass the screening
     assert "epsilon" not in rows[1]  # no privacy is claimed without DP

@@ -112,8 +112,10 @@ def test_the_server_drops_a_liar_caps_a_big_device_pools_and_publishes_signed() 
     state = {"w": torch.zeros(2)}
     strategy = ThresholdFedAvg(0.8, ArrayRecord(state), ReplyLimits(10**6, 1e6),
                                ThresholdRule(0, 10, 1.0),
-                               models=RoundModels(ROUND_KEY, "base", 1, 0),
+                               models=RoundModels(ROUND_KEY, "base", 1, 0,
+                                                  shipped_judge="shipped"),
                                min_train_nodes=1, min_available_nodes=1)
+    strategy.judges[1] = "shipped"  # as configure_train names it (test_fl.py's simulation)
     similarity = Evidence.empty().to_metrics()
     big, small, third = labels(900, wrong_every=50, seed=1), labels(100, seed=2), \
         labels(300, seed=3)
@@ -137,9 +139,36 @@ def test_the_server_drops_a_liar_caps_a_big_device_pools_and_publishes_signed() 
     meta = GlobalModel(**json.loads(str(config[DESCRIPTION_KEY])))
     verify(meta, ROUND_KEY.public_key())
     assert BoundEvidence.from_record(meta.bound).labels == 700
-    # a round in which no device sends labels keeps what was published
+    assert BoundEvidence.from_record(meta.bound).judge == "shipped"  # named, signed
+    # a round in which no device sends labels keeps what was published, and its judge
+    strategy.judges[2] = "a newer verifier"
     strategy.aggregate_train(2, [reply(5, similarity, 10, torch.ones(2))])
-    assert strategy.bound.labels == 700
+    assert strategy.bound.labels == 700 and strategy.bound.judge == "shipped"
+
+
+def test_a_round_names_the_judge_whose_labels_it_pools() -> None:
+    """The verifier devices run with the model a round carries: the int8 base for the
+    model a run starts from (or an unfederated verifier, the shipped one), a published
+    model's own sha256 after it (as a device names the verifier it makes from it); two
+    judges' labels never add up, and a record's judge must be a name."""
+    arrays = ArrayRecord({"w": torch.zeros(2)})
+    federated = RoundModels(ROUND_KEY, "base", 1, 0, verifier_base="int8-base",
+                            shipped_judge="shipped")
+    assert federated.judge(0, arrays) == "int8-base"
+    assert federated.judge(1, arrays) == json.loads(federated.describe(1, 0.8, arrays))[
+        "sha256"]
+    assert RoundModels(ROUND_KEY, "base", 1, 3, verifier_base="int8-base").judge(
+        0, arrays) == federated.judge(1, arrays)  # a continued run sends a published model
+    assert RoundModels(ROUND_KEY, "base", 1, 3, shipped_judge="shipped").judge(
+        5, arrays) == "shipped"  # the verifier is not federated: the shipped one judges
+    pool = labels(50).judged_by("int8-base")
+    with pytest.raises(ValueError, match="two judges do not add up"):
+        pool + labels(5).judged_by("another")
+    assert (pool + labels(5)).judge == "int8-base"  # a reply's sums name none
+    record = pool.to_record()
+    assert BoundEvidence.from_record(json.loads(json.dumps(record))).judge == "int8-base"
+    with pytest.raises(ValueError, match="'judge' must be a name"):
+        BoundEvidence.from_record({**record, "judge": 7})
 
 
 def test_under_secure_aggregation_the_evidence_is_still_checked_capped_and_pooled() -> None:

@@ -23,6 +23,7 @@ from meancache.shared.encoder import Encoder
 from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
 from meancache.shared.processes import free_port
+from meancache.shared.verifier.runtime import ARTEFACT_DIR, read_card
 
 from tests.support.fl import FEEDBACK, device_with_feedback, kill_group
 from tests.support.paths import REPO
@@ -62,9 +63,14 @@ class Processes:
 
 
 def learned_labels(data_dir: Path, count: int) -> None:
-    """``count`` error-bound labels in the device's chat cache, all right."""
+    """``count`` error-bound labels in the device's chat cache, all right, scored by the
+    shipped verifier (the judge the rounds name: the verifier is not federated here),
+    and 20 more scored by another, which no round pools."""
     with closing(EntryStore(data_dir / "cache")) as store:
-        learned = Learned(store, 0.02)
+        learned = Learned(store, 0.02, judge="another verifier")
+        for i in range(20):
+            learned.learn(Label(0.6, False, entry=f"o{i}"))
+        learned.judge = read_card(ARTEFACT_DIR).judge
         for i in range(count):
             learned.learn(Label(0.6 + i / 1000, False, entry=f"e{i}"))
 

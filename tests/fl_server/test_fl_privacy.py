@@ -5,13 +5,22 @@ import math
 from pathlib import Path
 from statistics import NormalDist
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord
+from flwr.common import (
+    Code,
+    FitRes,
+    Status,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server.strategy import FedAvg as LegacyFedAvg
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from meancache.client.fl.client_app import app as client_app
 from meancache.fl_server.pooled_threshold import ThresholdRule
-from meancache.fl_server.privacy import PrivacyLedger, SampledClientsDP
+from meancache.fl_server.privacy import PrivacyLedger, SampledClientsDP, SecureSumDP
 from meancache.fl_server.screening import ReplyLimits
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.fl.compression import compressed_bytes
@@ -68,6 +77,20 @@ def test_with_dp_every_device_counts_once_and_the_noise_fits_those_averaged() ->
     assert strategy.pooled[1].pairs == 80  # the rejected device's evidence is not pooled
     assert dp.num_sampled_clients == 2  # the noise is for the two averaged, not three
     assert dp.ledger.releases == 1
+
+
+def test_under_secure_aggregation_the_noise_fits_the_devices_in_the_sum() -> None:
+    """SecAgg+ hands the strategy the unmasked mean; a device that sat the round out
+    (weight 0) is not in it, so the noise is for the others."""
+    def fit(examples: int) -> tuple[None, FitRes]:
+        mean = ndarrays_to_parameters([np.full(3, 2.0, dtype=np.float32)])
+        return None, FitRes(Status(Code.OK, ""), mean, examples, {})
+
+    dp = SecureSumDP(LegacyFedAvg(), noise_multiplier=1e-9, clipping_norm=1.0, delta=1e-5)
+    parameters, _ = dp.aggregate_fit(1, [fit(1), fit(1), fit(0)], [])  # type: ignore[list-item]
+    assert parameters is not None
+    assert np.allclose(parameters_to_ndarrays(parameters)[0], 2.0, atol=1e-6)
+    assert dp.num_sampled_clients == 2 and dp.ledger.releases == 1
 
 
 @pytest.mark.parametrize(("sigma", "rounds"), [(1.1, 1), (1.1, 3), (0.7, 10)])

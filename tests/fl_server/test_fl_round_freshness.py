@@ -39,6 +39,7 @@ from sentence_transformers import SentenceTransformer
 from tests.support.fl import ROUND_KEY, device_context, train_message, trust_round_key
 
 PRIOR = 0.556  # the verifier's own threshold, as the bound's prior
+JUDGE = "verifier-a"  # the verifier the device runs (its card.judge)
 
 
 @pytest.fixture
@@ -154,16 +155,16 @@ def test_the_server_describes_what_it_sends_in_its_continued_numbering(
     assert meta.sha256 == saved.sha256
 
 
-def _pooled_right(labels: int) -> BoundEvidence:
-    """Other devices' error-bound labels, all right, scored 0.3 to 0.5 by the judge."""
+def _pooled_right(labels: int, judge: str = JUDGE) -> BoundEvidence:
+    """Other devices' error-bound labels, all right, scored 0.3 to 0.5 by ``judge``."""
     scores = np.linspace(0.3, 0.5, labels)
-    return BoundEvidence.of_labels(scores, np.zeros(labels), np.ones(labels))
+    return BoundEvidence.of_labels(scores, np.zeros(labels), np.ones(labels)).judged_by(judge)
 
 
 def _device_bound(device: "Device") -> Bound:
     store = EntryStore(device.data_dir / "cache")
     try:
-        return Learned(store, 0.02, PRIOR).bound
+        return Learned(store, 0.02, PRIOR, judge=JUDGE).bound
     finally:
         store.close()
 
@@ -196,3 +197,8 @@ def test_a_new_device_serves_at_the_bound_the_pool_learned_only_when_it_is_signe
     bound = _device_bound(device)
     assert bound.learned and bound.pooled == bound.labels >= labels_needed(0.02)
     assert 0.3 - 1 / BINS <= bound.threshold < 0.5 < PRIOR
+    # A signed pool of another verifier's scores comes with a model the device keeps,
+    # but its bound, judged by its own verifier, does not rest on it.
+    device.receive(train_message(tiny, 1, model_round=4, bound=_pooled_right(400, "other")))
+    assert device.kept() == (4, pytest.approx(0.8))
+    assert _device_bound(device) == Bound(PRIOR, None, None, 0, False)

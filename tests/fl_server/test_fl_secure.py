@@ -1,6 +1,7 @@
 """Secure aggregation: Flower's SecAgg+ in the simulation (its fewest devices, one round),
 whose global model is the plain FedAvg of the same devices' training within SecAgg+'s own
-quantisation, and the run-config combinations it cannot serve refused by name."""
+quantisation; with central DP, the noised mean of the updates each device clipped, and
+its epsilon reported; and the run-config combinations it cannot serve refused by name."""
 
 from pathlib import Path
 
@@ -17,8 +18,9 @@ from meancache.shared.fl.signing import PUBLIC_KEY, read_public_key, verify
 from meancache.shared.fl.weights import federated_names, federated_state
 from sentence_transformers import SentenceTransformer
 
-from tests.support.fl import message
+from tests.support.fl import gaussian_rdp_epsilon, message
 from tests.support.paths import DATA_DIR
+from tests.support.tiny_encoder import make_tiny_encoder
 
 PAIRS_PER_CLIENT = 30
 TRAINED = int(PAIRS_PER_CLIENT * 0.8)  # each device's example count (client.fl.data.split)
@@ -95,10 +97,65 @@ def test_secure_aggregation_learns_the_plain_fedavg_within_its_quantisation(
           f"SecAgg+ {secure[1]['bytes_per_client']:.0f}")
 
 
+CLIP = 1e-3  # the DP clipping norm: about a third of each device's update here
+NOISE = 0.2  # the noise multiplier: sigma = NOISE * CLIP / DEVICES = 1e-4 a coordinate
+
+
+@pytest.mark.slow(35)
+def test_secure_aggregation_with_dp_noises_the_sum_of_the_updates_each_device_clipped(
+    tmp_path: Path
+) -> None:
+    # without dropout, this process redoes each simulated device's training exactly
+    tiny_dir = make_tiny_encoder(tmp_path / "tiny", dropout=0.0)
+    config = SimulationConfig(
+        pairs=DATA_DIR / "qqp" / "pairs.jsonl", checkpoint_dir=tmp_path / "secure",
+        clients=DEVICES, per_round=DEVICES, workers=1, run_config={
+            "num-server-rounds": 1, "pairs-per-client": PAIRS_PER_CLIENT, "top-layers": 1,
+            "encoder-model": str(tiny_dir), "held-out-pairs": 0, "verifier-top-layers": 0,
+            "update-bits": 0, "secure-aggregation": 1, "dp-noise-multiplier": NOISE,
+            "dp-clipping-norm": CLIP, "dp-delta": 1e-5})
+    secure = simulate(config, tmp_path / "flwr-home")
+    latest = latest_checkpoint(tmp_path / "secure")
+    assert latest is not None
+    meta, hidden = load_checkpoint(latest)
+    verify(meta, read_public_key(str(tmp_path / "secure" / PUBLIC_KEY)))
+    _, updates, _ = _plain_fedavg(config, tiny_dir)  # as trained, before any clipping
+    model = SentenceTransformer(str(tiny_dir), device="cpu")
+    initial = federated_state(model, federated_names(model, 1))
+    norms = [sum(float(d.square().sum()) for d in u.values()) ** 0.5 for u in updates]
+    assert all(n > 2 * CLIP for n in norms), norms  # every device's update is clipped
+    flat = [torch.cat([u[k].flatten() for k in sorted(initial)]) for u in updates]
+    clipped = sum(f * min(1.0, CLIP / n) for f, n in zip(flat, norms, strict=True)) / DEVICES
+    unclipped = sum(flat) / DEVICES
+    learned = torch.cat([(hidden[k].float() - initial[k]).flatten() for k in sorted(initial)])
+    residual = learned - clipped
+    sigma = NOISE * CLIP / DEVICES
+    # Noise was added: what the round learned is the clipped mean plus N(0, sigma^2) in
+    # each of the 9,600 values (the std of 9,600 draws is within 3% of sigma with
+    # probability 1 - 1e-5; SecAgg+'s rounding, 16 / 2**22 at weight 1, is far below
+    # sigma and adds in quadrature).
+    std = float(residual.std())
+    assert 0.9 * sigma < std < 1.1 * sigma, (std, sigma)
+    # ... and it was added to the sum of clipped updates: along the direction in which
+    # clipping moves the mean, the round sits where the clipped mean is (one draw of the
+    # noise, |z| < 5 sigma), not where the unclipped one is (16 sigma away here).
+    away = unclipped - clipped
+    direction = away / away.norm()
+    assert float(away.norm()) > 10 * sigma
+    assert abs(float(residual @ direction)) < 5 * sigma
+    # epsilon is reported after the round, as for plain DP rounds
+    assert secure[1]["epsilon"] == pytest.approx(gaussian_rdp_epsilon(NOISE, 1, 1e-5))
+    assert secure[1]["dp_releases"] == 1 and secure[0]["epsilon"] == 0.0
+    assert meta.metrics["epsilon"] == secure[1]["epsilon"]
+    print(f"update norms {norms}, clip {CLIP}; residual std {std:.3g} against sigma "
+          f"{sigma:.3g}; along the clipping {float(residual @ direction):.3g} (unclipped "
+          f"{float(away.norm()):.3g}); epsilon {secure[1]['epsilon']:.1f}")
+
+
 @pytest.mark.parametrize(("extra", "message"), [
-    ({"dp-noise-multiplier": 1.0}, "cannot run with central DP"),
     ({"aggregation": "median"}, "needs 'aggregation' = 'fedavg'"),
     ({"secure-aggregation": 2}, "'secure-aggregation' must be 0 or 1"),
+    ({"dp-noise-multiplier": 1.0, "dp-clipping-norm": 0.0}, "must be > 0 with central DP"),
 ])
 def test_what_secure_aggregation_cannot_serve_is_refused_by_name(
     extra: dict[str, object], message: str
@@ -107,3 +164,11 @@ def test_what_secure_aggregation_cannot_serve_is_refused_by_name(
               **extra}
     with pytest.raises(RunConfigError, match=message):
         ServerConfig.from_run_config(config)
+
+
+def test_central_dp_runs_beside_secure_aggregation() -> None:
+    """Client-side clipping and the noise on the sum: no longer refused."""
+    config = ServerConfig.from_run_config({
+        **default_run_config(), "checkpoint-dir": "/tmp/ckpt", "secure-aggregation": 1,
+        "dp-noise-multiplier": 1.0})
+    assert config.secure_aggregation and config.dp_noise_multiplier == 1.0

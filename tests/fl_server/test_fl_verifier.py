@@ -29,6 +29,7 @@ from meancache.shared.fl.checkpoint import (
     DESCRIPTION_KEY,
     META,
     latest_checkpoint,
+    read_meta,
     save_checkpoint,
 )
 from meancache.shared.fl.signing import PUBLIC_KEY, server_key, sign
@@ -158,6 +159,9 @@ def test_a_device_trains_the_verifier_and_runs_the_global_one_as_int8(
     assert json.loads((kept / META).read_text())["verifier_base"] == base_sha
     device = load_device_verifier(settings)
     assert device is not None and device.threshold == read_card(tiny_verifier).threshold
+    # as a judge of the error-bound labels it goes by the global model's sha256, which
+    # the server names the rounds' pools by (its int8 file is this device's own make)
+    assert device.card.judge == read_meta(kept).sha256 != device.card.sha256
     base = LearnedVerifier.load(tiny_verifier)
     first, second = zip(*PAIRS, strict=True)
     assert not np.allclose(device.pair_probabilities(first, second),
