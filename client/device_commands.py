@@ -81,8 +81,7 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
 
     with closing(EntryStore(settings.cache_dir)) as store:  # no encoder: nothing to embed
         stats = stored_stats(store, settings.global_threshold, settings.encoder_backend,
-                             settings.max_wrong_rate if settings.cache_settings().learned
-                             else None)
+                             settings.max_wrong_rate, settings.cache_settings().learned)
         plots = [] if args.json else stats_plots(store, stats.threshold)
     if args.json:
         print_json(dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate,
@@ -361,7 +360,6 @@ def _replay_learning(args: argparse.Namespace, settings: Settings, pairs: list) 
                         rng=random.Random(args.seed)) as cache, \
                 ProgressBar("learning decision", err) as progress:
             reports["learned"] = replay(cache, turns, progress).report()
-            # no bound without the learned verifier's threshold as its prior
             threshold = None if cache.learned.prior is None else cache.learned.bound.threshold
     if args.json:
         print_json(reports | {"seed": args.seed, "questions": len(turns),

@@ -57,8 +57,7 @@ class CacheStats:
     declines: dict[str, int] = field(default_factory=dict)  # near matches vetoed, by reason
     explored: int = 0  # would-be hits also asked upstream (exploration), counted as misses
     # The learned error bound (client/learning/bound.py): the estimated share of served
-    # answers that are wrong, its 95% upper limit, the labels behind it, the bound set
-    # (None: no bound is learned, the learned verifier being off).
+    # answers that are wrong, its 95% upper limit, the labels behind it, the bound set.
     wrong_rate: float | None = None
     wrong_rate_upper: float | None = None
     wrong_rate_labels: int = 0
@@ -71,10 +70,8 @@ class CacheStats:
     @property
     def wrong_rate_line(self) -> str:
         """The estimated wrong rate with its bound, in one line."""
-        if self.max_wrong_rate is None:
-            return "no bound (the learned verifier is off: tau alone decides)"
         if self.wrong_rate is None or self.wrong_rate_upper is None:
-            return "not estimated yet (no labels over the verifier's threshold)"
+            return "not estimated yet (no labels over the judge's threshold)"
         bound = "" if self.max_wrong_rate is None else f", bound {self.max_wrong_rate:.1%}"
         needs = "" if self.wrong_rate_needs is None else \
             f"; the labels decide from {self.wrong_rate_needs}"

@@ -87,7 +87,7 @@ class SemanticCache:
         self.space.attach(self._entries, progress)
         # What the traffic taught (the bound, aliases) and what awaits a label (client/learning)
         self.learned = Learned(self.store, self.settings.max_wrong_rate)
-        self.matcher.learned = self.learned if self.settings.learned else None
+        self.matcher.learned = self.learned
         self.awaiting = Awaiting(self.learned, Exploration(
             self.settings.explore_rate, self.settings.explore_width,
             self.settings.explore_until_learned), rng, learns)
@@ -218,13 +218,14 @@ class SemanticCache:
                ) -> ThresholdChange:
         """The user says the answer served for ``query`` from ``origin`` was wrong: see
         ``Learning.reject``. The caller then fetches a fresh answer, bypassing the cache.
-        With the learned bound, the rejection is also its strongest label: a wrong pair at
-        the verifier's probability for the two questions, and no alias for ``query``."""
+        The rejection is also the learned bound's strongest label: a wrong pair at the
+        judge's score for the two questions, and no alias for ``query``."""
         already = self.matcher.feedback.already_rejected(origin)
         change = self.learning.reject(query, origin, context)
-        if self.matcher.learned is not None and not already:
+        if not already:
             self.learned.forget_alias(query)
-            score = float(self.matcher.verifier.probabilities(query, [origin.matched_query])[0])
+            self.learned.judge, self.learned.prior = self.matcher.judge
+            score = self.matcher.judge_score(query, origin.matched_query)
             self.learned.learn(Label(score, True, 1.0, origin.entry_id, USER))
         return change
 
@@ -246,4 +247,4 @@ class SemanticCache:
                 encoder_version=self.encoder.version, encoder_backend=self.encoder.backend,
                 embedding_dim=self.encoder.dim,
                 bound=None if self.learned.prior is None else self.learned.bound,
-                max_wrong_rate=self.settings.max_wrong_rate if self.settings.learned else None)
+                max_wrong_rate=self.settings.max_wrong_rate)

@@ -9,7 +9,7 @@ from meancache.client.cache.results import CacheStats
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.learning.bound import Bound, labels_needed
-from meancache.client.learning.state import Learned
+from meancache.client.learning.state import Learned, cosine_judge
 from meancache.client.matching import labels
 from meancache.client.matching.labels import DECLINED
 from meancache.shared.verifier.runtime import ARTEFACT_DIR, read_card
@@ -55,25 +55,26 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
 
 
 def stored_stats(store: EntryStore, global_threshold: float, backend: str,
-                 max_wrong_rate: float | None = None) -> CacheStats:
+                 max_wrong_rate: float, learned_verifier: bool) -> CacheStats:
     """Statistics without an encoder: the encoder version and size are those of the newest
     stored vectors, and entries stored under another version count as stale (the next
     start that loads the encoder re-embeds them). ``global_threshold`` is the configured
-    one, used until the FL server sends its own; ``backend`` is the configured runtime."""
+    one, used until the FL server sends its own; ``backend`` is the configured runtime;
+    ``learned_verifier``: whether the learned verifier judges (else the cosine does)."""
     entries = list(store.entries())
     newest = max(entries, key=lambda entry: entry.created, default=None)
     version = newest.encoder_version if newest is not None else "-"
+    thresholds = ThresholdState(store, global_threshold)
+    if learned_verifier:  # the shipped verifier's (none is loaded here)
+        card = read_card(ARTEFACT_DIR)
+        judge, prior = card.judge, card.threshold
+    else:
+        judge, prior = cosine_judge(version), thresholds.current
     return cache_stats(
-        store, ThresholdState(store, global_threshold), entries=len(entries),
+        store, thresholds, entries=len(entries),
         nbytes=sum(entry.nbytes for entry in entries),
         stale_entries=sum(1 for entry in entries if entry.encoder_version != version),
         encoder_version=version, encoder_backend=backend,
         embedding_dim=int(newest.embedding.shape[0]) if newest is not None else 0,
-        bound=None if max_wrong_rate is None else _bound(store, max_wrong_rate),
+        bound=Learned(store, max_wrong_rate, prior, judge=judge).bound,
         max_wrong_rate=max_wrong_rate)
-
-
-def _bound(store: EntryStore, max_wrong_rate: float) -> Bound:
-    """The bound as the shipped verifier judges (no verifier is loaded here)."""
-    card = read_card(ARTEFACT_DIR)
-    return Learned(store, max_wrong_rate, card.threshold, judge=card.judge).bound

@@ -1,9 +1,10 @@
 """The error bound the user sets: the lowest judge score at which the cache may answer
 while, with ``confidence``, at most ``max_wrong_rate`` of the answers it serves are wrong.
 
-The score is the judge's: the learned verifier's probability of the best candidate. With
-the verifier off (``verify_hits`` false, or the rules verifier) no bound is learned: tau
-alone decides, as `cache stats` says. Each labelled example is a served-region pair: its
+The score is the judge's: the learned verifier's probability of the best candidate, or
+with the verifier off (``verify_hits`` false, or the rules verifier) the embedding's cosine
+of the most similar one, whose prior is tau (``client.matching.matcher.Matcher.judge``).
+Each labelled example is a served-region pair: its
 score, whether the cached answer was wrong, and how likely it was to be labelled at all
 (1 for a miss whose best candidate was compared anyway, the exploration rate for a
 would-be hit sent upstream too). The error among answers served at threshold t is

@@ -43,7 +43,14 @@ POOLED = "pooled-bound"
 # it, one record read, and reads the pool itself only when it moved.
 POOLED_VERSION = "pooled-version"
 CHUNK = 256
+COSINE_JUDGE = "cosine"  # with the learned verifier off, the embedding's cosine judges
 KEPT = 20_000  # newest labels the bound rests on
+
+
+def cosine_judge(encoder_version: str) -> str:
+    """The embedding's cosine as a judge's name: one per vector space (a cosine means
+    something only in the space it was measured in)."""
+    return f"{COSINE_JUDGE} {encoder_version}"
 
 
 class StateStore(Protocol):
@@ -107,14 +114,17 @@ class Learned:
 
     @judge.setter
     def judge(self, value: str) -> None:
-        """The judge now scoring (the verifier's card.judge): only its labels count, since
-        another model's scores (a global verifier from federated learning, say) lie on
-        another scale. Labels written before labels named their judge count for any."""
+        """The judge now scoring (the verifier's ``card.judge``, or ``cosine_judge``'s name):
+        only its labels count, since another model's scores (a global verifier from
+        federated learning, say) lie on another scale."""
         if value != self._judge:
             self._judge, self._bound = value, None
 
     def _counts(self, label: Label) -> bool:
-        return label.judge in ("", self._judge)
+        """The judge's own labels; those written before labels named their judge were
+        the learned verifier's, so they never count for the cosine."""
+        return label.judge == self._judge or (
+            not label.judge and not self._judge.startswith(COSINE_JUDGE))
 
     @property
     def bound(self) -> Bound:

@@ -31,6 +31,12 @@ source:
     this is chosen;
   - "rules" (``rules.verify``, every check) looks at the best counting candidate
     only and vetoes it when the two differ in a negation, number, name, ...
+- the error bound learned from the device's traffic (``learned``, client/learning) moves
+  the threshold the judge's score must reach: the learned verifier's probability, from
+  its card's threshold; with the learned verifier off, the embedding's cosine, from tau
+  (``judge``): the most similar counting candidate is then served where its cosine
+  reaches the bound's threshold (and the rules, where on, pass it), and declined with
+  its cosine remembered for a label where it does not.
 
 Feedback on a served match: ``Matcher.feedback`` (client/matching/feedback.py).
 """
@@ -44,6 +50,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+from meancache.client.learning.state import cosine_judge
 from meancache.client.matching import entry_threshold
 from meancache.client.matching.decision import LearnedDecision
 from meancache.client.matching.feedback import Feedback, Thresholds
@@ -68,6 +75,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MEMO_SIZE = 64  # question vectors remembered (a follow-up's context was the last question)
+BELOW_BOUND = "under the similarity the cache's labels allow"
 VERIFIED_AT_MOST = 5  # counting candidates the verifier scores (most similar first)
 
 
@@ -139,9 +147,27 @@ class Matcher:
     @property
     def recall_tau(self) -> float:
         """Where candidates start: under tau by ``recall_margin`` when the learned verifier
-        checks them (it, not the similarity, decides), tau itself otherwise."""
-        margin = self.settings.recall_margin if self.settings.learned else 0.0
-        return self.tau - margin
+        checks them (it, not the similarity, decides) or the learned bound does (its labels
+        may lower the similarity that serves), tau itself otherwise."""
+        learning = self.settings.learned or self.learned is not None
+        return self.tau - (self.settings.recall_margin if learning else 0.0)
+
+    @property
+    def judge(self) -> tuple[str, float]:
+        """Who scores a pick for the learned bound, and the threshold it starts from (the
+        bound's prior): the learned verifier (``card.judge``) from its card's
+        threshold, or with it off the embedding's cosine from tau. A score means something
+        only to the judge that gave it, so the cosine's is named by the vector space."""
+        if self.settings.learned:
+            verifier = self.verifier
+            return getattr(getattr(verifier, "card", None), "judge", ""), verifier.threshold
+        return cosine_judge(self.encoder.version), self.tau
+
+    def judge_score(self, query: str, stored: str) -> float:
+        """The judge's score of ``stored`` as the answer's question for ``query``."""
+        if self.settings.learned:
+            return float(self.verifier.probabilities(query, [stored])[0])
+        return float(np.dot(self.embed(query), self.embed(stored)))
 
     @property
     def floor(self) -> float:
@@ -209,6 +235,8 @@ class Matcher:
                 rejected_before = rejected_before or candidate.similarity >= tau
                 continue
             if not self.settings.learned:
+                if self.learned is not None:
+                    return self._bounded(question, candidate, best, self.learned)
                 return self._ruled(question, candidate, best, CHECKS) \
                     if self.settings.verify_hits else Match(candidate)
             counting.append(candidate)
@@ -234,6 +262,29 @@ class Matcher:
                  candidate.similarity, veto.reason)
         return NoMatch(veto.reason, best, veto.summary)
 
+    def _bounded(self, question: Question, pick: Candidate, best: float | None,
+                 learned: "Learned") -> Match | NoMatch:
+        """With the learned verifier off: the most similar counting candidate, where its
+        cosine reaches the learned bound's threshold for its entry (tau until the labels
+        choose; moved by the entry's own feedback as tau is, unless the labels closed the
+        region) and the rules, where on, do not veto it; declined with its cosine kept
+        for the label the upstream's answer will make."""
+        if embedding_text(pick.text) == question.key:
+            return Match(pick, pick.similarity)
+        learned.judge, learned.prior = self.judge
+        threshold = learned.threshold(pick.key)
+        if pick.evidence is not None and self.settings.entry_thresholds and threshold < 1.0:
+            # the entry's own feedback moves it relative to the threshold in force
+            threshold = entry_threshold.threshold(pick.evidence, threshold)
+        if pick.similarity < threshold:
+            log.info("bound declined %r for %r (cosine %.3f < %.3f)", pick.text,
+                     question.text, pick.similarity, threshold)
+            return NoMatch(f"{BELOW_BOUND} ({pick.similarity:.2f} < {threshold:.2f})", best,
+                           BELOW_BOUND, (pick.key, pick.similarity))
+        if self.settings.verify_hits:
+            return self._ruled(question, pick, best, CHECKS, pick.similarity)
+        return Match(pick, pick.similarity)
+
     def _verified(self, question: Question, counting: list[Candidate], best: float | None
                   ) -> Match | NoMatch:
         """The counting candidate the verifier finds most likely the same question, if it
@@ -248,8 +299,7 @@ class Matcher:
         probability = float(probabilities[top])
         threshold = verifier.threshold
         if self.learned is not None:
-            self.learned.prior = verifier.threshold
-            self.learned.judge = getattr(getattr(verifier, "card", None), "judge", "")
+            self.learned.judge, self.learned.prior = self.judge
             threshold = self.learned.threshold(counting[top].key)
         decision = self.decision_card()
         if decision is not None:

@@ -43,7 +43,8 @@ class MatchSettings(BaseModel):
                           "alone reaches the verifier's threshold and the kept rule checks "
                           "pass it).")
     recall_margin: float = Field(RECALL_MARGIN, ge=0, description="How far under tau a "
-                                 "candidate still reaches the learned verifier.")
+                                 "candidate still reaches the judge: the learned verifier, or "
+                                 "with it off the learned bound on the cosine.")
     entry_thresholds: bool = Field(True, description="Each entry's own threshold, learned "
                                    "from its feedback.")
     max_wrong_rate: float = Field(0.02, gt=0, lt=1, description="The share of answers "
@@ -56,7 +57,8 @@ class MatchSettings(BaseModel):
                                 "labelling the pair, so the bound keeps learning where the cache "
                                 "serves (client/learning/explore.py); 0 turns exploration off.")
     explore_width: float = Field(EXPLORE_WIDTH, ge=0, le=1, description="How far above the "
-                                 "learned threshold (in the verifier's probability) a would-be "
+                                 "learned threshold (in the judge's score: the verifier's "
+                                 "probability, or the cosine) a would-be "
                                  "hit counts as near it, and may be explored.")
     explore_until_learned: bool = Field(True, description="Explore every near would-be hit "
                                         "until the labels choose the threshold (149 labels at "

@@ -159,7 +159,7 @@ class Partitions:
                 with closing(EntryStore(directory / pid / "cache")) as store:
                     found.append((pid, stored_stats(
                         store, self.settings.global_threshold, self.settings.encoder_backend,
-                        self.settings.max_wrong_rate)))
+                        self.settings.max_wrong_rate, self.settings.learned)))
         return found
 
     def _opened(self, key: tuple[str, str], directory: Path,

@@ -19,7 +19,11 @@ EGGS = "How long should I boil an egg?"
 EGGS_PARAPHRASE = "How many minutes do I boil eggs for?"
 # Verification would veto the swapped country before the user sees it: these tests are
 # about what feedback teaches, so they turn it off.
-SETTINGS = CacheSettings(global_threshold=0.3, verify_hits=False)
+# With the learned verifier off the learned bound judges by the cosine, and one rejection
+# shows its region too wrong at 2% (tests/client/test_learning_cache.py): these tests of
+# tau and the entries' own thresholds keep the bound out of their way.
+TAU_ALONE = {"verify_hits": False, "max_wrong_rate": 0.99}
+SETTINGS = CacheSettings(global_threshold=0.3, **TAU_ALONE)
 
 
 def hit(result: Hit | Miss) -> Hit:
@@ -56,7 +60,7 @@ def test_accepted_paraphrases_relax_the_entry_down_to_the_floor(
     make_cache: CacheFactory,
 ) -> None:
     probe = "what is france's capital city?"
-    cache = make_cache(settings=CacheSettings(verify_hits=False))
+    cache = make_cache(settings=CacheSettings(**TAU_ALONE))
     near = similarity(cache, FRANCE, probe)
     # The probe sits just under the global tau; a query under the floor must never be served.
     cache.thresholds.set_global(round(near + RELAX / 4, 4))
@@ -84,7 +88,7 @@ def test_the_raised_threshold_survives_a_reopen_and_the_setting_turns_it_off(
     cache.reject(wrong.query, wrong.origin)
     cache.close()
     assert isinstance(make_cache(settings=SETTINGS).lookup(LOOK_ALIKE), Miss)
-    off = CacheSettings(global_threshold=0.3, verify_hits=False, entry_thresholds=False)
+    off = CacheSettings(global_threshold=0.3, **TAU_ALONE, entry_thresholds=False)
     assert hit(make_cache(settings=off).lookup(LOOK_ALIKE)).matched_query == FRANCE
 
 
@@ -99,7 +103,7 @@ def test_the_setting_comes_from_the_environment_and_the_config_file(tmp_path) ->
 def test_a_pca_fit_rescores_the_rejection_in_the_new_space(
     make_cache: CacheFactory, distinct_questions: list[str],
 ) -> None:
-    cache = make_cache(settings=CacheSettings(global_threshold=0.3, verify_hits=False,
+    cache = make_cache(settings=CacheSettings(global_threshold=0.3, **TAU_ALONE,
                                               pca_dims=16, pca_min_entries=1000))
     france = cache.insert(FRANCE, "Paris.")
     for i, question in enumerate(distinct_questions[:30]):

@@ -21,6 +21,11 @@ POSITIVES = ["Which city is the capital of France?", "what is france's capital c
 # (with verification off: it would veto the swapped name before the user sees it).
 NEGATIVES = ["What is the capital of Germany?", "What is the population of France?"]
 
+# With the learned verifier off the learned bound judges by the cosine, and one rejection
+# shows its region too wrong at 2% (tests/client/test_learning_cache.py): these tests of
+# tau and the entries' own thresholds keep the bound out of their way.
+TAU_ALONE = {"verify_hits": False, "max_wrong_rate": 0.99}
+
 
 def hit(result: Hit | Miss) -> Hit:
     """The result, asserted to be a hit."""
@@ -30,7 +35,7 @@ def hit(result: Hit | Miss) -> Hit:
 
 def test_reject_records_a_negative_and_waits_for_enough_pairs(make_cache: CacheFactory) -> None:
     cache = make_cache(settings=CacheSettings(global_threshold=0.3, tune_min_per_class=2,
-                                              verify_hits=False))
+                                              **TAU_ALONE))
     entry = cache.insert(FRANCE, "Paris.")
     hit(cache.lookup(POSITIVES[0]))
     wrong = hit(cache.lookup(NEGATIVES[0]))
@@ -49,7 +54,7 @@ def test_reject_records_a_negative_and_waits_for_enough_pairs(make_cache: CacheF
 
 def test_enough_feedback_moves_tau_above_the_false_hits(make_cache: CacheFactory) -> None:
     cache = make_cache(settings=CacheSettings(global_threshold=0.3, tune_min_per_class=2,
-                                              verify_hits=False))
+                                              **TAU_ALONE))
     cache.insert(FRANCE, "Paris.")
     good = [hit(cache.lookup(q)) for q in POSITIVES]
     bad = [hit(cache.lookup(q)) for q in NEGATIVES]
@@ -77,7 +82,7 @@ def test_enough_feedback_moves_tau_above_the_false_hits(make_cache: CacheFactory
 
 
 def test_rejecting_a_hit_on_a_deleted_entry_still_counts(make_cache: CacheFactory) -> None:
-    cache = make_cache(settings=CacheSettings(global_threshold=0.3, verify_hits=False))
+    cache = make_cache(settings=CacheSettings(global_threshold=0.3, **TAU_ALONE))
     entry = cache.insert(FRANCE, "Paris.")
     wrong = hit(cache.lookup(NEGATIVES[0]))
     cache.delete(entry.id)
@@ -87,7 +92,7 @@ def test_rejecting_a_hit_on_a_deleted_entry_still_counts(make_cache: CacheFactor
 
 
 def test_exact_repeats_teach_nothing_unless_rejected(make_cache: CacheFactory) -> None:
-    cache = make_cache(settings=CacheSettings(global_threshold=0.3, verify_hits=False))
+    cache = make_cache(settings=CacheSettings(global_threshold=0.3, **TAU_ALONE))
     cache.insert(FRANCE, "Paris.")
     hit(cache.lookup(FRANCE.lower()))  # an exact repeat (up to case): no pair
     hit(cache.lookup(POSITIVES[0]))
@@ -129,7 +134,7 @@ def test_global_threshold_set_beside_an_open_cache(make_cache: CacheFactory) -> 
 
 
 def test_global_threshold_is_used_until_a_local_one_exists(make_cache: CacheFactory) -> None:
-    cache = make_cache(settings=CacheSettings(tune_min_per_class=2, verify_hits=False))
+    cache = make_cache(settings=CacheSettings(tune_min_per_class=2, **TAU_ALONE))
     cache.insert(FRANCE, "Paris.")
     paraphrase = hit(cache.lookup(POSITIVES[1]))
     assert paraphrase.similarity < 0.97
@@ -140,7 +145,7 @@ def test_global_threshold_is_used_until_a_local_one_exists(make_cache: CacheFact
     cache.thresholds.set_global(0.3)
     assert hit(cache.lookup(POSITIVES[1])).similarity == pytest.approx(paraphrase.similarity)
     cache.close()
-    cache = make_cache(settings=CacheSettings(tune_min_per_class=2, verify_hits=False))
+    cache = make_cache(settings=CacheSettings(tune_min_per_class=2, **TAU_ALONE))
     assert cache.thresholds.global_value == 0.3  # persisted, wins over the settings' default
 
     for question in POSITIVES:

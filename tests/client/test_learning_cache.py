@@ -147,13 +147,35 @@ def test_exploration_off_serves_every_would_be_hit(make_cache: CacheFactory,
     assert all(isinstance(replaying.lookup(question), Hit) for question in PARAPHRASES)
 
 
-def test_with_the_learned_verifier_off_no_bound_is_claimed(
+def test_with_the_learned_verifier_off_the_bound_judges_by_the_cosine(
         make_cache: CacheFactory, declining: LearnedVerifier, tmp_path: Path) -> None:
-    """Only the learned verifier's probability carries a bound: with verification off the
-    stats say that tau alone decides, rather than show the verifier's threshold as if it
-    were kept."""
-    stats = make_cache(settings=SETTINGS, verifier=declining).stats()
-    assert stats.max_wrong_rate == 0.02 and "not estimated yet" in stats.wrong_rate_line
-    off = make_cache(tmp_path / "off",
-                     settings=SETTINGS.model_copy(update={"verify_hits": False})).stats()
-    assert off.max_wrong_rate is None and "tau alone decides" in off.wrong_rate_line
+    """With verification off the bound is held on the embedding's cosine, from tau: a
+    candidate under tau (within the recall margin) is declined and labelled at its cosine
+    by the upstream's answer, a "wrong answer" is a wrong label there, and the labels of
+    the verifier (another judge, another scale) never count for it."""
+    off = SETTINGS.model_copy(update={"verify_hits": False})
+    # The stored vector is float16: each component within 2^-11 of its own size, so a
+    # cosine of unit vectors read from the store moves by at most 2^-11 (Cauchy-Schwarz).
+    stored = 2.0 ** -11
+    cache = make_cache(tmp_path / "off", settings=off)
+    cache.insert(FRANCE, ANSWER)
+    near = cache.matcher.judge_score(GERMANY, FRANCE)
+    cache.thresholds.set_global(near + off.recall_margin / 2)  # GERMANY: just under tau
+    miss = cache.lookup(GERMANY)
+    assert isinstance(miss, Miss) and "labels allow" in miss.reason
+    cache.insert(GERMANY, "Berlin is the capital of Germany, on the Spree in the north east.")
+    [label] = cache.learned.labels
+    assert label.wrong and label.score == pytest.approx(near, abs=stored)
+    assert label.judge == f"cosine {cache.encoder.version}"
+    served = cache.lookup(PARAPHRASE)  # far over tau: its wrong label is under it
+    assert isinstance(served, Hit) and served.matched_query == FRANCE
+    cache.reject(PARAPHRASE, served.origin)
+    assert cache.learned.labels[-1].wrong and cache.learned.labels[-1].source == "user"
+    assert cache.learned.labels[-1].score == pytest.approx(served.similarity, abs=stored)
+    closed = cache.lookup(PARAPHRASE.upper())  # 1 wrong of 1 over tau: closed at 2%
+    assert isinstance(closed, Miss) and "labels allow" in closed.reason
+    stats = cache.stats()
+    assert (stats.max_wrong_rate, stats.wrong_rate_labels, stats.wrong_rate) == (0.02, 1, 1.0)
+    # the learned verifier's judge reads none of the cosine's labels
+    on = make_cache(tmp_path / "off", settings=SETTINGS, verifier=declining)
+    assert on.stats().wrong_rate_labels == 0

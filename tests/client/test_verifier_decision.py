@@ -210,11 +210,13 @@ def test_the_learned_verifier_is_the_default(make_cache: CacheFactory) -> None:
 
 
 def test_the_rules_never_load_the_learned_verifier(make_cache: CacheFactory) -> None:
-    """With ``verifier = "rules"`` the word rules decide; the model is neither read nor
-    run."""
+    """With ``verifier = "rules"`` the word rules decide, on the cosine the learned bound
+    judges by (its candidates start under tau, where its labels may lower it); the model is
+    neither read nor run."""
     shipped_verifier.cache_clear()
     cache = make_cache(settings=CacheSettings(verifier="rules"))
-    assert cache.matcher.recall_tau == cache.matcher.tau
+    assert cache.matcher.recall_tau == cache.matcher.tau - cache.settings.recall_margin
+    assert cache.matcher.judge == (f"cosine {cache.encoder.version}", cache.matcher.tau)
     cache.insert(STORED[0], "Paris")
     assert isinstance(cache.lookup(ASKED), Hit)
     vetoed = cache.lookup("What isn't the capital of France?")
