@@ -24,8 +24,8 @@ INT4_ARCHITECTURES = ("gemma3_text",)
 # What `upstream serve`, the chat's embedded upstream and `ask`'s background one run:
 # int4 on Gemma 3 decodes about as fast as llama.cpp's Q4_K_M on the same GGUF (53.4
 # against 52.1 tokens/s, fp16-int8 27.7, float32 19.5; benchmarks/generation_speed.py),
-# and the chat with it stays within its 2,560 MB target (MEASURED below,
-# benchmarks/chat_memory.py).
+# and the chat with it holds 1,977 MB after one answer, within its 2,560 MB target
+# (fp16-int8 1,694, float32 1,948; benchmarks/chat_memory.py, docs/upstream.md).
 DEFAULT_PRECISION = AUTO
 
 # How attention (K/V) states are held, computed and cached (upstream.kv_rounding,
