@@ -49,7 +49,7 @@ from _common import (
     print_table,
 )
 from meancache.upstream.model_loading import load_model
-from meancache.upstream.precision import PRECISIONS
+from meancache.upstream.precision import AUTO, PRECISIONS
 from meancache.upstream.prompt_cache.engine import Finish, PromptCacheEngine
 from meancache.upstream.sampling import SamplingParams, TextStream
 
@@ -202,7 +202,9 @@ def open_llama_for(model: str, threads: int, work: Path) -> "LlamaSession | None
 def main() -> None:
     parser = base_parser(__doc__)
     parser.add_argument("--model", help="default builtin:gemma-3-270m (--quick: tiny-gemma3)")
-    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS, default=list(PRECISIONS))
+    parser.add_argument("--precisions", nargs="+", choices=PRECISIONS,
+                        default=[p for p in PRECISIONS if p != AUTO],
+                        help="default: every one but auto (which is one of them)")
     parser.add_argument("--questions", type=int, help="timed questions per precision")
     parser.add_argument("--question-chars", type=int, default=120)
     parser.add_argument("--prompts", type=int, help="prompts for the agreement check")

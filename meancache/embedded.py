@@ -26,6 +26,7 @@ from meancache.shared.running_upstream import (
     registered,
     unregister,
 )
+from meancache.upstream.precision import DEFAULT_PRECISION
 
 if TYPE_CHECKING:
     from meancache.client.chat.session import EmbeddedUpstream
@@ -60,16 +61,16 @@ class ChatUpstream:
         self.server.stop()
 
 
-def start_embedded_upstream(model: str, data_dir: Path, progress: "Progress | None" = None
-                            ) -> "EmbeddedUpstream":
+def start_embedded_upstream(model: str, data_dir: Path, progress: "Progress | None" = None,
+                            precision: str = DEFAULT_PRECISION) -> "EmbeddedUpstream":
     """Load ``model`` (built-ins converted once into ``data_dir``, ``progress`` hearing the
-    steps) and serve it on a free loopback port, to holders of a key made for this run
-    (blocking: seconds, a minute or more on a first conversion)."""
+    steps) in ``precision`` and serve it on a free loopback port, to holders of a key made
+    for this run (blocking: seconds, a minute or more on a first conversion or int4
+    export)."""
     from meancache.upstream.server.serve import BackgroundServer, private_settings
 
-    # float32: fp16-int8 would put the chat over its memory target (upstream.precision)
     server = BackgroundServer(model, private_settings(), data_dir=data_dir,
-                              progress=progress).start()
+                              progress=progress, precision=precision).start()
     if registered(data_dir) is None:
         register(data_dir, RunningUpstream(server.url, server.api_key, model, os.getpid(),
                                            "chat"))

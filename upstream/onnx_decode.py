@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from meancache.upstream.errors import ModelLoadError
 from meancache.upstream.kv_rounding import KVFormat
-from meancache.upstream.precision import KV_FORMATS
+from meancache.upstream.precision import INT4_ARCHITECTURES, KV_FORMATS
 
 if TYPE_CHECKING:
     import onnx
@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 
 BLOCK = 32  # weights per block, each block with its own scale
 INT8_ACTIVATIONS = 4  # MatMulNBits accuracy_level: activations rounded to int8 per block
-ARCHITECTURES = ("gemma3_text",)
 # GemmaStep's MatMuls of one layer, in order, and then the output layer.
 LAYER_KINDS = ("qkv", "o", "gate_up", "down")
 OUTPUT = "output"
@@ -164,8 +163,8 @@ def export_step(model: "PreTrainedModel", bits: Mapping[str, int] | None = BITS,
     """The decode step of ``model`` as a serialized ONNX model, each kind of linear layer
     packed in blocks of its ``bits`` (None: left in float32, for checking the graph)."""
     config = model.config
-    if config.model_type not in ARCHITECTURES:
-        raise ModelLoadError(f"int4 decoding supports {', '.join(ARCHITECTURES)}; "
+    if config.model_type not in INT4_ARCHITECTURES:
+        raise ModelLoadError(f"int4 decoding supports {', '.join(INT4_ARCHITECTURES)}; "
                              f"{config.model_type} is not one: serve it in float32 or "
                              "fp16-int8")
     import onnx
@@ -227,7 +226,8 @@ def _pack(graph: "onnx.ModelProto", bits: Mapping[str, int], accuracy_level: int
 class OnnxDecoder:
     """Runs decode steps of a torch-loaded Gemma 3 model on its exported step graph."""
 
-    def __init__(self, model: "PreTrainedModel", graph: bytes, threads: int) -> None:
+    def __init__(self, model: "PreTrainedModel", graph: bytes | Path, threads: int) -> None:
+        """``graph``: the step graph's bytes or its file (upstream.decode_graph_cache)."""
         import onnxruntime
 
         options = onnxruntime.SessionOptions()
@@ -238,7 +238,8 @@ class OnnxDecoder:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
         self.session: onnxruntime.InferenceSession = onnxruntime.InferenceSession(
-            graph, options, providers=["CPUExecutionProvider"])
+            str(graph) if isinstance(graph, Path) else graph, options,
+            providers=["CPUExecutionProvider"])
         self.model = model
         self.window = int(model.config.sliding_window)
         self.layers = model.config.num_hidden_layers
@@ -299,6 +300,7 @@ def onnx_decoder(model: "PreTrainedModel", bits: Mapping[str, int] | None = BITS
     """The 4-bit decoder of ``model``, built from its weights as they are now (call it
     before compacting them); with ``cache_dir``, its graph is kept there and read back by
     later starts (upstream.decode_graph_cache)."""
+    graph: bytes | Path
     if cache_dir is None:
         graph = export_step(model, bits, accuracy_level)
     else:

@@ -77,13 +77,16 @@ def add_commands(commands: Any) -> None:
         serve.add_argument(f"--{name}", type=int, default=default,
                            help=f"{text} (default: %(default)s)")
     serve.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
-                       help="fp16-int8: float16 layers and an int8 output layer whose "
+                       help="auto: int4 where the model allows it (Gemma 3), else "
+                       "fp16-int8, else float32 (the start line, /v1/models and /metrics "
+                       "say which); fp16-int8: float16 layers and an int8 output layer whose "
                        "best words are scored exactly (about 1.6x float32's decode speed "
-                       "on a CPU, same next tokens; see benchmarks/generation_speed.py), "
+                       "on a CPU, same next tokens; see benchmarks/generation_speed.py); "
                        "int4: prompts as fp16-int8, decode steps through ONNX Runtime on "
-                       "8-bit layers and a 4-bit output layer (Gemma 3 only; faster, next "
-                       "tokens float32's in about 98%% of steps, as llama.cpp's Q4_K_M's 97%%; "
-                       "about a minute more to load), or float32 as loaded "
+                       "8-bit layers and a 4-bit output layer (Gemma 3 only; as fast as "
+                       "llama.cpp's Q4_K_M, next tokens float32's in about 98%% of steps, "
+                       "Q4_K_M's 97%%; its decode graph is exported once, about half a "
+                       "minute); float32: as loaded "
                        "(default: %(default)s)")
     serve.add_argument("--kv-format", choices=KV_FORMATS, default=DEFAULT_KV_FORMAT,
                        help="how attention states are computed and cached: float16 and "

@@ -247,9 +247,9 @@ def test_the_int8_activation_kernel_keeps_within_its_rounding_bound(bits: int) -
     assert moved
 
 
-def test_int4_serves_modules_and_prefixes_through_the_engine() -> None:
-    loaded = load_model("builtin:tiny-gemma3", device="cpu", precision="int4")
-    assert isinstance(loaded.decoder, OnnxDecoder)
+def test_auto_serves_gemma3_in_int4_with_modules_and_prefixes_through_the_engine() -> None:
+    loaded = load_model("builtin:tiny-gemma3", device="cpu", precision="auto")
+    assert loaded.precision == "int4" and isinstance(loaded.decoder, OnnxDecoder)
     engine = PromptCacheEngine(loaded)
     engine.add_schema(DOC)
     params = SamplingParams(max_tokens=24, temperature=0.0)

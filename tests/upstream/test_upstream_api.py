@@ -64,6 +64,7 @@ def test_health_needs_no_key_and_models_says_untrained(base_url: str,
     model = client.get("/v1/models").json()["data"][0]
     assert model["id"] == "builtin:tiny"
     assert model["meancache"]["untrained"] is True
+    assert model["meancache"]["precision"] == "float32"  # the test servers' own choice
 
 
 def test_auth_is_required_and_checked(base_url: str) -> None:

@@ -171,6 +171,7 @@ def create_app(engine: PromptCacheEngine, settings: ServerSettings | None = None
             "meancache": {
                 "untrained": loaded.untrained, "architecture": loaded.architecture,
                 "parameters": loaded.parameters, "context_length": loaded.context_length,
+                "precision": loaded.precision,
                 "description": "randomly initialised demo model: its text is meaningless"
                 if loaded.untrained else "local model",
             },

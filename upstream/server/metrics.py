@@ -6,6 +6,7 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Info,
     disable_created_metrics,
     generate_latest,
 )
@@ -47,6 +48,10 @@ class ServerMetrics:
         per_token = Gauge("meancache_upstream_module_bytes_per_token",
                           "KV bytes per cached token", registry=self.registry)
         per_token.set(engine.bytes_per_token)
+        Info("meancache_upstream_model", "The model served and its precision (what `auto` "
+             "chose)", registry=self.registry).info({
+                 "model": engine.loaded.name, "precision": engine.loaded.precision,
+                 "kv_format": engine.kv_format.name})
 
     def completed(self, finish: Finish) -> None:
         self.ttft.observe(finish.ttft_seconds)

@@ -28,7 +28,8 @@ log = logging.getLogger(__name__)
 
 def describe(loaded: LoadedModel) -> str:
     kind = "an untrained random-init demo model" if loaded.untrained else loaded.architecture
-    return f"{loaded.name} ({kind}, {loaded.parameters / 1e6:.1f}M parameters)"
+    return (f"{loaded.name} ({kind}, {loaded.parameters / 1e6:.1f}M parameters, "
+            f"{loaded.precision})")
 
 
 def describe_packs(settings: ServerSettings) -> str:
@@ -129,7 +130,7 @@ class BackgroundServer:
             raise UpstreamError(f"the embedded upstream server did not start within "
                                 f"{timeout:.0f}s (its log says why); pass --upstream URL "
                                 "to use a running server instead")
-        log.info("embedded upstream %s at %s", self.loaded.name, self.url)
+        log.info("embedded upstream %s at %s", describe(self.loaded), self.url)
         return self
 
     def stop(self) -> None:
@@ -156,7 +157,7 @@ def serve_until_idle(model: str, data_dir: Path, idle_exit_s: float,
     `meancache upstream stop` sends). It unregisters itself on the way out."""
     exit_on_sigterm()
     server = BackgroundServer(model, private_settings(), data_dir=data_dir,
-                              progress=report_conversion).start()
+                              progress=report_conversion, precision=DEFAULT_PRECISION).start()
     pid = os.getpid()
     register(data_dir, RunningUpstream(server.url, server.api_key, model, pid, BACKGROUND,
                                        idle_exit_s))
