@@ -12,7 +12,7 @@ import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
 from meancache.shared.verifier.runtime import Card, LearnedVerifier, read_card
 
-from tests.support.tiny_verifier import make_tiny_verifier
+from tests.support.tiny_verifier import built_tiny_verifier
 
 CacheFactory = Callable[..., SemanticCache]
 FRANCE = "What is the capital of France?"
@@ -25,7 +25,7 @@ SETTINGS = CacheSettings(global_threshold=0.3, pca_dims=0)
 
 @pytest.fixture(scope="module")
 def declining(tmp_path_factory: pytest.TempPathFactory) -> LearnedVerifier:
-    directory = make_tiny_verifier(tmp_path_factory.mktemp("tiny-verifier"))
+    directory = built_tiny_verifier(tmp_path_factory)
     return LearnedVerifier(directory / "verifier.onnx",
                            Card(read_card(directory).sha256, 1.0 - 1e-9))
 
@@ -82,7 +82,7 @@ PARAPHRASES = ["Which city is the capital of France?", "Tell me the capital of F
 def passing(tmp_path_factory: pytest.TempPathFactory) -> LearnedVerifier:
     """The tiny verifier with a threshold every pair reaches: each paraphrase is a would-be
     hit (one entry only, so the ambiguity rule never applies)."""
-    directory = make_tiny_verifier(tmp_path_factory.mktemp("tiny-passing"))
+    directory = built_tiny_verifier(tmp_path_factory)
     return LearnedVerifier(directory / "verifier.onnx", Card(read_card(directory).sha256, 0.0))
 
 
