@@ -9,7 +9,6 @@ from pathlib import Path
 from meancache.fl_server.app_declaration import default_run_config
 from meancache.fl_server.pooled_threshold import ThresholdRule
 from meancache.fl_server.screening import ReplyLimits
-from meancache.fl_server.strategy import AGGREGATIONS
 from meancache.shared.errors import RunConfigError
 from meancache.shared.fl.run_config import (
     SIGNED_KEYS,
@@ -23,6 +22,11 @@ from meancache.shared.fl.run_config import (
     read_update_rank,
     share,
 )
+
+# How the strategy (fl_server.strategy) averages the updates: the weighted mean, or the
+# coordinate-wise median. Defined here, so that reading a run config (every `fl` command
+# does) imports no torch.
+AGGREGATIONS = ("fedavg", "median")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from meancache.fl_server.pooled_threshold import Pooled, ThresholdRule, pooled_threshold
 from meancache.fl_server.round_model import RoundModels
+from meancache.fl_server.run_config import AGGREGATIONS
 from meancache.fl_server.screening import ReplyLimits, Screened, screen
 from meancache.shared.fl.bound_evidence import KEYS as BOUND_KEYS
 from meancache.shared.fl.bound_evidence import ROUND_JUDGE, BoundEvidence
@@ -30,9 +31,6 @@ from meancache.shared.fl.evidence import KEYS, Evidence
 from meancache.shared.fl.weights import VERIFIER
 
 log = logging.getLogger(__name__)
-
-AGGREGATIONS = ("fedavg", "median")
-
 
 def coordinate_median(replies: list[Message]) -> ArrayRecord:
     arrays = [m.content["arrays"] for m in replies]

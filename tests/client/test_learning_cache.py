@@ -16,7 +16,7 @@ from meancache.client.device_caches import set_device_pooled
 from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.verifier.runtime import Card, LearnedVerifier, read_card
 
-from tests.support.tiny_verifier import make_tiny_verifier
+from tests.support.tiny_verifier import built_tiny_verifier
 
 CacheFactory = Callable[..., SemanticCache]
 FRANCE = "What is the capital of France?"
@@ -29,7 +29,7 @@ SETTINGS = CacheSettings(global_threshold=0.3, pca_dims=0)
 
 @pytest.fixture(scope="module")
 def declining(tmp_path_factory: pytest.TempPathFactory) -> LearnedVerifier:
-    directory = make_tiny_verifier(tmp_path_factory.mktemp("tiny-verifier"))
+    directory = built_tiny_verifier(tmp_path_factory)
     return LearnedVerifier(directory / "verifier.onnx",
                            Card(read_card(directory).sha256, 1.0 - 1e-9))
 
@@ -105,7 +105,7 @@ PARAPHRASES = ["Which city is the capital of France?", "Tell me the capital of F
 def passing(tmp_path_factory: pytest.TempPathFactory) -> LearnedVerifier:
     """The tiny verifier with a threshold every pair reaches: each paraphrase is a would-be
     hit (one entry only, so the ambiguity rule never applies)."""
-    directory = make_tiny_verifier(tmp_path_factory.mktemp("tiny-passing"))
+    directory = built_tiny_verifier(tmp_path_factory)
     return LearnedVerifier(directory / "verifier.onnx", Card(read_card(directory).sha256, 0.0))
 
 

@@ -18,7 +18,7 @@ from meancache.shared.pairs import Pair
 from meancache.shared.verifier.runtime import LearnedVerifier, read_card
 
 from meancache.cli import main
-from tests.support.tiny_verifier import make_tiny_verifier
+from tests.support.tiny_verifier import built_tiny_verifier
 
 FRANCE = "What is the capital of France?"
 PARAPHRASE = "Which city is the capital of France?"
@@ -37,11 +37,12 @@ def test_groups_follow_duplicate_pairs_and_the_seed_orders_them() -> None:
 
 
 def test_the_replay_learns_an_alias_that_survives_and_the_static_decision_does_not(
-        make_cache: Callable[..., SemanticCache], tmp_path: Path) -> None:
+        make_cache: Callable[..., SemanticCache], tmp_path: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
     # tau low enough that the questions reach the verifier, a tiny real one whose card
     # declines everything: the paraphrase is a miss whose candidate the upstream's answer
     # (the same for the whole group) labels
-    directory = make_tiny_verifier(tmp_path / "verifier", threshold=1.0 - 1e-9)
+    directory = built_tiny_verifier(tmp_path_factory, threshold=1.0 - 1e-9)
     verifier = LearnedVerifier(directory / "verifier.onnx", read_card(directory))
     settings = CacheSettings(global_threshold=0.3, pca_dims=0)
     turns = [Turn(FRANCE, 0), Turn(PARAPHRASE, 0), Turn(PARAPHRASE.lower().rstrip("?"), 0),

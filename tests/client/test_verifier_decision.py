@@ -21,7 +21,7 @@ from meancache.shared.encoder import Encoder
 from meancache.shared.verifier.runtime import Card, LearnedVerifier, read_card
 
 from tests.client.test_matcher import pack_with
-from tests.support.tiny_verifier import make_tiny_verifier
+from tests.support.tiny_verifier import built_tiny_verifier
 
 CacheFactory = Callable[..., SemanticCache]
 ASKED = "What is the capital city of France?"
@@ -44,7 +44,7 @@ class Counting:
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_verifier(tmp_path_factory.mktemp("tiny-verifier"))
+    return built_tiny_verifier(tmp_path_factory)
 
 
 def tiny(directory: Path, threshold: float) -> Counting:

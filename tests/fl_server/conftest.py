@@ -7,7 +7,7 @@ import pytest
 from sentence_transformers import SentenceTransformer
 
 from tests.support.tiny_encoder import make_tiny_encoder
-from tests.support.tiny_verifier import make_tiny_verifier
+from tests.support.tiny_verifier import built_tiny_verifier
 
 
 @pytest.fixture(scope="module")
@@ -23,5 +23,5 @@ def tiny(tiny_dir: Path) -> SentenceTransformer:
 @pytest.fixture(scope="session")
 def tiny_verifier(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny int8 verifier whose every tensor is distinct, as a trained one's are: read
-    only, so one per worker (its ONNX export and quantisation cost about 8 CPU-s)."""
-    return make_tiny_verifier(tmp_path_factory.mktemp("tiny-verifier"), distinct=True)
+    only, so one per worker, copied from the one the run builds."""
+    return built_tiny_verifier(tmp_path_factory, distinct=True)

@@ -12,9 +12,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.cli.build import build_fab_from_disk
 from flwr.proto.fab_pb2 import Fab, GetFabRequest, GetFabResponse
 from flwr.proto.run_pb2 import GetRunResponse, Run
@@ -108,43 +109,78 @@ def test_a_device_joins_only_with_an_operator_key_or_an_explicit_lab_flag(
     assert command[command.index("--trusted-entities") + 1] == str(path)
 
 
-STARTED: list["subprocess.Popen[bytes]"] = []
+class Fleet(NamedTuple):
+    """A SuperLink, the gateway in front of it and a SuperNode trusting the operator's
+    key, which every test of the module submits its runs to (each start of one costs
+    about 11 CPU-s): each test reads only what its own runs made the SuperNode log, and
+    compares the device's global models with what it had before them."""
+
+    control: int  # the SuperLink's control port
+    signatures: Path  # the gateway's signature dir
+    log: Path  # the SuperNode's log
+    key: Ed25519PrivateKey  # the operator's app-signing key
+    device: Path  # the device's data dir
+    checkpoints: Path  # where the runs' ServerApp signs its global models
+
+    def said(self, since: int) -> str:
+        """What the SuperNode logged after the first ``since`` bytes of its log."""
+        return self.log.read_bytes()[since:].decode(errors="replace")
+
+    def wait_for_line(self, text: str, since: int, seconds: float = 120) -> None:
+        deadline = time.monotonic() + seconds
+        while text not in self.said(since):
+            assert time.monotonic() < deadline, self.said(since)[-3000:]
+            time.sleep(0.3)
+
+    def kept(self) -> list[Path]:
+        """Every file of the global models the device kept."""
+        return sorted((self.device / "fl" / "global").rglob("*"))
 
 
-def start(command: list[str], env: dict[str, str], log: Path) -> None:
-    STARTED.append(subprocess.Popen(command, env=env, stdout=log.open("wb"),
+def start(command: list[str], env: dict[str, str], log: Path,
+          started: list["subprocess.Popen[bytes]"]) -> None:
+    started.append(subprocess.Popen(command, env=env, stdout=log.open("ab"),
                                     stderr=subprocess.STDOUT, start_new_session=True))
 
 
-@pytest.fixture
-def fleet(tmp_path: Path) -> Iterator[tuple[int, Path, Path]]:
-    """A SuperLink, the gateway in front of it and a SuperNode trusting the operator's key;
-    yields the control port, the gateway's signature dir and the SuperNode's log."""
-    state, signatures = tmp_path / "superlink", tmp_path / "signatures"
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    root = tmp_path_factory.mktemp("fleet")
+    state, signatures = root / "superlink", root / "signatures"
     state.mkdir()
     control = free_port()
+    started: list[subprocess.Popen[bytes]] = []
     start(superlink_command(state, "127.0.0.1", control, None),
-          flower_environment(FLWR_HOME=str(state / "home")), state / "log")
+          flower_environment(FLWR_HOME=str(state / "home")), state / "log", started)
     gateway = LoopbackServer(create_gateway(f"127.0.0.1:{control}", None, signatures),
                              "gateway")
-    device = tmp_path / "device"
-    operator_key(tmp_path / "op" / "key")
-    trusted = trusted_entities(device, str(tmp_path / "op" / "key.pub"), False)
+    device = root / "device"
+    key = operator_key(root / "op" / "key")
+    trusted = trusted_entities(device, str(root / "op" / "key.pub"), False)
     try:
         wait_for_port(control)
         assert gateway.start()
-        log = tmp_path / "supernode.log"
+        log = root / "supernode.log"
         # The device keeps a round's global model only signed by the key of the server
         # the runs name (their checkpoint-dir, where the ServerApp makes it).
         environment = supernode_environment(device) | {
-            "MEANCACHE_FL_SERVER_PUBLIC_KEY": str(tmp_path / "checkpoints" / PUBLIC_KEY)}
+            "MEANCACHE_FL_SERVER_PUBLIC_KEY": str(root / "checkpoints" / PUBLIC_KEY)}
         start(supernode_command(f"127.0.0.1:{gateway.port}", free_port(), device, None,
-                                trusted=trusted), environment, log)
-        yield control, signatures, log
+                                trusted=trusted), environment, log, started)
+        yield Fleet(control, signatures, log, key, device, root / "checkpoints")
     finally:
-        while STARTED:
-            kill_group(STARTED.pop())
+        while started:
+            kill_group(started.pop())
         gateway.stop()
+
+
+@pytest.fixture
+def runs() -> Iterator[list["subprocess.Popen[bytes]"]]:
+    """The `flwr run` processes a test submits with, stopped when it ends."""
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    while started:
+        kill_group(started.pop())
 
 
 def device_settings(encoder: Path) -> dict[str, Any]:
@@ -152,77 +188,78 @@ def device_settings(encoder: Path) -> dict[str, Any]:
             "verifier-top-layers": 0}
 
 
-def submit(tmp_path: Path, control: int, directory: Path, extra: str = "") -> None:
-    """`flwr run` of the app in ``directory`` with the server's settings and ``extra``."""
+def submit(tmp_path: Path, control: int, directory: Path,
+           runs: list["subprocess.Popen[bytes]"], extra: str = "",
+           checkpoints: Path | None = None) -> None:
+    """`flwr run` of the app in ``directory`` with the server's settings and ``extra``;
+    the ServerApp's checkpoints in ``checkpoints`` (by default the test's own)."""
+    checkpoints = checkpoints or tmp_path / "checkpoints"
     config = (f"num-server-rounds=1 min-available-nodes=1 min-train-nodes=1 "
               f"fraction-evaluate=0.0 round-timeout=60.0 "
-              f"checkpoint-dir='{tmp_path / 'checkpoints'}' {extra}").strip()
+              f"checkpoint-dir='{checkpoints}' {extra}").strip()
     command, env = run_command(directory, f"127.0.0.1:{control}", config,
                                tmp_path / "flwr-home", None)
-    start(command, env, tmp_path / f"run-{directory.parent.name}.log")
-
-
-def wait_for_line(log: Path, text: str, seconds: float = 120) -> None:
-    deadline = time.monotonic() + seconds
-    while text not in log.read_text(errors="replace"):
-        assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
-        time.sleep(0.3)
+    start(command, env, tmp_path / f"run-{directory.parent.name}.log", runs)
 
 
 @pytest.mark.slow(40)
 def test_a_stock_supernode_refuses_an_unsigned_and_a_tampered_app(
-        tmp_path: Path, fleet: tuple[int, Path, Path], tiny_dir: Path) -> None:
-    control, signatures, log = fleet
-    key = operator_key(tmp_path / "op" / "key")
+        tmp_path: Path, fleet: Fleet, runs: list["subprocess.Popen[bytes]"],
+        tiny_dir: Path) -> None:
+    since, kept = fleet.log.stat().st_size, fleet.kept()
     device = device_settings(tiny_dir)
-    released = sign_fab(build_fab_from_disk(app(tmp_path / "released", device=device)), key)
+    released = sign_fab(build_fab_from_disk(app(tmp_path / "released", device=device)),
+                        fleet.key)
     # Tampered: an app the operator never released, under the released app's signature.
     tampered = app(tmp_path / "tampered", seed=11, device=device)
-    digest = sign_fab(build_fab_from_disk(tampered), key).fab_sha256
-    forged = save_signature(replace(released, fab_sha256=digest), signatures)
+    digest = sign_fab(build_fab_from_disk(tampered), fleet.key).fab_sha256
+    forged = save_signature(replace(released, fab_sha256=digest), fleet.signatures)
     assert json.loads(forged.read_text())["signature"] == released.signature
-    submit(tmp_path, control, tampered)
-    wait_for_line(log, FORGED)
-    assert UNSIGNED not in log.read_text()
-    submit(tmp_path, control, app(tmp_path / "unsigned", seed=12, device=device))
-    wait_for_line(log, UNSIGNED)
-    assert not (tmp_path / "device" / "fl" / "global").exists()  # it never trained
+    submit(tmp_path, fleet.control, tampered, runs)
+    fleet.wait_for_line(FORGED, since)
+    assert UNSIGNED not in fleet.said(since)
+    submit(tmp_path, fleet.control, app(tmp_path / "unsigned", seed=12, device=device), runs)
+    fleet.wait_for_line(UNSIGNED, since)
+    assert fleet.kept() == kept  # it never trained
 
 
 @pytest.mark.slow(60)
 def test_a_signed_app_runs_only_without_overrides_of_what_devices_read(
-        tmp_path: Path, fleet: tuple[int, Path, Path], tiny_dir: Path) -> None:
+        tmp_path: Path, fleet: Fleet, runs: list["subprocess.Popen[bytes]"],
+        tiny_dir: Path) -> None:
     """Issue 38, finding 6: `--run-config` overrides travel beside the signed app. One of
     a setting devices read (here the local learning rate) gets the app unsigned, so the
     device refuses it; the same signed app with the server's settings only runs."""
-    control, signatures, log = fleet
-    key = operator_key(tmp_path / "op" / "key")
+    since, kept = fleet.log.stat().st_size, fleet.kept()
     signed = app(tmp_path / "released", device=device_settings(tiny_dir))
-    save_signature(sign_fab(build_fab_from_disk(signed), key), signatures)
-    submit(tmp_path, control, signed, "learning-rate=1e30 epochs=50")
-    wait_for_line(log, UNSIGNED)
-    assert FORGED not in log.read_text()
-    assert latest_checkpoint(tmp_path / "device" / "fl" / "global") is None
-    submit(tmp_path, control, signed)  # the server's settings only: the device runs it
+    save_signature(sign_fab(build_fab_from_disk(signed), fleet.key), fleet.signatures)
+    submit(tmp_path, fleet.control, signed, runs, "learning-rate=1e30 epochs=50",
+           fleet.checkpoints)
+    fleet.wait_for_line(UNSIGNED, since)
+    assert FORGED not in fleet.said(since)
+    assert fleet.kept() == kept
+    # the server's settings only: the device runs it
+    submit(tmp_path, fleet.control, signed, runs, checkpoints=fleet.checkpoints)
     deadline = time.monotonic() + 180
-    while latest_checkpoint(tmp_path / "device" / "fl" / "global") is None:
-        assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+    global_models = fleet.device / "fl" / "global"
+    while latest_checkpoint(global_models) is None or fleet.kept() == kept:
+        assert time.monotonic() < deadline, fleet.said(since)[-3000:]
         time.sleep(0.3)
-    assert log.read_text().count(UNSIGNED) == 1
+    assert fleet.said(since).count(UNSIGNED) == 1
 
 
 def test_a_signed_app_runs_only_without_overrides_of_what_devices_receive(
-        tmp_path: Path, fleet: tuple[int, Path, Path], tiny_dir: Path) -> None:
+        tmp_path: Path, fleet: Fleet, runs: list["subprocess.Popen[bytes]"],
+        tiny_dir: Path) -> None:
     """Overrides of the server's keys that shape the weights and threshold devices are
     sent (a threshold band wide enough to move tau anywhere in one round, screening that
     lets any update through) get the signed app unsigned as a device key's do."""
-    control, signatures, log = fleet
-    key = operator_key(tmp_path / "op" / "key")
+    since, kept = fleet.log.stat().st_size, fleet.kept()
     signed = app(tmp_path / "released", device=device_settings(tiny_dir))
-    save_signature(sign_fab(build_fab_from_disk(signed), key), signatures)
-    submit(tmp_path, control, signed, "threshold-band=1.0 max-update-norm=1e30")
-    wait_for_line(log, UNSIGNED)
-    assert latest_checkpoint(tmp_path / "device" / "fl" / "global") is None
+    save_signature(sign_fab(build_fab_from_disk(signed), fleet.key), fleet.signatures)
+    submit(tmp_path, fleet.control, signed, runs, "threshold-band=1.0 max-update-norm=1e30")
+    fleet.wait_for_line(UNSIGNED, since)
+    assert fleet.kept() == kept
 
 
 def test_keys_shaping_what_devices_receive_go_into_the_signed_app(

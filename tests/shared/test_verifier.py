@@ -15,7 +15,7 @@ from meancache.shared.verifier import negatives
 from meancache.shared.verifier.runtime import CARD_FILE, MODEL_FILE, LearnedVerifier
 from meancache.shared.verifier.tokens import tokenize_pairs
 
-from tests.support.tiny_verifier import make_tiny_verifier
+from tests.support.tiny_verifier import built_tiny_verifier
 
 CANDIDATES = ["What is the capital of France?", "Which city is France's capital?",
               "What is the capital of Spain?"]
@@ -23,7 +23,7 @@ CANDIDATES = ["What is the capital of France?", "Which city is France's capital?
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_tiny_verifier(tmp_path_factory.mktemp("tiny-verifier"))
+    return built_tiny_verifier(tmp_path_factory)
 
 
 def test_a_pair_is_one_sequence_cls_q1_sep_q2_sep() -> None:

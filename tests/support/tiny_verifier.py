@@ -5,10 +5,13 @@ tests, where the real one's weights would say nothing about the mechanics."""
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from meancache.shared.files import sha256_file
 from meancache.shared.verifier.model import export_onnx, quantize_int8, tiny_random
 from meancache.shared.verifier.runtime import CARD_FILE, MODEL_FILE
+
+from tests.support.parallel import built_once
 
 
 def make_tiny_verifier(directory: Path, threshold: float = 0.5, distinct: bool = False
@@ -31,4 +34,18 @@ def make_tiny_verifier(directory: Path, threshold: float = 0.5, distinct: bool =
     full.unlink()
     card = {"sha256": sha256_file(directory / MODEL_FILE), "threshold": threshold}
     (directory / CARD_FILE).write_text(json.dumps(card), encoding="utf-8")
+    return directory
+
+
+def built_tiny_verifier(factory: pytest.TempPathFactory, threshold: float = 0.5,
+                        distinct: bool = False) -> Path:
+    """A directory of the caller's own holding the tiny verifier, its card saying
+    ``threshold``: built once for the whole run (tests.support.parallel.built_once; the
+    seeded model exports and quantises to the same bytes every time, and each build costs
+    about 7 CPU-s, 14 with the exporter's imports), then copied."""
+    directory = built_once(factory, "tiny-verifier-distinct" if distinct else "tiny-verifier",
+                           lambda into: make_tiny_verifier(into, distinct=distinct))
+    card = json.loads((directory / CARD_FILE).read_text(encoding="utf-8"))
+    (directory / CARD_FILE).write_text(json.dumps(card | {"threshold": threshold}),
+                                       encoding="utf-8")
     return directory
