@@ -173,6 +173,10 @@ def main() -> None:
                         help="also the rules decision (the ambiguity rule and every word rule: "
                         "decision = 'rules') and the cosine alone (verify_hits off), each "
                         "learning (the measurement that decides whether they stay)")
+    parser.add_argument("--verifier-off", action="store_true",
+                        help="also, on every stream, the cache with the learned verifier off "
+                        "(verify_hits false): tau alone, learning nothing, against the bound "
+                        "learned on the cosine")
     add_plot_option(parser)
     args = parser.parse_args()
     encoder = load_encoder("onnx", args.cache_dir, model=args.encoder)
@@ -207,6 +211,12 @@ def main() -> None:
                 settings.model_copy(update={"decision": "rules"}), table, args.seed)
             run("learned, cosine alone", turns, encoder,
                 settings.model_copy(update={"verify_hits": False}), table, args.seed)
+        if args.verifier_off:
+            off = settings.model_copy(update={"verify_hits": False})
+            run("verifier off: tau alone, learning nothing", turns, encoder, off, table,
+                args.seed, learns=False)
+            run("verifier off: the bound learned on the cosine", turns, encoder, off, table,
+                args.seed)
         for label, tally in (("static", static), ("learned", learned)):
             xs, wrong, hit = rolling(tally.outcomes, 300)
             lines[f"{name}: {label} wrong %"] = (xs, wrong)
