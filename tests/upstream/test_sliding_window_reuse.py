@@ -10,7 +10,6 @@ differ by float32 summation order, plus, where that moves a value across a round
 boundary of the format, one step of it (tests.support.kv_reference gives the bound).
 """
 
-from pathlib import Path
 
 import pytest
 import torch
