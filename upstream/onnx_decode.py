@@ -174,8 +174,10 @@ def export_step(model: "PreTrainedModel", bits: Mapping[str, int] | None = BITS,
             for _ in range(2 * layers)]
     example = (torch.zeros(1, config.hidden_size), *[torch.zeros(1, config.head_dim)] * 4,
                *[torch.zeros(1, cached + 1)] * 2, torch.zeros(1, dtype=torch.long), *past)
-    growing = {name: {1: "seen"} for name in
-               ["mask_s", "mask_f", *(f"past_{i}" for i in range(2 * layers))]}
+    # sliding layers may hold fewer states than full ones (prompt_cache.states.out_of_window)
+    held = ["seen_s" if kind == "sliding_attention" else "seen_f" for kind in config.layer_types]
+    growing = {"mask_s": {1: "seen_s"}, "mask_f": {1: "seen_f"},
+               **{f"past_{i}": {1: held[i // 2]} for i in range(2 * layers)}}
     buffer = io.BytesIO()
     with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
         warnings.simplefilter("ignore")  # the TorchScript exporter is marked deprecated
@@ -265,15 +267,16 @@ class OnnxDecoder:
 
     @torch.inference_mode()
     def step(self, token: int, position: int, seen: torch.Tensor, cache: "DynamicCache",
-             kv_format: KVFormat) -> tuple[torch.Tensor, torch.Tensor]:
+             kv_format: KVFormat, sliding_skip: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """As PromptCacheEngine.decode_step: logits after ``token`` at ``position``, which
         sees every position in ``seen`` and itself; its key and value, rounded to
-        ``kv_format`` (the cache's), join ``cache``."""
+        ``kv_format`` (the cache's), join ``cache``, whose sliding layers lack the first
+        ``sliding_skip`` entries of ``seen`` (KVCache.sliding_skip)."""
         h = self.model.get_input_embeddings()(torch.tensor([[token]]))[0].float()
         cos_s, sin_s = self._rotary("sliding_attention", position)
         cos_f, sin_f = self._rotary("full_attention", position)
         seen = torch.cat([seen, torch.tensor([position])])
-        near = (position - seen < self.window)[None]  # the window is measured in positions
+        near = (position - seen[sliding_skip:] < self.window)[None]  # measured in positions
         floor = np.finfo(np.float32).min
         feeds = {"h": h.numpy(), "cos_s": cos_s, "sin_s": sin_s, "cos_f": cos_f, "sin_f": sin_f,
                  "mask_s": np.where(near.numpy(), 0, floor).astype(np.float32),

@@ -48,8 +48,10 @@ def close(ours: torch.Tensor, reference: torch.Tensor, slack: float = 0.0) -> bo
 def as_float32_cache(cache: KVCache) -> KVCache:
     """A copy of ``cache`` that keeps what it holds but rounds nothing new."""
     copy = KVCache(KVFormat("float32"))
+    skips = [cache.held_from(i) for i in range(len(cache.layers))]
     copy.fill([layer.keys.clone() for layer in cache.layers],
-              [layer.values.clone() for layer in cache.layers], cache.layers[0].keys.shape[2])
+              [layer.values.clone() for layer in cache.layers],
+              cache.layers[0].keys.shape[2] + skips[0], skips)
     return copy
 
 
@@ -76,7 +78,8 @@ def decode_both(engine: PromptCacheEngine, decoder: OnnxDecoder, messages: list[
         position += 1
         unrounded, before = as_float32_cache(cache), seen
         reference, seen = engine.decode_step(token, position, seen, cache)
-        ours, seen_onnx = decoder.step(token, position, seen_onnx, cache_onnx, fmt)
+        ours, seen_onnx = decoder.step(token, position, seen_onnx, cache_onnx, fmt,
+                                       cache_onnx.sliding_skip)
         assert torch.equal(seen, seen_onnx)
         rows = [(mine.keys[:, :, -1:], theirs.keys[:, :, -1:])
                 for mine, theirs in zip(cache_onnx.layers, cache.layers, strict=True)]

@@ -41,6 +41,8 @@ from meancache.upstream.prompt_cache.states import (
     bytes_per_token,
     concatenate,
     encode_segment,
+    out_of_window,
+    sliding_layers,
     sliding_window,
     stored_slice,
 )
@@ -144,6 +146,7 @@ class PromptCacheEngine:
         self._marked: dict[str, OrderedDict[str, None]] = {}  # a tenant's marked layouts, LRU
         self.modules = ModuleStore(module_budget_bytes)
         self.bytes_per_token = bytes_per_token(self.model, self.kv_format)
+        self.sliding = sliding_layers(self.model.config)
         config = self.model.config
         if (getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)
                 and sliding_window(config) is None):  # Gemma 3's window is applied by the masks
@@ -348,7 +351,7 @@ class PromptCacheEngine:
         return [token for _, token in sorted(placed, key=lambda pair: pair[0])]
 
     # generation ---------------------------------------------------------------------
-    def prefill(self, prepared: PreparedPrompt) -> tuple[torch.Tensor, "torch.Tensor", object]:
+    def prefill(self, prepared: PreparedPrompt) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
         """Logits after the prompt, the positions read so far, and the filled cache."""
         logits, seen, cache, _ = self._prefill(prepared)
         return logits, seen, cache
@@ -372,7 +375,10 @@ class PromptCacheEngine:
         blocks = self._blocks(prepared, new_ids, new_positions)
         found = self._found(blocks[: (len(new_ids) - 1) // self.block_tokens])
         reused = len(found) * self.block_tokens
-        cache, cached_positions = concatenate(states + found, self.kv_format)
+        held = states + found
+        skip = out_of_window(torch.cat([s.positions for s in held]) if held else torch.empty(0),
+                             new_positions[reused], sliding_window(self.model.config))
+        cache, cached_positions = concatenate(held, self.kv_format, self.sliding, skip)
         device = self.loaded.device
         ids = torch.tensor([new_ids[reused:]], device=device)
         positions = torch.tensor(new_positions[reused:], device=device)
@@ -382,7 +388,8 @@ class PromptCacheEngine:
         allowed = torch.cat([sees_cached, sees_new], dim=1)
         seen = torch.cat([cached_positions.to(device), positions])
         out = self.model(input_ids=ids, position_ids=positions[None],
-                         attention_mask=attention_mask(self.model, allowed, positions, seen),
+                         attention_mask=attention_mask(self.model, allowed, positions, seen,
+                                                       cache.sliding_skip),
                          past_key_values=cache, use_cache=True, logits_to_keep=1)
         self._keep(cache, blocks, len(found), new_positions, pinned, states)
         return out.logits[0, -1], seen, cache, reused
@@ -433,19 +440,21 @@ class PromptCacheEngine:
         return KVCache(self.kv_format)
 
     @torch.inference_mode()
-    def decode_step(self, token: int, position: int, seen: torch.Tensor, cache: object
+    def decode_step(self, token: int, position: int, seen: torch.Tensor, cache: KVCache
                     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits after ``token`` read at ``position`` (it sees every position in ``seen``
         and itself), and ``seen`` with that position added."""
         if self.loaded.decoder is not None:
-            return self.loaded.decoder.step(token, position, seen, cache, self.kv_format)
+            return self.loaded.decoder.step(token, position, seen, cache, self.kv_format,
+                                            cache.sliding_skip)
         device = self.loaded.device
         at = torch.tensor([position], device=device)
         seen = torch.cat([seen, at])
         allowed = torch.ones(1, seen.numel(), dtype=torch.bool, device=device)
         out = self.model(input_ids=torch.tensor([[token]], device=device),
                          position_ids=at[None],
-                         attention_mask=attention_mask(self.model, allowed, at, seen),
+                         attention_mask=attention_mask(self.model, allowed, at, seen,
+                                                       cache.sliding_skip),
                          past_key_values=cache, use_cache=True)
         return out.logits[0, -1], seen
 

@@ -47,16 +47,28 @@ class KVCache(DynamicCache):
         super().__init__()
         self.kv_format = kv_format
         self.layer_class_to_replicate = _EmptyGrowingLayer
+        self._skips: list[int] = []  # per layer: the first entries it was never given
+        #: How many of the first entries the sliding-window layers lack (the same for each):
+        #: their masks leave out as many keys (prompt_cache.states.attention_mask).
+        self.sliding_skip = 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
                *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
         return super().update(self.kv_format.round(key_states),
                               self.kv_format.round(value_states), layer_idx, *args, **kwargs)
 
-    def fill(self, keys: list[torch.Tensor], values: list[torch.Tensor], tokens: int) -> None:
-        """Start each layer on these float32 tensors, whose first ``tokens`` entries are
-        filled and the rest is room (taken as they are: no copy)."""
-        self.layers = [GrowingLayer(k, v, tokens) for k, v in zip(keys, values, strict=True)]
+    def fill(self, keys: list[torch.Tensor], values: list[torch.Tensor], tokens: int,
+             skips: list[int]) -> None:
+        """Start each layer on these float32 tensors, which hold entries ``skips[layer]`` to
+        ``tokens`` of the sequence, the rest being room (taken as they are: no copy)."""
+        self.layers = [GrowingLayer(k, v, tokens - skip)
+                       for k, v, skip in zip(keys, values, skips, strict=True)]
+        self._skips = list(skips)
+        self.sliding_skip = max(skips, default=0)
+
+    def held_from(self, layer: int) -> int:
+        """The index in the sequence of ``layer``'s first entry."""
+        return self._skips[layer] if layer < len(self._skips) else 0
 
 
 class _EmptyGrowingLayer(GrowingLayer):

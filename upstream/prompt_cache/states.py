@@ -9,10 +9,13 @@ transformers 5.x notes, each covered by a test:
   states are stored in the engine's KV format and read as float32);
 - models with sliding-window layers (Gemma 3) take a dict of masks keyed by layer type; a
   single 4D mask would be applied to the sliding layers too, letting them see too far back.
-  Our caches keep every layer's states in full (no ``config``, so no sliding cache layers),
-  and the window is applied by position in the mask.
+  Our caches have no sliding cache layers (no ``config``): the window is applied by
+  position in the mask, and a request's sliding layers are handed only the states within
+  reach of its queries (:func:`out_of_window`), so their cost does not grow with a
+  module's length.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -38,21 +41,43 @@ def sliding_window(config: PreTrainedConfig) -> int | None:
     return None
 
 
+def sliding_layers(config: PreTrainedConfig) -> tuple[bool, ...]:
+    """Per layer, whether it attends only within the sliding window (none if no window)."""
+    if sliding_window(config) is None:
+        return ()
+    return tuple(kind == "sliding_attention" for kind in config.layer_types)
+
+
+def out_of_window(positions: torch.Tensor, first_query: int, window: int | None) -> int:
+    """How many of the first cached ``positions`` (in cache order) no sliding layer can
+    attend to from a query at ``first_query`` or later: each lies ``window`` or more
+    positions behind every such query, so leaving it out changes nothing those layers
+    compute (its masked weight is exactly 0). Counted from the start only, so that what
+    the sliding layers hold is a suffix of what the full layers hold."""
+    if window is None or not positions.numel():
+        return 0
+    reachable = positions > first_query - window
+    return int(reachable.int().argmax()) if reachable.any() else int(positions.numel())
+
+
 def attention_mask(model: PreTrainedModel, allowed: torch.Tensor, query_positions: torch.Tensor,
-                   key_positions: torch.Tensor) -> torch.Tensor | dict[str, torch.Tensor]:
+                   key_positions: torch.Tensor, sliding_skip: int = 0
+                   ) -> torch.Tensor | dict[str, torch.Tensor]:
     """The mask for a forward pass: ``allowed`` (q, kv) says which keys each query may see.
 
     Cached segments sit at their own positions, not at their index in the cache, so the
     sliding window is measured in positions: a key ``window`` or more positions behind the
-    query is hidden from the sliding layers (transformers' ``kv > q - window``).
+    query is hidden from the sliding layers (transformers' ``kv > q - window``). Their
+    cache lacks the first ``sliding_skip`` keys (KVCache.sliding_skip), so their mask does.
     """
     full = additive_mask(allowed, model.dtype)
     window = sliding_window(model.config)
     if window is None:
         return full
-    near = query_positions[:, None] - key_positions[None, :] < window
+    keys = key_positions[sliding_skip:]
+    near = query_positions[:, None] - keys[None, :] < window
     return {"full_attention": full,
-            "sliding_attention": additive_mask(allowed & near, model.dtype)}
+            "sliding_attention": additive_mask(allowed[:, sliding_skip:] & near, model.dtype)}
 
 
 @dataclass(frozen=True)
@@ -92,35 +117,49 @@ def encode_segment(model: PreTrainedModel, kv_format: KVFormat, token_ids: list[
 
 def stored_slice(cache: KVCache, kv_format: KVFormat, start: int, stop: int | None,
                  positions: torch.Tensor) -> SegmentStates:
-    """The states of cache entries ``start:stop``, packed for the store."""
+    """The states of cache entries ``start:stop`` (counted in every layer's full sequence:
+    a layer lacking its first entries has them subtracted), packed for the store."""
+    def part(layer_index: int, tensor: torch.Tensor) -> torch.Tensor:
+        skip = cache.held_from(layer_index)
+        if start < skip:
+            raise ValueError(f"layer {layer_index} does not hold entry {start}")
+        return kv_format.pack(tensor[:, :, start - skip:None if stop is None else stop - skip])
+
     return SegmentStates(
-        tuple(kv_format.pack(layer.keys[:, :, start:stop]) for layer in cache.layers),
-        tuple(kv_format.pack(layer.values[:, :, start:stop]) for layer in cache.layers),
+        tuple(part(i, layer.keys) for i, layer in enumerate(cache.layers)),
+        tuple(part(i, layer.values) for i, layer in enumerate(cache.layers)),
         positions,
     )
 
 
-def concatenate(states: list[SegmentStates], kv_format: KVFormat
+def concatenate(states: list[SegmentStates], kv_format: KVFormat,
+                sliding: Sequence[bool] = (), sliding_skip: int = 0
                 ) -> tuple[KVCache, torch.Tensor]:
     """A fresh cache holding the segments side by side (unpacked straight into one float32
-    tensor per layer: one pass over the stored bytes), and their positions."""
+    tensor per layer: one pass over the stored bytes), and their positions. The layers
+    marked in ``sliding`` leave out the first ``sliding_skip`` states (out_of_window): they
+    are neither unpacked nor attended to."""
     cache = KVCache(kv_format)
     if not states:
         return cache, torch.empty(0, dtype=torch.long)
     tokens = sum(s.tokens for s in states)
 
-    def joined(parts: list[torch.Tensor]) -> torch.Tensor:
-        out = torch.empty(*parts[0].shape[:2], tokens + ROOM, kv_format.head_dim(parts[0]),
-                          device=parts[0].device)
-        at = 0
+    def joined(parts: list[torch.Tensor], skip: int) -> torch.Tensor:
+        out = torch.empty(*parts[0].shape[:2], tokens - skip + ROOM,
+                          kv_format.head_dim(parts[0]), device=parts[0].device)
+        at = -skip  # where the next part starts in ``out``
         for part in parts:
-            kv_format.unpack_into(part, out[:, :, at:at + part.shape[2]])
-            at += part.shape[2]
+            end = at + part.shape[2]
+            if end > 0:
+                kv_format.unpack_into(part[:, :, max(0, -at):], out[:, :, max(0, at):end])
+            at = end
         return out
 
-    layers = range(len(states[0].keys))
-    cache.fill([joined([s.keys[i] for s in states]) for i in layers],
-               [joined([s.values[i] for s in states]) for i in layers], tokens)
+    skips = [sliding_skip if i < len(sliding) and sliding[i] else 0
+             for i in range(len(states[0].keys))]
+    cache.fill([joined([s.keys[i] for s in states], skip) for i, skip in enumerate(skips)],
+               [joined([s.values[i] for s in states], skip) for i, skip in enumerate(skips)],
+               tokens, skips)
     return cache, torch.cat([s.positions for s in states])
 
 
