@@ -16,6 +16,11 @@ from meancache.shared.query import normalise_query
 SHORT_WORDS = 6  # answers of at most this many words are compared exactly
 # Answer cosine from which two long answers agree: the most accurate on the answer pairs
 # benchmarks/learning_stream.py generates (MiniLM: 100% at 0.75, 95.5% at 0.8, 85.8% at 0.9).
+# On real answers (benchmarks/answer_agreement.py: Gemma 3 270M int4, greedy, 60 QQP dev
+# duplicates against 60 in-band non-duplicates) no threshold separates them: with MPNet
+# onnx-int8, test-half accuracy 57-64% from 0.6 to 0.95 (60.6% here: agree on 44% of same,
+# 24% of different questions), because the model answers rephrasings differently; so
+# this value stays, and such labels are noisy (docs/cache.md).
 AGREE_AT = 0.75
 
 Embed = Callable[[Sequence[str]], np.ndarray]  # texts -> unit vectors, one row each
