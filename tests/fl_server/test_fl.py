@@ -26,7 +26,8 @@ from meancache.fl_server.run_config import ServerConfig
 from meancache.fl_server.screening import ReplyLimits
 from meancache.fl_server.simulate import SimulationConfig, simulate
 from meancache.fl_server.strategy import ThresholdFedAvg
-from meancache.shared.encoder import Encoder
+from meancache.shared.encoder import Encoder, load_sentence_transformer, packaged_minilm_dir
+from meancache.shared.encoder.weights import encoder_tensors
 from meancache.shared.errors import (
     CheckpointError,
     EncoderError,
@@ -49,6 +50,7 @@ from meancache.shared.fl.weights import (
     VERIFIER,
     federated_names,
     federated_state,
+    federated_subset,
     load_federated_state,
     split_verifier,
     verifier_names,
@@ -87,6 +89,35 @@ def test_top_layers_select_the_last_layers_and_pooler(tiny: SentenceTransformer)
     assert set(top) < set(everything)
     assert all(".encoder.layer.1." in n or ".pooler." in n for n in top)
     assert any(".pooler." in n for n in top) and not any(".layer.0." in n for n in top)
+
+
+@pytest.mark.parametrize("which", ["tiny", "minilm"])
+def test_the_servers_weights_are_the_pipelines_without_building_it(
+        which: str, tiny_dir: Path) -> None:
+    """The ServerApp reads the encoder's tensors from its files (shared.encoder.weights):
+    every name, shape and value a device's built pipeline holds, for a device must load
+    the global model by those names."""
+    model_dir = tiny_dir if which == "tiny" else packaged_minilm_dir()
+    model = load_sentence_transformer(model_dir)
+    read = encoder_tensors(model_dir)
+    for top_layers in (0, 1):
+        assert set(federated_subset(read, top_layers)) == set(
+            federated_names(model, top_layers))
+    built = dict(model.named_parameters())
+    assert set(built) <= set(read)
+    for name, value in built.items():
+        assert read[name].dtype == value.dtype and torch.equal(read[name], value), name
+
+
+def test_an_encoder_directory_without_weights_is_named(tmp_path: Path) -> None:
+    (tmp_path / "modules.json").write_text(
+        '[{"idx": 0, "name": "0", "path": "", '
+        '"type": "sentence_transformers.models.Transformer"}]')
+    with pytest.raises(EncoderError, match=re.escape(str(tmp_path))):
+        encoder_tensors(tmp_path)
+    (tmp_path / "modules.json").write_text("[{")
+    with pytest.raises(EncoderError, match="modules"):
+        encoder_tensors(tmp_path)
 
 
 def test_checkpoints_are_verified_and_latest_moves(tmp_path: Path,
