@@ -81,9 +81,9 @@ def learned_labels(data_dir: Path, count: int) -> None:
 
 @pytest.fixture
 def processes(tmp_path: Path) -> Iterator[Processes]:
-    running = Processes(tmp_path, make_tiny_encoder(tmp_path / "models"))
-    yield running
-    running.stop_all()
+    started = Processes(tmp_path, make_tiny_encoder(tmp_path / "models"))
+    yield started
+    started.stop_all()
 
 
 @pytest.mark.slow(130)
