@@ -26,14 +26,13 @@ from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
 from meancache.shared.fl.signing import server_key
 from meancache.shared.fl.weights import (
-    federated_state,
     federated_subset,
-    verifier_names,
+    verifier_subset,
     with_verifier,
 )
 from meancache.shared.pairs import read_pairs
 from meancache.shared.query import embedding_text
-from meancache.shared.verifier.federated import base_sha, base_verifier
+from meancache.shared.verifier.federated import base_sha, base_tensors
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +75,10 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
     threshold = profile_threshold(config.model.encoder_model)
     verifier_base = ""
     if config.model.verifier_layers > 0:
-        verifier = base_verifier(config.model.verifier_dir)
+        verifier = base_tensors(config.model.verifier_dir)
         verifier_base = base_sha(config.model.verifier_dir)
-        initial = with_verifier(initial, federated_state(
-            verifier, verifier_names(verifier, config.model.verifier_layers)))  # type: ignore[arg-type]
+        initial = with_verifier(initial, {name: verifier[name] for name in verifier_subset(
+            verifier, config.model.verifier_layers)})
         names = list(initial)
     offset = 0
     bound = BoundEvidence.empty()

@@ -90,8 +90,15 @@ def check_finite(state: dict[str, torch.Tensor]) -> None:
 def verifier_names(model: "torch.nn.Module", top_layers: int) -> list[str]:
     """The verifier's trained and sent parameters: its top ``top_layers`` transformer
     layers and its head (the embeddings never)."""
-    return [*federated_names(model, top_layers),  # type: ignore[arg-type]
-            *(name for name, _ in model.named_parameters() if name.startswith("head."))]
+    return verifier_subset([name for name, _ in model.named_parameters()], top_layers)
+
+
+def verifier_subset(names: Iterable[str], top_layers: int) -> list[str]:
+    """verifier_names' rule on the verifier's parameter ``names`` (from the network or
+    from its int8 file: shared.verifier.federated.base_tensors)."""
+    names = list(names)
+    return [*federated_subset(names, top_layers),
+            *(name for name in names if name.startswith("head."))]
 
 
 def with_verifier(encoder: dict[str, torch.Tensor], verifier: dict[str, torch.Tensor]
