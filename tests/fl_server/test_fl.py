@@ -66,6 +66,7 @@ from tests.support.fl import (
     device_context,
     device_with_feedback,
     message,
+    round_message,
     train_message,
     trust_round_key,
     weights_sent,
@@ -190,6 +191,26 @@ def test_global_weights_run_from_their_checked_export_at_the_next_start(
 
 
 
+
+
+def test_a_device_replies_in_the_order_the_server_sent_its_weights(
+    tmp_path: Path, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ServerApp sends the tensors in its files' order, not the pipeline's; under
+    central DP Flower's clipping mod pairs the reply's tensors with the sent ones by
+    position, so the device's reply keeps the sent order (else the round fails)."""
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    trust_round_key(monkeypatch)
+    device_with_feedback(tmp_path, FEEDBACK)
+    read = encoder_tensors(tiny_dir)
+    sent = federated_subset(read, 1)
+    request = round_message(ArrayRecord({n: read[n] for n in sent}), 0.8, 2)
+    assert sent != federated_names(load_sentence_transformer(tiny_dir), 1)  # the premise
+    request.content["config"]["clipping_norm"] = 10.0
+    reply = client_app(request, device_context(
+        tmp_path, tiny_dir, {"verifier-top-layers": 0, "update-bits": 0}))
+    assert not reply.has_error(), reply.error if reply.has_error() else ""
+    assert list(reply.content["arrays"]) == sent
 
 
 def test_device_training_sends_only_weights_counts_and_similarity_evidence(
