@@ -35,7 +35,6 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import DifferentialPrivacyClientSideFixedClipping
 from flwr.supercore.differential_privacy import KEY_CLIPPING_NORM, add_gaussian_noise_to_params
 from meancache.fl_server.strategy import ThresholdFedAvg
-from opacus.accountants import RDPAccountant
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +45,10 @@ class PrivacyLedger:
     def __init__(self, noise_multiplier: float, delta: float) -> None:
         self.noise_multiplier = noise_multiplier
         self.delta = delta
+        # imported here: Opacus pulls in torch.distributed and more (about 2 CPU-s), which a
+        # ServerApp without DP never needs
+        from opacus.accountants import RDPAccountant
+
         self.accountant = RDPAccountant()
 
     def release(self) -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from flwr.app import ArrayRecord, MetricRecord
@@ -20,7 +20,9 @@ from meancache.shared.fl.checkpoint import save_checkpoint
 from meancache.shared.fl.signing import server_key, sign
 from meancache.shared.fl.weights import load_federated_state, split_verifier
 from meancache.shared.threshold import best_threshold, score_thresholds
-from sentence_transformers import SentenceTransformer
+
+if TYPE_CHECKING:  # the type only: the pipeline is built only for held-out scoring
+    from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +34,7 @@ class HeldOut:
     """Labelled pairs the server scores each global model on (simulation only: a real
     server holds no user data)."""
 
-    model: SentenceTransformer
+    model: "SentenceTransformer"
     q1: list[str]
     q2: list[str]
     labels: np.ndarray

@@ -20,27 +20,29 @@ from meancache.fl_server.secure_rounds import run_secure_rounds
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import load_sentence_transformer, locate_model, profile_threshold
 from meancache.shared.encoder.fingerprint import model_fingerprint
+from meancache.shared.encoder.weights import encoder_tensors
 from meancache.shared.errors import VerifierError
 from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
 from meancache.shared.fl.signing import server_key
 from meancache.shared.fl.weights import (
-    federated_names,
-    federated_state,
-    verifier_names,
+    federated_subset,
+    verifier_subset,
     with_verifier,
 )
 from meancache.shared.pairs import read_pairs
 from meancache.shared.query import embedding_text
-from meancache.shared.verifier.federated import base_sha, base_verifier
-from sentence_transformers import SentenceTransformer
+from meancache.shared.verifier.federated import base_sha, base_tensors
 
 log = logging.getLogger(__name__)
 
 app = ServerApp()
 
 
-def _held_out(model: SentenceTransformer, path: Path, limit: int, seed: int) -> HeldOut:
+def _held_out(model_dir: Path, path: Path, limit: int, seed: int) -> HeldOut:
+    """The held-out pairs and the pipeline that embeds them: built only here, since the
+    rounds themselves need only the weights (shared.encoder.weights)."""
+    model = load_sentence_transformer(model_dir)
     pairs = read_pairs(path, split="dev")
     random.Random(seed).shuffle(pairs)
     pairs = pairs[:limit]
@@ -66,17 +68,17 @@ def main(grid: Grid, context: Context) -> None:
 
 def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
     model_dir = locate_model(config.model.encoder_model, config.models_dir)
-    model = load_sentence_transformer(model_dir)
     base = model_fingerprint(model_dir)
-    names = federated_names(model, config.model.top_layers)
-    initial = federated_state(model, names)
+    encoder = encoder_tensors(model_dir)
+    names = federated_subset(encoder, config.model.top_layers)
+    initial = {name: encoder[name] for name in names}
     threshold = profile_threshold(config.model.encoder_model)
     verifier_base = ""
     if config.model.verifier_layers > 0:
-        verifier = base_verifier(config.model.verifier_dir)
+        verifier = base_tensors(config.model.verifier_dir)
         verifier_base = base_sha(config.model.verifier_dir)
-        initial = with_verifier(initial, federated_state(
-            verifier, verifier_names(verifier, config.model.verifier_layers)))  # type: ignore[arg-type]
+        initial = with_verifier(initial, {name: verifier[name] for name in verifier_subset(
+            verifier, config.model.verifier_layers)})
         names = list(initial)
     offset = 0
     bound = BoundEvidence.empty()
@@ -109,7 +111,7 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
     )
     held_out = None
     if config.held_out_path is not None and config.held_out_pairs > 0:
-        held_out = _held_out(model, config.held_out_path, config.held_out_pairs,
+        held_out = _held_out(model_dir, config.held_out_path, config.held_out_pairs,
                              config.model.seed)
     if config.secure_aggregation:
         run_secure_rounds(

@@ -196,6 +196,9 @@ def train_reply(msg: Message, got: Received) -> Message:
     except ValueError as exc:  # training diverged: send nothing of it
         log.error("not sending this round's training: %s", exc)
         return _skipped(msg, got, bound)
+    # in the order the round sent them (the server's, read from the model's files): Flower's
+    # clipping mod pairs the reply's tensors with the sent ones by position
+    trained = {name: trained[name] for name in got.arrays if name in trained} | trained
     return _reply(msg, ArrayRecord(trained), metrics)
 
 

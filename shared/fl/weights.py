@@ -9,7 +9,7 @@ are exactly the tokens its users typed.
 """
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -28,7 +28,14 @@ VERIFIER = "verifier."
 def federated_names(model: "SentenceTransformer", top_layers: int = 0) -> list[str]:
     """Parameter names that are trained and sent; ``top_layers`` = 0 means every layer
     (the embeddings never)."""
-    names = [name for name, _ in model.named_parameters() if _EMBEDDINGS not in name]
+    return federated_subset([name for name, _ in model.named_parameters()], top_layers)
+
+
+def federated_subset(names: Iterable[str], top_layers: int = 0) -> list[str]:
+    """The federated ones of a model's parameter ``names`` (federated_names' rule): the
+    one rule whether the names come from a built model or from its weight files
+    (shared.encoder.weights, the server's way)."""
+    names = [name for name in names if _EMBEDDINGS not in name]
     if top_layers <= 0:
         return names
     layers = {int(m.group(1)) for name in names if (m := _LAYER.search(name))}
@@ -83,8 +90,15 @@ def check_finite(state: dict[str, torch.Tensor]) -> None:
 def verifier_names(model: "torch.nn.Module", top_layers: int) -> list[str]:
     """The verifier's trained and sent parameters: its top ``top_layers`` transformer
     layers and its head (the embeddings never)."""
-    return [*federated_names(model, top_layers),  # type: ignore[arg-type]
-            *(name for name, _ in model.named_parameters() if name.startswith("head."))]
+    return verifier_subset([name for name, _ in model.named_parameters()], top_layers)
+
+
+def verifier_subset(names: Iterable[str], top_layers: int) -> list[str]:
+    """verifier_names' rule on the verifier's parameter ``names`` (from the network or
+    from its int8 file: shared.verifier.federated.base_tensors)."""
+    names = list(names)
+    return [*federated_subset(names, top_layers),
+            *(name for name in names if name.startswith("head."))]
 
 
 def with_verifier(encoder: dict[str, torch.Tensor], verifier: dict[str, torch.Tensor]

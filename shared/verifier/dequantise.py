@@ -139,18 +139,25 @@ def _head_size(model: object, values: dict[str, np.ndarray]) -> int:
     return int(np.asarray(size).ravel()[0])
 
 
+def checked_float_state(directory: Path) -> tuple[dict[str, np.ndarray], Shape]:
+    """float_state of ``directory``'s int8 verifier, its card's hash checked first (a
+    replaced file is refused like at run time): what the FL server starts from, which
+    needs the tensors only, not the network (and so not transformers)."""
+    path = directory / MODEL_FILE
+    card = read_card(directory)
+    if not path.is_file() or sha256_file(path) != card.sha256:
+        raise VerifierError(f"the verifier model {path} is missing or not the one its card "
+                            "names; it is not trained from")
+    return float_state(path)
+
+
 def float_verifier(directory: Path) -> CrossEncoder:
     """The CrossEncoder whose weights are those of ``directory``'s int8 verifier (its
     card's hash checked first: a replaced file is refused like at run time)."""
     import torch
     from transformers import BertConfig, BertModel
 
-    path = directory / MODEL_FILE
-    card = read_card(directory)
-    if not path.is_file() or sha256_file(path) != card.sha256:
-        raise VerifierError(f"the verifier model {path} is missing or not the one its card "
-                            "names; it is not trained from")
-    state, shape = float_state(path)
+    state, shape = checked_float_state(directory)
     config = BertConfig(vocab_size=shape.vocab, hidden_size=shape.hidden,
                         num_hidden_layers=shape.layers, num_attention_heads=shape.heads,
                         intermediate_size=shape.intermediate,

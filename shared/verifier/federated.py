@@ -21,6 +21,7 @@ from meancache.shared.verifier.tokens import MAX_TOKENS
 
 if TYPE_CHECKING:
     import numpy as np
+    import torch
     from meancache.shared.verifier.model import CrossEncoder
 
 
@@ -41,6 +42,18 @@ def base_verifier(directory: Path | None) -> "CrossEncoder":
     from meancache.shared.verifier.dequantise import float_verifier
 
     return float_verifier(base_dir(directory))
+
+
+def base_tensors(directory: Path | None) -> "dict[str, torch.Tensor]":
+    """The base's float tensors by parameter name, without building the network: what the
+    FL server starts from (it averages tensors and never runs the verifier)."""
+    import numpy as np
+    import torch
+    from meancache.shared.verifier.dequantise import checked_float_state
+
+    state, _ = checked_float_state(base_dir(directory))
+    return {name: torch.from_numpy(np.array(value, dtype=np.float32))
+            for name, value in state.items()}
 
 
 def train_verifier(model: "CrossEncoder", pairs: list[Pair], names: list[str], epochs: int,

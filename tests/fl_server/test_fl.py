@@ -26,7 +26,8 @@ from meancache.fl_server.run_config import ServerConfig
 from meancache.fl_server.screening import ReplyLimits
 from meancache.fl_server.simulate import SimulationConfig, simulate
 from meancache.fl_server.strategy import ThresholdFedAvg
-from meancache.shared.encoder import Encoder
+from meancache.shared.encoder import Encoder, load_sentence_transformer, packaged_minilm_dir
+from meancache.shared.encoder.weights import encoder_tensors
 from meancache.shared.errors import (
     CheckpointError,
     EncoderError,
@@ -49,6 +50,7 @@ from meancache.shared.fl.weights import (
     VERIFIER,
     federated_names,
     federated_state,
+    federated_subset,
     load_federated_state,
     split_verifier,
     verifier_names,
@@ -64,6 +66,7 @@ from tests.support.fl import (
     device_context,
     device_with_feedback,
     message,
+    round_message,
     train_message,
     trust_round_key,
     weights_sent,
@@ -87,6 +90,35 @@ def test_top_layers_select_the_last_layers_and_pooler(tiny: SentenceTransformer)
     assert set(top) < set(everything)
     assert all(".encoder.layer.1." in n or ".pooler." in n for n in top)
     assert any(".pooler." in n for n in top) and not any(".layer.0." in n for n in top)
+
+
+@pytest.mark.parametrize("which", ["tiny", "minilm"])
+def test_the_servers_weights_are_the_pipelines_without_building_it(
+        which: str, tiny_dir: Path) -> None:
+    """The ServerApp reads the encoder's tensors from its files (shared.encoder.weights):
+    every name, shape and value a device's built pipeline holds, for a device must load
+    the global model by those names."""
+    model_dir = tiny_dir if which == "tiny" else packaged_minilm_dir()
+    model = load_sentence_transformer(model_dir)
+    read = encoder_tensors(model_dir)
+    for top_layers in (0, 1):
+        assert set(federated_subset(read, top_layers)) == set(
+            federated_names(model, top_layers))
+    built = dict(model.named_parameters())
+    assert set(built) <= set(read)
+    for name, value in built.items():
+        assert read[name].dtype == value.dtype and torch.equal(read[name], value), name
+
+
+def test_an_encoder_directory_without_weights_is_named(tmp_path: Path) -> None:
+    (tmp_path / "modules.json").write_text(
+        '[{"idx": 0, "name": "0", "path": "", '
+        '"type": "sentence_transformers.models.Transformer"}]')
+    with pytest.raises(EncoderError, match=re.escape(str(tmp_path))):
+        encoder_tensors(tmp_path)
+    (tmp_path / "modules.json").write_text("[{")
+    with pytest.raises(EncoderError, match="modules"):
+        encoder_tensors(tmp_path)
 
 
 def test_checkpoints_are_verified_and_latest_moves(tmp_path: Path,
@@ -159,6 +191,26 @@ def test_global_weights_run_from_their_checked_export_at_the_next_start(
 
 
 
+
+
+def test_a_device_replies_in_the_order_the_server_sent_its_weights(
+    tmp_path: Path, tiny_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ServerApp sends the tensors in its files' order, not the pipeline's; under
+    central DP Flower's clipping mod pairs the reply's tensors with the sent ones by
+    position, so the device's reply keeps the sent order (else the round fails)."""
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    trust_round_key(monkeypatch)
+    device_with_feedback(tmp_path, FEEDBACK)
+    read = encoder_tensors(tiny_dir)
+    sent = federated_subset(read, 1)
+    request = round_message(ArrayRecord({n: read[n] for n in sent}), 0.8, 2)
+    assert sent != federated_names(load_sentence_transformer(tiny_dir), 1)  # the premise
+    request.content["config"]["clipping_norm"] = 10.0
+    reply = client_app(request, device_context(
+        tmp_path, tiny_dir, {"verifier-top-layers": 0, "update-bits": 0}))
+    assert not reply.has_error(), reply.error if reply.has_error() else ""
+    assert list(reply.content["arrays"]) == sent
 
 
 def test_device_training_sends_only_weights_counts_and_similarity_evidence(

@@ -25,7 +25,7 @@ from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
 from meancache.shared.processes import free_port
 from meancache.shared.verifier.runtime import ARTEFACT_DIR, read_card
 
-from tests.support.fl import FEEDBACK, device_with_feedback, kill_group
+from tests.support.fl import FEEDBACK, children, device_with_feedback, kill_group, running
 from tests.support.paths import REPO
 from tests.support.servers import wait_for_port
 from tests.support.tiny_encoder import make_tiny_encoder
@@ -81,9 +81,9 @@ def learned_labels(data_dir: Path, count: int) -> None:
 
 @pytest.fixture
 def processes(tmp_path: Path) -> Iterator[Processes]:
-    running = Processes(tmp_path, make_tiny_encoder(tmp_path / "models"))
-    yield running
-    running.stop_all()
+    started = Processes(tmp_path, make_tiny_encoder(tmp_path / "models"))
+    yield started
+    started.stop_all()
 
 
 @pytest.mark.slow(130)
@@ -256,28 +256,6 @@ def test_supernodes_connect_over_tls_and_only_with_a_registered_key(
         time.sleep(1)
     nodes = json.loads(listed[listed.index("{"):])["nodes"]
     assert [node["status"] for node in nodes] == ["online"], listed  # alice's only
-
-
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (read from /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
-def running(pid: int) -> bool:
-    """Whether ``pid`` is a live process (not gone, not a zombie awaiting its reaper)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_sigterm_stops_the_fl_server_and_its_superlink(tmp_path: Path,

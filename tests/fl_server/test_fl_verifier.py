@@ -38,10 +38,12 @@ from meancache.shared.fl.weights import (
     federated_state,
     split_verifier,
     verifier_names,
+    verifier_subset,
     with_verifier,
 )
 from meancache.shared.pairs import Pair
 from meancache.shared.verifier.dequantise import float_verifier
+from meancache.shared.verifier.federated import base_tensors
 from meancache.shared.verifier.model import export_onnx, quantize_int8
 from meancache.shared.verifier.runtime import MODEL_FILE, LearnedVerifier, read_card
 from onnx import numpy_helper
@@ -87,6 +89,27 @@ def test_the_float_base_is_exactly_the_int8_verifiers_weights(
     (altered / MODEL_FILE).write_bytes(bytes(data))
     with pytest.raises(VerifierError, match="not the one its card names"):
         float_verifier(altered)
+
+
+@pytest.mark.parametrize("top_layers", [0, 1])
+def test_the_servers_verifier_tensors_are_the_float_bases_without_building_it(
+        tiny_verifier: Path, tmp_path: Path, top_layers: int) -> None:
+    """The ServerApp starts from the int8 file's decoded tensors (base_tensors), never
+    building the network: the same names and values a device's float base sends, and a
+    replaced file is refused there too."""
+    model = float_verifier(tiny_verifier)
+    read = base_tensors(tiny_verifier)
+    names = verifier_names(model, top_layers)
+    assert sorted(verifier_subset(read, top_layers)) == sorted(names)
+    for name, value in federated_state(model, names).items():
+        assert read[name].dtype == value.dtype and torch.equal(read[name], value), name
+    altered = tmp_path / "altered"
+    shutil.copytree(tiny_verifier, altered)
+    data = bytearray((altered / MODEL_FILE).read_bytes())
+    data[-100] ^= 1
+    (altered / MODEL_FILE).write_bytes(bytes(data))
+    with pytest.raises(VerifierError, match="not the one its card names"):
+        base_tensors(altered)
 
 
 def _global(tiny: SentenceTransformer, verifier_dir: Path, nudge: float = 0.0

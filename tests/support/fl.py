@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import time
+from contextlib import suppress
 from functools import partial
 from pathlib import Path
 
@@ -205,11 +206,50 @@ def gaussian_rdp_epsilon(sigma: float, rounds: int, delta: float) -> float:
     return float(eps.min())
 
 
-def kill_group(process: "subprocess.Popen[bytes]") -> None:
-    """Kill a process started with ``start_new_session=True`` and everything it started
-    (a SuperLink's ServerApp, a SuperNode's ClientApp)."""
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (read from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (not gone, not a zombie awaiting its reaper)."""
     try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, children before their children."""
+    found, frontier = [], [pid]
+    while frontier:
+        frontier = [child for parent in frontier for child in children(parent)]
+        found += frontier
+    return found
+
+
+def kill_group(process: "subprocess.Popen[bytes]") -> None:
+    """Kill a process started with ``start_new_session=True``, everything in its group and
+    every process below it that left the group: a SuperLink starts its SuperExec in a
+    session of its own (flwr's detach), and that one the ServerApps, which a kill of the
+    group alone would leave running. Fails the teardown if one outlives the kill."""
+    tree = descendants(process.pid)
+    with suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    for pid in tree:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     process.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while alive := [pid for pid in tree if running(pid)]:
+        assert time.monotonic() < deadline, f"processes {alive} outlived the kill"
+        time.sleep(0.1)
