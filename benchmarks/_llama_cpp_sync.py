@@ -62,6 +62,29 @@ class LlamaSession:
         return self._decode([token], position)
 
 
+class LlamaSlot:
+    """One sequence reused across prompts as llama.cpp's server reuses a slot's KV cache
+    (``cache_prompt``): a prompt reads only what follows the longest prefix of token ids it
+    shares with the slot's previous prompt (at least its last token, whose logits it needs)."""
+
+    def __init__(self, session: LlamaSession) -> None:
+        self.session, self.ids = session, []
+
+    def first_logits(self, ids: list[int]) -> tuple[np.ndarray, int]:
+        """The logits after ``ids``, and how many of its tokens were read back."""
+        common = 0
+        for a, b in zip(self.ids, ids, strict=False):
+            if a != b:
+                break
+            common += 1
+        common = min(common, len(ids) - 1)
+        session = self.session
+        session.lib.llama_memory_seq_rm(session.memory, 0, common, -1)
+        logits = session._decode(ids[common:], common)
+        self.ids = list(ids)
+        return logits, common
+
+
 def open_llama(gguf: Path, threads: int) -> LlamaSession:
     """A session, or ImportError naming why the wheel is unusable here."""
     try:

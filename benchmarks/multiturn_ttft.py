@@ -17,10 +17,14 @@ own, so no run reads back another's prefix; medians over `--runs`.
     python benchmarks/multiturn_ttft.py --quick                          # builtin:tiny
 """
 
+import argparse
 import random
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import openai
 import torch
@@ -35,11 +39,16 @@ from _common import (
     print_table,
 )
 from _plot import add_plot_option, line_chart
+from generation_speed import open_llama_for
 from meancache.client.config import load_settings
 from meancache.upstream.precision import DEFAULT_PRECISION, PRECISIONS
+from meancache.upstream.prompt_cache.engine import PromptCacheEngine
 from meancache.upstream.server.app import ServerSettings
 from meancache.upstream.server.limits import Limits
 from meancache.upstream.server.serve import BackgroundServer
+
+if TYPE_CHECKING:
+    from _llama_cpp_sync import LlamaSlot
 
 KEY = "bench"
 SYSTEM = (
@@ -165,6 +174,48 @@ def measure(server: BackgroundServer, runs: int, system_tokens: int) -> Results:
     return results
 
 
+def measure_llama(slot: "LlamaSlot", engine: PromptCacheEngine, runs: int,
+                  system_tokens: int) -> Results:
+    """The same conversations and app questions through llama.cpp's slot reuse
+    (``cache_prompt``), in process on the same GGUF, fed the very token ids the upstream
+    reads (its chat rendering): the time to the first token's logits."""
+    def sample(messages: list[dict[str, str]]) -> Sample:
+        ids = engine.prompt_ids(engine.prepare_messages(messages))
+        start = time.perf_counter()
+        _, reused = slot.first_logits(ids)
+        return Sample((time.perf_counter() - start) * 1000, len(ids), reused)
+
+    results = Results([[] for _ in QUESTIONS], [[] for _ in QUESTIONS],
+                      [[] for _ in QUESTIONS])
+    fixed = app_prompt(engine.tokenizer, system_tokens)
+    sample([{"role": "user", "content": "Warm up."}])
+    for run in range(runs):
+        messages = [{"role": "system", "content": f"Desk {run}. {SYSTEM}"}]
+        for turn, question in enumerate(QUESTIONS):
+            note(f"llama.cpp: run {run + 1}/{runs}, turn {turn}")
+            messages.append({"role": "user", "content": question})
+            results.turns[turn].append(sample(messages))
+            results.repeats[turn].append(sample(messages))
+            messages.append({"role": "assistant", "content": answer_text(turn)})
+        for index, question in enumerate(QUESTIONS):
+            results.app[index].append(sample([
+                {"role": "system", "content": f"App {run}. {fixed}"},
+                {"role": "user", "content": question}]))
+    return results
+
+
+def llama_cpp(server: BackgroundServer, args: argparse.Namespace) -> Results | None:
+    """llama.cpp's measurement beside the server's, or None where it cannot run here."""
+    from _llama_cpp_sync import LlamaSlot
+
+    with tempfile.TemporaryDirectory(prefix="meancache-gguf-") as work:
+        llama = open_llama_for(args.model, args.threads, Path(work))
+        if llama is None:
+            return None
+        engine = PromptCacheEngine(server.loaded, 1 << 20, False)  # the server's renderer
+        return measure_llama(LlamaSlot(llama), engine, args.runs, args.system_tokens)
+
+
 def median_ms(samples: list[Sample]) -> float:
     return statistics.median(s.ttft_ms for s in samples)
 
@@ -182,12 +233,16 @@ def main() -> None:
     parser.add_argument("--system-tokens", type=int, default=1000,
                         help="the app's fixed system prompt, in tokens")
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--llama-cpp", action="store_true",
+                        help="also llama.cpp's slot reuse (cache_prompt) on the same GGUF, "
+                        "in process (Gemma 3 270M; the llama-cpp-py-sync wheel)")
     add_plot_option(parser)
     args = apply_defaults(parser.parse_args(), {"model": "builtin:gemma-3-270m", "runs": 3},
                           {"model": "builtin:tiny", "runs": 1})
     torch.set_num_threads(args.threads)
     note(machine_load())
     measured: dict[bool, Results] = {}
+    llama_results: Results | None = None
     for reuse in (False, True):
         note(f"starting {args.model} with prefix reuse {'on' if reuse else 'off'}")
         # builtin:tiny reads a token per byte: the whole conversation passes 4,096 tokens.
@@ -196,6 +251,8 @@ def main() -> None:
                               data_dir=load_settings().data_dir, precision=args.precision,
                               prefix_reuse=reuse, module_budget_bytes=2 << 30) as server:
             measured[reuse] = measure(server, args.runs, args.system_tokens)
+            if reuse and args.llama_cpp:
+                llama_results = llama_cpp(server, args)
     off, on = measured[False], measured[True]
     setup = (f"{args.model} ({args.precision}, CPU, {args.threads} threads), streamed, "
              f"max_tokens 4, temperature 0, median of {args.runs} runs")
@@ -228,6 +285,22 @@ def main() -> None:
                       f"{median_ms(off.app[index]):.0f}", f"{median_ms(on.app[index]):.0f}",
                       str(cached(on.app[index])))
     print_table(table)
+    if llama_results is not None:
+        heading("llama.cpp's slot reuse (cache_prompt) on the same GGUF (Q4_K_M), in process "
+                f"(no HTTP), {args.threads} threads, the same token ids: first-token logits, "
+                f"median of {args.runs} runs")
+        table = make_table(["turn", "prompt tokens", "TTFT (ms)", "read back",
+                            "repeat (ms)", "app question (ms)", "app read back"])
+        for turn in range(len(QUESTIONS)):
+            table.add_row(str(turn), str(llama_results.turns[turn][0].prompt_tokens),
+                          f"{median_ms(llama_results.turns[turn]):.0f}",
+                          str(cached(llama_results.turns[turn])),
+                          f"{median_ms(llama_results.repeats[turn]):.0f}",
+                          f"{median_ms(llama_results.app[turn]):.0f}",
+                          str(cached(llama_results.app[turn])))
+        print_table(table)
+        ratio = median_ms(llama_results.turns[last]) / median_ms(llama_results.turns[0])
+        heading(f"llama.cpp turn {last} / turn 0: {ratio:.2f}")
     if args.plot:
         turns = list(range(len(QUESTIONS)))
         line_chart(args.plot, "Time to first token by conversation turn",
