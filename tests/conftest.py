@@ -17,6 +17,7 @@ from meancache.shared.encoder import Encoder, PCAProjection
 
 from tests.support.parallel import (
     built_once,
+    cache_bytecode,
     group_modules_with_state,
     share_cores,
     start_longest_first,
@@ -25,6 +26,7 @@ from tests.support.parallel import (
 from tests.support.paths import DATA_DIR, data_dir_linking
 
 share_cores()  # under pytest-xdist; before any test imports torch
+cache_bytecode()
 
 # The app's default encoder is MPNet, assembled (438 MB) on first use: tests and the
 # `meancache` processes they start run the packaged MiniLM unless a test says otherwise

@@ -4,6 +4,7 @@ and the tests of a module that builds state once for the module run on one worke
 
 import os
 import shutil
+import sys
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +40,17 @@ def share_cores() -> None:
         share = str(max(1, (os.cpu_count() or 1) // workers))
         for variable in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(variable, share)
+
+
+def cache_bytecode() -> None:
+    """Let the suite's processes keep the bytecode of what they import, whatever the shell
+    says. With PYTHONDONTWRITEBYTECODE set (some sandboxes and CI images set it) and an
+    install that compiled nothing (.ci/run's PIP_COMPILE=0), every process the suite
+    starts (its workers, `meancache` commands, servers, SuperNodes, Ray's workers) compiles
+    torch, transformers and Flower from source again: about 12 CPU-s a process, half of
+    CI's CPU time. Set before xdist starts the workers, which inherit the environment."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
 
 
 def builds_module_state(item: pytest.Item) -> bool:
