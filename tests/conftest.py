@@ -18,6 +18,7 @@ from meancache.shared.encoder import Encoder, PCAProjection
 from tests.support.parallel import (
     built_once,
     cache_bytecode,
+    compile_before_workers,
     group_modules_with_state,
     share_cores,
     start_longest_first,
@@ -40,10 +41,11 @@ CacheFactory = Callable[..., SemanticCache]
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """One fuzz seed for the whole run: chosen here, before xdist starts its workers, which
-    inherit the environment (else each worker would draw its own and the printed one would
-    replay none of them)."""
+    """Before xdist starts its workers: one fuzz seed for the whole run, which the workers
+    inherit through the environment (else each worker would draw its own and the printed
+    one would replay none of them), and the code they all import compiled once."""
     os.environ.setdefault("MEANCACHE_FUZZ_SEED", str(secrets.randbits(32)))
+    compile_before_workers(config)
 
 
 def pytest_report_header() -> str:

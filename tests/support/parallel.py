@@ -2,6 +2,7 @@
 its own with its own session fixtures, so the cores are shared out between the workers,
 and the tests of a module that builds state once for the module run on one worker."""
 
+import importlib
 import os
 import shutil
 import sys
@@ -51,6 +52,22 @@ def cache_bytecode() -> None:
     CI's CPU time. Set before xdist starts the workers, which inherit the environment."""
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.dont_write_bytecode = False
+
+
+# What every worker imports while it collects (torch, transformers, sentence-transformers,
+# Flower, the OpenAI SDK, Textual, Hypothesis, through the suite's helpers).
+COLLECTION_IMPORTS = ("tests.support.servers", "tests.support.fl", "hypothesis", "openai",
+                      "textual.app")
+
+
+def compile_before_workers(config: pytest.Config) -> None:
+    """On xdist's controller, before it starts the workers: import what each of them will
+    import while collecting, so that on a fresh install (no bytecode yet) that code is
+    compiled once, not by every worker at the same moment (about 14 CPU-s each)."""
+    if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
+        return
+    for name in COLLECTION_IMPORTS:
+        importlib.import_module(name)
 
 
 def builds_module_state(item: pytest.Item) -> bool:
