@@ -3,11 +3,10 @@ answer when the conversational context agrees and the ``Matcher`` accepts it (ta
 entry's own threshold, then verification: client/matching/matcher.py).
 
 Its jobs, each in its own module with its own state: the entries and their transactions
-(client/cache/entries.py), the vector space with re-embedding and PCA
-(client/cache/space.py), answering a question (client/cache/lookup.py), what feedback
-changes in an entry (client/cache/learning.py) and what the traffic teaches about where it
-may answer (client/learning); this module joins them behind one lock.
-"""
+(client/cache/entries.py), the vector space with re-embedding and PCA (client/cache/space.py),
+answering a question (client/cache/lookup.py), what feedback changes in an entry
+(client/cache/learning.py) and what the traffic teaches about where it may answer
+(client/learning); this module joins them behind one lock."""
 
 import contextlib
 import logging
