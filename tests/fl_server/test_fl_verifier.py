@@ -82,13 +82,19 @@ def test_the_float_base_is_exactly_the_int8_verifiers_weights(
     assert set(original) == set(again)
     for name, value in original.items():
         assert value.dtype == again[name].dtype and np.array_equal(value, again[name]), name
+    altered = altered_copy(tiny_verifier, tmp_path)
+    with pytest.raises(VerifierError, match="not the one its card names"):
+        float_verifier(altered)
+
+
+def altered_copy(verifier_dir: Path, tmp_path: Path) -> Path:
+    """A copy of the verifier whose model file has one bit flipped (its card unchanged)."""
     altered = tmp_path / "altered"
-    shutil.copytree(tiny_verifier, altered)
+    shutil.copytree(verifier_dir, altered)
     data = bytearray((altered / MODEL_FILE).read_bytes())
     data[-100] ^= 1
     (altered / MODEL_FILE).write_bytes(bytes(data))
-    with pytest.raises(VerifierError, match="not the one its card names"):
-        float_verifier(altered)
+    return altered
 
 
 @pytest.mark.parametrize("top_layers", [0, 1])
@@ -103,11 +109,7 @@ def test_the_servers_verifier_tensors_are_the_float_bases_without_building_it(
     assert sorted(verifier_subset(read, top_layers)) == sorted(names)
     for name, value in federated_state(model, names).items():
         assert read[name].dtype == value.dtype and torch.equal(read[name], value), name
-    altered = tmp_path / "altered"
-    shutil.copytree(tiny_verifier, altered)
-    data = bytearray((altered / MODEL_FILE).read_bytes())
-    data[-100] ^= 1
-    (altered / MODEL_FILE).write_bytes(bytes(data))
+    altered = altered_copy(tiny_verifier, tmp_path)
     with pytest.raises(VerifierError, match="not the one its card names"):
         base_tensors(altered)
 
