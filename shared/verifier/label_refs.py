@@ -56,6 +56,8 @@ def pack(labels: Path, out: Path, data_root: Path) -> dict:
         raise VerifierError(f"{summary_path(labels)} is not the label-pairs summary of "
                             f"{labels} (it must name the teacher weights and the labels' "
                             f"sha256, {sha[:12]}...)")
+    # question_sets keeps the first text of each case-and-spacing variant under its cap;
+    # the longest label's length keeps the one any cap mine-pairs used at or above it kept
     max_chars = max(len(row[f]) for row in rows for f in TEXTS)
     texts = _texts(data_root, max_chars)
     _check_found(rows, texts, lambda row, f: text_sha256(row[f]), labels, data_root)
