@@ -3,6 +3,8 @@
 `meancache verifier distil`: the verifier distilled from it, resumable;
 `meancache verifier mine-pairs`: the unlabelled pairs it labels;
 `meancache verifier label-pairs`: its labels on them;
+`meancache verifier pack-labels` / `restore-labels`: those labels committed by reference to
+the shared data's texts, and restored from it byte for byte;
 `meancache verifier make-paraphrases`: pairs written by the packaged language models, and
 the filter that keeps those the embedding and the teacher agree on."""
 
@@ -256,6 +258,29 @@ def cmd_label_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
     return 0
 
 
+def cmd_pack_labels(args: argparse.Namespace, settings: SettingsBase) -> int:
+    """A label-pairs file by reference to the shared data; print its summary's counts."""
+    import json
+
+    from meancache.shared.verifier.label_refs import pack
+
+    record = pack(args.labels, args.out, args.data_root)
+    print(json.dumps({"out": str(args.out), "labels": record["labels"],
+                      "texts": record["texts"]}, indent=2))
+    return 0
+
+
+def cmd_restore_labels(args: argparse.Namespace, settings: SettingsBase) -> int:
+    """The labels file a pack-labels file stands for, checked by its sha256."""
+    import json
+
+    from meancache.shared.verifier.label_refs import restore
+
+    record = restore(args.refs, args.out, args.data_root)
+    print(json.dumps({"out": str(args.out), **record["labels"]}, indent=2))
+    return 0
+
+
 def _packaged_mpnet(settings: SettingsBase, console: object) -> Path:
     """all-mpnet-base-v2, assembled into the data dir's models on first use."""
     from meancache.shared.encoder.packaged import MPNET, ensure_assembled
@@ -382,6 +407,29 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
                        "writes them in a seeded order: a sample) (default: every row)")
     label.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     label.set_defaults(handler=cmd_label_pairs)
+    pack = sub.add_parser("pack-labels", help="a label-pairs file with each question "
+                          "replaced by its text's sha256, to be committed without the shared "
+                          "data's texts (refused unless every text is in --data-root)")
+    pack.add_argument("--labels", type=Path, required=True, help="a label-pairs JSONL (its "
+                      "summary, .json, beside it)")
+    pack.add_argument("--out", type=Path, required=True, help="the rows by reference, JSONL "
+                      "(a summary goes beside it, .json: the labels' sha256 and rows, "
+                      "the label-pairs summary with the teacher's weights)")
+    pack.add_argument("--data-root", type=Path, default=DEFAULT_DATA.parents[1],
+                      help=f"the shared data the texts are found in (default: "
+                      f"{DEFAULT_DATA.parents[1]})")
+    pack.set_defaults(handler=cmd_pack_labels)
+    restore = sub.add_parser("restore-labels", help="the label-pairs file a pack-labels file "
+                             "stands for, its texts found again in --data-root, written "
+                             "only if its sha256 is the recorded one")
+    restore.add_argument("--refs", type=Path, required=True, help="a pack-labels JSONL (its "
+                         "summary, .json, beside it)")
+    restore.add_argument("--out", type=Path, required=True, help="the labels JSONL for "
+                         "distil --labels (its label-pairs summary goes beside it, .json)")
+    restore.add_argument("--data-root", type=Path, default=DEFAULT_DATA.parents[1],
+                         help=f"the shared data the texts are found in (default: "
+                         f"{DEFAULT_DATA.parents[1]})")
+    restore.set_defaults(handler=cmd_restore_labels)
     paraphrases = sub.add_parser(
         "make-paraphrases", help="rephrase a seeded sample of Arena and ShareGPT first turns "
         "with a packaged language model (JSONL pairs with a seeded train/choose/test split; "

@@ -26,6 +26,7 @@ from meancache.shared.verifier.mine import (
     split_of,
 )
 
+from tests.support.shared_data import write_data_root
 from tests.support.tiny_encoder import make_tiny_encoder
 
 TRAIN = [("What is the capital of France?", "Which city is the capital of France?", 1),
@@ -38,26 +39,13 @@ HELD = [("How can I lose weight fast?", "How can I gain weight fast?", 0)]
 
 
 def _data_root(root: Path) -> Path:
-    (root / "qqp").mkdir(parents=True)
-    rows = [{"q1": a, "q2": b, "label": y, "split": "train"} for a, b, y in TRAIN]
-    rows += [{"q1": a, "q2": b, "label": y, "split": "dev"} for a, b, y in DEV]
-    (root / "qqp" / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "instructions").mkdir()
     arena = ["How can I lose weight fast?", "What's the capital city\u2028of France?",
              "Write a poem about the sea. " * 20]
     sharegpt = ["How do I learn python fast?", "what is the capital of spain?"]
-    for name, texts in (("arena", arena), ("sharegpt", sharegpt)):
-        (root / "instructions" / f"{name}_first_turns.jsonl").write_text(
-            "".join(json.dumps({"id": f"{name}_{i}", "text": t}) + "\n"
-                    for i, t in enumerate(texts)))
-    (root / "contextual").mkdir()
-    main = [{"Main Query": "Why is the sky blue during the day?", "Main Query Response": "-",
-             "Follow-Up Query": "And why is it red at sunset?", "Follow Up Query Response": "-"}]
-    for name in ("contextual_queries", "d1"):
-        (root / "contextual" / f"{name}.json").write_text(json.dumps(main))
-    (root / "contextual" / "unique_u0.json").write_text(json.dumps(["How tall is Everest?"]))
-    (root / "contextual" / "unique_u1.json").write_text(json.dumps(["How do cats purr?"]))
-    return root
+    return write_data_root(
+        root, [(a, b, y, "train") for a, b, y in TRAIN] + [(a, b, y, "dev") for a, b, y in DEV],
+        arena, sharegpt, [("Why is the sky blue during the day?", "And why is it red at sunset?")],
+        ["How tall is Everest?", "How do cats purr?"])
 
 
 @pytest.fixture(scope="module")

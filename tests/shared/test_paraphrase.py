@@ -32,6 +32,7 @@ from meancache.upstream.builtin import builtin_model, builtin_tokenizer
 
 from meancache.cli import main
 from tests.support.fuzz import FUZZ_SEED, fuzzed
+from tests.support.shared_data import write_data_root
 
 ARENA = ["How do I make a good cup of coffee?", "Write a haiku about rain.",
          "What is the tallest mountain in Africa?", "Explain recursion to a child.",
@@ -46,22 +47,9 @@ HELD = [("How can I lose weight fast?", "How can I gain weight fast?", 0)]
 
 def _data_root(root: Path) -> Path:
     """The shared data's layout with a handful of first turns (and QQP, contextual)."""
-    (root / "qqp").mkdir(parents=True)
-    rows = [{"q1": "How tall is Everest?", "q2": "How high is Everest?", "label": 1,
-             "split": "train"},
-            {"q1": "Is Pluto a planet?", "q2": "Is Pluto still a planet?", "label": 1,
-             "split": "dev"}]
-    (root / "qqp" / "pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (root / "instructions").mkdir()
-    for name, texts in (("arena", ARENA), ("sharegpt", SHAREGPT)):
-        (root / "instructions" / f"{name}_first_turns.jsonl").write_text(
-            "".join(json.dumps({"id": f"{name}_{i}", "text": t}) + "\n"
-                    for i, t in enumerate(texts)))
-    (root / "contextual").mkdir()
-    for name in ("contextual_queries", "d1"):
-        (root / "contextual" / f"{name}.json").write_text("[]")
-    for name in ("unique_u0", "unique_u1"):
-        (root / "contextual" / f"{name}.json").write_text(json.dumps(["Why is the sky blue?"]))
+    write_data_root(root, [("How tall is Everest?", "How high is Everest?", 1, "train"),
+                           ("Is Pluto a planet?", "Is Pluto still a planet?", 1, "dev")],
+                    ARENA, SHAREGPT, unique=["Why is the sky blue?"])
     held = root / "held.jsonl"
     held.write_text("".join(json.dumps({"q1": a, "q2": b, "label": y}) + "\n"
                             for a, b, y in HELD))
