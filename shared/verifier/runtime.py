@@ -64,7 +64,7 @@ class LearnedVerifier:
     def __init__(self, model_path: Path, card: Card) -> None:
         if not model_path.is_file():
             raise VerifierError(f"the verifier model {model_path} is missing; reinstall "
-                                "meancache or retrain with `meancache verifier train`")
+                                "meancache or distil it again with `meancache verifier distil`")
         actual = sha256_file(model_path)
         if actual != card.sha256:
             raise VerifierError(

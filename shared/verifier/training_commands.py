@@ -1,6 +1,7 @@
-"""`meancache verifier train`: the one command that reproduces the shipped verifier;
+"""`meancache verifier train`: the recipe alone, no teacher (the verifier shipped until
+27 November 2026);
 `meancache verifier train-teacher`: the larger judge that labels data for it, resumable;
-`meancache verifier distil`: the verifier distilled from it, resumable;
+`meancache verifier distil`: the verifier distilled from it, resumable (the shipped one);
 `meancache verifier mine-pairs`: the unlabelled pairs it labels;
 `meancache verifier label-pairs`: its labels on them;
 `meancache verifier pack-labels` / `restore-labels`: those labels committed by reference to
