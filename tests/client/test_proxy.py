@@ -99,7 +99,7 @@ def test_a_streamed_miss_and_hit_are_well_formed_event_streams(base_url: str,
                                                                key: str) -> None:
     question = "What temperature should a pizza oven reach?"
     texts, headers, ends = [], [], []
-    for asked in (question, "What temperature must a pizza oven reach?"):
+    for asked in (question, "What temperature should my pizza oven reach?"):
         with client(base_url, key).chat.completions.with_streaming_response.create(
                 model=MODEL, messages=[{"role": "user", "content": asked}], stream=True,
                 stream_options={"include_usage": True}) as raw:
