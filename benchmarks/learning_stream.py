@@ -34,6 +34,7 @@ from meancache.client.cache.settings import CacheSettings
 from meancache.client.eval_stream import Tally, Turn, replay, stream_of
 from meancache.client.learning.agreement import AGREE_AT, agree
 from meancache.client.learning.bound import labels_needed
+from meancache.shared.encoder import profile_threshold
 from meancache.shared.pairs import Pair
 from rich.table import Table
 
@@ -184,7 +185,9 @@ def main() -> None:
     note("answer agreement on 400 generated answer pairs (exact for short answers), "
          "accuracy by cosine threshold: "
          + ", ".join(f"{at}: {accuracy:.1%}" for at, accuracy in sweep.items()))
-    settings = CacheSettings(pca_dims=0, max_wrong_rate=args.max_wrong_rate,
+    # The encoder's own tau, as the app's config sets it (CacheSettings alone holds MiniLM's).
+    settings = CacheSettings(pca_dims=0, global_threshold=profile_threshold(args.encoder),
+                             max_wrong_rate=args.max_wrong_rate,
                              explore_rate=args.explore)
     lines: dict[str, tuple[list[float], list[float]]] = {}
     for name in args.streams:
