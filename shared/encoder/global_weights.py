@@ -24,7 +24,14 @@ def global_version(base_version: str, checkpoint: Path) -> str:
             f"not from this one ({base_version}); sync from an FL server that trains this "
             "base model, or set encoder_model to the one it trains"
         )
-    return hashlib.sha256(f"{base_version}|{meta.sha256}".encode()).hexdigest()[:16]
+    return weights_version(base_version, meta.sha256)
+
+
+def weights_version(base_version: str, sha256: str) -> str:
+    """The version of the base model with the global weights of this sha256 over it: what
+    a device names it, and what the FL server names the cosine judge of a round by
+    (fl_server.round_model) without a checkpoint to read."""
+    return hashlib.sha256(f"{base_version}|{sha256}".encode()).hexdigest()[:16]
 
 
 def load_global_weights(model: "SentenceTransformer", checkpoint: Path) -> None:

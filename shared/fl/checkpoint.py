@@ -48,6 +48,10 @@ class GlobalModel:
     # (shared.fl.bound_evidence, its ``to_record`` form), under the signature as the
     # threshold is; {}: none.
     bound: dict[str, Any] = field(default_factory=dict)
+    # The same of the cosine's labels (caches with the learned verifier off), naming the
+    # cosine's vector space as ``bound`` names its verifier; {}: none (as in a model
+    # published before it existed, which carries one pool).
+    cosine_bound: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -55,10 +59,10 @@ class GlobalModel:
         return f"the global model of round {self.round}"
 
     def to_json(self) -> dict[str, Any]:
-        """Its fields; ``verifier_base`` and ``bound`` only where set, so what a server
-        signed before they existed verifies unchanged."""
+        """Its fields; ``verifier_base``, ``bound`` and ``cosine_bound`` only where set,
+        so what a server signed before they existed verifies unchanged."""
         fields = asdict(self)
-        for name in ("verifier_base", "bound"):
+        for name in ("verifier_base", "bound", "cosine_bound"):
             if not fields[name]:
                 del fields[name]
         return fields
@@ -80,12 +84,12 @@ def save_checkpoint(root: Path, round_number: int, state: "dict[str, torch.Tenso
                     threshold: float, base_model: str, top_layers: int,
                     metrics: dict[str, float] | None = None,
                     sign: Callable[[GlobalModel], GlobalModel] | None = None,
-                    verifier_base: str = "", bound: dict[str, Any] | None = None
-                    ) -> GlobalModel:
+                    verifier_base: str = "", bound: dict[str, Any] | None = None,
+                    cosine_bound: dict[str, Any] | None = None) -> GlobalModel:
     """``sign``: what turns the metadata into what is written: the server's signing
     (shared.fl.signing.sign with its key), or on a device the server's signed description
     of these same weights (checked against state_sha256 first). ``verifier_base`` and
-    ``bound``: see GlobalModel."""
+    ``bound`` and ``cosine_bound``: see GlobalModel."""
     from safetensors.torch import save_file
 
     root.mkdir(parents=True, exist_ok=True)
@@ -95,7 +99,7 @@ def save_checkpoint(root: Path, round_number: int, state: "dict[str, torch.Tenso
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / WEIGHTS))
     meta = GlobalModel(round_number, float(threshold), sha256_file(tmp / WEIGHTS), base_model,
                        top_layers, dict(metrics or {}), verifier_base=verifier_base,
-                       bound=dict(bound or {}))
+                       bound=dict(bound or {}), cosine_bound=dict(cosine_bound or {}))
     if sign is not None:
         meta = sign(meta)
     (tmp / META).write_text(json.dumps(meta.to_json(), indent=2))
