@@ -280,7 +280,7 @@ def pools(store: StateStore) -> tuple[BoundEvidence, ...]:
 
 def pooled(store: StateStore, judge: str | None = None) -> BoundEvidence:
     """The pool installed in ``store`` that names ``judge`` (None: the first installed,
-    the verifier's where a global model carried both), or none."""
+    the verifier's where a global model's two pools both hold labels), or none."""
     return next((pool for pool in pools(store) if judge is None or pool.judge == judge),
                 BoundEvidence.empty())
 
