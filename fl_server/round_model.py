@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord
 from meancache.shared.encoder.fingerprint import space_version
 from meancache.shared.encoder.global_weights import weights_version
 from meancache.shared.fl.bound_evidence import BoundEvidence, cosine_judge
-from meancache.shared.fl.checkpoint import GlobalModel, state_sha256
+from meancache.shared.fl.checkpoint import GlobalModel, state_sha256, verifier_only
 from meancache.shared.fl.signing import sign
 
 
@@ -45,9 +45,11 @@ class RoundModels:
         embedding's cosine in the full space of the encoder devices run with it, named as
         a device names it (client.encoder: the base model's fingerprint with the published
         model's sha256 over it, shared.encoder.global_weights); the model a run starts
-        from without a published one is the base model alone, as for ``judge``."""
+        from without a published one is the base model alone, as for ``judge``, and so is
+        a model that holds no encoder tensor (run config train-encoder = 0): there the
+        cosine stays one judge from round to round."""
         version = self.base_model
-        if server_round + self.round_offset > 0:
+        if server_round + self.round_offset > 0 and not verifier_only(arrays):
             version = weights_version(self.base_model,
                                       state_sha256(arrays.to_torch_state_dict()))
         return cosine_judge(space_version(version, None))

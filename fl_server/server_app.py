@@ -70,7 +70,8 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
     model_dir = locate_model(config.model.encoder_model, config.models_dir)
     base = model_fingerprint(model_dir)
     encoder = encoder_tensors(model_dir)
-    names = federated_subset(encoder, config.model.top_layers)
+    names = federated_subset(encoder, config.model.top_layers) \
+        if config.model.train_encoder else []  # else the verifier alone is federated
     initial = {name: encoder[name] for name in names}
     threshold = profile_threshold(config.model.encoder_model)
     verifier_base = ""

@@ -1,6 +1,7 @@
 """A device's part of a round: load the global model the server sent (and keep it when
-its signed description is trusted), train the encoder and the learned verifier's top layers
-and head (shared.verifier.federated) on this device's pairs, or score the global model on
+its signed description is trusted), train the encoder (unless the run federates the
+verifier alone) and the learned verifier's top layers and head
+(shared.verifier.federated) on this device's pairs, or score the global model on
 them; the reply carries both models' weights in one record (the verifier's under
 ``verifier.``), counts, and the similarity evidence of its validation pairs
 (shared.fl.evidence) from which the server tunes the global threshold.
@@ -199,9 +200,11 @@ def train_reply(msg: Message, got: Received) -> Message:
     similarities = pair_similarities(got.model, validation)
     evidence = Evidence.of_pairs(similarities, np.array([p.label for p in validation]))
     bound = bound_evidence(got, held, similarities)  # of the global models, before training
-    loss = train_locally(got.model, train_pairs, got.config.train)
-    names = federated_names(got.model, got.config.model.top_layers)
-    trained = federated_state(got.model, names)
+    loss, trained = 0.0, {}  # the verifier alone is federated (run config train-encoder)
+    if got.config.model.train_encoder:
+        loss = train_locally(got.model, train_pairs, got.config.train)
+        trained = federated_state(got.model, federated_names(got.model,
+                                                             got.config.model.top_layers))
     metrics: dict[str, float | list[int]] = {
         "num-examples": len(train_pairs), "train-loss": loss, "skipped": 0,
         **evidence.to_metrics(), **bound_metrics(got, bound)}

@@ -24,7 +24,23 @@ def global_version(base_version: str, checkpoint: Path) -> str:
             f"not from this one ({base_version}); sync from an FL server that trains this "
             "base model, or set encoder_model to the one it trains"
         )
+    if _verifier_only(checkpoint):
+        return base_version  # the encoder is the base model's, whatever the verifier's
     return weights_version(base_version, meta.sha256)
+
+
+def _verifier_only(checkpoint: Path) -> bool:
+    """Whether the checkpoint's weights hold no encoder tensor, from the safetensors
+    header alone (no torch: a start from a checked export stays without it); weights that
+    cannot be read count as the encoder's, whose load then fails as it would."""
+    from meancache.shared.fl.checkpoint import WEIGHTS, verifier_only
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(checkpoint / WEIGHTS), framework="numpy") as weights:
+            return verifier_only(weights.keys())
+    except (OSError, SafetensorError):
+        return False
 
 
 def weights_version(base_version: str, sha256: str) -> str:

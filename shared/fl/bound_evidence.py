@@ -27,7 +27,9 @@ the model it sends (fl_server.round_model); a cache with its own PCA layer measu
 space no other device shares, and its labels are not sent. A pool names the judge of the
 model before the one it is published with: every round trains the encoder (and the
 version hashes the whole model), so the cosine's pool, like a federated verifier's,
-applies only to a cache still running that model (docs/cache.md).
+applies only to a cache still running that model, except in a run that federates the
+verifier alone (train-encoder = 0), where the cosine stays the base model's
+(docs/cache.md).
 
 A reply's sums are checked before they count: a label's weight lies in [1, MAX_WEIGHT]
 (a labelling probability of at least 1e-3, as the bound clips it), so a bin's weight lies

@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +22,9 @@ if TYPE_CHECKING:  # reading the metadata (which model a device runs) needs no t
 WEIGHTS = "weights.safetensors"
 META = "meta.json"
 LATEST = "LATEST"
+# The verifier's tensors travel in the same record as the encoder's, under this prefix:
+# one update, so screening, clipping, FedAvg, DP and the compression treat both at once.
+VERIFIER = "verifier."
 # The key of a Flower round's config record holding the server's signed description
 # (a GlobalModel's JSON) of the global model the message carries.
 DESCRIPTION_KEY = "global-model"
@@ -66,6 +69,13 @@ class GlobalModel:
             if not fields[name]:
                 del fields[name]
         return fields
+
+
+def verifier_only(names: Iterable[str]) -> bool:
+    """Whether weights of these tensor names leave the encoder as the base model is: none
+    is the encoder's (run config train-encoder = 0, where the verifier alone is
+    federated), so its vector space, and the cosine's judge, stay the base model's."""
+    return all(name.startswith(VERIFIER) for name in names)
 
 
 def state_sha256(state: "dict[str, torch.Tensor]") -> str:

@@ -385,6 +385,7 @@ def test_the_run_config_is_typed_from_the_app_defaults() -> None:
 
 @pytest.mark.parametrize(("side", "key", "value", "message"), [
     (ServerConfig, "top-layers", -1, "run config 'top-layers' must be >= 0, not -1"),
+    (ClientConfig, "train-encoder", 2, "run config 'train-encoder' must be 0 or 1, not 2"),
     (ServerConfig, "fraction-train", "all",
      "run config 'fraction-train' must be a number, not 'all'"),
     (ServerConfig, "fraction-train", 1.5, "run config 'fraction-train' must be between 0 and 1"),
