@@ -59,9 +59,11 @@ log = logging.getLogger(__name__)
 
 
 @cache
-def _base_model(model: str | None, models_dir: Path) -> SentenceTransformer:
+def _base_model(model: str | None, models_dir: Path, trained: bool) -> SentenceTransformer:
     """One base model per process (simulation reuses processes across clients); every
-    message overwrites its federated weights before use."""
+    message overwrites its federated weights before use. One that no round trains
+    (``trained`` false: run config train-encoder = 0) is another: no message's weights
+    would undo what a round that trains it did."""
     return load_sentence_transformer(locate_model(model, models_dir))
 
 
@@ -164,7 +166,8 @@ def receive(msg: Message, config: ClientConfig, node: dict[str, Any]) -> Receive
     state = arrays.to_torch_state_dict()
     check_finite(state)
     encoder_state, verifier_state = split_verifier(state)
-    model = _base_model(config.model.encoder_model, _models_dir(node))
+    model = _base_model(config.model.encoder_model, _models_dir(node),
+                        config.model.train_encoder)
     load_federated_state(model, encoder_state)
     verifier, verifier_base = None, ""
     if config.model.verifier_layers > 0:
