@@ -8,7 +8,7 @@ Federated learning trains on the pairs of all of them and sets the global tau of
 them (client/fl/device.py), while a lookup only ever reads its own app's. Outside
 client/proxy/, since FL (which the chat uses) must not import the proxy."""
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import closing
 from pathlib import Path
 
@@ -75,21 +75,24 @@ def device_learned_pairs(cache_dirs: Iterable[Path]) -> list[Pair]:
     return list(pairs.values())
 
 
-def device_bound_evidence(cache_dirs: Iterable[Path], judge: str) -> BoundEvidence:
-    """The error-bound labels ``judge`` scored in the caches in ``cache_dirs``, summed as
-    the evidence FL sends (client.learning.state.send_evidence: each cache marks them
-    sent)."""
-    evidence = BoundEvidence.empty()
+def device_bound_evidence(cache_dirs: Iterable[Path], judges: Sequence[str]
+                          ) -> list[BoundEvidence]:
+    """The error-bound labels each of ``judges`` scored in the caches in ``cache_dirs``,
+    summed per judge as the evidence FL sends (client.learning.state.send_evidence: each
+    cache marks them sent)."""
+    evidence = [BoundEvidence.empty() for _ in judges]
     for cache_dir in cache_dirs:
         if cache_dir.exists():
             with closing(EntryStore(cache_dir)) as store:
-                evidence = evidence + send_evidence(store, judge)
+                evidence = [sums + send_evidence(store, judge)
+                            for sums, judge in zip(evidence, judges, strict=True)]
     return evidence
 
 
-def set_device_pooled(cache_dirs: Iterable[Path], evidence: BoundEvidence) -> None:
-    """The pooled bound evidence of a verified global model, for every cache in
-    ``cache_dirs`` (made where it does not exist yet, so a new cache starts from it)."""
+def set_device_pooled(cache_dirs: Iterable[Path], *evidence: BoundEvidence) -> None:
+    """The pooled bound evidence of a verified global model (a pool per judge), for every
+    cache in ``cache_dirs`` (made where it does not exist yet, so a new cache starts from
+    it)."""
     for cache_dir in cache_dirs:
         with closing(EntryStore(cache_dir)) as store:
-            set_pooled(store, evidence)
+            set_pooled(store, *evidence)

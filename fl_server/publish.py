@@ -34,4 +34,5 @@ def publish(simulation_dir: Path, server_dir: Path) -> GlobalModel:
     return save_checkpoint(server_dir, number, state, meta.threshold, meta.base_model,
                            meta.top_layers, meta.metrics,
                            partial(sign, key=server_key(server_dir)),
-                           verifier_base=meta.verifier_base, bound=meta.bound)
+                           verifier_base=meta.verifier_base, bound=meta.bound,
+                           cosine_bound=meta.cosine_bound)

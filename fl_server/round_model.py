@@ -12,8 +12,10 @@ from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ArrayRecord
-from meancache.shared.fl.bound_evidence import BoundEvidence
-from meancache.shared.fl.checkpoint import GlobalModel, state_sha256
+from meancache.shared.encoder.fingerprint import space_version
+from meancache.shared.encoder.global_weights import weights_version
+from meancache.shared.fl.bound_evidence import BoundEvidence, cosine_judge
+from meancache.shared.fl.checkpoint import GlobalModel, state_sha256, verifier_only
 from meancache.shared.fl.signing import sign
 
 
@@ -38,14 +40,30 @@ class RoundModels:
             return state_sha256(arrays.to_torch_state_dict())
         return self.verifier_base or self.shipped_judge
 
+    def cosine_judge(self, server_round: int, arrays: ArrayRecord) -> str:
+        """Whose scores the cosine's labels sent in reply to ``arrays`` must be: the
+        embedding's cosine in the full space of the encoder devices run with it, named as
+        a device names it (client.encoder: the base model's fingerprint with the published
+        model's sha256 over it, shared.encoder.global_weights); the model a run starts
+        from without a published one is the base model alone, as for ``judge``, and so is
+        a model that holds no encoder tensor (run config train-encoder = 0): there the
+        cosine stays one judge from round to round."""
+        version = self.base_model
+        if server_round + self.round_offset > 0 and not verifier_only(arrays):
+            version = weights_version(self.base_model,
+                                      state_sha256(arrays.to_torch_state_dict()))
+        return cosine_judge(space_version(version, None))
+
     def describe(self, server_round: int, threshold: float, arrays: ArrayRecord,
-                 bound: BoundEvidence | None = None) -> str:
+                 bound: BoundEvidence | None = None,
+                 cosine_bound: BoundEvidence | None = None) -> str:
         """The signed description (JSON) of ``arrays``, the global model after this run's
-        ``server_round`` (0: the one it started from), with the pooled ``bound``
-        evidence."""
+        ``server_round`` (0: the one it started from), with the pooled ``bound`` evidence
+        (the verifier's labels) and ``cosine_bound`` (the cosine's)."""
         state = arrays.to_torch_state_dict()
         meta = GlobalModel(server_round + self.round_offset, float(threshold),
                            state_sha256(state), self.base_model, self.top_layers,
                            verifier_base=self.verifier_base,
-                           bound=(bound or BoundEvidence.empty()).to_record())
+                           bound=(bound or BoundEvidence.empty()).to_record(),
+                           cosine_bound=(cosine_bound or BoundEvidence.empty()).to_record())
         return json.dumps(sign(meta, self.key).to_json())

@@ -1,6 +1,7 @@
 """After every round: checkpoint the global model (versioned, with its threshold, the
-pooled error-bound evidence and a sha256, signed by the server's key: shared.fl.signing),
-append a line to history.jsonl, and optionally score it on held-out pairs."""
+pooled error-bound evidence of both judges and a sha256, signed by the server's key:
+shared.fl.signing), append a line to history.jsonl, and optionally score it on held-out
+pairs."""
 
 import json
 import logging
@@ -57,6 +58,7 @@ class RoundStats(Protocol):
 
     threshold: float
     bound: BoundEvidence
+    cosine_bound: BoundEvidence
     bytes_received: dict[int, dict[int, int]]
     verifier_bytes: dict[int, dict[int, int]]
     screened: dict[int, Screened]
@@ -82,6 +84,7 @@ class RoundRecorder:
         metrics: dict[str, float] = {"round": server_round + self.round_offset,
                                      "threshold": self.strategy.threshold,
                                      "bound_labels": self.strategy.bound.labels,
+                                     "cosine_bound_labels": self.strategy.cosine_bound.labels,
                                      "seconds": time.time() - self.started}
         received = self.strategy.bytes_received.get(server_round, {})
         if received:
@@ -107,7 +110,8 @@ class RoundRecorder:
             save_checkpoint(self.checkpoint_dir, server_round + self.round_offset, state,
                             self.strategy.threshold, self.base_model, self.top_layers,
                             metrics, partial(sign, key=server_key(self.checkpoint_dir)),
-                            self.verifier_base, self.strategy.bound.to_record())
+                            self.verifier_base, self.strategy.bound.to_record(),
+                            self.strategy.cosine_bound.to_record())
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         with (self.checkpoint_dir / HISTORY).open("a") as fh:
             fh.write(json.dumps(metrics) + "\n")

@@ -19,7 +19,8 @@ kept is then bounded:
   outweigh the others' when the threshold is tuned on them;
 - the error-bound evidence likewise, to ``max_examples`` labels and the round's median
   number of labels (every sum scaled alike), so one device claiming many right answers
-  cannot lower every device's bound (fl_server.strategy pools the rest);
+  cannot lower every device's bound (fl_server.strategy pools the rest); the verifier's
+  labels and the cosine's are two sets, each checked and capped alike;
 - the update (reply weights minus the global weights sent) is scaled down to an L2 norm of
   at most ``max_update_norm`` (update clipping).
 
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
-from meancache.shared.fl.bound_evidence import BoundEvidence
+from meancache.shared.fl.bound_evidence import COSINE_KEYS, BoundEvidence
 from meancache.shared.fl.compression import decode_update, is_compressed
 from meancache.shared.fl.evidence import Evidence
 
@@ -62,6 +63,8 @@ class Screened:
     clamped_evidence: int
     bound: list[BoundEvidence] = field(default_factory=list)  # of each kept reply, bounded
     clamped_bound: int = 0
+    cosine_bound: list[BoundEvidence] = field(default_factory=list)  # likewise, the cosine's
+    clamped_cosine_bound: int = 0
 
 
 def _metrics(message: Message) -> MetricRecord:
@@ -78,6 +81,7 @@ def reject_reason(message: Message, global_arrays: ArrayRecord) -> str | None:
     try:
         Evidence.from_metrics(metrics)
         BoundEvidence.from_metrics(metrics)
+        BoundEvidence.from_metrics(metrics, COSINE_KEYS)
     except ValueError as exc:
         return str(exc)
     arrays = message.content.array_records.get("arrays")
@@ -129,6 +133,14 @@ def median_cap(values: list[float], limit: float) -> float:
     return min(limit, float(np.median(positive))) if positive else limit
 
 
+def cap_labels(claimed: list[BoundEvidence], limit: float
+               ) -> tuple[list[BoundEvidence], int]:
+    """Each device's labels capped at ``limit`` and the round's median number of labels
+    (every sum scaled alike), and how many were capped."""
+    cap = median_cap([e.labels for e in claimed], limit)
+    return [e.at_most(cap) for e in claimed], sum(e.labels > cap for e in claimed)
+
+
 def screen(replies: list[Message], global_arrays: ArrayRecord, limits: ReplyLimits
            ) -> Screened:
     """Drop the unfit replies and bound the rest (their content is changed in place)."""
@@ -151,8 +163,11 @@ def screen(replies: list[Message], global_arrays: ArrayRecord, limits: ReplyLimi
     pairs_cap = median_cap([e.pairs for e in claimed], limits.max_examples)
     evidence = [e.at_most(pairs_cap) for e in claimed]
     clamped_evidence = sum(e.pairs > pairs_cap for e in claimed)
-    labels = [BoundEvidence.from_metrics(_metrics(m)) for m in kept]
-    labels_cap = median_cap([e.labels for e in labels], limits.max_examples)
+    bound, clamped_bound = cap_labels(
+        [BoundEvidence.from_metrics(_metrics(m)) for m in kept], limits.max_examples)
+    cosine, clamped_cosine = cap_labels(
+        [BoundEvidence.from_metrics(_metrics(m), COSINE_KEYS) for m in kept],
+        limits.max_examples)
     clipped_updates = 0
     for message, count in zip(kept, counts, strict=True):
         _metrics(message)[COUNT_KEY] = int(min(count, cap))
@@ -161,6 +176,5 @@ def screen(replies: list[Message], global_arrays: ArrayRecord, limits: ReplyLimi
         if bounded is not None:
             message.content["arrays"] = bounded
             clipped_updates += 1
-    return Screened(kept, evidence, rejected, clipped_updates, clamped_evidence,
-                    [e.at_most(labels_cap) for e in labels],
-                    sum(e.labels > labels_cap for e in labels))
+    return Screened(kept, evidence, rejected, clipped_updates, clamped_evidence, bound,
+                    clamped_bound, cosine, clamped_cosine)

@@ -14,7 +14,8 @@ them. What it keeps and loses of the defences (docs/federated-learning.md):
   screened, bounded and pooled for the threshold as in plain rounds, and so is the
   error-bound evidence (shared.fl.bound_evidence: sums per score bin, also in the clear,
   checked for sums no labels could make and capped at ``max-examples`` labels a device;
-  the round's median cap is kept too, as every device's evidence is seen);
+  the round's median cap is kept too, as every device's evidence is seen; the verifier's
+  labels and the cosine's alike);
 - central DP (``dp-noise-multiplier`` > 0) as client-side clipping only
   (fl_server.privacy.SecureSumDP): each device clips its update to the DP clipping norm
   and weighs 1 (``max-examples`` 1 is sent, and SecAgg+'s ``max_weight`` is 1), and the
@@ -56,8 +57,14 @@ from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from meancache.fl_server.pooled_threshold import Pooled, ThresholdRule, pooled_threshold
 from meancache.fl_server.privacy import SecureSumDP
 from meancache.fl_server.round_model import RoundModels
-from meancache.fl_server.screening import ReplyLimits, Screened, median_cap
-from meancache.shared.fl.bound_evidence import ROUND_JUDGE, BoundEvidence
+from meancache.fl_server.screening import ReplyLimits, Screened, cap_labels
+from meancache.shared.fl.bound_evidence import (
+    COSINE_KEYS,
+    ROUND_COSINE_JUDGE,
+    ROUND_JUDGE,
+    BoundEvidence,
+    round_pool,
+)
 from meancache.shared.fl.checkpoint import DESCRIPTION_KEY
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.secure import NAMES, SECURE, from_scalars
@@ -114,12 +121,13 @@ class SecureFedAvg(LegacyFedAvg):
                  limits: ReplyLimits, rule: ThresholdRule, models: RoundModels,
                  grid: CountingGrid, recorder: Callable[[int, ArrayRecord], object],
                  bound: BoundEvidence | None = None, max_weight: int | None = None,
-                 **kwargs: Any) -> None:
+                 cosine_bound: BoundEvidence | None = None, **kwargs: Any) -> None:
         self.names = names
         # a device's weight in the masked sum (its count, clamped on the device): 1 under
         # DP, where every device counts once; the evidence is still capped by limits
         self.max_weight = limits.max_examples if max_weight is None else max_weight
         self.bound = bound or BoundEvidence.empty()
+        self.cosine_bound = cosine_bound or BoundEvidence.empty()
         self.models = models
         self.threshold = threshold
         self.limits = limits
@@ -131,6 +139,7 @@ class SecureFedAvg(LegacyFedAvg):
         self.screened: dict[int, Screened] = {}  # nothing is screened: the updates are hidden
         self.pooled: dict[int, Pooled] = {}
         self.judges: dict[int, str] = {}  # round -> the judge its error-bound labels are of
+        self.cosine_judges: dict[int, str] = {}  # round -> the cosine its cosine labels are of
         # the global weights configure_fit sends, which _fit_config describes
         self.sent = ndarrays_to_parameters([initial[n].numpy() for n in names])
         super().__init__(
@@ -147,10 +156,12 @@ class SecureFedAvg(LegacyFedAvg):
         sent = ArrayRecord({n: Array(a) for n, a in zip(
             self.names, parameters_to_ndarrays(self.sent), strict=True)})
         description = self.models.describe(server_round - 1, self.threshold, sent,
-                                           self.bound)
+                                           self.bound, self.cosine_bound)
         self.judges[server_round] = judge = self.models.judge(server_round - 1, sent)
+        self.cosine_judges[server_round] = cosine = self.models.cosine_judge(
+            server_round - 1, sent)
         return {"threshold": self.threshold, SECURE: 1, ROUND_JUDGE: judge,
-                DESCRIPTION_KEY: description,
+                ROUND_COSINE_JUDGE: cosine, DESCRIPTION_KEY: description,
                 NAMES: "\n".join(self.names), "clipping_norm": self.limits.max_update_norm,
                 "max-examples": self.max_weight}
 
@@ -162,19 +173,24 @@ class SecureFedAvg(LegacyFedAvg):
             return None, {}
         evidence = Evidence.empty()
         labels: list[BoundEvidence] = []
+        cosine: list[BoundEvidence] = []
         for _, res in results:
             try:
                 metrics = from_scalars(dict(res.metrics))
                 claimed = Evidence.from_metrics(metrics)
-                labels.append(BoundEvidence.from_metrics(metrics))
+                verifier_labels = BoundEvidence.from_metrics(metrics)
+                cosine_labels = BoundEvidence.from_metrics(metrics, COSINE_KEYS)
             except ValueError as exc:
                 log.warning("round %d: ignored a device's evidence: %s", server_round, exc)
                 continue
             evidence = evidence + claimed.at_most(self.limits.max_examples)
-        limit = median_cap([e.labels for e in labels], self.limits.max_examples)
-        pooled_bound = sum((e.at_most(limit) for e in labels), BoundEvidence.empty())
-        if pooled_bound.labels:
-            self.bound = pooled_bound.judged_by(self.judges.get(server_round, ""))
+            labels.append(verifier_labels)
+            cosine.append(cosine_labels)
+        self.bound = round_pool(self.bound, cap_labels(labels, self.limits.max_examples)[0],
+                                self.judges.get(server_round, ""))
+        self.cosine_bound = round_pool(
+            self.cosine_bound, cap_labels(cosine, self.limits.max_examples)[0],
+            self.cosine_judges.get(server_round, ""))
         pooled = pooled_threshold(self.threshold, evidence, self.rule)
         self.pooled[server_round] = pooled
         self.threshold = pooled.threshold
@@ -194,14 +210,16 @@ def run_secure_rounds(grid: Grid, context: Context, names: list[str], initial: A
                       sampling: dict[str, Any], bound: BoundEvidence | None,
                       recorder_for: Callable[[SecureFedAvg, Spent | None],
                                              Callable[[int, ArrayRecord], object]],
-                      dp: Callable[[SecureFedAvg], SecureSumDP] | None = None) -> None:
+                      dp: Callable[[SecureFedAvg], SecureSumDP] | None = None,
+                      cosine_bound: BoundEvidence | None = None) -> None:
     """``rounds`` rounds of FedAvg under SecAgg+, with DP's noise on the sum when ``dp``
     wraps the strategy (fl_server.privacy.SecureSumDP); ``recorder_for`` makes the
     checkpointing callback (fl_server.rounds.RoundRecorder) of the strategy, given the
-    privacy spent so far under DP."""
+    privacy spent so far under DP; ``bound``, ``cosine_bound``: the pools published last."""
     counting = CountingGrid(grid)
     strategy = SecureFedAvg(names, initial, threshold, limits, rule, models, counting,
-                            lambda r, a: None, bound, 1 if dp else None, **sampling)
+                            lambda r, a: None, bound, 1 if dp else None,
+                            cosine_bound=cosine_bound, **sampling)
     noised = dp(strategy) if dp is not None else None
     runner: LegacyStrategy = noised or strategy
     strategy.recorder = recorder_for(strategy, noised.ledger.spent if noised else None)

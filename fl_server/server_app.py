@@ -70,7 +70,8 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
     model_dir = locate_model(config.model.encoder_model, config.models_dir)
     base = model_fingerprint(model_dir)
     encoder = encoder_tensors(model_dir)
-    names = federated_subset(encoder, config.model.top_layers)
+    names = federated_subset(encoder, config.model.top_layers) \
+        if config.model.train_encoder else []  # else the verifier alone is federated
     initial = {name: encoder[name] for name in names}
     threshold = profile_threshold(config.model.encoder_model)
     verifier_base = ""
@@ -81,7 +82,7 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
             verifier, config.model.verifier_layers)})
         names = list(initial)
     offset = 0
-    bound = BoundEvidence.empty()
+    bound = cosine_bound = BoundEvidence.empty()
     latest = latest_checkpoint(config.checkpoint_dir)
     if latest is not None:
         meta, state = load_checkpoint(latest)
@@ -92,6 +93,7 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
                 state) == set(names):
             initial, threshold = state, meta.threshold
             bound = BoundEvidence.from_record(meta.bound)
+            cosine_bound = BoundEvidence.from_record(meta.cosine_bound)
             log.info("continuing from the global model of round %d", meta.round)
     dp = config.dp_noise_multiplier > 0
     limits = config.limits
@@ -102,7 +104,7 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
                          offset, verifier_base, _shipped_judge(config))
     strategy = ThresholdFedAvg(
         threshold, ArrayRecord(initial), limits, config.threshold_rule, config.aggregation,
-        unweighted=dp, models=models, bound=bound,
+        unweighted=dp, models=models, bound=bound, cosine_bound=cosine_bound,
         fraction_train=config.fraction_train,
         min_train_nodes=config.min_train_nodes,
         min_available_nodes=config.min_available_nodes,
@@ -125,7 +127,7 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
             # the devices clip to the smaller of the two norms: the noise fits that one
             (lambda secure: SecureSumDP(secure, config.dp_noise_multiplier,
                                         limits.max_update_norm, config.dp_delta))
-            if dp else None)
+            if dp else None, cosine_bound)
         return
     runner: ThresholdFedAvg | SampledClientsDP = strategy
     privacy = None

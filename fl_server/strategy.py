@@ -1,10 +1,11 @@
 """FedAvg of the encoder's federated weights, plus the threshold: the global threshold
 goes out with every round and comes back tuned on the devices' pooled similarity evidence
 (fl_server.pooled_threshold), moved only as far as that evidence supports. The devices'
-error-bound evidence (shared.fl.bound_evidence) is summed likewise, and the round's sum
-goes out with the next description of the global model (fl_server.round_model), signed:
-each device sends all of its labels every time, so the newest round's sum replaces the
-last one (a round with none keeps it).
+error-bound evidence (shared.fl.bound_evidence: the verifier's labels and the cosine's,
+two pools each naming its judge) is summed likewise, and the round's sums go out with the
+next description of the global model (fl_server.round_model), signed: each device sends
+all of its labels every time, so the newest round's sum replaces the last one (a round
+with none keeps it).
 
 Every reply is screened first (fl_server.screening: unfit replies dropped, counts and
 evidence clamped, updates clipped), so one device cannot move either far.
@@ -24,8 +25,14 @@ from meancache.fl_server.pooled_threshold import Pooled, ThresholdRule, pooled_t
 from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.run_config import AGGREGATIONS
 from meancache.fl_server.screening import ReplyLimits, Screened, screen
+from meancache.shared.fl.bound_evidence import (
+    COSINE_KEYS,
+    ROUND_COSINE_JUDGE,
+    ROUND_JUDGE,
+    BoundEvidence,
+    round_pool,
+)
 from meancache.shared.fl.bound_evidence import KEYS as BOUND_KEYS
-from meancache.shared.fl.bound_evidence import ROUND_JUDGE, BoundEvidence
 from meancache.shared.fl.checkpoint import DESCRIPTION_KEY
 from meancache.shared.fl.evidence import KEYS, Evidence
 from meancache.shared.fl.weights import VERIFIER
@@ -43,8 +50,9 @@ class ThresholdFedAvg(FedAvg):
     def __init__(self, threshold: float, arrays: ArrayRecord, limits: ReplyLimits,
                  rule: ThresholdRule, aggregation: str = "fedavg", unweighted: bool = False,
                  models: RoundModels | None = None, bound: BoundEvidence | None = None,
-                 **kwargs: Any) -> None:
-        """``bound``: the pooled error-bound evidence published last (a continued run's);
+                 cosine_bound: BoundEvidence | None = None, **kwargs: Any) -> None:
+        """``bound``, ``cosine_bound``: the pooled error-bound evidence of the verifier's
+        and the cosine's labels published last (a continued run's);
         ``unweighted``: every device that replied counts once, whatever its example
         count (central DP: fl_server.privacy); ``models``: signs the description of the
         global model each message carries (fl_server.round_model; None: none, and devices
@@ -54,6 +62,7 @@ class ThresholdFedAvg(FedAvg):
             raise ValueError(f"aggregation must be one of {AGGREGATIONS}, not {aggregation!r}")
         self.threshold = threshold
         self.bound = bound or BoundEvidence.empty()
+        self.cosine_bound = cosine_bound or BoundEvidence.empty()
         self.global_arrays = arrays  # what devices were sent this round
         self.limits = limits
         self.rule = rule
@@ -65,13 +74,16 @@ class ThresholdFedAvg(FedAvg):
         self.screened: dict[int, Screened] = {}  # round -> what screening did
         self.pooled: dict[int, Pooled] = {}  # round -> how the threshold was tuned
         self.judges: dict[int, str] = {}  # round -> the judge its error-bound labels are of
+        self.cosine_judges: dict[int, str] = {}  # round -> the cosine its cosine labels are of
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         self._describe(config, server_round - 1, arrays)  # the model after the last round
-        if self.models is not None:  # the judge whose labels this round pools
+        if self.models is not None:  # the judges whose labels this round pools
             self.judges[server_round] = config[ROUND_JUDGE] = self.models.judge(
                 server_round - 1, arrays)
+            self.cosine_judges[server_round] = config[ROUND_COSINE_JUDGE] = \
+                self.models.cosine_judge(server_round - 1, arrays)
         self.global_arrays = arrays
         return super().configure_train(server_round, arrays, config, grid)
 
@@ -84,7 +96,7 @@ class ThresholdFedAvg(FedAvg):
         config["threshold"] = self.threshold
         if self.models is not None:
             config[DESCRIPTION_KEY] = self.models.describe(model_round, self.threshold, arrays,
-                                                           self.bound)
+                                                           self.bound, self.cosine_bound)
 
     def _weight(self, message: Message) -> float:
         metrics = next(iter(message.content.metric_records.values()), {})
@@ -104,9 +116,9 @@ class ThresholdFedAvg(FedAvg):
             for m in replies if m.has_content() and "arrays" in m.content.array_records}
         screened = screen(replies, self.global_arrays, self.limits)
         self.screened[server_round] = screened
-        pooled_bound = sum(screened.bound, BoundEvidence.empty())
-        if pooled_bound.labels:
-            self.bound = pooled_bound.judged_by(self.judges.get(server_round, ""))
+        self.bound = round_pool(self.bound, screened.bound, self.judges.get(server_round, ""))
+        self.cosine_bound = round_pool(self.cosine_bound, screened.cosine_bound,
+                                       self.cosine_judges.get(server_round, ""))
         if self.unweighted:
             for message in screened.kept:
                 next(iter(message.content.metric_records.values()))[self.weighted_by_key] = 1
@@ -115,7 +127,7 @@ class ThresholdFedAvg(FedAvg):
             log.warning("round %d: no device trained; the global model stays", server_round)
             return None, None
         metrics = self.train_metrics_aggr_fn([m.content for m in useful], self.weighted_by_key)
-        for key in (*KEYS, *BOUND_KEYS):  # the histograms are pooled, not averaged
+        for key in (*KEYS, *BOUND_KEYS, *COSINE_KEYS):  # the histograms are pooled, not averaged
             metrics.pop(key, None)
         if self.aggregation == "median":
             arrays = coordinate_median(useful)

@@ -9,9 +9,10 @@ from meancache.client.cache.results import CacheStats
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.learning.bound import Bound, labels_needed
-from meancache.client.learning.state import Learned, cosine_judge
+from meancache.client.learning.state import Learned
 from meancache.client.matching import labels
 from meancache.client.matching.labels import DECLINED
+from meancache.shared.fl.bound_evidence import cosine_judge
 from meancache.shared.verifier.runtime import ARTEFACT_DIR, read_card
 
 EXPLORED = "explored"  # the counter of would-be hits also asked upstream (exploration)

@@ -17,6 +17,7 @@ from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
 from meancache.client.fl.run_config import ClientConfig
 from meancache.client.fl.secure import RECORDS, is_secure, secure_mod
+from meancache.shared.fl.bound_evidence import COSINE_KEYS
 from meancache.shared.fl.bound_evidence import KEYS as BOUND_KEYS
 from meancache.shared.fl.compression import encode_update
 from meancache.shared.fl.evidence import KEYS as EVIDENCE_KEYS
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 # What a reply may contain: anything else is refused before it leaves the device.
 ALLOWED_METRICS = frozenset({"num-examples", "train-loss", "verifier-train-loss", "skipped",
                              "precision", "recall", "f1", "f05", *EVIDENCE_KEYS,
-                             *BOUND_KEYS})
+                             *BOUND_KEYS, *COSINE_KEYS})
 
 
 def wire_audit_mod(msg: Message, context: Context, call_next: Any) -> Message:

@@ -12,10 +12,12 @@ made (client/proxy/partitions.py). Each cache's local tau stays its own.
 
 The error-bound labels travel the same way in both directions: every cache's go out
 with a training reply as sums per score bin (``bound_evidence``: shared.fl.bound_evidence,
-only those scored by the judge the round names, marked sent in each cache by
-client.learning.state), and the pool a verified global model carries, naming its judge,
-is installed in every cache with its threshold (``set_pooled_bound``); a cache applies it
-only while it runs that judge, an open one from its next lookup on.
+only those scored by the judges the round names, the verifier and the embedding's cosine,
+a set of sums each, marked sent in each cache by client.learning.state), and the pools a
+verified global model carries, each naming its judge, are installed in every cache with
+its threshold (``set_pooled_bound``); a cache applies the one naming the judge it runs
+(the verifier, or with it off the cosine of its vector space), an open one from its next
+lookup on.
 """
 
 import json
@@ -89,7 +91,7 @@ class DeviceState:
                         meta.top_layers, meta.metrics, sign=lambda _: meta)
         prune_rounds(root, KEEP_ROUNDS)
         self.set_global_threshold(meta.threshold)
-        self.set_pooled_bound(meta.bound)
+        self.set_pooled_bound(meta.bound, meta.cosine_bound)
         log.info("kept global model of round %d (threshold %.4f)", meta.round, meta.threshold)
 
     def set_global_threshold(self, value: float) -> None:
@@ -98,17 +100,19 @@ class DeviceState:
         for _, cache_dir in device_cache_dirs(self.settings):
             set_global_threshold(cache_dir, value)
 
-    def set_pooled_bound(self, record: dict) -> None:
-        """The bound evidence a verified global model carries (checked when its
-        description was parsed: ``pooled_bound``), for every cache on the device."""
+    def set_pooled_bound(self, *records: dict) -> None:
+        """The bound evidence a verified global model carries (the verifier's pool and the
+        cosine's, checked when its description was parsed: ``pooled_bound``), for every
+        cache on the device."""
         set_device_pooled((d for _, d in device_cache_dirs(self.settings)),
-                          pooled_bound(record))
+                          *(pooled_bound(record) for record in records))
 
-    def bound_evidence(self, judge: str) -> BoundEvidence:
-        """The error-bound labels of every cache on the device scored by ``judge`` (the
-        round's: a pool holds one judge's scores), as the evidence a training reply
-        carries; they are marked sent (client.learning.state)."""
-        return device_bound_evidence((d for _, d in device_cache_dirs(self.settings)), judge)
+    def bound_evidence(self, *judges: str) -> list[BoundEvidence]:
+        """The error-bound labels of every cache on the device scored by each of
+        ``judges`` (the round's: a pool holds one judge's scores), as the evidence a
+        training reply carries; they are marked sent (client.learning.state)."""
+        return device_bound_evidence((d for _, d in device_cache_dirs(self.settings)),
+                                     judges)
 
     def pairs(self) -> list[Pair]:
         """The labelled pairs of every cache on the device, for training and threshold
@@ -133,6 +137,7 @@ def _described(description: str | None) -> GlobalModel:
         meta = GlobalModel(**json.loads(description))
         check_threshold(meta.threshold)
         pooled_bound(meta.bound)
+        pooled_bound(meta.cosine_bound)
         if not isinstance(meta.round, int) or isinstance(meta.round, bool) or meta.round < 0:
             raise ValueError(f"round {meta.round!r}")
     except (ValueError, TypeError) as exc:

@@ -1,6 +1,7 @@
 """A device's part of a round: load the global model the server sent (and keep it when
-its signed description is trusted), train the encoder and the learned verifier's top layers
-and head (shared.verifier.federated) on this device's pairs, or score the global model on
+its signed description is trusted), train the encoder (unless the run federates the
+verifier alone) and the learned verifier's top layers and head
+(shared.verifier.federated) on this device's pairs, or score the global model on
 them; the reply carries both models' weights in one record (the verifier's under
 ``verifier.``), counts, and the similarity evidence of its validation pairs
 (shared.fl.evidence) from which the server tunes the global threshold.
@@ -25,7 +26,12 @@ from meancache.client.fl.train import pair_similarities, train_locally
 from meancache.client.verifier import export_global_verifier
 from meancache.shared.encoder import load_sentence_transformer, locate_model
 from meancache.shared.errors import MeanCacheError
-from meancache.shared.fl.bound_evidence import ROUND_JUDGE, BoundEvidence
+from meancache.shared.fl.bound_evidence import (
+    COSINE_KEYS,
+    ROUND_COSINE_JUDGE,
+    ROUND_JUDGE,
+    BoundEvidence,
+)
 from meancache.shared.fl.checkpoint import DESCRIPTION_KEY, latest_checkpoint
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.weights import (
@@ -53,9 +59,11 @@ log = logging.getLogger(__name__)
 
 
 @cache
-def _base_model(model: str | None, models_dir: Path) -> SentenceTransformer:
+def _base_model(model: str | None, models_dir: Path, trained: bool) -> SentenceTransformer:
     """One base model per process (simulation reuses processes across clients); every
-    message overwrites its federated weights before use."""
+    message overwrites its federated weights before use. One that no round trains
+    (``trained`` false: run config train-encoder = 0) is another: no message's weights
+    would undo what a round that trains it did."""
     return load_sentence_transformer(locate_model(model, models_dir))
 
 
@@ -99,20 +107,35 @@ def local_pairs(config: ClientConfig, node: dict[str, Any]) -> list[Pair]:
     return for_encoder(labelled_pairs(config, node))
 
 
-def bound_evidence(got: "Received", validation: list[Pair]) -> BoundEvidence:
-    """The error-bound evidence this node sends (shared.fl.bound_evidence): on a device,
-    the labels every cache learned scored by the judge the round names (client.fl.device);
-    in simulation, its validation
-    pairs as labels (a pair whose questions differ is a wrong answer) scored by the
-    global verifier it was sent, where the verifier is federated (the bound's score is
-    the verifier's probability: without it there is nothing to send)."""
+def bound_evidence(got: "Received", validation: list[Pair], similarities: np.ndarray
+                   ) -> tuple[BoundEvidence, BoundEvidence]:
+    """The error-bound evidence this node sends (shared.fl.bound_evidence), of the
+    verifier's labels and of the cosine's: on a device, the labels every cache learned
+    scored by each judge the round names (client.fl.device); in simulation, its
+    validation pairs as labels (a pair whose questions differ is a wrong answer) scored
+    by the global verifier it was sent, where the verifier is federated (else there is no
+    verifier score to send), and by the global encoder's cosine (``similarities``)."""
     if got.config.data_source != "qqp":
-        return DeviceState(Path(str(got.node["data-dir"]))).bound_evidence(got.judge)
-    if got.verifier is None or not validation:
-        return BoundEvidence.empty()
-    return BoundEvidence.of_labels(pair_probabilities(got.verifier, validation),
-                                   np.array([p.label == 0 for p in validation], dtype=float),
-                                   np.ones(len(validation)))
+        verifier, cosine = DeviceState(Path(str(got.node["data-dir"]))).bound_evidence(
+            got.judge, got.cosine_judge)
+        return verifier, cosine
+    if not validation:
+        return BoundEvidence.empty(), BoundEvidence.empty()
+    wrong = np.array([p.label == 0 for p in validation], dtype=float)
+    cosine = BoundEvidence.of_labels(similarities, wrong, np.ones(len(validation)))
+    if got.verifier is None:
+        return BoundEvidence.empty(), cosine
+    return BoundEvidence.of_labels(pair_probabilities(got.verifier, validation), wrong,
+                                   np.ones(len(validation))), cosine
+
+
+def bound_metrics(got: "Received", bound: tuple[BoundEvidence, BoundEvidence]
+                  ) -> dict[str, list[float]]:
+    """Both sets of sums as a reply's metrics; the cosine's only where the round names
+    its judge (an older server names none, and would not know the keys)."""
+    verifier, cosine = bound
+    return {**verifier.to_metrics(),
+            **(cosine.to_metrics(COSINE_KEYS) if got.cosine_judge else {})}
 
 
 def _reply(msg: Message, arrays: ArrayRecord, metrics: dict[str, float | list[int]]
@@ -130,6 +153,7 @@ class Received:
     arrays: ArrayRecord
     threshold: float
     judge: str = ""  # whose labels the round pools (shared.fl.bound_evidence.ROUND_JUDGE)
+    cosine_judge: str = ""  # ... and whose cosine labels (ROUND_COSINE_JUDGE)
 
 
 def receive(msg: Message, config: ClientConfig, node: dict[str, Any]) -> Received:
@@ -142,7 +166,8 @@ def receive(msg: Message, config: ClientConfig, node: dict[str, Any]) -> Receive
     state = arrays.to_torch_state_dict()
     check_finite(state)
     encoder_state, verifier_state = split_verifier(state)
-    model = _base_model(config.model.encoder_model, _models_dir(node))
+    model = _base_model(config.model.encoder_model, _models_dir(node),
+                        config.model.train_encoder)
     load_federated_state(model, encoder_state)
     verifier, verifier_base = None, ""
     if config.model.verifier_layers > 0:
@@ -158,9 +183,9 @@ def receive(msg: Message, config: ClientConfig, node: dict[str, Any]) -> Receive
                 state, msg.content["config"].get(DESCRIPTION_KEY), verifier_base)
         except MeanCacheError as exc:
             log.warning("not keeping this round's global model: %s", exc)
-    judge = msg.content["config"].get(ROUND_JUDGE, "")
+    judges = [msg.content["config"].get(key, "") for key in (ROUND_JUDGE, ROUND_COSINE_JUDGE)]
     return Received(config, node, model, verifier, arrays, threshold,
-                    judge if isinstance(judge, str) else "")
+                    *(judge if isinstance(judge, str) else "" for judge in judges))
 
 
 def train_reply(msg: Message, got: Received) -> Message:
@@ -168,22 +193,24 @@ def train_reply(msg: Message, got: Received) -> Message:
     if len(pairs) < got.config.min_pairs:
         log.info("only %d labelled pairs (< %d): not training this round", len(pairs),
                  got.config.min_pairs)
-        return _skipped(msg, got, bound_evidence(got, []))
+        return _skipped(msg, got, bound_evidence(got, [], np.zeros(0)))
     asked, held = split(pairs, seed=got.config.train.seed)
     train_pairs, validation = for_encoder(asked), for_encoder(held)
-    bound = bound_evidence(got, held)  # of the global verifier, before it trains
     # The evidence is of the global model the server sent, not of this device's trained
     # one: a device's own training pulls its similarities away from the averaged model's
     # (pooled evidence of trained models put the best tau near 0.77 while the global
     # MPNet's stayed near 0.89).
-    evidence = Evidence.of_pairs(pair_similarities(got.model, validation),
-                                 np.array([p.label for p in validation]))
-    loss = train_locally(got.model, train_pairs, got.config.train)
-    names = federated_names(got.model, got.config.model.top_layers)
-    trained = federated_state(got.model, names)
+    similarities = pair_similarities(got.model, validation)
+    evidence = Evidence.of_pairs(similarities, np.array([p.label for p in validation]))
+    bound = bound_evidence(got, held, similarities)  # of the global models, before training
+    loss, trained = 0.0, {}  # the verifier alone is federated (run config train-encoder)
+    if got.config.model.train_encoder:
+        loss = train_locally(got.model, train_pairs, got.config.train)
+        trained = federated_state(got.model, federated_names(got.model,
+                                                             got.config.model.top_layers))
     metrics: dict[str, float | list[int]] = {
         "num-examples": len(train_pairs), "train-loss": loss, "skipped": 0,
-        **evidence.to_metrics(), **bound.to_metrics()}
+        **evidence.to_metrics(), **bound_metrics(got, bound)}
     if got.verifier is not None:
         train = got.config.train
         judged = verifier_names(got.verifier, got.config.model.verifier_layers)
@@ -202,11 +229,13 @@ def train_reply(msg: Message, got: Received) -> Message:
     return _reply(msg, ArrayRecord(trained), metrics)
 
 
-def _skipped(msg: Message, got: Received, bound: BoundEvidence) -> Message:
+def _skipped(msg: Message, got: Received, bound: tuple[BoundEvidence, BoundEvidence]
+             ) -> Message:
     """Sitting the round's training out: the global weights back, no examples, no
     similarity evidence; the error-bound labels still count (they need no training)."""
     return _reply(msg, got.arrays, {"num-examples": 0, "train-loss": 0.0, "skipped": 1,
-                                    **Evidence.empty().to_metrics(), **bound.to_metrics()})
+                                    **Evidence.empty().to_metrics(),
+                                    **bound_metrics(got, bound)})
 
 
 def evaluate_reply(msg: Message, got: Received) -> Message:

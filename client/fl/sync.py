@@ -14,9 +14,10 @@ a temporary directory inside the device's global-model dir, checked against the 
 sha256 and only then installed with a rename and a LATEST pointer swap
 (shared.fl.checkpoint.install_checkpoint): a broken or tampered download never replaces
 the model the device already has. The global threshold of every cache on the device, and
-the error-bound evidence the federation pooled (shared.fl.bound_evidence, signed with the
-rest), are updated at once (client.fl.device.DeviceState); the encoder switches to the new weights
-the next time the cache opens (client.encoder.load_device_encoder, which also refuses
+the error-bound evidence the federation pooled (shared.fl.bound_evidence: the verifier's
+labels and the cosine's, signed with the rest), are updated at once
+(client.fl.device.DeviceState); the encoder switches to the new weights the next time
+the cache opens (client.encoder.load_device_encoder, which also refuses
 weights trained from a different base model and keeps the base model then). A global model
 holding verifier weights is exported here as this device's int8 verifier
 (client.verifier), which the caches use from their next start.
@@ -121,7 +122,7 @@ def sync_global_model(url: str, settings: Settings, progress: Progress | None = 
     prune_rounds(root, KEEP_ROUNDS)
     device = DeviceState(settings)
     device.set_global_threshold(remote.meta.threshold)
-    device.set_pooled_bound(remote.meta.bound)
+    device.set_pooled_bound(remote.meta.bound, remote.meta.cosine_bound)
     if remote.meta.verifier_base:
         _make_verifier(settings, path)
     if changed:
@@ -219,8 +220,10 @@ def _parse_meta(body: Any, base: str) -> _Remote:
                            int(body["top_layers"]), dict(body.get("metrics") or {}),
                            float(body.get("created") or 0.0), str(body.get("signature") or ""),
                            _seconds(body.get("signed_at")), _seconds(body.get("expires")),
-                           str(body.get("verifier_base") or ""), body.get("bound") or {})
+                           str(body.get("verifier_base") or ""), body.get("bound") or {},
+                           body.get("cosine_bound") or {})
         pooled_bound(meta.bound)
+        pooled_bound(meta.cosine_bound)
     except (KeyError, TypeError, ValueError, CheckpointError) as exc:
         raise invalid(f"{type(exc).__name__}: {exc}") from None
     weights_url = body.get("weights_url") or f"{META_PATH}/rounds/{number}/weights"

@@ -1,10 +1,11 @@
 """What the cache learned, kept in its store: the labelled served-region pairs the bound
 rests on, and the aliases (questions confirmed to share an entry's answer). This module
 alone reads and writes them; ``reset`` undoes all of it and nothing else. It also keeps
-the bound evidence federated learning pooled from other devices (``set_pooled``), which
-the bound tests together with the labels this device learned since it last sent its own
-(``sent``), so that none counts twice, where the pool names the judge now scoring; an
-open cache follows a newly installed pool at its next bound (``POOLED_VERSION``).
+the bound evidence federated learning pooled from other devices (``set_pooled``: a pool
+per judge, the verifier's and the cosine's), which the bound tests together with the
+labels this device learned since it last sent its own (``sent``), so that none counts
+twice, where a pool names the judge now scoring; an open cache follows newly installed
+pools at its next bound (``POOLED_VERSION``).
 
 Labels are written in chunks of ``CHUNK``, each label together with the alias it confirms
 in one transaction (``EntryStore.set_states``): a kill -9 leaves the state before or after
@@ -28,7 +29,7 @@ from meancache.client.learning.bound import (
     choose_pooled,
     entry_threshold,
 )
-from meancache.shared.fl.bound_evidence import BoundEvidence
+from meancache.shared.fl.bound_evidence import COSINE_JUDGE, BoundEvidence
 from meancache.shared.query import normalise_query
 
 PREFIX = "learning:"
@@ -37,20 +38,14 @@ _ALIAS = PREFIX + "alias:"
 _SENT = PREFIX + "sent"  # how many labels had been learned when the device last sent them
 # The evidence federated learning pooled (the signed global model's, installed by
 # client.fl.device): the federation's, not this device's learning, so outside PREFIX
-# and kept by ``reset`` as the global threshold is.
+# and kept by ``reset`` as the global threshold is. A list of records, one per judge
+# (one record alone: what was installed before the cosine's labels were pooled).
 POOLED = "pooled-bound"
 # A new token with every install: an open cache (this process's or another's) compares
 # it, one record read, and reads the pool itself only when it moved.
 POOLED_VERSION = "pooled-version"
 CHUNK = 256
-COSINE_JUDGE = "cosine"  # with the learned verifier off, the embedding's cosine judges
 KEPT = 20_000  # newest labels the bound rests on
-
-
-def cosine_judge(encoder_version: str) -> str:
-    """The embedding's cosine as a judge's name: one per vector space (a cosine means
-    something only in the space it was measured in)."""
-    return f"{COSINE_JUDGE} {encoder_version}"
 
 
 class StateStore(Protocol):
@@ -89,7 +84,7 @@ class Learned:
         self.labels = everything[-KEPT:]
         self._sent = min(int(self._store.states(_SENT).get(_SENT) or 0), self._learned)
         self._pool_version = self._store.get_meta(POOLED_VERSION)
-        self.pooled = pooled(self._store)
+        self.pools = pools(self._store)
         self._aliases = {name[len(_ALIAS):]: entry_id
                          for name, entry_id in self._store.states(_ALIAS).items()
                          if entry_id is not None}
@@ -114,7 +109,8 @@ class Learned:
 
     @judge.setter
     def judge(self, value: str) -> None:
-        """The judge now scoring (the verifier's ``card.judge``, or ``cosine_judge``'s name):
+        """The judge now scoring (the verifier's ``card.judge``, or the name
+        ``shared.fl.bound_evidence.cosine_judge`` gives the embedding's cosine):
         only its labels count, since another model's scores (a global verifier from
         federated learning, say) lie on another scale."""
         if value != self._judge:
@@ -148,20 +144,28 @@ class Learned:
         itself read only when its version moved."""
         version = self._store.get_meta(POOLED_VERSION)
         if version != self._pool_version:
-            self._pool_version, self.pooled, self._bound = version, pooled(self._store), None
+            self._pool_version, self.pools, self._bound = version, pools(self._store), None
+
+    @property
+    def pooled(self) -> BoundEvidence:
+        """The installed pool naming the judge now scoring; where none does, the first
+        installed (kept, and ignored by the bound), or none."""
+        named = [pool for pool in self.pools if self._judge and pool.judge == self._judge]
+        return next(iter(named or self.pools), BoundEvidence.empty())
 
     def _pool_applies(self) -> bool:
-        """The pool counts only where it holds labels of the judge now scoring: another
-        verifier's scores (or a pool naming none) would say nothing of this one's."""
+        """A pool counts only where it holds labels of the judge now scoring: another
+        verifier's scores, another vector space's cosines (or a pool naming none) would
+        say nothing of this one's."""
         return bool(self.pooled.labels and self._judge
                     and self.pooled.judge == self._judge)
 
-    def install_pooled(self, evidence: BoundEvidence) -> None:
+    def install_pooled(self, *evidence: BoundEvidence) -> None:
         """The federation's pooled evidence, for this open cache (a proxy cache made after
         the device installed it: client/proxy/partitions.py)."""
         with self._lock:
-            self._pool_version = set_pooled(self._store, evidence)
-            self.pooled, self._bound = evidence, None
+            self._pool_version = set_pooled(self._store, *evidence)
+            self.pools, self._bound = pools(self._store), None
 
     def _unsent(self) -> list[Label]:
         """The labels learned since the device last sent its evidence (the pooled
@@ -260,21 +264,35 @@ def send_evidence(store: StateStore, judge: str) -> BoundEvidence:
         1.0 / np.clip([label.labelled_with for label in labels], 1e-3, 1.0))
 
 
-def pooled(store: StateStore) -> BoundEvidence:
-    """The pooled bound evidence installed in ``store`` (none where none is); one that
-    does not read as valid evidence counts as none (it was checked when installed)."""
-    try:
-        return BoundEvidence.from_record(store.get_meta(POOLED))
-    except ValueError:
-        return BoundEvidence.empty()
+def pools(store: StateStore) -> tuple[BoundEvidence, ...]:
+    """The pooled bound evidence installed in ``store``, a pool per judge that holds
+    labels; one that does not read as valid evidence counts as none (it was checked when
+    installed)."""
+    records = store.get_meta(POOLED)
+    found = []
+    for record in records if isinstance(records, list) else [records]:
+        try:
+            found.append(BoundEvidence.from_record(record))
+        except ValueError:
+            continue
+    return tuple(pool for pool in found if pool.labels)
 
 
-def set_pooled(store: StateStore, evidence: BoundEvidence) -> str:
-    """Install the bound evidence of a verified global model (client.fl.device), with a
-    new version, which it returns: an open cache on ``store`` reads it at its next
-    bound (``Learned._follow_pool``)."""
+def pooled(store: StateStore, judge: str | None = None) -> BoundEvidence:
+    """The pool installed in ``store`` that names ``judge`` (None: the first installed,
+    the verifier's where a global model's two pools both hold labels), or none."""
+    return next((pool for pool in pools(store) if judge is None or pool.judge == judge),
+                BoundEvidence.empty())
+
+
+def set_pooled(store: StateStore, *evidence: BoundEvidence) -> str:
+    """Install the bound evidence of a verified global model (client.fl.device: its
+    verifier's pool and its cosine's), replacing what was installed, with a new version,
+    which it returns: an open cache on ``store`` reads it at its next bound
+    (``Learned._follow_pool``)."""
     version = uuid.uuid4().hex
-    store.set_states({POOLED: evidence.to_record(), POOLED_VERSION: version})
+    store.set_states({POOLED: [pool.to_record() for pool in evidence if pool.labels],
+                      POOLED_VERSION: version})
     return version
 
 

@@ -50,7 +50,6 @@ from itertools import islice
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
-from meancache.client.learning.state import cosine_judge
 from meancache.client.matching import entry_threshold
 from meancache.client.matching.decision import LearnedDecision
 from meancache.client.matching.feedback import Feedback, Thresholds
@@ -66,6 +65,7 @@ from meancache.client.matching.question import (
 from meancache.client.matching.rules import CHECKS, WITH_LEARNED, verify
 from meancache.client.matching.settings import MatchSettings
 from meancache.shared.encoder import Encoder
+from meancache.shared.fl.bound_evidence import cosine_judge
 from meancache.shared.query import embedding_text
 from meancache.shared.verifier.runtime import LearnedVerifier
 

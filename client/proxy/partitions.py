@@ -33,7 +33,7 @@ from meancache.client.cache.threshold import ThresholdState
 from meancache.client.chat.answering import AnswerService
 from meancache.client.config import Settings
 from meancache.client.device_caches import proxy_dir
-from meancache.client.learning.state import pooled
+from meancache.client.learning.state import pools
 from meancache.client.pack import PackStore
 from meancache.client.proxy.eligibility import Bypass
 from meancache.client.proxy.exchanges import ExchangeStore
@@ -90,15 +90,15 @@ class Partitions:
         self._opening: dict[tuple[str, str], threading.Lock] = {}  # caches being opened
         self._lock = threading.Lock()
 
-    def _chat_global(self) -> tuple[float, BoundEvidence] | None:
-        """The chat cache's global tau and pooled bound evidence (the FL server's), if the
-        chat has a cache."""
+    def _chat_global(self) -> tuple[float, tuple[BoundEvidence, ...]] | None:
+        """The chat cache's global tau and pooled bound evidence (the FL server's: a pool
+        per judge), if the chat has a cache."""
         if not (self.settings.cache_dir / "cache.db").exists():
             return None
         store = EntryStore(self.settings.cache_dir)
         try:
             return (ThresholdState(store, self.settings.global_threshold).global_value,
-                    pooled(store))
+                    pools(store))
         finally:
             store.close()
 
@@ -178,8 +178,8 @@ class Partitions:
                 try:
                     if made and (chat := self._chat_global()) is not None:
                         partition.cache.thresholds.set_global(chat[0])
-                        if chat[1].labels:
-                            partition.cache.learned.install_pooled(chat[1])
+                        if chat[1]:
+                            partition.cache.learned.install_pooled(*chat[1])
                 except BaseException:
                     partition.close()
                     raise

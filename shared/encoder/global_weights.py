@@ -24,7 +24,30 @@ def global_version(base_version: str, checkpoint: Path) -> str:
             f"not from this one ({base_version}); sync from an FL server that trains this "
             "base model, or set encoder_model to the one it trains"
         )
-    return hashlib.sha256(f"{base_version}|{meta.sha256}".encode()).hexdigest()[:16]
+    if _verifier_only(checkpoint):
+        return base_version  # the encoder is the base model's, whatever the verifier's
+    return weights_version(base_version, meta.sha256)
+
+
+def _verifier_only(checkpoint: Path) -> bool:
+    """Whether the checkpoint's weights hold no encoder tensor, from the safetensors
+    header alone (no torch: a start from a checked export stays without it); weights that
+    cannot be read count as the encoder's, whose load then fails as it would."""
+    from meancache.shared.fl.checkpoint import WEIGHTS, verifier_only
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(checkpoint / WEIGHTS), framework="numpy") as weights:
+            return verifier_only(weights.keys())
+    except (OSError, SafetensorError):
+        return False
+
+
+def weights_version(base_version: str, sha256: str) -> str:
+    """The version of the base model with the global weights of this sha256 over it: what
+    a device names it, and what the FL server names the cosine judge of a round by
+    (fl_server.round_model) without a checkpoint to read."""
+    return hashlib.sha256(f"{base_version}|{sha256}".encode()).hexdigest()[:16]
 
 
 def load_global_weights(model: "SentenceTransformer", checkpoint: Path) -> None:

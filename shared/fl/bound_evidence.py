@@ -17,13 +17,27 @@ fl_server.round_model), the pool the server publishes names it (``judge``, in it
 record), and a device applies a pool only where it names the judge the device runs
 (client.learning.state). A reply's sums carry no judge: the round names it.
 
+A round pools two judges at once, each exactly alike (the same checks, caps and sums):
+the verifier's (``KEYS``, ``ROUND_JUDGE``, the record's ``bound``) and the embedding's
+cosine (``COSINE_KEYS``, ``ROUND_COSINE_JUDGE``, the record's ``cosine_bound``), whose
+labels a cache with the learned verifier off learns. The cosine is named by the vector
+space it was measured in (``cosine_judge``): the encoder's version, which FL's global
+weights change, so the round names the full space of the encoder the devices run with
+the model it sends (fl_server.round_model); a cache with its own PCA layer measures in a
+space no other device shares, and its labels are not sent. A pool names the judge of the
+model before the one it is published with: every round trains the encoder (and the
+version hashes the whole model), so the cosine's pool, like a federated verifier's,
+applies only to a cache still running that model, except in a run that federates the
+verifier alone (train-encoder = 0), where the cosine stays the base model's
+(docs/cache.md).
+
 A reply's sums are checked before they count: a label's weight lies in [1, MAX_WEIGHT]
 (a labelling probability of at least 1e-3, as the bound clips it), so a bin's weight lies
 between its count and MAX_WEIGHT times it, its squares between weight²/count
 (Cauchy–Schwarz) and MAX_WEIGHT times its weight, and its wrong weight within its weight.
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -37,11 +51,20 @@ WEIGHT = "bound-weight"
 SQUARES = "bound-weight-squared"
 WRONG = "bound-weight-wrong"
 KEYS = (COUNT, WEIGHT, SQUARES, WRONG)
+COSINE_KEYS = tuple(f"cosine-{key}" for key in KEYS)  # the same sums, the cosine's labels
 RECORD_BINS = "bins"  # the published record: only the bins that hold labels
 JUDGE = "judge"  # the published record: whose scores its labels are
 ROUND_JUDGE = "bound-judge"  # a round's config: the judge whose labels devices send
+ROUND_COSINE_JUDGE = "bound-cosine-judge"  # ... and the cosine whose labels they send
+COSINE_JUDGE = "cosine"  # with the learned verifier off, the embedding's cosine judges
 _MAX_JUDGE = 128  # characters of a judge's name (a sha256 is 64)
 _SLACK = 1e-9  # relative: sums added in another order differ in their last bits
+
+
+def cosine_judge(encoder_version: str) -> str:
+    """The embedding's cosine as a judge's name: one per vector space (a cosine means
+    something only in the space it was measured in: ``Encoder.version``)."""
+    return f"{COSINE_JUDGE} {encoder_version}"
 
 
 def _bin(scores: np.ndarray) -> np.ndarray:
@@ -77,21 +100,22 @@ class BoundEvidence:
                      for v in (np.ones(len(w)), w, w * w, w * x)))
 
     @classmethod
-    def from_metrics(cls, metrics: Mapping[str, Any]) -> "BoundEvidence":
-        """A reply's evidence (none where it holds none of the keys), or ValueError saying
-        what is wrong with it."""
-        if not any(key in metrics for key in KEYS):
+    def from_metrics(cls, metrics: Mapping[str, Any], keys: tuple[str, ...] = KEYS
+                     ) -> "BoundEvidence":
+        """A reply's evidence under ``keys`` (``COSINE_KEYS``: the cosine's; none where it
+        holds none of them), or ValueError saying what is wrong with it."""
+        if not any(key in metrics for key in keys):
             return cls.empty()
         evidence = cls(*(_numbers(value, key) for key, value in zip(
-            KEYS, binned(metrics, KEYS, BINS, "bound evidence", "numbers"), strict=True)))
+            keys, binned(metrics, keys, BINS, "bound evidence", "numbers"), strict=True)))
         if not (evidence.count == np.round(evidence.count)).all():
-            raise ValueError(f"its bound evidence is malformed: '{COUNT}' must hold whole "
+            raise ValueError(f"its bound evidence is malformed: '{keys[0]}' must hold whole "
                              "numbers")
         evidence.check()
         return evidence
 
-    def to_metrics(self) -> dict[str, list[float]]:
-        return {key: array.tolist() for key, array in zip(KEYS, self._arrays(), strict=True)}
+    def to_metrics(self, keys: tuple[str, ...] = KEYS) -> dict[str, list[float]]:
+        return {key: array.tolist() for key, array in zip(keys, self._arrays(), strict=True)}
 
     @classmethod
     def from_record(cls, record: Any) -> "BoundEvidence":
@@ -190,6 +214,15 @@ class BoundEvidence:
         its lower edge: what client.learning.bound merges with a device's own labels."""
         held = np.flatnonzero(self.count > 0)
         return (edges()[held], *(a[held] for a in self._arrays()))
+
+
+def round_pool(published: BoundEvidence, sums: Iterable[BoundEvidence], judge: str
+               ) -> BoundEvidence:
+    """What a round publishes for one judge: the sum of its devices' (screened, capped)
+    ``sums``, named by the round's ``judge``; each device sends all of its labels every
+    time, so it replaces the ``published`` pool, which a round without labels keeps."""
+    pooled = sum(sums, BoundEvidence.empty())
+    return pooled.judged_by(judge) if pooled.labels else published
 
 
 def _numbers(value: list[Any], key: str) -> np.ndarray:

@@ -8,7 +8,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,6 +22,9 @@ if TYPE_CHECKING:  # reading the metadata (which model a device runs) needs no t
 WEIGHTS = "weights.safetensors"
 META = "meta.json"
 LATEST = "LATEST"
+# The verifier's tensors travel in the same record as the encoder's, under this prefix:
+# one update, so screening, clipping, FedAvg, DP and the compression treat both at once.
+VERIFIER = "verifier."
 # The key of a Flower round's config record holding the server's signed description
 # (a GlobalModel's JSON) of the global model the message carries.
 DESCRIPTION_KEY = "global-model"
@@ -48,6 +51,10 @@ class GlobalModel:
     # (shared.fl.bound_evidence, its ``to_record`` form), under the signature as the
     # threshold is; {}: none.
     bound: dict[str, Any] = field(default_factory=dict)
+    # The same of the cosine's labels (caches with the learned verifier off), naming the
+    # cosine's vector space as ``bound`` names its verifier; {}: none (as in a model
+    # published before it existed, which carries one pool).
+    cosine_bound: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -55,13 +62,20 @@ class GlobalModel:
         return f"the global model of round {self.round}"
 
     def to_json(self) -> dict[str, Any]:
-        """Its fields; ``verifier_base`` and ``bound`` only where set, so what a server
-        signed before they existed verifies unchanged."""
+        """Its fields; ``verifier_base``, ``bound`` and ``cosine_bound`` only where set,
+        so what a server signed before they existed verifies unchanged."""
         fields = asdict(self)
-        for name in ("verifier_base", "bound"):
+        for name in ("verifier_base", "bound", "cosine_bound"):
             if not fields[name]:
                 del fields[name]
         return fields
+
+
+def verifier_only(names: Iterable[str]) -> bool:
+    """Whether weights of these tensor names leave the encoder as the base model is: none
+    is the encoder's (run config train-encoder = 0, where the verifier alone is
+    federated), so its vector space, and the cosine's judge, stay the base model's."""
+    return all(name.startswith(VERIFIER) for name in names)
 
 
 def state_sha256(state: "dict[str, torch.Tensor]") -> str:
@@ -80,12 +94,12 @@ def save_checkpoint(root: Path, round_number: int, state: "dict[str, torch.Tenso
                     threshold: float, base_model: str, top_layers: int,
                     metrics: dict[str, float] | None = None,
                     sign: Callable[[GlobalModel], GlobalModel] | None = None,
-                    verifier_base: str = "", bound: dict[str, Any] | None = None
-                    ) -> GlobalModel:
+                    verifier_base: str = "", bound: dict[str, Any] | None = None,
+                    cosine_bound: dict[str, Any] | None = None) -> GlobalModel:
     """``sign``: what turns the metadata into what is written: the server's signing
     (shared.fl.signing.sign with its key), or on a device the server's signed description
     of these same weights (checked against state_sha256 first). ``verifier_base`` and
-    ``bound``: see GlobalModel."""
+    ``bound`` and ``cosine_bound``: see GlobalModel."""
     from safetensors.torch import save_file
 
     root.mkdir(parents=True, exist_ok=True)
@@ -95,7 +109,7 @@ def save_checkpoint(root: Path, round_number: int, state: "dict[str, torch.Tenso
     save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / WEIGHTS))
     meta = GlobalModel(round_number, float(threshold), sha256_file(tmp / WEIGHTS), base_model,
                        top_layers, dict(metrics or {}), verifier_base=verifier_base,
-                       bound=dict(bound or {}))
+                       bound=dict(bound or {}), cosine_bound=dict(cosine_bound or {}))
     if sign is not None:
         meta = sign(meta)
     (tmp / META).write_text(json.dumps(meta.to_json(), indent=2))

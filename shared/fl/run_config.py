@@ -21,7 +21,7 @@ RunConfig = Mapping[str, bool | int | float | str]
 # refuses to hand the signature of an app to a run that overrides any of them
 # (fl_server.fleet_gateway).
 DEVICE_KEYS = frozenset({
-    "encoder-model", "top-layers", "seed", "epochs", "batch-size", "learning-rate",
+    "encoder-model", "top-layers", "train-encoder", "seed", "epochs", "batch-size", "learning-rate",
     "min-pairs", "data-source", "qqp-path", "partitioning", "pairs-per-client", "cache-dir",
     "update-bits", "update-rank", "verifier-top-layers", "verifier-model",
 })
@@ -95,14 +95,23 @@ class ModelConfig:
     seed: int
     verifier_layers: int  # the verifier's top layers trained (and its head); 0: not federated
     verifier_dir: Path | None  # its int8 base (verifier.onnx and card); None: the shipped one
+    # False: the encoder is not federated (the verifier alone is): no encoder tensor
+    # travels, and every device keeps the base model's vector space
+    train_encoder: bool = True
 
     @classmethod
     def from_run_config(cls, config: RunConfig) -> "ModelConfig":
-        return cls(encoder_model=read(config, "encoder-model", str) or None,
-                   top_layers=read(config, "top-layers", int, at_least(0)),
-                   seed=read(config, "seed", int),
-                   verifier_layers=read(config, "verifier-top-layers", int, at_least(0)),
-                   verifier_dir=read_path(config, "verifier-model"))
+        model = cls(encoder_model=read(config, "encoder-model", str) or None,
+                    top_layers=read(config, "top-layers", int, at_least(0)),
+                    seed=read(config, "seed", int),
+                    verifier_layers=read(config, "verifier-top-layers", int, at_least(0)),
+                    verifier_dir=read_path(config, "verifier-model"),
+                    train_encoder=read(config, "train-encoder", int,
+                                       (lambda v: v in (0, 1), "0 or 1")) == 1)
+        if not model.train_encoder and model.verifier_layers == 0:
+            raise RunConfigError("run config 'train-encoder' = 0 needs "
+                                 "'verifier-top-layers' > 0: else nothing is trained")
+        return model
 
 
 def read_update_rank(config: RunConfig) -> int:

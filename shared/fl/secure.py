@@ -8,10 +8,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from meancache.shared.fl.bound_evidence import COSINE_KEYS
 from meancache.shared.fl.bound_evidence import KEYS as BOUND_KEYS
 from meancache.shared.fl.evidence import KEYS as SIMILARITY_KEYS
 
-KEYS = (*SIMILARITY_KEYS, *BOUND_KEYS)  # the lists a reply's metrics hold
+KEYS = (*SIMILARITY_KEYS, *BOUND_KEYS, *COSINE_KEYS)  # the lists a reply's metrics hold
 
 NAMES = "tensor-names"  # fit-config key: the weights' names, one a line, in list order
 SECURE = "secure-aggregation"  # fit-config key: this round is SecAgg+ (no quantised update)

@@ -14,15 +14,13 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
+from meancache.shared.fl.checkpoint import VERIFIER
 
 if TYPE_CHECKING:  # the type only: importing sentence-transformers costs seconds
     from sentence_transformers import SentenceTransformer
 
 _LAYER = re.compile(r"\.encoder\.layer\.(\d+)\.")
 _EMBEDDINGS = ".embeddings."
-# The verifier's tensors travel in the same record as the encoder's, under this prefix:
-# one update, so screening, clipping, FedAvg, DP and the compression treat both at once.
-VERIFIER = "verifier."
 
 
 def federated_names(model: "SentenceTransformer", top_layers: int = 0) -> list[str]:

@@ -21,11 +21,11 @@ from meancache.client.config import Settings, load_settings
 from meancache.client.device_caches import proxy_dir
 from meancache.client.errors import SyncError
 from meancache.client.fl.sync import SyncResult, sync_global_model
-from meancache.client.learning.state import pooled
+from meancache.client.learning.state import Learned, pooled
 from meancache.fl_server.model_endpoint import NO_SIGNED_MODEL, create_model_app
 from meancache.shared.errors import CheckpointError
 from meancache.shared.files import sha256_file
-from meancache.shared.fl.bound_evidence import BoundEvidence
+from meancache.shared.fl.bound_evidence import MAX_WEIGHT, BoundEvidence, cosine_judge
 from meancache.shared.fl.checkpoint import (
     LATEST,
     META,
@@ -441,33 +441,60 @@ def test_a_tampered_checkpoint_is_neither_served_nor_installed(
     assert cache_threshold(device) == pytest.approx(0.8)
 
 
-def _pooled_labels(settings: Settings) -> int:
+def _pooled_labels(settings: Settings, judge: str | None = None) -> int:
     with closing(EntryStore(settings.cache_dir)) as store:
-        return pooled(store).labels
+        return pooled(store, judge).labels
 
 
 def test_sync_installs_the_pooled_bound_evidence_only_as_signed(
         url: str, server_root: Path, settings: Settings) -> None:
     """The error-bound evidence the server pooled travels in the signed description, as
-    the threshold does: installed with the model, and a copy whose evidence was altered
-    (more right labels, the hash fixed) is refused from whoever serves it."""
+    the threshold does: both pools (the verifier's labels and the cosine's, each naming
+    its judge) installed with the model, and a copy whose evidence was altered (more
+    right labels, the hash fixed) is refused from whoever serves it, as is a signed one
+    whose cosine pool no labels could make; a model published with one pool (before the
+    cosine's was pooled) still installs."""
     evidence = BoundEvidence.of_labels(np.linspace(0.3, 0.5, 400), np.zeros(400), np.ones(400))
+    cosine = BoundEvidence.of_labels(np.linspace(0.8, 0.9, 90), np.zeros(90), np.ones(90)
+                                     ).judged_by(cosine_judge("space"))
     state = {"w": torch.zeros(4, 4)}
     save_checkpoint(server_root, 1, state, 0.8, "base", 0, {},
-                    partial(sign, key=server_key(server_root)), bound=evidence.to_record())
+                    partial(sign, key=server_key(server_root)),
+                    bound=evidence.judged_by("verifier").to_record(),
+                    cosine_bound=cosine.to_record())
     sync_global_model(url, settings)
-    assert _pooled_labels(settings) == 400
-    save_checkpoint(server_root, 2, state, 0.8, "base", 0, {},
-                    partial(sign, key=server_key(server_root)), bound=evidence.to_record())
-    meta = json.loads((round_dir(server_root, 2) / META).read_text())
-    meta["bound"]["bound-labels"][0] += 1000
-    meta["bound"]["bound-weight"][0] += 1000
-    meta["bound"]["bound-weight-squared"][0] += 1000
-    (round_dir(server_root, 2) / META).write_text(json.dumps(meta))
-    with serving(impostor_endpoint(server_root)) as impostor:
-        with pytest.raises(CheckpointError, match="round 2 is not signed"):
-            sync_global_model(impostor, settings)
+    assert _pooled_labels(settings) == 400 and _pooled_labels(settings, "verifier") == 400
+    assert _pooled_labels(settings, cosine_judge("space")) == 90
+    with closing(EntryStore(settings.cache_dir)) as store:  # a cache applies its judge's
+        assert Learned(store, 0.02, 0.5, judge=cosine_judge("space")).bound.pooled == 90
+        assert Learned(store, 0.02, 0.556, judge="verifier").bound.pooled == 400
+    for number, field, key in ((2, "bound", "bound-labels"),
+                               (3, "cosine_bound", "bound-labels")):
+        save_checkpoint(server_root, number, state, 0.8, "base", 0, {},
+                        partial(sign, key=server_key(server_root)),
+                        bound=evidence.to_record(), cosine_bound=cosine.to_record())
+        meta = json.loads((round_dir(server_root, number) / META).read_text())
+        meta[field][key][0] += 1000
+        meta[field]["bound-weight"][0] += 1000
+        meta[field]["bound-weight-squared"][0] += 1000
+        (round_dir(server_root, number) / META).write_text(json.dumps(meta))
+        with serving(impostor_endpoint(server_root)) as impostor:
+            with pytest.raises(CheckpointError, match=f"round {number} is not signed"):
+                sync_global_model(impostor, settings)
+        assert _pooled_labels(settings, cosine_judge("space")) == 90
+    oversized = cosine.to_record()  # signed by the server, but more weight than labels
+    oversized["bound-weight"][0] = 10 * MAX_WEIGHT * oversized["bound-labels"][0]
+    save_checkpoint(server_root, 4, state, 0.8, "base", 0, {},
+                    partial(sign, key=server_key(server_root)), cosine_bound=oversized)
+    with pytest.raises(SyncError, match="pooled bound evidence is invalid"):
+        sync_global_model(url, settings)
     assert _pooled_labels(settings) == 400 and latest_name(settings) == "round-0001"
+    save_checkpoint(server_root, 5, state, 0.8, "base", 0, {},  # one pool, as before
+                    partial(sign, key=server_key(server_root)),
+                    bound=evidence.judged_by("verifier").to_record())
+    sync_global_model(url, settings)
+    assert _pooled_labels(settings, "verifier") == 400
+    assert _pooled_labels(settings, cosine_judge("space")) == 0  # replaced: none now
 
 
 def test_an_unsigned_or_foreign_checkpoint_is_refused(server_root: Path, settings: Settings,

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
 from meancache.client.device_caches import set_device_pooled
-from meancache.shared.fl.bound_evidence import BoundEvidence
+from meancache.shared.fl.bound_evidence import BoundEvidence, cosine_judge
 from meancache.shared.verifier.runtime import Card, LearnedVerifier, read_card
 
 from tests.support.tiny_verifier import built_tiny_verifier
@@ -68,6 +68,31 @@ def test_an_open_cache_answers_from_a_pool_installed_while_it_is_open(
     hit = cache.lookup(PARAPHRASE)  # 400 right labels from score 0 up: the bound passes
     assert isinstance(hit, Hit) and hit.answer == ANSWER and hit.matched_query == FRANCE
     assert cache.learned.bound.pooled == 400
+
+
+def test_a_global_models_two_pools_reach_each_cache_by_the_judge_it_runs(
+        make_cache: CacheFactory, declining: LearnedVerifier, tmp_path: Path) -> None:
+    """A global model carries the verifier's pool and the cosine's: installed in every
+    cache, each applies the one naming its judge, the verifier-on cache the verifier's,
+    the verifier-off cache (verify_hits false: the embedding's cosine judges) the one
+    naming its own vector space, and neither the other's."""
+    on = make_cache(tmp_path / "on", settings=SETTINGS, verifier=declining)
+    off = make_cache(tmp_path / "off", settings=SETTINGS.model_copy(update={
+        "verify_hits": False}))
+    for cache in (on, off):
+        cache.insert(FRANCE, ANSWER)
+        cache.lookup(PARAPHRASE)  # its judge is named when it first weighs a candidate
+    space = cosine_judge(off.encoder.version)
+    assert (on.learned.judge, off.learned.judge) == (declining.card.judge, space)
+    verifier = BoundEvidence.of_labels(np.linspace(0.0, 0.05, 300), np.zeros(300),
+                                       np.ones(300))
+    cosine = BoundEvidence.of_labels(np.linspace(0.0, 0.05, 400), np.zeros(400), np.ones(400))
+    set_device_pooled([tmp_path / "on", tmp_path / "off"],
+                      verifier.judged_by(declining.card.judge), cosine.judged_by(space))
+    assert (on.learned.bound.pooled, off.learned.bound.pooled) == (300, 400)
+    assert on.learned.pooled.judge == declining.card.judge and off.learned.pooled.judge == space
+    set_device_pooled([tmp_path / "off"], cosine.judged_by(cosine_judge("another space")))
+    assert off.learned.bound.pooled == 0  # a cosine measured elsewhere says nothing here
 
 
 def test_a_different_answer_is_a_wrong_label_and_no_alias(

@@ -12,12 +12,15 @@ from meancache.client.learning.bound import Label, labels_needed
 from meancache.client.learning.explore import Exploration
 from meancache.client.learning.state import (
     CHUNK,
+    POOLED,
     Learned,
     labelled_questions,
+    pooled,
+    pools,
     send_evidence,
     set_pooled,
 )
-from meancache.shared.fl.bound_evidence import BoundEvidence
+from meancache.shared.fl.bound_evidence import BoundEvidence, cosine_judge
 
 PRIOR = 0.556
 JUDGE = "verifier-a"  # the verifier scoring (its card.judge)
@@ -47,6 +50,41 @@ def test_a_device_sends_and_applies_only_the_pool_of_the_judge_it_runs(tmp_path:
         assert mine.bound.pooled == applied, judge
         opened = Learned(store, 0.02, PRIOR, judge="verifier-b")  # and one opened after
         assert opened.pooled.labels == 400 and opened.bound.pooled == applied, judge
+    store.close()
+
+
+def test_the_cosine_judges_labels_are_sent_and_its_pool_applied_only_with_the_verifier_off(
+        tmp_path: Path) -> None:
+    """With the learned verifier off the embedding's cosine judges, named by its vector
+    space: a device sends those labels for the round's cosine (not for its verifier, nor
+    another space's), a global model's two pools are both installed, and each cache
+    applies the one naming the judge it runs: the verifier's with the verifier on, the
+    cosine's of its own space with it off, none for a space no pool names (a PCA layer
+    of its own); an older install (one pool, not a list) still reads."""
+    space, other_space = cosine_judge("full-space"), cosine_judge("own-pca")
+    store = EntryStore(tmp_path)
+    off = Learned(store, 0.02, 0.8, judge=space)  # tau is the cosine's prior
+    for i in range(40):
+        off.learn(Label(0.85 + i / 400, i % 20 == 0, entry=f"c{i}"))
+    off.judge = JUDGE  # the same device's verifier-on cache
+    for i in range(25):
+        off.learn(Label(0.7, False, entry=f"v{i}"))
+    cosine_sent, verifier_sent = send_evidence(store, space), send_evidence(store, JUDGE)
+    assert (cosine_sent.labels, float(cosine_sent.wrong.sum())) == (40, 2)
+    assert verifier_sent.labels == 25 and send_evidence(store, other_space).labels == 0
+    right = BoundEvidence.of_labels(np.linspace(0.3, 0.5, 400), np.zeros(400), np.ones(400))
+    verifier_pool = BoundEvidence.of_labels(np.full(300, 0.4), np.zeros(300), np.ones(300))
+    set_pooled(store, verifier_pool.judged_by(JUDGE), right.judged_by(space))
+    assert [pool.labels for pool in pools(store)] == [300, 400]
+    assert pooled(store, space).labels == 400 and pooled(store).judge == JUDGE
+    for judge, prior, applied in ((space, 0.8, 400), (JUDGE, PRIOR, 300),
+                                  (other_space, 0.8, 0)):
+        opened = Learned(store, 0.02, prior, judge=judge)
+        assert opened.bound.pooled == applied, judge
+        assert (opened.bound.threshold < prior) == bool(applied), judge  # the pool lowers it
+    store.set_states({POOLED: right.judged_by(space).to_record()})  # installed by an old one
+    assert Learned(store, 0.02, 0.8, judge=space).bound.pooled == 400
+    assert Learned(store, 0.02, PRIOR, judge=JUDGE).bound.pooled == 0
     store.close()
 
 

@@ -34,8 +34,14 @@ from meancache.shared.errors import (
     FlowerCommandError,
     RunConfigError,
 )
+from meancache.shared.fl.bound_evidence import (
+    COSINE_KEYS,
+    ROUND_COSINE_JUDGE,
+    ROUND_JUDGE,
+    BoundEvidence,
+    cosine_judge,
+)
 from meancache.shared.fl.bound_evidence import KEYS as BOUND_KEYS
-from meancache.shared.fl.bound_evidence import ROUND_JUDGE, BoundEvidence
 from meancache.shared.fl.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -226,18 +232,27 @@ def test_device_training_sends_only_weights_counts_and_similarity_evidence(
     learned.judge = "the round's verifier"
     for i in range(30):
         learned.learn(Label(0.5 + i / 100, i == 4, 0.5 if i % 2 else 1.0, entry=f"e{i}"))
+    learned.judge = cosine_judge("the round's encoder")  # a cache with the verifier off
+    for i in range(12):
+        learned.learn(Label(0.8 + i / 100, i < 3, entry=f"c{i}"))
+    learned.judge = cosine_judge("its own PCA space")  # a space no other device shares
+    for i in range(7):
+        learned.learn(Label(0.9, False, entry=f"p{i}"))
     store.close()
     request = train_message(tiny, 1)
     request.content["config"][ROUND_JUDGE] = "the round's verifier"
+    request.content["config"][ROUND_COSINE_JUDGE] = cosine_judge("the round's encoder")
     reply = client_app(request, device_context(tmp_path, tiny_dir))
     assert not reply.has_error(), reply.error if reply.has_error() else ""
     content = reply.content
     assert set(content.array_records) == {"arrays"}
     assert not content.config_records
     assert set(content["metrics"]) == {"num-examples", "train-loss", "skipped", *EVIDENCE_KEYS,
-                                       *BOUND_KEYS}
+                                       *BOUND_KEYS, *COSINE_KEYS}
     bound = BoundEvidence.from_metrics(content["metrics"])  # its labels as sums per bin
     assert (bound.labels, bound.weight.sum(), bound.wrong.sum()) == (30, 45.0, 1.0)
+    cosine = BoundEvidence.from_metrics(content["metrics"], COSINE_KEYS)  # and the cosine's
+    assert (cosine.labels, cosine.weight.sum(), cosine.wrong.sum()) == (12, 12.0, 3.0)
     assert content["metrics"]["num-examples"] > 0 and content["metrics"]["skipped"] == 0
     # its validation pairs (a fifth of 24), as counts per similarity bin
     assert Evidence.from_metrics(content["metrics"]).pairs == 24 - int(24 * 0.8)
@@ -370,6 +385,7 @@ def test_the_run_config_is_typed_from_the_app_defaults() -> None:
 
 @pytest.mark.parametrize(("side", "key", "value", "message"), [
     (ServerConfig, "top-layers", -1, "run config 'top-layers' must be >= 0, not -1"),
+    (ClientConfig, "train-encoder", 2, "run config 'train-encoder' must be 0 or 1, not 2"),
     (ServerConfig, "fraction-train", "all",
      "run config 'fraction-train' must be a number, not 'all'"),
     (ServerConfig, "fraction-train", 1.5, "run config 'fraction-train' must be between 0 and 1"),
@@ -445,6 +461,16 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path,
     first = read_meta(round_dir(tmp_path / "ckpt", 1))
     assert BoundEvidence.from_record(first.bound).judge == read_card(tiny_verifier).sha256
     assert BoundEvidence.from_record(meta.bound).judge == first.sha256
+    # the cosine's labels likewise (the same pairs scored by the global encoder), each
+    # round's pool naming the space a device's encoder is in with the model it was sent:
+    # the base model's for round 1, round 1's global weights over it for round 2
+    assert rows[0]["cosine_bound_labels"] == 0
+    assert rows[1]["cosine_bound_labels"] == rows[2]["cosine_bound_labels"] == 2 * validation
+    assert BoundEvidence.from_record(meta.cosine_bound).labels == 2 * validation
+    assert BoundEvidence.from_record(first.cosine_bound).judge == cosine_judge(
+        Encoder.load(tiny_dir, backend="torch").version)
+    assert BoundEvidence.from_record(meta.cosine_bound).judge == cosine_judge(Encoder.load(
+        tiny_dir, backend="torch", global_weights=round_dir(tmp_path / "ckpt", 1)).version)
     assert meta.verifier_base == read_card(tiny_verifier).sha256 and set(state) == set(initial)
     assert rows[1]["rejected"] == 0  # honest devices pass the screening
     assert "epsilon" not in rows[1]  # no privacy is claimed without DP

@@ -12,7 +12,9 @@ from meancache.client.fl.client_app import app as client_app
 from meancache.fl_server.app_declaration import default_run_config
 from meancache.fl_server.run_config import ServerConfig
 from meancache.fl_server.simulate import SimulationConfig, simulate
+from meancache.shared.encoder import Encoder
 from meancache.shared.errors import RunConfigError
+from meancache.shared.fl.bound_evidence import BoundEvidence, cosine_judge
 from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
 from meancache.shared.fl.signing import PUBLIC_KEY, read_public_key, verify
 from meancache.shared.fl.weights import federated_names, federated_state
@@ -93,6 +95,14 @@ def test_secure_aggregation_learns_the_plain_fedavg_within_its_quantisation(
     assert any(not torch.equal(hidden[n], v) for n, v in seen.items())  # masked, rounded
     # every stage's replies are counted: more than the plain float32 weights
     assert secure[1]["bytes_per_client"] > plain_bytes > 0
+    # the cosine's labels (each device's validation pairs, scored by the global encoder)
+    # were not masked: pooled as in plain rounds, under the base model's space (the one
+    # this run started from), signed with the model; no verifier, so no verifier labels
+    cosine = BoundEvidence.from_record(meta.cosine_bound)
+    assert cosine.labels == secure[1]["cosine_bound_labels"] == DEVICES * (
+        PAIRS_PER_CLIENT - TRAINED)
+    assert cosine.judge == cosine_judge(Encoder.load(tiny_dir, backend="torch").version)
+    assert BoundEvidence.from_record(meta.bound).labels == 0
     print(f"bytes per client per round: plain float32 {plain_bytes}, "
           f"SecAgg+ {secure[1]['bytes_per_client']:.0f}")
 

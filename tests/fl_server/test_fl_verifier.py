@@ -23,15 +23,21 @@ from meancache.client.fl.sync import sync_global_model
 from meancache.client.learning.bound import Label
 from meancache.client.learning.state import Learned
 from meancache.client.verifier import load_device_verifier
+from meancache.fl_server.app_declaration import default_run_config
 from meancache.fl_server.model_endpoint import create_model_app
-from meancache.shared.errors import CheckpointError, VerifierError
+from meancache.fl_server.round_model import RoundModels
+from meancache.shared.encoder import Encoder
+from meancache.shared.errors import CheckpointError, RunConfigError, VerifierError
+from meancache.shared.fl.bound_evidence import ROUND_COSINE_JUDGE, cosine_judge
 from meancache.shared.fl.checkpoint import (
     DESCRIPTION_KEY,
     META,
+    VERIFIER,
     latest_checkpoint,
     read_meta,
     save_checkpoint,
 )
+from meancache.shared.fl.run_config import ModelConfig
 from meancache.shared.fl.signing import PUBLIC_KEY, server_key, sign
 from meancache.shared.fl.weights import (
     federated_names,
@@ -51,6 +57,7 @@ from sentence_transformers import SentenceTransformer
 
 from tests.support.fl import (
     FEEDBACK,
+    ROUND_KEY,
     device_context,
     device_with_feedback,
     impostor_endpoint,
@@ -191,6 +198,43 @@ def test_a_device_trains_the_verifier_and_runs_the_global_one_as_int8(
     first, second = zip(*PAIRS, strict=True)
     assert not np.allclose(device.pair_probabilities(first, second),
                            base.pair_probabilities(first, second), atol=1e-4)
+
+
+def test_a_run_federating_the_verifier_alone_keeps_every_devices_vector_space(
+    tmp_path: Path, tiny_dir: Path, tiny: SentenceTransformer, tiny_verifier: Path,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """train-encoder = 0: the round carries the verifier's tensors alone, a device trains
+    and sends only those, and the global model it keeps leaves its encoder the base
+    model, of the base model's version (no cache re-embeds), so the cosine every round
+    names (fl_server.round_model) is the one its verifier-off caches run, round after
+    round: the pool of the cosine's labels applies."""
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    trust_round_key(monkeypatch)
+    device_with_feedback(tmp_path, FEEDBACK)
+    context = device_context(tmp_path, tiny_dir, {"verifier-top-layers": 1, "train-encoder": 0,
+                                                  "verifier-model": str(tiny_verifier)})
+    base = Encoder.load(tiny_dir, backend="torch")
+    models = RoundModels(ROUND_KEY, base.base_version, 1, 0, read_card(tiny_verifier).sha256)
+    sent = ArrayRecord({k: v for k, v in _global(tiny, tiny_verifier, nudge=0.05).items()
+                        if k.startswith(VERIFIER)})
+    request = message(RecordDict({"arrays": sent, "config": ConfigRecord({
+        "threshold": 0.8, DESCRIPTION_KEY: models.describe(1, 0.8, sent),
+        ROUND_COSINE_JUDGE: models.cosine_judge(1, sent)})}))
+    reply = client_app(request, context)
+    assert not reply.has_error(), reply.error if reply.has_error() else ""
+    assert reply.content["metrics"]["train-loss"] == 0.0  # the encoder did not train
+    assert reply.content["metrics"]["verifier-train-loss"] > 0
+    assert set(weights_sent(reply, request)) == set(sent)  # the verifier's tensors alone
+    kept = latest_checkpoint(load_settings(data_dir=tmp_path).global_model_dir)
+    assert kept is not None and kept.name == "round-0001"
+    device = Encoder.load(tiny_dir, backend="torch", global_weights=kept)
+    assert device.version == base.version  # the base model's space: nothing re-embeds
+    assert models.cosine_judge(1, sent) == models.cosine_judge(7, sent) == cosine_judge(
+        device.version) == models.cosine_judge(0, sent)
+    with pytest.raises(RunConfigError, match="'train-encoder' = 0 needs"):
+        ModelConfig.from_run_config({**default_run_config(), "train-encoder": 0,
+                                     "verifier-top-layers": 0})
 
 
 def _publish(root: Path, tiny: SentenceTransformer, verifier_dir: Path) -> None:
