@@ -8,19 +8,29 @@ Federated learning trains on the pairs of all of them and sets the global tau of
 them (client/fl/device.py), while a lookup only ever reads its own app's. Outside
 client/proxy/, since FL (which the chat uses) must not import the proxy."""
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
 from pathlib import Path
 
+import numpy as np
 from meancache.client.cache.store import EntryStore
 from meancache.client.config import Settings
 from meancache.client.errors import EntryNotFoundError
-from meancache.client.learning.bound import USER
-from meancache.client.learning.state import aliases, labelled_questions, send_evidence, set_pooled
+from meancache.client.learning.bound import USER, Label
+from meancache.client.learning.state import (
+    aliases,
+    labelled_questions,
+    send_evidence,
+    send_rescored,
+    set_pooled,
+)
 from meancache.client.matching.labels import labelled_pairs
 from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.pairs import Pair
 from meancache.shared.query import normalise_query
+
+# A judge that scores pairs anew: (question, its entry's question) -> a score each.
+Rescore = Callable[[list[Pair]], np.ndarray]
 
 
 def proxy_dir(settings: Settings) -> Path:
@@ -87,6 +97,39 @@ def device_bound_evidence(cache_dirs: Iterable[Path], judges: Sequence[str]
                 evidence = [sums + send_evidence(store, judge)
                             for sums, judge in zip(evidence, judges, strict=True)]
     return evidence
+
+
+def device_rescored_evidence(cache_dirs: Iterable[Path],
+                             judges: Sequence[tuple[str, Rescore | None]]
+                             ) -> list[BoundEvidence]:
+    """Each judge's error-bound evidence over the caches in ``cache_dirs``: with a
+    ``Rescore``, every label that kept its question and whose entry is still there scored
+    anew on (question, the entry's question), whoever scored it first; without, the
+    labels the judge named scored (``device_bound_evidence``). Marked sent alike."""
+    evidence = [BoundEvidence.empty() for _ in judges]
+    for cache_dir in cache_dirs:
+        if not cache_dir.exists():
+            continue
+        with closing(EntryStore(cache_dir)) as store:
+            labels, pairs = _with_entries(store)
+            evidence = [sums + (send_evidence(store, judge) if rescore is None else
+                                send_rescored(store, labels, rescore(pairs)))
+                        for sums, (judge, rescore) in zip(evidence, judges, strict=True)]
+    return evidence
+
+
+def _with_entries(store: EntryStore) -> tuple[list[Label], list[Pair]]:
+    """The labels that kept their question and whose entry is there, each with the pair
+    (question, the entry's question) a judge scores."""
+    labels, pairs = [], []
+    for label in labelled_questions(store):
+        try:
+            stored = store.get(label.entry).query
+        except EntryNotFoundError:
+            continue
+        labels.append(label)
+        pairs.append(Pair(label.question, stored, int(not label.wrong)))
+    return labels, pairs
 
 
 def set_device_pooled(cache_dirs: Iterable[Path], *evidence: BoundEvidence) -> None:

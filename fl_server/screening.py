@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from meancache.shared.fl.bound_evidence import COSINE_KEYS, BoundEvidence
+from meancache.shared.fl.bound_evidence import KEYS as BOUND_KEYS
 from meancache.shared.fl.compression import decode_update, is_compressed
 from meancache.shared.fl.evidence import Evidence
 
@@ -80,10 +81,11 @@ def reject_reason(message: Message, global_arrays: ArrayRecord) -> str | None:
         return f"'{COUNT_KEY}' must be a whole number >= 0, not {count!r}"
     try:
         Evidence.from_metrics(metrics)
-        BoundEvidence.from_metrics(metrics)
-        BoundEvidence.from_metrics(metrics, COSINE_KEYS)
     except ValueError as exc:
         return str(exc)
+    reason = bound_reason(metrics)
+    if reason is not None:
+        return reason
     arrays = message.content.array_records.get("arrays")
     if arrays is None or set(arrays) != set(global_arrays):
         return "its weights are not the global model's (other names)"
@@ -92,6 +94,17 @@ def reject_reason(message: Message, global_arrays: ArrayRecord) -> str | None:
             return f"its weights are not the global model's ({name} has another shape)"
         if not np.isfinite(array.numpy()).all():
             return f"its weights hold non-finite values ({name})"
+    return None
+
+
+def bound_reason(metrics: MetricRecord) -> str | None:
+    """Why a reply's error-bound evidence (the verifier's and the cosine's) may not be
+    pooled, or None when it may."""
+    try:
+        BoundEvidence.from_metrics(metrics)
+        BoundEvidence.from_metrics(metrics, COSINE_KEYS)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 
@@ -141,6 +154,38 @@ def cap_labels(claimed: list[BoundEvidence], limit: float
     return [e.at_most(cap) for e in claimed], sum(e.labels > cap for e in claimed)
 
 
+def capped_bounds(kept: list[Message], limit: float
+                  ) -> tuple[list[BoundEvidence], int, list[BoundEvidence], int]:
+    """The verifier's and the cosine's labels of each kept reply, each set capped alike
+    (``cap_labels``), with how many of each were capped."""
+    return (*cap_labels([BoundEvidence.from_metrics(_metrics(m)) for m in kept], limit),
+            *cap_labels([BoundEvidence.from_metrics(_metrics(m), COSINE_KEYS) for m in kept],
+                        limit))
+
+
+def screen_evidence(replies: list[Message], limits: ReplyLimits) -> Screened:
+    """An evidence round's replies (fl_server.evidence_round: sums of labels, no weights,
+    no training): each reply's error-bound evidence checked as a training reply's is, a
+    reply holding anything else dropped, and the labels capped alike."""
+    kept: list[Message] = []
+    rejected: dict[int, str] = {}
+    for message in replies:
+        if message.has_error():
+            continue
+        metrics = _metrics(message)
+        extra = sorted(set(metrics) - set(BOUND_KEYS) - set(COSINE_KEYS))
+        reason = (f"an evidence reply holds only bound evidence, not {extra}" if extra
+                  or message.content.array_records else bound_reason(metrics))
+        if reason is None:
+            kept.append(message)
+        else:
+            rejected[message.metadata.src_node_id] = reason
+            log.warning("rejected the evidence of node %d: %s",
+                        message.metadata.src_node_id, reason)
+    bound, clamped_bound, cosine, clamped_cosine = capped_bounds(kept, limits.max_examples)
+    return Screened(kept, [], rejected, 0, 0, bound, clamped_bound, cosine, clamped_cosine)
+
+
 def screen(replies: list[Message], global_arrays: ArrayRecord, limits: ReplyLimits
            ) -> Screened:
     """Drop the unfit replies and bound the rest (their content is changed in place)."""
@@ -163,11 +208,7 @@ def screen(replies: list[Message], global_arrays: ArrayRecord, limits: ReplyLimi
     pairs_cap = median_cap([e.pairs for e in claimed], limits.max_examples)
     evidence = [e.at_most(pairs_cap) for e in claimed]
     clamped_evidence = sum(e.pairs > pairs_cap for e in claimed)
-    bound, clamped_bound = cap_labels(
-        [BoundEvidence.from_metrics(_metrics(m)) for m in kept], limits.max_examples)
-    cosine, clamped_cosine = cap_labels(
-        [BoundEvidence.from_metrics(_metrics(m), COSINE_KEYS) for m in kept],
-        limits.max_examples)
+    bound, clamped_bound, cosine, clamped_cosine = capped_bounds(kept, limits.max_examples)
     clipped_updates = 0
     for message, count in zip(kept, counts, strict=True):
         _metrics(message)[COUNT_KEY] = int(min(count, cap))

@@ -1,7 +1,8 @@
 """The Flower ServerApp: FedAvg of the encoder's and the learned verifier's weights (one
 record, the verifier's under ``verifier.``: shared.fl.weights) and of the thresholds, the
-devices' error-bound evidence pooled, a versioned checkpoint after every round. Its
-settings: fl_server.run_config.ServerConfig.
+devices' error-bound evidence pooled, a versioned checkpoint after every round, and after
+the last an evidence round (fl_server.evidence_round) that pools the labels scored by the
+final model's judges. Its settings: fl_server.run_config.ServerConfig.
 """
 
 import logging
@@ -12,6 +13,7 @@ from pathlib import Path
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
+from meancache.fl_server.evidence_round import run_evidence_round
 from meancache.fl_server.privacy import SampledClientsDP, SecureSumDP
 from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.rounds import HeldOut, RoundRecorder
@@ -145,3 +147,5 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
         train_config=ConfigRecord({"threshold": threshold}),
         evaluate_fn=recorder,
     )
+    if config.evidence_round:
+        run_evidence_round(grid, config.checkpoint_dir, models, limits, config.round_timeout)

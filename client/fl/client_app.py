@@ -88,6 +88,14 @@ def train(msg: Message, context: Context) -> Message:
     return local_round.train(msg, context)
 
 
+@app.query()
+def evidence(msg: Message, context: Context) -> Message:
+    """The evidence round after the last (fl_server.evidence_round)."""
+    from meancache.client.fl import local_round
+
+    return local_round.evidence(msg, context)
+
+
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
     from meancache.client.fl import local_round

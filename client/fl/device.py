@@ -28,10 +28,12 @@ from typing import TYPE_CHECKING
 from meancache.client.cache.threshold import set_global_threshold
 from meancache.client.config import Settings, load_settings
 from meancache.client.device_caches import (
+    Rescore,
     device_bound_evidence,
     device_cache_dirs,
     device_learned_pairs,
     device_pairs,
+    device_rescored_evidence,
     set_device_pooled,
 )
 from meancache.client.fl.trust import accept_fresh, installed_round, trusted_key
@@ -113,6 +115,13 @@ class DeviceState:
         training reply carries; they are marked sent (client.learning.state)."""
         return device_bound_evidence((d for _, d in device_cache_dirs(self.settings)),
                                      judges)
+
+    def rescored_evidence(self, *judges: tuple[str, Rescore | None]) -> list[BoundEvidence]:
+        """As ``bound_evidence``, each judge with a ``Rescore`` scoring every cache's
+        labels anew (federated learning's evidence round: the final global model's
+        judges, which scored none of them yet)."""
+        return device_rescored_evidence((d for _, d in device_cache_dirs(self.settings)),
+                                        judges)
 
     def pairs(self) -> list[Pair]:
         """The labelled pairs of every cache on the device, for training and threshold

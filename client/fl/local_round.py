@@ -156,11 +156,13 @@ class Received:
     cosine_judge: str = ""  # ... and whose cosine labels (ROUND_COSINE_JUDGE)
 
 
-def receive(msg: Message, config: ClientConfig, node: dict[str, Any]) -> Received:
+def receive(msg: Message, config: ClientConfig, node: dict[str, Any], keep: bool = True
+            ) -> Received:
     """Load the global weights; on a real device also keep them (and the threshold) when
     the server's signed description of them is trusted and fresh (DeviceState.keep_global:
-    else the device still takes part, and keeps what it has). A non-finite weight or an
-    invalid threshold is refused (ValueError) before anything is loaded or kept."""
+    else the device still takes part, and keeps what it has), unless ``keep`` is false
+    (the evidence round's). A non-finite weight or an invalid threshold is refused
+    (ValueError) before anything is loaded or kept."""
     threshold = check_threshold(msg.content["config"]["threshold"])
     arrays = msg.content["arrays"]
     state = arrays.to_torch_state_dict()
@@ -177,7 +179,7 @@ def receive(msg: Message, config: ClientConfig, node: dict[str, Any]) -> Receive
                              f"{config.model.verifier_layers} layers and head")
         load_federated_state(verifier, verifier_state)  # type: ignore[arg-type]
         verifier_base = base_sha(config.model.verifier_dir)
-    if "data-dir" in node:
+    if keep and "data-dir" in node:
         try:
             DeviceState(Path(str(node["data-dir"]))).keep_global(
                 state, msg.content["config"].get(DESCRIPTION_KEY), verifier_base)
@@ -186,6 +188,31 @@ def receive(msg: Message, config: ClientConfig, node: dict[str, Any]) -> Receive
     judges = [msg.content["config"].get(key, "") for key in (ROUND_JUDGE, ROUND_COSINE_JUDGE)]
     return Received(config, node, model, verifier, arrays, threshold,
                     *(judge if isinstance(judge, str) else "" for judge in judges))
+
+
+def evidence_reply(msg: Message, got: Received) -> Message:
+    """The evidence round's reply (fl_server.evidence_round): the error-bound evidence of
+    the global model received, which nothing trains: on a device every cache's labels
+    scored anew by its verifier (where federated: else the verifier the labels name
+    stays) and its encoder's cosine; in simulation the validation pairs, as a training
+    reply's."""
+    if got.config.data_source == "qqp":
+        pairs = labelled_pairs(got.config, got.node)
+        held = split(pairs, seed=got.config.train.seed)[1] \
+            if len(pairs) >= got.config.min_pairs else []
+        bound = bound_evidence(got, held, pair_similarities(got.model, for_encoder(held)))
+    else:
+        verifier = got.verifier
+        verifier_scores = None if verifier is None else \
+            (lambda pairs: pair_probabilities(verifier, pairs))
+        verifier_sums, cosine_sums = DeviceState(Path(str(got.node["data-dir"]))
+                                                 ).rescored_evidence(
+            (got.judge, verifier_scores),
+            (got.cosine_judge, lambda pairs: pair_similarities(got.model,
+                                                                for_encoder(pairs))))
+        bound = verifier_sums, cosine_sums
+    return Message(RecordDict({"metrics": MetricRecord(bound_metrics(got, bound))}),
+                   reply_to=msg)
 
 
 def train_reply(msg: Message, got: Received) -> Message:
@@ -254,6 +281,13 @@ def train(msg: Message, context: Context) -> Message:
     got = receive(msg, ClientConfig.from_run_config(context.run_config),
                   dict(context.node_config))
     return train_reply(msg, got)
+
+
+def evidence(msg: Message, context: Context) -> Message:
+    """Score this node's labels with the final global model's judges, keeping nothing."""
+    got = receive(msg, ClientConfig.from_run_config(context.run_config),
+                  dict(context.node_config), keep=False)
+    return evidence_reply(msg, got)
 
 
 def evaluate(msg: Message, context: Context) -> Message:

@@ -258,9 +258,21 @@ def send_evidence(store: StateStore, judge: str) -> BoundEvidence:
     everything = [Label(**record) for _, chunk in _chunks(store) for record in chunk]
     labels = [label for label in everything[-KEPT:] if judge and label.judge == judge]
     store.set_states({_SENT: len(everything)})
+    return _sums(labels, np.array([label.score for label in labels], dtype=float))
+
+
+def send_rescored(store: StateStore, labels: list[Label], scores: np.ndarray
+                  ) -> BoundEvidence:
+    """``labels`` (of ``labelled_questions(store)``) at the ``scores`` another judge gave
+    them (federated learning's evidence round: the final global model's), as
+    ``send_evidence`` sends a judge's own, marked as sent alike."""
+    store.set_states({_SENT: sum(len(chunk) for _, chunk in _chunks(store))})
+    return _sums(labels, np.asarray(scores, dtype=float))
+
+
+def _sums(labels: list[Label], scores: np.ndarray) -> BoundEvidence:
     return BoundEvidence.of_labels(
-        np.array([label.score for label in labels], dtype=float),
-        np.array([label.wrong for label in labels], dtype=float),
+        scores, np.array([label.wrong for label in labels], dtype=float),
         1.0 / np.clip([label.labelled_with for label in labels], 1e-3, 1.0))
 
 

@@ -15,8 +15,10 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from meancache.client.cache.store import EntryStore
+from meancache.client.config import load_settings
 from meancache.client.fl.client_app import app as client_app
 from meancache.client.fl.client_app import wire_audit_mod
+from meancache.client.fl.device import DeviceState
 from meancache.client.fl.run_config import ClientConfig
 from meancache.client.learning.bound import Label
 from meancache.client.learning.state import Learned
@@ -455,22 +457,41 @@ def test_simulation_runs_rounds_and_checkpoints(tmp_path: Path, tiny_dir: Path,
     meta, state = load_checkpoint(latest)
     assert meta.round == 2 and meta.threshold == pytest.approx(rows[2]["threshold"])
     verify(meta, read_public_key(str(tmp_path / "ckpt" / PUBLIC_KEY)))  # the server signed it
-    assert BoundEvidence.from_record(meta.bound).labels == 2 * validation
     # each round's pool names the verifier its labels were scored by: round 1's the int8
-    # base the devices were sent, round 2's the global model of round 1 (its sha256)
+    # base the devices were sent
     first = read_meta(round_dir(tmp_path / "ckpt", 1))
+    assert BoundEvidence.from_record(first.bound).labels == 2 * validation
     assert BoundEvidence.from_record(first.bound).judge == read_card(tiny_verifier).sha256
-    assert BoundEvidence.from_record(meta.bound).judge == first.sha256
-    # the cosine's labels likewise (the same pairs scored by the global encoder), each
-    # round's pool naming the space a device's encoder is in with the model it was sent:
-    # the base model's for round 1, round 1's global weights over it for round 2
+    # the cosine's labels likewise (the same pairs scored by the global encoder), naming
+    # the space a device's encoder is in with the model it was sent: the base model's
     assert rows[0]["cosine_bound_labels"] == 0
     assert rows[1]["cosine_bound_labels"] == rows[2]["cosine_bound_labels"] == 2 * validation
-    assert BoundEvidence.from_record(meta.cosine_bound).labels == 2 * validation
     assert BoundEvidence.from_record(first.cosine_bound).judge == cosine_judge(
         Encoder.load(tiny_dir, backend="torch").version)
-    assert BoundEvidence.from_record(meta.cosine_bound).judge == cosine_judge(Encoder.load(
-        tiny_dir, backend="torch", global_weights=round_dir(tmp_path / "ckpt", 1)).version)
+    # the final model's pools come from the evidence round after the last (all three
+    # devices, nothing trained), scored by its own judges: the verifier a device makes
+    # from it goes by its sha256 (test_fl_verifier), the cosine by the space its weights
+    # put the encoder in; round 2's training scored with round 1's model, whose judges
+    # no device running the final model has
+    final = round_dir(tmp_path / "ckpt", 2)
+    pools = BoundEvidence.from_record(meta.bound), BoundEvidence.from_record(
+        meta.cosine_bound)
+    space = Encoder.load(tiny_dir, backend="torch", global_weights=final).version
+    assert [(p.labels, p.judge) for p in pools] == [(3 * validation, meta.sha256),
+                                                    (3 * validation, cosine_judge(space))]
+    assert meta.metrics["evidence_round_replies"] == 3
+    assert meta.metrics["evidence_round_bytes_received"] > 0
+    # and a cache running the final model's judges applies them: its bound counts them
+    # (its prior at 0, so that every pooled label lies in the tail the bound reads)
+    device = load_settings(config_dir=tmp_path / "device" / "cfg", data_dir=tmp_path / "device",
+                           environ={})
+    DeviceState(device).set_pooled_bound(meta.bound, meta.cosine_bound)
+    store = EntryStore(device.cache_dir)
+    try:
+        for judge in (meta.sha256, cosine_judge(space)):
+            assert Learned(store, 0.02, prior=0.0, judge=judge).bound.pooled == 3 * validation
+    finally:
+        store.close()
     assert meta.verifier_base == read_card(tiny_verifier).sha256 and set(state) == set(initial)
     assert rows[1]["rejected"] == 0  # honest devices pass the screening
     assert "epsilon" not in rows[1]  # no privacy is claimed without DP

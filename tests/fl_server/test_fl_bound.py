@@ -9,10 +9,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters
+from flwr.supercore.task_identity import TaskIdentity
 from hypothesis import given
 from hypothesis import strategies as st
+from meancache.fl_server.evidence_round import gather
 from meancache.fl_server.pooled_threshold import ThresholdRule
 from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.screening import ReplyLimits, screen
@@ -27,6 +37,7 @@ from meancache.shared.fl.bound_evidence import (
     KEYS,
     MAX_WEIGHT,
     ROUND_COSINE_JUDGE,
+    ROUND_JUDGE,
     SQUARES,
     WEIGHT,
     WRONG,
@@ -38,7 +49,7 @@ from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.secure import from_scalars, to_scalars
 from meancache.shared.fl.signing import verify
 
-from tests.support.fl import ROUND_KEY, reply
+from tests.support.fl import ROUND_KEY, message, reply
 from tests.support.fuzz import fuzzed
 
 
@@ -185,6 +196,64 @@ def test_the_server_drops_a_liar_caps_a_big_device_pools_and_publishes_signed() 
     assert (strategy.bound.labels, strategy.bound.judge) == (700, "shipped")
     assert (strategy.cosine_bound.labels, strategy.cosine_bound.judge) == (
         100, cosine_judge("new"))
+
+
+class LyingDevices:
+    """The grid as the evidence round meets it, each device answering with the metrics
+    given (a liar's included: no honest device sends these)."""
+
+    def __init__(self, answers: dict[int, dict[str, object]]) -> None:
+        self.answers, self.asked = answers, []
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.answers)
+
+    def send_and_receive(self, messages: list[Message], *, timeout: float | None = None
+                         ) -> list[Message]:
+        self.asked = list(messages)
+        return [Message(RecordDict({"metrics": MetricRecord(self.answers[m.metadata.dst_node_id])}),
+                        reply_to=message(m.content, kind=m.metadata.message_type,
+                                         dst=m.metadata.dst_node_id))
+                for m in messages]
+
+
+def test_the_evidence_round_refuses_and_caps_replies_as_a_training_round_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The final model's evidence round (fl_server.evidence_round) asks every device in
+    a query message naming the final model's judges; its replies are checked and capped
+    as training replies are (an impossible sum refused by name, a big device held to the
+    median, a reply carrying anything but the sums refused), and pooled under those names."""
+    for name in ("_run_id", "_node_id", "_task_id"):  # as in a ServerApp's run
+        monkeypatch.setattr(TaskIdentity, name, 1)
+    liar = labels(100, seed=4).to_metrics()
+    liar[COUNT][255] += 5000  # 5,000 right labels with no weight: impossible
+    short = labels(100, seed=5).to_metrics(COSINE_KEYS)
+    short[COSINE_KEYS[0]] = short[COSINE_KEYS[0]][:10]  # not one number per bin
+    big, small, third = labels(900, wrong_every=50, seed=1), labels(100, seed=2), \
+        labels(300, seed=3)
+    grid = LyingDevices({
+        1: {**big.to_metrics(), **labels(50, seed=6).to_metrics(COSINE_KEYS)},
+        2: {**small.to_metrics(), **labels(500, seed=7).to_metrics(COSINE_KEYS)},
+        3: third.to_metrics(),
+        4: liar, 5: short,
+        6: {**small.to_metrics(), "precision": 0.9}})  # more than the sums
+    published = (labels(40, seed=8).judged_by("the model before"), BoundEvidence.empty())
+    arrays = ArrayRecord({"w": Array(np.ones(3, dtype=np.float32))})
+    judges = ("the final verifier", cosine_judge("the final space"))
+    done = gather(grid, arrays, 0.8, judges, published, ReplyLimits(10**6, 1e6), 30.0)
+    assert {m.metadata.message_type for m in grid.asked} == {MessageType.QUERY}
+    config = grid.asked[0].content["config"]
+    assert (config[ROUND_JUDGE], config[ROUND_COSINE_JUDGE]) == judges
+    assert (done.replies, done.rejected) == (3, 3)
+    assert done.bound.labels == 300 + 100 + 300  # median of 900, 100, 300
+    assert done.bound.judge == "the final verifier"  # replacing the model-before's
+    assert done.cosine_bound.labels == 50 + 275  # median of 50 and 500
+    assert done.cosine_bound.judge == cosine_judge("the final space")
+    assert done.bytes_sent > 3 * 4 and done.bytes_received > 0 and done.seconds >= 0
+    # a round whose devices send no labels keeps what was published
+    quiet = gather(LyingDevices({1: labels(0).to_metrics()}), arrays, 0.8, judges,
+                   published, ReplyLimits(10**6, 1e6), 30.0)
+    assert (quiet.bound.labels, quiet.bound.judge) == (40, "the model before")
 
 
 def test_a_round_names_the_judge_whose_labels_it_pools(tmp_path: Path) -> None:

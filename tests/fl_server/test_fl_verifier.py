@@ -19,7 +19,9 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.config import load_settings
 from meancache.client.fl.client_app import app as client_app
 from meancache.client.fl.device import DeviceState
+from meancache.client.fl.local_round import for_encoder
 from meancache.client.fl.sync import sync_global_model
+from meancache.client.fl.train import pair_similarities
 from meancache.client.learning.bound import Label
 from meancache.client.learning.state import Learned
 from meancache.client.verifier import load_device_verifier
@@ -28,7 +30,15 @@ from meancache.fl_server.model_endpoint import create_model_app
 from meancache.fl_server.round_model import RoundModels
 from meancache.shared.encoder import Encoder
 from meancache.shared.errors import CheckpointError, RunConfigError, VerifierError
-from meancache.shared.fl.bound_evidence import ROUND_COSINE_JUDGE, cosine_judge
+from meancache.shared.fl.bound_evidence import (
+    BINS,
+    COSINE_KEYS,
+    ROUND_COSINE_JUDGE,
+    ROUND_JUDGE,
+    BoundEvidence,
+    cosine_judge,
+)
+from meancache.shared.fl.bound_evidence import KEYS as BOUND_KEYS
 from meancache.shared.fl.checkpoint import (
     DESCRIPTION_KEY,
     META,
@@ -42,14 +52,16 @@ from meancache.shared.fl.signing import PUBLIC_KEY, server_key, sign
 from meancache.shared.fl.weights import (
     federated_names,
     federated_state,
+    load_federated_state,
     split_verifier,
     verifier_names,
     verifier_subset,
     with_verifier,
 )
 from meancache.shared.pairs import Pair
+from meancache.shared.query import normalise_query
 from meancache.shared.verifier.dequantise import float_verifier
-from meancache.shared.verifier.federated import base_tensors
+from meancache.shared.verifier.federated import base_tensors, pair_probabilities
 from meancache.shared.verifier.model import export_onnx, quantize_int8
 from meancache.shared.verifier.runtime import MODEL_FILE, LearnedVerifier, read_card
 from onnx import numpy_helper
@@ -235,6 +247,71 @@ def test_a_run_federating_the_verifier_alone_keeps_every_devices_vector_space(
     with pytest.raises(RunConfigError, match="'train-encoder' = 0 needs"):
         ModelConfig.from_run_config({**default_run_config(), "train-encoder": 0,
                                      "verifier-top-layers": 0})
+
+
+def test_the_evidence_round_scores_every_label_with_the_final_models_judges(
+    tmp_path: Path, tiny_dir: Path, tiny: SentenceTransformer, tiny_verifier: Path,
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The query message after the last round (fl_server.evidence_round): labels scored
+    by older judges (another verifier, another vector space) are scored anew by the
+    verifier and the encoder it carries, on (question, its entry's question), and sent
+    as both judges' sums; nothing trains, nothing is kept, and the labels count as sent."""
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    trust_round_key(monkeypatch)
+    store = EntryStore(tmp_path / "cache")
+    entries = [Entry(q, "answer", np.zeros(4, np.float32), "v") for q in (
+        "how do I boil an egg", "what is the capital of France", "who wrote Hamlet")]
+    for entry in entries:
+        store.put(entry)
+    learned = Learned(store, 0.02, judge="an older verifier")
+    asked = [("How do you boil eggs?", 0, False), ("Which city is France's capital?", 1, False),
+             ("What is the capital of Spain?", 1, True), ("Who wrote Macbeth?", 2, True)]
+    for i, (question, at, wrong) in enumerate(asked):
+        learned.learn(Label(0.97, wrong, 0.5 if i % 2 else 1.0, entries[at].id), question)
+    learned.judge = cosine_judge("an older space")
+    learned.learn(Label(0.99, False, 1.0, entries[0].id), "how to boil an egg")
+    learned.learn(Label(0.95, True, 1.0, "evicted"), "a question whose entry is gone")
+    store.close()
+    sent = ArrayRecord(_global(tiny, tiny_verifier, nudge=0.05))
+    models = RoundModels(ROUND_KEY, "base", 1, 0, read_card(tiny_verifier).sha256)
+    judges = {ROUND_JUDGE: models.judge(2, sent), ROUND_COSINE_JUDGE: models.cosine_judge(
+        2, sent)}
+    request = message(RecordDict({"arrays": sent, "config": ConfigRecord({
+        "threshold": 0.8, DESCRIPTION_KEY: models.describe(2, 0.8, sent), **judges})}),
+        kind="query")
+    context = device_context(tmp_path, tiny_dir, {"verifier-top-layers": 1,
+                                                  "verifier-model": str(tiny_verifier)})
+    reply = client_app(request, context)
+    assert not reply.has_error(), reply.error if reply.has_error() else ""
+    assert not reply.content.array_records and not reply.content.config_records
+    assert set(reply.content["metrics"]) == {*BOUND_KEYS, *COSINE_KEYS}
+    # M's scores of the five labels whose entry is there, as the round's judges give them
+    pairs = [Pair(normalise_query(q), entries[at].query, 0) for q, at, _ in asked] + [
+        Pair("how to boil an egg", entries[0].query, 0)]
+    verifier = float_verifier(tiny_verifier)
+    load_federated_state(verifier, split_verifier(sent.to_torch_state_dict())[1])  # type: ignore[arg-type]
+    model = SentenceTransformer(str(tiny_dir), device="cpu")
+    load_federated_state(model, split_verifier(sent.to_torch_state_dict())[0])
+    wrong = np.array([w for _, _, w in asked] + [False], dtype=float)
+    weights = np.array([1.0, 2.0, 1.0, 2.0, 1.0])
+    expected = (BoundEvidence.of_labels(pair_probabilities(verifier, pairs), wrong, weights),
+                BoundEvidence.of_labels(pair_similarities(model, for_encoder(pairs)), wrong,
+                                        weights))
+    got = (BoundEvidence.from_metrics(reply.content["metrics"]),
+           BoundEvidence.from_metrics(reply.content["metrics"], COSINE_KEYS))
+    for sums, want in zip(got, expected, strict=True):
+        assert sums.labels == 5 and sums.wrong.sum() == pytest.approx(3.0)
+        for key in ("count", "weight", "squares", "wrong"):
+            np.testing.assert_allclose(getattr(sums, key), getattr(want, key))
+    assert np.flatnonzero(got[0].count).tolist() != [int(0.97 * BINS)]  # scored anew
+    settings = load_settings(data_dir=tmp_path)
+    assert latest_checkpoint(settings.global_model_dir) is None  # M was not kept
+    store = EntryStore(tmp_path / "cache")  # the labels went: a train round sends none anew
+    try:
+        assert not Learned(store, 0.02)._unsent()
+    finally:
+        store.close()
 
 
 def _publish(root: Path, tiny: SentenceTransformer, verifier_dir: Path) -> None:
