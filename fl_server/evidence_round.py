@@ -94,6 +94,11 @@ def run_evidence_round(grid: Grid, checkpoint_dir: Path, models: RoundModels,
     meta, state = load_checkpoint(latest)
     if meta.round <= models.round_offset:  # this run made no model
         return None
+    # No device ran its last round (each refused the app, or none was there): none would
+    # answer the query either, and a refused app's query would only be refused again.
+    if not meta.metrics.get("clients"):
+        log.info("no device replied to round %d: no evidence round", meta.round)
+        return None
     arrays, this_run = ArrayRecord(state), meta.round - models.round_offset
     done = gather(grid, arrays, meta.threshold,
                   (models.judge(this_run, arrays), models.cosine_judge(this_run, arrays)),
