@@ -30,6 +30,13 @@ ENCODER_BACKEND = "onnx-int8"
 GemmaLoader = Callable[[Path], tuple[Any, Any]]
 
 
+
+def _data_root_option(parser: argparse.ArgumentParser) -> None:
+    """``--data-root``: where the commands that read every question set find them."""
+    parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA.parents[1],
+                        help="the shared data the questions are read from (default: "
+                        f"{DEFAULT_DATA.parents[1]})")
+
 def cmd_train(args: argparse.Namespace, settings: SettingsBase | None = None) -> int:
     """Train, export and print the dev metrics (the card it writes)."""
     import json
@@ -373,8 +380,7 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
     mine.add_argument("--out", type=Path, required=True, help="the pairs' JSONL (a summary "
                       "goes beside it, .json, and the embeddings' shards in "
                       "<name>.embeddings/)")
-    mine.add_argument("--data-root", type=Path, default=DEFAULT_DATA.parents[1],
-                      help=f"the shared data (default: {DEFAULT_DATA.parents[1]})")
+    _data_root_option(mine)
     mine.add_argument("--low", type=float, default=0.776,
                       help="the band's lowest cosine (default 0.776, the recall tau)")
     mine.add_argument("--per-question", type=int, default=2,
@@ -416,9 +422,7 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
     pack.add_argument("--out", type=Path, required=True, help="the rows by reference, JSONL "
                       "(a summary goes beside it, .json: the labels' sha256 and rows, "
                       "the label-pairs summary with the teacher's weights)")
-    pack.add_argument("--data-root", type=Path, default=DEFAULT_DATA.parents[1],
-                      help=f"the shared data the texts are found in (default: "
-                      f"{DEFAULT_DATA.parents[1]})")
+    _data_root_option(pack)
     pack.set_defaults(handler=cmd_pack_labels)
     restore = sub.add_parser("restore-labels", help="the label-pairs file a pack-labels file "
                              "stands for, its texts found again in --data-root, written "
@@ -427,9 +431,7 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
                          "summary, .json, beside it)")
     restore.add_argument("--out", type=Path, required=True, help="the labels JSONL for "
                          "distil --labels (its label-pairs summary goes beside it, .json)")
-    restore.add_argument("--data-root", type=Path, default=DEFAULT_DATA.parents[1],
-                         help=f"the shared data the texts are found in (default: "
-                         f"{DEFAULT_DATA.parents[1]})")
+    _data_root_option(restore)
     restore.set_defaults(handler=cmd_restore_labels)
     paraphrases = sub.add_parser(
         "make-paraphrases", help="rephrase a seeded sample of Arena and ShareGPT first turns "
@@ -460,8 +462,7 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
     paraphrases.add_argument("--max-chars", type=int, default=300,
                              help="longer first turns are not sampled (default: 300, "
                              "mine-pairs' cap)")
-    paraphrases.add_argument("--data-root", type=Path, default=DEFAULT_DATA.parents[1],
-                             help=f"the shared data (default: {DEFAULT_DATA.parents[1]})")
+    _data_root_option(paraphrases)
     paraphrases.add_argument("--exclude", type=Path, action="append",
                              help="a pairs JSONL whose questions are never sampled "
                              "(repeatable; default: the repo's near-miss sets)")
