@@ -16,7 +16,7 @@ from meancache.shared.errors import VerifierError
 from meancache.shared.files import sha256_file, whole_lines, write_atomic
 from meancache.shared.progress import Progress
 from meancache.shared.verifier.mine import sources_key
-from meancache.shared.verifier.rows import read_rows
+from meancache.shared.verifier.rows import jsonl_text, read_rows
 from meancache.shared.verifier.teacher import TeacherConfig, load_teacher, pair_probabilities
 from meancache.shared.verifier.train import bfloat16_matmuls
 
@@ -62,7 +62,7 @@ def label_pairs(run: Path, backbone: Path, pairs: Path, out: Path, epoch: int | 
             progress(labelled, len(rows))
     for row in rows:
         row["teacher"] = done[(row["q1"], row["q2"])]
-    write_atomic(out, "".join(json.dumps(r) + "\n" for r in rows))
+    write_atomic(out, jsonl_text(rows))
     labels = np.array([r["teacher"] for r in rows], dtype=np.float64)
     summary = {"pairs": len(rows), "reused": reused,
                "source": {"path": str(pairs), "sha256": sha256_file(pairs), "limit": limit},
@@ -122,6 +122,6 @@ def _resume(out: Path, teacher: dict) -> dict[tuple[str, str], float]:
 def _append(out: Path, rows: list[dict]) -> None:
     """One chunk's labels, flushed to disk before the next chunk starts."""
     with progress_paths(out)[0].open("a", encoding="utf-8") as fh:
-        fh.write("".join(json.dumps(r) + "\n" for r in rows))
+        fh.write(jsonl_text(rows))
         fh.flush()
         os.fsync(fh.fileno())

@@ -17,7 +17,7 @@ from pathlib import Path
 from meancache.shared.errors import VerifierError
 from meancache.shared.files import write_atomic
 from meancache.shared.verifier.mine import question_sets
-from meancache.shared.verifier.rows import read_rows
+from meancache.shared.verifier.rows import jsonl_text, read_rows
 
 TEXTS = ("q1", "q2")  # the label-pairs fields that hold the shared data's texts
 SHOWN = 3  # missing texts named in an error
@@ -45,7 +45,7 @@ def pack(labels: Path, out: Path, data_root: Path) -> dict:
     data = _read_bytes(labels)
     rows = read_rows(labels, TEXTS)
     sha = hashlib.sha256(data).hexdigest()
-    if _lines(rows).encode() != data:
+    if jsonl_text(rows).encode() != data:
         raise VerifierError(f"{labels} is not written as `meancache verifier label-pairs` "
                             "writes it (one json.dumps row a line), so its rows would not "
                             "restore to the same bytes")
@@ -72,7 +72,7 @@ def pack(labels: Path, out: Path, data_root: Path) -> dict:
                         "max_chars": max_chars, "data_root": str(data_root),
                         "distinct": len({r[ref_field(f)] for r in refs for f in TEXTS})},
               "label_pairs_summary": summary}
-    write_atomic(out, _lines(refs))
+    write_atomic(out, jsonl_text(refs))
     write_atomic(summary_path(out), json.dumps(record, indent=2) + "\n")
     return record
 
@@ -95,7 +95,7 @@ def restore(refs: Path, out: Path, data_root: Path) -> dict:
     _check_found(rows, texts, lambda row, f: row[ref_field(f)], refs, data_root)
     labels = [_swapped(row, {ref_field(f): (f, texts[row[ref_field(f)]]) for f in TEXTS})
               for row in rows]
-    data = _lines(labels).encode()
+    data = jsonl_text(labels).encode()
     sha = hashlib.sha256(data).hexdigest()
     if sha != expected:
         raise VerifierError(f"the labels restored from {refs} have sha256 {sha[:12]}..., "
@@ -128,11 +128,6 @@ def _check_found(rows: list[dict], texts: dict[str, str],
 def _swapped(row: dict, replace: dict[str, tuple[str, str]]) -> dict:
     """The row with each key of ``replace`` renamed and given a new value, in place."""
     return dict(replace.get(key, (key, value)) for key, value in row.items())
-
-
-def _lines(rows: list[dict]) -> str:
-    """JSONL exactly as label.py writes it."""
-    return "".join(json.dumps(r) + "\n" for r in rows)
 
 
 def _distinct(source: Path, out: Path) -> None:

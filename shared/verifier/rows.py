@@ -1,5 +1,6 @@
 """JSONL rows of text fields (question sets, mined and labelled pairs), read with a clear
-error for a bad row. Lines end at "\n" only: a text may hold U+2028, which
+error for a bad row, and written in the one form label-pairs' files (and their restored
+copies, byte for byte) take. Lines end at "\n" only: a text may hold U+2028, which
 ``str.splitlines`` would split on."""
 
 import json
@@ -32,3 +33,9 @@ def read_rows(path: Path, fields: tuple[str, ...]) -> list[dict]:
     if not found:
         raise VerifierError(f"{path} holds no rows")
     return found
+
+
+def jsonl_text(rows: list[dict]) -> str:
+    """``rows`` as JSONL, one ``json.dumps`` per line: the bytes a labels file's sha256
+    names, so every writer of one uses this."""
+    return "".join(json.dumps(row) + "\n" for row in rows)
