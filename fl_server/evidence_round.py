@@ -7,8 +7,13 @@ is then signed again with the pools naming M's judges.
 
 Why: each training round's devices score with the model they were sent, so the pool a
 round publishes beside M holds the judges of the model before M, which a device running
-M never applies (docs/cache.md). Run config ``evidence-round`` (default 1) turns it off;
-under SecAgg+ it does not run (its replies would travel outside the secure sum).
+M never applies (docs/cache.md). Run config ``evidence-round`` (default 1) turns it off.
+
+It runs under SecAgg+ too (fl_server.secure_rounds), outside the secure sum: SecAgg+
+masks only the weights, and a reply here holds no weights, only the per-device label sums
+(per judge-score bin) that every secure round's FitRes already sends in the clear, scored
+by M's judges instead of the sent model's. Its cost there is a plain round's: M once more
+to every device, one exchange, two sets of sums back (no key exchange, no masking).
 """
 
 import logging

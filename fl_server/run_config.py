@@ -49,7 +49,7 @@ class ServerConfig:
     held_out_path: Path | None  # None: the global models are not scored
     held_out_pairs: int
     secure_aggregation: bool  # SecAgg+ (fl_server.secure_rounds): the server sees only sums
-    evidence_round: bool  # after the last round (fl_server.evidence_round; not with SecAgg+)
+    evidence_round: bool  # after the last round (fl_server.evidence_round; SecAgg+ too)
 
     @property
     def models_dir(self) -> Path:

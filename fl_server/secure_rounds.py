@@ -15,7 +15,11 @@ them. What it keeps and loses of the defences (docs/federated-learning.md):
   error-bound evidence (shared.fl.bound_evidence: sums per score bin, also in the clear,
   checked for sums no labels could make and capped at ``max-examples`` labels a device;
   the round's median cap is kept too, as every device's evidence is seen; the verifier's
-  labels and the cosine's alike);
+  labels and the cosine's alike), and after the last round the evidence round
+  (fl_server.evidence_round, run by fl_server.server_app after these rounds) rescores it
+  with the final model's judges, so its pools name them as in plain runs: its replies
+  hold the same sums in the clear and no weights, so it reveals nothing a secure round
+  does not;
 - central DP (``dp-noise-multiplier`` > 0) as client-side clipping only
   (fl_server.privacy.SecureSumDP): each device clips its update to the DP clipping norm
   and weighs 1 (``max-examples`` 1 is sent, and SecAgg+'s ``max_weight`` is 1), and the

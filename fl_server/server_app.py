@@ -1,8 +1,8 @@
 """The Flower ServerApp: FedAvg of the encoder's and the learned verifier's weights (one
 record, the verifier's under ``verifier.``: shared.fl.weights) and of the thresholds, the
 devices' error-bound evidence pooled, a versioned checkpoint after every round, and after
-the last an evidence round (fl_server.evidence_round) that pools the labels scored by the
-final model's judges. Its settings: fl_server.run_config.ServerConfig.
+the last (under SecAgg+ too) an evidence round (fl_server.evidence_round) that pools the
+labels scored by the final model's judges. Its settings: fl_server.run_config.ServerConfig.
 """
 
 import logging
@@ -130,22 +130,25 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
             (lambda secure: SecureSumDP(secure, config.dp_noise_multiplier,
                                         limits.max_update_norm, config.dp_delta))
             if dp else None, cosine_bound)
-        return
-    runner: ThresholdFedAvg | SampledClientsDP = strategy
-    privacy = None
-    if dp:
-        runner = SampledClientsDP(strategy, config.dp_noise_multiplier,
-                                  config.dp_clipping_norm, config.dp_delta)
-        privacy = runner.ledger.spent
-    recorder = RoundRecorder(strategy, config.checkpoint_dir, base, config.model.top_layers,
-                             offset, held_out, privacy, verifier_base)
-    runner.start(
-        grid=grid,
-        initial_arrays=ArrayRecord(initial),
-        num_rounds=config.num_server_rounds,
-        timeout=config.round_timeout,
-        train_config=ConfigRecord({"threshold": threshold}),
-        evaluate_fn=recorder,
-    )
+    else:
+        runner: ThresholdFedAvg | SampledClientsDP = strategy
+        privacy = None
+        if dp:
+            runner = SampledClientsDP(strategy, config.dp_noise_multiplier,
+                                      config.dp_clipping_norm, config.dp_delta)
+            privacy = runner.ledger.spent
+        recorder = RoundRecorder(strategy, config.checkpoint_dir, base,
+                                 config.model.top_layers, offset, held_out, privacy,
+                                 verifier_base)
+        runner.start(
+            grid=grid,
+            initial_arrays=ArrayRecord(initial),
+            num_rounds=config.num_server_rounds,
+            timeout=config.round_timeout,
+            train_config=ConfigRecord({"threshold": threshold}),
+            evaluate_fn=recorder,
+        )
+    # under SecAgg+ too: its replies hold only the error-bound sums, which every secure
+    # round already sends in the clear (fl_server.evidence_round)
     if config.evidence_round:
         run_evidence_round(grid, config.checkpoint_dir, models, limits, config.round_timeout)

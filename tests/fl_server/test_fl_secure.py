@@ -1,7 +1,8 @@
 """Secure aggregation: Flower's SecAgg+ in the simulation (its fewest devices, one round),
 whose global model is the plain FedAvg of the same devices' training within SecAgg+'s own
-quantisation; with central DP, the noised mean of the updates each device clipped, and
-its epsilon reported; and the run-config combinations it cannot serve refused by name."""
+quantisation, and whose pools the evidence round after it names by that model's judges;
+with central DP, the noised mean of the updates each device clipped, and its epsilon
+reported; and the run-config combinations it cannot serve refused by name."""
 
 from pathlib import Path
 
@@ -96,15 +97,26 @@ def test_secure_aggregation_learns_the_plain_fedavg_within_its_quantisation(
     # every stage's replies are counted: more than the plain float32 weights
     assert secure[1]["bytes_per_client"] > plain_bytes > 0
     # the cosine's labels (each device's validation pairs, scored by the global encoder)
-    # were not masked: pooled as in plain rounds, under the base model's space (the one
-    # this run started from), signed with the model; no verifier, so no verifier labels
+    # were not masked: the round pooled them as in plain rounds; then the evidence round
+    # after it (fl_server.evidence_round, outside the secure sum: label sums, no weights)
+    # had both devices score the same pairs in the final model's space, so the pool
+    # signed with that model names its own cosine, not the base model's the round was
+    # sent; no verifier, so no verifier labels
+    validation = DEVICES * (PAIRS_PER_CLIENT - TRAINED)
+    assert secure[1]["cosine_bound_labels"] == validation
+    assert meta.metrics["evidence_round_replies"] == DEVICES
+    assert meta.metrics["evidence_round_rejected"] == 0
+    assert meta.metrics["evidence_round_bytes_received"] > 0
     cosine = BoundEvidence.from_record(meta.cosine_bound)
-    assert cosine.labels == secure[1]["cosine_bound_labels"] == DEVICES * (
-        PAIRS_PER_CLIENT - TRAINED)
-    assert cosine.judge == cosine_judge(Encoder.load(tiny_dir, backend="torch").version)
+    final = cosine_judge(Encoder.load(tiny_dir, backend="torch", global_weights=latest).version)
+    assert (cosine.labels, cosine.judge) == (validation, final)
+    assert final != cosine_judge(Encoder.load(tiny_dir, backend="torch").version)
     assert BoundEvidence.from_record(meta.bound).labels == 0
     print(f"bytes per client per round: plain float32 {plain_bytes}, "
-          f"SecAgg+ {secure[1]['bytes_per_client']:.0f}")
+          f"SecAgg+ {secure[1]['bytes_per_client']:.0f}; evidence round "
+          f"{meta.metrics['evidence_round_seconds']:.1f} s, "
+          f"{meta.metrics['evidence_round_bytes_sent']:.0f} bytes sent, "
+          f"{meta.metrics['evidence_round_bytes_received']:.0f} received")
 
 
 CLIP = 1e-3  # the DP clipping norm: about a third of each device's update here
