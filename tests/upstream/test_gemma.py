@@ -236,6 +236,7 @@ def test_the_conversion_parses_the_gguf_once(tmp_path: Path,
         first, again = GGUFReader(path), GGUFReader(str(path))
         assert first is again
         assert first.tensors[0].data.ravel().tolist() == list(range(8))
+        assert not first.data.flags.writeable  # it reads the file and never writes it
     assert parses == [str(path)]
     assert gguf.GGUFReader is CountingReader
     gguf.GGUFReader(path)  # outside the block every read parses
