@@ -103,15 +103,26 @@ class History:
 def next_token(logits: torch.Tensor, params: SamplingParams,
                generator: torch.Generator | None) -> int:
     """Pick a token from (vocab,) logits."""
+    logits = in_range(logits.float())
     if params.temperature < GREEDY_BELOW:
         return int(logits.argmax())
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    probs = torch.softmax(in_range(logits / params.temperature), dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(descending=True)
         keep = sorted_probs.cumsum(0) - sorted_probs < params.top_p
         keep[0] = True  # the likeliest token always stays, however small top_p
         probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
     return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def in_range(logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` with what left float32's range brought back to its ends: +inf to the
+    largest value, -inf and NaN to the smallest. A request's penalty may take a logit out
+    of range (a repetition_penalty of 1e-80 divides the seen tokens' logits to inf), and
+    the softmax of two infinities is NaN, no distribution; brought back, the softmax is
+    the limit the infinities stood for (the likeliest tokens share all the mass)."""
+    info = torch.finfo(logits.dtype)
+    return torch.nan_to_num(logits, nan=info.min, posinf=info.max, neginf=info.min)
 
 
 class TextStream:

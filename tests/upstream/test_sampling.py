@@ -11,7 +11,13 @@ from hypothesis import strategies as st
 from meancache.upstream.errors import BadRequest
 from meancache.upstream.model_loading import load_model
 from meancache.upstream.prompt_cache.engine import Finish, PromptCacheEngine
-from meancache.upstream.sampling import DRY_LONGEST, LOOP_NGRAM, LOOP_REPEATS, History
+from meancache.upstream.sampling import (
+    DRY_LONGEST,
+    LOOP_NGRAM,
+    LOOP_REPEATS,
+    History,
+    next_token,
+)
 from meancache.upstream.sampling_params import SERVER_DEFAULTS, SamplingParams
 from meancache.upstream.server.wire import parse_chat_request
 
@@ -87,6 +93,26 @@ def test_dry_lets_runs_up_to_the_allowed_length_repeat() -> None:
     for token in (1, 2, 5, 1, 2):  # "1 2" again: 5 would repeat a run of 2 < 3
         history.add(token)
     assert history.penalise(torch.zeros(6)).tolist() == [0.0] * 6
+
+
+@given(penalty=st.floats(min_value=5e-324, max_value=2.0),
+       temperature=st.floats(min_value=0.0, max_value=2.0),
+       top_p=st.floats(min_value=0.0, max_value=1.0, exclude_min=True),
+       seed=st.integers(0, 2**31))
+def test_any_penalty_in_range_still_gives_a_token(penalty: float, temperature: float,
+                                                  top_p: float, seed: int) -> None:
+    """A repetition_penalty anywhere in (0, 2] (the fuzz test found 3.5e-87) with any
+    temperature and top_p: a token is picked, and where the penalty took the seen tokens'
+    logits out of float32's range, it is one of them (the limit of the softmax)."""
+    params = SamplingParams(repetition_penalty=penalty, repetition_window=4,
+                            temperature=temperature, top_p=top_p)
+    history = History([1, 2], params)
+    logits = torch.tensor([3.0, 5.0, 4.0, -1.0, 2.0, float("nan"), float("-inf")])
+    penalised = history.penalise(logits)
+    token = next_token(penalised, params, torch.Generator().manual_seed(seed))
+    assert 0 <= token < 5  # never the NaN or the -inf logit
+    if torch.isinf(penalised[1:3]).all():
+        assert token in (1, 2)
 
 
 def test_no_penalty_leaves_the_logits_object_alone() -> None:
