@@ -22,7 +22,8 @@ together the hit rate (the share of test questions answered from the cache) and 
 rate (the share of served answers that are wrong, which the bound holds at
 ``max_wrong_rate``); and how many devices' thresholds their labels chose (else the
 verifier card's prior, or nothing served where they show its region too wrong). The
-judged labels are kept in --cache-dir, so a rerun scores nothing again. Pair-level: every
+judged labels are kept in --cache-dir under the verifier's version, so a rerun with the same
+verifier scores nothing again. Pair-level: every
 pair is labelled (labelled_with 1), as the misses a device compares and the hits it
 explores are.
 
@@ -131,10 +132,12 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.pairs, args.devices, args.rates = 800, [4], [0.05]
-    prior = LearnedVerifier.load().threshold
+    shipped = LearnedVerifier.load()
+    prior = shipped.threshold
     for stream in args.streams:
-        scores, wrong = cached(
-            args.cache_dir / "pooled_bound" / f"{stream}-{args.pairs}-{args.seed}.npz",
+        scores, wrong = cached(  # scored by the shipped verifier: its version keys them
+            args.cache_dir / "pooled_bound"
+            / f"{stream}-{args.pairs}-{args.seed}-{shipped.version}.npz",
             lambda stream=stream: scored_pairs(args.data_dir, args.pairs, args.seed)
             if stream == "qqp" else arena_pairs(args.data_dir, args.cache_dir, args.pairs,
                                                 args.seed))
