@@ -22,10 +22,9 @@ together the hit rate (the share of test questions answered from the cache) and 
 rate (the share of served answers that are wrong, which the bound holds at
 ``max_wrong_rate``); and how many devices' thresholds their labels chose (else the
 verifier card's prior, or nothing served where they show its region too wrong). The
-judged labels are kept in --cache-dir under the verifier's version, so a rerun with the same
-verifier scores nothing again. Pair-level: every
-pair is labelled (labelled_with 1), as the misses a device compares and the hits it
-explores are.
+judged labels are kept in --cache-dir under the verifier's version, so a rerun with the
+same verifier scores nothing again. Pair-level: every pair is labelled (labelled_with 1),
+as the misses a device compares and the hits it explores are.
 
     python benchmarks/pooled_bound.py                    # 4,000 labels a stream, 5 and 20 devices
     python benchmarks/pooled_bound.py --quick

@@ -30,12 +30,12 @@ ENCODER_BACKEND = "onnx-int8"
 GemmaLoader = Callable[[Path], tuple[Any, Any]]
 
 
-
 def _data_root_option(parser: argparse.ArgumentParser) -> None:
     """``--data-root``: where the commands that read every question set find them."""
     parser.add_argument("--data-root", type=Path, default=DEFAULT_DATA.parents[1],
                         help="the shared data the questions are read from (default: "
                         f"{DEFAULT_DATA.parents[1]})")
+
 
 def cmd_train(args: argparse.Namespace, settings: SettingsBase | None = None) -> int:
     """Train, export and print the dev metrics (the card it writes)."""
