@@ -2,17 +2,22 @@
 its time so far (Pilot, the embedded upstream on builtin:tiny)."""
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
 import pytest
+from meancache.client.chat.session import EmbeddedUpstream, UpstreamStarter
 from meancache.client.chat.steps import LOADING, startup_steps
 from meancache.client.config import Settings, with_upstream
 from meancache.client.tui.app import MeanCacheApp
 from meancache.client.tui.start_steps import StartSteps
 from meancache.client.tui.widgets import AnswerView, StatusLine
 from meancache.shared.encoder import Encoder
-from textual.widgets import Static
+from meancache.shared.errors import MeanCacheError
+from meancache.shared.progress import Progress
+from textual.pilot import Pilot
+from textual.widgets import Input, Static
 
 from meancache.embedded import start_embedded_upstream
 from tests.support.pilot import ask, chat_settings, started, wait_for
@@ -107,5 +112,65 @@ def test_the_empty_chat_names_an_external_upstream_and_comes_back_with_a_new_cha
             await pilot.press("ctrl+n")
             await wait_for(pilot, lambda: not app.chat.query(AnswerView))
             assert welcome_text(app) == text
+
+    asyncio.run(run())
+
+
+def held_start(release: threading.Event, fails: bool = False) -> UpstreamStarter:
+    """The embedded upstream's start, held until ``release`` is set (then failing, with
+    ``fails``): the window in which a user types before the chat can answer."""
+    def start(model: str, data_dir: Path, progress: Progress | None) -> EmbeddedUpstream:
+        assert release.wait(60), "the test never released the start"
+        if fails:
+            raise MeanCacheError("the model could not be loaded")
+        return start_embedded_upstream(model, data_dir, progress)
+    return start
+
+
+async def send_while_starting(pilot: Pilot, app: MeanCacheApp, text: str) -> Input:
+    await wait_for(pilot, lambda: app._chat is not None and bool(app.chat.query("#question")))
+    question = app.chat.query_one("#question", Input)
+    await wait_for(pilot, lambda: question.has_focus)  # it takes keys from the first frame
+    await pilot.press(*text)
+    await pilot.press("enter")
+    assert app.session is None  # still starting
+    return question
+
+
+def test_a_question_sent_while_it_starts_is_asked_once_it_is_ready(
+        settings: Settings) -> None:
+    release = threading.Event()
+
+    async def run() -> None:
+        app = MeanCacheApp(settings, held_start(release))
+        async with app.run_test(size=(160, 40)) as pilot:
+            try:
+                question = await send_while_starting(pilot, app, "hi there")
+                assert question.value == ""  # taken, to be asked
+                await send_while_starting(pilot, app, "and this")
+                assert question.value == "and this"  # one waits at a time: this one stays
+            finally:
+                release.set()
+            await started(pilot)
+            await wait_for(pilot, lambda: len(app.chat.conversation.turns) == 1)
+            assert app.chat.conversation.turns[0].question == "hi there"
+            assert question.value == "and this"
+
+    asyncio.run(run())
+
+
+def test_a_question_sent_while_it_starts_comes_back_when_the_start_fails(
+        settings: Settings) -> None:
+    release = threading.Event()
+
+    async def run() -> None:
+        app = MeanCacheApp(settings, held_start(release, fails=True))
+        async with app.run_test(size=(160, 40)) as pilot:
+            try:
+                question = await send_while_starting(pilot, app, "hi there")
+            finally:
+                release.set()
+            await wait_for(pilot, lambda: question.value == "hi there")  # not lost
+            assert app.session is None and not app.chat.conversation.turns
 
     asyncio.run(run())

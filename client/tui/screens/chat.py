@@ -38,6 +38,7 @@ class ChatScreen(Screen[None]):
     so that it needs nothing from the app that hosts it."""
 
     BINDINGS = CHAT_BINDINGS
+    AUTO_FOCUS = "#question"
     DEFAULT_CSS = "#question { dock: bottom; }"
 
     def __init__(self, settings: Settings, federation: FederatedParticipation,
@@ -49,6 +50,7 @@ class ChatScreen(Screen[None]):
         self.conversation = Conversation()
         self.busy = False
         self._session: ChatSession | None = None
+        self._waiting: str | None = None  # a question sent before the session was open
         self.messages = MessageList(welcome(settings), id="messages")
         self.status_line = StatusLine(start)
         self.federation = federation
@@ -59,8 +61,8 @@ class ChatScreen(Screen[None]):
         yield self.messages
         yield self.status_line
         yield self.fl
-        yield QuestionInput(placeholder="Ask anything (enter to send)", id="question",
-                            disabled=True)
+        # open from the first frame: a question typed while the cache starts waits for it
+        yield QuestionInput(placeholder="Ask anything (enter to send)", id="question")
         yield Footer()
 
     # state --------------------------------------------------------------------------
@@ -76,14 +78,17 @@ class ChatScreen(Screen[None]):
     def ready(self, session: ChatSession) -> None:
         self._session = self.fl.session = session
         self.status_line.follow(session, self.fl.describe)
-        question = self.query_one("#question", Input)
-        question.disabled = False
-        question.focus()
+        self.query_one("#question", Input).focus()
         self.refresh_bindings()
+        if self._waiting is not None:
+            question, self._waiting = self._waiting, None
+            self.ask(question)
 
     def failed(self, message: str) -> None:
         self.status_line.start.end()
         self.status_line.idle(f"cannot start: {message}")
+        if self._waiting is not None:  # nothing will answer it: it goes back where it was typed
+            self.query_one("#question", Input).value, self._waiting = self._waiting, None
 
     def start_step(self, name: str) -> Progress:
         """The start's step ``name`` begins (from the worker that opens the session): the
@@ -126,7 +131,16 @@ class ChatScreen(Screen[None]):
     # answering ----------------------------------------------------------------------
     def on_input_submitted(self, event: Input.Submitted) -> None:
         question = event.value.strip()
-        if not question or self.busy or self._session is None:
+        if not question or self.busy:
+            return
+        if self._session is None:
+            if self._waiting is not None:
+                self.notify("One question already waits for the start; this one stays here.",
+                            title="Still starting", timeout=4)
+                return
+            self._waiting, event.input.value = question, ""
+            self.notify("Your question will be asked once the start is done.",
+                        title="Still starting", timeout=6)
             return
         event.input.value = ""
         self.ask(question)
