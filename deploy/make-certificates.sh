@@ -32,12 +32,14 @@ for name in "${names[@]}"; do
 done
 san=${san%,}
 
-openssl genrsa -out ca.key 4096 2>/dev/null
+# ECDSA P-256 keys: as strong as RSA-3072 (NIST SP 800-57), and made in milliseconds where
+# an RSA-4096 key takes seconds of CPU.
+openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out ca.key
 openssl req -x509 -new -nodes -key ca.key -sha256 -days 825 -subj "/CN=meancache FL CA" \
   -out ca.crt
-openssl genrsa -out server.key 4096 2>/dev/null
+openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out server.key
 openssl req -new -key server.key -subj "/CN=${names[0]}" -out server.csr
-printf 'subjectAltName=%s\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n' \
+printf 'subjectAltName=%s\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n' \
   "$san" > server.ext
 openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 825 \
   -sha256 -extfile server.ext -out server.pem 2>/dev/null
