@@ -85,12 +85,6 @@ from tests.support.paths import DATA_DIR
 DATA = DATA_DIR
 
 
-
-
-
-
-
-
 # weights and checkpoints ------------------------------------------------------------------
 def test_top_layers_select_the_last_layers_and_pooler(tiny: SentenceTransformer) -> None:
     everything = federated_names(tiny, 0)
@@ -193,12 +187,6 @@ def test_global_weights_run_from_their_checked_export_at_the_next_start(
 
 
 # the ClientApp on a device ----------------------------------------------------------------
-
-
-
-
-
-
 
 
 def test_a_device_replies_in_the_order_the_server_sent_its_weights(
@@ -413,8 +401,6 @@ def test_a_run_config_from_another_version_is_refused() -> None:
         ClientConfig.from_run_config(config)
     with pytest.raises(RunConfigError, match="'checkpoint-dir' must name"):
         ServerConfig.from_run_config(default_run_config())
-
-
 
 
 # simulation on the engine -----------------------------------------------------------------
