@@ -23,11 +23,17 @@ MAX_WORKERS = 4
 
 def workers() -> int:
     """`-n auto`: one worker per core this process may run on (xdist's own count can
-    take a 2-vCPU machine for one core) and two more, at most MAX_WORKERS. Much of the
-    suite waits rather than computes (servers and SuperNodes starting, Flower's 3 s polls
-    and 30 s heartbeats, child processes), often two of its long tests at once: the extra
-    workers compute while those wait."""
-    return max(1, min(len(os.sched_getaffinity(0)) + 2, MAX_WORKERS))
+    take a 2-vCPU machine for one core) and one more, at most MAX_WORKERS, unless
+    PYTEST_XDIST_AUTO_NUM_WORKERS says how many. Part of the suite waits rather than
+    computes (servers and SuperNodes starting, Flower's 3 s polls and 30 s heartbeats),
+    but most of those waits run child processes that compute: the extra worker computes
+    while one waits. A second extra one only added its collection
+    and session fixtures (27 Nov 2026, 2 cores: 433 and 440 s with 3 workers, 453 and
+    504 s with 4)."""
+    chosen = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")  # xdist's own hook reads it,
+    if chosen:  # but this one, in conftest.py, answers first
+        return int(chosen)
+    return max(1, min(len(os.sched_getaffinity(0)) + 1, MAX_WORKERS))
 
 
 def share_cores() -> None:
