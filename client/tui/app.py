@@ -40,6 +40,7 @@ class MeanCacheApp(App[None]):
         self.start_upstream = start_upstream
         self.session: ChatSession | None = None
         self.start = StartSteps(startup_steps(settings))
+        self._start_screen = StartScreen(self.start)
         self._chat: ChatScreen | None = None  # built once its modules are loaded
         if settings.keymap:
             self.set_keymap(settings.keymap)
@@ -80,7 +81,7 @@ class MeanCacheApp(App[None]):
                 return
 
     def on_mount(self) -> None:
-        self.push_screen(StartScreen(self.start))
+        self.push_screen(self._start_screen)
         self.start.begin(LOADING)
         self.open_session()
 
@@ -104,8 +105,9 @@ class MeanCacheApp(App[None]):
     async def _show_chat(self, screen_class: "type[ChatScreen]") -> "ChatScreen":
         from meancache.client.fl.participation import FederatedParticipation
 
+        early = self._start_screen  # what the user typed and sent while the program loaded
         self._chat = screen_class(self.settings, FederatedParticipation(self.settings),
-                                  self.start)
+                                  self.start, early.typed, early.sent)
         await self.push_screen(self._chat)  # over the start screen, which stays below
         return self._chat
 

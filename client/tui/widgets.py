@@ -18,6 +18,9 @@ if TYPE_CHECKING:  # heavy (the cache, torch): the app draws before they load
     from meancache.client.chat.session import ChatSession
 
 
+QUESTION_PLACEHOLDER = "Ask anything (enter to send)"
+
+
 class QuestionInput(Input):
     """An input that keeps every line of a multi-line paste (joined by spaces)."""
 

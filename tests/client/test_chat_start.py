@@ -11,6 +11,7 @@ from meancache.client.chat.session import EmbeddedUpstream, UpstreamStarter
 from meancache.client.chat.steps import LOADING, startup_steps
 from meancache.client.config import Settings, with_upstream
 from meancache.client.tui.app import MeanCacheApp
+from meancache.client.tui.screens.start import StartScreen
 from meancache.client.tui.start_steps import StartSteps
 from meancache.client.tui.widgets import AnswerView, StatusLine
 from meancache.shared.encoder import Encoder
@@ -172,5 +173,30 @@ def test_a_question_sent_while_it_starts_comes_back_when_the_start_fails(
                 release.set()
             await wait_for(pilot, lambda: question.value == "hi there")  # not lost
             assert app.session is None and not app.chat.conversation.turns
+
+    asyncio.run(run())
+
+
+def test_what_is_typed_before_the_chat_is_drawn_carries_over_to_it(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the program's heavy parts load (seconds on a cold start), the start screen's
+    prompt takes keys: the question sent there is asked once the chat can, and the text
+    not yet sent is in the chat's prompt."""
+    open_session = MeanCacheApp.open_session
+    monkeypatch.setattr(MeanCacheApp, "open_session", lambda app: None)  # still loading
+
+    async def run() -> None:
+        app = MeanCacheApp(settings, start_embedded_upstream)
+        async with app.run_test(size=(160, 40)) as pilot:
+            start = app.screen
+            assert isinstance(start, StartScreen)
+            await wait_for(pilot, lambda: start.query_one("#question", Input).has_focus)
+            await pilot.press(*"hi there", "enter", *"and th")
+            assert (start.sent, start.typed) == ("hi there", "and th")
+            open_session(app)  # the program has loaded
+            await started(pilot)
+            await wait_for(pilot, lambda: len(app.chat.conversation.turns) == 1)
+            assert app.chat.conversation.turns[0].question == "hi there"
+            assert app.chat.query_one("#question", Input).value == "and th"
 
     asyncio.run(run())

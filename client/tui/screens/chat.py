@@ -24,7 +24,13 @@ from meancache.client.tui.screens.stats import StatsScreen, session_rows
 from meancache.client.tui.start_steps import StartSteps
 from meancache.client.tui.text import printable
 from meancache.client.tui.welcome import welcome
-from meancache.client.tui.widgets import AnswerView, MessageList, QuestionInput, StatusLine
+from meancache.client.tui.widgets import (
+    QUESTION_PLACEHOLDER,
+    AnswerView,
+    MessageList,
+    QuestionInput,
+    StatusLine,
+)
 from meancache.shared.errors import MeanCacheError
 from meancache.shared.progress import Progress
 from textual import work
@@ -42,15 +48,18 @@ class ChatScreen(Screen[None]):
     DEFAULT_CSS = "#question { dock: bottom; }"
 
     def __init__(self, settings: Settings, federation: FederatedParticipation,
-                 start: StartSteps | None = None) -> None:
+                 start: StartSteps | None = None, typed: str = "",
+                 waiting: str | None = None) -> None:
         """``federation``: this device's SuperNode, built by the app; ``start``: the app's
-        start, which the status line goes on showing."""
+        start, which the status line goes on showing; ``typed`` and ``waiting``: the text
+        in the start screen's prompt, and the question sent there."""
         super().__init__()
         self.settings = settings
         self.conversation = Conversation()
         self.busy = False
         self._session: ChatSession | None = None
-        self._waiting: str | None = None  # a question sent before the session was open
+        self._typed = typed
+        self._waiting = waiting  # a question sent before the session was open
         self.messages = MessageList(welcome(settings), id="messages")
         self.status_line = StatusLine(start)
         self.federation = federation
@@ -62,7 +71,7 @@ class ChatScreen(Screen[None]):
         yield self.status_line
         yield self.fl
         # open from the first frame: a question typed while the cache starts waits for it
-        yield QuestionInput(placeholder="Ask anything (enter to send)", id="question")
+        yield QuestionInput(self._typed, placeholder=QUESTION_PLACEHOLDER, id="question")
         yield Footer()
 
     # state --------------------------------------------------------------------------
