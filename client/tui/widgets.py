@@ -8,6 +8,7 @@ from meancache.client.chat.conversations import Conversation, Turn
 from meancache.client.tui.start_steps import StartSteps
 from meancache.client.tui.text import printable
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
 from textual.events import Paste
 from textual.widgets import Input, Markdown, ProgressBar, Static
@@ -22,7 +23,11 @@ QUESTION_PLACEHOLDER = "Ask anything (enter to send)"
 
 
 class QuestionInput(Input):
-    """An input that keeps every line of a multi-line paste (joined by spaces)."""
+    """An input that keeps every line of a multi-line paste (joined by spaces), and sends
+    on a newline as on enter: an enter typed before the app took the terminal reaches it
+    as a newline (the terminal's line mode turns CR into LF), and would be dropped."""
+
+    BINDINGS = [Binding("ctrl+j", "submit", "Send", show=False)]
 
     def _on_paste(self, event: Paste) -> None:
         if event.text:
