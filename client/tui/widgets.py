@@ -22,6 +22,23 @@ if TYPE_CHECKING:  # heavy (the cache, torch): the app draws before they load
 QUESTION_PLACEHOLDER = "Ask anything (enter to send)"
 
 
+def held_question(event: Input.Submitted, waiting: str | None) -> str | None:
+    """A question sent before the chat can answer: it waits for the start (taken from the
+    prompt, a notice says so) unless one already waits, which leaves this one in the
+    prompt. Returns the question that waits."""
+    question = event.value.strip()
+    if not question:
+        return waiting
+    if waiting is not None:
+        event.input.notify("One question already waits for the start; this one stays here.",
+                           title="Still starting", timeout=4)
+        return waiting
+    event.input.value = ""
+    event.input.notify("Your question will be asked once the start is done.",
+                       title="Still starting", timeout=6)
+    return question
+
+
 class QuestionInput(Input):
     """An input that keeps every line of a multi-line paste (joined by spaces), and sends
     on a newline as on enter: an enter typed before the app took the terminal reaches it

@@ -27,9 +27,8 @@ def workers() -> int:
     PYTEST_XDIST_AUTO_NUM_WORKERS says how many. Part of the suite waits rather than
     computes (servers and SuperNodes starting, Flower's 3 s polls and 30 s heartbeats),
     but most of those waits run child processes that compute: the extra worker computes
-    while one waits. A second extra one only added its collection
-    and session fixtures (27 Nov 2026, 2 cores: 433 and 440 s with 3 workers, 453 and
-    504 s with 4)."""
+    while one waits. A second extra one only added its collection and session fixtures
+    (27 Nov 2026, 2 cores: 433 and 440 s with 3 workers, 453 and 504 s with 4)."""
     chosen = os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS")  # xdist's own hook reads it,
     if chosen:  # but this one, in conftest.py, answers first
         return int(chosen)

@@ -30,6 +30,7 @@ from meancache.client.tui.widgets import (
     MessageList,
     QuestionInput,
     StatusLine,
+    held_question,
 )
 from meancache.shared.errors import MeanCacheError
 from meancache.shared.progress import Progress
@@ -143,13 +144,7 @@ class ChatScreen(Screen[None]):
         if not question or self.busy:
             return
         if self._session is None:
-            if self._waiting is not None:
-                self.notify("One question already waits for the start; this one stays here.",
-                            title="Still starting", timeout=4)
-                return
-            self._waiting, event.input.value = question, ""
-            self.notify("Your question will be asked once the start is done.",
-                        title="Still starting", timeout=6)
+            self._waiting = held_question(event, self._waiting)
             return
         event.input.value = ""
         self.ask(question)

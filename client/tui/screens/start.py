@@ -2,7 +2,12 @@
 the question prompt, so that what a user types from the first frame is kept."""
 
 from meancache.client.tui.start_steps import StartSteps
-from meancache.client.tui.widgets import QUESTION_PLACEHOLDER, QuestionInput, StatusLine
+from meancache.client.tui.widgets import (
+    QUESTION_PLACEHOLDER,
+    QuestionInput,
+    StatusLine,
+    held_question,
+)
 from textual.app import ComposeResult
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input
@@ -32,8 +37,4 @@ class StartScreen(Screen[None]):
         return self.query_one("#question", Input).value
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        question = event.value.strip()
-        if question and self.sent is None:
-            self.sent, event.input.value = question, ""
-            self.notify("Your question will be asked once the start is done.",
-                        title="Still starting", timeout=6)
+        self.sent = held_question(event, self.sent)
