@@ -105,10 +105,13 @@ class MeanCacheApp(App[None]):
     async def _show_chat(self, screen_class: "type[ChatScreen]") -> "ChatScreen":
         from meancache.client.fl.participation import FederatedParticipation
 
-        early = self._start_screen  # what the user typed and sent while the program loaded
         self._chat = screen_class(self.settings, FederatedParticipation(self.settings),
-                                  self.start, early.typed, early.sent)
+                                  self.start)
         await self.push_screen(self._chat)  # over the start screen, which stays below
+        # what the user typed and sent while the program loaded, read once keys go to the
+        # chat (read before, what reached the start screen meanwhile would be lost)
+        early = self._start_screen
+        self._chat.take_over(early.typed, early.sent)
         return self._chat
 
     def _opened(self, session: "ChatSession") -> None:

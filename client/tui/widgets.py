@@ -8,9 +8,8 @@ from meancache.client.chat.conversations import Conversation, Turn
 from meancache.client.tui.start_steps import StartSteps
 from meancache.client.tui.text import printable
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Vertical, VerticalScroll
-from textual.events import Paste
+from textual.events import Key, Paste
 from textual.widgets import Input, Markdown, ProgressBar, Static
 from textual.widgets.markdown import MarkdownStream
 
@@ -20,6 +19,15 @@ if TYPE_CHECKING:  # heavy (the cache, torch): the app draws before they load
 
 
 QUESTION_PLACEHOLDER = "Ask anything (enter to send)"
+
+
+def take_sent(event: Input.Submitted) -> None:
+    """Take what was sent out of the prompt, leaving what was typed after it: keys read
+    with the enter (typed ahead while the app started, or fast) reach the prompt before
+    the enter's message reaches its handler, and clearing the prompt would drop them."""
+    value = event.input.value
+    if value.startswith(event.value):
+        event.input.value = value[len(event.value):].lstrip()
 
 
 def held_question(event: Input.Submitted, waiting: str | None) -> str | None:
@@ -33,7 +41,7 @@ def held_question(event: Input.Submitted, waiting: str | None) -> str | None:
         event.input.notify("One question already waits for the start; this one stays here.",
                            title="Still starting", timeout=4)
         return waiting
-    event.input.value = ""
+    take_sent(event)
     event.input.notify("Your question will be asked once the start is done.",
                        title="Still starting", timeout=6)
     return question
@@ -41,10 +49,18 @@ def held_question(event: Input.Submitted, waiting: str | None) -> str | None:
 
 class QuestionInput(Input):
     """An input that keeps every line of a multi-line paste (joined by spaces), and sends
-    on a newline as on enter: an enter typed before the app took the terminal reaches it
-    as a newline (the terminal's line mode turns CR into LF), and would be dropped."""
+    on enter, or on a newline, at once: an enter typed before the app took the terminal
+    reaches it as a newline (the terminal's line mode turns CR into LF), and through the
+    bindings an enter acts only after the keys read with it, which would join what was
+    typed after it to the question sent."""
 
-    BINDINGS = [Binding("ctrl+j", "submit", "Send", show=False)]
+    async def _on_key(self, event: Key) -> None:
+        if event.key in ("enter", "ctrl+j"):
+            event.stop()
+            event.prevent_default()
+            await self.action_submit()
+            return
+        await super()._on_key(event)
 
     def _on_paste(self, event: Paste) -> None:
         if event.text:

@@ -10,13 +10,16 @@ import pytest
 from meancache.client.chat.session import EmbeddedUpstream, UpstreamStarter
 from meancache.client.chat.steps import LOADING, startup_steps
 from meancache.client.config import Settings, with_upstream
+from meancache.client.fl.participation import FederatedParticipation
 from meancache.client.tui.app import MeanCacheApp
+from meancache.client.tui.screens.chat import ChatScreen
 from meancache.client.tui.screens.start import StartScreen
 from meancache.client.tui.start_steps import StartSteps
 from meancache.client.tui.widgets import AnswerView, StatusLine
 from meancache.shared.encoder import Encoder
 from meancache.shared.errors import MeanCacheError
 from meancache.shared.progress import Progress
+from textual.events import Key
 from textual.pilot import Pilot
 from textual.widgets import Input, Static
 
@@ -200,5 +203,50 @@ def test_what_is_typed_before_the_chat_is_drawn_carries_over_to_it(
             await wait_for(pilot, lambda: len(app.chat.conversation.turns) == 1)
             assert app.chat.conversation.turns[0].question == "hi there"
             assert app.chat.query_one("#question", Input).value == "and th"
+
+    asyncio.run(run())
+
+
+def test_keys_that_reach_the_chat_while_it_is_shown_follow_the_start_screens(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start screen's prompt is taken over once the chat is shown: what reached the
+    chat's prompt meanwhile follows it, and the question sent there still waits."""
+    monkeypatch.setattr(MeanCacheApp, "open_session", lambda app: None)  # never opens
+
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(160, 40)) as pilot:
+            chat = ChatScreen(settings, FederatedParticipation(settings))
+            await app.push_screen(chat)
+            prompt = chat.query_one("#question", Input)
+            prompt.value = "th"  # keys that reached the chat while it was being shown
+            chat.take_over("and ", "hi there")
+            assert prompt.value == "and th"
+            await wait_for(pilot, lambda: prompt.has_focus)
+            await pilot.press("enter")  # a question already waits: this one stays
+            assert prompt.value == "and th"
+
+    asyncio.run(run())
+
+
+def test_keys_read_with_an_enter_stay_after_it(
+        settings: Settings, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keys typed ahead reach the app in one read (an enter typed before the app took the
+    terminal arrives as a newline among them): the question sent is what came before the
+    enter, and what came after stays in the prompt."""
+    monkeypatch.setattr(MeanCacheApp, "open_session", lambda app: None)  # still loading
+    burst = [(c if c != " " else "space", c) for c in "hi there"] + [("ctrl+j", "\n")] + [
+        (c if c != " " else "space", c) for c in "and th"]
+
+    async def run() -> None:
+        app = MeanCacheApp(settings)
+        async with app.run_test(size=(160, 40)) as pilot:
+            start = app.screen
+            assert isinstance(start, StartScreen)
+            await wait_for(pilot, lambda: start.query_one("#question", Input).has_focus)
+            for key, character in burst:  # as the driver posts one read's keys: no waits
+                app.post_message(Key(key, character))
+            await wait_for(pilot, lambda: start.sent is not None and start.typed == "and th")
+            assert start.sent == "hi there"
 
     asyncio.run(run())

@@ -31,6 +31,7 @@ from meancache.client.tui.widgets import (
     QuestionInput,
     StatusLine,
     held_question,
+    take_sent,
 )
 from meancache.shared.errors import MeanCacheError
 from meancache.shared.progress import Progress
@@ -49,18 +50,15 @@ class ChatScreen(Screen[None]):
     DEFAULT_CSS = "#question { dock: bottom; }"
 
     def __init__(self, settings: Settings, federation: FederatedParticipation,
-                 start: StartSteps | None = None, typed: str = "",
-                 waiting: str | None = None) -> None:
+                 start: StartSteps | None = None) -> None:
         """``federation``: this device's SuperNode, built by the app; ``start``: the app's
-        start, which the status line goes on showing; ``typed`` and ``waiting``: the text
-        in the start screen's prompt, and the question sent there."""
+        start, which the status line goes on showing."""
         super().__init__()
         self.settings = settings
         self.conversation = Conversation()
         self.busy = False
         self._session: ChatSession | None = None
-        self._typed = typed
-        self._waiting = waiting  # a question sent before the session was open
+        self._waiting: str | None = None  # a question sent before the session was open
         self.messages = MessageList(welcome(settings), id="messages")
         self.status_line = StatusLine(start)
         self.federation = federation
@@ -72,7 +70,7 @@ class ChatScreen(Screen[None]):
         yield self.status_line
         yield self.fl
         # open from the first frame: a question typed while the cache starts waits for it
-        yield QuestionInput(self._typed, placeholder=QUESTION_PLACEHOLDER, id="question")
+        yield QuestionInput(placeholder=QUESTION_PLACEHOLDER, id="question")
         yield Footer()
 
     # state --------------------------------------------------------------------------
@@ -84,6 +82,17 @@ class ChatScreen(Screen[None]):
     @property
     def history(self) -> ChatHistory:
         return ChatHistory.of(self.session)
+
+    def take_over(self, typed: str, sent: str | None) -> None:
+        """What the start screen's prompt held when this screen took its place: its text,
+        before whatever reached this prompt while the screen was being shown, and the
+        question sent there, which waits (a later one sent here goes back to the prompt)."""
+        question = self.query_one("#question", Input)
+        question.value = typed + question.value
+        if sent is not None:
+            if self._waiting is not None:  # sent after the start screen's: back to the prompt
+                question.value = f"{self._waiting} {question.value}".strip()
+            self._waiting = sent
 
     def ready(self, session: ChatSession) -> None:
         self._session = self.fl.session = session
@@ -146,7 +155,7 @@ class ChatScreen(Screen[None]):
         if self._session is None:
             self._waiting = held_question(event, self._waiting)
             return
-        event.input.value = ""
+        take_sent(event)
         self.ask(question)
 
     async def _streamed(self, view: AnswerView, answer: Callable[[OnDelta], Awaitable[Turn]],
