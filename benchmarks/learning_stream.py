@@ -122,7 +122,7 @@ def row(table: Table, name: str, tally: Tally, seconds: float) -> dict:
     w, h = report["whole"], report["last_half"]
     table.add_row(name, str(w["right"]), str(w["wrong"]), str(w["miss"]),
                   f"{w['hit_precision']:.1%}", f"{w['wrong_rate']:.2%}", f"{w['hit_rate']:.1%}",
-                  f"{h['wrong_rate']:.2%}", f"{h['hit_rate']:.1%}",
+                  f"{h['wrong_rate']:.2%}", f"{h['hit_rate']:.1%}", f"{h['ceiling']:.1%}",
                   f"{report['answerable_hit_rate']:.1%}", str(report["upstream_calls"]),
                   str(report["explored"]), f"{seconds:.0f}")
     return report
@@ -200,7 +200,8 @@ def main() -> None:
                       f"{settings.decision})")
         for column in ("decision", "right", "wrong", "miss", "hit precision", "wrong rate",
                        "hit rate", "last-half wrong", "last-half hit rate",
-                       "answerable hit rate", "upstream calls", "explored", "s"):
+                       "last-half at most", "answerable hit rate", "upstream calls",
+                       "explored", "s"):
             table.add_column(column)
         static = run("static (shipped decision, learning nothing)", turns, encoder, settings,
                      table, args.seed, learns=False)

@@ -32,6 +32,7 @@ as the misses a device compares and the hits it explores are.
 
 import json
 import random
+from dataclasses import dataclass
 
 import numpy as np
 from _common import base_parser, embed_cached, load_encoder, load_qqp, note, print_table, sample
@@ -51,32 +52,67 @@ def scored_pairs(data_dir, pairs: int, seed: int) -> tuple[np.ndarray, np.ndarra
     return scores.astype(float), np.array([p.label == 0 for p in chosen])
 
 
+@dataclass(frozen=True)
+class Traffic:
+    """Questions asked of a cache: each one's nearest stored questions (its candidates)
+    and which of them, if any, is the question it paraphrases (its right answer)."""
+
+    asked: list[str]
+    candidates: list[list[str]]
+    right: list[int | None]  # index into the question's candidates, None: not stored
+
+
+def arena_questions(data_dir, rng: random.Random) -> list[str]:
+    """Chatbot Arena first turns of 3 to 40 words, distinct, in ``rng``'s order."""
+    rows = [json.loads(line)["text"] for line in
+            (data_dir / "instructions" / "arena_first_turns.jsonl").open()]
+    rows = list(dict.fromkeys(r for r in rows if 3 <= len(r.split()) <= 40))
+    rng.shuffle(rows)
+    return rows
+
+
+def arena_traffic(originals: list[str], rng: random.Random, encoder, cache_dir,
+                  nearest: int = 5) -> Traffic:
+    """Each original asked in a code-made paraphrase (learning_stream.paraphrase) of a
+    cache holding half of the originals; its candidates are the ``nearest`` stored
+    questions by the encoder's cosine."""
+    asked = [paraphrase(r, rng) for r in originals]
+    stored = sorted(rng.sample(range(len(originals)), len(originals) // 2))
+    kept = embed_cached(encoder, [originals[i] for i in stored], cache_dir)
+    queries = embed_cached(encoder, asked, cache_dir)
+    order = np.argsort(-(queries @ kept.T), axis=1)[:, :nearest]
+    candidates = [[originals[stored[c]] for c in row] for row in order]
+    right = [next((k for k, c in enumerate(row) if stored[c] == i), None)
+             for i, row in enumerate(order)]
+    return Traffic(asked, candidates, right)
+
+
+def judged(verifier: LearnedVerifier, traffic: Traffic
+           ) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(the verifier's probability of its most probable candidate, whether that candidate
+    is a wrong answer, the candidate) of every question."""
+    scores, wrong, chosen = [], [], []
+    for asked, candidates, right in zip(traffic.asked, traffic.candidates, traffic.right,
+                                        strict=True):
+        probabilities = verifier.probabilities(asked, candidates)
+        best = int(np.argmax(probabilities))
+        scores.append(float(probabilities[best]))
+        wrong.append(best != right)
+        chosen.append(candidates[best])
+    return np.array(scores), np.array(wrong), chosen
+
+
 def arena_pairs(data_dir, cache_dir, questions: int, seed: int
                 ) -> tuple[np.ndarray, np.ndarray]:
     """(verifier probability of the best candidate, wrong) of ``questions`` paraphrased
     Arena questions against a cache holding half of their originals."""
-    rows = [json.loads(line)["text"] for line in
-            (data_dir / "instructions" / "arena_first_turns.jsonl").open()]
     rng = random.Random(seed)
-    rows = list(dict.fromkeys(r for r in rows if 3 <= len(r.split()) <= 40))
-    rng.shuffle(rows)
-    originals = rows[:questions]
-    asked = [paraphrase(r, rng) for r in originals]
-    stored = sorted(rng.sample(range(len(originals)), len(originals) // 2))
-    encoder = load_encoder("onnx", cache_dir)
-    kept = embed_cached(encoder, [originals[i] for i in stored], cache_dir)
-    queries = embed_cached(encoder, asked, cache_dir)
-    nearest = np.argsort(-(queries @ kept.T), axis=1)[:, :5]
-    verifier = LearnedVerifier.load()
-    note(f"judging {len(asked)} paraphrased Arena questions' five nearest stored questions")
-    scores, wrong = [], []
-    for i, candidates in enumerate(nearest):
-        probabilities = verifier.probabilities(asked[i], [originals[stored[c]]
-                                                          for c in candidates])
-        best = int(np.argmax(probabilities))
-        scores.append(float(probabilities[best]))
-        wrong.append(stored[candidates[best]] != i)
-    return np.array(scores), np.array(wrong)
+    originals = arena_questions(data_dir, rng)[:questions]
+    traffic = arena_traffic(originals, rng, load_encoder("onnx", cache_dir), cache_dir)
+    note(f"judging {len(originals)} paraphrased Arena questions' five nearest stored "
+         "questions")
+    scores, wrong, _ = judged(LearnedVerifier.load(), traffic)
+    return scores, wrong
 
 
 def evidence(scores: np.ndarray, wrong: np.ndarray) -> BoundEvidence:

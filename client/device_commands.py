@@ -366,6 +366,7 @@ def _replay_learning(args: argparse.Namespace, settings: Settings, pairs: list) 
                               "threshold": threshold})
         return 0
     table = Table("decision", "part", "right", "wrong", "miss", "hit precision", "hit rate",
+                  "at most",
                   title=f"{len(turns)} questions, seed {args.seed}, max_wrong_rate "
                   f"{settings.max_wrong_rate}, learned threshold "
                   + ("none (no learned verifier)" if threshold is None else f"{threshold:.3f}"))
@@ -373,8 +374,11 @@ def _replay_learning(args: argparse.Namespace, settings: Settings, pairs: list) 
         for part in ("whole", "last_half"):
             r = report[part]
             table.add_row(name, part.replace("_", " "), str(r["right"]), str(r["wrong"]),
-                          str(r["miss"]), f"{r['hit_precision']:.1%}", f"{r['hit_rate']:.1%}")
+                          str(r["miss"]), f"{r['hit_precision']:.1%}", f"{r['hit_rate']:.1%}",
+                          f"{r['ceiling']:.1%}")
     out.print(table)
+    err.print("at most: the share of questions asked again (in other words), the hit rate of "
+              "a cache that answers every repeat rightly; a first question can only miss")
     return 0
 
 

@@ -69,27 +69,36 @@ class Tally:
     upstream: int = 0  # calls to the upstream (misses and explorations)
     explored: int = 0
     outcomes: list[str] = field(default_factory=list)  # "right", "wrong", "miss" per turn
+    answerables: list[bool] = field(default_factory=list)  # per turn
 
     def count(self, outcome: str, answerable: bool) -> None:
         setattr(self, outcome, getattr(self, outcome) + 1)
         self.outcomes.append(outcome)
+        self.answerables.append(answerable)
         self.answerable += answerable
         self.answerable_hits += answerable and outcome != "miss"
         self.upstream += outcome == "miss"
 
     @staticmethod
-    def summary(outcomes: Sequence[str]) -> dict[str, float]:
+    def summary(outcomes: Sequence[str], answerables: Sequence[bool] = ()
+                ) -> dict[str, float]:
+        """Counts and rates of ``outcomes``; with ``answerables`` also the ``ceiling``: the
+        share of questions whose group was answered before, the most any cache can serve
+        right (a group's first question can only miss)."""
         right, wrong = outcomes.count("right"), outcomes.count("wrong")
         served, asked = right + wrong, len(outcomes)
-        return {"right": right, "wrong": wrong, "miss": asked - served,
-                "hit_precision": right / served if served else 0.0,
-                "wrong_rate": wrong / served if served else 0.0,
-                "hit_rate": served / asked if asked else 0.0}
+        summary = {"right": right, "wrong": wrong, "miss": asked - served,
+                   "hit_precision": right / served if served else 0.0,
+                   "wrong_rate": wrong / served if served else 0.0,
+                   "hit_rate": served / asked if asked else 0.0}
+        if answerables:
+            summary["ceiling"] = sum(answerables) / len(answerables)
+        return summary
 
     def report(self) -> dict[str, object]:
         half = len(self.outcomes) // 2
-        return {"whole": self.summary(self.outcomes),
-                "last_half": self.summary(self.outcomes[half:]),
+        return {"whole": self.summary(self.outcomes, self.answerables),
+                "last_half": self.summary(self.outcomes[half:], self.answerables[half:]),
                 "answerable_hit_rate": self.answerable_hits / self.answerable
                 if self.answerable else 0.0,
                 "upstream_calls": self.upstream, "explored": self.explored}

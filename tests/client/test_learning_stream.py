@@ -51,6 +51,9 @@ def test_the_replay_learns_an_alias_that_survives_and_the_static_decision_does_n
     tally = replay(learning, turns)
     assert tally.outcomes == ["miss", "miss", "right", "miss"]
     assert tally.upstream == 3
+    # the most a cache could serve: the two questions asked after their group's first
+    report = tally.report()
+    assert report["whole"]["ceiling"] == 0.5 and report["last_half"]["ceiling"] == 0.5
     learning.close()
     with closing(EntryStore(tmp_path / "learned")) as store:
         again = Learned(store, 0.02)
@@ -78,6 +81,7 @@ def test_replay_learn_reports_both_decisions(data_dir: Path, tmp_path: Path,
         whole = report[decision]["whole"]
         assert whole["right"] + whole["wrong"] + whole["miss"] == 4
         assert whole["wrong"] == 0  # nothing here is alike but the one paraphrase
+        assert whole["ceiling"] == 0.25  # the paraphrase's group alone is asked again
 
 
 def test_cache_reset_learning_forgets_only_the_learning(
