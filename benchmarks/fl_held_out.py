@@ -5,7 +5,10 @@ The traffic is unlike what the shipped verifier was trained on (QQP and code-mad
 near-misses): Chatbot Arena first turns, each asked in a code-made paraphrase
 (learning_stream.paraphrase) of a cache holding half of the originals, the verifier
 choosing among the five stored questions nearest by MiniLM's cosine
-(pooled_bound.arena_traffic). Its questions are split in two parts that share no question:
+(pooled_bound.arena_traffic), after dropping each question nearly identical to an earlier
+one (``--distinct``: Arena's users often send the same request, which the stream would
+count as a different question, so a right answer would be scored wrong). The questions
+are split in two parts that share none:
 
 - the **federation's**: each question with the candidate the shipped verifier chooses
   and whether it is the right one, as a labelled-pairs file (a pair per question, as a
@@ -35,7 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import base_parser, load_encoder, note, print_table
+from _common import base_parser, embed_cached, load_encoder, note, print_table
 from meancache.client.config import Settings
 from meancache.client.learning.bound import Label, Rows, choose, choose_pooled
 from meancache.client.learning.explore import Exploration
@@ -49,6 +52,24 @@ from pooled_bound import Traffic, arena_questions, arena_traffic, judged
 from rich.table import Table
 
 SPLIT_SEED = 0  # which held-out questions are a device's, and which half it learned
+
+
+def distinct(questions: list[str], encoder, cache_dir: Path, at: float) -> list[str]:
+    """``questions`` less each one whose cosine to an earlier kept one reaches ``at``:
+    Arena's users often send the same request ("Tell me a dad joke", "tell me a dad
+    joke"; "Hi, how are you?", "Hello, how are you?"), which the stream counts as two
+    questions with different answers, so a cache answering one with the other would be
+    scored wrong where it is right."""
+    if at >= 1:
+        return questions
+    vectors = embed_cached(encoder, questions, cache_dir)
+    kept: list[int] = []
+    for i, vector in enumerate(vectors):
+        if not kept or float((vectors[kept] @ vector).max()) < at:
+            kept.append(i)
+    note(f"{len(kept)} of {len(questions)} Arena questions kept as distinct requests "
+         f"(cosine under {at} to every earlier one)")
+    return [questions[i] for i in kept]
 
 
 def pairs_file(path: Path, traffic: Traffic, verifier: LearnedVerifier) -> Path:
@@ -148,17 +169,20 @@ def global_verifier(checkpoint: Path, work: Path) -> tuple[LearnedVerifier, Boun
 
 def main() -> None:
     parser = base_parser(__doc__)
-    parser.add_argument("--federation", type=int, default=2000,
+    parser.add_argument("--distinct", type=float, default=0.9,
+                        help="drop an Arena question whose MiniLM cosine to an earlier one "
+                        "reaches this (the same request from two users; 1: keep all)")
+    parser.add_argument("--federation", type=int, default=2300,
                         help="questions of the federation's traffic")
     parser.add_argument("--held-out", type=int, default=1000,
                         help="questions of the held-out devices' traffic")
     parser.add_argument("--devices", type=int, default=5, help="held-out devices")
-    parser.add_argument("--clients", type=int, default=10, help="devices in the federation")
-    parser.add_argument("--per-round", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--pairs-per-client", type=int, default=200)
+    parser.add_argument("--clients", type=int, default=23, help="devices in the federation")
+    parser.add_argument("--per-round", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--pairs-per-client", type=int, default=100)
     parser.add_argument("--verifier-layers", type=int, default=2)
-    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--learning-rate", type=float, default=5e-5)
     parser.add_argument("--rates", type=float, nargs="+", default=[0.02, 0.05])
     parser.add_argument("--reuse", action="store_true",
@@ -172,11 +196,12 @@ def main() -> None:
         args.clients, args.per_round, args.rounds, args.pairs_per_client = 2, 2, 1, 100
     out = args.cache_dir / "fl_held_out" / f"seed{args.seed}"
     rng = random.Random(args.seed)
-    questions = arena_questions(args.data_dir, rng)
+    encoder = load_encoder("onnx", args.cache_dir)
+    questions = distinct(arena_questions(args.data_dir, rng), encoder, args.cache_dir,
+                         args.distinct)
     if len(questions) < args.federation + args.held_out:
         raise SystemExit(f"only {len(questions)} Arena questions for --federation plus "
                          "--held-out")
-    encoder = load_encoder("onnx", args.cache_dir)
     federation = arena_traffic(questions[: args.federation], rng, encoder, args.cache_dir)
     held = arena_traffic(questions[args.federation: args.federation + args.held_out], rng,
                          encoder, args.cache_dir)
