@@ -4,10 +4,13 @@ import argparse
 import hashlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meancache.fl_server.app_declaration import default_run_config
 from meancache.fl_server.config import FlServerSettings
+
+if TYPE_CHECKING:  # the type only: Flower's simulation loads with the command
+    from meancache.fl_server.simulate import SimulationConfig
 
 DEFAULT_PAIRS = Path(__file__).resolve().parents[1].parent / "shared/data/qqp/pairs.jsonl"
 
@@ -35,6 +38,11 @@ def add_commands(fl: Any) -> None:
     simulate.add_argument("--verifier-layers", type=int, default=app["verifier-top-layers"],
                           help="train and send the learned verifier's top N layers and its "
                           "head beside the encoder (0: the verifier is not federated)")
+    simulate.add_argument("--verifier-only", action="store_true",
+                          help="federate the learned verifier alone: the encoder stays the "
+                          "base model, so caches keep their vectors and the cosine's pooled "
+                          "labels keep applying (run config train-encoder = 0; needs "
+                          "--verifier-layers over 0)")
     simulate.add_argument("--secure-aggregation", action="store_true",
                           help="SecAgg+: the server learns only the sum of the devices' "
                           "weights (no median; with --dp-noise, devices clip and the "
@@ -231,20 +239,24 @@ def run_rounds(args: argparse.Namespace, settings: FlServerSettings) -> int:
         return run_foreground(command, env)
 
 
-def run_simulate(args: argparse.Namespace, settings: FlServerSettings) -> int:
-    from meancache.fl_server.simulate import SimulationConfig, simulate
+def simulation_config(args: argparse.Namespace, settings: FlServerSettings
+                      ) -> "SimulationConfig":
+    """The federation `fl simulate`'s arguments ask for, or MeanCacheError naming the
+    argument that cannot be run."""
+    from meancache.fl_server.simulate import SimulationConfig
     from meancache.shared.errors import MeanCacheError
-    from rich.console import Console
-    from rich.table import Table
 
     if not args.pairs.is_file():
         raise MeanCacheError(f"no labelled pairs at {args.pairs} (pass --pairs FILE)")
     if not 0 < args.per_round <= args.clients:
         raise MeanCacheError(f"--per-round must lie between 1 and --clients ({args.clients}); "
                              "lower --per-round or raise --clients")
+    if args.verifier_only and args.verifier_layers < 1:
+        raise MeanCacheError("--verifier-only federates the verifier alone, so it needs "
+                             "--verifier-layers 1 or more")
     if args.workers < 0:
         raise MeanCacheError(f"--workers must be 0 (one per core) or more, not {args.workers}")
-    config = SimulationConfig(
+    return SimulationConfig(
         pairs=args.pairs, checkpoint_dir=args.checkpoints or settings.data_dir / "fl-simulation",
         clients=args.clients, per_round=args.per_round, workers=args.workers, run_config={
             "num-server-rounds": args.rounds, "partitioning": args.partitioning,
@@ -252,11 +264,20 @@ def run_simulate(args: argparse.Namespace, settings: FlServerSettings) -> int:
             "update-bits": args.update_bits, "update-rank": args.update_rank,
             "epochs": args.epochs,
             "verifier-top-layers": args.verifier_layers,
+            "train-encoder": int(not args.verifier_only),
             "secure-aggregation": int(args.secure_aggregation),
             "learning-rate": args.learning_rate,
             "encoder-model": settings.encoder_model or "",
             "held-out-pairs": args.held_out, "seed": args.seed,
             "dp-noise-multiplier": args.dp_noise, "dp-clipping-norm": args.dp_clip})
+
+
+def run_simulate(args: argparse.Namespace, settings: FlServerSettings) -> int:
+    from meancache.fl_server.simulate import simulate
+    from rich.console import Console
+    from rich.table import Table
+
+    config = simulation_config(args, settings)
     err = Console(stderr=True, highlight=False)
 
     def progress(row: dict[str, float]) -> None:

@@ -26,6 +26,7 @@ from meancache.fl_server.app_declaration import default_run_config, write_app
 from meancache.fl_server.pooled_threshold import ThresholdRule
 from meancache.fl_server.run_config import ServerConfig
 from meancache.fl_server.screening import ReplyLimits
+from meancache.fl_server.server_commands import simulation_config
 from meancache.fl_server.simulate import SimulationConfig, simulate
 from meancache.fl_server.strategy import ThresholdFedAvg
 from meancache.shared.encoder import Encoder, load_sentence_transformer, packaged_minilm_dir
@@ -68,7 +69,7 @@ from meancache.shared.verifier.dequantise import float_verifier
 from meancache.shared.verifier.runtime import read_card
 from sentence_transformers import SentenceTransformer
 
-from meancache.cli import main
+from meancache.cli import build_parser, load_side, main
 from tests.support.fl import (
     FEEDBACK,
     device_context,
@@ -505,3 +506,28 @@ def test_simulate_refuses_a_negative_worker_count(tmp_path: Path,
                  str(DATA / "qqp" / "pairs.jsonl"), "--workers", "-1"]) == 2
     assert "--workers must be 0 (one per core) or more, not -1" in capsys.readouterr().err
     assert not (tmp_path / "data" / "fl-simulation").exists()  # refused before anything ran
+
+
+def test_simulate_verifier_only_keeps_the_encoder_out_of_the_rounds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--verifier-only is run config train-encoder = 0 (the verifier alone travels:
+    test_fl_verifier checks what that round holds); without it the encoder trains too."""
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    pairs = str(DATA / "qqp" / "pairs.jsonl")
+    for flags, train_encoder in (([], 1), (["--verifier-only"], 0)):
+        args = build_parser().parse_args(["--data-dir", str(tmp_path / "data"), "fl",
+                                          "simulate", "--pairs", pairs, *flags])
+        config = simulation_config(args, load_side(args))
+        assert config.full_run_config()["train-encoder"] == train_encoder
+
+
+def test_simulate_verifier_only_needs_a_federated_verifier(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    assert main(["--data-dir", str(tmp_path / "data"), "fl", "simulate", "--pairs",
+                 str(DATA / "qqp" / "pairs.jsonl"), "--verifier-only",
+                 "--verifier-layers", "0"]) == 2
+    assert "--verifier-only federates the verifier alone, so it needs --verifier-layers 1" \
+        in capsys.readouterr().err
+    assert not (tmp_path / "data" / "fl-simulation").exists()
