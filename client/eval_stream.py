@@ -64,18 +64,16 @@ class Tally:
     right: int = 0
     wrong: int = 0
     miss: int = 0
-    answerable: int = 0  # questions whose group was answered before
-    answerable_hits: int = 0
+    answerable_hits: int = 0  # hits among the questions whose group was answered before
     upstream: int = 0  # calls to the upstream (misses and explorations)
     explored: int = 0
     outcomes: list[str] = field(default_factory=list)  # "right", "wrong", "miss" per turn
-    answerables: list[bool] = field(default_factory=list)  # per turn
+    answerables: list[bool] = field(default_factory=list)  # group answered before, per turn
 
     def count(self, outcome: str, answerable: bool) -> None:
         setattr(self, outcome, getattr(self, outcome) + 1)
         self.outcomes.append(outcome)
         self.answerables.append(answerable)
-        self.answerable += answerable
         self.answerable_hits += answerable and outcome != "miss"
         self.upstream += outcome == "miss"
 
@@ -99,8 +97,8 @@ class Tally:
         half = len(self.outcomes) // 2
         return {"whole": self.summary(self.outcomes, self.answerables),
                 "last_half": self.summary(self.outcomes[half:], self.answerables[half:]),
-                "answerable_hit_rate": self.answerable_hits / self.answerable
-                if self.answerable else 0.0,
+                "answerable_hit_rate": self.answerable_hits / sum(self.answerables)
+                if any(self.answerables) else 0.0,
                 "upstream_calls": self.upstream, "explored": self.explored}
 
 
