@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import base_parser, embed_cached, load_encoder, note, print_table
+from _common import base_parser, embed_cached, load_encoder, note, pct, print_table
 from meancache.client.config import Settings
 from meancache.client.learning.bound import Label, Rows, choose, choose_pooled
 from meancache.client.learning.explore import Exploration
@@ -86,33 +86,39 @@ def pairs_file(path: Path, traffic: Traffic, verifier: LearnedVerifier) -> Path:
     return path
 
 
+def device_halves(questions: int, devices: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The held-out traffic split among ``devices`` in a seeded order: each device's first
+    half (whose labels it learned) and second half (on which it is measured)."""
+    order = np.array(random.Random(SPLIT_SEED).sample(range(questions), questions))
+    return [(shard[: len(shard) // 2], shard[len(shard) // 2:])
+            for shard in np.array_split(order, devices)]
+
+
 def static(scores: np.ndarray, wrong: np.ndarray, devices: int, threshold: float
-           ) -> dict[str, float]:
+           ) -> dict[str, float | None]:
     """The verifier's card threshold alone: no bound, no exploration (the held-out
     devices' second halves, as ``held_out`` measures them)."""
-    order = np.array(random.Random(SPLIT_SEED).sample(range(len(scores)), len(scores)))
-    test = np.concatenate([s[len(s) // 2:] for s in np.array_split(order, devices)])
+    test = np.concatenate([test for _, test in device_halves(len(scores), devices)])
     hits = test[scores[test] >= threshold]
     return {"threshold": threshold, "learned": 0, "hit": len(hits) / len(test),
-            "wrong": float(wrong[hits].mean()) if len(hits) else float("nan")}
+            "wrong": float(wrong[hits].mean()) if len(hits) else None}
 
 
 def held_out(scores: np.ndarray, wrong: np.ndarray, devices: int, rate: float, prior: float,
-             pool: BoundEvidence | None, seed: int) -> dict[str, float]:
-    """Over ``devices`` held-out devices (a seeded split of the traffic): thresholds
-    chosen by each one's first half (with ``pool`` where given), applied to its second
-    as a device does with the default exploration (client.learning.explore: until its
-    labels choose the threshold every would-be hit within the exploring width above it
-    is asked upstream, not served; afterwards a tenth of them)."""
-    order = np.array(random.Random(SPLIT_SEED).sample(range(len(scores)), len(scores)))
+             pool: BoundEvidence | None, seed: int) -> dict[str, float | None]:
+    """Over ``devices`` held-out devices (``device_halves``): thresholds chosen by each
+    one's first half (with ``pool`` where given), applied to its second as a device does
+    with the default exploration (client.learning.explore: until its labels choose the
+    threshold every would-be hit within the exploring width above it is asked upstream,
+    not served; afterwards a tenth of them)."""
     explore, draws = Exploration(), random.Random(seed)
+    pooled = None if pool is None else Rows.pooled_bins(*pool.rows())
     asked = served = bad = learned = 0
     thresholds = []
-    for shard in np.array_split(order, devices):
-        first, test = shard[: len(shard) // 2], shard[len(shard) // 2:]
+    for first, test in device_halves(len(scores), devices):
         own = [Label(float(scores[i]), bool(wrong[i])) for i in first]
-        bound = choose(own, rate, prior) if pool is None else \
-            choose_pooled(own, own, Rows.pooled_bins(*pool.rows()), rate, prior)
+        bound = choose(own, rate, prior) if pooled is None else \
+            choose_pooled(own, own, pooled, rate, prior)
         hits = [i for i in test if scores[i] >= bound.threshold and not explore.explores(
             float(scores[i]), bound.threshold, draws, bound.learned)]
         asked, served = asked + len(test), served + len(hits)
@@ -120,7 +126,7 @@ def held_out(scores: np.ndarray, wrong: np.ndarray, devices: int, rate: float, p
         learned += int(bound.learned)
         thresholds.append(min(bound.threshold, 1.0))
     return {"threshold": float(np.median(thresholds)), "learned": learned,
-            "hit": served / asked, "wrong": bad / served if served else float("nan")}
+            "hit": served / asked, "wrong": bad / served if served else None}
 
 
 def federate(pairs: Path, out: Path, args, secure: bool
@@ -251,13 +257,12 @@ def report(results, args) -> None:
     before = results["before: shipped verifier, own labels"]
     r = static(before[0], before[1], args.devices, before[2])
     table.add_row("static: shipped verifier at its card's threshold, no bound", "-",
-                  f"{r['threshold']:.3f}", "-", f"{r['hit']:.1%}", f"{r['wrong']:.1%}")
+                  f"{r['threshold']:.3f}", "-", pct(r["hit"]), pct(r["wrong"]))
     for rate in args.rates:
         for name, (scores, wrong, prior, pool) in results.items():
             r = held_out(scores, wrong, args.devices, rate, prior, pool, args.seed)
             table.add_row(name, f"{rate:.0%}", f"{r['threshold']:.3f}",
-                          f"{r['learned']}/{args.devices}", f"{r['hit']:.1%}",
-                          "-" if np.isnan(r["wrong"]) else f"{r['wrong']:.1%}")
+                          f"{r['learned']}/{args.devices}", pct(r["hit"]), pct(r["wrong"]))
     print_table(table)
 
 
