@@ -26,14 +26,10 @@ import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from difflib import SequenceMatcher
-from functools import cache
 
-NEGATIONS = frozenset({
-    "not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "nowhere",
-    "cannot", "without", "unable", "dont", "doesnt", "didnt", "isnt", "arent", "wasnt",
-    "werent", "cant", "wont", "wouldnt", "shouldnt", "couldnt", "havent", "hasnt",
-})
-# Pairs of opposites; inflected forms are matched through ``_stem``.
+from meancache.shared.words import NEGATIONS, NUMBER_WORDS, stem, stop_words
+
+# Pairs of opposites; inflected forms are matched through ``stem``.
 ANTONYMS = (
     ("good", "bad"), ("best", "worst"), ("better", "worse"), ("big", "small"),
     ("large", "small"), ("high", "low"), ("increase", "decrease"),
@@ -97,19 +93,6 @@ TIMES = frozenset({
     "christmas", "easter", "dawn", "dusk", "noon", "midnight", "ancient", "medieval",
     "modern",
 })
-# Number words, as the digits they stand for where they have one.
-NUMBER_WORDS = {
-    "zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
-    "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
-    "thirteen": "13", "fourteen": "14", "fifteen": "15", "sixteen": "16", "seventeen": "17",
-    "eighteen": "18", "nineteen": "19", "twenty": "20", "thirty": "30", "forty": "40",
-    "fifty": "50", "sixty": "60", "seventy": "70", "eighty": "80", "ninety": "90",
-    "hundred": "100", "thousand": "1000", "million": "1000000", "billion": "1000000000",
-    "first": "1st", "second": "2nd", "third": "3rd", "fourth": "4th", "fifth": "5th",
-    "sixth": "6th", "seventh": "7th", "eighth": "8th", "ninth": "9th", "tenth": "10th",
-    "half": "half", "quarter": "quarter", "double": "twice", "twice": "twice",
-    "triple": "thrice", "thrice": "thrice",
-}
 # The checks, in the order they run: a veto's ``kind`` is its check's name.
 CHECKS = ("negation", "antonym", "number", "unit", "time", "entity", "direction")
 # The checks that still run after the learned verifier accepts (``verifier = "learned"``):
@@ -125,34 +108,16 @@ _THOUSANDS = re.compile(r"\b(\d+)[kK]\b")
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[A-Za-z]+(?:'[A-Za-z]+)?|[.?!]")
 
 
-@cache
-def stop_words() -> frozenset[str]:
-    """scikit-learn's English stop words less the words these checks read. Imported on the
-    first check: importing scikit-learn takes longer (0.7 s) than a whole lookup."""
-    from sklearn.feature_extraction.text import ENGLISH_STOP_WORDS
-
-    return frozenset(ENGLISH_STOP_WORDS - NEGATIONS - NUMBER_WORDS.keys())
 
 
-def _stem(word: str) -> str:
-    """A crude stem, enough to match "increasing" with "increase" and "wins" with "win"."""
-    if word.endswith("ies") and len(word) > 4:
-        word = word[:-3] + "y"
-    elif word.endswith("ing") and len(word) > 5:
-        word = word[:-3]
-    elif word.endswith("ed") and len(word) > 4:
-        word = word[:-2]
-    elif word.endswith("s") and not word.endswith("ss") and len(word) > 3:
-        word = word[:-1]
-    return word[:-1] if word.endswith("e") and len(word) > 3 else word
 
 
 _OPPOSITE: dict[str, frozenset[str]] = {}
 for _a, _b in ANTONYMS:
-    for _x, _y in ((_stem(_a), _stem(_b)), (_stem(_b), _stem(_a))):
+    for _x, _y in ((stem(_a), stem(_b)), (stem(_b), stem(_a))):
         _OPPOSITE[_x] = _OPPOSITE.get(_x, frozenset()) | {_y}
-_UNIT_OF = {_stem(spelling): unit for spelling, unit in UNITS.items()}
-_TIME_STEMS = frozenset(_stem(t) for t in TIMES)
+_UNIT_OF = {stem(spelling): unit for spelling, unit in UNITS.items()}
+_TIME_STEMS = frozenset(stem(t) for t in TIMES)
 
 
 @dataclass(frozen=True)
@@ -210,7 +175,7 @@ class _Words:
             names.clear()
         numbers = frozenset(w.replace(",", "") if w[0].isdigit() else NUMBER_WORDS[w]
                             for w in words if w[0].isdigit() or w in NUMBER_WORDS)
-        return cls(tuple(words), frozenset(_stem(w) for w in words), frozenset(names),
+        return cls(tuple(words), frozenset(stem(w) for w in words), frozenset(names),
                    numbers)
 
     @property
@@ -271,7 +236,7 @@ def _antonym(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
     base_a = {_base(s) for s in a.stems}
     base_b = {_base(s) for s in b.stems}
     pairs = [(base_a - base_b, base_b - base_a)]
-    pairs += [({_base(_stem(w)) for w in e.a}, {_base(_stem(w)) for w in e.b}) for e in edits]
+    pairs += [({_base(stem(w)) for w in e.a}, {_base(stem(w)) for w in e.b}) for e in edits]
     for only_a, only_b in pairs:
         for word in sorted(only_a):
             opposite = {o for o in _OPPOSITE.get(word, frozenset()) & only_b
@@ -281,19 +246,19 @@ def _antonym(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
     return None
 
 
-def _base(stem: str) -> str:
+def _base(stemmed: str) -> str:
     """The positive form of a comparative or superlative in the antonym list: "cheapest"
     -> "cheap", "hotter" -> "hot"; other words unchanged."""
-    if stem in _OPPOSITE:
-        return stem  # "lower" is the opposite of "raise" as it stands
+    if stemmed in _OPPOSITE:
+        return stemmed  # "lower" is the opposite of "raise" as it stands
     for suffix in ("est", "er"):
-        base = stem[: -len(suffix)]
-        if stem.endswith(suffix) and len(base) >= 2:
+        base = stemmed[: -len(suffix)]
+        if stemmed.endswith(suffix) and len(base) >= 2:
             # "small", "hott" -> "hot", "larg" -> the stem of "large", "easi" -> "easy"
-            for candidate in (base, base[:-1], _stem(base + "e"), base[:-1] + "y"):
+            for candidate in (base, base[:-1], stem(base + "e"), base[:-1] + "y"):
                 if candidate in _OPPOSITE:
                     return candidate
-    return stem
+    return stemmed
 
 
 def _number(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
@@ -340,7 +305,7 @@ def _new_words(span: tuple[str, ...], mine: _Words, theirs: _Words) -> list[str]
     """Content words of ``span`` (names included) with no form on the other side; units
     are left to the unit check ("USD" vs "dollars")."""
     return [w for w in span if (w not in stop_words() or w in mine.names)
-            and _stem(w) not in _UNIT_OF and not _has_kin(w, theirs.lower)]
+            and stem(w) not in _UNIT_OF and not _has_kin(w, theirs.lower)]
 
 
 def _has_kin(word: str, words: tuple[str, ...]) -> bool:
@@ -366,9 +331,9 @@ def _direction(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
     return None
 
 
-def _word(words: _Words, stem: str) -> str:
+def _word(words: _Words, stemmed: str) -> str:
     """The first word of ``words`` with this stem (for messages)."""
-    return next((w for w in words.lower if _stem(w) == stem), stem)
+    return next((w for w in words.lower if stem(w) == stemmed), stemmed)
 
 
 def _words(words: _Words, stems: frozenset[str]) -> str:

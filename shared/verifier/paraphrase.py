@@ -28,6 +28,7 @@ from meancache.shared.errors import VerifierError
 from meancache.shared.files import whole_lines, write_atomic
 from meancache.shared.progress import Progress
 from meancache.shared.verifier.mine import Question, question_sets, split_of
+from meancache.shared.words import NEGATIONS, NUMBER_WORDS, stem, stop_words
 
 KINDS = ("paraphrase", "statement")
 ORIGINS = ("arena", "sharegpt")
@@ -65,8 +66,12 @@ MIN_RATIO, MAX_RATIO = 0.4, 2.5
 # "I'm excited to create captions ...").
 REPLY = re.compile(r"(here is|here's|here are|sure\b|certainly|of course|i'm|i am|i'd be|"
                    r"i can|i will|i'll)", re.IGNORECASE)
+# A long source (this many content words or more) may lose one of them in a rewording ("a
+# short Python program" -> "a Python program"); a shorter one none. Numbers and negations
+# are never lost.
+LONG_SOURCE = 6
 REASONS = ("empty", "unfinished", "same", "repeats", "reply", "question", "too_short",
-           "too_long")
+           "too_long", "dropped")
 
 
 @dataclass(frozen=True)
@@ -136,7 +141,39 @@ def reject_reason(source: str, output: Output, statement: bool) -> str | None:
         return "too_short"
     if ratio > MAX_RATIO:
         return "too_long"
+    if dropped_words(source, text):
+        return "dropped"
     return None
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower().replace("\u2019", "'").replace("n't", " not"))
+
+
+def dropped_words(source: str, text: str) -> list[str]:
+    """The content words of ``source`` that ``text`` lost, where losing them makes it ask
+    something else (else ``[]``): any number or negation; or, where ``text`` only
+    deleted (it has no content word of its own), more than a source of its length may
+    lose (``LONG_SOURCE``). Small models "reword" by dropping qualifiers ("write a
+    friendship day letter" -> "write a letter"), which the teacher does not always catch;
+    a rewording that replaces words ("make a good cup" -> "brew the best") is left to the
+    judges. A word is kept in any inflection (``stem``), a number as digits or a word, a
+    negation as any negation."""
+    def content(words: list[str]) -> list[str]:
+        return [w for w in words if w[0].isdigit() or w in NEGATIONS or w in NUMBER_WORDS
+                or (len(w) >= 3 and w not in stop_words())]
+
+    words, theirs = _words(text), content(_words(source))
+    stems = {stem(w) for w in words}
+    numbers = {NUMBER_WORDS.get(w, w) for w in words if w[0].isdigit() or w in NUMBER_WORDS}
+    negated = any(w in NEGATIONS for w in words)
+    lost = [w for w in theirs
+            if not (negated if w in NEGATIONS else NUMBER_WORDS.get(w, w) in numbers
+                    if w[0].isdigit() or w in NUMBER_WORDS else stem(w) in stems)]
+    vital = [w for w in lost if w[0].isdigit() or w in NEGATIONS or w in NUMBER_WORDS]
+    added = {stem(w) for w in content(words)} - {stem(w) for w in theirs}
+    deleted_only = not added and len(lost) > (len(theirs) >= LONG_SOURCE)
+    return lost if vital or deleted_only else []
 
 
 def _clean(text: str, task: str) -> str:

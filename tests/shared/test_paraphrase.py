@@ -20,6 +20,7 @@ from meancache.shared.verifier.paraphrase import (
     LanguageModel,
     Output,
     Settings,
+    dropped_words,
     make_paraphrases,
     prompt,
     read_jsonl,
@@ -104,6 +105,7 @@ DEGENERATE = [
     (_out("Coffee?"), False, "too_short"),
     (_out("What is the best way to brew a cup of coffee at home with a French press, a "
           "grinder and beans roasted last week?"), False, "too_long"),
+    (_out("How do I make a cup of coffee?"), False, "dropped"),
     (_out("What is the best way to brew coffee?"), False, None),
     (_out("Tell me how to brew a good coffee."), True, None),
 ]
@@ -259,11 +261,45 @@ def test_a_pair_is_kept_only_where_the_embedding_and_the_teacher_agree(
     assert [r["cosine"] >= 0.6 for r in judged] == [True, True, False, False]
     assert [r["kept"] for r in judged] == [True, False, False, False]
     assert summary["kept"]["m/paraphrase"] == {"pairs": 4, "kept": 1, "share": 0.25,
-                                               "embedding_says_no": 2, "teacher_says_no": 2}
+                                               "embedding_says_no": 2, "teacher_says_no": 2,
+                                               "words_dropped": 0}
     assert [e["paraphrase"] for e in summary["examples"]["m"]["kept"]] == [rows[0][1]]
     assert len(summary["examples"]["m"]["dropped"]) == 3
     alone = judge(out, encoder.encode, None, None, tau=0.6)
     assert alone["embedding_only"] and alone["kept"]["m/paraphrase"]["kept"] == 2
+
+
+@pytest.mark.parametrize(("source", "text", "lost"), [
+    ("write a friendship day letter to my best friend", "write a letter to my best friend.",
+     ["friendship", "day"]),  # a qualifier deleted
+    ("Recommend five sci-fi movies from the 1970s", "Recommend sci-fi films from the 1970s",
+     ["five", "movies"]),  # a number is never lost, even in a rewording
+    ("Why don't cats like water?", "Why do cats like water?", ["not"]),
+    ("Write a short Python program for the bisection method in root finding.",
+     "Write a Python program for the bisection method in root finding.", []),  # 1 of 7
+    ("Recommend five movies without violence", "Recommend 5 films with no violence", []),
+    ("What is the boiling point of water?", "At what temperature does water boil?", []),
+    ("What are the disadvantages of solar power?", "What are the advantages of solar power?",
+     []),  # a replaced word is the teacher's to judge
+])
+def test_a_rewording_that_deletes_what_matters_is_dropped(source: str, text: str,
+                                                          lost: list[str]) -> None:
+    assert dropped_words(source, text) == lost
+
+
+def test_the_judge_applies_the_word_rule_to_pairs_made_before_it(
+        tmp_path: Path, encoder: Encoder) -> None:
+    rows = [("write a friendship day letter to my best friend",
+             "write a letter to my best friend."),
+            ("write a friendship day letter to my best friend",
+             "write a friendship day note to my best friend.")]
+    out = _pairs(tmp_path / "p.jsonl", rows)
+    summary = judge(out, encoder.encode, lambda a, b: [0.9] * len(b), {"run": "stub"},
+                    tau=0.5)
+    judged = read_jsonl(judged_path(out))
+    assert [r["dropped"] for r in judged] == [["friendship", "day"], []]
+    assert [r["kept"] for r in judged] == [False, True]
+    assert summary["kept"]["m/paraphrase"]["words_dropped"] == 1
 
 
 @pytest.mark.parametrize(("cosine", "teacher", "kept"), [
