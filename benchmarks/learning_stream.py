@@ -9,7 +9,10 @@ cache as it ships, PCA off so both search the same space) on the same stream.
 - ``qqp``: QQP dev questions, grouped by their duplicate pairs, with non-duplicate pairs'
   questions as near neighbours (the stream the choices were made on);
 - ``arena``: Chatbot Arena first turns, each also asked once more in a paraphrase made by
-  code (templates, contractions, case), never used for a choice.
+  code (templates, contractions, case), never used for a choice;
+- ``reworded`` (with ``--reworded FILE``): Arena and ShareGPT first turns, each also asked
+  in a language model's rewording (``verifier make-paraphrases --judge``'s verdicts: the
+  pairs both judges kept), never used for a choice nor trained on.
 
 Also measures the answer comparison (``agreement``) on answer pairs it generates: the
 same answer re-worded against another question's answer.
@@ -36,6 +39,7 @@ from meancache.client.learning.agreement import AGREE_AT, agree
 from meancache.client.learning.bound import labels_needed
 from meancache.shared.encoder import profile_threshold
 from meancache.shared.pairs import Pair
+from meancache.shared.verifier.paraphrase import read_jsonl
 from rich.table import Table
 
 OPENERS = ("Can you tell me: ", "Please answer this. ", "I was wondering, ", "Quick question: ",
@@ -77,6 +81,16 @@ def arena_stream(data: Path, questions: int, seed: int) -> list[Turn]:
     rng.shuffle(rows)
     pairs = [Pair(r, paraphrase(r, rng), 1) for r in rows[: questions // 2]]
     return stream_of(pairs, seed)
+
+
+def reworded_stream(path: Path, questions: int, seed: int) -> list[Turn]:
+    """The kept pairs of a judged paraphrase file, each pair's two texts one group."""
+    rows = read_jsonl(path)
+    if not rows or "kept" not in rows[0]:
+        raise SystemExit(f"{path} holds no verdicts: pass the .judged.jsonl that "
+                         "`meancache verifier make-paraphrases --judge` writes")
+    pairs = [Pair(r["source"], r["paraphrase"], 1) for r in rows if r["kept"]]
+    return stream_of(pairs[: questions // 2], seed)
 
 
 def agreement_accuracy(encoder, seed: int, n: int = 400) -> dict[float, float]:
@@ -165,7 +179,10 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=3000, help="questions per stream")
     parser.add_argument("--max-wrong-rate", type=float, default=0.02)
     parser.add_argument("--explore", type=float, default=0.1, help="exploration rate")
-    parser.add_argument("--streams", nargs="+", default=["qqp", "arena"])
+    parser.add_argument("--streams", nargs="+", default=["qqp", "arena"],
+                        choices=["qqp", "arena", "reworded"])
+    parser.add_argument("--reworded", type=Path, help="the judged pairs the reworded stream "
+                        "is made of (make-paraphrases --judge's .judged.jsonl)")
     parser.add_argument("--near-only", action="store_true",
                         help="also the learned decision exploring only explore_rate of the near "
                         "would-be hits from the start (explore_until_learned false: the "
@@ -191,8 +208,13 @@ def main() -> None:
                              explore_rate=args.explore)
     lines: dict[str, tuple[list[float], list[float]]] = {}
     for name in args.streams:
-        turns = (qqp_stream if name == "qqp" else arena_stream)(args.data_dir, args.questions,
-                                                                args.seed)
+        if name == "reworded":
+            if args.reworded is None:
+                parser.error("the reworded stream needs --reworded FILE")
+            turns = reworded_stream(args.reworded, args.questions, args.seed)
+        else:
+            turns = (qqp_stream if name == "qqp" else arena_stream)(args.data_dir,
+                                                                    args.questions, args.seed)
         note(f"stream {name}: {len(turns)} questions, {len({t.group for t in turns})} groups, "
              f"order seed {args.seed}")
         table = Table(title=f"{name} stream ({len(turns)} questions, seed {args.seed}, "

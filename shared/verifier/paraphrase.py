@@ -163,7 +163,7 @@ def dropped_words(source: str, text: str) -> list[str]:
         return [w for w in words if w[0].isdigit() or w in NEGATIONS or w in NUMBER_WORDS
                 or (len(w) >= 3 and w not in stop_words())]
 
-    words, theirs = _words(text), content(_words(source))
+    words, theirs = _words(text), list(dict.fromkeys(content(_words(source))))
     stems = {stem(w) for w in words}
     numbers = {NUMBER_WORDS.get(w, w) for w in words if w[0].isdigit() or w in NUMBER_WORDS}
     negated = any(w in NEGATIONS for w in words)

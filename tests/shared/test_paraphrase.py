@@ -277,6 +277,8 @@ def test_a_pair_is_kept_only_where_the_embedding_and_the_teacher_agree(
     ("Why don't cats like water?", "Why do cats like water?", ["not"]),
     ("Write a short Python program for the bisection method in root finding.",
      "Write a Python program for the bisection method in root finding.", []),  # 1 of 7
+    ("When I was 4, my sister was 2. Now I'm 44. How old is my sister?",
+     "When I was 4, my sister was 2. Now I'm 44.", ["old"]),  # "sister" counts once
     ("Recommend five movies without violence", "Recommend 5 films with no violence", []),
     ("What is the boiling point of water?", "At what temperature does water boil?", []),
     ("What are the disadvantages of solar power?", "What are the advantages of solar power?",
