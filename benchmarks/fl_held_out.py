@@ -26,9 +26,11 @@ are split in two parts that share none:
 
 Hit rate: the share of test questions answered from the cache; wrong: the share of
 served answers that are wrong (which the bound holds at ``max_wrong_rate``); at most
-about half the questions can be served right (half the originals are stored).
+about half the questions can be served right (half the originals are stored). With
+SecAgg+ on, one run for each upload cap (``--secure-upload-mb``; 0 sends every entry):
+what the cap's compression costs in hit rate.
 
-    python benchmarks/fl_held_out.py                       # SecAgg+ off and on
+    python benchmarks/fl_held_out.py                       # SecAgg+ off, on, on capped
     python benchmarks/fl_held_out.py --quick
 """
 
@@ -129,11 +131,18 @@ def held_out(scores: np.ndarray, wrong: np.ndarray, devices: int, rate: float, p
             "hit": served / asked, "wrong": bad / served if served else None}
 
 
-def federate(pairs: Path, out: Path, args, secure: bool
+def run_name(secure: bool, upload_mb: float) -> str:
+    """The run's directory under the cache: SecAgg+ with every entry keeps its old name."""
+    if not secure:
+        return "plain"
+    return "secure" if upload_mb == 0 else f"secure-{upload_mb:g}mb"
+
+
+def federate(pairs: Path, out: Path, args, secure: bool, upload_mb: float
              ) -> tuple[Path, list[dict], bool]:
     """`fl simulate` over ``pairs``; the final checkpoint, the rounds' rows, and whether
     they were run now (not reused)."""
-    checkpoints = out / ("secure" if secure else "plain")
+    checkpoints = out / run_name(secure, upload_mb)
     final = latest_checkpoint(checkpoints) if args.reuse else None
     if final is not None:
         note(f"reusing the rounds in {checkpoints}")
@@ -145,7 +154,8 @@ def federate(pairs: Path, out: Path, args, secure: bool
             "num-server-rounds": args.rounds, "pairs-per-client": args.pairs_per_client,
             "train-encoder": 0, "verifier-top-layers": args.verifier_layers,
             "epochs": args.epochs, "learning-rate": args.learning_rate,
-            "secure-aggregation": int(secure), "held-out-pairs": 0, "seed": args.seed})
+            "secure-aggregation": int(secure), "secure-upload-mb": upload_mb,
+            "held-out-pairs": 0, "seed": args.seed})
     note(f"fl simulate: {args.clients} devices, {args.per_round} a round, {args.rounds} "
          f"rounds, SecAgg+ {'on' if secure else 'off'} (Flower's log: {out / 'flwr'})")
     rows = simulate(config, out / "flwr", on_round=lambda row: note(
@@ -196,6 +206,9 @@ def main() -> None:
                         "--seed left (its checkpoints), not new ones")
     parser.add_argument("--secure", choices=["off", "on", "both"], default="both",
                         help="SecAgg+ in the rounds")
+    parser.add_argument("--secure-upload-mb", type=float, nargs="+", default=[0.0, 4.5],
+                        help="with SecAgg+, one run for each cap on a device's masked "
+                        "weights a round (run config secure-upload-mb; 0: every entry)")
     args = parser.parse_args()
     if args.quick:
         args.federation, args.held_out, args.devices = 400, 200, 2
@@ -217,13 +230,16 @@ def main() -> None:
     note(f"judging the held-out devices' {len(held.asked)} questions' candidates")
     scores, wrong, _ = judged(shipped, held)
     results["before: shipped verifier, own labels"] = (scores, wrong, shipped.threshold, None)
-    runs = {"off": [False], "on": [True], "both": [False, True]}[args.secure]
+    caps = args.secure_upload_mb
+    runs = {"off": [(False, 0.0)], "on": [(True, mb) for mb in caps],
+            "both": [(False, 0.0)] + [(True, mb) for mb in caps]}[args.secure]
     costs = []
-    for secure in runs:
+    for secure, upload_mb in runs:
         started = time.perf_counter()
-        final, rows, ran = federate(pairs, out, args, secure)
-        verifier, pool = global_verifier(final, out / ("secure" if secure else "plain"))
-        name = f"after, SecAgg+ {'on' if secure else 'off'}"
+        final, rows, ran = federate(pairs, out, args, secure, upload_mb)
+        verifier, pool = global_verifier(final, out / run_name(secure, upload_mb))
+        name = "after, SecAgg+ " + ("off" if not secure else "on" if upload_mb == 0
+                                    else f"on, {upload_mb:g} MB cap")
         scores, wrong, _ = judged(verifier, held)
         note(f"{name}: pool of {pool.labels} labels, judge {pool.judge[:16] or '(none)'}")
         results[f"{name}: global verifier, own labels"] = (scores, wrong, verifier.threshold,

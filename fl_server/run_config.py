@@ -49,6 +49,7 @@ class ServerConfig:
     held_out_path: Path | None  # None: the global models are not scored
     held_out_pairs: int
     secure_aggregation: bool  # SecAgg+ (fl_server.secure_rounds): the server sees only sums
+    secure_upload_mb: float  # under SecAgg+, the cap on a device's masked weights, MB (0: none)
     evidence_round: bool  # after the last round (fl_server.evidence_round; SecAgg+ too)
 
     @property
@@ -89,6 +90,7 @@ class ServerConfig:
             held_out_path=read_path(config, "held-out-path"),
             held_out_pairs=read(config, "held-out-pairs", int, at_least(0)),
             secure_aggregation=_secure(config),
+            secure_upload_mb=read(config, "secure-upload-mb", float, at_least(0)),
             evidence_round=read(config, "evidence-round", int,
                                 (lambda v: v in (0, 1), "0 or 1")) == 1,
         )

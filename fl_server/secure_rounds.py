@@ -28,7 +28,14 @@ them. What it keeps and loses of the defences (docs/federated-learning.md):
 - lost: screening of individual updates (a malformed or non-finite update, the median,
   the round's median count cap), the server's own clipping under DP (it cannot see an
   update to clip it), and the quantised updates: SecAgg+ masks full weights as integers
-  in [0, 2^22) on a 32-bit ring.
+  in [0, 2^22) on a 32-bit ring, each sent as an int64.
+
+So that a device sends at most ``secure-upload-mb`` a round, a large tensor's entries are
+sent only in part where the whole would not fit: the same entries on every device, drawn
+afresh each round (shared.fl.secure.sketch_entries), and the server keeps the global value
+everywhere else. The sum stays exact where entries were sent; the rest waits for a later
+round (docs/federated-learning.md measures what that costs). Under DP the noise goes on
+every entry, sent or not.
 
 Legacy parameters are lists without names, and legacy metrics hold only scalars: the
 tensors' names travel in the fit config in a fixed order, and the evidence histograms as
@@ -62,6 +69,7 @@ from meancache.fl_server.pooled_threshold import Pooled, ThresholdRule, pooled_t
 from meancache.fl_server.privacy import SecureSumDP
 from meancache.fl_server.round_model import RoundModels
 from meancache.fl_server.screening import ReplyLimits, Screened, cap_labels
+from meancache.shared.errors import RunConfigError
 from meancache.shared.fl.bound_evidence import (
     COSINE_KEYS,
     ROUND_COSINE_JUDGE,
@@ -71,7 +79,15 @@ from meancache.shared.fl.bound_evidence import (
 )
 from meancache.shared.fl.checkpoint import DESCRIPTION_KEY
 from meancache.shared.fl.evidence import Evidence
-from meancache.shared.fl.secure import NAMES, SECURE, from_scalars
+from meancache.shared.fl.secure import (
+    NAMES,
+    SECURE,
+    SKETCH_SEED,
+    SKETCH_SHARE,
+    from_scalars,
+    sketch_entries,
+    sketch_share,
+)
 
 log = logging.getLogger(__name__)
 
@@ -125,8 +141,14 @@ class SecureFedAvg(LegacyFedAvg):
                  limits: ReplyLimits, rule: ThresholdRule, models: RoundModels,
                  grid: CountingGrid, recorder: Callable[[int, ArrayRecord], object],
                  bound: BoundEvidence | None = None, max_weight: int | None = None,
-                 cosine_bound: BoundEvidence | None = None, **kwargs: Any) -> None:
+                 cosine_bound: BoundEvidence | None = None, upload_bytes: float = 0,
+                 **kwargs: Any) -> None:
         self.names = names
+        # the share of each large tensor's entries a device sends (1.0: all of them)
+        try:
+            self.share = sketch_share([initial[n].numpy().size for n in names], upload_bytes)
+        except ValueError as exc:
+            raise RunConfigError(f"run config 'secure-upload-mb': {exc}") from None
         # a device's weight in the masked sum (its count, clamped on the device): 1 under
         # DP, where every device counts once; the evidence is still capped by limits
         self.max_weight = limits.max_examples if max_weight is None else max_weight
@@ -167,7 +189,8 @@ class SecureFedAvg(LegacyFedAvg):
         return {"threshold": self.threshold, SECURE: 1, ROUND_JUDGE: judge,
                 ROUND_COSINE_JUDGE: cosine, DESCRIPTION_KEY: description,
                 NAMES: "\n".join(self.names), "clipping_norm": self.limits.max_update_norm,
-                "max-examples": self.max_weight}
+                "max-examples": self.max_weight, SKETCH_SHARE: self.share,
+                SKETCH_SEED: server_round}
 
     def aggregate_fit(self, server_round: int,
                       results: list[tuple[ClientProxy, FitRes]],
@@ -198,7 +221,23 @@ class SecureFedAvg(LegacyFedAvg):
         pooled = pooled_threshold(self.threshold, evidence, self.rule)
         self.pooled[server_round] = pooled
         self.threshold = pooled.threshold
-        return results[0][1].parameters, {"threshold": pooled.threshold}
+        return self._whole(server_round, results[0][1].parameters), {
+            "threshold": pooled.threshold}
+
+    def _whole(self, server_round: int, mean: Parameters) -> Parameters:
+        """The global weights with the round's mean in place where it was sent."""
+        if self.share >= 1:
+            return mean
+        sent, out = parameters_to_ndarrays(mean), []
+        for i, weights in enumerate(parameters_to_ndarrays(self.sent)):
+            entries = sketch_entries(weights.size, self.share, server_round, self.names[i])
+            if entries is None:
+                out.append(sent[i])
+                continue
+            whole = weights.copy()
+            whole.reshape(-1)[entries] = sent[i]
+            out.append(whole)
+        return ndarrays_to_parameters(out)
 
     def _evaluate(self, server_round: int, ndarrays: list[Any], config: dict[str, Scalar]
                   ) -> tuple[float, dict[str, Scalar]] | None:
@@ -215,15 +254,17 @@ def run_secure_rounds(grid: Grid, context: Context, names: list[str], initial: A
                       recorder_for: Callable[[SecureFedAvg, Spent | None],
                                              Callable[[int, ArrayRecord], object]],
                       dp: Callable[[SecureFedAvg], SecureSumDP] | None = None,
-                      cosine_bound: BoundEvidence | None = None) -> None:
+                      cosine_bound: BoundEvidence | None = None,
+                      upload_bytes: float = 0) -> None:
     """``rounds`` rounds of FedAvg under SecAgg+, with DP's noise on the sum when ``dp``
     wraps the strategy (fl_server.privacy.SecureSumDP); ``recorder_for`` makes the
     checkpointing callback (fl_server.rounds.RoundRecorder) of the strategy, given the
-    privacy spent so far under DP; ``bound``, ``cosine_bound``: the pools published last."""
+    privacy spent so far under DP; ``bound``, ``cosine_bound``: the pools published last;
+    ``upload_bytes``: the cap on a device's masked weights a round (0: none)."""
     counting = CountingGrid(grid)
     strategy = SecureFedAvg(names, initial, threshold, limits, rule, models, counting,
                             lambda r, a: None, bound, 1 if dp else None,
-                            cosine_bound=cosine_bound, **sampling)
+                            cosine_bound=cosine_bound, upload_bytes=upload_bytes, **sampling)
     noised = dp(strategy) if dp is not None else None
     runner: LegacyStrategy = noised or strategy
     strategy.recorder = recorder_for(strategy, noised.ledger.spent if noised else None)

@@ -129,7 +129,7 @@ def run_rounds(grid: Grid, config: ServerConfig, context: Context) -> None:
             # the devices clip to the smaller of the two norms: the noise fits that one
             (lambda secure: SecureSumDP(secure, config.dp_noise_multiplier,
                                         limits.max_update_norm, config.dp_delta))
-            if dp else None, cosine_bound)
+            if dp else None, cosine_bound, config.secure_upload_mb * 1e6)
     else:
         runner: ThresholdFedAvg | SampledClientsDP = strategy
         privacy = None

@@ -7,7 +7,9 @@ On the way out the example count is clamped to the ``max-examples`` the server s
 server cannot clamp what it cannot see (under central DP it sends 1: every device counts
 once). The update's norm is clipped by the ClientApp's clipping mod (the server sends
 ``clipping_norm``, the DP clipping norm under DP), before the weights are masked; they
-are not quantised (SecAgg+ masks full weights).
+are not quantised (SecAgg+ masks full weights). Where the server's upload cap asks for it
+(``sketch-share`` under 1), only the round's shared entries of each large tensor go
+(shared.fl.secure.sketch_entries).
 """
 
 from typing import Any
@@ -17,7 +19,7 @@ from flwr.client.mod import secaggplus_mod
 from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
 from flwr.compat.common import recorddict_compat as compat
-from meancache.shared.fl.secure import NAMES, to_scalars
+from meancache.shared.fl.secure import NAMES, SKETCH_SEED, SKETCH_SHARE, sketch_entries, to_scalars
 
 MAX_EXAMPLES = "max-examples"  # fit-config key: the server's cap on a device's weight
 # The records a SecAgg+ reply holds: the protocol's own, the FitRes's metrics and status.
@@ -40,6 +42,7 @@ def _train_legacy(msg: Message, context: Context, call_next: Any) -> Message:
     config = dict(fitins.config)
     names = str(config.pop(NAMES)).split("\n")
     cap = int(config.pop(MAX_EXAMPLES))
+    share, seed = float(config.pop(SKETCH_SHARE)), int(config.pop(SKETCH_SEED))
     weights = parameters_to_ndarrays(fitins.parameters)
     if len(names) != len(weights):
         raise ValueError(f"the round names {len(names)} tensors for {len(weights)} weights")
@@ -56,6 +59,11 @@ def _train_legacy(msg: Message, context: Context, call_next: Any) -> Message:
     arrays, metrics = reply.content["arrays"], dict(reply.content["metrics"])
     count = min(int(metrics["num-examples"]), cap)
     metrics["num-examples"] = count
-    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(
-        [arrays[n].numpy() for n in names]), count, to_scalars(metrics))
+    sent = []
+    for name in names:
+        weights = arrays[name].numpy()
+        entries = sketch_entries(weights.size, share, seed, name)
+        sent.append(weights if entries is None else weights.ravel()[entries])
+    fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(sent), count,
+                    to_scalars(metrics))
     return Message(compat.fitres_to_recorddict(fitres, keep_input=True), reply_to=msg)

@@ -36,6 +36,7 @@ SHAPING_KEYS = frozenset({
     "max-examples", "max-update-norm", "aggregation", "threshold-prior-pairs",
     "threshold-min-pairs", "threshold-band", "dp-noise-multiplier", "dp-clipping-norm",
     "secure-aggregation",  # on, it turns off the server's screening of each update
+    "secure-upload-mb",  # under SecAgg+, how much of each update is summed
 })
 # What only the operator's signed app may set: a run overriding any is refused.
 SIGNED_KEYS = DEVICE_KEYS | SHAPING_KEYS

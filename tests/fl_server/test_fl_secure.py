@@ -17,6 +17,7 @@ from meancache.shared.encoder import Encoder
 from meancache.shared.errors import RunConfigError
 from meancache.shared.fl.bound_evidence import BoundEvidence, cosine_judge
 from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint
+from meancache.shared.fl.secure import MASKED_BYTES, sketch_entries, sketch_share
 from meancache.shared.fl.signing import PUBLIC_KEY, read_public_key, verify
 from meancache.shared.fl.weights import federated_names, federated_state
 from sentence_transformers import SentenceTransformer
@@ -117,6 +118,49 @@ def test_secure_aggregation_learns_the_plain_fedavg_within_its_quantisation(
           f"{meta.metrics['evidence_round_seconds']:.1f} s, "
           f"{meta.metrics['evidence_round_bytes_sent']:.0f} bytes sent, "
           f"{meta.metrics['evidence_round_bytes_received']:.0f} received")
+
+
+CAP_MB = 0.06  # under the tiny top layer's 9,600 masked weights (0.077 MB), over its
+# 5,504 entries of small tensors (0.044 MB)
+
+
+@pytest.mark.slow(35)
+def test_under_an_upload_cap_the_round_sums_the_shared_entries_and_keeps_the_rest(
+    tmp_path: Path, tiny_dir: Path
+) -> None:
+    """Each device sends the round's shared entries of each large tensor (and the small
+    tensors whole) within the cap; the global model is the plain FedAvg there, within
+    SecAgg+'s quantisation, and the global weights it was sent everywhere else."""
+    config = SimulationConfig(
+        pairs=DATA_DIR / "qqp" / "pairs.jsonl", checkpoint_dir=tmp_path / "secure",
+        clients=DEVICES, per_round=DEVICES, workers=1, run_config={
+            "num-server-rounds": 1, "pairs-per-client": PAIRS_PER_CLIENT, "top-layers": 1,
+            "encoder-model": str(tiny_dir), "held-out-pairs": 0, "verifier-top-layers": 0,
+            "update-bits": 0, "secure-aggregation": 1, "secure-upload-mb": CAP_MB})
+    secure = simulate(config, tmp_path / "flwr-home")
+    latest = latest_checkpoint(tmp_path / "secure")
+    assert latest is not None
+    _, hidden = load_checkpoint(latest)
+    seen, _, _ = _plain_fedavg(config, tiny_dir)
+    model = SentenceTransformer(str(tiny_dir), device="cpu")
+    initial = federated_state(model, federated_names(model, 1))
+    names = list(initial)
+    share = sketch_share([initial[n].numel() for n in names], CAP_MB * 1e6)
+    assert 0 < share < 1
+    sent_entries, bound = 0, 16 / 2**22 * MAX_EXAMPLES / TRAINED  # as in the test above
+    for name in names:
+        entries = sketch_entries(initial[name].numel(), share, 1, name)  # round 1's
+        got, start = hidden[name].float().flatten(), initial[name].flatten()
+        mean = seen[name].flatten()
+        sent = torch.zeros(got.numel(), dtype=torch.bool)
+        sent[torch.as_tensor(entries if entries is not None else range(got.numel()))] = True
+        sent_entries += int(sent.sum())
+        assert torch.equal(got[~sent], start[~sent]), name  # not sent: the weights sent
+        assert float((got[sent] - mean[sent]).abs().max()) <= 2 * bound, name
+    assert sent_entries * MASKED_BYTES <= CAP_MB * 1e6
+    assert sent_entries < sum(initial[n].numel() for n in names)
+    print(f"share {share:.3f}: {sent_entries} entries sent; "
+          f"{secure[1]['bytes_per_client']:.0f} bytes per client in all four stages")
 
 
 CLIP = 1e-3  # the DP clipping norm: about a third of each device's update here

@@ -1,0 +1,63 @@
+"""The entries a SecAgg+ device sends under an upload cap (shared.fl.secure): the same on
+every side for a round and a tensor's name, exactly the share asked for, within the cap,
+and new ones each round, so that every entry is summed in some round."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from meancache.shared.fl.secure import MASKED_BYTES, WHOLE, sketch_entries, sketch_share
+
+from tests.support.fuzz import fuzzed
+
+SIZES = st.lists(st.integers(1, 20_000), min_size=1, max_size=12)
+
+
+@fuzzed()
+@given(SIZES, st.floats(0.05, 2.0))
+def test_the_share_keeps_the_sent_entries_within_the_cap(sizes: list[int],
+                                                         fraction: float) -> None:
+    """A cap between the small tensors' bytes and the whole's: what is sent (small
+    tensors whole, ``floor(share * size)`` of each large one) never exceeds it."""
+    small = sum(s for s in sizes if s <= WHOLE)
+    whole = MASKED_BYTES * sum(sizes)
+    cap = MASKED_BYTES * small + fraction * (whole - MASKED_BYTES * small) + 1
+    share = sketch_share(sizes, cap)
+    sent = sum(s if (e := sketch_entries(s, share, 1, f"t{i}")) is None else len(e)
+               for i, s in enumerate(sizes))
+    assert MASKED_BYTES * sent <= cap
+    assert (share == 1) == (cap >= whole)
+
+
+@fuzzed()
+@given(st.integers(WHOLE + 1, 50_000), st.floats(0.01, 0.99), st.integers(0, 2**40),
+       st.text(min_size=1, max_size=40))
+def test_the_entries_are_the_share_asked_for_and_the_same_on_every_side(
+        size: int, share: float, seed: int, name: str) -> None:
+    entries = sketch_entries(size, share, seed, name)
+    assert entries is not None and len(entries) == int(share * size)
+    assert np.all(np.diff(entries) > 0) and (len(entries) == 0 or entries[-1] < size)
+    assert np.array_equal(entries, sketch_entries(size, share, seed, name))
+
+
+def test_each_round_and_each_tensor_draws_other_entries() -> None:
+    """Rounds are independent draws: two rounds' shares of 0.2 overlap in about 0.2 x 0.2
+    of the entries (binomial, 100,000 entries: within 5 standard deviations), and after
+    30 rounds every entry was sent in one (a miss has chance 0.8^30 = 1.2e-3 each: about
+    124 of 100,000 expected; at most a few hundred)."""
+    size, share = 100_000, 0.2
+    rounds = [set(sketch_entries(size, share, r, "w").tolist()) for r in range(30)]
+    overlap = len(rounds[0] & rounds[1]) / size
+    sd = (share**2 * (1 - share**2) / size) ** 0.5
+    assert abs(overlap - share**2) < 5 * sd
+    assert rounds[0] != set(sketch_entries(size, share, 0, "v").tolist())
+    missed = size - len(set().union(*rounds))
+    assert missed < 124 + 5 * 124**0.5
+
+
+def test_small_tensors_and_a_share_of_one_go_whole_and_a_cap_too_small_is_refused() -> None:
+    assert sketch_entries(WHOLE, 0.1, 0, "bias") is None
+    assert sketch_entries(10 * WHOLE, 1.0, 0, "w") is None
+    assert sketch_share([WHOLE, 10 * WHOLE], 0) == 1.0  # 0: no cap
+    with pytest.raises(ValueError, match="small tensors alone"):
+        sketch_share([WHOLE, 10 * WHOLE], MASKED_BYTES * WHOLE)
