@@ -131,18 +131,21 @@ def held_out(scores: np.ndarray, wrong: np.ndarray, devices: int, rate: float, p
             "hit": served / asked, "wrong": bad / served if served else None}
 
 
-def run_name(secure: bool, upload_mb: float) -> str:
-    """The run's directory under the cache: SecAgg+ with every entry keeps its old name."""
-    if not secure:
-        return "plain"
-    return "secure" if upload_mb == 0 else f"secure-{upload_mb:g}mb"
+ROUNDS = 6
+
+
+def run_name(secure: bool, upload_mb: float, rounds: int) -> str:
+    """The run's directory under the cache (the first runs', at ``ROUNDS`` rounds and with
+    every entry, keep their names)."""
+    name = "plain" if not secure else "secure" if upload_mb == 0 else f"secure-{upload_mb:g}mb"
+    return name if rounds == ROUNDS else f"{name}-{rounds}rounds"
 
 
 def federate(pairs: Path, out: Path, args, secure: bool, upload_mb: float
              ) -> tuple[Path, list[dict], bool]:
     """`fl simulate` over ``pairs``; the final checkpoint, the rounds' rows, and whether
     they were run now (not reused)."""
-    checkpoints = out / run_name(secure, upload_mb)
+    checkpoints = out / run_name(secure, upload_mb, args.rounds)
     final = latest_checkpoint(checkpoints) if args.reuse else None
     if final is not None:
         note(f"reusing the rounds in {checkpoints}")
@@ -195,7 +198,7 @@ def main() -> None:
     parser.add_argument("--devices", type=int, default=5, help="held-out devices")
     parser.add_argument("--clients", type=int, default=23, help="devices in the federation")
     parser.add_argument("--per-round", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--pairs-per-client", type=int, default=100)
     parser.add_argument("--verifier-layers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=3)
@@ -237,7 +240,7 @@ def main() -> None:
     for secure, upload_mb in runs:
         started = time.perf_counter()
         final, rows, ran = federate(pairs, out, args, secure, upload_mb)
-        verifier, pool = global_verifier(final, out / run_name(secure, upload_mb))
+        verifier, pool = global_verifier(final, out / run_name(secure, upload_mb, args.rounds))
         name = "after, SecAgg+ " + ("off" if not secure else "on" if upload_mb == 0
                                     else f"on, {upload_mb:g} MB cap")
         scores, wrong, _ = judged(verifier, held)

@@ -43,6 +43,8 @@ def _train_legacy(msg: Message, context: Context, call_next: Any) -> Message:
     names = str(config.pop(NAMES)).split("\n")
     cap = int(config.pop(MAX_EXAMPLES))
     share, seed = float(config.pop(SKETCH_SHARE)), int(config.pop(SKETCH_SEED))
+    if not 0 < share <= 1:  # the server's word, checked like any other
+        raise ValueError(f"the round asks for a share of {share!r} of the weights")
     weights = parameters_to_ndarrays(fitins.parameters)
     if len(names) != len(weights):
         raise ValueError(f"the round names {len(names)} tensors for {len(weights)} weights")

@@ -1,13 +1,27 @@
 """The entries a SecAgg+ device sends under an upload cap (shared.fl.secure): the same on
 every side for a round and a tensor's name, exactly the share asked for, within the cap,
-and new ones each round, so that every entry is summed in some round."""
+and new ones each round, so that every entry is summed in some round; a share no server
+should ask for refused by the device (client.fl.secure)."""
 
 import numpy as np
 import pytest
+from flwr.app import Context, RecordDict
+from flwr.common import FitIns, ndarrays_to_parameters
+from flwr.compat.common import recorddict_compat as compat
 from hypothesis import given
 from hypothesis import strategies as st
-from meancache.shared.fl.secure import MASKED_BYTES, WHOLE, sketch_entries, sketch_share
+from meancache.client.fl.secure import MAX_EXAMPLES, _train_legacy
+from meancache.shared.fl.secure import (
+    MASKED_BYTES,
+    NAMES,
+    SKETCH_SEED,
+    SKETCH_SHARE,
+    WHOLE,
+    sketch_entries,
+    sketch_share,
+)
 
+from tests.support.fl import message
 from tests.support.fuzz import fuzzed
 
 SIZES = st.lists(st.integers(1, 20_000), min_size=1, max_size=12)
@@ -61,3 +75,17 @@ def test_small_tensors_and_a_share_of_one_go_whole_and_a_cap_too_small_is_refuse
     assert sketch_share([WHOLE, 10 * WHOLE], 0) == 1.0  # 0: no cap
     with pytest.raises(ValueError, match="small tensors alone"):
         sketch_share([WHOLE, 10 * WHOLE], MASKED_BYTES * WHOLE)
+
+
+@pytest.mark.parametrize("share", [0.0, -0.5, 1.5, float("nan")])
+def test_a_device_refuses_a_share_no_server_should_ask_for(share: float) -> None:
+    """The share comes from the server: a device checks it before it trains or sends."""
+    fitins = FitIns(ndarrays_to_parameters([np.zeros((40, 40), np.float32)]),
+                    {NAMES: "w", MAX_EXAMPLES: 10, SKETCH_SHARE: share, SKETCH_SEED: 1})
+    trained = []
+    with pytest.raises(ValueError, match="asks for a share"):
+        _train_legacy(message(compat.fitins_to_recorddict(fitins, keep_input=True)),
+                      Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                              run_config={}),
+                      lambda m, c: trained.append(m))
+    assert trained == []
