@@ -21,7 +21,8 @@ from meancache.client.learning.bound import Label
 from meancache.client.learning.state import Learned, pooled
 from meancache.shared.encoder import Encoder
 from meancache.shared.fl.bound_evidence import BoundEvidence
-from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
+from meancache.shared.fl.checkpoint import latest_checkpoint, load_checkpoint, read_meta
+from meancache.shared.fl.secure import WHOLE, sketch_share
 from meancache.shared.processes import free_port
 from meancache.shared.verifier.runtime import ARTEFACT_DIR, read_card
 
@@ -36,8 +37,10 @@ SCRIPT = REPO / "deploy" / "make-certificates.sh"
 DEVICE_SETTINGS = "top-layers=1 min-pairs=10 verifier-top-layers=0"
 # The secure app's: under SecAgg+ a device clamps its own example count to max-examples
 # (the server cannot see it): Bob's 96 to 90 (above the labels' median cap of 80, which
-# the pooled labels below are checked against).
-SECURE_SETTINGS = "secure-aggregation=1 max-examples=90"
+# the pooled labels below are checked against); and the upload cap, under the tiny top
+# layer's 9,600 masked weights (0.077 MB), over its 5,504 entries of small tensors.
+UPLOAD_MB = 0.06
+SECURE_SETTINGS = f"secure-aggregation=1 max-examples=90 secure-upload-mb={UPLOAD_MB}"
 
 
 class Processes:
@@ -140,6 +143,16 @@ def test_a_secure_round_then_a_round_a_supernode_drops_out_of(tmp_path: Path,
     assert BoundEvidence.from_record(meta.bound).labels == 80 + 70
     for device in (alice, bob):
         assert latest_checkpoint(device / "fl" / "global").name == "round-0000"  # type: ignore[union-attr]
+    # under the upload cap, a large tensor moved at no more than the round's share of its
+    # entries (the ones both devices sent); the rest is the model they were sent
+    _, summed = load_checkpoint(latest)
+    _, sent = load_checkpoint(latest_checkpoint(alice / "fl" / "global"))  # type: ignore[arg-type]
+    share = sketch_share([w.numel() for w in sent.values()], UPLOAD_MB * 1e6)
+    assert 0 < share < 1
+    for name, weights in sent.items():
+        if weights.numel() > WHOLE:
+            moved = int((summed[name] != weights).sum())
+            assert 0 < moved <= int(share * weights.numel()), name
 
     # Bob has more to learn from now: his training is still running when he drops out
     # (had he had it all along, his secure round would have trained on it: a minute of CPU).
