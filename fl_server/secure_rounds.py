@@ -33,9 +33,10 @@ them. What it keeps and loses of the defences (docs/federated-learning.md):
 So that a device sends at most ``secure-upload-mb`` a round, a large tensor's entries are
 sent only in part where the whole would not fit: the same entries on every device, drawn
 afresh each round (shared.fl.secure.sketch_entries), and the server keeps the global value
-everywhere else. The sum stays exact where entries were sent; the rest waits for a later
-round (docs/federated-learning.md measures what that costs). Under DP the noise goes on
-every entry, sent or not.
+everywhere else. The sum stays exact where entries were sent; a device keeps what it did
+not send for its next round (client.fl.secure: error feedback), and
+docs/federated-learning.md measures what the cap costs. Under DP the noise goes on every
+entry, sent or not.
 
 Legacy parameters are lists without names, and legacy metrics hold only scalars: the
 tensors' names travel in the fit config in a fixed order, and the evidence histograms as

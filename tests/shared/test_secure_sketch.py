@@ -5,12 +5,12 @@ should ask for refused by the device (client.fl.secure)."""
 
 import numpy as np
 import pytest
-from flwr.app import Context, RecordDict
-from flwr.common import FitIns, ndarrays_to_parameters
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.common import FitIns, ndarrays_to_parameters, parameters_to_ndarrays
 from flwr.compat.common import recorddict_compat as compat
 from hypothesis import given
 from hypothesis import strategies as st
-from meancache.client.fl.secure import MAX_EXAMPLES, _train_legacy
+from meancache.client.fl.secure import MAX_EXAMPLES, RESIDUAL, _train_legacy
 from meancache.shared.fl.secure import (
     MASKED_BYTES,
     NAMES,
@@ -89,3 +89,49 @@ def test_a_device_refuses_a_share_no_server_should_ask_for(share: float) -> None
                               run_config={}),
                       lambda m, c: trained.append(m))
     assert trained == []
+
+
+def _round(start: np.ndarray, update: np.ndarray, share: float, seed: int,
+           context: Context, clip: float) -> np.ndarray:
+    """One secure round's legacy fit on a device whose training adds ``update``: what it
+    puts into the masked sum (before masking)."""
+    fitins = FitIns(ndarrays_to_parameters([start]),
+                    {NAMES: "w", MAX_EXAMPLES: 10, SKETCH_SHARE: share, SKETCH_SEED: seed,
+                     "clipping_norm": clip})
+
+    def train(msg: Message, _: Context) -> Message:
+        sent = msg.content["arrays"]["w"].numpy()
+        return Message(RecordDict({"arrays": ArrayRecord({"w": Array(sent + update)}),
+                                   "metrics": MetricRecord({"num-examples": 5})}),
+                       reply_to=msg)
+
+    reply = _train_legacy(message(compat.fitins_to_recorddict(fitins, keep_input=True)),
+                          context, train)
+    return parameters_to_ndarrays(compat.recorddict_to_fitres(reply.content,
+                                                              keep_input=True).parameters)[0]
+
+
+def test_what_a_device_did_not_send_goes_with_its_next_round() -> None:
+    """Error feedback: over three rounds, what was summed plus what is still kept equals
+    everything the device trained (nothing is lost, nothing counted twice), and what is
+    sent each round stays within the clipping norm."""
+    rng = np.random.default_rng(0)
+    size, share, clip = 4 * WHOLE, 0.25, 0.5
+    context = Context(run_id=1, node_id=1, node_config={}, state=RecordDict(),
+                      run_config={})
+    trained = np.zeros(size)
+    summed = np.zeros(size)
+    for seed in range(3):
+        start = rng.normal(size=size).astype(np.float32)
+        update = (rng.normal(size=size) * 0.01).astype(np.float32)
+        trained += update
+        sent = _round(start, update, share, seed, context, clip)
+        entries = sketch_entries(size, share, seed, "w")
+        part = sent.astype(np.float64) - start.astype(np.float64)[entries]
+        assert np.linalg.norm(part) <= clip * (1 + 1e-6)
+        summed[entries] += part
+    kept = context.state.array_records[RESIDUAL]["w"].numpy()
+    # the sent weights are float32: each round rounds a sent value (|w| < 5 with this
+    # seed) by at most one ulp, 5 * 2**-23, and the kept rest (|r| < 1) by far less
+    assert np.allclose(summed + kept, trained, rtol=0, atol=3 * 5 * 2**-23 + 1e-7)
+    assert np.linalg.norm(kept) > 0  # most of it waits: a share of 0.25 a round
