@@ -47,6 +47,11 @@ def add_commands(fl: Any) -> None:
                           help="SecAgg+: the server learns only the sum of the devices' "
                           "weights (no median; with --dp-noise, devices clip and the "
                           "server adds the noise to the sum)")
+    simulate.add_argument("--secure-upload-mb", type=float, default=app["secure-upload-mb"],
+                          help="with --secure-aggregation, the most a device sends of its "
+                          "masked weights a round, in MB: past it, each large tensor's "
+                          "shared entries only, the rest kept for its next round (0: every "
+                          "entry)")
     simulate.add_argument("--update-bits", type=int, choices=(0, 8, 4),
                           default=app["update-bits"], help="devices send their update "
                           "quantised to 8 or 4 bits (0: float32 weights)")
@@ -256,6 +261,9 @@ def simulation_config(args: argparse.Namespace, settings: FlServerSettings
                              "--verifier-layers 1 or more")
     if args.workers < 0:
         raise MeanCacheError(f"--workers must be 0 (one per core) or more, not {args.workers}")
+    if not args.secure_upload_mb >= 0:
+        raise MeanCacheError("--secure-upload-mb must be 0 (no cap) or more, not "
+                             f"{args.secure_upload_mb}")
     return SimulationConfig(
         pairs=args.pairs, checkpoint_dir=args.checkpoints or settings.data_dir / "fl-simulation",
         clients=args.clients, per_round=args.per_round, workers=args.workers, run_config={
@@ -266,6 +274,7 @@ def simulation_config(args: argparse.Namespace, settings: FlServerSettings
             "verifier-top-layers": args.verifier_layers,
             "train-encoder": int(not args.verifier_only),
             "secure-aggregation": int(args.secure_aggregation),
+            "secure-upload-mb": args.secure_upload_mb,
             "learning-rate": args.learning_rate,
             "encoder-model": settings.encoder_model or "",
             "held-out-pairs": args.held_out, "seed": args.seed,

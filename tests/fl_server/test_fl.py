@@ -521,6 +521,22 @@ def test_simulate_verifier_only_keeps_the_encoder_out_of_the_rounds(
         assert config.full_run_config()["train-encoder"] == train_encoder
 
 
+def test_simulate_passes_the_secure_upload_cap_and_refuses_a_negative_one(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    pairs = str(DATA / "qqp" / "pairs.jsonl")
+    args = build_parser().parse_args(["--data-dir", str(tmp_path / "data"), "fl", "simulate",
+                                      "--pairs", pairs, "--secure-aggregation",
+                                      "--secure-upload-mb", "2.5"])
+    config = simulation_config(args, load_side(args)).full_run_config()
+    assert (config["secure-aggregation"], config["secure-upload-mb"]) == (1, 2.5)
+    assert main(["--data-dir", str(tmp_path / "data"), "fl", "simulate", "--pairs", pairs,
+                 "--secure-aggregation", "--secure-upload-mb", "-1"]) == 2
+    assert "--secure-upload-mb must be 0 (no cap) or more, not -1.0" in capsys.readouterr().err
+    assert not (tmp_path / "data" / "fl-simulation").exists()
+
+
 def test_simulate_verifier_only_needs_a_federated_verifier(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
