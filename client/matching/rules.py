@@ -108,10 +108,6 @@ _THOUSANDS = re.compile(r"\b(\d+)[kK]\b")
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[A-Za-z]+(?:'[A-Za-z]+)?|[.?!]")
 
 
-
-
-
-
 _OPPOSITE: dict[str, frozenset[str]] = {}
 for _a, _b in ANTONYMS:
     for _x, _y in ((stem(_a), stem(_b)), (stem(_b), stem(_a))):

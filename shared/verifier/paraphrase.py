@@ -159,18 +159,27 @@ def dropped_words(source: str, text: str) -> list[str]:
     a rewording that replaces words ("make a good cup" -> "brew the best") is left to the
     judges. A word is kept in any inflection (``stem``), a number as digits or a word, a
     negation as any negation."""
+    def is_number(word: str) -> bool:
+        return word[0].isdigit() or word in NUMBER_WORDS
+
     def content(words: list[str]) -> list[str]:
-        return [w for w in words if w[0].isdigit() or w in NEGATIONS or w in NUMBER_WORDS
+        return [w for w in words if is_number(w) or w in NEGATIONS
                 or (len(w) >= 3 and w not in stop_words())]
 
     words, theirs = _words(text), list(dict.fromkeys(content(_words(source))))
     stems = {stem(w) for w in words}
-    numbers = {NUMBER_WORDS.get(w, w) for w in words if w[0].isdigit() or w in NUMBER_WORDS}
+    numbers = {NUMBER_WORDS.get(w, w) for w in words if is_number(w)}
     negated = any(w in NEGATIONS for w in words)
-    lost = [w for w in theirs
-            if not (negated if w in NEGATIONS else NUMBER_WORDS.get(w, w) in numbers
-                    if w[0].isdigit() or w in NUMBER_WORDS else stem(w) in stems)]
-    vital = [w for w in lost if w[0].isdigit() or w in NEGATIONS or w in NUMBER_WORDS]
+
+    def kept(word: str) -> bool:
+        if word in NEGATIONS:
+            return negated
+        if is_number(word):
+            return NUMBER_WORDS.get(word, word) in numbers
+        return stem(word) in stems
+
+    lost = [w for w in theirs if not kept(w)]
+    vital = [w for w in lost if is_number(w) or w in NEGATIONS]
     added = {stem(w) for w in content(words)} - {stem(w) for w in theirs}
     deleted_only = not added and len(lost) > (len(theirs) >= LONG_SOURCE)
     return lost if vital or deleted_only else []
