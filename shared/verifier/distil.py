@@ -117,8 +117,9 @@ def distil(out: Path, data: Path, labels: list[Path], backbone: Path, artefact: 
     """Start (or with ``resume`` continue) the student's run in ``out``; once its epochs
     are done, export it with its card into ``artefact``. Returns the run's record."""
     run = Run(out, "student")
-    if resume:
-        run.read_record()  # a clear error before anything is created
+    if resume:  # a clear error before anything is created; the run's own labels by default
+        labels = labels or [Path(entry["path"])
+                            for entry in run.read_record()["data"]["labels"]]
     soft = [read_soft_pairs(path) for path in labels]
     teachers = {teacher for _, teacher in soft}
     if len(teachers) > 1:
@@ -133,7 +134,7 @@ def distil(out: Path, data: Path, labels: list[Path], backbone: Path, artefact: 
             recorded = record["data"]["labels"]
             if len(recorded) != len(labels):
                 raise VerifierError(f"this run was trained on {len(recorded)} labels files, "
-                                    f"not {len(labels)}; pass the run's --labels")
+                                    f"not {len(labels)}; pass the run's --labels, or none")
             for entry, path in zip(recorded, labels, strict=True):
                 check_same_file(entry, path, "labels file")
             check_backbone(record, backbone)

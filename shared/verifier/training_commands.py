@@ -366,7 +366,7 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
     student.add_argument("--labels", type=Path, action="append",
                          help="a label-pairs JSONL or a make-paraphrases .judged.jsonl, all "
                          "from one teacher's weights (repeatable) (default: none, QQP and "
-                         "the code-made pairs alone)")
+                         "the code-made pairs alone; with --resume, the run's own)")
     student.add_argument("--artefact", type=Path, default=ARTEFACT_DIR,
                          help="where verifier.onnx and verifier.json go (default: the "
                          "package's own, replacing the shipped model)")
