@@ -10,6 +10,7 @@ threshold, wall time and bytes per client per round.
     python benchmarks/fl_quality.py                   # 10 clients, 4 per round, 5 rounds
     python benchmarks/fl_quality.py --quick           # tiny: 4 clients, 2 rounds
     python benchmarks/fl_quality.py --plot docs/fl_rounds.png   # and a chart
+    python benchmarks/fl_quality.py --secure --secure-upload-mb 4.5   # SecAgg+, capped
 """
 
 import tempfile
@@ -45,6 +46,15 @@ def main() -> None:
                         help="devices' local learning rate")
     parser.add_argument("--partitioning", choices=("iid", "topic"), default="iid")
     parser.add_argument("--encoder", help="a local sentence-transformers model (default MiniLM)")
+    parser.add_argument("--verifier-layers", type=int, default=1,
+                        help="the learned verifier's top layers trained and sent beside the "
+                        "encoder (0: not federated; the benchmark scores the encoder)")
+    parser.add_argument("--secure", action="store_true",
+                        help="SecAgg+ (run config secure-aggregation; the update is then the "
+                        "masked weights, not --update-bits/--update-rank)")
+    parser.add_argument("--secure-upload-mb", type=float, default=0.0,
+                        help="with --secure, the cap on a device's masked weights a round "
+                        "(run config secure-upload-mb; 0: every entry)")
     add_plot_option(parser)
     args = apply_defaults(parser.parse_args(),
                           {"clients": 10, "per_round": 4, "rounds": 5, "pairs_per_client": 300,
@@ -60,6 +70,9 @@ def main() -> None:
                 "update-bits": args.update_bits, "update-rank": args.update_rank,
                 "learning-rate": args.learning_rate,
                 "encoder-model": args.encoder or "",
+                "verifier-top-layers": args.verifier_layers,
+                "secure-aggregation": int(args.secure),
+                "secure-upload-mb": args.secure_upload_mb,
                 "held-out-pairs": args.held_out,
                 "seed": args.seed})
         rows = simulate(config, Path(tmp) / "flwr-home", on_round=lambda row: note(
@@ -71,12 +84,13 @@ def main() -> None:
         table.add_row(str(int(row["round"])), *(f"{row[k]:.3f}" for k in (
             "f05", "f1", "precision", "recall", "threshold", "best_threshold", "best_f05")),
             f"{row['seconds']:.1f}", f"{row.get('bytes_per_client', 0) / 2**20:.2f}")
+    cap = f"at most {args.secure_upload_mb:g} MB" if args.secure_upload_mb else "every entry"
+    sent = (f"SecAgg+, {cap}" if args.secure else f"{args.update_bits or 32}-bit"
+            f"{f', rank {args.update_rank}' if args.update_rank and args.update_bits else ''}")
     setup = (f"{args.clients} clients, {args.per_round} per round, {args.pairs_per_client} "
-             f"{args.partitioning} train pairs each, top {args.top_layers} layers trained and "
-             f"sent ({args.update_bits or 32}-bit"
-             f"{f', rank {args.update_rank}' if args.update_rank and args.update_bits else ''}"
-             f"), learning rate {args.learning_rate:g}; scored "
-             f"on {args.held_out} dev pairs")
+             f"{args.partitioning} train pairs each, top {args.top_layers} layers "
+             f"(verifier: {args.verifier_layers}) trained and sent ({sent}), learning rate "
+             f"{args.learning_rate:g}; scored on {args.held_out} dev pairs")
     heading(f"Federated rounds: {setup} (round 0 = zero-shot)")
     print_table(table)
     if args.plot:
