@@ -75,7 +75,9 @@ def main() -> None:
                 "secure-upload-mb": args.secure_upload_mb,
                 "held-out-pairs": args.held_out,
                 "seed": args.seed})
-        rows = simulate(config, Path(tmp) / "flwr-home", on_round=lambda row: note(
+        # Flower's home (its simulation.log) outlives the run: a failed round is read there.
+        home = args.cache_dir / "fl_quality" / "flwr-home"
+        rows = simulate(config, home, on_round=lambda row: note(
             f"round {int(row['round'])}: F0.5 {row.get('f05', 0):.3f}, "
             f"threshold {row['threshold']:.3f}, {row['seconds']:.0f} s"))
     table = make_table(["round", "F0.5", "F1", "precision", "recall", "threshold",
