@@ -71,7 +71,7 @@ from meancache.shared.encoder.packaged import MPNET
 from meancache.shared.pairs import Pair
 from meancache.shared.query import embedding_text
 from meancache.shared.verifier.negatives import EDITS
-from meancache.shared.verifier.runtime import LearnedVerifier
+from meancache.shared.verifier.runtime import ARTEFACT_DIR, LearnedVerifier
 from meancache.shared.verifier.train import dev_half
 from verification import (
     NEAR_MISS,
@@ -201,7 +201,7 @@ def pair_records(name: str, rows: list[dict], encoder: Encoder, recall_tau: floa
 
 def collect(args: argparse.Namespace) -> tuple[list[dict], Path]:
     """Every asked question's record, computed once and kept in --work."""
-    verifier = LearnedVerifier.load()
+    verifier = LearnedVerifier.load(args.verifier)
     key = hashlib.sha256(json.dumps([args.groups, args.seed, verifier.version, DOMAINS,
                                      "v1"]).encode()).hexdigest()[:12]
     path = args.work / f"records-{key}.jsonl"
@@ -395,16 +395,21 @@ def scores_of_x(x: np.ndarray, w: np.ndarray, b: float) -> np.ndarray:
 
 
 def choose_threshold(study: Study, system: str, scores: np.ndarray, target: float,
-                     near_misses: float) -> float | None:
+                     near_misses: float, every_choose_split: bool = False) -> float | None:
     """The lowest score at which every domain's choose split is served with a hit
     precision of at least ``target`` and at most ``near_misses`` of the rules' tuning
-    set's near-misses are served (the set the kept rules were chosen on); None if none."""
-    tuning = study.where(TUNING, "test")
+    set's near-misses are served (the set the kept rules were chosen on), and with
+    ``every_choose_split`` of each choose split's code-made near-misses too; None if
+    none."""
+    capped = [study.where(TUNING, "test")]
+    if every_choose_split:
+        capped += [study.where(d, "choose") for d in DOMAINS]
     for t in np.round(np.arange(0.05, 1.0, 0.005), 3):
         served, right, _ = study.served(system, scores, t)
         if all(quality(study, study.where(d, "choose"), served, right)["precision"] >= target
                for d in DOMAINS) and \
-                quality(study, tuning, served, right)["unanswerable served"] <= near_misses:
+                not any(quality(study, mask, served, right)["unanswerable served"] > near_misses
+                        for mask in capped):  # a split without near-misses gives nan: kept
             return float(t)
     return None
 
@@ -428,6 +433,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--near-misses", type=float, default=0.05,
                         help="the share of the rules' tuning set's near-misses the threshold "
                         "may serve")
+    parser.add_argument("--cap-choose-splits", action="store_true",
+                        help="hold --near-misses on every choose split's code-made "
+                        "near-misses too, not only on the rules' tuning set")
+    parser.add_argument("--verifier", type=Path, default=ARTEFACT_DIR,
+                        help="the verifier card's directory (default: the shipped one)")
     parser.add_argument("--write-card", type=Path, help="write the fitted decision's card")
     return parser.parse_args()
 
@@ -505,7 +515,8 @@ def fitted(study: Study, name: str, args: argparse.Namespace,
     threshold chosen there for each of ``systems``."""
     w, b = fit(study, np.isin(study.domain, DOMAINS) & (study.split == "choose"), FITS[name])
     scores = scores_of(study, w, b)
-    chosen = {s: choose_threshold(study, s, scores, args.precision, args.near_misses)
+    chosen = {s: choose_threshold(study, s, scores, args.precision, args.near_misses,
+                                  args.cap_choose_splits)
               for s in systems}
     thresholds = {s: t for s, t in chosen.items() if t is not None}
     rates = {s: choose_hit_rate(study, s, scores, t) for s, t in thresholds.items()}
@@ -576,7 +587,8 @@ def trees_ablation(study: Study, system: str, args: argparse.Namespace) -> None:
     model = HistGradientBoostingClassifier(max_depth=3, max_iter=100, random_state=args.seed)
     model.fit(study.x[rows], study.pick_right[rows])
     scores = model.predict_proba(study.x)[:, 1]
-    t = choose_threshold(study, system, scores, args.precision, args.near_misses)
+    t = choose_threshold(study, system, scores, args.precision, args.near_misses,
+                         args.cap_choose_splits)
     if t is None:
         note("trees: no threshold meets the choose constraints")
         return
@@ -593,7 +605,7 @@ def main() -> None:
     args = parse_args()
     print_command()
     records, path = collect(args)
-    verifier = LearnedVerifier.load()
+    verifier = LearnedVerifier.load(args.verifier)
     tau = profile_threshold("mpnet")
     study = Study(records, tau, tau - RECALL_MARGIN, verifier.threshold)
     fittings = [fitted(study, name, args) for name in FITS]
