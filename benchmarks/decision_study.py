@@ -85,6 +85,10 @@ from verification import (
 CANDIDATES = 8  # the matcher's default ``candidates``
 DOMAINS = ("qqp", "arena", "dense")
 HELD_OUT = "near-miss (held out)"  # reported only
+# An experiment (--lone-logit), not a feature of the client's decision: the pick's logit
+# once more where it is the only candidate, so that a lone pick may need the judge's word
+# more than a crowded one (sign bounded >= 0 in the bounded fits).
+LONE_LOGIT = "lone_logit"
 
 
 # data ---------------------------------------------------------------------------------
@@ -256,6 +260,17 @@ class Study:
     tau: float
     recall_tau: float
     threshold: float  # the verifier card's
+    lone: bool = False  # the experimental LONE_LOGIT feature beside FEATURES
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return FEATURES + ((LONE_LOGIT,) if self.lone else ())
+
+    def features(self, cosines: list[float], probabilities: list[float]) -> np.ndarray:
+        """``decision.features`` (and with ``lone`` the pick's logit again where it is the
+        only candidate, 0 elsewhere)."""
+        x = features(cosines, probabilities, self.recall_tau, self.threshold)
+        return np.append(x, x[0] if len(probabilities) == 1 else 0.0) if self.lone else x
 
     def __post_init__(self) -> None:
         r = self.records
@@ -278,9 +293,8 @@ class Study:
                                    for x in r])
         self.vetoed = np.array([bool(x["probabilities"]) and x["vetoed"][t]
                                 for x, t in zip(r, tops, strict=True)])
-        self.x = np.array([features(x["cosines"][:x["counting"]], x["probabilities"],
-                                    self.recall_tau, self.threshold)
-                           if x["probabilities"] else np.zeros(len(FEATURES)) for x in r])
+        self.x = np.array([self.features(x["cosines"][:x["counting"]], x["probabilities"])
+                           if x["probabilities"] else np.zeros(len(self.names)) for x in r])
         self.nearest = np.array([x["cosines"][0] >= self.tau if x["texts"] else False
                                  for x in r])
         self.nearest_right = np.array([bool(x["right"][0]) if x["texts"] else False
@@ -358,7 +372,8 @@ def fit(study: Study, train: np.ndarray, signs: dict[str, int] | None = None
         model = LogisticRegression(C=1.0, max_iter=1000).fit(x, y)
         coef, intercept = model.coef_[0], float(model.intercept_[0])
     else:
-        coef, intercept = bounded_logistic(x, y, [signs[f] for f in FEATURES])
+        coef, intercept = bounded_logistic(x, y, [{**signs, LONE_LOGIT: +1}[f]
+                                                  for f in study.names])
     w = coef / scaler.scale_
     b = float(intercept - (coef * scaler.mean_ / scaler.scale_).sum())
     return w, b
@@ -436,6 +451,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cap-choose-splits", action="store_true",
                         help="hold --near-misses on every choose split's code-made "
                         "near-misses too, not only on the rules' tuning set")
+    parser.add_argument("--lone-logit", action="store_true",
+                        help="an experiment: the pick's logit again as its own feature where "
+                        "it is the only candidate (no card is written)")
     parser.add_argument("--verifier", type=Path, default=ARTEFACT_DIR,
                         help="the verifier card's directory (default: the shipped one)")
     parser.add_argument("--write-card", type=Path, help="write the fitted decision's card")
@@ -563,7 +581,8 @@ def margin_ablation(records: list[dict], tau: float, threshold: float,
                                                         for d in DOMAINS)], right_from=1)
     system = shipped.shipped
     for margin in (RECALL_MARGIN, 0.05, 0.0):
-        study = Study(narrowed(records, tau - margin), tau, tau - margin, threshold)
+        study = Study(narrowed(records, tau - margin), tau, tau - margin, threshold,
+                      args.lone_logit)
         f = fitted(study, shipped.name, args, (system,))
         if system not in f.thresholds:
             table.add_row(f"{margin:.2f}", "none", *("-" for _ in DOMAINS))
@@ -603,23 +622,25 @@ def trees_ablation(study: Study, system: str, args: argparse.Namespace) -> None:
 
 def main() -> None:
     args = parse_args()
+    if args.lone_logit and args.write_card:
+        raise SystemExit("--write-card with --lone-logit: the client's decision has no "
+                         "lone_logit feature, so no card can be written")
     print_command()
     records, path = collect(args)
     verifier = LearnedVerifier.load(args.verifier)
     tau = profile_threshold("mpnet")
-    study = Study(records, tau, tau - RECALL_MARGIN, verifier.threshold)
+    study = Study(records, tau, tau - RECALL_MARGIN, verifier.threshold, args.lone_logit)
     fittings = [fitted(study, name, args) for name in FITS]
     table = make_table(["feature", "sign a priori", *(f.name for f in fittings)],
                        right_from=1)
-    for i, name in enumerate(FEATURES):
-        table.add_row(name, {1: ">= 0", -1: "<= 0", 0: "free"}[SIGNS[name]],
+    for i, name in enumerate(study.names):
+        table.add_row(name, {1: ">= 0", -1: "<= 0", 0: "free"}[{**SIGNS, LONE_LOGIT: +1}[name]],
                       *(f"{f.w[i]:+.4f}" for f in fittings))
     table.add_row("intercept", "free", *(f"{f.b:+.4f}" for f in fittings))
     print_table(table)
     # "What's the capital city of France?" against a stored "What is the capital of
     # France?" alone: MPNet cosine 0.90, the verifier's p 0.37 (the chat's example).
-    examples = {f"lone: cos {c:.2f}, p {p:.2f}": features([c], [p], study.recall_tau,
-                                                             study.threshold)
+    examples = {f"lone: cos {c:.2f}, p {p:.2f}": study.features([c], [p])
                 for c, p in ((0.90, 0.37), (0.95, 0.37), (0.80, 0.37), (0.90, 0.20))}
     compare(study, fittings, examples)
     best = max(fittings, key=lambda f: f.rates[f.shipped])
@@ -627,6 +648,9 @@ def main() -> None:
          f"choose split at >= {pct(args.precision)} hit precision), {best.shipped} at "
          f"{best.thresholds[best.shipped]}")
     report(study, best.scores, best.thresholds)
+    if args.lone_logit:  # no card: the client's decision has no such feature
+        margin_ablation(records, tau, verifier.threshold, args, best)
+        return
     encoder = load_encoder("onnx-int8", args.cache_dir, model="mpnet")
     out = card(best, verifier, encoder, path)
     decision = LearnedDecision.from_card(out)
