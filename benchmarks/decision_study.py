@@ -89,6 +89,10 @@ HELD_OUT = "near-miss (held out)"  # reported only
 # once more where it is the only candidate, so that a lone pick may need the judge's word
 # more than a crowded one (sign bounded >= 0 in the bounded fits).
 LONE_LOGIT = "lone_logit"
+# With --lone N: new sentences each stored alone, asked reworded and as a code-made
+# near-miss, one candidate each; its choose split is fitted on and capped like the rules'
+# tuning set (at most --near-misses of its near-misses served), its test split reported.
+LONE = "lone"
 
 
 # data ---------------------------------------------------------------------------------
@@ -156,6 +160,21 @@ def generated(data_dir: Path, names: tuple[str, ...], groups: int, stored_misses
     return [Asked(q, g, stored, index[g] if ok else None) for q, g, ok in plan], stored
 
 
+def lone_rows(data_dir: Path, groups: int, seed: int, used: set[str]) -> list[dict]:
+    """First turns no other domain stores, each stored alone and asked twice: reworded
+    (the same question) and as one code-made near-miss (not); ``group`` is the stored
+    sentence, so both land in the same split."""
+    rng = random.Random(seed)
+    pool = [t for t in first_turns(data_dir, ("arena", "sharegpt")) if t not in used]
+    rng.shuffle(pool)
+    rows = []
+    for text in pool[:groups]:
+        rows.append({"q1": text, "q2": reworded(text, rng), "label": 1, "group": text})
+        rows += [{"q1": text, "q2": miss, "label": 0, "group": text}
+                 for miss in near_misses(text, rng, pool, 1)]
+    return rows
+
+
 def qqp_replay(data_dir: Path) -> dict[str, tuple[list[Asked], list[str]]]:
     halves: dict[str, list] = {"dev-a": [], "dev-b": []}
     for p in load_qqp(data_dir, "dev"):
@@ -193,11 +212,14 @@ def record(asked: Asked, cosines: np.ndarray, order: np.ndarray, recall_tau: flo
 
 
 def pair_records(name: str, rows: list[dict], encoder: Encoder, recall_tau: float,
-                 verifier: LearnedVerifier, cache_dir: Path) -> list[dict]:
-    """A near-miss set's pairs as lookups: q1 stored, q2 asked (one candidate each)."""
+                 verifier: LearnedVerifier, cache_dir: Path, seed: int | None = None
+                 ) -> list[dict]:
+    """A near-miss set's pairs as lookups: q1 stored, q2 asked (one candidate each); all
+    in the test split, or with ``seed`` split by each row's group."""
     a = embed_cached(encoder, [embedding_text(r["q1"]) for r in rows], cache_dir)
     b = embed_cached(encoder, [embedding_text(r["q2"]) for r in rows], cache_dir)
-    return [{"domain": name, "split": "test", "group": str(i),
+    return [{"domain": name, "group": r.get("group", str(i)),
+             "split": "test" if seed is None else split_of(seed, r["group"]),
              **record(Asked(r["q2"], str(i), [r["q1"]], 0 if r["label"] == 1 else None),
                       np.array([a[i] @ b[i]]), np.array([0]), recall_tau, verifier, None)}
             for i, r in enumerate(rows)]
@@ -207,7 +229,8 @@ def collect(args: argparse.Namespace) -> tuple[list[dict], Path]:
     """Every asked question's record, computed once and kept in --work."""
     verifier = LearnedVerifier.load(args.verifier)
     key = hashlib.sha256(json.dumps([args.groups, args.seed, verifier.version, DOMAINS,
-                                     "v1"]).encode()).hexdigest()[:12]
+                                     "v1", *([LONE, args.lone] if args.lone else [])]
+                                    ).encode()).hexdigest()[:12]
     path = args.work / f"records-{key}.jsonl"
     if path.is_file():
         note(f"records from {path}")
@@ -241,6 +264,12 @@ def collect(args: argparse.Namespace) -> tuple[list[dict], Path]:
     for name, source in ((HELD_OUT, NEAR_MISS), (TUNING, RULES_NEAR_MISS)):
         records += pair_records(name, near_miss_rows(source), encoder, recall_tau, verifier,
                                 args.cache_dir)
+    if args.lone:
+        used = {t for *_, stored, _ in sets for t in stored}
+        rows = lone_rows(args.data_dir, args.lone, args.seed + 2, used)
+        note(f"{LONE}: {len(rows)} pairs of {args.lone} sentences stored alone")
+        records += pair_records(LONE, rows, encoder, recall_tau, verifier, args.cache_dir,
+                                args.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as fh:
         for rec in records:
@@ -323,6 +352,8 @@ class Study:
                 gate &= ~self.ambiguous
             if "kept rules" in system:
                 gate &= ~self.vetoed
+            if "lone pick" in system:
+                gate &= (self.p1 >= self.threshold) | (self.x[:, FEATURES.index("count")] > 1)
         served = self.same | (self.scored & gate)
         return served, served & self.pick_right, served & self.pick_own
 
@@ -416,7 +447,7 @@ def choose_threshold(study: Study, system: str, scores: np.ndarray, target: floa
     set's near-misses are served (the set the kept rules were chosen on), and with
     ``every_choose_split`` of each choose split's code-made near-misses too; None if
     none."""
-    capped = [study.where(TUNING, "test")]
+    capped = [study.where(TUNING, "test"), study.where(LONE, "choose")]  # lone: if any
     if every_choose_split:
         capped += [study.where(d, "choose") for d in DOMAINS]
     for t in np.round(np.arange(0.05, 1.0, 0.005), 3):
@@ -451,6 +482,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--cap-choose-splits", action="store_true",
                         help="hold --near-misses on every choose split's code-made "
                         "near-misses too, not only on the rules' tuning set")
+    parser.add_argument("--lone", type=int, default=0,
+                        help="also N new sentences each stored alone, asked reworded and as "
+                        "a code-made near-miss: fitted on and capped on its choose split, "
+                        "reported on its test split (0: none, as the shipped card)")
     parser.add_argument("--lone-logit", action="store_true",
                         help="an experiment: the pick's logit again as its own feature where "
                         "it is the only candidate (no card is written)")
@@ -465,18 +500,21 @@ def parse_args() -> argparse.Namespace:
 LEARNED = ("learned", "learned + floor", "learned + ambiguity rule", "learned + kept rules",
            "learned + floor + kept rules", "learned + ambiguity rule + kept rules")
 SYSTEMS = ("embedding only", "verifier alone", "default (rules)", *LEARNED)
+# With --lone, one more variant (no card can say it yet): the verifier's own threshold
+# kept for a lone pick only, as a crowded one is the learned decision's alone.
+LONE_VARIANT = "learned + verifier for a lone pick + kept rules"
 
 
 def report(study: Study, scores: np.ndarray, thresholds: dict[str, float]) -> None:
     table = make_table(["domain", "split", "decider", "asked", "served", "wrong",
                         "hit precision", "own question only", "hit rate",
                         "near-misses asked: served"], right_from=3)
-    for domain in (*DOMAINS, TUNING, HELD_OUT):
+    for domain in (*DOMAINS, LONE, TUNING, HELD_OUT):
         for split in ("choose", "test"):
             mask = study.where(domain, split)
             if not mask.any():
                 continue
-            for system in SYSTEMS:
+            for system in (*SYSTEMS, *(s for s in thresholds if s not in SYSTEMS)):
                 served, right, own = study.served(system, scores, thresholds.get(system, 0))
                 q = quality(study, mask, served, right)
                 o = quality(study, mask, served, own)
@@ -531,7 +569,8 @@ def fitted(study: Study, name: str, args: argparse.Namespace,
            systems: tuple[str, ...] = LEARNED) -> Fitting:
     """The decision fitted (``FITS[name]``) on ``study``'s choose splits, with the
     threshold chosen there for each of ``systems``."""
-    w, b = fit(study, np.isin(study.domain, DOMAINS) & (study.split == "choose"), FITS[name])
+    w, b = fit(study, np.isin(study.domain, (*DOMAINS, LONE)) & (study.split == "choose"),
+               FITS[name])
     scores = scores_of(study, w, b)
     chosen = {s: choose_threshold(study, s, scores, args.precision, args.near_misses,
                                   args.cap_choose_splits)
@@ -630,7 +669,8 @@ def main() -> None:
     verifier = LearnedVerifier.load(args.verifier)
     tau = profile_threshold("mpnet")
     study = Study(records, tau, tau - RECALL_MARGIN, verifier.threshold, args.lone_logit)
-    fittings = [fitted(study, name, args) for name in FITS]
+    fittings = [fitted(study, name, args, (*LEARNED, LONE_VARIANT) if args.lone else LEARNED)
+                for name in FITS]
     table = make_table(["feature", "sign a priori", *(f.name for f in fittings)],
                        right_from=1)
     for i, name in enumerate(study.names):
@@ -648,7 +688,9 @@ def main() -> None:
          f"choose split at >= {pct(args.precision)} hit precision), {best.shipped} at "
          f"{best.thresholds[best.shipped]}")
     report(study, best.scores, best.thresholds)
-    if args.lone_logit:  # no card: the client's decision has no such feature
+    if args.lone_logit or best.shipped == LONE_VARIANT:  # no card: the client has neither
+        note(f"no card: the client's decision cannot run {best.shipped}" if not
+             args.lone_logit else "no card: the client's decision has no lone_logit")
         margin_ablation(records, tau, verifier.threshold, args, best)
         return
     encoder = load_encoder("onnx-int8", args.cache_dir, model="mpnet")
