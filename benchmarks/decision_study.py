@@ -289,17 +289,17 @@ class Study:
     tau: float
     recall_tau: float
     threshold: float  # the verifier card's
-    lone: bool = False  # the experimental LONE_LOGIT feature beside FEATURES
+    lone_logit: bool = False  # the experimental LONE_LOGIT feature beside FEATURES
 
     @property
     def names(self) -> tuple[str, ...]:
-        return FEATURES + ((LONE_LOGIT,) if self.lone else ())
+        return FEATURES + ((LONE_LOGIT,) if self.lone_logit else ())
 
     def features(self, cosines: list[float], probabilities: list[float]) -> np.ndarray:
-        """``decision.features`` (and with ``lone`` the pick's logit again where it is the
-        only candidate, 0 elsewhere)."""
+        """``decision.features`` (and with ``lone_logit`` the pick's logit again where it is
+        the only candidate, 0 elsewhere)."""
         x = features(cosines, probabilities, self.recall_tau, self.threshold)
-        return np.append(x, x[0] if len(probabilities) == 1 else 0.0) if self.lone else x
+        return np.append(x, x[0] if len(probabilities) == 1 else 0.0) if self.lone_logit else x
 
     def __post_init__(self) -> None:
         r = self.records
