@@ -218,8 +218,9 @@ def pair_records(name: str, rows: list[dict], encoder: Encoder, recall_tau: floa
     in the test split, or with ``seed`` split by each row's group."""
     a = embed_cached(encoder, [embedding_text(r["q1"]) for r in rows], cache_dir)
     b = embed_cached(encoder, [embedding_text(r["q2"]) for r in rows], cache_dir)
-    return [{"domain": name, "group": r.get("group", str(i)),
+    return [{"domain": name,  # keys in this order: a card's data_sha256 hashes the bytes
              "split": "test" if seed is None else split_of(seed, r["group"]),
+             "group": r.get("group", str(i)),
              **record(Asked(r["q2"], str(i), [r["q1"]], 0 if r["label"] == 1 else None),
                       np.array([a[i] @ b[i]]), np.array([0]), recall_tau, verifier, None)}
             for i, r in enumerate(rows)]
