@@ -89,6 +89,8 @@ class Learned:
                          for name, entry_id in self._store.states(_ALIAS).items()
                          if entry_id is not None}
         self._bound: Bound | None = None
+        self._own: Rows | None = None
+        self._own_at = np.zeros(0, dtype=np.int64)  # each own row's place among all learned
         self._by_entry: dict[str, list[Label]] = {}
         for label in self.labels:
             self._by_entry.setdefault(label.entry, []).append(label)
@@ -114,7 +116,7 @@ class Learned:
         only its labels count, since another model's scores (a global verifier from
         federated learning, say) lie on another scale."""
         if value != self._judge:
-            self._judge, self._bound = value, None
+            self._judge, self._bound, self._own = value, None, None
 
     def _counts(self, label: Label) -> bool:
         """The judge's own labels; those written before labels named their judge were
@@ -129,13 +131,29 @@ class Learned:
         with self._lock:
             self._follow_pool()
             if self._bound is None:
-                own = [label for label in self.labels if self._counts(label)]
-                self._bound = choose(own, self.max_wrong_rate, self.prior,
-                                     self.confidence) if not self._pool_applies() else \
-                    choose_pooled(own, list(filter(self._counts, self._unsent())),
-                                  Rows.pooled_bins(*self.pooled.rows()),
-                                  self.max_wrong_rate, self.prior, self.confidence)
+                own = self._own_rows()
+                if not self._pool_applies():
+                    self._bound = choose(own, self.max_wrong_rate, self.prior,
+                                         self.confidence)
+                else:  # the pool holds the labels sent before, as the server weighed them
+                    unsent = own[self._own_at >= self._sent]
+                    self._bound = choose_pooled(own, unsent,
+                                                Rows.pooled_bins(*self.pooled.rows()),
+                                                self.max_wrong_rate, self.prior,
+                                                self.confidence)
             return self._bound
+
+    def _own_rows(self) -> Rows:
+        """The rows of the labels that count, kept as labels come and go: the bound is
+        recomputed at the lookup after each new label, and reading up to ``KEPT`` labels
+        into arrays each time was most of that once the test itself was made cheap
+        (benchmarks/bound_cost.py)."""
+        if self._own is None:
+            first = self._learned - len(self.labels)  # the place of the oldest kept
+            counted = [i for i, label in enumerate(self.labels) if self._counts(label)]
+            self._own = Rows.of([self.labels[i] for i in counted])
+            self._own_at = first + np.array(counted, dtype=np.int64)
+        return self._own
 
     def _follow_pool(self) -> None:
         """A pool installed since this cache read its own (by `fl sync` or a round, in
@@ -167,11 +185,6 @@ class Learned:
             self._pool_version = set_pooled(self._store, *evidence)
             self.pools, self._bound = pools(self._store), None
 
-    def _unsent(self) -> list[Label]:
-        """The labels learned since the device last sent its evidence (the pooled
-        evidence holds those before, as the server weighed them)."""
-        return self.labels[max(0, len(self.labels) - (self._learned - self._sent)):]
-
     def threshold(self, entry: str | None = None) -> float:
         """The score from which ``entry`` (or any entry) may be served."""
         threshold = self.bound.threshold
@@ -200,9 +213,14 @@ class Learned:
             self.labels.append(label)
             self._learned += 1
             self._by_entry.setdefault(label.entry, []).append(label)
+            if self._own is not None and self._counts(label):
+                self._own = self._own + Rows.of([label])
+                self._own_at = np.append(self._own_at, self._learned - 1)
             if len(self.labels) > KEPT:
                 gone = self.labels.pop(0)
                 self._by_entry[gone.entry].remove(gone)
+                if self._own is not None and self._counts(gone):
+                    self._own, self._own_at = self._own[1:], self._own_at[1:]  # its row
             if alias is not None:
                 self._aliases[alias] = label.entry
             self._bound = None

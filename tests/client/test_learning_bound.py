@@ -92,6 +92,56 @@ def test_a_rate_outside_zero_one_is_refused(rate: float) -> None:
         choose([Label(0.5, False)], rate, PRIOR)
 
 
+def _fixed_sequence(labels: list[Label], rate: float, confidence: float
+                    ) -> tuple[float, float] | None:
+    """Learn-then-Test written out row by row (distinct scores): for each score from the
+    top, the tail's weighted error and Kish's effective count, its upper limit inverted;
+    the sequence starts at the first tail with enough labels and stops at its first
+    failure. The threshold and upper limit it reaches, or None."""
+    labels = sorted(labels, key=lambda label: -label.score)
+    w = np.array([1 / label.labelled_with for label in labels])
+    x = np.array([label.wrong for label in labels], dtype=float)
+    total, squares, errors = np.cumsum(w), np.cumsum(w ** 2), np.cumsum(w * x)
+    passed, started = None, False
+    for i, label in enumerate(labels):
+        if i + 1 < len(labels) and labels[i + 1].score == label.score:
+            continue  # the tail of a score holds every label at that score
+        n = total[i] ** 2 / squares[i]
+        started = started or n >= labels_needed(rate, confidence)
+        if started:
+            upper = upper_limit(errors[i] / total[i] * n, n, confidence)
+            if upper > rate:
+                break
+            passed = label.score, upper
+    return passed
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([20, 150, 400, 1000, 2000]),
+       st.floats(0, 0.1),
+       st.integers(0, 40), st.sampled_from([0.02, 0.05, 0.1]), st.sampled_from([0.9, 0.95]))
+def test_the_threshold_is_the_one_learn_then_test_reaches_row_by_row(
+        seed: int, count: int, wrong_share: float, grid: int, rate: float,
+        confidence: float) -> None:
+    """``choose`` tests the rows without inverting the Beta distribution, in blocks, and
+    stops early; it must reach the threshold, and report the upper limit, that inverting
+    it for every tail reaches. Scores continuous or on a grid (ties, ``grid`` 1 to 40),
+    wrong more often the lower they score (so the sequence may stop deep down), a fifth of
+    the labels explored (weighted)."""
+    rng = random.Random(seed)
+    labels = []
+    for _ in range(count):
+        score = rng.random() if not grid else rng.randrange(grid + 1) / grid
+        labels.append(Label(score, rng.random() < wrong_share * 3 * (1 - score) ** 2,
+                            labelled_with=rng.choice([1.0, 1.0, 1.0, 1.0, 0.1])))
+    bound = choose(labels, rate, PRIOR, confidence)
+    expected = _fixed_sequence(labels, rate, confidence)
+    assert bound.learned == (expected is not None)
+    if expected is not None:
+        assert bound.threshold == expected[0]
+        assert bound.upper == pytest.approx(expected[1], rel=1e-9)
+
+
 def test_the_bound_holds_on_random_streams() -> None:
     """Scores from a calibrated judge (P(wrong) = 1 - score): the chosen threshold's true
     wrong share stays under the bound in (nearly) every draw."""

@@ -3,12 +3,15 @@ kill: each label is one transaction), the bound is derived from them, and resett
 learning removes exactly them."""
 
 import random
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 from meancache.client.cache.store import EntryStore
+from meancache.client.learning import state
 from meancache.client.learning.agreement import agree
-from meancache.client.learning.bound import Label, labels_needed
+from meancache.client.learning.bound import Label, Rows, choose, choose_pooled, labels_needed
 from meancache.client.learning.explore import Exploration
 from meancache.client.learning.state import (
     CHUNK,
@@ -198,4 +201,48 @@ def test_only_the_labels_of_the_judge_now_scoring_count(tmp_path: Path) -> None:
     store.close()
     store = EntryStore(tmp_path)
     assert Learned(store, 0.02, PRIOR, judge="verifier-a").bound.learned
+    store.close()
+
+
+def test_the_bound_kept_as_labels_come_is_the_bound_of_every_label_kept(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The open cache keeps its counted labels' rows as labels come and the oldest go
+    (past ``KEPT``, here made 60) and as the judge changes, with a pool from a round
+    tested with the labels learned since; after every label its bound must be the bound
+    of the kept labels themselves (those of the judge now scoring), and a cache opened on
+    the same store must agree."""
+    monkeypatch.setattr(state, "KEPT", 60)
+    seed = random.randrange(2**32)
+    print("seed", seed)
+    rng = random.Random(seed)
+    store = EntryStore(tmp_path)
+    learning = Learned(store, 0.1, PRIOR, judge="verifier-a")
+    pool = BoundEvidence.of_labels(np.linspace(0.5, 1.0, 300), np.zeros(300), np.ones(300))
+    learned: list[Label] = []  # as stored: a label naming no judge gets the one scoring
+    sent = 0
+    for i in range(200):
+        if i == 100:  # a round: the labels so far sent, the pool tested with those since
+            send_evidence(store, "verifier-a")
+            sent = len(learned)
+            learning = Learned(store, 0.1, PRIOR, judge="verifier-a")
+            learning.install_pooled(pool.judged_by("verifier-a"))
+        if i in (70, 140):  # a global verifier, then the first again
+            learning.judge = "verifier-b" if i == 70 else "verifier-a"
+        edge = i in (99, 100)  # the last one sent and the first after: both count at once
+        score = 0.99 if edge else rng.random()
+        label = Label(score, rng.random() < 0.3 * (1 - score), entry=f"e{i % 7}",
+                      judge="verifier-a" if edge else
+                      rng.choice(["verifier-a", "verifier-b", ""]))
+        learning.learn(label)
+        learned.append(replace(label, judge=label.judge or learning.judge))
+        own = [label for label in learned[-60:] if label.judge == learning.judge]
+        if i < 100:
+            expected = choose(own, 0.1, PRIOR)
+        else:
+            unsent = [label for label in learned[max(sent, len(learned) - 60):]
+                      if label.judge == learning.judge]
+            expected = choose_pooled(own, unsent, Rows.pooled_bins(*pool.rows()), 0.1, PRIOR)
+        assert learning.bound == expected, i
+        assert Learned(store, 0.1, PRIOR, judge=learning.judge).bound == expected, i
+    assert len(learning.labels) == 60
     store.close()
