@@ -185,6 +185,12 @@ class Learned:
             self._pool_version = set_pooled(self._store, *evidence)
             self.pools, self._bound = pools(self._store), None
 
+    @property
+    def unsent(self) -> int:
+        """Labels learned since the device last sent its evidence to a round (the pool
+        holds those before; the bound merges it with these)."""
+        return self._learned - self._sent
+
     def threshold(self, entry: str | None = None) -> float:
         """The score from which ``entry`` (or any entry) may be served."""
         threshold = self.bound.threshold

@@ -309,7 +309,7 @@ def test_the_evidence_round_scores_every_label_with_the_final_models_judges(
     assert latest_checkpoint(settings.global_model_dir) is None  # M was not kept
     store = EntryStore(tmp_path / "cache")  # the labels went: a train round sends none anew
     try:
-        assert not Learned(store, 0.02)._unsent()
+        assert Learned(store, 0.02).unsent == 0
     finally:
         store.close()
 
