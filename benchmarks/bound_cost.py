@@ -1,18 +1,20 @@
-"""What the error bound costs the lookup after each new label, as labels pile up.
+"""What the error bound costs a label and the lookup after it, as labels pile up.
 
 A cache that learns keeps up to 20,000 labels (``client.learning.state.KEPT``); each new
-one (a miss compared with its candidate, an explored hit, a "wrong answer") invalidates
-the bound, and the next lookup recomputes it (``Learned.bound``: Learn-then-Test over
-every labelled score, client/learning/bound.py). This measures that recomputation on a
-real store (DiskCache on disk) holding --labels labels of a calibrated judge (score
-uniform, wrong with probability 0.1 (1 - score), a fifth of them explored at rate 0.1),
-alone and with a pool from federated learning (5,000 other devices' labels, installed
-after a round took this device's labels: the labels since are tested with it), against
-the cached bound (a lookup with no new label since the last). Each recomputation is timed
-twice, interleaved: as shipped (the counted labels' rows kept as labels come, the test on
-the Beta CDF in blocks that stop at the first failure) and as before 28 November 2026
-(the rows read again from every label, the upper limit inverted for every row), so their
-ratio comes from one run.
+one (a miss compared with its candidate, an explored hit, a "wrong answer") changes the
+bound (Learn-then-Test over every labelled score, client/learning/bound.py). Since 1
+December 2026 it is recomputed where the label is learned (``Learned.learn``, beside the
+upstream call that brought it), so the lookup after it reads a ready bound; before, the
+next lookup recomputed it. This measures, on a real store (DiskCache on disk) holding
+--labels labels of a calibrated judge (score uniform, wrong with probability
+0.1 (1 - score), a fifth of them explored at rate 0.1), alone and with a pool from
+federated learning (5,000 other devices' labels, installed after a round took this
+device's labels: the labels since are tested with it): a label learned (the store's write
+and the recomputation), the lookup's read of the bound after it, and the recomputation
+alone three ways, interleaved so that their ratios come from one run: as shipped (the
+counted labels' rows kept in score order as labels come), with the rows kept in the order
+they came (as on 28 November 2026: each recomputation sorts them) and as before 28
+November (the rows read again from every label, the upper limit inverted for every row).
 
     python benchmarks/bound_cost.py
     python benchmarks/bound_cost.py --quick
@@ -64,6 +66,15 @@ def rows_read_again(learned: Learned) -> Rows:
                     if label.judge == learned.judge])
 
 
+KEPT_IN_ORDER = Learned._own_rows  # as shipped: in score order
+
+
+def rows_as_they_came(learned: Learned) -> Rows:
+    """The counted labels' rows in the order they came (the same rows, not sorted)."""
+    rows = KEPT_IN_ORDER(learned)
+    return rows[np.argsort(learned._own_at, kind="stable")]
+
+
 def draw(rng: random.Random, entries: int) -> Label:
     score = rng.random()
     explored = rng.random() < 0.2
@@ -88,8 +99,8 @@ def timed(fn: Callable[[], object]) -> float:
 
 
 def measure(count: int, pooled: bool, repeats: int, seed: int) -> dict[str, list[float]]:
-    """Milliseconds of each bound recomputation after one more label, shipped and
-    baseline interleaved, and of the cached bound."""
+    """Milliseconds of a label learned, of the lookup's bound after it and of the
+    recomputation three ways, interleaved."""
     rng = random.Random(seed)
     with tempfile.TemporaryDirectory() as directory:
         store = EntryStore(Path(directory))
@@ -100,16 +111,24 @@ def measure(count: int, pooled: bool, repeats: int, seed: int) -> dict[str, list
             send_evidence(store, JUDGE)
             learned = Learned(store, 0.02, prior=PRIOR, judge=JUDGE)
             learned.install_pooled(a_pool(rng, 5_000))
-        times: dict[str, list[float]] = {"shipped": [], "before": [], "cached": []}
-        for _ in range(repeats):
-            learned.learn(draw(rng, max(1, count // 4)))
-            times["shipped"].append(timed(lambda: learned.bound))
-            times["cached"].append(timed(lambda: learned.bound))
-            learned.prior = None  # forget the bound, as a new label does
+        times: dict[str, list[float]] = {k: [] for k in (
+            "label", "lookup", "sorted", "unsorted", "before")}
+
+        def recomputed() -> float:
+            learned.prior = None  # forget the bound, as a new label did before
             learned.prior = PRIOR
+            return timed(lambda: learned.bound)
+
+        for _ in range(repeats):
+            times["label"].append(timed(lambda: learned.learn(
+                draw(rng, max(1, count // 4)))))
+            times["lookup"].append(timed(lambda: learned.bound))
+            times["sorted"].append(recomputed())
+            with mock.patch.object(Learned, "_own_rows", rows_as_they_came):
+                times["unsorted"].append(recomputed())
             with mock.patch.object(bound, "_first_failure", inverting_every_row), \
                     mock.patch.object(Learned, "_own_rows", rows_read_again):
-                times["before"].append(timed(lambda: learned.bound))
+                times["before"].append(recomputed())
         store.close()
     return times
 
@@ -122,18 +141,20 @@ def main() -> None:
                           {"labels": [100, 1_000, 5_000, 20_000], "repeats": 40},
                           {"labels": [100, 2_000], "repeats": 5})
     print(machine_load())
-    table = make_table(["labels", "pool", "shipped p50 ms", "before p50 ms",
-                        "before / shipped", "cached p50 ms"])
+    table = make_table(["labels", "pool", "a label ms", "the lookup after it ms",
+                        "recompute ms", "rows as they came ms", "before 28 Nov ms",
+                        "before / recompute"])
     for count in args.labels:
         for pooled in (False, True):
             note(f"{count} labels{', a pool' if pooled else ''}")
             times = measure(count, pooled, args.repeats, args.seed)
-            shipped, before = (statistics.median(times[k]) for k in ("shipped", "before"))
-            table.add_row(f"{count:,}", "5,000 labels" if pooled else "-", f"{shipped:.2f}",
-                          f"{before:.2f}", f"{before / shipped:.1f}x",
-                          f"{statistics.median(times['cached']):.3f}")
-    heading("the bound's recomputation after a new label (the next lookup pays it), "
-            "max_wrong_rate 0.02")
+            p50 = {k: statistics.median(v) for k, v in times.items()}
+            table.add_row(f"{count:,}", "5,000 labels" if pooled else "-",
+                          f"{p50['label']:.2f}", f"{p50['lookup']:.3f}",
+                          f"{p50['sorted']:.2f}", f"{p50['unsorted']:.2f}",
+                          f"{p50['before']:.2f}", f"{p50['before'] / p50['sorted']:.1f}x")
+    heading("the bound after a new label: recomputed as the label is learned, read by "
+            "the lookup after it (p50), max_wrong_rate 0.02")
     print_table(table)
     print(machine_load())
     print_command()

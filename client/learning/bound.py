@@ -137,6 +137,15 @@ class Rows:
         """The rows ``index`` (a slice or a mask) picks."""
         return Rows(*(a[index] for a in self._arrays()))
 
+    def inserted(self, at: int, other: "Rows") -> "Rows":
+        """These rows with ``other``'s placed before row ``at``."""
+        return Rows(*(np.insert(a, at, b) for a, b in zip(self._arrays(), other._arrays(),
+                                                           strict=True)))
+
+    def deleted(self, at: int) -> "Rows":
+        """These rows without row ``at``."""
+        return Rows(*(np.delete(a, at) for a in self._arrays()))
+
     def __add__(self, other: "Rows") -> "Rows":
         return Rows(*(np.concatenate([a, b]) for a, b in zip(self._arrays(),
                                                              other._arrays(), strict=True)))
@@ -150,7 +159,9 @@ class Rows:
 
 def _tails(rows: Rows) -> tuple[np.ndarray, ...]:
     """For each distinct score, highest first: (score, estimated wrong share, effective
-    errors, effective n, labels, pooled labels) among the rows scoring at least that."""
+    errors, effective n, labels, pooled labels) among the rows scoring at least that.
+    The sort is stable, and on rows already in that order (a device's own, as
+    client.learning.state keeps them) it costs one pass, not a sort."""
     order = np.argsort(-rows.score, kind="stable")
     s = rows.score[order]
     last = np.r_[s[1:] != s[:-1], True]  # the last row of each run of equal scores
@@ -223,14 +234,14 @@ def _choose(rows: Rows, max_wrong_rate: float, prior: float, confidence: float) 
 def _first_failure(errors: np.ndarray, n: np.ndarray, start: int, max_wrong_rate: float,
                    confidence: float) -> int:
     """The first row from ``start`` whose upper limit exceeds ``max_wrong_rate`` (the
-    length where none does). The bound is recomputed at the lookup after each new label,
-    over up to 20,000 labels (``client.learning.state.KEPT``), so it is tested without
+    length where none does). The bound is recomputed after each new label, over up to
+    20,000 labels (``client.learning.state.KEPT``), so it is tested without
     inverting the Beta distribution (the upper limit u exceeds the rate r exactly where
     the Beta(e + 1, n - e) CDF at r is under ``confidence``: that CDF rises with x and
     equals it at u; 6 times cheaper than the inverse), and in blocks that double from
     ``start``, since the sequence stops at its first failure. With the labels' rows kept
-    as they come (client.learning.state), a recomputation at 20,000 labels fell from
-    38.9 to 5.2 ms (benchmarks/bound_cost.py)."""
+    in score order as they come (client.learning.state), a recomputation at 20,000
+    labels fell from 33.9 to 2.5 ms (benchmarks/bound_cost.py)."""
     block = 64
     while start < len(n):
         e, m = errors[start:start + block], n[start:start + block]

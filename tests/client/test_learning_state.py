@@ -11,7 +11,14 @@ import pytest
 from meancache.client.cache.store import EntryStore
 from meancache.client.learning import state
 from meancache.client.learning.agreement import agree
-from meancache.client.learning.bound import Label, Rows, choose, choose_pooled, labels_needed
+from meancache.client.learning.bound import (
+    Bound,
+    Label,
+    Rows,
+    choose,
+    choose_pooled,
+    labels_needed,
+)
 from meancache.client.learning.explore import Exploration
 from meancache.client.learning.state import (
     CHUNK,
@@ -245,4 +252,34 @@ def test_the_bound_kept_as_labels_come_is_the_bound_of_every_label_kept(
         assert learning.bound == expected, i
         assert Learned(store, 0.1, PRIOR, judge=learning.judge).bound == expected, i
     assert len(learning.labels) == 60
+    store.close()
+
+
+def test_a_new_label_leaves_the_bound_ready_for_the_next_lookup(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound is recomputed where a label is learned (beside the upstream call that
+    brought it), so the lookup after it reads the bound without testing the labels
+    again; with no prior yet there is nothing to compute until the lookup sets it."""
+    store = EntryStore(tmp_path)
+    learning = Learned(store, 0.1, PRIOR, judge="verifier-a")
+    tested: list[int] = []
+    counting = state.choose
+
+    def choose_counted(*args: object, **kwargs: object) -> Bound:
+        tested.append(1)
+        return counting(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(state, "choose", choose_counted)
+    rng = random.Random(3)
+    for i in range(40):
+        learning.learn(Label(rng.random(), i % 9 == 0, entry=f"e{i % 5}"))
+        assert len(tested) == i + 1
+        ready = learning.bound
+        assert len(tested) == i + 1  # the lookup tested nothing
+        assert ready == choose(learning.labels, 0.1, PRIOR)
+    learning.prior = None
+    learning.learn(Label(0.9, False))
+    assert len(tested) == 40
+    learning.prior = PRIOR
+    assert learning.bound == choose(learning.labels, 0.1, PRIOR) and len(tested) == 41
     store.close()
