@@ -48,9 +48,11 @@ class MatchSettings(BaseModel):
     entry_thresholds: bool = Field(True, description="Each entry's own threshold, learned "
                                    "from its feedback.")
     max_wrong_rate: float = Field(0.02, gt=0, lt=1, description="The share of answers "
-                                  "served from the cache that may be wrong: it serves only "
-                                  "where its estimate, learned from its own traffic, keeps "
-                                  "under this with 95% confidence (client/learning/bound.py).")
+                                  "served from the cache that may be wrong: once its labels "
+                                  "(its own traffic's, or pooled by federated learning) back "
+                                  "a threshold, it serves only where its estimate keeps under "
+                                  "this with 95% confidence; until then the verifier's own "
+                                  "threshold serves (client/learning/bound.py).")
     explore_rate: float = Field(EXPLORE_RATE, ge=0, le=1, description="The share of "
                                 "would-be hits near the learned threshold that the chat and the "
                                 "proxy ask upstream instead, showing the fresh answer and "
