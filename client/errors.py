@@ -16,6 +16,7 @@
     ├── UpstreamRequestError
     │   ├── UpstreamUnavailableError
     │   └── UpstreamRejectedError
+    ├── StreamTooLong
     ├── ProxyRequestError
     └── PackError (meancache.shared.errors)
         └── PackDownloadError

@@ -1,10 +1,12 @@
 """One exception tree: every error class lives in an errors module, derives from
-MeanCacheError and has a name no other error has."""
+MeanCacheError, has a name no other error has, and is drawn where it derives from in the
+docstrings that draw the tree (a newcomer reads the tree there)."""
 
 import ast
 import builtins
 import importlib
 import pkgutil
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -83,6 +85,56 @@ def test_every_error_derives_from_meancache_error_and_has_its_own_name() -> None
     assert duplicates == []
 
 
-def test_the_root_docstring_draws_every_error() -> None:
-    drawn = shared_errors.__doc__ or ""
-    assert [cls.__name__ for cls in tree() if f" {cls.__name__}" not in drawn] == []
+# A drawn line: the block's indent, a unit of 4 characters per level above ("│   " or
+# blank), the branch, the class's name, then anything (its module, a note).
+DRAWN_LINE = re.compile(r"^    ((?:│   |    )*)(?:├── |└── )(\w+)")
+DRAWN_ROOT = re.compile(r"^    (\w+)")
+
+
+def drawn_parents(doc: str) -> dict[str, str | None]:
+    """The tree a docstring draws: each class name with the name drawn above it (None for
+    the drawing's root)."""
+    parents: dict[str, str | None] = {}
+    path: list[str] = []  # the names from the root down to the line before
+    for line in doc.splitlines():
+        if match := DRAWN_LINE.match(line):
+            depth = len(match[1]) // 4 + 1
+            if not 0 < depth <= len(path):
+                raise AssertionError(f"a line drawn under nothing: {line!r}")
+            del path[depth:]
+            parents[match[2]] = path[-1]
+            path.append(match[2])
+        elif path == [] and (root := DRAWN_ROOT.match(line)) and root[1].endswith("Error"):
+            parents[root[1]] = None
+            path = [root[1]]
+    return parents
+
+
+def error_parent(cls: type[BaseException]) -> str:
+    """The class's own parent in the tree: its first base that is a MeanCacheError."""
+    return next(base.__name__ for base in cls.__bases__ if issubclass(base, MeanCacheError))
+
+
+def test_a_drawing_is_read_with_its_parents() -> None:
+    doc = ("Errors::\n\n    AError\n    ├── BError\n    │   └── CError (KeyError)\n"
+           "    └── DError                meancache.x\n")
+    assert drawn_parents(doc) == {"AError": None, "BError": "AError", "CError": "BError",
+                                  "DError": "AError"}
+
+
+def test_each_errors_docstring_draws_its_classes_under_their_parents() -> None:
+    """The root module draws the whole tree and each side's errors module its own part:
+    every class where it derives from, and no class that is gone."""
+    classes = {cls.__name__: cls for cls in [*tree(), MeanCacheError]}
+    for module in {shared_errors, *(importlib.import_module(cls.__module__)
+                                    for cls in tree())}:
+        drawn = drawn_parents(module.__doc__ or "")
+        assert drawn, module.__name__
+        assert sorted(set(drawn) - set(classes)) == [], f"{module.__name__} draws these"
+        own = shared_errors.__name__ == module.__name__
+        for cls in classes.values():
+            if cls is MeanCacheError or not (own or cls.__module__ == module.__name__):
+                continue
+            assert cls.__name__ in drawn, f"{module.__name__} does not draw {cls.__name__}"
+            if drawn[cls.__name__] is not None:  # the drawing's own root has none drawn
+                assert drawn[cls.__name__] == error_parent(cls), (module.__name__, cls)
