@@ -31,7 +31,7 @@ cache_bytecode()
 
 # The app's default encoder is MPNet, assembled (438 MB) on first use: tests and the
 # `meancache` processes they start run the packaged MiniLM unless a test says otherwise
-# (tests/test_mpnet.py assembles MPNet once per session).
+# (tests/shared/test_mpnet.py assembles MPNet once per session).
 os.environ["MEANCACHE_ENCODER_MODEL"] = "minilm"
 # A developer's own OpenAI settings would name the upstream of every `meancache ask`.
 for variable in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):

@@ -8,7 +8,7 @@ for the embedding tables) into a CrossEncoder of the same shape, and every float
 (biases, LayerNorms) is copied. Nothing else is trusted: the file is hash-checked first,
 its shapes give the architecture, and the decoded values lie exactly on the int8 grid,
 so quantising the float model again (``model.quantize_int8``) gives back the same int8
-weights (tests/client/test_fl_verifier.py). What differs between the float model's
+weights (tests/fl_server/test_fl_verifier.py). What differs between the float model's
 probabilities and the int8 file's is only the int8 file's per-call quantisation of its
 activations (measured in docs/federated-learning.md).
 
