@@ -1,9 +1,12 @@
 """Every file the docs name in backticks is there, and every `module.name` they point a
 newcomer to is defined in that module: a page that names a moved file sends its reader
-nowhere, and mkdocs checks only links."""
+nowhere, and mkdocs checks only links. The same for the files the code's docstrings and
+comments name."""
 
 import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,13 @@ PAGES = sorted([REPO / "README.md", REPO / "benchmarks" / "README.md",
 # `:line` or `:name` after a file's.
 NAMED = re.compile(r"`((?:client|upstream|fl_server|shared|benchmarks|tests|scripts|docs)"
                    r"/[\w./-]*\w)(?::[\w.]+)?`")
+# The same in a docstring or a comment, where no backticks mark it: not inside a longer
+# path ("../shared/data" is beside the repository, not in it).
+NAMED_IN_CODE = re.compile(r"(?<![\w./-])((?:client|upstream|fl_server|shared|benchmarks|"
+                           r"tests|scripts|docs)/[\w./-]*\w)")
+SOURCES = sorted(path for side in ("meancache", "client", "upstream", "fl_server", "shared",
+                                   "benchmarks", "tests", "scripts")
+                 for path in (REPO / side).rglob("*.py") if "__pycache__" not in path.parts)
 # Files a page names as not made yet, with why (the page says so beside the name).
 NOT_MADE = {
     "docs/nll_cdf.png": "needs Gemma 3 270M fine-tuned for hours (benchmarks/README.md)",
@@ -47,6 +57,16 @@ def missing(named: str) -> str | None:
     return "no such file"
 
 
+def prose(source: str) -> str:
+    """A module's docstrings and comments, where the code tells its reader where to look."""
+    docstrings = [ast.get_docstring(node, clean=False) or "" for node in ast.walk(ast.parse(source))
+                  if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef
+                                | ast.AsyncFunctionDef)]
+    comments = [token.string for token in tokenize.generate_tokens(io.StringIO(source).readline)
+                if token.type == tokenize.COMMENT]
+    return "\n".join(docstrings + comments)
+
+
 def test_the_reader_finds_a_missing_file_and_a_missing_name() -> None:
     assert missing("client/matching/rules.py") is None
     assert missing("shared/words.stem") is None
@@ -64,3 +84,14 @@ def test_what_is_not_made_yet_is_still_named_and_still_missing() -> None:
     """An entry of NOT_MADE that a page no longer names, or that now exists, goes."""
     text = "".join(page.read_text(encoding="utf-8") for page in PAGES)
     assert [n for n in NOT_MADE if f"`{n}`" not in text or (REPO / n).exists()] == []
+
+
+def test_every_path_the_code_names_in_its_prose_is_there() -> None:
+    assert len(SOURCES) > 100 and REPO / "tests" / "test_docs_paths.py" in SOURCES
+    wrong = {}
+    for source in SOURCES:
+        named = {m[1].rstrip(".") for m in NAMED_IN_CODE.finditer(
+            prose(source.read_text(encoding="utf-8")))}
+        wrong |= {f"{source.relative_to(REPO)}: {n}": why
+                  for n in sorted(named) if (why := missing(n))}
+    assert wrong == {}
