@@ -37,10 +37,6 @@ class Question:
     history: tuple[tuple[str, str], ...]  # (question, answer) of the turns before
     text: str
 
-    @property
-    def system_messages(self) -> list[dict[str, str]]:
-        return [{"role": role, "content": content} for role, content in self.preamble]
-
 
 @dataclass(frozen=True)
 class Bypass:

@@ -63,17 +63,6 @@ def from_backbone(model_dir: Path) -> CrossEncoder:
     return CrossEncoder(backbone)
 
 
-def tiny_random(seed: int = 0) -> CrossEncoder:
-    """A two-layer, 32-wide random model over MiniLM's vocabulary: tests of the mechanics."""
-    from transformers import BertConfig, BertModel
-
-    torch.manual_seed(seed)
-    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64,
-                        max_position_embeddings=512)
-    return CrossEncoder(BertModel(config, add_pooling_layer=False))
-
-
 def export_onnx(model: CrossEncoder, path: Path) -> None:
     """Float32 ONNX with dynamic batch and length, atomically. The dynamo exporter: the
     legacy tracer bakes the example's length into transformers 5.x attention masks."""

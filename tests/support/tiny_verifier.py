@@ -8,10 +8,21 @@ from pathlib import Path
 import pytest
 import torch
 from meancache.shared.files import sha256_file
-from meancache.shared.verifier.model import export_onnx, quantize_int8, tiny_random
+from meancache.shared.verifier.model import CrossEncoder, export_onnx, quantize_int8
 from meancache.shared.verifier.runtime import CARD_FILE, MODEL_FILE
 
 from tests.support.parallel import built_once
+
+
+def tiny_random(seed: int = 0) -> CrossEncoder:
+    """A two-layer, 32-wide random model over MiniLM's vocabulary: tests of the mechanics."""
+    from transformers import BertConfig, BertModel
+
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64,
+                        max_position_embeddings=512)
+    return CrossEncoder(BertModel(config, add_pooling_layer=False))
 
 
 def make_tiny_verifier(directory: Path, threshold: float = 0.5, distinct: bool = False
