@@ -5,9 +5,9 @@ from meancache.client.chat.session import ChatSession
 from meancache.client.tui.packs import describe_pack
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import Vertical
+from textual.containers import Grid, VerticalScroll
 from textual.screen import ModalScreen
-from textual.widgets import DataTable, Footer, Label
+from textual.widgets import Footer, Label, Static
 
 
 def stats_rows(stats: CacheStats, pack_version: str | None) -> list[tuple[str, str]]:
@@ -42,11 +42,18 @@ def session_rows(session: ChatSession) -> list[tuple[str, str]]:
 
 
 class StatsScreen(ModalScreen[None]):
+    """The statistics as a name column and a value column; a long value (the reasons near
+    matches were declined, why no wrong rate is estimated yet) wraps within the box rather
+    than being cut at its edge, and the box scrolls on a short terminal."""
+
     DEFAULT_CSS = """
     StatsScreen { align: center middle; }
-    StatsScreen > Vertical { width: 80; height: auto; border: round $accent;
-                             background: $surface; padding: 1; }
-    StatsScreen DataTable { height: auto; }
+    StatsScreen > VerticalScroll { width: 90%; max-width: 100; height: auto;
+                                   max-height: 100%; border: round $accent;
+                                   background: $surface; padding: 1; }
+    StatsScreen Grid { grid-size: 2; grid-columns: 27 1fr; grid-gutter: 0 1;
+                       height: auto; margin: 1 0; }
+    StatsScreen .stat-name { color: $text-muted; }
     """
     BINDINGS = [Binding("escape", "close", "Close", id="stats.close")]
 
@@ -55,12 +62,12 @@ class StatsScreen(ModalScreen[None]):
         self.rows = rows
 
     def compose(self) -> ComposeResult:
-        with Vertical():
+        with VerticalScroll():
             yield Label("Cache statistics")
-            table: DataTable[str] = DataTable(show_cursor=False, id="stats-table")
-            table.add_columns("", "")
-            table.add_rows(self.rows)
-            yield table
+            with Grid(id="stats-table"):
+                for name, value in self.rows:
+                    yield Label(name, classes="stat-name")
+                    yield Static(value, classes="stat-value", markup=False)
             yield Footer()
 
     def action_close(self) -> None:
