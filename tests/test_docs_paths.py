@@ -15,14 +15,13 @@ from tests.support.paths import REPO
 
 PAGES = sorted([REPO / "README.md", REPO / "benchmarks" / "README.md",
                 *(REPO / "docs").rglob("*.md")])
-# A repository path in backticks, optionally with a `.name` after a module's path and a
-# `:line` or `:name` after a file's.
-NAMED = re.compile(r"`((?:client|upstream|fl_server|shared|benchmarks|tests|scripts|docs)"
-                   r"/[\w./-]*\w)(?::[\w.]+)?`")
-# The same in a docstring or a comment, where no backticks mark it: not inside a longer
-# path ("../shared/data" is beside the repository, not in it).
-NAMED_IN_CODE = re.compile(r"(?<![\w./-])((?:client|upstream|fl_server|shared|benchmarks|"
-                           r"tests|scripts|docs)/[\w./-]*\w)")
+# A path in the repository's folders (a `.name` may follow a module's path).
+PATH = r"((?:client|upstream|fl_server|shared|benchmarks|tests|scripts|docs)/[\w./-]*\w)"
+# On a page: in backticks, optionally with a `:line` or `:name` after a file's path.
+NAMED = re.compile(rf"`{PATH}(?::[\w.]+)?`")
+# In a docstring or a comment, where no backticks mark it: not inside a longer path
+# ("../shared/data" is beside the repository, not in it).
+NAMED_IN_CODE = re.compile(rf"(?<![\w./-]){PATH}")
 SOURCES = sorted(path for side in ("meancache", "client", "upstream", "fl_server", "shared",
                                    "benchmarks", "tests", "scripts")
                  for path in (REPO / side).rglob("*.py") if "__pycache__" not in path.parts)
