@@ -94,3 +94,14 @@ def test_every_path_the_code_names_in_its_prose_is_there() -> None:
         wrong |= {f"{source.relative_to(REPO)}: {n}": why
                   for n in sorted(named) if (why := missing(n))}
     assert wrong == {}
+
+
+def test_the_scripts_page_lists_every_benchmark() -> None:
+    """benchmarks/README.md's table of scripts (the docs' "The scripts" page) names each
+    script once and no script that is gone: a newcomer finds every measurement there."""
+    text = (REPO / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    listed = re.findall(r"^\| `(\w+\.py)` \|", text, flags=re.MULTILINE)
+    scripts = sorted(p.name for p in (REPO / "benchmarks").glob("*.py")
+                     if not p.name.startswith("_"))
+    assert len(scripts) > 30
+    assert sorted(listed) == scripts
