@@ -1,6 +1,6 @@
 """The error bound the user sets, measured on streams (issue 37, part 3).
 
-Two streams, each replayed in a seeded order as a user meets it: a miss is answered by a
+Streams, each replayed in a seeded order as a user meets it: a miss is answered by a
 simulated upstream whose answer names the question's group, stored, and (when it had a
 candidate) labelled by comparing the two answers; the learned decision
 (``client.learning``) serves where its bound allows. Beside it, the static decision (the
@@ -13,6 +13,9 @@ cache as it ships, PCA off so both search the same space) on the same stream.
 - ``reworded`` (with ``--reworded FILE``): Arena and ShareGPT first turns, each also asked
   in a language model's rewording (``verifier make-paraphrases --judge``'s verdicts: the
   pairs both judges kept), never used for a choice nor trained on.
+- ``sts`` (with ``--sts FOLDER``): statements nobody here wrote, the STS benchmark's
+  free-text pairs (``_sts``), grouped by the pairs scored 4 or more, with the near-misses
+  (scored 2-3) as near neighbours, as the QQP stream is made; never used for a choice.
 
 Also measures the answer comparison (``agreement``) on answer pairs it generates: the
 same answer re-worded against another question's answer.
@@ -32,6 +35,8 @@ from pathlib import Path
 import numpy as np
 from _common import base_parser, load_encoder, note, print_table
 from _plot import add_plot_option, line_chart
+from _sts import labelled as sts_labelled
+from _sts import read_sts
 from meancache.client.cache import SemanticCache
 from meancache.client.cache.settings import CacheSettings
 from meancache.client.eval_stream import Tally, Turn, replay, stream_of
@@ -65,12 +70,22 @@ def paraphrase(text: str, rng: random.Random) -> str:
 
 def qqp_stream(data: Path, questions: int, seed: int) -> list[Turn]:
     rows = [json.loads(line) for line in (data / "qqp" / "pairs.jsonl").open()]
-    dev = [Pair(r["q1"], r["q2"], r["label"]) for r in rows if r["split"] == "dev"]
-    rng = random.Random(seed)
-    rng.shuffle(dev)
-    duplicates = [p for p in dev if p.label == 1][: int(questions * 0.35)]
-    others = [p for p in dev if p.label == 0][: int(questions * 0.15)]
-    return stream_of(duplicates + others, seed)
+    return labelled_stream([Pair(r["q1"], r["q2"], r["label"]) for r in rows
+                            if r["split"] == "dev"], questions, seed)
+
+
+def sts_stream(folder: Path, questions: int, seed: int) -> list[Turn]:
+    return labelled_stream(sts_labelled(read_sts(folder)), questions, seed)
+
+
+def labelled_stream(pairs: list[Pair], questions: int, seed: int) -> list[Turn]:
+    """A seeded sample of labelled pairs as a stream: the pairs of one meaning (7 in 10),
+    the others' questions as near neighbours (3 in 10)."""
+    pairs = list(pairs)
+    random.Random(seed).shuffle(pairs)
+    same = [p for p in pairs if p.label == 1][: int(questions * 0.35)]
+    others = [p for p in pairs if p.label == 0][: int(questions * 0.15)]
+    return stream_of(same + others, seed)
 
 
 def arena_stream(data: Path, questions: int, seed: int) -> list[Turn]:
@@ -180,9 +195,11 @@ def main() -> None:
     parser.add_argument("--max-wrong-rate", type=float, default=0.02)
     parser.add_argument("--explore", type=float, default=0.1, help="exploration rate")
     parser.add_argument("--streams", nargs="+", default=["qqp", "arena"],
-                        choices=["qqp", "arena", "reworded"])
+                        choices=["qqp", "arena", "reworded", "sts"])
     parser.add_argument("--reworded", type=Path, help="the judged pairs the reworded stream "
                         "is made of (make-paraphrases --judge's .judged.jsonl)")
+    parser.add_argument("--sts", type=Path, help="the STS benchmark's csv folder the sts "
+                        "stream is made of (benchmarks/_sts.py)")
     parser.add_argument("--near-only", action="store_true",
                         help="also the learned decision exploring only explore_rate of the near "
                         "would-be hits from the start (explore_until_learned false: the "
@@ -212,6 +229,10 @@ def main() -> None:
             if args.reworded is None:
                 parser.error("the reworded stream needs --reworded FILE")
             turns = reworded_stream(args.reworded, args.questions, args.seed)
+        elif name == "sts":
+            if args.sts is None:
+                parser.error("the sts stream needs --sts FOLDER")
+            turns = sts_stream(args.sts, args.questions, args.seed)
         else:
             turns = (qqp_stream if name == "qqp" else arena_stream)(args.data_dir,
                                                                     args.questions, args.seed)
