@@ -19,6 +19,7 @@ from meancache.client.learning.bound import (
     choose_pooled,
     entry_threshold,
     labels_needed,
+    labels_to_pass,
     lower_limit,
     upper_limit,
 )
@@ -73,6 +74,30 @@ def test_fixed_sequence_stops_at_the_first_failure() -> None:
     assert bound.threshold > 0.5  # never past the wrong band, however right below it
 
 
+def test_a_later_start_tests_the_large_regions_under_a_small_wrong_top() -> None:
+    """A top region of 190 labels, 2 wrong (upper limit 3.3%), over 600 right ones: the
+    sequence starting at the first tail of 149 labels tests the top first and stops; one
+    starting where a region wrong at half the rate can pass tests the large tails."""
+    top = [Label(0.99, i < 2) for i in range(190)]
+    under = [Label(0.95 - 0.2 * i / 600, False) for i in range(600)]
+    assert not choose(top + under, 0.02, PRIOR).learned
+    start = labels_to_pass(0.01, 0.02)
+    bound = choose(top + under, 0.02, PRIOR, start=start)
+    assert bound.learned and bound.threshold == pytest.approx(0.75 + 0.2 / 600)
+    assert bound.upper is not None and bound.upper <= 0.02
+    assert bound.labels == 790 and bound.estimate == pytest.approx(2 / 790)
+
+
+@given(st.floats(0, 0.049), st.sampled_from([0.02, 0.05, 0.1]), st.sampled_from([0.9, 0.95]))
+def test_labels_to_pass_is_the_fewest_at_that_share(fraction: float, rate: float,
+                                                     confidence: float) -> None:
+    share = fraction * rate / 0.05  # under the rate
+    n = labels_to_pass(share, rate, confidence)
+    assert upper_limit(share * n, n, confidence) <= rate
+    assert n == 1 or upper_limit(share * (n - 1), n - 1, confidence) > rate
+    assert n >= labels_needed(rate, confidence)
+
+
 def test_a_wrong_prior_region_serves_nothing() -> None:
     labels = [Label(0.8, i % 3 == 0) for i in range(60)]  # a third wrong over the prior
     assert choose(labels, 0.02, PRIOR).threshold == NEVER
@@ -92,8 +117,8 @@ def test_a_rate_outside_zero_one_is_refused(rate: float) -> None:
         choose([Label(0.5, False)], rate, PRIOR)
 
 
-def _fixed_sequence(labels: list[Label], rate: float, confidence: float
-                    ) -> tuple[float, float] | None:
+def _fixed_sequence(labels: list[Label], rate: float, confidence: float,
+                    start: int | None = None) -> tuple[float, float] | None:
     """Learn-then-Test written out row by row (distinct scores): for each score from the
     top, the tail's weighted error and Kish's effective count, its upper limit inverted;
     the sequence starts at the first tail with enough labels and stops at its first
@@ -107,7 +132,7 @@ def _fixed_sequence(labels: list[Label], rate: float, confidence: float
         if i + 1 < len(labels) and labels[i + 1].score == label.score:
             continue  # the tail of a score holds every label at that score
         n = total[i] ** 2 / squares[i]
-        started = started or n >= labels_needed(rate, confidence)
+        started = started or n >= max(labels_needed(rate, confidence), start or 0)
         if started:
             upper = upper_limit(errors[i] / total[i] * n, n, confidence)
             if upper > rate:
@@ -119,23 +144,25 @@ def _fixed_sequence(labels: list[Label], rate: float, confidence: float
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([20, 150, 400, 1000, 2000]),
        st.floats(0, 0.1),
-       st.integers(0, 40), st.sampled_from([0.02, 0.05, 0.1]), st.sampled_from([0.9, 0.95]))
+       st.integers(0, 40), st.sampled_from([0.02, 0.05, 0.1]), st.sampled_from([0.9, 0.95]),
+       st.sampled_from([None, 300]))
 def test_the_threshold_is_the_one_learn_then_test_reaches_row_by_row(
         seed: int, count: int, wrong_share: float, grid: int, rate: float,
-        confidence: float) -> None:
+        confidence: float, start: int | None) -> None:
     """``choose`` tests the rows without inverting the Beta distribution, in blocks, and
     stops early; it must reach the threshold, and report the upper limit, that inverting
     it for every tail reaches. Scores continuous or on a grid (ties, ``grid`` 1 to 40),
     wrong more often the lower they score (so the sequence may stop deep down), a fifth of
-    the labels explored (weighted)."""
+    the labels explored (weighted); the sequence starting where ``choose`` starts it
+    or at a later tail (``start``)."""
     rng = random.Random(seed)
     labels = []
     for _ in range(count):
         score = rng.random() if not grid else rng.randrange(grid + 1) / grid
         labels.append(Label(score, rng.random() < wrong_share * 3 * (1 - score) ** 2,
                             labelled_with=rng.choice([1.0, 1.0, 1.0, 1.0, 0.1])))
-    bound = choose(labels, rate, PRIOR, confidence)
-    expected = _fixed_sequence(labels, rate, confidence)
+    bound = choose(labels, rate, PRIOR, confidence, start)
+    expected = _fixed_sequence(labels, rate, confidence, start)
     assert bound.learned == (expected is not None)
     if expected is not None:
         assert bound.threshold == expected[0]
