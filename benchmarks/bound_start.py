@@ -26,7 +26,13 @@ from pathlib import Path
 import numpy as np
 from _common import base_parser, make_table, note, pct, print_command, print_table
 from decision_study import DOMAINS, Study, collect, scores_of_x
-from meancache.client.learning.bound import Rows, choose, labels_needed, labels_to_pass
+from meancache.client.learning.bound import (
+    Label,
+    Rows,
+    choose,
+    labels_needed,
+    labels_to_pass,
+)
 from meancache.client.matching.decision import CARD_PATH
 from meancache.client.matching.settings import RECALL_MARGIN
 from meancache.shared.encoder import profile_threshold
@@ -65,9 +71,8 @@ def main() -> None:
     labelled = study.scored & ~study.same & ~study.vetoed
     choose_rows = labelled & np.isin(study.domain, DOMAINS) & (study.split == "choose")
     wrong = ~study.pick_right[choose_rows]
-    evidence = Rows(scores[choose_rows], np.ones(choose_rows.sum()),
-                    np.ones(choose_rows.sum()), np.ones(choose_rows.sum()),
-                    wrong.astype(float), np.zeros(choose_rows.sum()))
+    evidence = Rows.of([Label(float(score), bool(w)) for score, w in
+                        zip(scores[choose_rows], wrong, strict=True)])
     over = scores[choose_rows] >= card["threshold"]
     note(f"{path.name}: {choose_rows.sum()} picks on the choose splits, {wrong.sum()} wrong; "
          f"over the card's threshold {card['threshold']}: {over.sum()}, "

@@ -92,12 +92,17 @@ def labels_to_pass(wrong_share: float, max_wrong_rate: float,
     At half of 2%, 571 labels; at the judge's own 1.6% on its choose splits, about 3,200."""
     if not 0 <= wrong_share < max_wrong_rate < 1:
         raise ValueError(f"the share {wrong_share!r} must lie under the rate {max_wrong_rate!r}")
-    n = labels_needed(max_wrong_rate, confidence)
-    while upper_limit(wrong_share * n, n, confidence) > max_wrong_rate:
-        n += max(1, n // 64)
-    while n > 1 and upper_limit(wrong_share * (n - 1), n - 1, confidence) <= max_wrong_rate:
-        n -= 1
-    return n
+
+    def passes(n: int) -> bool:
+        return upper_limit(wrong_share * n, n, confidence) <= max_wrong_rate
+
+    low, high = 0, labels_needed(max_wrong_rate, confidence)  # fewer never pass
+    while not passes(high):  # the limit falls as labels grow: double, then bisect
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if passes(middle) else (middle, high)
+    return high
 
 
 def upper_limit(errors: float, n: float, confidence: float = CONFIDENCE) -> float:
