@@ -124,8 +124,8 @@ CASES = [
     Case("seed-string", 400, "seed", body(seed="7")),
     Case("temperature-5-digit-exponent", 400, "exponent",
          body().replace(b'"max_tokens": 2', b'"temperature": 1e-00001')),
-    Case("temperature-21-digits", 400, "21 digits",
-         body().replace(b'"max_tokens": 2', b'"temperature": 0.' + b"1" * 20)),
+    Case("temperature-24-digits", 400, "24 digits",
+         body().replace(b'"max_tokens": 2', b'"temperature": 0.' + b"1" * 23)),
     Case("stop-number", 400, "'stop'", body(stop=5)),
     Case("stop-list-of-numbers", 400, "'stop'", body(stop=[1, 2])),
     Case("stop-five-strings", 400, "stop", body(stop=["a", "b", "c", "d", "e"])),
@@ -229,9 +229,22 @@ def normal_chat(base_url: str) -> None:
 def test_every_finite_double_as_json_writes_it_passes_the_number_cap(value: float) -> None:
     """The cap on a number's digits refuses long runs of digits, never a valid double:
     2.2250738585072014e-308 (23 characters, 17 digits) was refused as "23 characters",
-    so a fuzzed temperature the proxy relayed got a 400 (MEANCACHE_FUZZ_SEED=3457099220)."""
+    so a fuzzed temperature the proxy relayed got a 400 (MEANCACHE_FUZZ_SEED=3457099220);
+    0.00010042926364857862 (Python's shortest form: 21 digits) was refused at 20 digits."""
     assert parse_json(json.dumps({"temperature": value}).encode(), Limits()) == {
         "temperature": value}
+
+
+@pytest.mark.parametrize("written", [
+    "0.0000012345678901234567",  # JavaScript's fixed notation down to 1e-6: 23 digits
+    "123456789012345680000",  # and up to 1e21: 21 digits
+    "-0.00010042926364857862",  # Python's down to 1e-4: 21 digits
+    "2.2250738585072014e-308",  # the smallest normal double: 17 digits, e-308
+])
+def test_the_longest_forms_json_writers_give_a_double_pass_the_number_cap(
+        written: str) -> None:
+    assert parse_json(f'{{"temperature": {written}}}'.encode(), Limits()) == {
+        "temperature": json.loads(written)}
 
 
 def test_the_table_holds_at_least_60_distinct_cases() -> None:

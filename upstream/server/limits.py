@@ -30,7 +30,11 @@ class Limits:
     max_tokens: int = 4096  # the largest max_tokens (response size) a request may ask for
     max_stop_chars: int = 64  # length of each stop string (there are at most 4)
     max_json_depth: int = 32  # nesting of objects and arrays in a request body
-    max_number_digits: int = 20  # digits of a JSON number (its exponent aside)
+    # digits of a JSON number (its exponent aside): any double as a JSON writer writes it
+    # passes. Python writes up to 17 significant digits after up to 4 zeros
+    # (0.00010042926364857862: 21 digits), JavaScript fixed notation from 1e-6 to 1e21
+    # (0.0000012345678901234567 and 123456789012345680000: 23 and 21 digits).
+    max_number_digits: int = 23
     max_schemas_per_key: int = 32  # PML schemas one API key may hold
     max_schema_tokens_per_key: int = 65536  # cached module tokens of those schemas together
 
@@ -39,9 +43,9 @@ def parse_json(body: bytes, limits: Limits) -> Any:
     """The request body as JSON, refused with BadRequest if it is not valid JSON, nests
     too deeply, has an over-long or non-finite number, or text that is not valid Unicode."""
     def number(text: str) -> str:
-        # Digits are counted, not characters: any double's shortest form (up to 17
-        # digits, a sign, a point and an exponent such as e-308: 24 characters) is a
-        # valid number, and what the cap guards against is a long run of digits.
+        # Digits are counted, not characters (a sign, a point and an exponent such as
+        # e-308 add to the length of a valid double): what the cap guards against is a
+        # long run of digits.
         mantissa, _, exponent = text.lower().partition("e")
         digits = sum(c.isdigit() for c in mantissa)
         if digits > limits.max_number_digits:
