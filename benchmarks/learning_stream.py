@@ -21,10 +21,12 @@ Also measures the answer comparison (``agreement``) on answer pairs it generates
 same answer re-worded against another question's answer.
 
     python benchmarks/learning_stream.py --questions 1200 --plot docs/learning_stream.png
+    python benchmarks/learning_stream.py --questions 800 --streams qqp arena --draws 6
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import tempfile
@@ -41,11 +43,12 @@ from meancache.client.cache import SemanticCache
 from meancache.client.cache.settings import CacheSettings
 from meancache.client.eval_stream import Tally, Turn, replay, stream_of
 from meancache.client.learning.agreement import AGREE_AT, agree
-from meancache.client.learning.bound import labels_needed
+from meancache.client.learning.bound import CONFIDENCE, labels_needed
 from meancache.shared.encoder import profile_threshold
 from meancache.shared.pairs import Pair
 from meancache.shared.verifier.paraphrase import read_jsonl
 from rich.table import Table
+from scipy.stats import binom
 
 OPENERS = ("Can you tell me: ", "Please answer this. ", "I was wondering, ", "Quick question: ",
            "Help me with this: ")
@@ -168,23 +171,77 @@ def rolling(outcomes: list[str], window: int) -> tuple[list[float], list[float],
     return xs, wrong, hit
 
 
-def run(name: str, turns: list[Turn], encoder, settings: CacheSettings, table: Table,
-        seed: int, learns: bool = True) -> Tally:
-    """One decision on the stream: the product's cache in a temporary directory (a
-    seeded draw for exploration where it learns)."""
-    started = time.perf_counter()
+def replayed(turns: list[Turn], encoder, settings: CacheSettings, seed: int,
+             learns: bool = True, name: str = "") -> Tally:
+    """The stream replayed through the product's cache in a temporary directory (a seeded
+    draw for exploration where it learns); with a ``name``, what it learned is noted."""
     with tempfile.TemporaryDirectory() as directory, \
             SemanticCache(Path(directory), encoder, settings, learns=learns,
                           rng=random.Random(seed) if learns else None) as cache:
         tally = replay(cache, turns)
         b, learned = cache.learned.bound, cache.learned
-        if learns:
+        if learns and name:
             note(f"{name}: final threshold {b.threshold:.3f} (learned={b.learned}), estimated "
                  f"wrong {b.estimate}, upper {b.upper}, {b.labels} labels over it, "
                  f"{len(learned.labels)} labels in all ({labels_needed(settings.max_wrong_rate)}"
                  f" needed, none wrong, before any region can pass), {learned.aliases} aliases")
+        return tally
+
+
+def run(name: str, turns: list[Turn], encoder, settings: CacheSettings, table: Table,
+        seed: int, learns: bool = True) -> Tally:
+    """One decision on the stream, a row of ``table``."""
+    started = time.perf_counter()
+    tally = replayed(turns, encoder, settings, seed, learns, name)
     row(table, name, tally, time.perf_counter() - started)
     return tally
+
+
+def stream(name: str, args: argparse.Namespace, seed: int) -> list[Turn]:
+    """The stream ``name`` drawn and ordered with ``seed``."""
+    if name == "reworded":
+        return reworded_stream(args.reworded, args.questions, seed)
+    if name == "sts":
+        return sts_stream(args.sts, args.questions, seed)
+    return (qqp_stream if name == "qqp" else arena_stream)(args.data_dir, args.questions, seed)
+
+
+def chance_of_as_many_wrong(wrong: int, served: int, rate: float) -> float:
+    """The chance that answers each wrong at ``rate`` give at least ``wrong`` wrong of
+    ``served`` (binomial): under 1 - confidence, the draw refutes the bound."""
+    return float(binom.sf(wrong - 1, served, rate)) if wrong else 1.0
+
+
+def draws(name: str, args: argparse.Namespace, encoder, settings: CacheSettings,
+          static: Tally, learned: Tally) -> None:
+    """The stream ``name`` in ``args.draws`` draws (the first: the one just replayed): the
+    static and the learned decision on each, and whether the learned one's wrong answers
+    refute the bound there. One draw is one stream: how the bound fares on streams like it
+    is read over the draws."""
+    table = Table(title=f"{name} stream in {args.draws} draws ({args.questions} questions "
+                  f"each, max_wrong_rate {args.max_wrong_rate} at {CONFIDENCE:.0%})")
+    for column in ("seed", "static right / wrong", "learned right / wrong",
+                   "learned wrong rate", "last-half hit rate (static, learned)",
+                   "chance of as many wrong", "refuted"):
+        table.add_column(column)
+    refuted = 0
+    for seed in range(args.seed, args.seed + args.draws):
+        if seed != args.seed:
+            turns = stream(name, args, seed)
+            static = replayed(turns, encoder, settings, seed, learns=False)
+            learned = replayed(turns, encoder, settings, seed)
+        s, w = static.report(), learned.report()
+        chance = chance_of_as_many_wrong(learned.wrong, learned.right + learned.wrong,
+                                         args.max_wrong_rate)
+        refuted += chance < 1 - CONFIDENCE
+        table.add_row(str(seed), f"{static.right} / {static.wrong}",
+                      f"{learned.right} / {learned.wrong}",
+                      f"{w['whole']['wrong_rate']:.2%}",
+                      f"{s['last_half']['hit_rate']:.1%}, {w['last_half']['hit_rate']:.1%}",
+                      f"{chance:.3f}", "yes" if chance < 1 - CONFIDENCE else "no")
+    print_table(table)
+    note(f"{name}: the bound refuted at {CONFIDENCE:.0%} on {refuted} of {args.draws} draws "
+         f"(a bound that holds is refuted on at most {1 - CONFIDENCE:.0%} of them)")
 
 
 def main() -> None:
@@ -200,6 +257,11 @@ def main() -> None:
                         "is made of (make-paraphrases --judge's .judged.jsonl)")
     parser.add_argument("--sts", type=Path, help="the STS benchmark's csv folder the sts "
                         "stream is made of (benchmarks/_sts.py)")
+    parser.add_argument("--draws", type=int, default=1,
+                        help="replay each stream this many times in all, the others drawn and "
+                        "ordered with the seeds after --seed, and print per draw the chance "
+                        "of as many wrong answers as the learned decision served at a true "
+                        "max_wrong_rate (under 5%%: that draw refutes the bound at 95%%)")
     parser.add_argument("--near-only", action="store_true",
                         help="also the learned decision exploring only explore_rate of the near "
                         "would-be hits from the start (explore_until_learned false: the "
@@ -223,19 +285,15 @@ def main() -> None:
     settings = CacheSettings(pca_dims=0, global_threshold=profile_threshold(args.encoder),
                              max_wrong_rate=args.max_wrong_rate,
                              explore_rate=args.explore)
+    if "reworded" in args.streams and args.reworded is None:
+        parser.error("the reworded stream needs --reworded FILE")
+    if "sts" in args.streams and args.sts is None:
+        parser.error("the sts stream needs --sts FOLDER")
+    if args.draws < 1:
+        parser.error("--draws must be at least 1")
     lines: dict[str, tuple[list[float], list[float]]] = {}
     for name in args.streams:
-        if name == "reworded":
-            if args.reworded is None:
-                parser.error("the reworded stream needs --reworded FILE")
-            turns = reworded_stream(args.reworded, args.questions, args.seed)
-        elif name == "sts":
-            if args.sts is None:
-                parser.error("the sts stream needs --sts FOLDER")
-            turns = sts_stream(args.sts, args.questions, args.seed)
-        else:
-            turns = (qqp_stream if name == "qqp" else arena_stream)(args.data_dir,
-                                                                    args.questions, args.seed)
+        turns = stream(name, args, args.seed)
         note(f"stream {name}: {len(turns)} questions, {len({t.group for t in turns})} groups, "
              f"order seed {args.seed}")
         table = Table(title=f"{name} stream ({len(turns)} questions, seed {args.seed}, "
@@ -269,6 +327,8 @@ def main() -> None:
             lines[f"{name}: {label} wrong %"] = (xs, wrong)
             lines[f"{name}: {label} hit %"] = (xs, hit)
         print_table(table)
+        if args.draws > 1:
+            draws(name, args, encoder, settings, static, learned)
     if args.plot:
         line_chart(args.plot, "Wrong rate and hit rate along the stream (300-question window)",
                    "questions asked", "%", lines,
