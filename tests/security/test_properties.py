@@ -117,8 +117,8 @@ def test_prompt_parsing_and_resolving_raise_only_pml_errors(source: str, schema:
 
 def test_a_manifest_parses_exactly_when_every_field_is_valid() -> None:
     """Drawn field by field, most manifests are valid: each one that is parses (and keeps
-    its values), each one that is not is refused with a PackError. The share of valid
-    draws is asserted, so the checks after parsing really run."""
+    its values), each one that is not is refused with a PackError. Both outcomes are
+    asserted to occur, so the checks after parsing and after refusing really run."""
     parsed: list[bool] = []
 
     @fuzzed(max_examples=100)  # each of the 10 faults about 5 times
@@ -137,9 +137,11 @@ def test_a_manifest_parses_exactly_when_every_field_is_valid() -> None:
         parsed.append(True)
 
     check()
-    share = sum(parsed) / len(parsed)  # about half the draws are valid
+    # About half the draws are valid, but hypothesis leans to the first of FAULTS (None)
+    # on some seeds (92 of 100 once): each outcome is asserted to occur, not its share.
     print(f"{sum(parsed)} of {len(parsed)} drawn manifests valid and parsed")
-    assert 0.1 <= share <= 0.9, f"{share:.0%} of the drawn manifests parsed"
+    assert parsed.count(True) >= 3 and parsed.count(False) >= 3, \
+        f"{sum(parsed)} of {len(parsed)} drawn manifests parsed"
 
 
 @FEW
