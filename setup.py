@@ -13,8 +13,8 @@ setup(
     # The Flower app declaration `meancache fl run|simulate` submit (no code in it).
     package_data={"meancache.fl_server": ["flower_app/pyproject.toml"],
                   # the learned verifier: int8 ONNX and its card (sha256, threshold)
+                  # and the learned decision's card (coefficients, threshold, sha256)
                   "meancache.shared": ["verifier/artefact/verifier.onnx",
-                                       "verifier/artefact/verifier.json"],
-                  # the learned decision's card (coefficients, threshold, sha256)
-                  "meancache.client": ["matching/decision.json"]},
+                                       "verifier/artefact/verifier.json",
+                                       "verifier/decision.json"]},
 )

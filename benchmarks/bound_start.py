@@ -33,9 +33,9 @@ from meancache.client.learning.bound import (
     labels_needed,
     labels_to_pass,
 )
-from meancache.client.matching.decision import CARD_PATH
 from meancache.client.matching.settings import RECALL_MARGIN
 from meancache.shared.encoder import profile_threshold
+from meancache.shared.verifier.decision import CARD_PATH
 from meancache.shared.verifier.runtime import ARTEFACT_DIR, LearnedVerifier
 
 RATES = (0.02, 0.03, 0.05)

@@ -1,7 +1,7 @@
 """A learned decision against the hand-made one (issue 35, part 3): per asked question,
 the candidates the client's decision sees, their cosines and the verifier's probabilities
 (each pair alone), and which would be right to serve; a logistic model over
-``client.matching.decision.FEATURES`` fitted on the choose splits, its threshold chosen
+``shared.verifier.decision.FEATURES`` fitted on the choose splits, its threshold chosen
 there for a hit precision of at least --precision, reported on the test splits.
 
 Domains (each asked question is a cache lookup; right = its own stored question served):
@@ -26,7 +26,7 @@ decision alone; and the learned decision with the ambiguity rule and with the ke
 (the ablations). The features are computed once and kept under --work (not the repo).
 
     python benchmarks/decision_study.py --work /work/probe/decide35 \
-        --write-card client/matching/decision.json
+        --write-card shared/verifier/decision.json
 """
 
 from __future__ import annotations
@@ -55,14 +55,6 @@ from _common import (
     unique,
 )
 from learning_stream import OPENERS, paraphrase
-from meancache.client.matching.decision import (
-    FEATURES,
-    KEEPS,
-    SIGNS,
-    LearnedDecision,
-    card_digest,
-    features,
-)
 from meancache.client.matching.matcher import VERIFIED_AT_MOST, ambiguous
 from meancache.client.matching.rules import WITH_LEARNED, verify
 from meancache.client.matching.settings import RECALL_MARGIN
@@ -70,6 +62,14 @@ from meancache.shared.encoder import Encoder, profile_threshold
 from meancache.shared.encoder.packaged import MPNET
 from meancache.shared.pairs import Pair
 from meancache.shared.query import embedding_text
+from meancache.shared.verifier.decision import (
+    FEATURES,
+    KEEPS,
+    SIGNS,
+    LearnedDecision,
+    card_digest,
+    features,
+)
 from meancache.shared.verifier.negatives import EDITS
 from meancache.shared.verifier.runtime import ARTEFACT_DIR, LearnedVerifier
 from meancache.shared.verifier.train import dev_half

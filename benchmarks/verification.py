@@ -9,7 +9,7 @@
   probable one is served if its probability >= t;
 - the client's decision (``Matcher.decide`` itself, ``verifier = "learned"`` and
   ``--decision``, the settings' default "learned"): the learned decision's card
-  (client/matching/decision.py) serves the model's pick from its features, the rule checks
+  (shared/verifier/decision.py) serves the model's pick from its features, the rule checks
   the card keeps (``rules.WITH_LEARNED``) vetoing; with another encoder or verifier than
   the card's, or ``--decision rules``, the pick is served if it alone reaches the
   verifier's threshold (``matcher.ambiguous``) and the kept checks pass it. Its curve
@@ -88,7 +88,6 @@ from meancache.client.cache import CacheSettings, Context, SemanticCache
 from meancache.client.cache.entry import STORED_DTYPE, Entry
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
-from meancache.client.matching.decision import LearnedDecision
 from meancache.client.matching.matcher import (
     VERIFIED_AT_MOST,
     Match,
@@ -102,6 +101,7 @@ from meancache.client.matching.settings import DECISIONS, RECALL_MARGIN
 from meancache.shared.encoder import BACKENDS, Encoder, profile_threshold
 from meancache.shared.pairs import Pair
 from meancache.shared.query import embedding_text
+from meancache.shared.verifier.decision import LearnedDecision
 from meancache.shared.verifier.runtime import Card, LearnedVerifier
 from meancache.shared.verifier.train import dev_half
 

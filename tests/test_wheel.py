@@ -50,7 +50,7 @@ def test_the_wheel_holds_every_side_under_one_namespace(installed: Path) -> None
     # So does the learned verifier, with the card its hash is checked against.
     for name in ("verifier.onnx", "verifier.json"):
         assert (package / "shared" / "verifier" / "artefact" / name).is_file(), name
-    assert (package / "client" / "matching" / "decision.json").is_file()  # its card
+    assert (package / "shared" / "verifier" / "decision.json").is_file()  # the decision's card
 
 
 def test_installed_commands_run_without_the_source_tree(installed: Path) -> None:

@@ -51,7 +51,6 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from meancache.client.matching import entry_threshold
-from meancache.client.matching.decision import LearnedDecision
 from meancache.client.matching.feedback import Feedback, Thresholds
 from meancache.client.matching.labels import DECLINED, PairStore
 from meancache.client.matching.question import (
@@ -67,6 +66,7 @@ from meancache.client.matching.settings import MatchSettings
 from meancache.shared.encoder import Encoder
 from meancache.shared.fl.bound_evidence import cosine_judge
 from meancache.shared.query import embedding_text
+from meancache.shared.verifier.decision import LearnedDecision
 from meancache.shared.verifier.runtime import LearnedVerifier
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ RECALL_MARGIN = 0.1
 # or the word rules alone (client.matching.rules; no model loaded).
 VERIFIERS = ("rules", "learned")
 # How the learned verifier's pick is decided: "learned" (the default: a logistic model over
-# the candidates' cosines and probabilities, client/matching/decision.py; more hits at a
+# the candidates' cosines and probabilities, shared/verifier/decision.py; more hits at a
 # higher hit precision than "rules" on the test splits of QQP and two generated domains,
 # benchmarks/decision_study.py, docs/verification.md) or "rules" (served if its
 # probability reaches the card's threshold, no other candidate's does too, and the kept

@@ -235,11 +235,11 @@ def test_eval_pairs_measures_the_whole_decision_with_the_chosen_verifier(
     one, fitted on MPNet), then the rule checks kept beside it. Each pair is a lone
     candidate, so the card's features are computed here from their definitions, not by
     the matcher's code."""
-    from meancache.client.matching.decision import CARD_PATH
     from meancache.client.matching.matcher import shipped_verifier
     from meancache.client.matching.question import embed_texts
     from meancache.client.matching.rules import WITH_LEARNED, verify
     from meancache.client.matching.settings import RECALL_MARGIN
+    from meancache.shared.verifier.decision import CARD_PATH
 
     from tests.support.decision_card import use_card_for
 

@@ -1,4 +1,4 @@
-"""The learned decision (``decision = "learned"``, client/matching/decision.py): the shipped
+"""The learned decision (``decision = "learned"``, shared/verifier/decision.py): the shipped
 card, fitted by benchmarks/decision_study.py, serves the verifier's pick where it clearly
 dominates even when the ambiguity rule would have declined, declines a low-probability
 pick, never weighs a closer pick against it (its coefficients keep their a priori signs),
@@ -21,7 +21,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
-from meancache.client.matching.decision import (
+from meancache.client.matching.matcher import ambiguous, learned_decision, shipped_verifier
+from meancache.shared.encoder import Encoder
+from meancache.shared.errors import VerifierError
+from meancache.shared.verifier.decision import (
     CARD_PATH,
     FEATURES,
     KEEPS,
@@ -30,9 +33,6 @@ from meancache.client.matching.decision import (
     card_digest,
     features,
 )
-from meancache.client.matching.matcher import ambiguous, learned_decision, shipped_verifier
-from meancache.shared.encoder import Encoder
-from meancache.shared.errors import VerifierError
 from pydantic import ValidationError
 
 from tests.support.decision_card import use_card_for

@@ -8,7 +8,7 @@ import json
 
 import pytest
 from meancache.client.matching import matcher
-from meancache.client.matching.decision import CARD_PATH, LearnedDecision, card_digest
+from meancache.shared.verifier.decision import CARD_PATH, LearnedDecision, card_digest
 
 
 def use_card_for(encoder_version: str, monkeypatch: pytest.MonkeyPatch) -> LearnedDecision:
