@@ -60,6 +60,7 @@ from meancache.client.matching.rules import WITH_LEARNED, verify
 from meancache.client.matching.settings import RECALL_MARGIN
 from meancache.shared.encoder import Encoder, profile_threshold
 from meancache.shared.encoder.packaged import MPNET
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.pairs import Pair
 from meancache.shared.query import embedding_text
 from meancache.shared.verifier.decision import (
@@ -528,8 +529,8 @@ def report(study: Study, scores: np.ndarray, thresholds: dict[str, float]) -> No
     print_table(table)
 
 
-def card(fitting: Fitting, verifier: LearnedVerifier, encoder: Encoder, records_path: Path
-         ) -> dict:
+def card(study: Study, fitting: Fitting, verifier: LearnedVerifier, encoder: Encoder,
+         records_path: Path) -> dict:
     keeps = [k for k in KEEPS if k.split()[0] in fitting.shipped]
     body = {"features": list(FEATURES),
             "coefficients": [round(float(c), 6) for c in fitting.w],
@@ -538,7 +539,24 @@ def card(fitting: Fitting, verifier: LearnedVerifier, encoder: Encoder, records_
             "encoder": MPNET.name, "encoder_version": encoder.model_version,
             "data_sha256": hashlib.sha256(records_path.read_bytes()).hexdigest(),
             "command": "python benchmarks/decision_study.py " + " ".join(sys.argv[1:])}
+    body["evidence"] = evidence(study, fitting, body)
     return {**body, "sha256": card_digest(body)}
+
+
+def evidence(study: Study, fitting: Fitting, body: dict) -> dict:
+    """The card's evidence for the error bound (shared.verifier.decision): every pick of
+    the choose splits the card's hand-made parts let through (one they refuse is never
+    served, so never labelled), as a label at the card's score (its rounded coefficients,
+    as a device computes it), wrong where serving it would be; the very same question
+    (served by identity) is no label. Binned as federated learning pools labels."""
+    scores = scores_of_x(study.x, np.array(body["coefficients"]), body["intercept"])
+    let_through, _, _ = study.served(fitting.shipped, scores, -np.inf)
+    rows = (np.isin(study.domain, (*DOMAINS, LONE)) & (study.split == "choose")
+            & study.scored & ~study.same & let_through)
+    note(f"the card's evidence: {int(rows.sum())} picks of the choose splits, "
+         f"{int((~study.pick_right[rows]).sum())} of them wrong")
+    return BoundEvidence.of_labels(scores[rows], ~study.pick_right[rows],
+                                   np.ones(int(rows.sum()))).to_record()
 
 
 # The fits compared: scikit-learn's unbounded one (the card shipped first), the signs
@@ -695,7 +713,7 @@ def main() -> None:
         margin_ablation(records, tau, verifier.threshold, args, best)
         return
     encoder = load_encoder("onnx-int8", args.cache_dir, model="mpnet")
-    out = card(best, verifier, encoder, path)
+    out = card(study, best, verifier, encoder, path)
     decision = LearnedDecision.from_card(out)
     scored = [r for r in records if r["probabilities"]]
     cost = time_each(lambda r: decision.serves(r["cosines"][:r["counting"]],

@@ -250,7 +250,10 @@ def main() -> None:
                         "MPNet, which the decision card was fitted with; minilm: fast)")
     parser.add_argument("--questions", type=int, default=3000, help="questions per stream")
     parser.add_argument("--max-wrong-rate", type=float, default=0.02)
-    parser.add_argument("--explore", type=float, default=0.1, help="exploration rate")
+    parser.add_argument("--explore", type=float,
+                        help="exploration rate (default: the judge's own, as explore_rate)")
+    parser.add_argument("--explore-width", type=float, help="how far above the threshold a "
+                        "would-be hit counts as near (default: the judge's own)")
     parser.add_argument("--streams", nargs="+", default=["qqp", "arena"],
                         choices=["qqp", "arena", "reworded", "sts"])
     parser.add_argument("--reworded", type=Path, help="the judged pairs the reworded stream "
@@ -284,7 +287,8 @@ def main() -> None:
     # The encoder's own tau, as the app's config sets it (CacheSettings alone holds MiniLM's).
     settings = CacheSettings(pca_dims=0, global_threshold=profile_threshold(args.encoder),
                              max_wrong_rate=args.max_wrong_rate,
-                             explore_rate=args.explore)
+                             explore_rate=args.explore,
+                             explore_width=args.explore_width)
     if "reworded" in args.streams and args.reworded is None:
         parser.error("the reworded stream needs --reworded FILE")
     if "sts" in args.streams and args.sts is None:
@@ -333,7 +337,7 @@ def main() -> None:
         line_chart(args.plot, "Wrong rate and hit rate along the stream (300-question window)",
                    "questions asked", "%", lines,
                    subtitle=f"{args.encoder}, max_wrong_rate {args.max_wrong_rate}, "
-                   f"exploration {args.explore}")
+                   f"exploration {args.explore or 'the judge’s own'}")
 
 
 if __name__ == "__main__":

@@ -88,6 +88,8 @@ from meancache.client.cache import CacheSettings, Context, SemanticCache
 from meancache.client.cache.entry import STORED_DTYPE, Entry
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
+from meancache.client.learning.bound import Judge
+from meancache.client.learning.state import Learned
 from meancache.client.matching.matcher import (
     VERIFIED_AT_MOST,
     Match,
@@ -244,10 +246,21 @@ class Shipped:
     directory: Path
     matchers: dict[float, Matcher] = field(default_factory=dict)
     stores: list[EntryStore] = field(default_factory=list)
+    first: float | None = None  # where a new device's bound starts
 
     @property
     def card(self) -> LearnedDecision:
-        return learned_decision()
+        """The shipped card at the threshold a new device serves from: where the bound on
+        the card's own labels starts (client/learning/state.py), at the default
+        ``max_wrong_rate``."""
+        card = learned_decision()
+        if self.first is None:
+            store = EntryStore(self.directory / "bound")
+            self.stores.append(store)
+            learned = Learned(store, CacheSettings().max_wrong_rate)
+            learned.use(Judge(card.judge, card.threshold, card.evidence))
+            self.first = learned.bound.threshold
+        return replace(card, threshold=self.first)
 
     def matcher(self, threshold: float | None = None) -> Matcher:
         """The client's matcher; ``threshold`` moves the learned decision's."""
@@ -651,7 +664,8 @@ def main() -> None:
                   for name, asked in sets.items()} if shipped else {}
         points = operating_points(tau, shipped)
         deciding = "-" if shipped is None else (
-            f"the learned decision's card at {shipped.card.threshold:.3f}" if shipped.learned()
+            f"the learned decision from {shipped.card.threshold:.3f}, where the bound on its "
+            "card's labels starts" if shipped.learned()
             else "the rules")
         if shipped is not None:
             shipped.close()

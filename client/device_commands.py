@@ -20,6 +20,7 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.cache.summary import stored_stats
 from meancache.client.config import Settings, with_upstream
 from meancache.client.matching.settings import VERIFIERS
+from meancache.shared.encoder import is_mpnet
 from meancache.shared.errors import MeanCacheError
 from meancache.shared.files import write_atomic
 from meancache.shared.progress_bar import ProgressBar
@@ -81,7 +82,8 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
 
     with closing(EntryStore(settings.cache_dir)) as store:  # no encoder: nothing to embed
         stats = stored_stats(store, settings.global_threshold, settings.encoder_backend,
-                             settings.max_wrong_rate, settings.cache_settings().learned)
+                             settings.max_wrong_rate, settings.cache_settings().learned,
+                             settings.decision == "learned" and is_mpnet(settings.encoder_model))
         plots = [] if args.json else stats_plots(store, stats.threshold)
     if args.json:
         print_json(dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate,
@@ -483,6 +485,7 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter",
                            "beside the static decision")
     replaying.add_argument("--seed", type=int, default=0,
                            help="the stream's order, with --learn (default: %(default)s)")
-    replaying.add_argument("--explore", type=float, default=0.1, help="share of near-boundary "
-                           "hits also asked upstream, with --learn (default: %(default)s)")
+    replaying.add_argument("--explore", type=float, help="share of near-boundary hits also "
+                           "asked upstream, with --learn (default: the judge's own, as "
+                           "explore_rate)")
     replaying.set_defaults(handler=cmd_eval_replay)

@@ -50,7 +50,7 @@ class Lookup:
             self.store.add_to_counter("misses")
             self.store.add_to_counter(EXPLORED)
             self.awaiting.wait(question.key, explored)
-            return Miss(query.text, f"the cache's match (p={explored.score:.2f}) is checked "
+            return Miss(query.text, f"the cache's match (score {explored.score:.2f}) is checked "
                         "against a fresh answer (exploration)", decision.candidate.similarity,
                         question.truncated, explored=True)
         if isinstance(decision, Match):
@@ -70,10 +70,10 @@ class Lookup:
         """The would-be hit ``match`` as an exploration, if it is one (``Awaiting``) where
         the learned bound decides. The very same question (served by identity) is never
         explored."""
-        if self.matcher.learned is None or match.probability is None \
+        if self.matcher.learned is None or match.score is None \
                 or embedding_text(match.candidate.text) == question.key:
             return None
-        return self.awaiting.explores(match.candidate.key, match.probability)
+        return self.awaiting.explores(match.candidate.key, match.score)
 
     def context_vector(self, context: Context | None) -> np.ndarray | None:
         """The previous question's vector (None for a first turn, or without context rules)."""

@@ -61,7 +61,9 @@ class CacheStats:
     wrong_rate: float | None = None
     wrong_rate_upper: float | None = None
     wrong_rate_labels: int = 0
-    wrong_rate_pooled: int = 0  # of those labels, pooled from other devices (FL)
+    # of those labels, not this device's: pooled from other devices (FL) and the judge's
+    # own (the learned decision's card ships its choose splits' labels)
+    wrong_rate_pooled: int = 0
     max_wrong_rate: float | None = None
     # Until the labels choose the threshold (the verifier's own serves meanwhile): the
     # fewest labels, none wrong, with which they can (bound.labels_needed).
@@ -75,8 +77,9 @@ class CacheStats:
         bound = "" if self.max_wrong_rate is None else f", bound {self.max_wrong_rate:.1%}"
         needs = "" if self.wrong_rate_needs is None else \
             f"; the labels decide from {self.wrong_rate_needs}"
-        pooled = "" if not self.wrong_rate_pooled else \
-            f" ({self.wrong_rate_pooled} pooled from other devices)"
+        pooled = "" if not self.wrong_rate_pooled else (
+            f" ({self.wrong_rate_pooled} of them not this device's: the judge's card's and "
+            "other devices')")
         return (f"{self.wrong_rate:.1%} (at most {self.wrong_rate_upper:.1%} at 95%, "
                 f"{self.wrong_rate_labels} labels{pooled}{bound}{needs})")
 

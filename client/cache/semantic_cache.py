@@ -11,6 +11,7 @@ answering a question (client/cache/lookup.py), what feedback changes in an entry
 import contextlib
 import logging
 import random
+from functools import partial
 from pathlib import Path
 
 from meancache.client.background import BackgroundWork
@@ -87,9 +88,10 @@ class SemanticCache:
         # What the traffic taught (the bound, aliases) and what awaits a label (client/learning)
         self.learned = Learned(self.store, self.settings.max_wrong_rate)
         self.matcher.learned = self.learned
-        self.awaiting = Awaiting(self.learned, Exploration(
-            self.settings.explore_rate, self.settings.explore_width,
-            self.settings.explore_until_learned), rng, learns)
+        self.awaiting = Awaiting(self.learned, partial(
+            Exploration.for_judge, rate=self.settings.explore_rate,
+            width=self.settings.explore_width,
+            until_learned=self.settings.explore_until_learned), rng, learns)
         self._lookup = Lookup(self._entries, self.matcher, self.thresholds, self.settings,
                               self.learned, self.awaiting)
         self.learning = self._lookup.learning
@@ -223,7 +225,7 @@ class SemanticCache:
         change = self.learning.reject(query, origin, context)
         if not already:
             self.learned.forget_alias(query)
-            self.learned.judge, self.learned.prior = self.matcher.judge
+            self.learned.use(self.matcher.judge)
             score = self.matcher.judge_score(query, origin.matched_query)
             self.learned.learn(Label(score, True, 1.0, origin.entry_id, USER))
         return change

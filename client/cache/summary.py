@@ -8,11 +8,12 @@ from meancache.client.cache.entry import STORED_DTYPE
 from meancache.client.cache.results import CacheStats
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
-from meancache.client.learning.bound import Bound, labels_needed
+from meancache.client.learning.bound import Bound, Judge, labels_needed
 from meancache.client.learning.state import Learned
 from meancache.client.matching import labels
 from meancache.client.matching.labels import DECLINED
 from meancache.shared.fl.bound_evidence import cosine_judge
+from meancache.shared.verifier.decision import LearnedDecision
 from meancache.shared.verifier.runtime import ARTEFACT_DIR, read_card
 
 EXPLORED = "explored"  # the counter of would-be hits also asked upstream (exploration)
@@ -56,26 +57,37 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
 
 
 def stored_stats(store: EntryStore, global_threshold: float, backend: str,
-                 max_wrong_rate: float, learned_verifier: bool) -> CacheStats:
+                 max_wrong_rate: float, learned_verifier: bool,
+                 learned_decision: bool = False) -> CacheStats:
     """Statistics without an encoder: the encoder version and size are those of the newest
     stored vectors, and entries stored under another version count as stale (the next
     start that loads the encoder re-embeds them). ``global_threshold`` is the configured
     one, used until the FL server sends its own; ``backend`` is the configured runtime;
-    ``learned_verifier``: whether the learned verifier judges (else the cosine does)."""
+    ``learned_verifier``: whether the learned verifier judges (else the cosine does);
+    ``learned_decision``: whether the learned decision's card decides with it (the
+    setting, with the encoder its card was fitted on), and so its score judges."""
     entries = list(store.entries())
     newest = max(entries, key=lambda entry: entry.created, default=None)
     version = newest.encoder_version if newest is not None else "-"
     thresholds = ThresholdState(store, global_threshold)
+    judge = Judge(cosine_judge(version), thresholds.current)
     if learned_verifier:  # the shipped verifier's (none is loaded here)
         card = read_card(ARTEFACT_DIR)
-        judge, prior = card.judge, card.threshold
-    else:
-        judge, prior = cosine_judge(version), thresholds.current
+        judge = Judge(card.judge, card.threshold)
+        decision = LearnedDecision.load() if learned_decision else None
+        if decision is not None and decision.verifier_sha256 == card.sha256:
+            judge = Judge(decision.judge, decision.threshold, decision.evidence)
     return cache_stats(
         store, thresholds, entries=len(entries),
         nbytes=sum(entry.nbytes for entry in entries),
         stale_entries=sum(1 for entry in entries if entry.encoder_version != version),
         encoder_version=version, encoder_backend=backend,
         embedding_dim=int(newest.embedding.shape[0]) if newest is not None else 0,
-        bound=Learned(store, max_wrong_rate, prior, judge=judge).bound,
+        bound=_bound(store, max_wrong_rate, judge),
         max_wrong_rate=max_wrong_rate)
+
+
+def _bound(store: EntryStore, max_wrong_rate: float, judge: Judge) -> Bound:
+    learned = Learned(store, max_wrong_rate)
+    learned.use(judge)
+    return learned.bound

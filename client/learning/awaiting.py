@@ -34,8 +34,10 @@ class Awaiting:
     without one nothing is explored. ``learns`` False: nothing waits, so nothing is
     labelled (the static decision a replay compares with)."""
 
-    def __init__(self, learned: Learned, exploration: Exploration,
+    def __init__(self, learned: Learned, exploration: Callable[[str], Exploration],
                  rng: random.Random | None, learns: bool = True) -> None:
+        """``exploration``: how the judge of that name's scores are explored
+        (``Exploration.for_judge`` with the settings)."""
         self.learned, self.exploration, self._rng = learned, exploration, rng
         self.learns = learns
         self._pending: OrderedDict[str, Pending] = OrderedDict()
@@ -46,9 +48,10 @@ class Awaiting:
         if self._rng is None or not self.learns:
             return None
         threshold, learned = self.learned.threshold(entry_id), self.learned.bound.learned
-        if not self.exploration.explores(score, threshold, self._rng, learned):
+        exploration = self.exploration(self.learned.judge)
+        if not exploration.explores(score, threshold, self._rng, learned):
             return None
-        return Pending(entry_id, score, self.exploration.rate_now(learned), "explore")
+        return Pending(entry_id, score, exploration.rate_now(learned), "explore")
 
     def wait(self, question_key: str, pending: Pending) -> None:
         if not self.learns:

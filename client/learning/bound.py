@@ -1,9 +1,12 @@
 """The error bound the user sets: the lowest judge score at which the cache may answer
 while, with ``confidence``, at most ``max_wrong_rate`` of the answers it serves are wrong.
 
-The score is the judge's: the learned verifier's probability of the best candidate, or
-with the verifier off (``verify_hits`` false, or the rules verifier) the embedding's cosine
-of the most similar one, whose prior is tau (``client.matching.matcher.Matcher.judge``).
+The score is the judge's (``client.matching.matcher.Matcher.judge``): by default the
+learned decision's score of the verifier's pick (shared.verifier.decision); where its card
+does not fit the verifier or the encoder, or ``decision`` is "rules", the learned
+verifier's probability of the best candidate; with the verifier off (``verify_hits``
+false, or the rules verifier) the embedding's cosine of the most similar one, whose prior
+is tau.
 Each labelled example is a served-region pair: its
 score, whether the cached answer was wrong, and how likely it was to be labelled at all
 (1 for a miss whose best candidate was compared anyway, the exploration rate for a
@@ -19,10 +22,13 @@ whose fixed-sequence procedure keeps the family-wise error at 1 - ``confidence``
 a multiplicity correction. vCache (arXiv 2502.03771) learns the same kind of boundary per
 entry; here the entry's own evidence may only raise its threshold above the global one.
 
-Until the labels pass the test somewhere, the shipped verifier's own threshold (its card,
-chosen on QQP dev) is the prior: a new device starts at today's behaviour. Labels that
-show the prior's region is too wrong (the lower confidence limit of its error above the
-bound) raise the threshold past every score seen, so only aliases and the very same
+The learned decision's card ships labels of its own (its choose splits' picks: a judge's
+``evidence``), tested as pooled labels are, so a new device's first threshold is backed
+by labels, and where they back none, nothing is served (no prior). For the other judges,
+until the labels pass the test somewhere, the judge's own threshold (the verifier's card,
+chosen on QQP dev; tau) is the prior: a new device starts at today's behaviour. Labels
+that show the prior's region is too wrong (the lower confidence limit of its error above
+the bound) raise the threshold past every score seen, so only aliases and the very same
 question are served until the evidence passes somewhere.
 
 Federated learning pools the labels of many devices (shared.fl.bound_evidence: per score
@@ -34,9 +40,10 @@ device's own labels refuse a region they show too wrong.
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+from meancache.shared.fl.bound_evidence import BoundEvidence
 
 # the Beta CDF and quantile (scipy.stats: seconds to import)
 from scipy.special import betainc, betaincinv
@@ -65,6 +72,18 @@ class Label:
 
 
 @dataclass(frozen=True)
+class Judge:
+    """Who scores a pick (a score means something only to the judge that gave it), the
+    threshold the bound starts from (its prior) and the evidence the judge ships with:
+    the learned decision's card carries its choose splits' picks as labels of its score
+    (shared.verifier.decision), tested as pooled labels are (``choose_pooled``)."""
+
+    name: str
+    prior: float
+    evidence: BoundEvidence = field(default_factory=BoundEvidence.empty)
+
+
+@dataclass(frozen=True)
 class Bound:
     """The threshold in force and what backs it: the estimated wrong share of served
     answers at it and its upper confidence limit (None where no label backs it)."""
@@ -74,7 +93,9 @@ class Bound:
     upper: float | None
     labels: int
     learned: bool  # the labels chose it (else the prior or the raised guard)
-    pooled: int = 0  # of ``labels``, those pooled from other devices (federated learning)
+    # of ``labels``, those not this device's: pooled from other devices (federated
+    # learning) or the judge's own (the learned decision's card: client.learning.state)
+    pooled: int = 0
 
 
 def labels_needed(max_wrong_rate: float, confidence: float = CONFIDENCE) -> int:
@@ -211,19 +232,20 @@ def choose(labels: Sequence[Label] | Rows, max_wrong_rate: float, prior: float,
 
 
 def choose_pooled(own: Sequence[Label] | Rows, unsent: Sequence[Label] | Rows, pooled: Rows,
-                  max_wrong_rate: float, prior: float, confidence: float = CONFIDENCE
-                  ) -> Bound:
+                  max_wrong_rate: float, prior: float, confidence: float = CONFIDENCE,
+                  start: float | None = None) -> Bound:
     """The bound on the evidence federated learning pooled (``pooled``: other devices'
     labels, and this device's as it last sent them) together with this device's labels
     learned since (``unsent``: so none counts twice). The device's own labels (``own``,
     all of them) may still refuse it: where they show the chosen region too wrong (the
     lower confidence limit of its error above the bound), their traffic is not the
-    pool's, and the bound on them alone (``choose``) stands."""
+    pool's, and the bound on them alone (``choose``) stands. ``start``: as ``choose``'s,
+    for the merged test."""
     own = Rows.of_any(own)
     alone = choose(own, max_wrong_rate, prior, confidence)
     if not len(pooled):
         return alone
-    merged = _choose(Rows.of_any(unsent) + pooled, max_wrong_rate, prior, confidence)
+    merged = _choose(Rows.of_any(unsent) + pooled, max_wrong_rate, prior, confidence, start)
     tail = own[own.score >= merged.threshold]
     if len(tail):
         _, _, errors, n, _, _ = _tails(tail)

@@ -1,16 +1,28 @@
-"""Exploration: a would-be hit whose score lies near the threshold is, with a small
+"""Exploration: a would-be hit whose score lies near the threshold is, with some
 probability, also sent upstream, so the region the cache serves keeps getting labels
 (vCache explores the same way). The fresh answer is what the user sees; the pair is
 labelled by ``agreement``, weighted by the inverse of ``rate`` in the bound. What it costs
 is one upstream call per explored hit: about ``rate`` of the hits within ``width`` of the
-threshold, so never more than ``rate`` x hits (at the default, at most 10 calls per 100
-hits; measured on benchmarks/learning_stream.py's streams in docs/cache.md)."""
+threshold, so never more than ``rate`` x hits (measured on benchmarks/learning_stream.py's
+streams in docs/cache.md).
+
+The defaults depend on the judge, since a width is in its score. The verifier's
+probability and the cosine: ``rate`` 0.1 within 0.25, every near hit until the labels
+decide (``until_learned``). The learned decision's score: its card's own labels back the
+bound from the first lookup (shared.verifier.decision), so ``until_learned`` never
+applies; instead every would-be hit within 0.05 of its threshold is explored for as long
+as it serves, which is where a device's traffic unlike the card's shows first (at the
+default, 0.05 holds a quarter to a half of the hits; measured on the streams)."""
 
 import random
 from dataclasses import dataclass
 
+from meancache.shared.verifier.decision import DECISION_JUDGE
+
 EXPLORE_RATE = 0.1  # the default share of near-boundary would-be hits also asked upstream
 EXPLORE_WIDTH = 0.25  # the default width of "near", in the judge's score
+DECISION_EXPLORE_RATE = 1.0  # ... the learned decision's score's (see above)
+DECISION_EXPLORE_WIDTH = 0.05
 
 
 @dataclass(frozen=True)
@@ -30,6 +42,17 @@ class Exploration:
             raise ValueError(f"the exploration rate must lie between 0 and 1, not {self.rate!r}")
         if self.width < 0:
             raise ValueError(f"the exploration width must not be negative, not {self.width!r}")
+
+    @classmethod
+    def for_judge(cls, judge: str, rate: float | None = None, width: float | None = None,
+                  until_learned: bool = True) -> "Exploration":
+        """The exploration of ``judge``'s score: ``rate`` and ``width`` as set, the
+        judge's defaults where None (the module's docstring)."""
+        decision = judge.startswith(f"{DECISION_JUDGE} ")
+        return cls(rate if rate is not None else
+                   DECISION_EXPLORE_RATE if decision else EXPLORE_RATE,
+                   width if width is not None else
+                   DECISION_EXPLORE_WIDTH if decision else EXPLORE_WIDTH, until_learned)
 
     def near(self, score: float, threshold: float) -> bool:
         return threshold <= score < threshold + self.width

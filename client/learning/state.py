@@ -22,12 +22,15 @@ from typing import Any, Protocol
 import numpy as np
 from meancache.client.learning.bound import (
     CONFIDENCE,
+    NEVER,
     Bound,
+    Judge,
     Label,
     Rows,
     choose,
     choose_pooled,
     entry_threshold,
+    labels_to_pass,
 )
 from meancache.shared.fl.bound_evidence import COSINE_JUDGE, BoundEvidence
 from meancache.shared.query import normalise_query
@@ -71,6 +74,7 @@ class Learned:
         self.max_wrong_rate = max_wrong_rate
         self._prior = prior
         self._judge = judge
+        self._shipped = BoundEvidence.empty()  # the judge's own (``use``)
         self.confidence = confidence
         self._lock = threading.Lock()
         self._load()
@@ -109,6 +113,14 @@ class Learned:
     def judge(self) -> str:
         return self._judge
 
+    def use(self, judge: Judge) -> None:
+        """Score with ``judge``: its name, its threshold as the prior, and the evidence
+        it ships with (the learned decision's card's: counted as pooled labels are)."""
+        self.judge, self.prior = judge.name, judge.prior
+        shipped = judge.evidence if judge.evidence.judge == judge.name else BoundEvidence.empty()
+        if shipped is not self._shipped:
+            self._shipped, self._bound = shipped, None
+
     @judge.setter
     def judge(self, value: str) -> None:
         """The judge now scoring (the verifier's ``card.judge``, or the name
@@ -139,12 +151,22 @@ class Learned:
         caller holds the lock and knows the prior."""
         assert self.prior is not None
         own = self._own_rows()
-        if not self._pool_applies():
+        applies = self._pool_applies()
+        if not applies and not self._shipped.labels:
             return choose(own, self.max_wrong_rate, self.prior, self.confidence)
         # the pool holds the labels sent before, as the server weighed them
-        return choose_pooled(own, own[self._own_at >= self._sent],
-                             Rows.pooled_bins(*self.pooled.rows()), self.max_wrong_rate,
-                             self.prior, self.confidence)
+        unsent = own[self._own_at >= self._sent] if applies else own
+        pooled = (self.pooled if applies else BoundEvidence.empty()) + self._shipped
+        # The judge's own evidence holds thousands of labels: its sequence starts where a
+        # region as wrong as half the rate is expected to pass (``choose``'s ``start``),
+        # so that a few wrong picks among its highest scores do not stop it above the
+        # large regions under them.
+        # Nor does the judge need a prior: where no region passes, none is served.
+        start, prior = (labels_to_pass(self.max_wrong_rate / 2, self.max_wrong_rate,
+                                       self.confidence), NEVER) if self._shipped.labels \
+            else (None, self.prior)
+        return choose_pooled(own, unsent, Rows.pooled_bins(*pooled.rows()),
+                             self.max_wrong_rate, prior, self.confidence, start)
 
     def _recompute(self) -> None:
         """The bound after a new label or pool, computed now (beside the upstream call that

@@ -50,6 +50,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
+from meancache.client.learning.bound import Judge
 from meancache.client.matching import entry_threshold
 from meancache.client.matching.feedback import Feedback, Thresholds
 from meancache.client.matching.labels import DECLINED, PairStore
@@ -66,7 +67,7 @@ from meancache.client.matching.settings import MatchSettings
 from meancache.shared.encoder import Encoder
 from meancache.shared.fl.bound_evidence import cosine_judge
 from meancache.shared.query import embedding_text
-from meancache.shared.verifier.decision import LearnedDecision
+from meancache.shared.verifier.decision import LearnedDecision, features
 from meancache.shared.verifier.runtime import LearnedVerifier
 
 if TYPE_CHECKING:
@@ -153,21 +154,35 @@ class Matcher:
         return self.tau - (self.settings.recall_margin if learning else 0.0)
 
     @property
-    def judge(self) -> tuple[str, float]:
+    def judge(self) -> Judge:
         """Who scores a pick for the learned bound, and the threshold it starts from (the
-        bound's prior): the learned verifier (``card.judge``) from its card's
-        threshold, or with it off the embedding's cosine from tau. A score means something
-        only to the judge that gave it, so the cosine's is named by the vector space."""
+        bound's prior): the learned decision's score (its card's ``judge``, with the
+        evidence the card ships) from the card's threshold where the card decides, else
+        the learned verifier's probability (``card.judge``) from its card's threshold, or
+        with it off the embedding's cosine from tau. A score means something only to the
+        judge that gave it, so the cosine's is named by the vector space."""
         if self.settings.learned:
+            decision = self.decision_card()
+            if decision is not None:
+                return Judge(decision.judge, decision.threshold, decision.evidence)
             verifier = self.verifier
-            return getattr(getattr(verifier, "card", None), "judge", ""), verifier.threshold
-        return cosine_judge(self.encoder.version), self.tau
+            return Judge(getattr(getattr(verifier, "card", None), "judge", ""),
+                         verifier.threshold)
+        return Judge(cosine_judge(self.encoder.version), self.tau)
 
     def judge_score(self, query: str, stored: str) -> float:
-        """The judge's score of ``stored`` as the answer's question for ``query``."""
-        if self.settings.learned:
-            return float(self.verifier.probabilities(query, [stored])[0])
-        return float(np.dot(self.embed(query), self.embed(stored)))
+        """The judge's score of ``stored`` as the answer's question for ``query``, the pair
+        alone (the learned decision's: as it scores a lone candidate)."""
+        cosine = float(np.dot(self.embed(query), self.embed(stored)))
+        if not self.settings.learned:
+            return cosine
+        verifier = self.verifier
+        probability = float(verifier.probabilities(query, [stored])[0])
+        decision = self.decision_card()
+        if decision is None:
+            return probability
+        return decision.score(features([cosine], [probability], self.recall_tau,
+                                       verifier.threshold))
 
     @property
     def floor(self) -> float:
@@ -271,7 +286,7 @@ class Matcher:
         for the label the upstream's answer will make."""
         if embedding_text(pick.text) == question.key:
             return Match(pick, pick.similarity)
-        learned.judge, learned.prior = self.judge
+        learned.use(self.judge)
         threshold = learned.threshold(pick.key)
         if pick.evidence is not None and self.settings.entry_thresholds and threshold < 1.0:
             # the entry's own feedback moves it relative to the threshold in force
@@ -297,11 +312,11 @@ class Matcher:
         probabilities = verifier.probabilities(question.text, [c.text for c in counting])
         top = int(np.argmax(probabilities))
         probability = float(probabilities[top])
-        threshold = verifier.threshold
-        if self.learned is not None:
-            self.learned.judge, self.learned.prior = self.judge
-            threshold = self.learned.threshold(counting[top].key)
         decision = self.decision_card()
+        threshold = verifier.threshold if decision is None else decision.threshold
+        if self.learned is not None:
+            self.learned.use(self.judge)
+            threshold = self.learned.threshold(counting[top].key)
         if decision is not None:
             return self._decided(question, counting, probabilities, threshold, best, decision)
         if probability < threshold:
@@ -342,27 +357,23 @@ class Matcher:
     def _decided(self, question: Question, counting: list[Candidate],
                  probabilities: np.ndarray, threshold: float, best: float | None,
                  decision: LearnedDecision) -> Match | NoMatch:
-        """The verifier's pick, if the learned decision (``decision.py``) serves it with
-        the hand-made parts its card keeps, and the device's own bound (``threshold``,
-        where its labels raised it over the card's) does not refuse it. Where this
-        device's labels lowered the bound under the card's threshold (enough of them, right
-        within ``max_wrong_rate``: client/learning/bound.py), a pick that reaches it is
-        served even if the card declines: that is what learning from use buys."""
+        """The verifier's pick, if the learned decision's score (``decision.py``) reaches
+        ``threshold`` (the card's, or the one the device's bound chose on that score:
+        client/learning/bound.py) and the hand-made parts its card keeps do not refuse
+        it; declined with its score kept for the label the upstream's answer will make."""
         top = int(np.argmax(probabilities))
         probability = float(probabilities[top])
         card = self.verifier.threshold
-        served, score = decision.serves([c.similarity for c in counting], probabilities,
-                                        self.recall_tau, card)
-        served = served or (threshold < card and probability >= threshold)
-        refused = (threshold > card and probability < threshold) \
-            or ("floor" in decision.keeps and probability < card) \
+        score = decision.score(features([c.similarity for c in counting], probabilities,
+                                        self.recall_tau, card))
+        refused = ("floor" in decision.keeps and probability < card) \
             or ("ambiguity rule" in decision.keeps and ambiguous(probabilities, card))
-        if not served or refused:
-            log.info("learned decision declined %r for %r (p=%.3f, score %.3f)",
-                     counting[top].text, question.text, probability, score)
+        if score < threshold or refused:
+            log.info("learned decision declined %r for %r (p=%.3f, score %.3f < %.3f)",
+                     counting[top].text, question.text, probability, score, threshold)
             kind = "the verifier judged it a different question" if probability < card \
                 else "the learned decision found it no clear match"
             return NoMatch(f"{kind} (p={probability:.2f}, decision score {score:.2f})", best,
-                           kind, (counting[top].key, probability))
+                           kind, (counting[top].key, score))
         checks = WITH_LEARNED if "kept rules" in decision.keeps else ()
-        return self._ruled(question, counting[top], best, checks, probability)
+        return self._ruled(question, counting[top], best, checks, score)

@@ -56,7 +56,9 @@ class Candidate:
 @dataclass(frozen=True)
 class Match:
     candidate: Candidate
-    probability: float | None = None  # the verifier's; None without verification
+    # the judge's score of the pick (Matcher.judge: the learned decision's, the verifier's
+    # probability or the cosine); None where nothing judged it (exploration needs one)
+    score: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,8 +68,8 @@ class NoMatch:
     # A near match the verifier declined: the reason without its detail (the question's
     # words, a probability), which is what declines are counted by. None: not a veto.
     veto_kind: str | None = None
-    # The verifier's most probable candidate and its probability where it fell under the
-    # threshold: after the upstream answers, the two answers label the pair
+    # The verifier's most probable candidate and the judge's score of it where it fell under
+    # the threshold: after the upstream answers, the two answers label the pair
     # (client/learning).
     judged: tuple[str, float] | None = None
 

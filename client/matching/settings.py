@@ -1,7 +1,11 @@
 """The settings a decision reads, and their defaults: declared once here (the cache's
 settings and the device's inherit them). Light: no torch, no scikit-learn."""
 
-from meancache.client.learning.explore import EXPLORE_RATE, EXPLORE_WIDTH
+from meancache.client.learning.explore import (
+    DECISION_EXPLORE_WIDTH,
+    EXPLORE_RATE,
+    EXPLORE_WIDTH,
+)
 from meancache.shared.settings import check_choice
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -51,17 +55,26 @@ class MatchSettings(BaseModel):
                                   "served from the cache that may be wrong: once its labels "
                                   "(its own traffic's, or pooled by federated learning) back "
                                   "a threshold, it serves only where its estimate keeps under "
-                                  "this with 95% confidence; until then the verifier's own "
-                                  "threshold serves (client/learning/bound.py).")
-    explore_rate: float = Field(EXPLORE_RATE, ge=0, le=1, description="The share of "
-                                "would-be hits near the learned threshold that the chat and the "
-                                "proxy ask upstream instead, showing the fresh answer and "
-                                "labelling the pair, so the bound keeps learning where the cache "
-                                "serves (client/learning/explore.py); 0 turns exploration off.")
-    explore_width: float = Field(EXPLORE_WIDTH, ge=0, le=1, description="How far above the "
-                                 "learned threshold (in the judge's score: the verifier's "
-                                 "probability, or the cosine) a would-be "
-                                 "hit counts as near it, and may be explored.")
+                                  "this with 95% confidence. The learned decision's card "
+                                  "ships labels of its own that back its first threshold; "
+                                  "with the verifier's probability or the cosine as judge, "
+                                  "their own threshold serves until labels back one "
+                                  "(client/learning/bound.py).")
+    explore_rate: float | None = Field(None, ge=0, le=1, description="The share of "
+                                       "would-be hits near the learned threshold that the chat "
+                                       "and the proxy ask upstream instead, showing the fresh "
+                                       "answer and labelling the pair, so the bound keeps "
+                                       "learning where the cache serves "
+                                       "(client/learning/explore.py); 0 turns exploration off. "
+                                       "Unset: the judge's own, 1 for the learned decision's "
+                                       f"score, {EXPLORE_RATE} for the verifier's probability "
+                                       "and the cosine.")
+    explore_width: float | None = Field(None, ge=0, le=1, description="How far above the "
+                                        "learned threshold (in the judge's score: the learned "
+                                        "decision's, the verifier's probability, or the cosine) "
+                                        "a would-be hit counts as near it, and may be explored. "
+                                        f"Unset: {DECISION_EXPLORE_WIDTH} for the learned "
+                                        f"decision's score, {EXPLORE_WIDTH} for the others.")
     explore_until_learned: bool = Field(True, description="Explore every near would-be hit "
                                         "until the labels choose the threshold (149 labels at "
                                         "2%, none wrong), then `explore_rate` of them: until "

@@ -6,6 +6,7 @@ PyTorch model is built or run, so a lookup from a checked ONNX export never wait
 
 from meancache.shared.encoder._locate import (
     DEFAULT_PROFILE,
+    is_mpnet,
     locate_model,
     packaged_minilm_dir,
     profile_threshold,
@@ -14,5 +15,5 @@ from meancache.shared.encoder.encoder import BACKENDS, Encoder, load_sentence_tr
 from meancache.shared.encoder.pca import DEFAULT_PCA_DIMS, PCAProjection
 
 __all__ = ["BACKENDS", "DEFAULT_PCA_DIMS", "DEFAULT_PROFILE", "Encoder", "PCAProjection",
-           "load_sentence_transformer", "locate_model", "packaged_minilm_dir",
+           "is_mpnet", "load_sentence_transformer", "locate_model", "packaged_minilm_dir",
            "profile_threshold"]

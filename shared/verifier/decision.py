@@ -22,17 +22,28 @@ card was fitted on the base model's full-space cosines, which both only move); t
 names the sha256 of its own content and is refused (``VerifierError``) if that or any
 field is wrong. With another verifier or another encoder model the matcher leaves the
 decision to the rules. Light: numpy only.
+
+The card's score is also the judge of the error bound (client/learning/bound.py) where the
+card decides: the bound learns the score from which a pick is served, starting from the
+card's threshold. The card carries its own evidence for that (``evidence``: its choose
+splits' picks, each a label at its score, right or wrong, binned as federated learning
+pools labels: shared.fl.bound_evidence), which a device tests with its own labels and
+the pool, so that its first answers are backed by labels, not by the threshold alone.
+Its judge's name is the card's sha256 (``judge``), which names the verifier and the
+encoder too; the FL server names it the same way for the rounds it runs with this
+verifier and encoder (``judge_for``).
 """
 
 import hashlib
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 from meancache.shared.errors import VerifierError
+from meancache.shared.fl.bound_evidence import BoundEvidence
 
 CARD_PATH = Path(__file__).parent / "decision.json"
 # Probabilities are read as logits clipped here: a lone candidate's missing runner-up
@@ -73,7 +84,8 @@ SIGNS = {
 # kept beside the verifier (``rules.WITH_LEARNED``).
 KEEPS = ("floor", "ambiguity rule", "kept rules")
 _FIELDS = ("features", "coefficients", "intercept", "threshold", "keeps", "verifier_sha256",
-           "encoder", "encoder_version", "data_sha256", "command", "sha256")
+           "encoder", "encoder_version", "data_sha256", "evidence", "command", "sha256")
+DECISION_JUDGE = "decision"  # a judge's name: this word, then the card's sha256
 
 
 def _logit(p: float) -> float:
@@ -116,6 +128,21 @@ class LearnedDecision:
     verifier_sha256: str
     encoder: str  # the encoder's name, for messages
     encoder_version: str  # ``Encoder.model_version`` of the encoder it was fitted on
+    sha256: str  # the card's
+    evidence: BoundEvidence  # its choose splits' picks as labels of its score (``judge``)
+
+    @property
+    def judge(self) -> str:
+        """The name of this card's score as the bound's judge: its sha256, which covers
+        the coefficients, the verifier and the encoder (a score means something only to
+        the card that gave it)."""
+        return f"{DECISION_JUDGE} {self.sha256}"
+
+    def fits(self, verifier_sha256: str, encoder_version: str) -> bool:
+        """Whether this card decides for that verifier (its file's sha256) and encoder
+        (``Encoder.model_version``): the ones it was fitted on."""
+        return (verifier_sha256, encoder_version) == (self.verifier_sha256,
+                                                      self.encoder_version)
 
     @classmethod
     def from_card(cls, card: object, where: str = "the decision card") -> "LearnedDecision":
@@ -143,9 +170,14 @@ class LearnedDecision:
         if not isinstance(keeps, list) or not set(keeps) <= set(KEEPS):
             raise VerifierError(f"{where} keeps {keeps!r}; it may keep only some of "
                                 f"{list(KEEPS)}")
-        return cls(coefficients, numbers[0], numbers[1], frozenset(keeps),
-                   str(card["verifier_sha256"]), str(card["encoder"]),
-                   str(card["encoder_version"]))
+        try:
+            evidence = BoundEvidence.from_record(card["evidence"])
+        except ValueError as exc:
+            raise VerifierError(f"{where}'s evidence is not bound evidence ({exc})") from None
+        decision = cls(coefficients, numbers[0], numbers[1], frozenset(keeps),
+                       str(card["verifier_sha256"]), str(card["encoder"]),
+                       str(card["encoder_version"]), str(card["sha256"]), evidence)
+        return replace(decision, evidence=evidence.judged_by(decision.judge))
 
     @classmethod
     def load(cls, path: Path = CARD_PATH) -> "LearnedDecision":
@@ -163,6 +195,20 @@ class LearnedDecision:
 
     def serves(self, cosines: Sequence[float], probabilities: Sequence[float],
                recall_tau: float, verifier_threshold: float) -> tuple[bool, float]:
-        """(whether the verifier's pick is served, its score)."""
+        """(whether the verifier's pick is served at the card's threshold, its score)."""
         score = self.score(features(cosines, probabilities, recall_tau, verifier_threshold))
         return score >= self.threshold, score
+
+
+def judge_for(verifier_sha256: str, encoder_version: str, card_path: Path = CARD_PATH) -> str:
+    """Whose scores a device's error-bound labels hold when it runs that verifier (its
+    file's sha256, as its card names it) with that encoder and the default decision: the
+    shipped card's where the card fits them, else the verifier's own probability (named by
+    ``verifier_sha256``; also where the card cannot be read: the device then cannot use
+    it either)."""
+    try:
+        decision = LearnedDecision.load(card_path)
+    except VerifierError:
+        return verifier_sha256
+    return decision.judge if decision.fits(verifier_sha256, encoder_version) \
+        else verifier_sha256

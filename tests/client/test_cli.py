@@ -164,7 +164,7 @@ def test_stats_say_how_many_pooled_labels_back_the_bound(
     assert stats["wrong_rate_labels"] == stats["wrong_rate_pooled"] > 0
     assert main(["cache", "stats"]) == 0
     out = " ".join(capsys.readouterr().out.replace("│", " ").split())  # cells wrap
-    assert f"{stats['wrong_rate_pooled']} pooled from other devices" in out
+    assert f"{stats['wrong_rate_pooled']} of them not this device's" in out
 
 
 def test_demo_shows_hits_and_misses(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

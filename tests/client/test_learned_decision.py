@@ -15,15 +15,26 @@ import copy
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
+from meancache.client.learning.bound import (
+    Label,
+    Rows,
+    choose_pooled,
+    labels_needed,
+    labels_to_pass,
+)
+from meancache.client.matching import matcher
 from meancache.client.matching.matcher import ambiguous, learned_decision, shipped_verifier
 from meancache.shared.encoder import Encoder
 from meancache.shared.errors import VerifierError
+from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.verifier.decision import (
     CARD_PATH,
     FEATURES,
@@ -32,6 +43,7 @@ from meancache.shared.verifier.decision import (
     LearnedDecision,
     card_digest,
     features,
+    judge_for,
 )
 from pydantic import ValidationError
 
@@ -179,7 +191,8 @@ def test_the_shipped_card_loads_and_names_its_data() -> None:
 
 @fuzzed(max_examples=40)
 @given(field=st.sampled_from(["coefficients", "intercept", "threshold", "keeps",
-                              "verifier_sha256", "encoder", "encoder_version", "features"]),
+                              "verifier_sha256", "encoder", "encoder_version", "features",
+                              "evidence"]),
        data=st.data())
 def test_a_changed_card_is_refused_by_its_hash(field: str, data: st.DataObject) -> None:
     card = shipped_card()
@@ -190,6 +203,11 @@ def test_a_changed_card_is_refused_by_its_hash(field: str, data: st.DataObject) 
         card[field] = card[field] + data.draw(st.floats(0.0001, 0.1))
     elif field == "keeps":
         card[field] = [k for k in KEEPS if k not in card[field]][:1] or []
+    elif field == "evidence":  # one more wrong label in a bin that holds labels
+        i = data.draw(st.integers(0, len(card[field]["bins"]) - 1))
+        for key in ("bound-labels", "bound-weight", "bound-weight-squared",
+                    "bound-weight-wrong"):
+            card[field][key][i] += 1
     else:
         card[field] = data.draw(st.text(min_size=1, max_size=8))
     with pytest.raises(VerifierError, match="does not match its sha256"):
@@ -204,7 +222,12 @@ def test_a_changed_card_is_refused_by_its_hash(field: str, data: st.DataObject) 
     (lambda c: c.update(coefficients=["x"] * len(FEATURES)), "not a number"),
     (lambda c: c.update(threshold=1.5), "threshold between 0 and 1"),
     (lambda c: c.update(keeps=["everything"]), "may keep only some of"),
-], ids=["missing", "extra", "features", "short", "text", "threshold", "keeps"])
+    (lambda c: c["evidence"].update(bins=[-1] * len(c["evidence"]["bins"])),
+     "evidence is not bound evidence"),
+    (lambda c: c["evidence"]["bound-weight-wrong"].__setitem__(0, 1e9),
+     "evidence is not bound evidence"),
+], ids=["missing", "extra", "features", "short", "text", "threshold", "keeps", "bins",
+        "more wrong than labelled"])
 def test_a_card_with_wrong_fields_is_refused_even_if_rehashed(change, message: str) -> None:
     card = copy.deepcopy(shipped_card())
     change(card)
@@ -223,24 +246,90 @@ def test_an_unknown_decision_setting_is_refused() -> None:
         CacheSettings(decision="guess")
 
 
-@pytest.mark.usefixtures("for_test_encoder")
-def test_labels_that_lower_the_bound_serve_what_the_card_declines(
-        make_cache: CacheFactory) -> None:
-    """vCache's promise: where this device's labels show a region of the verifier's
-    probability right within max_wrong_rate, the cache answers there, under the card."""
-    from meancache.client.learning.bound import Label, labels_needed
+def without_evidence(decision: LearnedDecision, monkeypatch: pytest.MonkeyPatch
+                     ) -> LearnedDecision:
+    """``decision``'s card with no evidence of its own: the bound starts at its threshold
+    and only this device's labels move it."""
+    bare = replace(decision, evidence=BoundEvidence.empty().judged_by(decision.judge))
+    monkeypatch.setattr(matcher, "learned_decision", lambda: bare)
+    return bare
 
-    verifier = Fixed({CLOSE: 0.15})
-    cache = cache_with(make_cache, "learned", verifier)
+
+def test_labels_that_lower_the_bound_serve_what_the_card_declines(
+        make_cache: CacheFactory, for_test_encoder: LearnedDecision,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vCache's promise: where this device's labels show a region of the decision's score
+    right within max_wrong_rate, the cache answers there, under the card's threshold."""
+    without_evidence(for_test_encoder, monkeypatch)
+    cache = cache_with(make_cache, "learned", Fixed({CLOSE: 0.15}))
     assert isinstance(cache.lookup(ASKED), Miss)  # the card declines it
+    score = cache.matcher.judge_score(ASKED, CLOSE)  # the lone candidate's score
+    assert score < for_test_encoder.threshold
     needed = labels_needed(cache.settings.max_wrong_rate)
-    # right labels from 0.10 up, on another entry: one fewer than the bound needs first
-    scores = np.linspace(0.10, 0.99, needed)
-    for score in scores[1:]:
-        cache.learned.learn(Label(float(score), False, 1.0, "another entry", "miss"))
+    # right labels from just under the pick's score up, on another entry: one fewer than
+    # the bound needs first
+    scores = np.linspace(score - 0.01, 0.99, needed)
+    for s in scores[1:]:
+        cache.learned.learn(Label(float(s), False, 1.0, "another entry", "miss"))
     assert not cache.learned.bound.learned
     assert isinstance(cache.lookup(ASKED), Miss)
     cache.learned.learn(Label(float(scores[0]), False, 1.0, "another entry", "miss"))
-    assert cache.learned.bound.learned and cache.learned.bound.threshold <= 0.15
+    assert cache.learned.bound.learned and cache.learned.bound.threshold <= score
     hit = cache.lookup(ASKED)
     assert isinstance(hit, Hit) and hit.answer == f"answer to {CLOSE}"
+
+
+def test_the_cards_evidence_backs_the_bound_from_the_first_lookup(
+        make_cache: CacheFactory, for_test_encoder: LearnedDecision, tmp_path: Path) -> None:
+    """A new cache's bound rests on the card's own labels (its choose splits' picks): it
+    passes where their upper limit is within the rate, starting where half the rate is
+    expected to pass, and says how many labels back it; at a rate they cannot support,
+    the region they show too wrong is closed."""
+    evidence = for_test_encoder.evidence
+    assert evidence.labels > labels_to_pass(0.01, 0.02) and evidence.judge == \
+        for_test_encoder.judge
+    cache = cache_with(make_cache, "learned", Fixed({RIGHT: 0.99}))
+    assert isinstance(cache.lookup(ASKED), Hit)  # the first lookup names the judge
+    bound = cache.learned.bound
+    assert cache.learned.judge == for_test_encoder.judge
+    assert bound.learned and bound.upper is not None and bound.upper <= 0.02
+    assert bound.labels == bound.pooled >= labels_to_pass(0.01, 0.02)
+    expected = choose_pooled([], [], Rows.pooled_bins(*evidence.rows()), 0.02,
+                             for_test_encoder.threshold, start=labels_to_pass(0.01, 0.02))
+    assert bound == expected
+    strict = make_cache(tmp_path / "strict", verifier=Fixed({}),
+                        settings=CacheSettings(max_wrong_rate=0.001))
+    strict.learned.use(strict.matcher.judge)
+    assert strict.learned.bound.threshold > 1  # the card's region is wrong above 0.1%
+
+
+def test_the_devices_wrong_labels_refuse_the_cards_evidence(
+        make_cache: CacheFactory, for_test_encoder: LearnedDecision) -> None:
+    """Where this device's own labels show the region the card's evidence opened too
+    wrong (the lower limit of their error above the rate), its traffic is not the card's:
+    the bound on its labels alone stands, and the pick is declined."""
+    cache = cache_with(make_cache, "learned", Fixed({RIGHT: 0.995}))
+    assert isinstance(cache.lookup(ASKED), Hit)
+    opened = cache.learned.bound.threshold
+    scores = np.linspace(opened, 1.0, 60)  # half of them wrong, all over the opened region
+    for i, score in enumerate(scores):
+        cache.learned.learn(Label(float(score), i % 2 == 1, 1.0, "another entry", "miss"))
+    assert cache.learned.bound.threshold > 1
+    assert isinstance(cache.lookup("How could I reverse a list in Python?"), Miss)
+
+
+def test_the_fl_server_names_the_judge_a_device_scores_with(
+        make_cache: CacheFactory, for_test_encoder: LearnedDecision, tmp_path: Path) -> None:
+    """A round pools the labels of the judge it names: for the shipped verifier and the
+    encoder the card was fitted on, the card's (as the device names it); for another
+    verifier, or another encoder, the verifier's own."""
+    card = dict(shipped_card(), encoder_version=for_test_encoder.encoder_version)
+    card["sha256"] = card_digest(card)
+    path = tmp_path / "decision.json"
+    path.write_text(json.dumps(card), encoding="utf-8")
+    device = cache_with(make_cache, "learned", Fixed({RIGHT: 0.99})).matcher.judge.name
+    verifier = for_test_encoder.verifier_sha256
+    assert judge_for(verifier, for_test_encoder.encoder_version, path) == device
+    assert judge_for("0" * 64, for_test_encoder.encoder_version, path) == "0" * 64
+    assert judge_for(verifier, "another encoder", path) == verifier
+    assert judge_for(verifier, for_test_encoder.encoder_version, tmp_path / "none") == verifier

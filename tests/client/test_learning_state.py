@@ -177,6 +177,21 @@ def test_exploration_only_near_the_threshold() -> None:
     assert not Exploration(rate=0.0).explores(0.5, 0.5, rng)
 
 
+def test_each_judge_explores_its_own_score_unless_the_settings_say() -> None:
+    """A width is in the judge's score: the learned decision's (its card's labels back the
+    bound from the start) explores every hit within 0.05 of its threshold, the verifier's
+    probability and the cosine a share within 0.25; set values hold for every judge."""
+    decision = Exploration.for_judge("decision " + "a" * 64)
+    assert (decision.rate, decision.width) == (1.0, 0.05)
+    for judge in ("b" * 64, "cosine 0123456789abcdef", ""):
+        other = Exploration.for_judge(judge)
+        assert (other.rate, other.width) == (0.1, 0.25)
+    off = Exploration.for_judge("decision " + "a" * 64, rate=0.0, width=0.2,
+                                until_learned=False)
+    assert (off.rate, off.width, off.until_learned) == (0.0, 0.2, False)
+    assert not off.explores(0.95, 0.9, random.Random(0), learned=False)
+
+
 def test_exploring_until_learned_checks_every_near_hit_until_the_labels_decide() -> None:
     seed = random.randrange(2**32)
     print(f"seed {seed}")

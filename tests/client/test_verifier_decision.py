@@ -216,7 +216,9 @@ def test_the_rules_never_load_the_learned_verifier(make_cache: CacheFactory) -> 
     shipped_verifier.cache_clear()
     cache = make_cache(settings=CacheSettings(verifier="rules"))
     assert cache.matcher.recall_tau == cache.matcher.tau - cache.settings.recall_margin
-    assert cache.matcher.judge == (f"cosine {cache.encoder.version}", cache.matcher.tau)
+    judge = cache.matcher.judge
+    assert (judge.name, judge.prior) == (f"cosine {cache.encoder.version}", cache.matcher.tau)
+    assert not judge.evidence.labels
     cache.insert(STORED[0], "Paris")
     assert isinstance(cache.lookup(ASKED), Hit)
     vetoed = cache.lookup("What isn't the capital of France?")
