@@ -24,8 +24,7 @@ entry; here the entry's own evidence may only raise its threshold above the glob
 
 The learned decision's card ships labels of its own (its choose splits' picks: a judge's
 ``evidence``), tested as pooled labels are, so a new device's first threshold is backed
-by labels, and where they back none, nothing is served (no prior). They stop counting
-where the device's own labels show its traffic unlike the card's (``unlike``). For the other judges,
+by labels, and where they back none, nothing is served (no prior). For the other judges,
 until the labels pass the test somewhere, the judge's own threshold (the verifier's card,
 chosen on QQP dev; tau) is the prior: a new device starts at today's behaviour. Labels
 that show the prior's region is too wrong (the lower confidence limit of its error above
@@ -253,28 +252,6 @@ def choose_pooled(own: Sequence[Label] | Rows, unsent: Sequence[Label] | Rows, p
         if lower_limit(errors[-1], n[-1], confidence) > max_wrong_rate:
             return alone
     return merged
-
-
-def unlike(own: Rows, evidence: Rows, threshold: float, confidence: float = CONFIDENCE
-           ) -> bool:
-    """Whether this device's own labels scoring at least ``threshold`` are wrong more
-    often than ``evidence``'s share there allows (one-sided binomial test at 1 -
-    ``confidence``: the chance of at least as many errors among as many labels, were they
-    wrong at the evidence's share, P(X >= e) = I_p(e, n - e + 1), Kish's effective counts
-    standing in for both): then the device's traffic is not the evidence's, and the
-    evidence says nothing of it. Far sooner than the lower limit against the rate: at a
-    share of 1.3%, 3 wrong of 50 already refute it, where the lower limit of 3 in 50 is
-    still 1.6%."""
-    mine = own[own.score >= threshold]
-    theirs = evidence[evidence.score >= threshold]
-    if not len(mine) or not len(theirs):
-        return False
-    _, _, errors, n, _, _ = _tails(mine)
-    _, share, _, _, _, _ = _tails(theirs)
-    e, m, p = float(errors[-1]), float(n[-1]), float(share[-1])
-    if e <= 0:
-        return False
-    return float(betainc(e, max(m - e + 1, 1e-12), min(max(p, 0.0), 1.0))) < 1 - confidence
 
 
 def _choose(rows: Rows, max_wrong_rate: float, prior: float, confidence: float,

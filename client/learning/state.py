@@ -31,7 +31,6 @@ from meancache.client.learning.bound import (
     choose_pooled,
     entry_threshold,
     labels_to_pass,
-    unlike,
 )
 from meancache.shared.fl.bound_evidence import COSINE_JUDGE, BoundEvidence
 from meancache.shared.query import normalise_query
@@ -166,18 +165,8 @@ class Learned:
         start, prior = (labels_to_pass(self.max_wrong_rate / 2, self.max_wrong_rate,
                                        self.confidence), NEVER) if self._shipped.labels \
             else (None, self.prior)
-        bound = choose_pooled(own, unsent, Rows.pooled_bins(*pooled.rows()),
-                              self.max_wrong_rate, prior, self.confidence, start)
-        if not self._shipped.labels or not unlike(
-                own, Rows.pooled_bins(*self._shipped.rows()), bound.threshold, self.confidence):
-            return bound
-        # This device's traffic is not the judge's evidence's (its own labels over the
-        # threshold are more often wrong than the evidence's there): the bound stands on
-        # its labels and the pool alone, still with no prior.
-        if not applies:
-            return choose(own, self.max_wrong_rate, NEVER, self.confidence)
-        return choose_pooled(own, unsent, Rows.pooled_bins(*self.pooled.rows()),
-                             self.max_wrong_rate, NEVER, self.confidence)
+        return choose_pooled(own, unsent, Rows.pooled_bins(*pooled.rows()),
+                             self.max_wrong_rate, prior, self.confidence, start)
 
     def _recompute(self) -> None:
         """The bound after a new label or pool, computed now (beside the upstream call that

@@ -29,7 +29,6 @@ from meancache.client.learning.bound import (
     choose_pooled,
     labels_needed,
     labels_to_pass,
-    lower_limit,
 )
 from meancache.client.matching import matcher
 from meancache.client.matching.matcher import ambiguous, learned_decision, shipped_verifier
@@ -317,32 +316,6 @@ def test_the_devices_wrong_labels_refuse_the_cards_evidence(
         cache.learned.learn(Label(float(score), i % 2 == 1, 1.0, "another entry", "miss"))
     assert cache.learned.bound.threshold > 1
     assert isinstance(cache.lookup("How could I reverse a list in Python?"), Miss)
-
-
-def test_a_few_more_wrong_labels_than_the_cards_own_refuse_them(
-        make_cache: CacheFactory, for_test_encoder: LearnedDecision, tmp_path: Path) -> None:
-    """The card's labels speak for traffic like its own: 50 of this device's labels over
-    the opened threshold, 3 of them wrong, are more than the card's share there (about
-    1%) allows at 95%, though their lower limit (1.7%) is still under the 2% rate. The
-    bound then stands on the device's labels alone (too few to pass: nothing served);
-    as many labels with none wrong keep the card's threshold."""
-    right = cache_with(make_cache, "learned", Fixed({RIGHT: 0.995}))
-    assert isinstance(right.lookup(ASKED), Hit)
-    opened = right.learned.bound.threshold
-    scores = np.linspace(opened, 1.0, 50)
-    for score in scores:
-        right.learned.learn(Label(float(score), False, 1.0, "another entry", "miss"))
-    assert right.learned.bound.learned and right.learned.bound.threshold <= opened
-    assert lower_limit(3, 50) < right.settings.max_wrong_rate
-    wrong = make_cache(tmp_path / "other", verifier=Fixed({RIGHT: 0.995}),
-                       settings=right.settings)
-    wrong.insert(RIGHT, f"answer to {RIGHT}")
-    assert isinstance(wrong.lookup(ASKED), Hit)
-    for i, score in enumerate(scores):
-        wrong.learned.learn(Label(float(score), i in (10, 25, 40), 1.0, "another entry",
-                                  "miss"))
-    assert wrong.learned.bound.threshold > 1
-    assert isinstance(wrong.lookup("How could I reverse a list in Python?"), Miss)
 
 
 def test_the_fl_server_names_the_judge_a_device_scores_with(
