@@ -130,7 +130,7 @@ class Matcher:
         self._memo: OrderedDict[tuple[str, str], np.ndarray] = OrderedDict()
         self.feedback = Feedback(self, store)  # what served matches and rejections teach
         # The error bound learned from this device's traffic (client/learning/state.py):
-        # where set, its threshold on the verifier's probability replaces the card's.
+        # where set, its threshold on the judge's score replaces the judge's own.
         self.learned: Learned | None = None
         self._warned = False  # the decision card fits another verifier or encoder (logged)
 
