@@ -74,7 +74,7 @@ class Learned:
         self.max_wrong_rate = max_wrong_rate
         self._prior = prior
         self._judge = judge
-        self._shipped = BoundEvidence.empty()  # the judge's own (``use``)
+        self._shipped: BoundEvidence | None = None  # the judge's own labels (``use``)
         self.confidence = confidence
         self._lock = threading.Lock()
         self._load()
@@ -113,14 +113,6 @@ class Learned:
     def judge(self) -> str:
         return self._judge
 
-    def use(self, judge: Judge) -> None:
-        """Score with ``judge``: its name, its threshold as the prior, and the evidence
-        it ships with (the learned decision's card's: counted as pooled labels are)."""
-        self.judge, self.prior = judge.name, judge.prior
-        shipped = judge.evidence if judge.evidence.judge == judge.name else BoundEvidence.empty()
-        if shipped is not self._shipped:
-            self._shipped, self._bound = shipped, None
-
     @judge.setter
     def judge(self, value: str) -> None:
         """The judge now scoring (the verifier's ``card.judge``, or the name
@@ -129,6 +121,16 @@ class Learned:
         federated learning, say) lie on another scale."""
         if value != self._judge:
             self._judge, self._bound, self._own = value, None, None
+
+    def use(self, judge: Judge) -> None:
+        """Score with ``judge``: its name, its threshold as the prior, and the evidence
+        it ships with (the learned decision's card's: counted as pooled labels are).
+        Called on every lookup: the bound is recomputed only when one of them changed."""
+        self.judge, self.prior = judge.name, judge.prior
+        evidence = judge.evidence
+        shipped = evidence if evidence.judge == judge.name and evidence.labels else None
+        if shipped is not self._shipped:
+            self._shipped, self._bound = shipped, None
 
     def _counts(self, label: Label) -> bool:
         """The judge's own labels; those written before labels named their judge were
@@ -152,18 +154,20 @@ class Learned:
         assert self.prior is not None
         own = self._own_rows()
         applies = self._pool_applies()
-        if not applies and not self._shipped.labels:
+        shipped = self._shipped
+        if not applies and shipped is None:
             return choose(own, self.max_wrong_rate, self.prior, self.confidence)
         # the pool holds the labels sent before, as the server weighed them
         unsent = own[self._own_at >= self._sent] if applies else own
-        pooled = (self.pooled if applies else BoundEvidence.empty()) + self._shipped
+        pooled = (self.pooled if applies else BoundEvidence.empty()) \
+            + (shipped or BoundEvidence.empty())
         # The judge's own evidence holds thousands of labels: its sequence starts where a
         # region as wrong as half the rate is expected to pass (``choose``'s ``start``),
         # so that a few wrong picks among its highest scores do not stop it above the
         # large regions under them.
         # Nor does the judge need a prior: where no region passes, none is served.
         start, prior = (labels_to_pass(self.max_wrong_rate / 2, self.max_wrong_rate,
-                                       self.confidence), NEVER) if self._shipped.labels \
+                                       self.confidence), NEVER) if shipped is not None \
             else (None, self.prior)
         return choose_pooled(own, unsent, Rows.pooled_bins(*pooled.rows()),
                              self.max_wrong_rate, prior, self.confidence, start)

@@ -13,6 +13,7 @@ from meancache.client.learning import state
 from meancache.client.learning.agreement import agree
 from meancache.client.learning.bound import (
     Bound,
+    Judge,
     Label,
     Rows,
     choose,
@@ -34,6 +35,23 @@ from meancache.shared.fl.bound_evidence import BoundEvidence, cosine_judge
 
 PRIOR = 0.556
 JUDGE = "verifier-a"  # the verifier scoring (its card.judge)
+
+
+def test_naming_the_same_judge_again_keeps_the_bound(tmp_path: Path) -> None:
+    """Every lookup names the judge (``Learned.use``): the bound, recomputed over up to
+    20,000 labels, is kept until the judge, its prior or its evidence changes."""
+    learned = Learned(EntryStore(tmp_path), 0.02)
+    evidence = BoundEvidence.of_labels(np.linspace(0.9, 1.0, 800), np.zeros(800),
+                                       np.ones(800)).judged_by("decision x")
+    for judge in (Judge(JUDGE, PRIOR), Judge("decision x", 0.9, evidence)):
+        learned.use(judge)
+        bound = learned.bound
+        learned.use(replace(judge))  # the same judge, named anew
+        assert learned.bound is bound
+    learned.use(Judge("decision x", 0.9, replace(evidence)))  # other evidence
+    assert learned.bound is not bound and learned.bound.pooled == 800
+    learned.use(Judge(JUDGE, PRIOR + 0.1))  # another prior
+    assert learned.bound.threshold == PRIOR + 0.1 and not learned.bound.pooled
 
 
 def test_a_device_sends_and_applies_only_the_pool_of_the_judge_it_runs(tmp_path: Path
