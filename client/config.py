@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from meancache.client.cache import CacheSettings
 from meancache.client.upstream_client import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
-from meancache.shared.encoder import BACKENDS, DEFAULT_PROFILE, profile_threshold
+from meancache.shared.encoder import BACKENDS, DEFAULT_PROFILE, is_mpnet, profile_threshold
 from meancache.shared.settings import (
     SECRET,
     EncoderChoice,
@@ -154,6 +154,13 @@ class Settings(CacheSettings, UpstreamChoice, EncoderChoice, SettingsBase):
     @property
     def fl_certificate(self) -> Path | None:
         return Path(self.fl_root_certificate).expanduser() if self.fl_root_certificate else None
+
+    @property
+    def learned_decision(self) -> bool:
+        """The learned decision's card decides, so its score judges the bound: the setting
+        with the encoder it was fitted on (MPNet; whether the verifier is the card's too
+        is known only where it is loaded)."""
+        return self.decision == "learned" and is_mpnet(self.encoder_model)
 
     def cache_settings(self) -> CacheSettings:
         """The cache's part of these settings (its fields are these fields)."""

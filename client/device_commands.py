@@ -20,7 +20,6 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.cache.summary import stored_stats
 from meancache.client.config import Settings, with_upstream
 from meancache.client.matching.settings import VERIFIERS
-from meancache.shared.encoder import is_mpnet
 from meancache.shared.errors import MeanCacheError
 from meancache.shared.files import write_atomic
 from meancache.shared.progress_bar import ProgressBar
@@ -83,7 +82,7 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
     with closing(EntryStore(settings.cache_dir)) as store:  # no encoder: nothing to embed
         stats = stored_stats(store, settings.global_threshold, settings.encoder_backend,
                              settings.max_wrong_rate, settings.cache_settings().learned,
-                             settings.decision == "learned" and is_mpnet(settings.encoder_model))
+                             settings.learned_decision)
         plots = [] if args.json else stats_plots(store, stats.threshold)
     if args.json:
         print_json(dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate,

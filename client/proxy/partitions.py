@@ -39,7 +39,7 @@ from meancache.client.proxy.eligibility import Bypass
 from meancache.client.proxy.exchanges import ExchangeStore
 from meancache.client.upstream_client import UpstreamClient
 from meancache.client.verifier import load_device_verifier
-from meancache.shared.encoder import Encoder, is_mpnet
+from meancache.shared.encoder import Encoder
 from meancache.shared.files import write_json_atomic
 from meancache.shared.fl.bound_evidence import BoundEvidence
 
@@ -160,8 +160,7 @@ class Partitions:
                     found.append((pid, stored_stats(
                         store, self.settings.global_threshold, self.settings.encoder_backend,
                         self.settings.max_wrong_rate, self.settings.learned,
-                        self.settings.decision == "learned"
-                        and is_mpnet(self.settings.encoder_model))))
+                        self.settings.learned_decision)))
         return found
 
     def _opened(self, key: tuple[str, str], directory: Path,
