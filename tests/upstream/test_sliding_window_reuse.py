@@ -54,8 +54,10 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> LoadedModel:
     return load_model(str(directory), device="cpu")
 
 
-@pytest.fixture(scope="module", params=KV_FORMATS)
+@pytest.fixture(params=KV_FORMATS)
 def engine(request: pytest.FixtureRequest, loaded: LoadedModel) -> PromptCacheEngine:
+    """A new engine per test: one test's prefix blocks would let another's prefill start
+    later than it asserts (its first query position decides what the window leaves out)."""
     engine = PromptCacheEngine(loaded, kv_format=request.param)
     engine.add_schema(f'<schema name="doc"><module name="text">{DOCUMENT}</module></schema>')
     return engine
