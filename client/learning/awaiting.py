@@ -47,7 +47,8 @@ class Awaiting:
         it is one: its score lies near the entry's threshold and the draw says so."""
         if self._rng is None or not self.learns:
             return None
-        threshold, learned = self.learned.threshold(entry_id), self.learned.bound.learned
+        threshold = self.learned.threshold(entry_id)
+        learned = self.learned.settled(threshold)
         exploration = self.exploration(self.learned.judge)
         if not exploration.explores(score, threshold, self._rng, learned):
             return None

@@ -1,19 +1,17 @@
 """Exploration: a would-be hit whose score lies near the threshold is, with some
 probability, also sent upstream, so the region the cache serves keeps getting labels
 (vCache explores the same way). The fresh answer is what the user sees; the pair is
-labelled by ``agreement``, weighted by the inverse of ``rate`` in the bound. What it costs
-is one upstream call per explored hit: about ``rate`` of the hits within ``width`` of the
-threshold, so never more than ``rate`` x hits (measured on benchmarks/learning_stream.py's
-streams in docs/cache.md).
+labelled by ``agreement``, weighted by the inverse of the chance it had in the bound.
+What it costs is one upstream call per explored hit (measured on
+benchmarks/learning_stream.py's streams in docs/cache.md).
 
-The defaults depend on the judge, since a width is in its score. The verifier's
-probability and the cosine: ``rate`` 0.1 within 0.25, every near hit until the labels
-decide (``until_learned``). The learned decision's score: its card's own labels back the
-bound from the first lookup (shared.verifier.decision), so ``until_learned`` never
-applies; instead every would-be hit within 0.05 of its threshold is explored for as long
-as it serves, which is where a device's traffic unlike the card's shows first (on the
-streams' first draw, 56, 77 and 63 questions explored beside 128, 165 and 6 served:
-docs/cache.md)."""
+Every near would-be hit is explored until the device's own labels settle the threshold
+(``until_learned``): they chose it, and enough of them score over it to pass the test at
+all (``bound.labels_needed``, 149 at 2%), so that evidence from elsewhere (the learned
+decision's card's, the pool of federated learning) is checked against this device's
+traffic before exploration eases; then ``rate`` of them. A width is in the judge's score:
+the learned decision's within 0.05 of its threshold, ``rate`` 0.3 once settled; the
+verifier's probability and the cosine within 0.25, ``rate`` 0.1."""
 
 import random
 from dataclasses import dataclass
@@ -22,17 +20,17 @@ from meancache.shared.verifier.decision import DECISION_JUDGE
 
 EXPLORE_RATE = 0.1  # the default share of near-boundary would-be hits also asked upstream
 EXPLORE_WIDTH = 0.25  # the default width of "near", in the judge's score
-DECISION_EXPLORE_RATE = 1.0  # ... the learned decision's score's (see above)
+DECISION_EXPLORE_RATE = 0.3  # ... the learned decision's score's (see above)
 DECISION_EXPLORE_WIDTH = 0.05
 
 
 @dataclass(frozen=True)
 class Exploration:
-    """``until_learned``: every near would-be hit is explored until the labels choose the
-    threshold (``Bound.learned``), ``rate`` of them afterwards. vCache explores most where
-    its estimate is least certain; here that reaches the labels the bound needs
-    (``bound.labels_needed``) sooner, for an upstream call per near would-be hit until
-    then (measured in docs/cache.md)."""
+    """``until_learned``: every near would-be hit is explored until the device's own
+    labels settle the threshold (the module's docstring), ``rate`` of them afterwards.
+    vCache explores most where its estimate is least certain; here that reaches the
+    labels the bound needs sooner, for an upstream call per near would-be hit until then
+    (measured in docs/cache.md)."""
 
     rate: float = EXPLORE_RATE  # share of near-boundary would-be hits also sent upstream
     width: float = EXPLORE_WIDTH  # how far above the threshold (in score) a hit counts as near
@@ -59,7 +57,8 @@ class Exploration:
         return threshold <= score < threshold + self.width
 
     def rate_now(self, learned: bool) -> float:
-        """The chance a near would-be hit is explored now (what its label is weighted by)."""
+        """The chance a near would-be hit is explored now (what its label is weighted by);
+        ``learned``: whether the device's own labels settled the threshold."""
         if self.rate == 0:  # exploration off, even before the labels decide
             return 0.0
         return 1.0 if self.until_learned and not learned else self.rate
@@ -68,6 +67,6 @@ class Exploration:
                  learned: bool = True) -> bool:
         """Whether this would-be hit is also asked upstream (a draw is made only for a
         near one, so the seeded sequence depends on the near hits alone). ``learned``:
-        whether the labels chose ``threshold``."""
+        whether the device's own labels settled ``threshold``."""
         rate = self.rate_now(learned)
         return self.near(score, threshold) and rate > 0 and rng.random() < rate

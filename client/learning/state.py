@@ -30,6 +30,7 @@ from meancache.client.learning.bound import (
     choose,
     choose_pooled,
     entry_threshold,
+    labels_needed,
     labels_to_pass,
 )
 from meancache.shared.fl.bound_evidence import COSINE_JUDGE, BoundEvidence
@@ -247,6 +248,19 @@ class Learned:
         if entry is None:
             return threshold
         return entry_threshold(threshold, filter(self._counts, self._by_entry.get(entry, ())))
+
+    def settled(self, threshold: float) -> bool:
+        """Whether this device's own labels settle ``threshold``: the labels chose the
+        bound, and enough of the device's own score at least ``threshold`` to pass the
+        test at all (``labels_needed``). Evidence from elsewhere (the judge's card, the
+        pool) backs a threshold before the device has a label; exploration checks it
+        against the device's traffic until then (client.learning.explore)."""
+        if not self.bound.learned:
+            return False
+        with self._lock:
+            own = self._own_rows()
+            over = int(np.searchsorted(-own.score, -threshold, side="right"))
+        return over >= labels_needed(self.max_wrong_rate, self.confidence)
 
     # labels and aliases ----------------------------------------------------------------
     def learn(self, label: Label, question: str | None = None) -> None:

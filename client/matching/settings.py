@@ -2,6 +2,7 @@
 settings and the device's inherit them). Light: no torch, no scikit-learn."""
 
 from meancache.client.learning.explore import (
+    DECISION_EXPLORE_RATE,
     DECISION_EXPLORE_WIDTH,
     EXPLORE_RATE,
     EXPLORE_WIDTH,
@@ -66,9 +67,10 @@ class MatchSettings(BaseModel):
                                        "answer and labelling the pair, so the bound keeps "
                                        "learning where the cache serves "
                                        "(client/learning/explore.py); 0 turns exploration off. "
-                                       "Unset: the judge's own, 1 for the learned decision's "
-                                       f"score, {EXPLORE_RATE} for the verifier's probability "
-                                       "and the cosine.")
+                                       f"Unset: the judge's own, {DECISION_EXPLORE_RATE} for "
+                                       "the learned decision's score, "
+                                       f"{EXPLORE_RATE} for the verifier's probability and "
+                                       "the cosine.")
     explore_width: float | None = Field(None, ge=0, le=1, description="How far above the "
                                         "learned threshold (in the judge's score: the learned "
                                         "decision's, the verifier's probability, or the cosine) "
@@ -76,12 +78,14 @@ class MatchSettings(BaseModel):
                                         f"Unset: {DECISION_EXPLORE_WIDTH} for the learned "
                                         f"decision's score, {EXPLORE_WIDTH} for the others.")
     explore_until_learned: bool = Field(True, description="Explore every near would-be hit "
-                                        "until the labels choose the threshold (149 labels at "
-                                        "2%, none wrong), then `explore_rate` of them: until "
-                                        "then the cache serves near its threshold only what its "
-                                        "own labels back, so the bound holds on traffic unlike "
-                                        "the verifier's (docs/cache.md); false: the verifier's "
-                                        "own threshold serves until the labels decide.")
+                                        "until the device's own labels settle the threshold "
+                                        "(they chose it, and at least 149 of them score over "
+                                        "it at 2%), then `explore_rate` of them: until then "
+                                        "the cache serves near its threshold only what this "
+                                        "device's traffic has checked, so the bound holds on "
+                                        "traffic unlike the judge's card or the pool "
+                                        "(docs/cache.md); false: `explore_rate` from the "
+                                        "start.")
     tune_min_per_class: int = Field(5, gt=0, description="Labelled pairs of each kind "
                                     "(hit, false hit) before tau is re-tuned locally.")
 

@@ -11,6 +11,7 @@ import pytest
 from meancache.client.cache.store import EntryStore
 from meancache.client.learning import state
 from meancache.client.learning.agreement import agree
+from meancache.client.learning.awaiting import Awaiting
 from meancache.client.learning.bound import (
     Bound,
     Judge,
@@ -20,7 +21,7 @@ from meancache.client.learning.bound import (
     choose_pooled,
     labels_needed,
 )
-from meancache.client.learning.explore import Exploration
+from meancache.client.learning.explore import DECISION_EXPLORE_RATE, Exploration
 from meancache.client.learning.state import (
     CHUNK,
     POOLED,
@@ -196,11 +197,11 @@ def test_exploration_only_near_the_threshold() -> None:
 
 
 def test_each_judge_explores_its_own_score_unless_the_settings_say() -> None:
-    """A width is in the judge's score: the learned decision's (its card's labels back the
-    bound from the start) explores every hit within 0.05 of its threshold, the verifier's
-    probability and the cosine a share within 0.25; set values hold for every judge."""
+    """A width is in the judge's score: the learned decision's explores within 0.05 of its
+    threshold, 0.3 of the hits once the device's own labels settle it; the verifier's
+    probability and the cosine 0.1 within 0.25; set values hold for every judge."""
     decision = Exploration.for_judge("decision " + "a" * 64)
-    assert (decision.rate, decision.width) == (1.0, 0.05)
+    assert (decision.rate, decision.width, decision.until_learned) == (0.3, 0.05, True)
     for judge in ("b" * 64, "cosine 0123456789abcdef", ""):
         other = Exploration.for_judge(judge)
         assert (other.rate, other.width) == (0.1, 0.25)
@@ -224,6 +225,41 @@ def test_exploring_until_learned_checks_every_near_hit_until_the_labels_decide()
         draws.random()
     expected = [draws.random() < 0.1 for _ in range(50)]
     assert [warming.explores(0.6, 0.5, rng, learned=True) for _ in range(50)] == expected
+
+
+def test_evidence_from_elsewhere_is_explored_until_the_devices_own_labels_settle_it(
+        tmp_path: Path) -> None:
+    """The learned decision's card backs a threshold before the device has a label: every
+    near would-be hit is explored (and labelled as certain to be) until 149 of the
+    device's own labels score over the threshold, then the judge's rate of them, each
+    label weighted by that rate; labels under the threshold settle nothing."""
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    learned = Learned(EntryStore(tmp_path), 0.02)
+    card = BoundEvidence.of_labels(np.linspace(0.9, 1.0, 2000), np.zeros(2000),
+                                   np.ones(2000)).judged_by("decision x")
+    learned.use(Judge("decision x", 0.95, card))
+    awaiting = Awaiting(learned, Exploration.for_judge, random.Random(seed))
+    threshold = learned.bound.threshold
+    assert learned.bound.learned and not learned.settled(threshold)
+    for i in range(200):  # wrong under the threshold: it stays, and nothing is settled
+        learned.learn(Label(0.5, True, entry=f"under{i}"))
+    assert learned.bound.threshold == threshold and not learned.settled(threshold)
+    near = threshold + 0.01
+    for i in range(labels_needed(0.02)):
+        pending = awaiting.explores("e", near)
+        assert pending is not None and pending.labelled_with == 1.0
+        assert not learned.settled(threshold)
+        learned.learn(Label(near, False, entry=f"over{i}"))
+    assert learned.bound.threshold == threshold and learned.settled(threshold)
+    draws = random.Random(seed)
+    for _ in range(labels_needed(0.02)):  # a near hit draws even while every one is explored
+        draws.random()
+    expected = [draws.random() < DECISION_EXPLORE_RATE for _ in range(50)]
+    explored = [awaiting.explores("e", near) for _ in range(50)]
+    assert [pending is not None for pending in explored] == expected
+    assert {pending.labelled_with for pending in explored if pending} == {DECISION_EXPLORE_RATE}
+    assert awaiting.explores("e", threshold + 0.06) is None  # not near: served
 
 
 def test_only_the_labels_of_the_judge_now_scoring_count(tmp_path: Path) -> None:
