@@ -87,7 +87,7 @@ class Learned:
         everything = [Label(**record) for _, chunk in ordered for record in chunk]
         self._learned = len(everything)  # labels ever learned (the chunks are all kept)
         self.labels = everything[-KEPT:]
-        self._sent = min(int(self._store.states(_SENT).get(_SENT) or 0), self._learned)
+        self._sent = self._read_sent()
         self._pool_version = self._store.get_meta(POOLED_VERSION)
         self.pools = pools(self._store)
         self._aliases = {name[len(_ALIAS):]: entry_id
@@ -99,6 +99,10 @@ class Learned:
         self._by_entry: dict[str, list[Label]] = {}
         for label in self.labels:
             self._by_entry.setdefault(label.entry, []).append(label)
+
+    def _read_sent(self) -> int:
+        """How many labels had been learned when the device last sent them (``_SENT``)."""
+        return min(int(self._store.states(_SENT).get(_SENT) or 0), self._learned)
 
     # the bound -----------------------------------------------------------------------
     @property
@@ -211,8 +215,9 @@ class Learned:
         next bound on, not from the next open: one record read each time, the pool
         itself read only when its version moved."""
         version = self._store.get_meta(POOLED_VERSION)
-        if version != self._pool_version:
+        if version != self._pool_version:  # the labels sent for it are in it now
             self._pool_version, self.pools, self._bound = version, pools(self._store), None
+            self._sent = self._read_sent()
 
     @property
     def pooled(self) -> BoundEvidence:
@@ -233,7 +238,7 @@ class Learned:
         the device installed it: client/proxy/partitions.py)."""
         with self._lock:
             self._pool_version = set_pooled(self._store, *evidence)
-            self.pools = pools(self._store)
+            self.pools, self._sent = pools(self._store), self._read_sent()
             self._recompute()
 
     @property

@@ -139,6 +139,32 @@ def test_labels_sent_to_the_pool_count_once(tmp_path: Path) -> None:
     store.close()
 
 
+@pytest.mark.parametrize("installed_by", ["this cache", "another process"])
+def test_an_open_cache_counts_the_labels_it_sent_once_the_pool_holding_them_arrives(
+        tmp_path: Path, installed_by: str) -> None:
+    """The chat stays open through a round: its labels are sent (through the device's
+    own store) and come back inside the pool; from then on the open cache counts them
+    there only, as one opened after would."""
+    store = EntryStore(tmp_path)
+    learning = Learned(store, 0.02, PRIOR, judge=JUDGE)
+    for i in range(200):
+        learning.learn(Label(0.4 + i / 1000, False, entry="e"))
+    device = EntryStore(tmp_path)  # the device's round, beside the open cache
+    sent = send_evidence(device, JUDGE)
+    pool = (sent + BoundEvidence.of_labels(np.full(100, 0.5), np.zeros(100),
+                                           np.ones(100))).judged_by(JUDGE)
+    if installed_by == "this cache":
+        learning.install_pooled(pool)
+    else:
+        set_pooled(device, pool)
+    assert (learning.bound.labels, learning.bound.pooled) == (300, 300)
+    learning.learn(Label(0.65, False, entry="e"))
+    assert (learning.bound.labels, learning.bound.pooled) == (301, 300)
+    assert learning.unsent == 1
+    device.close()
+    store.close()
+
+
 def test_learning_persists(tmp_path: Path) -> None:
     store = EntryStore(tmp_path)
     store.set_meta("kept", 7)
