@@ -5,10 +5,11 @@ labelled by ``agreement``, weighted by the inverse of the chance it had in the b
 What it costs is one upstream call per explored hit (measured on
 benchmarks/learning_stream.py's streams in docs/cache.md).
 
-Every near would-be hit is explored until the device's own labels settle the threshold
-(``until_learned``): they chose it, and enough of them score over it to pass the test at
-all (``bound.labels_needed``, 149 at 2%), so that evidence from elsewhere (the learned
-decision's card's, the pool of federated learning) is checked against this device's
+Every near would-be hit is explored until labels of traffic settle the threshold
+(``until_learned``; ``state.Learned.settled``): the labels chose it, and enough of the
+device's own, with the federation's pool, score over it to pass the test at all
+(``bound.labels_needed``, 149 at 2%), so that the learned decision's card, whose labels
+are its choose splits' and back the bound from the first lookup, is checked against
 traffic before exploration eases; then ``rate`` of them. A width is in the judge's score:
 the learned decision's within 0.05 of its threshold, ``rate`` 0.3 once settled; the
 verifier's probability and the cosine within 0.25, ``rate`` 0.1."""
@@ -26,8 +27,8 @@ DECISION_EXPLORE_WIDTH = 0.05
 
 @dataclass(frozen=True)
 class Exploration:
-    """``until_learned``: every near would-be hit is explored until the device's own
-    labels settle the threshold (the module's docstring), ``rate`` of them afterwards.
+    """``until_learned``: every near would-be hit is explored until labels of traffic
+    settle the threshold (the module's docstring), ``rate`` of them afterwards.
     vCache explores most where its estimate is least certain; here that reaches the
     labels the bound needs sooner, for an upstream call per near would-be hit until then
     (measured in docs/cache.md)."""
@@ -58,7 +59,7 @@ class Exploration:
 
     def rate_now(self, learned: bool) -> float:
         """The chance a near would-be hit is explored now (what its label is weighted by);
-        ``learned``: whether the device's own labels settled the threshold."""
+        ``learned``: whether labels of traffic settled the threshold."""
         if self.rate == 0:  # exploration off, even before the labels decide
             return 0.0
         return 1.0 if self.until_learned and not learned else self.rate
@@ -67,6 +68,6 @@ class Exploration:
                  learned: bool = True) -> bool:
         """Whether this would-be hit is also asked upstream (a draw is made only for a
         near one, so the seeded sequence depends on the near hits alone). ``learned``:
-        whether the device's own labels settled ``threshold``."""
+        whether labels of traffic settled ``threshold``."""
         rate = self.rate_now(learned)
         return self.near(score, threshold) and rate > 0 and rng.random() < rate

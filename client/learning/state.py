@@ -255,16 +255,23 @@ class Learned:
         return entry_threshold(threshold, filter(self._counts, self._by_entry.get(entry, ())))
 
     def settled(self, threshold: float) -> bool:
-        """Whether this device's own labels settle ``threshold``: the labels chose the
-        bound, and enough of the device's own score at least ``threshold`` to pass the
-        test at all (``labels_needed``). Evidence from elsewhere (the judge's card, the
-        pool) backs a threshold before the device has a label; exploration checks it
-        against the device's traffic until then (client.learning.explore)."""
+        """Whether traffic's own labels settle ``threshold``: the labels chose the bound,
+        and enough of this device's, with the federation's pool where it applies, score
+        at least ``threshold`` to pass the test at all (``labels_needed``). The judge's
+        own evidence (the learned decision's card: its choose splits, not anyone's
+        traffic) backs a threshold before the device has a label; exploration checks it
+        against the traffic until then (client.learning.explore)."""
         if not self.bound.learned:
             return False
         with self._lock:
             own = self._own_rows()
-            over = int(np.searchsorted(-own.score, -threshold, side="right"))
+            if self._pool_applies():  # the labels sent are in the pool: count them once
+                own = own[self._own_at >= self._sent]
+                score, count, *_ = self.pooled.rows()
+                over = float(count[score >= threshold].sum())
+            else:
+                over = 0.0
+            over += int(np.searchsorted(-own.score, -threshold, side="right"))
         return over >= labels_needed(self.max_wrong_rate, self.confidence)
 
     # labels and aliases ----------------------------------------------------------------

@@ -78,12 +78,12 @@ class MatchSettings(BaseModel):
                                         f"Unset: {DECISION_EXPLORE_WIDTH} for the learned "
                                         f"decision's score, {EXPLORE_WIDTH} for the others.")
     explore_until_learned: bool = Field(True, description="Explore every near would-be hit "
-                                        "until the device's own labels settle the threshold "
-                                        "(they chose it, and at least 149 of them score over "
-                                        "it at 2%), then `explore_rate` of them: until then "
-                                        "the cache serves near its threshold only what this "
-                                        "device's traffic has checked, so the bound holds on "
-                                        "traffic unlike the judge's card or the pool "
+                                        "until labels of traffic settle the threshold (they "
+                                        "chose it, and at least 149 of this device's, with "
+                                        "the federation's pool, score over it at 2%), then "
+                                        "`explore_rate` of them: the learned decision's card "
+                                        "backs its first threshold with labels of its choose "
+                                        "splits, which traffic unlike them must check first "
                                         "(docs/cache.md); false: `explore_rate` from the "
                                         "start.")
     tune_min_per_class: int = Field(5, gt=0, description="Labelled pairs of each kind "

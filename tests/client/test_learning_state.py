@@ -288,6 +288,33 @@ def test_evidence_from_elsewhere_is_explored_until_the_devices_own_labels_settle
     assert awaiting.explores("e", threshold + 0.06) is None  # not near: served
 
 
+def test_the_federations_pool_settles_a_threshold_as_the_devices_own_labels_do(
+        tmp_path: Path) -> None:
+    """The pool is labels of traffic (other devices'): with 149 of them over the
+    threshold it settles as the device's own would; a device's labels already sent, and
+    so inside the pool, count once."""
+    store = EntryStore(tmp_path)
+    learned = Learned(store, 0.02)
+    card = BoundEvidence.of_labels(np.linspace(0.9, 1.0, 2000), np.zeros(2000),
+                                   np.ones(2000)).judged_by("decision x")
+    learned.use(Judge("decision x", 0.95, card))
+    threshold = learned.bound.threshold
+    needed = labels_needed(0.02)
+    for i in range(needed - 1):
+        learned.learn(Label(threshold + 0.01, False, entry=f"mine{i}"))
+    sent = send_evidence(store, "decision x")  # these go into the pool, and count once
+    assert learned.bound.threshold == threshold and not learned.settled(threshold)
+    learned.install_pooled(sent.judged_by("decision x"))
+    assert not learned.settled(threshold)
+    other = BoundEvidence.of_labels(np.full(1, threshold + 0.02), np.zeros(1), np.ones(1))
+    learned.install_pooled((sent + other).judged_by("decision x"))
+    assert learned.bound.threshold == threshold and learned.settled(threshold)
+    below = BoundEvidence.of_labels(np.full(500, threshold - 0.2), np.ones(500), np.ones(500))
+    learned.install_pooled((sent + below).judged_by("decision x"))  # under it: not traffic's
+    assert not learned.settled(threshold)
+    store.close()
+
+
 def test_only_the_labels_of_the_judge_now_scoring_count(tmp_path: Path) -> None:
     """A score means something only to the model that gave it: after a new verifier (a
     global one from federated learning, say) the old one's labels no longer move the
