@@ -43,6 +43,7 @@ import numpy as np
 from _common import (
     base_parser,
     embed_cached,
+    first_threshold,
     load_encoder,
     load_qqp,
     make_table,
@@ -507,7 +508,9 @@ SYSTEMS = ("embedding only", "verifier alone", "default (rules)", *LEARNED)
 LONE_VARIANT = "learned + verifier for a lone pick + kept rules"
 
 
-def report(study: Study, scores: np.ndarray, thresholds: dict[str, float]) -> None:
+def report(study: Study, scores: np.ndarray, thresholds: dict[str, float],
+           systems: tuple[str, ...] | None = None) -> None:
+    """Every split's quality per decider (``systems``: only those)."""
     table = make_table(["domain", "split", "decider", "asked", "served", "wrong",
                         "hit precision", "own question only", "hit rate",
                         "near-misses asked: served"], right_from=3)
@@ -516,7 +519,7 @@ def report(study: Study, scores: np.ndarray, thresholds: dict[str, float]) -> No
             mask = study.where(domain, split)
             if not mask.any():
                 continue
-            for system in (*SYSTEMS, *(s for s in thresholds if s not in SYSTEMS)):
+            for system in systems or (*SYSTEMS, *(s for s in thresholds if s not in SYSTEMS)):
                 served, right, own = study.served(system, scores, thresholds.get(system, 0))
                 q = quality(study, mask, served, right)
                 o = quality(study, mask, served, own)
@@ -721,6 +724,10 @@ def main() -> None:
                                                study.threshold), scored, scored[:50])
     note(f"the learned decision's cost per lookup: p50 {cost.p50 * 1000:.1f} us, "
          f"p99 {cost.p99 * 1000:.1f} us ({cost.n} lookups)")
+    first = first_threshold(decision)
+    note(f"{best.shipped} at {first:.3f}, where a new device's error bound starts on the "
+         "card's own labels (the default max_wrong_rate):")
+    report(study, best.scores, {best.shipped: first}, (best.shipped,))
     margin_ablation(records, tau, verifier.threshold, args, best)
     trees_ablation(study, best.shipped, args)
     if args.write_card:

@@ -68,6 +68,7 @@ from _common import (
     apply_defaults,
     base_parser,
     embed_cached,
+    first_threshold,
     fmt,
     heading,
     load_encoder,
@@ -88,8 +89,6 @@ from meancache.client.cache import CacheSettings, Context, SemanticCache
 from meancache.client.cache.entry import STORED_DTYPE, Entry
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
-from meancache.client.learning.bound import Judge
-from meancache.client.learning.state import Learned
 from meancache.client.matching.matcher import (
     VERIFIED_AT_MOST,
     Match,
@@ -255,11 +254,7 @@ class Shipped:
         ``max_wrong_rate``."""
         card = learned_decision()
         if self.first is None:
-            store = EntryStore(self.directory / "bound")
-            self.stores.append(store)
-            learned = Learned(store, CacheSettings().max_wrong_rate)
-            learned.use(Judge(card.judge, card.threshold, card.evidence))
-            self.first = learned.bound.threshold
+            self.first = first_threshold(card)
         return replace(card, threshold=self.first)
 
     def matcher(self, threshold: float | None = None) -> Matcher:
