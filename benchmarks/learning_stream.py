@@ -267,8 +267,8 @@ def main() -> None:
                         "max_wrong_rate (under 5%%: that draw refutes the bound at 95%%)")
     parser.add_argument("--near-only", action="store_true",
                         help="also the learned decision exploring only explore_rate of the near "
-                        "would-be hits from the start (explore_until_learned false: the "
-                        "verifier's threshold serves until the labels decide)")
+                        "would-be hits from the start (explore_until_learned false: not "
+                        "every one until labels of traffic settle the threshold)")
     parser.add_argument("--variants", action="store_true",
                         help="also the rules decision (the ambiguity rule and every word rule: "
                         "decision = 'rules') and the cosine alone (verify_hits off), each "
