@@ -6,13 +6,14 @@ What it costs is one upstream call per explored hit (measured on
 benchmarks/learning_stream.py's streams in docs/cache.md).
 
 Every near would-be hit is explored until labels of traffic settle the threshold
-(``until_learned``; ``state.Learned.settled``): the labels chose it, and enough of the
+(``until_learned``; ``state.Learned.settled``): the labels chose it, enough of the
 device's own, with the federation's pool, score over it to pass the test at all
-(``bound.labels_needed``, 149 at 2%), so that the learned decision's card, whose labels
-are its choose splits' and back the bound from the first lookup, is checked against
-traffic before exploration eases; then ``rate`` of them. A width is in the judge's score:
-the learned decision's within 0.05 of its threshold, ``rate`` 0.3 once settled; the
-verifier's probability and the cosine within 0.25, ``rate`` 0.1."""
+(``bound.labels_needed``, 149 at 2%), and they are wrong there no more often than the
+rate. So the learned decision's card, whose labels are its choose splits' and back the
+bound from the first lookup, is checked against traffic before exploration eases, and
+for as long as the traffic looks worse than the card; then ``rate`` of them. A width is
+in the judge's score: the learned decision's within 0.05 of its threshold, ``rate`` 0.3
+once settled; the verifier's probability and the cosine within 0.25, ``rate`` 0.1."""
 
 import random
 from dataclasses import dataclass

@@ -255,24 +255,24 @@ class Learned:
         return entry_threshold(threshold, filter(self._counts, self._by_entry.get(entry, ())))
 
     def settled(self, threshold: float) -> bool:
-        """Whether traffic's own labels settle ``threshold``: the labels chose the bound,
-        and enough of this device's, with the federation's pool where it applies, score
-        at least ``threshold`` to pass the test at all (``labels_needed``). The judge's
-        own evidence (the learned decision's card: its choose splits, not anyone's
-        traffic) backs a threshold before the device has a label; exploration checks it
-        against the traffic until then (client.learning.explore)."""
+        """Whether labels of traffic settle ``threshold``: the labels chose the bound,
+        enough of this device's, with the federation's pool where it applies, score at
+        least ``threshold`` to pass the test at all (``labels_needed``), and their
+        estimated wrong share there is within the rate. The judge's own evidence (the
+        learned decision's card: its choose splits, not anyone's traffic) backs a
+        threshold before the device has a label; exploration checks it against the
+        traffic until then, and for as long as the traffic looks more often wrong than
+        that evidence allows (client.learning.explore)."""
         if not self.bound.learned:
             return False
         with self._lock:
-            own = self._own_rows()
+            traffic = self._own_rows()
             if self._pool_applies():  # the labels sent are in the pool: count them once
-                own = own[self._own_at >= self._sent]
-                score, count, *_ = self.pooled.rows()
-                over = float(count[score >= threshold].sum())
-            else:
-                over = 0.0
-            over += int(np.searchsorted(-own.score, -threshold, side="right"))
-        return over >= labels_needed(self.max_wrong_rate, self.confidence)
+                traffic = traffic[self._own_at >= self._sent] \
+                    + Rows.pooled_bins(*self.pooled.rows())
+        tail = traffic[traffic.score >= threshold]
+        return float(tail.count.sum()) >= labels_needed(self.max_wrong_rate, self.confidence) \
+            and float(tail.wrong.sum()) <= self.max_wrong_rate * float(tail.weight.sum())
 
     # labels and aliases ----------------------------------------------------------------
     def learn(self, label: Label, question: str | None = None) -> None:

@@ -79,8 +79,9 @@ class MatchSettings(BaseModel):
                                         f"decision's score, {EXPLORE_WIDTH} for the others.")
     explore_until_learned: bool = Field(True, description="Explore every near would-be hit "
                                         "until labels of traffic settle the threshold (they "
-                                        "chose it, and at least 149 of this device's, with "
-                                        "the federation's pool, score over it at 2%), then "
+                                        "chose it, at least 149 of this device's, with the "
+                                        "federation's pool, score over it at 2%, and at most "
+                                        "2% of those are wrong), then "
                                         "`explore_rate` of them: the learned decision's card "
                                         "backs its first threshold with labels of its choose "
                                         "splits, which traffic unlike them must check first "

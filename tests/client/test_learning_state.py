@@ -258,7 +258,8 @@ def test_evidence_from_elsewhere_is_explored_until_the_devices_own_labels_settle
     """The learned decision's card backs a threshold before the device has a label: every
     near would-be hit is explored (and labelled as certain to be) until 149 of the
     device's own labels score over the threshold, then the judge's rate of them, each
-    label weighted by that rate; labels under the threshold settle nothing."""
+    label weighted by that rate, for as long as those labels are wrong no more often
+    than the rate; labels under the threshold settle nothing."""
     seed = random.randrange(2**32)
     print(f"seed {seed}")
     learned = Learned(EntryStore(tmp_path), 0.02)
@@ -286,6 +287,11 @@ def test_evidence_from_elsewhere_is_explored_until_the_devices_own_labels_settle
     assert [pending is not None for pending in explored] == expected
     assert {pending.labelled_with for pending in explored if pending} == {DECISION_EXPLORE_RATE}
     assert awaiting.explores("e", threshold + 0.06) is None  # not near: served
+    for i in range(4):  # the traffic now looks wrong more often than 2%: every one again
+        learned.learn(Label(near, True, entry=f"wrong{i}"))
+    assert learned.bound.threshold == threshold and not learned.settled(threshold)
+    pending = awaiting.explores("e", near)
+    assert pending is not None and pending.labelled_with == 1.0
 
 
 def test_the_federations_pool_settles_a_threshold_as_the_devices_own_labels_do(
