@@ -169,6 +169,25 @@ def embed_cached(encoder: Encoder, texts: Sequence[str], cache_dir: Path,
     return vectors
 
 
+def distinct_requests(questions: list[str], encoder: Encoder, cache_dir: Path, at: float
+                      ) -> list[str]:
+    """``questions`` less each one whose cosine to an earlier kept one reaches ``at``:
+    Arena's users often send the same request ("Tell me a dad joke", "tell me a dad
+    joke"; "Hi, how are you?", "Hello, how are you?"), which the stream counts as two
+    questions with different answers, so a cache answering one with the other would be
+    scored wrong where it is right."""
+    if at >= 1:
+        return questions
+    vectors = embed_cached(encoder, questions, cache_dir)
+    kept: list[int] = []
+    for i, vector in enumerate(vectors):
+        if not kept or float((vectors[kept] @ vector).max()) < at:
+            kept.append(i)
+    note(f"{len(kept)} of {len(questions)} questions kept as distinct requests "
+         f"(cosine under {at} to every earlier one)")
+    return [questions[i] for i in kept]
+
+
 def unit_rows(x: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length (float32)."""
     x = np.asarray(x, dtype=np.float32)

@@ -40,7 +40,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import base_parser, embed_cached, load_encoder, note, pct, print_table
+from _common import (
+    base_parser,
+    distinct_requests,
+    load_encoder,
+    note,
+    pct,
+    print_table,
+)
 from meancache.client.config import Settings
 from meancache.client.learning.bound import Label, Rows, choose, choose_pooled
 from meancache.client.learning.explore import Exploration
@@ -54,24 +61,6 @@ from pooled_bound import Traffic, arena_questions, arena_traffic, judged
 from rich.table import Table
 
 SPLIT_SEED = 0  # which held-out questions are a device's, and which half it learned
-
-
-def distinct(questions: list[str], encoder, cache_dir: Path, at: float) -> list[str]:
-    """``questions`` less each one whose cosine to an earlier kept one reaches ``at``:
-    Arena's users often send the same request ("Tell me a dad joke", "tell me a dad
-    joke"; "Hi, how are you?", "Hello, how are you?"), which the stream counts as two
-    questions with different answers, so a cache answering one with the other would be
-    scored wrong where it is right."""
-    if at >= 1:
-        return questions
-    vectors = embed_cached(encoder, questions, cache_dir)
-    kept: list[int] = []
-    for i, vector in enumerate(vectors):
-        if not kept or float((vectors[kept] @ vector).max()) < at:
-            kept.append(i)
-    note(f"{len(kept)} of {len(questions)} Arena questions kept as distinct requests "
-         f"(cosine under {at} to every earlier one)")
-    return [questions[i] for i in kept]
 
 
 def pairs_file(path: Path, traffic: Traffic, verifier: LearnedVerifier) -> Path:
@@ -219,8 +208,8 @@ def main() -> None:
     out = args.cache_dir / "fl_held_out" / f"seed{args.seed}"
     rng = random.Random(args.seed)
     encoder = load_encoder("onnx", args.cache_dir)
-    questions = distinct(arena_questions(args.data_dir, rng), encoder, args.cache_dir,
-                         args.distinct)
+    questions = distinct_requests(arena_questions(args.data_dir, rng), encoder,
+                                  args.cache_dir, args.distinct)
     if len(questions) < args.federation + args.held_out:
         raise SystemExit(f"only {len(questions)} Arena questions for --federation plus "
                          "--held-out")

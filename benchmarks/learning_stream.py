@@ -9,7 +9,9 @@ cache as it ships, PCA off so both search the same space) on the same stream.
 - ``qqp``: QQP dev questions, grouped by their duplicate pairs, with non-duplicate pairs'
   questions as near neighbours (the stream the choices were made on);
 - ``arena``: Chatbot Arena first turns, each also asked once more in a paraphrase made by
-  code (templates, contractions, case), never used for a choice;
+  code (templates, contractions, case), never used for a choice; only distinct requests
+  (``--distinct``: Arena's users often send the same one, and serving its twin's answer
+  would be scored wrong);
 - ``reworded`` (with ``--reworded FILE``): Arena and ShareGPT first turns, each also asked
   in a language model's rewording (``verifier make-paraphrases --judge``'s verdicts: the
   pairs both judges kept), never used for a choice nor trained on.
@@ -35,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-from _common import base_parser, load_encoder, note, print_table
+from _common import base_parser, distinct_requests, load_encoder, note, print_table
 from _plot import add_plot_option, line_chart
 from _sts import labelled as sts_labelled
 from _sts import read_sts
@@ -91,11 +93,17 @@ def labelled_stream(pairs: list[Pair], questions: int, seed: int) -> list[Turn]:
     return stream_of(same + others, seed)
 
 
-def arena_stream(data: Path, questions: int, seed: int) -> list[Turn]:
+def arena_stream(data: Path, questions: int, seed: int, encoder, cache_dir: Path,
+                 distinct: float) -> list[Turn]:
+    """Chatbot Arena first turns, each once and once in a code-made paraphrase; only
+    distinct requests (``distinct_requests`` at ``distinct``; 1 keeps all): a first turn
+    nearly identical to another would be scored wrong where it is served the other's
+    answer, which is right."""
     rows = [json.loads(line)["text"] for line in
             (data / "instructions" / "arena_first_turns.jsonl").open()]
     rng = random.Random(seed)
-    rows = [r for r in rows if 3 <= len(r.split()) <= 40]
+    rows = distinct_requests([r for r in rows if 3 <= len(r.split()) <= 40], encoder,
+                             cache_dir, distinct)
     rng.shuffle(rows)
     pairs = [Pair(r, paraphrase(r, rng), 1) for r in rows[: questions // 2]]
     return stream_of(pairs, seed)
@@ -197,13 +205,16 @@ def run(name: str, turns: list[Turn], encoder, settings: CacheSettings, table: T
     return tally
 
 
-def stream(name: str, args: argparse.Namespace, seed: int) -> list[Turn]:
+def stream(name: str, args: argparse.Namespace, seed: int, encoder) -> list[Turn]:
     """The stream ``name`` drawn and ordered with ``seed``."""
     if name == "reworded":
         return reworded_stream(args.reworded, args.questions, seed)
     if name == "sts":
         return sts_stream(args.sts, args.questions, seed)
-    return (qqp_stream if name == "qqp" else arena_stream)(args.data_dir, args.questions, seed)
+    if name == "arena":
+        return arena_stream(args.data_dir, args.questions, seed, encoder, args.cache_dir,
+                            args.distinct)
+    return qqp_stream(args.data_dir, args.questions, seed)
 
 
 def chance_of_as_many_wrong(wrong: int, served: int, rate: float) -> float:
@@ -227,7 +238,7 @@ def draws(name: str, args: argparse.Namespace, encoder, settings: CacheSettings,
     refuted = 0
     for seed in range(args.seed, args.seed + args.draws):
         if seed != args.seed:
-            turns = stream(name, args, seed)
+            turns = stream(name, args, seed, encoder)
             static = replayed(turns, encoder, settings, seed, learns=False)
             learned = replayed(turns, encoder, settings, seed)
         s, w = static.report(), learned.report()
@@ -256,6 +267,9 @@ def main() -> None:
                         "would-be hit counts as near (default: the judge's own)")
     parser.add_argument("--streams", nargs="+", default=["qqp", "arena"],
                         choices=["qqp", "arena", "reworded", "sts"])
+    parser.add_argument("--distinct", type=float, default=0.9,
+                        help="the Arena stream keeps a first turn only if its cosine to every "
+                        "one kept before is under this (1: every one)")
     parser.add_argument("--reworded", type=Path, help="the judged pairs the reworded stream "
                         "is made of (make-paraphrases --judge's .judged.jsonl)")
     parser.add_argument("--sts", type=Path, help="the STS benchmark's csv folder the sts "
@@ -297,7 +311,7 @@ def main() -> None:
         parser.error("--draws must be at least 1")
     lines: dict[str, tuple[list[float], list[float]]] = {}
     for name in args.streams:
-        turns = stream(name, args, args.seed)
+        turns = stream(name, args, args.seed, encoder)
         note(f"stream {name}: {len(turns)} questions, {len({t.group for t in turns})} groups, "
              f"order seed {args.seed}")
         table = Table(title=f"{name} stream ({len(turns)} questions, seed {args.seed}, "
