@@ -266,11 +266,13 @@ class Learned:
         if not self.bound.learned:
             return False
         with self._lock:
-            traffic = self._own_rows()
+            own = self._own_rows()  # highest score first: the tail is a prefix
+            over = int(np.searchsorted(-own.score, -threshold, side="right"))
+            tail = own[:over]
             if self._pool_applies():  # the labels sent are in the pool: count them once
-                traffic = traffic[self._own_at >= self._sent] \
-                    + Rows.pooled_bins(*self.pooled.rows())
-        tail = traffic[traffic.score >= threshold]
+                score, *sums = self.pooled.rows()
+                tail = tail[self._own_at[:over] >= self._sent] \
+                    + Rows.pooled_bins(score, *sums)[score >= threshold]
         return float(tail.count.sum()) >= labels_needed(self.max_wrong_rate, self.confidence) \
             and float(tail.wrong.sum()) <= self.max_wrong_rate * float(tail.weight.sum())
 
