@@ -188,6 +188,28 @@ def distinct_requests(questions: list[str], encoder: Encoder, cache_dir: Path, a
     return [questions[i] for i in kept]
 
 
+def first_threshold(decision: LearnedDecision, max_wrong_rate: float | None = None) -> float:
+    """Where a new device's bound starts on ``decision``'s score: the bound on its card's
+    own labels alone (client/learning/state.py), at ``max_wrong_rate`` (unset: the
+    setting's default)."""
+    import tempfile
+
+    from meancache.client.cache.settings import CacheSettings
+    from meancache.client.cache.store import EntryStore
+    from meancache.client.learning.bound import Judge
+    from meancache.client.learning.state import Learned
+
+    rate = CacheSettings().max_wrong_rate if max_wrong_rate is None else max_wrong_rate
+    with tempfile.TemporaryDirectory(prefix="meancache-first-threshold-") as tmp:
+        store = EntryStore(Path(tmp))
+        try:
+            learned = Learned(store, rate)
+            learned.use(Judge(decision.judge, decision.threshold, decision.evidence))
+            return learned.bound.threshold
+        finally:
+            store.close()
+
+
 def unit_rows(x: np.ndarray) -> np.ndarray:
     """Rows scaled to unit length (float32)."""
     x = np.asarray(x, dtype=np.float32)
@@ -243,28 +265,6 @@ def machine_load() -> str:
 
 
 # output -------------------------------------------------------------------------------
-def first_threshold(decision: LearnedDecision, max_wrong_rate: float | None = None) -> float:
-    """Where a new device's bound starts on ``decision``'s score: the bound on its card's
-    own labels alone (client/learning/state.py), at ``max_wrong_rate`` (unset: the
-    setting's default)."""
-    import tempfile
-
-    from meancache.client.cache.settings import CacheSettings
-    from meancache.client.cache.store import EntryStore
-    from meancache.client.learning.bound import Judge
-    from meancache.client.learning.state import Learned
-
-    rate = CacheSettings().max_wrong_rate if max_wrong_rate is None else max_wrong_rate
-    with tempfile.TemporaryDirectory(prefix="meancache-first-threshold-") as tmp:
-        store = EntryStore(Path(tmp))
-        try:
-            learned = Learned(store, rate)
-            learned.use(Judge(decision.judge, decision.threshold, decision.evidence))
-            return learned.bound.threshold
-        finally:
-            store.close()
-
-
 def make_table(columns: Sequence[str], right_from: int = 1) -> Table:
     """A plain-text (Markdown-style) table; columns from ``right_from`` on are right-aligned."""
     table = Table(box=box.MARKDOWN, show_edge=True, pad_edge=True)
