@@ -10,6 +10,7 @@ client/proxy/, since FL (which the chat uses) must not import the proxy."""
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import closing
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -29,8 +30,23 @@ from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.pairs import Pair
 from meancache.shared.query import normalise_query
 
-# A judge that scores pairs anew: (question, its entry's question) -> a score each.
-Rescore = Callable[[list[Pair]], np.ndarray]
+
+@dataclass(frozen=True)
+class Asked:
+    """A label's question as a judge scores it anew: the stored questions it was weighed
+    against (``Label.weighed``: the pick at ``pick``, entries gone since left out) with
+    their cosines then, or its entry's question alone (``cosines`` empty: a pair the
+    judge scores alone, a user's "wrong answer" or an older label)."""
+
+    question: str
+    stored: list[str]
+    cosines: list[float]
+    pick: int = 0
+
+
+# A judge that scores labels anew: a score each, NaN where it would pick another stored
+# question than the label's (the label says nothing of that one: it is not sent).
+Rescore = Callable[[list[Asked]], np.ndarray]
 
 
 def proxy_dir(settings: Settings) -> Path:
@@ -104,32 +120,46 @@ def device_rescored_evidence(cache_dirs: Iterable[Path],
                              ) -> list[BoundEvidence]:
     """Each judge's error-bound evidence over the caches in ``cache_dirs``: with a
     ``Rescore``, every label that kept its question and whose entry is still there scored
-    anew on (question, the entry's question), whoever scored it first; without, the
-    labels the judge named scored (``device_bound_evidence``). Marked sent alike."""
+    anew as it was weighed (``Asked``), whoever scored it first, and left out where the
+    judge would pick another; without, the labels the judge named scored
+    (``device_bound_evidence``). Marked sent alike."""
     evidence = [BoundEvidence.empty() for _ in judges]
     for cache_dir in cache_dirs:
         if not cache_dir.exists():
             continue
         with closing(EntryStore(cache_dir)) as store:
-            labels, pairs = _with_entries(store)
+            labels, asked = _with_entries(store)
             evidence = [sums + (send_evidence(store, judge) if rescore is None else
-                                send_rescored(store, labels, rescore(pairs)))
+                                send_rescored(store, labels, rescore(asked)))
                         for sums, (judge, rescore) in zip(evidence, judges, strict=True)]
     return evidence
 
 
-def _with_entries(store: EntryStore) -> tuple[list[Label], list[Pair]]:
-    """The labels that kept their question and whose entry is there, each with the pair
-    (question, the entry's question) a judge scores."""
-    labels, pairs = [], []
+def _with_entries(store: EntryStore) -> tuple[list[Label], list[Asked]]:
+    """The labels that kept their question and whose entry is there, each as a judge
+    scores it anew."""
+    labels, asked = [], []
+    questions: dict[str, str | None] = {}
+
+    def stored(entry: str) -> str | None:
+        if entry not in questions:
+            try:
+                questions[entry] = store.get(entry).query
+            except EntryNotFoundError:
+                questions[entry] = None
+        return questions[entry]
+
     for label in labelled_questions(store):
-        try:
-            stored = store.get(label.entry).query
-        except EntryNotFoundError:
+        if stored(label.entry) is None:
             continue
+        weighed = [(key, cosine) for key, cosine in label.weighed if stored(key) is not None]
+        keys = [key for key, _ in weighed]
         labels.append(label)
-        pairs.append(Pair(label.question, stored, int(not label.wrong)))
-    return labels, pairs
+        asked.append(Asked(label.question, [stored(key) or "" for key in keys],
+                           [cosine for _, cosine in weighed], keys.index(label.entry))
+                     if label.entry in keys else
+                     Asked(label.question, [stored(label.entry) or ""], []))
+    return labels, asked
 
 
 def set_device_pooled(cache_dirs: Iterable[Path], *evidence: BoundEvidence) -> None:

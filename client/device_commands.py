@@ -78,10 +78,13 @@ def open_cache(settings: Settings, directory: Path | None = None,
 # cache -------------------------------------------------------------------------------
 def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.stats_plots import stats_plots
+    from meancache.client.verifier import device_verifier_card
 
     with closing(EntryStore(settings.cache_dir)) as store:  # no encoder: nothing to embed
         stats = stored_stats(store, settings.global_threshold, settings.encoder_backend,
-                             settings.max_wrong_rate, settings.cache_settings().learned,
+                             settings.max_wrong_rate,
+                             device_verifier_card(settings)
+                             if settings.cache_settings().learned else None,
                              settings.learned_decision)
         plots = [] if args.json else stats_plots(store, stats.threshold)
     if args.json:

@@ -25,7 +25,13 @@ from meancache.shared.fl.checkpoint import (
     load_checkpoint,
     read_meta,
 )
-from meancache.shared.verifier.runtime import CARD_FILE, LearnedVerifier, read_card
+from meancache.shared.verifier.runtime import (
+    ARTEFACT_DIR,
+    CARD_FILE,
+    Card,
+    LearnedVerifier,
+    read_card,
+)
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +101,25 @@ def _load(directory: Path) -> LearnedVerifier:
 def load_device_verifier(settings: Settings) -> LearnedVerifier | None:
     """The verifier made from the newest kept global model; None where there is none (the
     matcher then loads the shipped one when it first needs it)."""
+    directory = _device_dir(settings)
+    return None if directory is None else _load(directory)
+
+
+def device_verifier_card(settings: Settings) -> Card:
+    """The card of the verifier this device runs (``load_device_verifier``'s, else the
+    shipped one's), read without loading a model: what `cache stats` judges by."""
+    return read_card(_device_dir(settings) or ARTEFACT_DIR)
+
+
+def _device_dir(settings: Settings) -> Path | None:
+    """The export of the newest kept global model's verifier, where it is whole."""
     checkpoint = latest_checkpoint(settings.global_model_dir)
     if checkpoint is not None:
         try:
             meta = read_meta(checkpoint)
             out = _export_dir(settings, meta)
             if meta.verifier_base and _loadable(out, meta):
-                return _load(out)
+                return out
         except (CheckpointError, VerifierError) as exc:
             log.warning("not using the global verifier in %s: %s", checkpoint, exc)
     return None

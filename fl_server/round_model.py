@@ -36,12 +36,14 @@ class RoundModels:
         model after this run's ``server_round``) must be: the verifier devices run with
         it. Federated, a published model's verifier is named as a device names the one
         it makes from it (client.verifier: the model's sha256); the model a run starts
-        from without a published one, or an unfederated verifier, is the int8 base,
-        whose labels are the learned decision's score where its card was fitted on that
-        verifier and the base encoder (shared.verifier.decision.judge_for: the default
-        decision's, as a device names it; a device that chose the rules sends none)."""
+        from without a published one, or an unfederated verifier, is the int8 base.
+        Either way the labels are the learned decision's score where its card was fitted
+        on that base and the base encoder (shared.verifier.decision.judge_for: the
+        default decision's, as a device names it; a device that chose the rules sends
+        none)."""
         if self.verifier_base and server_round + self.round_offset > 0:
-            return state_sha256(arrays.to_torch_state_dict())
+            return judge_for(state_sha256(arrays.to_torch_state_dict()), self.base_model,
+                             self.verifier_base)
         base = self.verifier_base or self.shipped_judge
         return judge_for(base, self.base_model) if base else base
 

@@ -58,7 +58,8 @@ class Lookup:
                 return self._serve(query.text, decision.candidate, question.truncated)
         self.store.add_to_counter("misses")
         if isinstance(decision, NoMatch) and decision.judged is not None:
-            self.awaiting.wait(question.key, Pending(*decision.judged))
+            self.awaiting.wait(question.key, Pending(*decision.judged,
+                                                     weighed=decision.weighed))
         reason = decision.reason if isinstance(decision, NoMatch) else NOTHING_CLOSE
         if isinstance(decision, NoMatch) and decision.vetoed:
             return Miss(query.text, reason, decision.best_similarity, question.truncated, True)
@@ -73,7 +74,7 @@ class Lookup:
         if self.matcher.learned is None or match.score is None \
                 or embedding_text(match.candidate.text) == question.key:
             return None
-        return self.awaiting.explores(match.candidate.key, match.score)
+        return self.awaiting.explores(match.candidate.key, match.score, match.weighed)
 
     def context_vector(self, context: Context | None) -> np.ndarray | None:
         """The previous question's vector (None for a first turn, or without context rules)."""

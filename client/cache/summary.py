@@ -10,11 +10,10 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.learning.bound import Bound, Judge, labels_needed
 from meancache.client.learning.state import Learned
-from meancache.client.matching import labels
+from meancache.client.matching import labels, matcher
 from meancache.client.matching.labels import DECLINED
 from meancache.shared.fl.bound_evidence import cosine_judge
-from meancache.shared.verifier.decision import LearnedDecision
-from meancache.shared.verifier.runtime import ARTEFACT_DIR, read_card
+from meancache.shared.verifier.runtime import Card
 
 EXPLORED = "explored"  # the counter of would-be hits also asked upstream (exploration)
 
@@ -57,13 +56,14 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
 
 
 def stored_stats(store: EntryStore, global_threshold: float, backend: str,
-                 max_wrong_rate: float, learned_verifier: bool,
+                 max_wrong_rate: float, verifier: Card | None,
                  learned_decision: bool = False) -> CacheStats:
     """Statistics without an encoder: the encoder version and size are those of the newest
     stored vectors, and entries stored under another version count as stale (the next
     start that loads the encoder re-embeds them). ``global_threshold`` is the configured
     one, used until the FL server sends its own; ``backend`` is the configured runtime;
-    ``learned_verifier``: whether the learned verifier judges (else the cosine does);
+    ``verifier``: the card of the learned verifier that judges (client.verifier's: the
+    device's global one or the shipped one), None where the cosine does;
     ``learned_decision``: whether the learned decision's card decides with it (the
     setting, with the encoder its card was fitted on), and so its score judges."""
     entries = list(store.entries())
@@ -71,12 +71,12 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str,
     version = newest.encoder_version if newest is not None else "-"
     thresholds = ThresholdState(store, global_threshold)
     judge = Judge(cosine_judge(version), thresholds.current)
-    if learned_verifier:  # the shipped verifier's (none is loaded here)
-        card = read_card(ARTEFACT_DIR)
-        judge = Judge(card.judge, card.threshold)
-        decision = LearnedDecision.load() if learned_decision else None
-        if decision is not None and decision.verifier_sha256 == card.sha256:
-            judge = Judge(decision.judge, decision.threshold, decision.evidence)
+    if verifier is not None:  # its card only: no model is loaded here
+        decision = matcher.learned_decision() if learned_decision else None
+        if decision is not None and not decision.fits(
+                verifier.sha256, decision.encoder_version, verifier.tuned_from):
+            decision = None
+        judge = matcher.verifier_judge(verifier, decision)
     return cache_stats(
         store, thresholds, entries=len(entries),
         nbytes=sum(entry.nbytes for entry in entries),

@@ -19,10 +19,13 @@ from typing import Any
 import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from meancache.client.config import load_settings
+from meancache.client.device_caches import Asked, Rescore
 from meancache.client.fl.data import partition, split
 from meancache.client.fl.device import DeviceState
+from meancache.client.fl.rescore import rescorer
 from meancache.client.fl.run_config import ClientConfig
 from meancache.client.fl.train import pair_similarities, train_locally
+from meancache.client.matching.settings import RECALL_MARGIN
 from meancache.client.verifier import export_global_verifier
 from meancache.shared.encoder import load_sentence_transformer, locate_model
 from meancache.shared.errors import MeanCacheError
@@ -47,12 +50,14 @@ from meancache.shared.pairs import Pair, read_pairs
 from meancache.shared.query import embedding_text
 from meancache.shared.threshold import check_threshold, score_thresholds
 from meancache.shared.verifier.federated import (
+    base_dir,
     base_sha,
     base_verifier,
     pair_probabilities,
     train_verifier,
 )
 from meancache.shared.verifier.model import CrossEncoder
+from meancache.shared.verifier.runtime import read_card
 from sentence_transformers import SentenceTransformer
 
 log = logging.getLogger(__name__)
@@ -123,10 +128,28 @@ def bound_evidence(got: "Received", validation: list[Pair], similarities: np.nda
         return BoundEvidence.empty(), BoundEvidence.empty()
     wrong = np.array([p.label == 0 for p in validation], dtype=float)
     cosine = BoundEvidence.of_labels(similarities, wrong, np.ones(len(validation)))
-    if got.verifier is None:
+    rescore = judge_rescorer(got, RECALL_MARGIN)
+    if rescore is None:
         return BoundEvidence.empty(), cosine
-    return BoundEvidence.of_labels(pair_probabilities(got.verifier, validation), wrong,
-                                   np.ones(len(validation))), cosine
+    scores = rescore([Asked(p.q1, [p.q2], [float(c)]) for p, c in zip(
+        validation, similarities, strict=True)])
+    kept = ~np.isnan(scores)  # NaN: none here (a pair alone is its own pick)
+    return BoundEvidence.of_labels(scores[kept], wrong[kept], np.ones(int(kept.sum()))), \
+        cosine
+
+
+def judge_rescorer(got: "Received", recall_margin: float) -> Rescore | None:
+    """How the round's judge scores labels it did not make (client.fl.rescore): with the
+    global verifier it sent, the global encoder's cosines where a label kept none, and
+    the recall tau of its threshold; None without a federated verifier (no score to
+    send) or for a judge this device cannot score."""
+    verifier = got.verifier
+    if verifier is None:
+        return None
+    return rescorer(got.judge, lambda pairs: pair_probabilities(verifier, pairs),
+                    lambda pairs: pair_similarities(got.model, for_encoder(pairs)),
+                    got.threshold - recall_margin,
+                    read_card(base_dir(got.config.model.verifier_dir)).threshold)
 
 
 def bound_metrics(got: "Received", bound: tuple[BoundEvidence, BoundEvidence]
@@ -202,14 +225,11 @@ def evidence_reply(msg: Message, got: Received) -> Message:
             if len(pairs) >= got.config.min_pairs else []
         bound = bound_evidence(got, held, pair_similarities(got.model, for_encoder(held)))
     else:
-        verifier = got.verifier
-        verifier_scores = None if verifier is None else \
-            (lambda pairs: pair_probabilities(verifier, pairs))
-        verifier_sums, cosine_sums = DeviceState(Path(str(got.node["data-dir"]))
-                                                 ).rescored_evidence(
-            (got.judge, verifier_scores),
-            (got.cosine_judge, lambda pairs: pair_similarities(got.model,
-                                                                for_encoder(pairs))))
+        device = DeviceState(Path(str(got.node["data-dir"])))
+        verifier_sums, cosine_sums = device.rescored_evidence(
+            (got.judge, judge_rescorer(got, device.settings.recall_margin)),
+            (got.cosine_judge, lambda asked: pair_similarities(got.model, for_encoder(
+                [Pair(a.question, a.stored[a.pick], 1) for a in asked]))))
         bound = verifier_sums, cosine_sums
     return Message(RecordDict({"metrics": MetricRecord(bound_metrics(got, bound))}),
                    reply_to=msg)

@@ -27,6 +27,7 @@ class Pending:
     score: float
     labelled_with: float = 1.0
     source: str = "miss"
+    weighed: tuple[tuple[str, float], ...] = ()  # what the judge weighed (``Label``'s)
 
 
 class Awaiting:
@@ -42,7 +43,8 @@ class Awaiting:
         self.learns = learns
         self._pending: OrderedDict[str, Pending] = OrderedDict()
 
-    def explores(self, entry_id: str, score: float) -> Pending | None:
+    def explores(self, entry_id: str, score: float,
+                 weighed: tuple[tuple[str, float], ...] = ()) -> Pending | None:
         """The would-be hit on ``entry_id`` at the judge's ``score`` as an exploration, if
         it is one: its score lies near the entry's threshold and the draw says so."""
         if self._rng is None or not self.learns:
@@ -52,7 +54,7 @@ class Awaiting:
         exploration = self.exploration(self.learned.judge)
         if not exploration.explores(score, threshold, self._rng, learned):
             return None
-        return Pending(entry_id, score, exploration.rate_now(learned), "explore")
+        return Pending(entry_id, score, exploration.rate_now(learned), "explore", weighed)
 
     def wait(self, question_key: str, pending: Pending) -> None:
         if not self.learns:
@@ -74,7 +76,7 @@ class Awaiting:
         if cached is None:
             return None
         label = Label(pending.score, not agree(answer, cached), pending.labelled_with,
-                      pending.entry_id, pending.source)
+                      pending.entry_id, pending.source, weighed=pending.weighed)
         self.learned.learn(label, question)
         return label
 

@@ -59,8 +59,9 @@ class Label:
     """One labelled served-region pair: the judge's score, whether the cached answer was
     wrong, the probability that this pair got labelled, the entry it concerns, the
     question asked of it (normalised; kept on the device, where federated learning trains
-    the verifier on the pair: client.device_caches) and which judge gave the score (its
-    verifier's card.judge: a score means something only to the judge that gave it)."""
+    the verifier on the pair: client.device_caches), which judge gave the score (its
+    verifier's card.judge: a score means something only to the judge that gave it) and
+    what that judge weighed."""
 
     score: float
     wrong: bool
@@ -69,6 +70,10 @@ class Label:
     source: str = "miss"  # "miss", "explore" or "user" (a "wrong answer": the strongest)
     question: str = ""
     judge: str = ""
+    # the candidates the verifier weighed against the pick (entry, cosine; most similar
+    # first: client.matching.question.Weighed), so that another judge can score the pick
+    # anew (client.device_caches); empty: the pair alone (a "wrong answer", older labels)
+    weighed: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -76,11 +81,15 @@ class Judge:
     """Who scores a pick (a score means something only to the judge that gave it), the
     threshold the bound starts from (its prior) and the evidence the judge ships with:
     the learned decision's card carries its choose splits' picks as labels of its score
-    (shared.verifier.decision), tested as pooled labels are (``choose_pooled``)."""
+    (shared.verifier.decision), tested as pooled labels are (``choose_pooled``).
+    ``prior_from``: the evidence of the judge this one derives from (the card's, over
+    the verifier a federated one was fine-tuned from): not this judge's labels, so it
+    backs nothing here, but the threshold it backs (``backed``) replaces ``prior``."""
 
     name: str
     prior: float
     evidence: BoundEvidence = field(default_factory=BoundEvidence.empty)
+    prior_from: BoundEvidence = field(default_factory=BoundEvidence.empty)
 
 
 @dataclass(frozen=True)
@@ -124,6 +133,23 @@ def labels_to_pass(wrong_share: float, max_wrong_rate: float,
         middle = (low + high) // 2
         low, high = (low, middle) if passes(middle) else (middle, high)
     return high
+
+
+def shipped_start(max_wrong_rate: float, confidence: float = CONFIDENCE) -> int:
+    """Where the test of a judge's own evidence (the learned decision's card: thousands of
+    labels) starts (``choose``'s ``start``): where a region as wrong as half the rate is
+    expected to pass, so that a few wrong picks among its highest scores do not stop the
+    sequence above the large regions under them."""
+    return labels_to_pass(max_wrong_rate / 2, max_wrong_rate, confidence)
+
+
+def backed(evidence: BoundEvidence, max_wrong_rate: float, confidence: float = CONFIDENCE
+           ) -> float:
+    """The lowest threshold ``evidence`` alone backs (tested from ``shipped_start``);
+    ``NEVER`` where it backs none."""
+    rows = Rows.pooled_bins(*evidence.rows())
+    return choose(rows, max_wrong_rate, NEVER, confidence,
+                  shipped_start(max_wrong_rate, confidence)).threshold
 
 
 def upper_limit(errors: float, n: float, confidence: float = CONFIDENCE) -> float:

@@ -27,11 +27,12 @@ from meancache.client.learning.bound import (
     Judge,
     Label,
     Rows,
+    backed,
     choose,
     choose_pooled,
     entry_threshold,
     labels_needed,
-    labels_to_pass,
+    shipped_start,
 )
 from meancache.shared.fl.bound_evidence import COSINE_JUDGE, BoundEvidence
 from meancache.shared.query import normalise_query
@@ -76,6 +77,9 @@ class Learned:
         self._prior = prior
         self._judge = judge
         self._shipped: BoundEvidence | None = None  # the judge's own labels (``use``)
+        # the evidence a derived judge's prior comes from (``use``), and that prior
+        self._prior_from: BoundEvidence | None = None
+        self._backed_at = NEVER
         self.confidence = confidence
         self._lock = threading.Lock()
         self._load()
@@ -131,11 +135,21 @@ class Learned:
         """Score with ``judge``: its name, its threshold as the prior, and the evidence
         it ships with (the learned decision's card's: counted as pooled labels are).
         Called on every lookup: the bound is recomputed only when one of them changed."""
-        self.judge, self.prior = judge.name, judge.prior
+        self.judge = judge.name
+        self.prior = judge.prior if not judge.prior_from.labels else self._backed(
+            judge.prior_from)
         evidence = judge.evidence
         shipped = evidence if evidence.judge == judge.name and evidence.labels else None
         if shipped is not self._shipped:
             self._shipped, self._bound = shipped, None
+
+    def _backed(self, evidence: BoundEvidence) -> float:
+        """The threshold ``evidence`` backs at this bound's rate (``bound.backed``),
+        computed once per evidence."""
+        if self._prior_from is not evidence:
+            self._prior_from = evidence
+            self._backed_at = backed(evidence, self.max_wrong_rate, self.confidence)
+        return self._backed_at
 
     def _counts(self, label: Label) -> bool:
         """The judge's own labels; those written before labels named their judge were
@@ -166,14 +180,11 @@ class Learned:
         unsent = own[self._own_at >= self._sent] if applies else own
         pooled = (self.pooled if applies else BoundEvidence.empty()) \
             + (shipped or BoundEvidence.empty())
-        # The judge's own evidence holds thousands of labels: its sequence starts where a
-        # region as wrong as half the rate is expected to pass (``choose``'s ``start``),
-        # so that a few wrong picks among its highest scores do not stop it above the
-        # large regions under them.
-        # Nor does the judge need a prior: where no region passes, none is served.
-        start, prior = (labels_to_pass(self.max_wrong_rate / 2, self.max_wrong_rate,
-                                       self.confidence), NEVER) if shipped is not None \
-            else (None, self.prior)
+        # The judge's own evidence holds thousands of labels: its sequence starts later
+        # (``shipped_start``). Nor does the judge need a prior: where no region passes,
+        # none is served.
+        start, prior = (shipped_start(self.max_wrong_rate, self.confidence), NEVER) \
+            if shipped is not None else (None, self.prior)
         return choose_pooled(own, unsent, Rows.pooled_bins(*pooled.rows()),
                              self.max_wrong_rate, prior, self.confidence, start)
 
@@ -365,10 +376,14 @@ def send_evidence(store: StateStore, judge: str) -> BoundEvidence:
 def send_rescored(store: StateStore, labels: list[Label], scores: np.ndarray
                   ) -> BoundEvidence:
     """``labels`` (of ``labelled_questions(store)``) at the ``scores`` another judge gave
-    them (federated learning's evidence round: the final global model's), as
-    ``send_evidence`` sends a judge's own, marked as sent alike."""
+    them (federated learning's evidence round: the final global model's; NaN: a label
+    that judge would not have made, left out), as ``send_evidence`` sends a judge's own,
+    marked as sent alike."""
     store.set_states({_SENT: sum(len(chunk) for _, chunk in _chunks(store))})
-    return _sums(labels, np.asarray(scores, dtype=float))
+    scores = np.asarray(scores, dtype=float)
+    kept = ~np.isnan(scores)
+    return _sums([label for label, keep in zip(labels, kept, strict=True) if keep],
+                 scores[kept])
 
 
 def _sums(labels: list[Label], scores: np.ndarray) -> BoundEvidence:

@@ -27,8 +27,9 @@ source:
     does too (``ambiguous``), and the rule checks kept beside it (``rules.WITH_LEARNED``:
     a swapped direction, an opposite word) do not veto it; "learned": if the fitted
     decision (``decision.py``) serves it, with the hand-made parts its card keeps (with
-    another verifier or encoder than its card names, "rules"). It is loaded only when
-    this is chosen;
+    another verifier or encoder than its card names, "rules"; a federated fine-tune of
+    its verifier is its own, under another judge: ``verifier_judge``). It is loaded only
+    when this is chosen;
   - "rules" (``rules.verify``, every check) looks at the best counting candidate
     only and vetoes it when the two differ in a negation, number, name, ...
 - the error bound learned from the device's traffic (``learned``, client/learning) moves
@@ -45,6 +46,7 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
+from dataclasses import replace
 from functools import lru_cache
 from itertools import islice
 from typing import TYPE_CHECKING, Protocol
@@ -68,7 +70,7 @@ from meancache.shared.encoder import Encoder
 from meancache.shared.fl.bound_evidence import cosine_judge
 from meancache.shared.query import embedding_text
 from meancache.shared.verifier.decision import LearnedDecision, features
-from meancache.shared.verifier.runtime import LearnedVerifier
+from meancache.shared.verifier.runtime import Card, LearnedVerifier
 
 if TYPE_CHECKING:
     from meancache.client.learning.state import Learned
@@ -103,6 +105,21 @@ def ambiguous(probabilities: np.ndarray, threshold: float) -> bool:
 def learned_decision() -> LearnedDecision:
     """The shipped decision card, loaded (and checked) once."""
     return LearnedDecision.load()
+
+
+def verifier_judge(card: Card, decision: LearnedDecision | None) -> Judge:
+    """The judge of a verifier (its ``card``) and, where it decides with it, the learned
+    decision (``Matcher.decision_card``): the decision's score from its card's threshold
+    with the evidence it ships; over a federated fine-tune of the card's verifier, another
+    judge whose prior is the threshold that evidence backs (it was scored by the base:
+    shared.verifier.decision); without the decision, the verifier's probability from its
+    card's threshold."""
+    if decision is None:
+        return Judge(card.judge, card.threshold)
+    name = decision.judge_of(card.judge, card.tuned_from)
+    if card.tuned_from:
+        return Judge(name, decision.threshold, prior_from=decision.evidence)
+    return Judge(name, decision.threshold, decision.evidence)
 
 
 @lru_cache(maxsize=1)
@@ -162,12 +179,11 @@ class Matcher:
         with it off the embedding's cosine from tau. A score means something only to the
         judge that gave it, so the cosine's is named by the vector space."""
         if self.settings.learned:
-            decision = self.decision_card()
-            if decision is not None:
-                return Judge(decision.judge, decision.threshold, decision.evidence)
             verifier = self.verifier
-            return Judge(getattr(getattr(verifier, "card", None), "judge", ""),
-                         verifier.threshold)
+            card = getattr(verifier, "card", None)
+            if card is not None:
+                return verifier_judge(card, self.decision_card())
+            return Judge("", verifier.threshold)
         return Judge(cosine_judge(self.encoder.version), self.tau)
 
     def judge_score(self, query: str, stored: str) -> float:
@@ -304,10 +320,16 @@ class Matcher:
                   ) -> Match | NoMatch:
         """The counting candidate the verifier finds most likely the same question, if it
         alone clears the verifier's threshold (``ambiguous``) and the rules kept beside it
-        (``WITH_LEARNED``) do not veto it; the very same question passes by identity."""
+        (``WITH_LEARNED``) do not veto it; the very same question passes by identity.
+        Either way it says which candidates were weighed (``Weighed``)."""
         for candidate in counting:
             if embedding_text(candidate.text) == question.key:
                 return Match(candidate, 1.0)
+        return replace(self._picked(question, counting, best),
+                       weighed=tuple((c.key, c.similarity) for c in counting))
+
+    def _picked(self, question: Question, counting: list[Candidate], best: float | None
+                ) -> Match | NoMatch:
         verifier = self.verifier
         probabilities = verifier.probabilities(question.text, [c.text for c in counting])
         top = int(np.argmax(probabilities))
@@ -341,8 +363,9 @@ class Matcher:
             return None
         decision = self._card or learned_decision()
         card = getattr(self.verifier, "card", None)
-        if getattr(card, "sha256", None) != decision.verifier_sha256:
-            other = "verifier than this one"
+        if not decision.fits(getattr(card, "sha256", ""), decision.encoder_version,
+                             getattr(card, "tuned_from", "")):
+            other = "verifier than this one (or than the one it was fine-tuned from)"
         elif self.encoder.model_version != decision.encoder_version:
             other = (f"encoder ({decision.encoder} {decision.encoder_version}) than this one "
                      f"({self.encoder.model_version})")

@@ -38,7 +38,7 @@ from meancache.client.pack import PackStore
 from meancache.client.proxy.eligibility import Bypass
 from meancache.client.proxy.exchanges import ExchangeStore
 from meancache.client.upstream_client import UpstreamClient
-from meancache.client.verifier import load_device_verifier
+from meancache.client.verifier import device_verifier_card, load_device_verifier
 from meancache.shared.encoder import Encoder
 from meancache.shared.files import write_json_atomic
 from meancache.shared.fl.bound_evidence import BoundEvidence
@@ -159,7 +159,8 @@ class Partitions:
                 with closing(EntryStore(directory / pid / "cache")) as store:
                     found.append((pid, stored_stats(
                         store, self.settings.global_threshold, self.settings.encoder_backend,
-                        self.settings.max_wrong_rate, self.settings.learned,
+                        self.settings.max_wrong_rate,
+                        device_verifier_card(self.settings) if self.settings.learned else None,
                         self.settings.learned_decision)))
         return found
 

@@ -31,7 +31,10 @@ pools labels: shared.fl.bound_evidence), which a device tests with its own label
 the pool, so that its first answers are backed by labels, not by the threshold alone.
 Its judge's name is the card's sha256 (``judge``), which names the verifier and the
 encoder too; the FL server names it the same way for the rounds it runs with this
-verifier and encoder (``judge_for``).
+verifier and encoder (``judge_for``). Over a federated fine-tune of its verifier the card
+still decides (the rounds move the verifier's probabilities, they do not replace them),
+as another judge (``judge_of``): its evidence, scored by the base verifier, backs
+nothing there, and the threshold it backs is only that judge's prior.
 """
 
 import hashlib
@@ -138,11 +141,20 @@ class LearnedDecision:
         the card that gave it)."""
         return f"{DECISION_JUDGE} {self.sha256}"
 
-    def fits(self, verifier_sha256: str, encoder_version: str) -> bool:
+    def fits(self, verifier_sha256: str, encoder_version: str, base: str = "") -> bool:
         """Whether this card decides for that verifier (its file's sha256) and encoder
-        (``Encoder.model_version``): the ones it was fitted on."""
-        return (verifier_sha256, encoder_version) == (self.verifier_sha256,
-                                                      self.encoder_version)
+        (``Encoder.model_version``): the ones it was fitted on, or a federated fine-tune
+        of that verifier (``base``: the int8 verifier its global tensors apply over,
+        client.verifier), whose probabilities the rounds move, not replace."""
+        return encoder_version == self.encoder_version \
+            and self.verifier_sha256 in (verifier_sha256, base)
+
+    def judge_of(self, verifier_judge: str, base: str = "") -> str:
+        """The name of this card's score with a verifier it ``fits``: its own judge over
+        the verifier it was fitted on, another over a federated fine-tune of it (named by
+        the fine-tune's ``verifier_judge``, the global model's sha256), whose scores the
+        card's evidence, its base's, does not hold."""
+        return f"{self.judge} over {verifier_judge}" if base else self.judge
 
     @classmethod
     def from_card(cls, card: object, where: str = "the decision card") -> "LearnedDecision":
@@ -200,15 +212,16 @@ class LearnedDecision:
         return score >= self.threshold, score
 
 
-def judge_for(verifier_sha256: str, encoder_version: str, card_path: Path = CARD_PATH) -> str:
-    """Whose scores a device's error-bound labels hold when it runs that verifier (its
-    file's sha256, as its card names it) with that encoder and the default decision: the
-    shipped card's where the card fits them, else the verifier's own probability (named by
-    ``verifier_sha256``; also where the card cannot be read: the device then cannot use
-    it either)."""
+def judge_for(verifier_judge: str, encoder_version: str, base: str = "",
+              card_path: Path = CARD_PATH) -> str:
+    """Whose scores a device's error-bound labels hold when it runs that verifier (named by
+    its card's ``judge``: its file's sha256, or for a federated fine-tune of ``base`` the
+    global model's) with that encoder and the default decision: the shipped card's score
+    where the card fits them (``judge_of``), else the verifier's own probability (also
+    where the card cannot be read: the device then cannot use it either)."""
     try:
         decision = LearnedDecision.load(card_path)
     except VerifierError:
-        return verifier_sha256
-    return decision.judge if decision.fits(verifier_sha256, encoder_version) \
-        else verifier_sha256
+        return verifier_judge
+    return decision.judge_of(verifier_judge, base) \
+        if decision.fits(verifier_judge, encoder_version, base) else verifier_judge

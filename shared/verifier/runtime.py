@@ -32,6 +32,10 @@ class Card:
     threshold: float  # probability at which a pair counts as "the same question"
     max_tokens: int = MAX_TOKENS
     global_model: str = ""  # a device-made one's: the global model's sha256 it came from
+    # a device-made one's: the sha256 of the int8 verifier its global tensors apply over,
+    # its card's "base" (the learned decision fitted on that one decides over this one:
+    # shared.verifier.decision); a trained one's "base" names its backbone, not a file
+    tuned_from: str = ""
 
     @property
     def judge(self) -> str:
@@ -47,7 +51,8 @@ def read_card(directory: Path) -> Card:
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
         return Card(str(raw["sha256"]), float(raw["threshold"]),
-                    int(raw.get("max_tokens", MAX_TOKENS)), str(raw.get("global_model", "")))
+                    int(raw.get("max_tokens", MAX_TOKENS)), str(raw.get("global_model", "")),
+                    str(raw.get("base", "")) if raw.get("global_model") else "")
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise VerifierError(f"the verifier's card {path} is missing or unreadable ({exc}); "
                             "reinstall meancache or retrain with `meancache verifier "

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
+from meancache.client.cache.summary import stored_stats
 from meancache.client.learning.bound import (
     Label,
     Rows,
@@ -70,11 +71,12 @@ class Fixed:
         return np.array([self.by_text[c] for c in candidates], dtype=np.float32)
 
 
-def cache_with(make_cache: CacheFactory, decision: str, verifier: Fixed) -> SemanticCache:
+def cache_with(make_cache: CacheFactory, decision: str, verifier: Fixed,
+               directory: Path | None = None) -> SemanticCache:
     # every stored question counts (tau low, no margin): the verifier and decision decide
     settings = CacheSettings(global_threshold=0.3, recall_margin=0.0, verifier="learned",
                              decision=decision)
-    cache = make_cache(settings=settings, verifier=verifier)
+    cache = make_cache(directory, settings=settings, verifier=verifier)
     for question in verifier.by_text:
         cache.insert(question, f"answer to {question}")
     return cache
@@ -117,6 +119,51 @@ def test_another_verifier_leaves_the_decision_to_the_rules(make_cache: CacheFact
     verifier = Fixed({RIGHT: 0.995, CLOSE: 0.60, OTHER: 0.02})
     verifier.card = type(verifier.card)("0" * 64, verifier.threshold)
     assert isinstance(cache_with(make_cache, "learned", verifier).lookup(ASKED), Miss)
+
+
+@pytest.mark.parametrize("fine_tuned", [True, False])
+def test_a_federated_fine_tune_of_the_cards_verifier_is_decided_by_the_card_as_another_judge(
+        make_cache: CacheFactory, for_test_encoder: LearnedDecision, fine_tuned: bool,
+        tmp_path: Path) -> None:
+    """A global verifier made on the device from FL rounds over the card's verifier (its
+    card names that one as ``base``) only moves its probabilities: the card still decides
+    (the rules would decline this pick as ambiguous), but its score is another judge's,
+    so the card's labels, scored by the base, back nothing: the threshold they back is
+    that judge's prior. A fine-tune of another verifier leaves the decision to the rules."""
+    verifier = Fixed({RIGHT: 0.995, CLOSE: 0.60, OTHER: 0.02})
+    base = for_test_encoder.verifier_sha256 if fine_tuned else "0" * 64
+    verifier.card = replace(verifier.card, sha256="1" * 64, global_model="2" * 64,
+                            tuned_from=base)
+    cache = cache_with(make_cache, "learned", verifier)
+    looked = cache.lookup(ASKED)
+    if not fine_tuned:
+        assert isinstance(looked, Miss) and cache.matcher.judge.name == "2" * 64
+        return
+    assert isinstance(looked, Hit) and looked.answer == f"answer to {RIGHT}"
+    assert cache.learned.judge == f"{for_test_encoder.judge} over {'2' * 64}"
+    first = cache_with(make_cache, "learned", Fixed({RIGHT: 0.995}), tmp_path / "first")
+    first.lookup(ASKED)
+    bound = cache.learned.bound
+    assert not bound.learned and bound.labels == 0
+    assert bound.threshold == first.learned.bound.threshold < 1  # what the card's labels back
+
+
+def test_cache_stats_judge_by_the_verifier_the_device_runs(
+        make_cache: CacheFactory, for_test_encoder: LearnedDecision, tmp_path: Path) -> None:
+    """`cache stats` (no model loaded) reads the bound of the judge the open cache runs:
+    after a round, the decision over the device's global verifier (its labels), not the
+    shipped card's (whose labels back the shipped verifier only)."""
+    verifier = Fixed({RIGHT: 0.995})
+    verifier.card = replace(verifier.card, sha256="1" * 64, global_model="2" * 64,
+                            tuned_from=for_test_encoder.verifier_sha256)
+    cache = cache_with(make_cache, "learned", verifier, tmp_path / "device")
+    cache.lookup(ASKED)
+    cache.learned.learn(Label(0.99, False, 1.0, "an entry", "miss"))
+    assert cache.learned.bound.labels == 1
+    stats = stored_stats(cache.store, 0.3, "onnx", 0.02, verifier.card, True)
+    assert (stats.wrong_rate_labels, stats.wrong_rate_pooled) == (1, 0)
+    shipped = stored_stats(cache.store, 0.3, "onnx", 0.02, shipped_verifier().card, True)
+    assert shipped.wrong_rate_labels == shipped.wrong_rate_pooled >= labels_to_pass(0.01, 0.02)
 
 
 def test_another_encoder_leaves_the_decision_to_the_rules(
@@ -329,7 +376,14 @@ def test_the_fl_server_names_the_judge_a_device_scores_with(
     path.write_text(json.dumps(card), encoding="utf-8")
     device = cache_with(make_cache, "learned", Fixed({RIGHT: 0.99})).matcher.judge.name
     verifier = for_test_encoder.verifier_sha256
-    assert judge_for(verifier, for_test_encoder.encoder_version, path) == device
-    assert judge_for("0" * 64, for_test_encoder.encoder_version, path) == "0" * 64
-    assert judge_for(verifier, "another encoder", path) == verifier
-    assert judge_for(verifier, for_test_encoder.encoder_version, tmp_path / "none") == verifier
+    assert judge_for(verifier, for_test_encoder.encoder_version, card_path=path) == device
+    assert judge_for("0" * 64, for_test_encoder.encoder_version, card_path=path) == "0" * 64
+    assert judge_for(verifier, "another encoder", card_path=path) == verifier
+    assert judge_for(verifier, for_test_encoder.encoder_version, card_path=tmp_path / "none"
+                     ) == verifier
+    # a federated fine-tune of the card's verifier, named by its global model's sha256
+    tuned = Fixed({RIGHT: 0.99})
+    tuned.card = replace(tuned.card, sha256="1" * 64, global_model="2" * 64, tuned_from=verifier)
+    device = cache_with(make_cache, "learned", tuned, tmp_path / "tuned").matcher.judge.name
+    assert judge_for("2" * 64, for_test_encoder.encoder_version, verifier, path) == device
+    assert judge_for("2" * 64, for_test_encoder.encoder_version, "0" * 64, path) == "2" * 64
