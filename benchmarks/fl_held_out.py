@@ -24,6 +24,33 @@ are split in two parts that share none:
   client.verifier.export_global_verifier), its own labels scored by it, and the pool the
   final model carries.
 
+Two judges, a table each. The **verifier's probability** of its most probable candidate
+(the judge before the learned decision; its rows as above). And the **learned decision's
+score** (shared.verifier.decision, the product's default judge), as the matcher computes
+it (client.matching.matcher ``_decided``): of the five candidates (picked by MiniLM, as
+above), those whose cosine by the card's encoder (MPNet, ``decision.encoder``) reaches the
+recall tau (MPNet's tau less the recall margin) count, most similar first, at most
+``VERIFIED_AT_MOST``; the pick is the most probable of them; the features are their MPNet
+cosines and the verifier's probabilities (decision_study ``record`` and ``Study``, the
+fit's own code), with the verifier card's threshold; the very same question is served by
+identity (no label), a pick the card's kept parts refuse (``keeps``: the rules kept beside
+it) is never served nor labelled, as the card's own evidence counts picks. Its rows:
+
+- **static**: the shipped verifier and card, served where the score reaches the card's
+  first threshold (where a new device's bound starts on the card's evidence alone,
+  ``_common.first_threshold``, at each rate), no bound, no exploration;
+- **before**: the shipped verifier and card; each device's bound as client.learning.state
+  ``Learned`` chooses it (run here on a scratch store), its first half's labels tested
+  with the card's evidence, exploring as the device explores the decision's score
+  (``Exploration.for_judge``, until its own labels settle the threshold: ``settled``);
+  beside it, the same labels alone with the card's first threshold as the prior (no
+  evidence: what the rows after the rounds do, on the shipped verifier);
+- **after**: the final global verifier with the card's coefficients (the card fitted on
+  the shipped verifier); the bound on the device's first half's labels scored by this
+  judge alone, with no evidence of its own, the prior the card's first threshold at the
+  rate (what the card's evidence backs for the shipped verifier: 0.926 at 2%, the default
+  rate); at another rate also with 0.926 as the prior, where the two differ.
+
 Hit rate: the share of test questions answered from the cache; wrong: the share of
 served answers that are wrong (which the bound holds at ``max_wrong_rate``); at most
 about half the questions can be served right (half the originals are stored). With
@@ -36,31 +63,118 @@ what the cap's compression costs in hit rate.
 
 import json
 import random
+import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from _common import (
     base_parser,
     distinct_requests,
+    embed_cached,
+    first_threshold,
     load_encoder,
     note,
     pct,
     print_table,
+    unique,
 )
+from decision_study import Asked, Study, record, scores_of_x
+from meancache.client.cache.store import EntryStore
 from meancache.client.config import Settings
-from meancache.client.learning.bound import Label, Rows, choose, choose_pooled
+from meancache.client.learning.bound import Bound, Judge, Label, Rows, choose, choose_pooled
 from meancache.client.learning.explore import Exploration
+from meancache.client.learning.state import Learned
+from meancache.client.matching.settings import RECALL_MARGIN
 from meancache.client.verifier import export_global_verifier
 from meancache.fl_server.rounds import HISTORY
 from meancache.fl_server.simulate import SimulationConfig, simulate
+from meancache.shared.encoder import profile_threshold
 from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
+from meancache.shared.query import embedding_text
+from meancache.shared.verifier.decision import DECISION_JUDGE, KEEPS, LearnedDecision
 from meancache.shared.verifier.runtime import LearnedVerifier
 from pooled_bound import Traffic, arena_questions, arena_traffic, judged
 from rich.table import Table
 
 SPLIT_SEED = 0  # which held-out questions are a device's, and which half it learned
+
+
+class Remembered:
+    """A verifier whose probabilities are kept: it scores each pair alone
+    (``LearnedVerifier.pair_probabilities``), so the decision's counting candidates read
+    the very numbers the verifier's rows read, scored once."""
+
+    def __init__(self, verifier: LearnedVerifier) -> None:
+        self.verifier, self.threshold = verifier, verifier.threshold
+        self._kept: dict[tuple[str, str], float] = {}
+
+    def probabilities(self, query: str, candidates: list[str]) -> np.ndarray:
+        missing = [c for c in dict.fromkeys(candidates) if (query, c) not in self._kept]
+        if missing:
+            for c, p in zip(missing, self.verifier.probabilities(query, missing), strict=True):
+                self._kept[(query, c)] = float(p)
+        return np.array([self._kept[(query, c)] for c in candidates])
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A judge's view of each question: its score of the pick, whether serving the pick
+    is wrong, whether the pick is served by the score (else never served nor labelled: no
+    candidate counts, or the card's kept parts refuse it), and whether it is served by
+    identity (the very same question: always, never labelled)."""
+
+    scores: np.ndarray
+    wrong: np.ndarray
+    scored: np.ndarray
+    identity: np.ndarray
+
+    @classmethod
+    def every(cls, scores: np.ndarray, wrong: np.ndarray) -> "Judged":
+        """Every question's pick scored, none served by identity (the verifier's rows)."""
+        return cls(scores, wrong, np.ones(len(scores), bool), np.zeros(len(scores), bool))
+
+    def serves(self, i: int, threshold: float) -> bool:
+        return bool(self.identity[i] or (self.scored[i] and self.scores[i] >= threshold))
+
+
+def decided(verifier: "LearnedVerifier | Remembered", traffic: Traffic, encoder,
+            cache_dir: Path, decision: LearnedDecision) -> Judged:
+    """The learned decision's score of each question's pick over ``verifier``'s
+    probabilities (the module's docstring): the counting candidates by ``encoder``'s
+    (the card's MPNet) cosines, the features and their flags as decision_study computes
+    them for its groups."""
+    if encoder.model_version != decision.encoder_version:
+        raise SystemExit(f"the card was fitted on {decision.encoder} "
+                         f"{decision.encoder_version}, not on {encoder.model_version}")
+    tau = profile_threshold("mpnet")
+    recall_tau = tau - RECALL_MARGIN
+    texts = unique(c for row in traffic.candidates for c in row)
+    at = {t: k for k, t in enumerate(texts)}
+    stored = embed_cached(encoder, [embedding_text(t) for t in texts], cache_dir)
+    asked = embed_cached(encoder, [embedding_text(q) for q in traffic.asked], cache_dir)
+    records = []
+    for i, (query, candidates, right) in enumerate(zip(
+            traffic.asked, traffic.candidates, traffic.right, strict=True)):
+        cosines = stored[[at[c] for c in candidates]] @ asked[i]
+        order = np.argsort(-cosines, kind="stable")  # most similar first, as the matcher
+        records.append({"domain": "arena", "split": "test", "group": str(i),
+                        **record(Asked(query, str(i), candidates, right), cosines, order,
+                                 recall_tau, verifier, None)})  # type: ignore[arg-type]
+    study = Study(records, tau, recall_tau, verifier.threshold)
+    scores = scores_of_x(study.x, decision.coefficients, decision.intercept)
+    system = "learned" + "".join(f" + {k}" for k in KEEPS if k in decision.keeps)
+    let_through, _, _ = study.served(system, scores, -np.inf)
+    scored = let_through & study.scored & ~study.same
+    note(f"the learned decision: {int(study.scored.sum() + study.same.sum())} of "
+         f"{len(records)} questions with a candidate counting at the recall tau "
+         f"{recall_tau:.3f}, {int(study.same.sum())} of them the very same question, "
+         f"{int((study.scored & ~study.same & ~let_through).sum())} picks refused by the "
+         f"card's kept parts ({', '.join(sorted(decision.keeps)) or 'none'})")
+    return Judged(np.where(scored, scores, np.nan), ~study.pick_right, scored, study.same)
 
 
 def pairs_file(path: Path, traffic: Traffic, verifier: LearnedVerifier) -> Path:
@@ -85,39 +199,97 @@ def device_halves(questions: int, devices: int) -> list[tuple[np.ndarray, np.nda
             for shard in np.array_split(order, devices)]
 
 
-def static(scores: np.ndarray, wrong: np.ndarray, devices: int, threshold: float
-           ) -> dict[str, float | None]:
-    """The verifier's card threshold alone: no bound, no exploration (the held-out
-    devices' second halves, as ``held_out`` measures them)."""
-    test = np.concatenate([test for _, test in device_halves(len(scores), devices)])
-    hits = test[scores[test] >= threshold]
-    return {"threshold": threshold, "learned": 0, "hit": len(hits) / len(test),
-            "wrong": float(wrong[hits].mean()) if len(hits) else None}
+def static(judge: Judged, devices: int, threshold: float) -> dict[str, float | None]:
+    """A fixed threshold alone: no bound, no exploration (the held-out devices' second
+    halves, as ``held_out`` measures them)."""
+    test = np.concatenate([test for _, test in device_halves(len(judge.scores), devices)])
+    hits = np.array([i for i in test if judge.serves(i, threshold)], dtype=int)
+    return {"threshold": threshold, "learned": 0, "settled": 0, "served": len(hits),
+            "bad": int(judge.wrong[hits].sum()), "hit": len(hits) / len(test),
+            "wrong": float(judge.wrong[hits].mean()) if len(hits) else None}
 
 
-def held_out(scores: np.ndarray, wrong: np.ndarray, devices: int, rate: float, prior: float,
-             pool: BoundEvidence | None, seed: int) -> dict[str, float | None]:
-    """Over ``devices`` held-out devices (``device_halves``): thresholds chosen by each
-    one's first half (with ``pool`` where given), applied to its second as a device does
-    with the default exploration (client.learning.explore: until its labels choose the
-    threshold every would-be hit within the exploring width above it is asked upstream,
-    not served; afterwards a tenth of them)."""
-    explore, draws = Exploration(), random.Random(seed)
+# A device's bound on its own labels at a rate, and whether its labels settle it (the
+# exploration eases); None: no such row at that rate.
+Device = Callable[[list[Label], float], "tuple[Bound, bool] | None"]
+
+
+def verifier_bound(prior: float, pool: BoundEvidence | None) -> Device:
+    """The bound on the verifier's probability: the labels alone (``choose``) or with
+    ``pool`` (``choose_pooled``), from ``prior``; settled where the labels chose it."""
     pooled = None if pool is None else Rows.pooled_bins(*pool.rows())
-    asked = served = bad = learned = 0
-    thresholds = []
-    for first, test in device_halves(len(scores), devices):
-        own = [Label(float(scores[i]), bool(wrong[i])) for i in first]
-        bound = choose(own, rate, prior) if pooled is None else \
+
+    def bound(own: list[Label], rate: float) -> tuple[Bound, bool]:
+        chosen = choose(own, rate, prior) if pooled is None else \
             choose_pooled(own, own, pooled, rate, prior)
-        hits = [i for i in test if scores[i] >= bound.threshold and not explore.explores(
-            float(scores[i]), bound.threshold, draws, bound.learned)]
+        return chosen, chosen.learned
+
+    return bound
+
+
+def device_bound(judge_at: Callable[[float], Judge | None]) -> Device:
+    """The bound a device's ``Learned`` (client.learning.state) chooses on its labels,
+    scored by ``judge_at(rate)`` (its name, prior and evidence: ``Learned.use``), and
+    whether they settle it (``Learned.settled``): run on a scratch store."""
+
+    def bound(own: list[Label], rate: float) -> tuple[Bound, bool] | None:
+        judge = judge_at(rate)
+        if judge is None:
+            return None
+        with tempfile.TemporaryDirectory(prefix="meancache-fl-held-out-") as tmp:
+            store = EntryStore(Path(tmp))
+            try:
+                learned = Learned(store, rate)
+                learned.use(judge)
+                for label in own:
+                    learned.learn(label)
+                chosen = learned.bound
+                return chosen, learned.settled(chosen.threshold)
+            finally:
+                store.close()
+
+    return bound
+
+
+def held_out(judge: Judged, devices: int, rate: float, device: Device,
+             exploration: Exploration, seed: int) -> dict[str, float | None] | None:
+    """Over ``devices`` held-out devices (``device_halves``): thresholds chosen by each
+    one's first half (``device``), applied to its second as a device does with
+    ``exploration`` (client.learning.explore: until its labels settle the threshold every
+    would-be hit within the exploring width above it is asked upstream, not served;
+    afterwards its rate of them). None where ``device`` has no row at ``rate``."""
+    draws = random.Random(seed)
+    asked = served = bad = learned = settled = 0
+    thresholds = []
+    for first, test in device_halves(len(judge.scores), devices):
+        own = [Label(float(judge.scores[i]), bool(judge.wrong[i])) for i in first
+               if judge.scored[i]]
+        chosen = device(own, rate)
+        if chosen is None:
+            return None
+        bound, settles = chosen
+        hits = [i for i in test if judge.identity[i] or (
+            judge.scored[i] and judge.scores[i] >= bound.threshold
+            and not exploration.explores(float(judge.scores[i]), bound.threshold, draws,
+                                         settles))]
         asked, served = asked + len(test), served + len(hits)
-        bad += int(wrong[hits].sum())
+        bad += int(judge.wrong[hits].sum())
         learned += int(bound.learned)
+        settled += int(settles)
         thresholds.append(min(bound.threshold, 1.0))
     return {"threshold": float(np.median(thresholds)), "learned": learned,
-            "hit": served / asked, "wrong": bad / served if served else None}
+            "settled": settled, "served": served, "bad": bad, "hit": served / asked,
+            "wrong": bad / served if served else None}
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A row of the report: a judge's view of the held-out traffic, the devices' bound
+    on it and their exploration."""
+
+    judged: Judged
+    device: Device
+    exploration: Exploration
 
 
 ROUNDS = 6
@@ -218,10 +390,28 @@ def main() -> None:
                          encoder, args.cache_dir)
     shipped = LearnedVerifier.load()
     pairs = pairs_file(out / "federation.jsonl", federation, shipped)
-    results: dict[str, tuple[np.ndarray, np.ndarray, float, BoundEvidence | None]] = {}
+    decision = LearnedDecision.load()
+    mpnet = load_encoder("onnx-int8", args.cache_dir, model=decision.encoder)
+    firsts = {rate: first_threshold(decision, rate) for rate in args.rates}
+    first = first_threshold(decision)  # at the default max_wrong_rate
+    note(f"the card's first threshold: {first:.3f} at the default rate; "
+         + ", ".join(f"{t:.3f} at {rate:.0%}" for rate, t in firsts.items()))
+    plain, explore = Exploration(), Exploration.for_judge(decision.judge)
+    verifier_rows: dict[str, Measured] = {}
+    decision_rows: dict[str, Measured] = {}
     note(f"judging the held-out devices' {len(held.asked)} questions' candidates")
-    scores, wrong, _ = judged(shipped, held)
-    results["before: shipped verifier, own labels"] = (scores, wrong, shipped.threshold, None)
+    remembered = Remembered(shipped)
+    scores, wrong, _ = judged(remembered, held)  # type: ignore[arg-type]
+    verifier_rows["before: shipped verifier, own labels"] = Measured(
+        Judged.every(scores, wrong), verifier_bound(shipped.threshold, None), plain)
+    static_verifier = static(Judged.every(scores, wrong), args.devices, shipped.threshold)
+    card = decided(remembered, held, mpnet, args.cache_dir, decision)
+    decision_rows["before: shipped verifier + card, own labels + the card's evidence"] = \
+        Measured(card, device_bound(lambda rate: Judge(decision.judge, decision.threshold,
+                                                       decision.evidence)), explore)
+    decision_rows["before: shipped verifier + card, own labels alone, prior the card's "
+                  "first threshold"] = Measured(card, device_bound(
+                      lambda rate: Judge(decision.judge, firsts[rate])), explore)
     caps = args.secure_upload_mb
     runs = {"off": [(False, 0.0)], "on": [(True, mb) for mb in caps],
             "both": [(False, 0.0)] + [(True, mb) for mb in caps]}[args.secure]
@@ -232,18 +422,35 @@ def main() -> None:
         verifier, pool = global_verifier(final, out / run_name(secure, upload_mb, args.rounds))
         name = "after, SecAgg+ " + ("off" if not secure else "on" if upload_mb == 0
                                     else f"on, {upload_mb:g} MB cap")
-        scores, wrong, _ = judged(verifier, held)
+        remembered = Remembered(verifier)
+        scores, wrong, _ = judged(remembered, held)  # type: ignore[arg-type]
         note(f"{name}: pool of {pool.labels} labels, judge {pool.judge[:16] or '(none)'}")
-        results[f"{name}: global verifier, own labels"] = (scores, wrong, verifier.threshold,
-                                                          None)
-        results[f"{name}: global verifier, own + pooled labels"] = (
-            scores, wrong, verifier.threshold, pool)
+        every = Judged.every(scores, wrong)
+        verifier_rows[f"{name}: global verifier, own labels"] = Measured(
+            every, verifier_bound(verifier.threshold, None), plain)
+        verifier_rows[f"{name}: global verifier, own + pooled labels"] = Measured(
+            every, verifier_bound(verifier.threshold, pool), plain)
+        over_global = decided(remembered, held, mpnet, args.cache_dir, decision)
+        judge = f"{DECISION_JUDGE} {decision.sha256} over {verifier.card.sha256}"
+        decision_rows[f"{name}: global verifier + card, own labels alone, prior the card's "
+                      "first threshold"] = Measured(over_global, device_bound(
+                          lambda rate, judge=judge: Judge(judge, firsts[rate])), explore)
+        decision_rows[f"{name}: global verifier + card, own labels alone, prior "
+                      f"{first:.3f} (the default rate's)"] = Measured(over_global, device_bound(
+                          lambda rate, judge=judge: None if firsts[rate] == first
+                          else Judge(judge, first)), explore)
         trained = [r for r in rows if r.get("clients")]
         costs.append((name, time.perf_counter() - started if ran else None,
                       float(np.mean([r["seconds"] for r in rows[1:]])),
                       float(np.mean([r["bytes_per_client"] for r in trained]))
                       if trained else 0.0))
-    report(results, args)
+    statics = [("static: shipped verifier at its card's threshold, no bound", "-",
+                static_verifier)]
+    report("the verifier's probability of its pick", statics, verifier_rows, args)
+    statics = [("static: shipped verifier + card at its first threshold, no bound",
+                f"{rate:.0%}", static(card, args.devices, firsts[rate])) for rate in args.rates]
+    report(f"the learned decision's score (card {decision.sha256[:12]}, MPNet cosines)",
+           statics, decision_rows, args)
     cost = Table(title="cost of the rounds (this machine)")
     for column in ("run", "whole run, s", "per round, s", "sent per device per round, KiB"):
         cost.add_column(column)
@@ -253,24 +460,28 @@ def main() -> None:
     print_table(cost)
 
 
-def report(results, args) -> None:
-    table = Table(title=f"held-out devices at the bound: {args.devices} devices, "
-                  f"{args.held_out} Arena questions (seed {args.seed}); the federation: "
-                  f"{args.clients} devices, {args.per_round} a round, {args.rounds} rounds, "
-                  f"{args.pairs_per_client} pairs each, the verifier's top "
-                  f"{args.verifier_layers} layers")
-    for column in ("decision", "max_wrong_rate", "threshold", "learned", "hit rate",
-                   "wrong"):
+def report(judge: str, statics: list[tuple[str, str, dict]], rows: dict[str, Measured],
+           args) -> None:
+    table = Table(title=f"held-out devices at the bound, judge: {judge}; {args.devices} "
+                  f"devices, {args.held_out} Arena questions (seed {args.seed}); the "
+                  f"federation: {args.clients} devices, {args.per_round} a round, "
+                  f"{args.rounds} rounds, {args.pairs_per_client} pairs each, the "
+                  f"verifier's top {args.verifier_layers} layers")
+    for column in ("decision", "max_wrong_rate", "threshold", "learned", "settled",
+                   "hit rate", "served (wrong)", "wrong"):
         table.add_column(column)
-    before = results["before: shipped verifier, own labels"]
-    r = static(before[0], before[1], args.devices, before[2])
-    table.add_row("static: shipped verifier at its card's threshold, no bound", "-",
-                  f"{r['threshold']:.3f}", "-", pct(r["hit"]), pct(r["wrong"]))
+    for name, rate, r in statics:
+        table.add_row(name, rate, f"{r['threshold']:.3f}", "-", "-", pct(r["hit"]),
+                      f"{r['served']} ({r['bad']})", pct(r["wrong"]))
     for rate in args.rates:
-        for name, (scores, wrong, prior, pool) in results.items():
-            r = held_out(scores, wrong, args.devices, rate, prior, pool, args.seed)
+        for name, row in rows.items():
+            r = held_out(row.judged, args.devices, rate, row.device, row.exploration,
+                         args.seed)
+            if r is None:
+                continue
             table.add_row(name, f"{rate:.0%}", f"{r['threshold']:.3f}",
-                          f"{r['learned']}/{args.devices}", pct(r["hit"]), pct(r["wrong"]))
+                          f"{r['learned']}/{args.devices}", f"{r['settled']}/{args.devices}",
+                          pct(r["hit"]), f"{r['served']} ({r['bad']})", pct(r["wrong"]))
     print_table(table)
 
 
