@@ -57,8 +57,19 @@ about half the questions can be served right (half the originals are stored). Wi
 SecAgg+ on, one run for each upload cap (``--secure-upload-mb``; 0 sends every entry):
 what the cap's compression costs in hit rate.
 
+With ``--traffic sts`` (and ``--sts FOLDER``), the traffic is declarative sentences with
+human paraphrases instead, the STS benchmark's pairs of one meaning (``_sts``: scored 4 or
+more, free-text genres): each pair's second sentence asked of a cache holding half of the
+first sentences, candidates and right answers as above (pooled_bound.cache_traffic); the
+federation's traffic from sts-train, the held-out devices' from sts-dev and sts-test, no
+sentence in both; a pair sharing a sentence with an earlier pair of its part, or whose
+first sentence is nearly identical to an earlier one's (``--distinct``), left out. Each
+part is as large as the data allows unless --federation / --held-out ask for fewer, and
+the federation has a device for each --pairs-per-client of its pairs (as for Arena).
+
     python benchmarks/fl_held_out.py                       # SecAgg+ off, on, on capped
     python benchmarks/fl_held_out.py --quick
+    python benchmarks/fl_held_out.py --traffic sts --sts stsbenchmark/ --secure off
 """
 
 import json
@@ -81,6 +92,9 @@ from _common import (
     print_table,
     unique,
 )
+from _sts import FILES as STS_FILES
+from _sts import labelled as sts_labelled
+from _sts import read_sts
 from decision_study import Asked, Study, record, scores_of_x
 from meancache.client.cache.store import EntryStore
 from meancache.client.config import Settings
@@ -94,13 +108,64 @@ from meancache.fl_server.simulate import SimulationConfig, simulate
 from meancache.shared.encoder import profile_threshold
 from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.fl.checkpoint import latest_checkpoint, read_meta
+from meancache.shared.pairs import Pair
 from meancache.shared.query import embedding_text
 from meancache.shared.verifier.decision import DECISION_JUDGE, KEEPS, LearnedDecision
 from meancache.shared.verifier.runtime import LearnedVerifier
-from pooled_bound import Traffic, arena_questions, arena_traffic, judged
+from pooled_bound import Traffic, arena_questions, arena_traffic, cache_traffic, judged
 from rich.table import Table
 
 SPLIT_SEED = 0  # which held-out questions are a device's, and which half it learned
+STS_FEDERATION, STS_HELD_OUT = ("sts-train.csv",), ("sts-dev.csv", "sts-test.csv")
+
+
+def sts_paraphrases(folder: Path, files: tuple[str, ...]) -> list[Pair]:
+    """The pairs of one meaning (``_sts.labelled``'s label 1) of the STS benchmark's
+    ``files`` alone: ``_sts.read_sts`` run on a scratch folder holding those files (linked)
+    and the others empty."""
+    with tempfile.TemporaryDirectory(prefix="meancache-fl-held-out-sts-") as tmp:
+        for name in STS_FILES:
+            if name in files:
+                if not (folder / name).is_file():
+                    raise SystemExit(f"{folder} lacks {name}")
+                (Path(tmp) / name).symlink_to((folder / name).resolve())
+            else:
+                (Path(tmp) / name).touch()
+        return [p for p in sts_labelled(read_sts(Path(tmp))) if p.label == 1]
+
+
+def sts_parts(folder: Path, rng: random.Random, encoder, cache_dir: Path, distinct: float
+              ) -> tuple[list[Pair], list[Pair]]:
+    """The federation's pairs (sts-train) and the held-out devices' (sts-dev, sts-test),
+    each in ``rng``'s order: a pair sharing a sentence with an earlier one of its part or
+    with any of the other part left out, and one whose first sentence is nearly identical
+    to an earlier kept one's (``distinct_requests`` at ``distinct``)."""
+    federation, held = (sts_paraphrases(folder, files) for files in (STS_FEDERATION,
+                                                                      STS_HELD_OUT))
+    train_sentences = {s for p in federation for s in (p.q1, p.q2)}
+    parts = []
+    for name, pairs in (("federation (sts-train)", federation),
+                        ("held-out (sts-dev + sts-test)", held)):
+        rng.shuffle(pairs)
+        seen: set[str] = set()
+        kept = []
+        crossing = 0
+        for p in pairs:
+            if pairs is held and {p.q1, p.q2} & train_sentences:
+                crossing += 1
+                continue
+            if {p.q1, p.q2} & seen:
+                continue
+            seen |= {p.q1, p.q2}
+            kept.append(p)
+        firsts = set(distinct_requests([p.q1 for p in kept], encoder, cache_dir, distinct))
+        distinct_pairs = [p for p in kept if p.q1 in firsts]
+        note(f"STS {name}: {len(pairs)} pairs scored 4 or more, {crossing} sharing a "
+             f"sentence with sts-train, {len(pairs) - crossing - len(kept)} sharing one with "
+             f"an earlier pair, {len(kept) - len(distinct_pairs)} with a first sentence "
+             f"nearly identical to an earlier one's: {len(distinct_pairs)} kept")
+        parts.append(distinct_pairs)
+    return parts[0], parts[1]
 
 
 class Remembered:
@@ -352,13 +417,22 @@ def main() -> None:
     parser.add_argument("--distinct", type=float, default=0.9,
                         help="drop an Arena question whose MiniLM cosine to an earlier one "
                         "reaches this (the same request from two users; 1: keep all)")
-    parser.add_argument("--federation", type=int, default=2300,
-                        help="questions of the federation's traffic")
-    parser.add_argument("--held-out", type=int, default=1000,
-                        help="questions of the held-out devices' traffic")
+    parser.add_argument("--traffic", choices=["arena", "sts"], default="arena",
+                        help="paraphrased Arena requests, or the STS benchmark's human "
+                        "paraphrases of declarative sentences (needs --sts)")
+    parser.add_argument("--sts", type=Path, help="the STS benchmark's csv folder the sts "
+                        "traffic is made of (benchmarks/_sts.py)")
+    parser.add_argument("--federation", type=int,
+                        help="questions of the federation's traffic (Arena: 2300; STS: "
+                        "every sts-train pair kept)")
+    parser.add_argument("--held-out", type=int,
+                        help="questions of the held-out devices' traffic (Arena: 1000; STS: "
+                        "every sts-dev and sts-test pair kept)")
     parser.add_argument("--devices", type=int, default=5, help="held-out devices")
-    parser.add_argument("--clients", type=int, default=23, help="devices in the federation")
-    parser.add_argument("--per-round", type=int, default=10)
+    parser.add_argument("--clients", type=int, help="devices in the federation (Arena: 23; "
+                        "STS: one for each --pairs-per-client of its traffic)")
+    parser.add_argument("--per-round", type=int,
+                        help="devices a round (10, or every device where fewer)")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--pairs-per-client", type=int, default=100)
     parser.add_argument("--verifier-layers", type=int, default=2)
@@ -374,20 +448,47 @@ def main() -> None:
                         help="with SecAgg+, one run for each cap on a device's masked "
                         "weights a round (run config secure-upload-mb; 0: every entry)")
     args = parser.parse_args()
+    if args.traffic == "sts" and args.sts is None:
+        parser.error("--traffic sts needs --sts FOLDER")
     if args.quick:
         args.federation, args.held_out, args.devices = 400, 200, 2
         args.clients, args.per_round, args.rounds, args.pairs_per_client = 2, 2, 1, 100
-    out = args.cache_dir / "fl_held_out" / f"seed{args.seed}"
+    out = args.cache_dir / "fl_held_out" / (
+        f"seed{args.seed}" if args.traffic == "arena" else f"sts-seed{args.seed}")
     rng = random.Random(args.seed)
     encoder = load_encoder("onnx", args.cache_dir)
-    questions = distinct_requests(arena_questions(args.data_dir, rng), encoder,
-                                  args.cache_dir, args.distinct)
-    if len(questions) < args.federation + args.held_out:
-        raise SystemExit(f"only {len(questions)} Arena questions for --federation plus "
-                         "--held-out")
-    federation = arena_traffic(questions[: args.federation], rng, encoder, args.cache_dir)
-    held = arena_traffic(questions[args.federation: args.federation + args.held_out], rng,
-                         encoder, args.cache_dir)
+    if args.traffic == "arena":
+        args.federation = 2300 if args.federation is None else args.federation
+        args.held_out = 1000 if args.held_out is None else args.held_out
+        args.clients = 23 if args.clients is None else args.clients
+        questions = distinct_requests(arena_questions(args.data_dir, rng), encoder,
+                                      args.cache_dir, args.distinct)
+        if len(questions) < args.federation + args.held_out:
+            raise SystemExit(f"only {len(questions)} Arena questions for --federation plus "
+                             "--held-out")
+        federation = arena_traffic(questions[: args.federation], rng, encoder,
+                                   args.cache_dir)
+        held = arena_traffic(questions[args.federation: args.federation + args.held_out],
+                             rng, encoder, args.cache_dir)
+    else:
+        fed_pairs, held_pairs = sts_parts(args.sts, rng, encoder, args.cache_dir,
+                                          args.distinct)
+        args.federation = min(len(fed_pairs), args.federation or len(fed_pairs))
+        args.held_out = min(len(held_pairs), args.held_out or len(held_pairs))
+        fed_pairs, held_pairs = fed_pairs[: args.federation], held_pairs[: args.held_out]
+        if args.clients is None:
+            args.clients = max(2, args.federation // args.pairs_per_client)
+        federation = cache_traffic([p.q2 for p in fed_pairs], [p.q1 for p in fed_pairs],
+                                   rng, encoder, args.cache_dir)
+        held = cache_traffic([p.q2 for p in held_pairs], [p.q1 for p in held_pairs], rng,
+                             encoder, args.cache_dir)
+    if args.per_round is None:
+        args.per_round = min(10, args.clients)
+    note(f"{args.traffic} traffic: the federation's {len(federation.asked)} questions "
+         f"({sum(r is not None for r in federation.right)} with their own among the "
+         "candidates), "
+         f"{args.clients} devices, {args.per_round} a round; the held-out devices' "
+         f"{len(held.asked)} ({sum(r is not None for r in held.right)} with theirs)")
     shipped = LearnedVerifier.load()
     pairs = pairs_file(out / "federation.jsonl", federation, shipped)
     decision = LearnedDecision.load()
@@ -462,8 +563,9 @@ def main() -> None:
 
 def report(judge: str, statics: list[tuple[str, str, dict]], rows: dict[str, Measured],
            args) -> None:
+    traffic = "Arena questions" if args.traffic == "arena" else "STS sentences"
     table = Table(title=f"held-out devices at the bound, judge: {judge}; {args.devices} "
-                  f"devices, {args.held_out} Arena questions (seed {args.seed}); the "
+                  f"devices, {args.held_out} {traffic} (seed {args.seed}); the "
                   f"federation: {args.clients} devices, {args.per_round} a round, "
                   f"{args.rounds} rounds, {args.pairs_per_client} pairs each, the "
                   f"verifier's top {args.verifier_layers} layers")

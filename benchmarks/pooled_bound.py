@@ -76,7 +76,16 @@ def arena_traffic(originals: list[str], rng: random.Random, encoder, cache_dir,
     """Each original asked in a code-made paraphrase (learning_stream.paraphrase) of a
     cache holding half of the originals; its candidates are the ``nearest`` stored
     questions by the encoder's cosine."""
-    asked = [paraphrase(r, rng) for r in originals]
+    return cache_traffic([paraphrase(r, rng) for r in originals], originals, rng, encoder,
+                         cache_dir, nearest)
+
+
+def cache_traffic(asked: list[str], originals: list[str], rng: random.Random, encoder,
+                  cache_dir, nearest: int = 5) -> Traffic:
+    """Each of ``asked`` (the question paraphrasing ``originals``' same-index one) asked of
+    a cache holding half of the originals, drawn by ``rng``; its candidates are the
+    ``nearest`` stored ones by the encoder's cosine, its right answer its own original
+    where stored."""
     stored = sorted(rng.sample(range(len(originals)), len(originals) // 2))
     kept = embed_cached(encoder, [originals[i] for i in stored], cache_dir)
     queries = embed_cached(encoder, asked, cache_dir)
