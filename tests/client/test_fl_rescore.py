@@ -19,8 +19,8 @@ from meancache.shared.encoder import Encoder
 from meancache.shared.pairs import Pair
 from meancache.shared.verifier.decision import LearnedDecision, features
 
-from tests.client.test_learned_decision import ASKED, CLOSE, OTHER, RIGHT, Fixed, cache_with
 from tests.support.decision_card import use_card_for
+from tests.support.fixed_verifier import ASKED, CLOSE, OTHER, RIGHT, Fixed, cache_with
 
 CacheFactory = Callable[..., SemanticCache]
 RECALL_TAU = 0.3

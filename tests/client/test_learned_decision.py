@@ -14,7 +14,7 @@ tests' encoder's version (``for_test_encoder``, tests/support/decision_card.py).
 import copy
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -49,37 +49,10 @@ from meancache.shared.verifier.decision import (
 from pydantic import ValidationError
 
 from tests.support.decision_card import use_card_for
+from tests.support.fixed_verifier import ASKED, CLOSE, OTHER, RIGHT, Fixed, cache_with
 from tests.support.fuzz import fuzzed
 
 CacheFactory = Callable[..., SemanticCache]
-ASKED = "How do I reverse a list in Python?"
-RIGHT = "How can I reverse a list in Python?"
-CLOSE = "How do I reverse a string in Python?"
-OTHER = "How do I sort a list in Python?"
-
-
-class Fixed:
-    """The shipped verifier's card (so the learned decision applies) with a chosen
-    probability per stored question."""
-
-    def __init__(self, probabilities: Mapping[str, float]) -> None:
-        self.card = shipped_verifier().card
-        self.threshold = self.card.threshold
-        self.by_text = dict(probabilities)
-
-    def probabilities(self, query: str, candidates: Sequence[str]) -> np.ndarray:
-        return np.array([self.by_text[c] for c in candidates], dtype=np.float32)
-
-
-def cache_with(make_cache: CacheFactory, decision: str, verifier: Fixed,
-               directory: Path | None = None) -> SemanticCache:
-    # every stored question counts (tau low, no margin): the verifier and decision decide
-    settings = CacheSettings(global_threshold=0.3, recall_margin=0.0, verifier="learned",
-                             decision=decision)
-    cache = make_cache(directory, settings=settings, verifier=verifier)
-    for question in verifier.by_text:
-        cache.insert(question, f"answer to {question}")
-    return cache
 
 
 @pytest.fixture
