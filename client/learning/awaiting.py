@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meancache.client.learning.bound import Label
+from meancache.client.learning.bound import Label, Weighed
 from meancache.client.learning.explore import Exploration
 from meancache.client.learning.state import Learned
 
@@ -27,7 +27,7 @@ class Pending:
     score: float
     labelled_with: float = 1.0
     source: str = "miss"
-    weighed: tuple[tuple[str, float], ...] = ()  # what the judge weighed (``Label``'s)
+    weighed: Weighed = ()  # what the judge weighed
 
 
 class Awaiting:
@@ -44,7 +44,7 @@ class Awaiting:
         self._pending: OrderedDict[str, Pending] = OrderedDict()
 
     def explores(self, entry_id: str, score: float,
-                 weighed: tuple[tuple[str, float], ...] = ()) -> Pending | None:
+                 weighed: Weighed = ()) -> Pending | None:
         """The would-be hit on ``entry_id`` at the judge's ``score`` as an exploration, if
         it is one: its score lies near the entry's threshold and the draw says so."""
         if self._rng is None or not self.learns:

@@ -54,6 +54,13 @@ USER = "user"
 MIN_ENTRY_LABELS = 3  # an entry's own labels before its evidence counts (vCache: per entry)
 
 
+# The counting candidates a verifier weighed for a question (each stored question's key
+# and cosine, most similar first): a label keeps them, so that another judge (a global
+# verifier from federated learning) scores its pick anew in the same company
+# (client.device_caches), as the learned decision's score depends on the rivals.
+Weighed = tuple[tuple[str, float], ...]
+
+
 @dataclass(frozen=True)
 class Label:
     """One labelled served-region pair: the judge's score, whether the cached answer was
@@ -70,10 +77,7 @@ class Label:
     source: str = "miss"  # "miss", "explore" or "user" (a "wrong answer": the strongest)
     question: str = ""
     judge: str = ""
-    # the candidates the verifier weighed against the pick (entry, cosine; most similar
-    # first: client.matching.question.Weighed), so that another judge can score the pick
-    # anew (client.device_caches); empty: the pair alone (a "wrong answer", older labels)
-    weighed: tuple[tuple[str, float], ...] = ()
+    weighed: Weighed = ()  # empty: the pair alone (a "wrong answer", older labels)
 
 
 @dataclass(frozen=True)

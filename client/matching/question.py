@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from meancache.client.learning.bound import Weighed
 from meancache.client.matching import entry_threshold
 from meancache.shared.encoder import Encoder
 from meancache.shared.progress import Progress
@@ -53,20 +54,13 @@ class Candidate:
     evidence: entry_threshold.Evidence | None = None  # None: held to tau
 
 
-# The counting candidates a verifier weighed for a question (each stored question's key
-# and cosine, most similar first): a label keeps them, so that another judge (a global
-# verifier from federated learning) scores its pick anew in the same company
-# (client.device_caches), as the learned decision's score depends on the rivals.
-Weighed = tuple[tuple[str, float], ...]
-
-
 @dataclass(frozen=True)
 class Match:
     candidate: Candidate
     # the judge's score of the pick (Matcher.judge: the learned decision's, the verifier's
     # probability or the cosine); None where nothing judged it (exploration needs one)
     score: float | None = None
-    weighed: "Weighed" = ()  # the candidates the verifier weighed against the pick
+    weighed: Weighed = ()  # the candidates the verifier weighed against the pick
 
 
 @dataclass(frozen=True)
@@ -80,7 +74,7 @@ class NoMatch:
     # the threshold: after the upstream answers, the two answers label the pair
     # (client/learning).
     judged: tuple[str, float] | None = None
-    weighed: "Weighed" = ()  # the candidates the verifier weighed, the declined pick among them
+    weighed: Weighed = ()  # the candidates the verifier weighed, the declined pick among them
 
     @property
     def vetoed(self) -> bool:
