@@ -162,9 +162,20 @@ class Settings(CacheSettings, UpstreamChoice, EncoderChoice, SettingsBase):
         is known only where it is loaded)."""
         return self.decision == "learned" and is_mpnet(self.encoder_model)
 
+    @property
+    def learns_from_answers(self) -> bool:
+        """Whether the cache labels its traffic by the upstream's answers: as set, else only
+        with an upstream the user named (the embedded demo model's answers to reworded
+        questions agree about as often when the questions differ: docs/cache.md)."""
+        if self.learn_from_answers is not None:
+            return self.learn_from_answers
+        return self.upstream_url is not None
+
     def cache_settings(self) -> CacheSettings:
-        """The cache's part of these settings (its fields are these fields)."""
-        return CacheSettings(**{name: getattr(self, name) for name in CacheSettings.model_fields})
+        """The cache's part of these settings (its fields are these fields), with whether it
+        learns from the upstream's answers decided (``learns_from_answers``)."""
+        fields = {name: getattr(self, name) for name in CacheSettings.model_fields}
+        return CacheSettings(**fields | {"learn_from_answers": self.learns_from_answers})
 
 
 def with_upstream(settings: Settings, url: str | None = None, api_key: str | None = None,

@@ -85,7 +85,7 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
                              settings.max_wrong_rate,
                              device_verifier_card(settings)
                              if settings.cache_settings().learned else None,
-                             settings.learned_decision)
+                             settings.learned_decision, settings.learns_from_answers)
         plots = [] if args.json else stats_plots(store, stats.threshold)
     if args.json:
         print_json(dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate,
@@ -98,6 +98,7 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
         table.add_row(key.replace("_", " "), "-" if value is None else str(value))
     table.add_row("hit rate", stats.hit_rate_line)
     table.add_row("wrong answers (estimated)", stats.wrong_rate_line)
+    table.add_row("labels from", stats.labels_line)
     table.add_row("token saving ratio", f"{stats.token_saving_ratio:.1%}")
     out.print(table)
     for plot in plots:
@@ -354,7 +355,10 @@ def _replay_learning(args: argparse.Namespace, settings: Settings, pairs: list) 
 
     turns = stream_of(pairs, args.seed)
     err.print(f"stream of {len(turns)} questions, order seed {args.seed}")
-    settings = settings.model_copy(update={"explore_rate": args.explore})
+    # the simulated upstream's answer names the stored question it belongs to: a label
+    # whatever upstream the settings name
+    settings = settings.model_copy(update={"explore_rate": args.explore,
+                                           "learn_from_answers": True})
     reports, models = {}, device_models(settings)
     with tempfile.TemporaryDirectory(prefix="meancache-replay-") as directory:
         with open_cache(settings, Path(directory) / "static", models, learns=False) as cache, \
@@ -365,15 +369,17 @@ def _replay_learning(args: argparse.Namespace, settings: Settings, pairs: list) 
                 ProgressBar("learning decision", err) as progress:
             reports["learned"] = replay(cache, turns, progress).report()
             threshold = None if cache.learned.prior is None else cache.learned.bound.threshold
+            labels = len(cache.learned.labels)
     if args.json:
         print_json(reports | {"seed": args.seed, "questions": len(turns),
-                              "threshold": threshold})
+                              "threshold": threshold, "labels": labels})
         return 0
     table = Table("decision", "part", "right", "wrong", "miss", "hit precision", "hit rate",
                   "at most",
                   title=f"{len(turns)} questions, seed {args.seed}, max_wrong_rate "
                   f"{settings.max_wrong_rate}, learned threshold "
-                  + ("none (no learned verifier)" if threshold is None else f"{threshold:.3f}"))
+                  + ("none (no learned verifier)" if threshold is None else f"{threshold:.3f}")
+                  + f", {labels} labels learned")
     for name, report in reports.items():
         for part in ("whole", "last_half"):
             r = report[part]

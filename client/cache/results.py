@@ -68,6 +68,9 @@ class CacheStats:
     # Until the labels choose the threshold (the verifier's own serves meanwhile): the
     # fewest labels, none wrong, with which they can (bound.labels_needed).
     wrong_rate_needs: int | None = None
+    # whether the traffic's labels come from the upstream's answers too, or from "wrong
+    # answer" alone (the setting learn_from_answers)
+    learns_from_answers: bool = True
 
     @property
     def wrong_rate_line(self) -> str:
@@ -82,6 +85,14 @@ class CacheStats:
             "other devices')")
         return (f"{self.wrong_rate:.1%} (at most {self.wrong_rate_upper:.1%} at 95%, "
                 f"{self.wrong_rate_labels} labels{pooled}{bound}{needs})")
+
+    @property
+    def labels_line(self) -> str:
+        """Where the traffic's labels come from, in one line."""
+        if self.learns_from_answers:
+            return "the upstream's answers (declined and explored candidates) and 'wrong answer'"
+        return ("'wrong answer' only: the upstream's answers are not compared "
+                "(learn_from_answers; off with the embedded demo model)")
 
     @property
     def hit_rate_line(self) -> str:

@@ -70,7 +70,8 @@ class SemanticCache:
         draws of exploration (``settings.explore_rate``); the caches that face a user (the
         chat, the proxy) are given one, a seeded one makes it repeatable. Without one the
         cache never explores. ``learns`` False: it labels nothing from its traffic (the
-        static decision that `eval replay --learn` compares with)."""
+        static decision that `eval replay --learn` compares with), as with the setting
+        ``learn_from_answers`` false; a user's "wrong answer" labels either way."""
         self.settings = settings or CacheSettings()
         self.store = EntryStore(Path(directory))
         self.policy = CachePolicy(self.store, PolicySettings(
@@ -91,7 +92,8 @@ class SemanticCache:
         self.awaiting = Awaiting(self.learned, partial(
             Exploration.for_judge, rate=self.settings.explore_rate,
             width=self.settings.explore_width,
-            until_learned=self.settings.explore_until_learned), rng, learns)
+            until_learned=self.settings.explore_until_learned), rng,
+            learns and self.settings.learn_from_answers is not False)
         self._lookup = Lookup(self._entries, self.matcher, self.thresholds, self.settings,
                               self.learned, self.awaiting)
         self.learning = self._lookup.learning
@@ -248,4 +250,5 @@ class SemanticCache:
                 encoder_version=self.encoder.version, encoder_backend=self.encoder.backend,
                 embedding_dim=self.encoder.dim,
                 bound=None if self.learned.prior is None else self.learned.bound,
-                max_wrong_rate=self.settings.max_wrong_rate)
+                max_wrong_rate=self.settings.max_wrong_rate,
+                learns_from_answers=self.awaiting.learns)

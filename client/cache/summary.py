@@ -21,7 +21,8 @@ EXPLORED = "explored"  # the counter of would-be hits also asked upstream (explo
 def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, nbytes: int,
                 stale_entries: int, encoder_version: str, encoder_backend: str,
                 embedding_dim: int, bound: Bound | None = None,
-                max_wrong_rate: float | None = None) -> CacheStats:
+                max_wrong_rate: float | None = None,
+                learns_from_answers: bool = True) -> CacheStats:
     pairs = labels.labelled_pairs(store)
     positives = sum(pair.label for pair in pairs)
     return CacheStats(
@@ -52,12 +53,14 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
         max_wrong_rate=max_wrong_rate,
         wrong_rate_needs=None if bound is None or bound.learned or max_wrong_rate is None
         else labels_needed(max_wrong_rate),
+        learns_from_answers=learns_from_answers,
     )
 
 
 def stored_stats(store: EntryStore, global_threshold: float, backend: str,
                  max_wrong_rate: float, verifier: Card | None,
-                 learned_decision: bool = False) -> CacheStats:
+                 learned_decision: bool = False, learns_from_answers: bool = True
+                 ) -> CacheStats:
     """Statistics without an encoder: the encoder version and size are those of the newest
     stored vectors, and entries stored under another version count as stale (the next
     start that loads the encoder re-embeds them). ``global_threshold`` is the configured
@@ -65,7 +68,8 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str,
     ``verifier``: the card of the learned verifier that judges (client.verifier's: the
     device's global one or the shipped one), None where the cosine does;
     ``learned_decision``: whether the learned decision's card decides with it (the
-    setting, with the encoder its card was fitted on), and so its score judges."""
+    setting, with the encoder its card was fitted on), and so its score judges;
+    ``learns_from_answers``: the device's setting (``Settings.learns_from_answers``)."""
     entries = list(store.entries())
     newest = max(entries, key=lambda entry: entry.created, default=None)
     version = newest.encoder_version if newest is not None else "-"
@@ -84,7 +88,7 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str,
         encoder_version=version, encoder_backend=backend,
         embedding_dim=int(newest.embedding.shape[0]) if newest is not None else 0,
         bound=_bound(store, max_wrong_rate, judge),
-        max_wrong_rate=max_wrong_rate)
+        max_wrong_rate=max_wrong_rate, learns_from_answers=learns_from_answers)
 
 
 def _bound(store: EntryStore, max_wrong_rate: float, judge: Judge) -> Bound:

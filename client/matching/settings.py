@@ -87,6 +87,15 @@ class MatchSettings(BaseModel):
                                         "splits, which traffic unlike them must check first "
                                         "(docs/cache.md); false: `explore_rate` from the "
                                         "start.")
+    learn_from_answers: bool | None = Field(None, description="Label the cache's own "
+                                            "traffic by whether the upstream's fresh answer "
+                                            "agrees with a candidate's cached one (declined "
+                                            "candidates and exploration). Unset: with an "
+                                            "upstream you name (`upstream_url`), not with the "
+                                            "embedded demo model, whose answers to reworded "
+                                            "questions differ too often to say whether the "
+                                            "questions were the same (docs/cache.md). "
+                                            "'wrong answer' labels either way.")
     tune_min_per_class: int = Field(5, gt=0, description="Labelled pairs of each kind "
                                     "(hit, false hit) before tau is re-tuned locally.")
 

@@ -212,6 +212,31 @@ def test_without_an_upstream_it_starts_the_embedded_one(settings: Settings) -> N
     asyncio.run(run())
 
 
+def test_the_embedded_demo_models_answers_are_not_labels(settings: Settings) -> None:
+    """With the embedded demo model as upstream the cache does not learn from its answers
+    (``learn_from_answers`` unset): a would-be hit is served even with every near one to
+    be explored, nothing is labelled, and the stats screen says where labels come from."""
+    exploring = settings.model_copy(update=dict(
+        upstream_url=None, upstream_model="builtin:tiny", explore_rate=1.0,
+        explore_width=1.0))
+
+    async def run() -> None:
+        app = MeanCacheApp(exploring, start_embedded_upstream)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            await ask(pilot, "How do I reverse a list in Python?")
+            await ask(pilot, "How can I reverse a Python list?")
+            assert app.chat.conversation.turns[-1].source == "cache"
+            assert app.session.cache.learned.labels == []  # type: ignore[union-attr]
+            await pilot.press("ctrl+t")
+            await wait_for(pilot, lambda: app.screen.__class__.__name__ == "StatsScreen")
+            rows = dict(app.screen.rows)  # type: ignore[attr-defined]
+            assert rows["labels from"].startswith("'wrong answer' only")
+            assert rows["hit rate"] == "50.0% (1 hits, 1 misses)"
+
+    asyncio.run(run())
+
+
 def test_stats_conversations_and_export(settings: Settings) -> None:
     async def run() -> None:
         app = MeanCacheApp(settings)

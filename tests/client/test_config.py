@@ -57,19 +57,34 @@ def test_the_cache_is_given_every_cache_setting_and_shares_its_defaults(
         tmp_path: Path) -> None:
     settings = Settings(config_dir=tmp_path, data_dir=tmp_path / "data",
                         threshold=DEFAULT_THRESHOLD)
-    assert settings.cache_settings() == CacheSettings()
+    # the one setting the device decides: with no upstream named, the embedded demo model
+    assert settings.cache_settings() == CacheSettings(learn_from_answers=False)
     changed = {"global_threshold": 0.9, "context_aware": False, "verify_hits": False,
                "entry_thresholds": False, "max_entries": 7, "max_bytes": 9,
                "eviction_policy": "lfu", "pattern_clustering": "dbscan", "pca_dims": 0,
                "pca_min_entries": 3, "tune_min_per_class": 2, "verifier": "rules",
                "candidates": 3, "recall_margin": 0.05, "max_wrong_rate": 0.05,
                "decision": "rules", "explore_rate": 0.3, "explore_width": 0.1,
-               "explore_until_learned": False}
+               "explore_until_learned": False, "learn_from_answers": True}
     got = settings.model_copy(update=changed).cache_settings()
     assert got.model_dump() == CacheSettings().model_dump() | changed
     assert set(changed) == set(CacheSettings.model_fields)  # every one is the user's to set
     matching = got.matching
     assert matching.model_dump() == {name: changed[name] for name in MatchSettings.model_fields}
+
+
+@pytest.mark.parametrize(("upstream_url", "environ", "learns"), [
+    (None, {}, False), ("http://127.0.0.1:8000/v1", {}, True),
+    (None, {"MEANCACHE_LEARN_FROM_ANSWERS": "on"}, True),
+    ("http://127.0.0.1:8000/v1", {"MEANCACHE_LEARN_FROM_ANSWERS": "off"}, False),
+])
+def test_the_cache_learns_from_a_named_upstreams_answers_not_the_demo_models_unless_told(
+        tmp_path: Path, upstream_url: str | None, environ: dict[str, str],
+        learns: bool) -> None:
+    settings = with_upstream(load_settings(config_dir=tmp_path, environ=environ),
+                             upstream_url, environ={})
+    assert settings.learns_from_answers is learns
+    assert settings.cache_settings().learn_from_answers is learns
 
 
 def test_each_setting_is_declared_once_and_each_side_has_its_own() -> None:

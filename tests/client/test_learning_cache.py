@@ -172,6 +172,35 @@ def test_exploration_off_serves_every_would_be_hit(make_cache: CacheFactory,
     assert all(isinstance(replaying.lookup(question), Hit) for question in PARAPHRASES)
 
 
+def test_not_learning_from_answers_labels_only_wrong_answer(
+        make_cache: CacheFactory, declining: LearnedVerifier, passing: LearnedVerifier,
+        tmp_path: Path) -> None:
+    """With ``learn_from_answers`` off (the embedded demo model's default): a declined
+    candidate's answer, agreeing or not, makes no label and no alias; no would-be hit is
+    explored, whatever the rate; a user's "wrong answer" still labels; stats say so."""
+    off = SETTINGS.model_copy(update=dict(learn_from_answers=False, explore_rate=1.0,
+                                          explore_width=1.0))
+    cache = make_cache(tmp_path / "declining", settings=off, verifier=declining,
+                       rng=random.Random(0))
+    cache.insert(FRANCE, ANSWER)
+    assert isinstance(cache.lookup(PARAPHRASE), Miss)
+    cache.insert(PARAPHRASE, ANSWER)  # the same answer: with learning on, a label and alias
+    assert isinstance(cache.lookup(GERMANY), Miss)
+    cache.insert(GERMANY, "Berlin is the capital of Germany, on the Spree in the north east.")
+    assert cache.learned.labels == [] and cache.learned.alias(PARAPHRASE) is None
+    serving = make_cache(tmp_path / "passing", settings=off, verifier=passing,
+                         rng=random.Random(0))
+    serving.insert(FRANCE, ANSWER)
+    hits = [serving.lookup(question) for question in PARAPHRASES]
+    assert all(isinstance(hit, Hit) for hit in hits)  # rate 1, yet none explored
+    stats = serving.stats()
+    assert stats.explored == 0 and not stats.learns_from_answers
+    assert "'wrong answer' only" in stats.labels_line
+    serving.reject(PARAPHRASES[0], hits[0].origin)
+    [label] = serving.learned.labels
+    assert label.wrong and label.source == "user"
+
+
 def test_with_the_learned_verifier_off_the_bound_judges_by_the_cosine(
         make_cache: CacheFactory, declining: LearnedVerifier, tmp_path: Path) -> None:
     """With verification off the bound is held on the embedding's cosine, from tau: a

@@ -77,6 +77,9 @@ def test_replay_learn_reports_both_decisions(data_dir: Path, tmp_path: Path,
                  "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["seed"] == 3 and report["questions"] == 4
+    # the paraphrase's candidate, explored or declined, is labelled by the simulated
+    # upstream's answer (whatever upstream the device's settings name: here none)
+    assert report["labels"] >= 1
     for decision in ("static", "learned"):
         whole = report[decision]["whole"]
         assert whole["right"] + whole["wrong"] + whole["miss"] == 4
