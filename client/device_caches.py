@@ -30,6 +30,13 @@ from meancache.shared.fl.bound_evidence import BoundEvidence
 from meancache.shared.pairs import Pair
 from meancache.shared.query import normalise_query
 
+# The most labels a device scores anew in federated learning's evidence round: its reply
+# is awaited round-timeout (600 s by default), and a label costs up to 5 pairs of the
+# float global verifier and the global encoder's cosine of one pair (2 embeddings); the
+# pool needs far fewer (149 labels back a threshold at 2%). docs/federated-learning.md
+# has the measured cost.
+RESCORED_LABELS = 2_000
+
 
 @dataclass(frozen=True)
 class Asked:
@@ -116,19 +123,24 @@ def device_bound_evidence(cache_dirs: Iterable[Path], judges: Sequence[str]
 
 
 def device_rescored_evidence(cache_dirs: Iterable[Path],
-                             judges: Sequence[tuple[str, Rescore | None]]
-                             ) -> list[BoundEvidence]:
+                             judges: Sequence[tuple[str, Rescore | None]],
+                             most: int = RESCORED_LABELS) -> list[BoundEvidence]:
     """Each judge's error-bound evidence over the caches in ``cache_dirs``: with a
-    ``Rescore``, every label that kept its question and whose entry is still there scored
+    ``Rescore``, each label that kept its question and whose entry is still there scored
     anew as it was weighed (``Asked``), whoever scored it first, and left out where the
-    judge would pick another; without, the labels the judge named scored
-    (``device_bound_evidence``). Marked sent alike."""
+    judge would pick another, the newest ``most`` of the device's (the first caches' go
+    first); without, the labels the judge named scored (``device_bound_evidence``).
+    Marked sent alike."""
     evidence = [BoundEvidence.empty() for _ in judges]
+    left = most
     for cache_dir in cache_dirs:
         if not cache_dir.exists():
             continue
         with closing(EntryStore(cache_dir)) as store:
             labels, asked = _with_entries(store)
+            newest = slice(len(labels) - min(left, len(labels)), None)
+            labels, asked = labels[newest], asked[newest]
+            left -= len(labels)
             evidence = [sums + (send_evidence(store, judge) if rescore is None else
                                 send_rescored(store, labels, rescore(asked)))
                         for sums, (judge, rescore) in zip(evidence, judges, strict=True)]

@@ -127,3 +127,30 @@ def test_the_evidence_round_leaves_out_labels_of_another_pick_and_entries_gone(
     kept = decision.score(features([0.95], [0.9], RECALL_TAU, 0.6))
     assert float(evidence.wrong.sum()) == 1.0  # the user's, scored alone
     assert evidence.count[int(alone * 256)] >= 1 and evidence.count[int(kept * 256)] >= 1
+
+
+def test_the_evidence_round_scores_the_newest_labels_up_to_its_budget(
+        make_cache: CacheFactory, tmp_path: Path) -> None:
+    """The round's reply is awaited a bounded time and each label costs model calls, so a
+    device scores its newest labels only, up to the budget, over all its caches; all are
+    marked sent (their scores were by a judge the new pool replaces)."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    scores = {RIGHT: 0.9, CLOSE: 0.5, OTHER: 0.1}
+    for directory in (first, second):
+        cache = cache_with(make_cache, "learned", Fixed(scores), directory)
+        ids = {entry.query: entry.id for entry in cache.store.entries()}
+        for question in ("oldest", "older", "newest"):
+            cache.learned.learn(Label(0.5, False, 1.0, ids[RIGHT], "miss"),
+                                f"{question} {ASKED}")
+        cache.close()
+    seen: list[list[str]] = []
+
+    def rescore(asked: list[Asked]) -> np.ndarray:
+        seen.append([a.question.split()[0] for a in asked])
+        return np.full(len(asked), 0.9)
+
+    (evidence,) = device_rescored_evidence([first, second], [("judge", rescore)], most=4)
+    assert seen == [["oldest", "older", "newest"], ["newest"]]
+    assert evidence.labels == 4
+    (again,) = device_rescored_evidence([first, second], [("judge", rescore)], most=0)
+    assert again.labels == 0 and seen[-2:] == [[], []]
