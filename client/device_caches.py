@@ -32,10 +32,10 @@ from meancache.shared.query import normalise_query
 
 # The most labels a device scores anew in federated learning's evidence round: its reply
 # is awaited round-timeout (600 s by default), and a label costs up to 5 pairs of the
-# float global verifier and the global encoder's cosine of one pair (2 embeddings); the
-# pool needs far fewer (149 labels back a threshold at 2%). docs/federated-learning.md
-# has the measured cost.
-RESCORED_LABELS = 2_000
+# float global verifier and the global encoder's cosine of one pair (2 embeddings): 160 ms
+# with MPNet on a free 2-core machine (benchmarks/evidence_cost.py), so these take about
+# 160 s, twice that on a machine half as fast; 149 labels back a threshold at 2%.
+RESCORED_LABELS = 1_000
 
 
 @dataclass(frozen=True)
