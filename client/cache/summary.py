@@ -9,7 +9,7 @@ from meancache.client.cache.results import CacheStats
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.learning.bound import Bound, Judge, labels_needed
-from meancache.client.learning.state import Learned
+from meancache.client.learning.state import Learned, learns_from_answers
 from meancache.client.matching import labels, matcher
 from meancache.client.matching.labels import DECLINED
 from meancache.shared.fl.bound_evidence import cosine_judge
@@ -59,8 +59,7 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
 
 def stored_stats(store: EntryStore, global_threshold: float, backend: str,
                  max_wrong_rate: float, verifier: Card | None,
-                 learned_decision: bool = False, learns_from_answers: bool = True
-                 ) -> CacheStats:
+                 learned_decision: bool = False) -> CacheStats:
     """Statistics without an encoder: the encoder version and size are those of the newest
     stored vectors, and entries stored under another version count as stale (the next
     start that loads the encoder re-embeds them). ``global_threshold`` is the configured
@@ -68,8 +67,9 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str,
     ``verifier``: the card of the learned verifier that judges (client.verifier's: the
     device's global one or the shipped one), None where the cosine does;
     ``learned_decision``: whether the learned decision's card decides with it (the
-    setting, with the encoder its card was fitted on), and so its score judges;
-    ``learns_from_answers``: the device's setting (``Settings.learns_from_answers``)."""
+    setting, with the encoder its card was fitted on), and so its score judges. Whether
+    it learns from the upstream's answers is what the cache that last faced traffic on
+    ``store`` did (the upstream it was started with decides it)."""
     entries = list(store.entries())
     newest = max(entries, key=lambda entry: entry.created, default=None)
     version = newest.encoder_version if newest is not None else "-"
@@ -88,7 +88,7 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str,
         encoder_version=version, encoder_backend=backend,
         embedding_dim=int(newest.embedding.shape[0]) if newest is not None else 0,
         bound=_bound(store, max_wrong_rate, judge),
-        max_wrong_rate=max_wrong_rate, learns_from_answers=learns_from_answers)
+        max_wrong_rate=max_wrong_rate, learns_from_answers=learns_from_answers(store))
 
 
 def _bound(store: EntryStore, max_wrong_rate: float, judge: Judge) -> Bound:

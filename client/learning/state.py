@@ -49,6 +49,11 @@ POOLED = "pooled-bound"
 # A new token with every install: an open cache (this process's or another's) compares
 # it, one record read, and reads the pool itself only when it moved.
 POOLED_VERSION = "pooled-version"
+# Whether the cache that last faced traffic on this store (the chat's, the proxy's)
+# labelled it by the upstream's answers (the setting learn_from_answers, which depends on
+# the upstream the chat was started with): `cache stats` reads it. A mode, not a label:
+# outside PREFIX, kept by ``reset``.
+LEARNS_FROM_ANSWERS = "learns-from-answers"
 CHUNK = 256
 KEPT = 20_000  # newest labels the bound rests on
 
@@ -411,6 +416,16 @@ def pooled(store: StateStore, judge: str | None = None) -> BoundEvidence:
     the verifier's where a global model's two pools both hold labels), or none."""
     return next((pool for pool in pools(store) if judge is None or pool.judge == judge),
                 BoundEvidence.empty())
+
+
+def set_learns_from_answers(store: StateStore, learns: bool) -> None:
+    store.set_states({LEARNS_FROM_ANSWERS: learns})
+
+
+def learns_from_answers(store: StateStore) -> bool:
+    """Whether the cache that last faced traffic on ``store`` learned from the upstream's
+    answers (True where none has yet: the setting's meaning with an upstream named)."""
+    return bool(store.get_meta(LEARNS_FROM_ANSWERS, True))
 
 
 def set_pooled(store: StateStore, *evidence: BoundEvidence) -> str:

@@ -7,11 +7,14 @@ installed."""
 
 import random
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
 import pytest
 from meancache.client.cache import CacheSettings, Hit, Miss, SemanticCache
+from meancache.client.cache.store import EntryStore
+from meancache.client.cache.summary import stored_stats
 from meancache.client.device_caches import set_device_pooled
 from meancache.shared.fl.bound_evidence import BoundEvidence, cosine_judge
 from meancache.shared.verifier.runtime import Card, LearnedVerifier, read_card
@@ -199,6 +202,13 @@ def test_not_learning_from_answers_labels_only_wrong_answer(
     serving.reject(PARAPHRASES[0], hits[0].origin)
     [label] = serving.learned.labels
     assert label.wrong and label.source == "user"
+    # `cache stats` (no cache opened) reports what the cache facing traffic did
+    assert not stored_stats(serving.store, 0.3, "onnx", 0.02, None).learns_from_answers
+    serving.close()
+    make_cache(tmp_path / "passing", settings=SETTINGS, verifier=passing,
+               rng=random.Random(0)).close()  # the chat started with an upstream named
+    with closing(EntryStore(tmp_path / "passing")) as store:
+        assert stored_stats(store, 0.3, "onnx", 0.02, None).learns_from_answers
 
 
 def test_with_the_learned_verifier_off_the_bound_judges_by_the_cosine(
