@@ -59,7 +59,8 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
 
 def stored_stats(store: EntryStore, global_threshold: float, backend: str,
                  max_wrong_rate: float, verifier: Card | None,
-                 learned_decision: bool = False) -> CacheStats:
+                 learned_decision: bool = False, learns_by_settings: bool = True
+                 ) -> CacheStats:
     """Statistics without an encoder: the encoder version and size are those of the newest
     stored vectors, and entries stored under another version count as stale (the next
     start that loads the encoder re-embeds them). ``global_threshold`` is the configured
@@ -69,7 +70,8 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str,
     ``learned_decision``: whether the learned decision's card decides with it (the
     setting, with the encoder its card was fitted on), and so its score judges. Whether
     it learns from the upstream's answers is what the cache that last faced traffic on
-    ``store`` did (the upstream it was started with decides it)."""
+    ``store`` did (the upstream it was started with decides it), else
+    ``learns_by_settings`` (``Settings.learns_from_answers``)."""
     entries = list(store.entries())
     newest = max(entries, key=lambda entry: entry.created, default=None)
     version = newest.encoder_version if newest is not None else "-"
@@ -88,7 +90,8 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str,
         encoder_version=version, encoder_backend=backend,
         embedding_dim=int(newest.embedding.shape[0]) if newest is not None else 0,
         bound=_bound(store, max_wrong_rate, judge),
-        max_wrong_rate=max_wrong_rate, learns_from_answers=learns_from_answers(store))
+        max_wrong_rate=max_wrong_rate,
+        learns_from_answers=learns_from_answers(store, learns_by_settings))
 
 
 def _bound(store: EntryStore, max_wrong_rate: float, judge: Judge) -> Bound:

@@ -422,10 +422,11 @@ def set_learns_from_answers(store: StateStore, learns: bool) -> None:
     store.set_states({LEARNS_FROM_ANSWERS: learns})
 
 
-def learns_from_answers(store: StateStore) -> bool:
+def learns_from_answers(store: StateStore, unrecorded: bool) -> bool:
     """Whether the cache that last faced traffic on ``store`` learned from the upstream's
-    answers (True where none has yet: the setting's meaning with an upstream named)."""
-    return bool(store.get_meta(LEARNS_FROM_ANSWERS, True))
+    answers; ``unrecorded`` where none has said yet (a store from before it was recorded:
+    the device's settings then)."""
+    return bool(store.get_meta(LEARNS_FROM_ANSWERS, unrecorded))
 
 
 def set_pooled(store: StateStore, *evidence: BoundEvidence) -> str:

@@ -202,13 +202,20 @@ def test_not_learning_from_answers_labels_only_wrong_answer(
     serving.reject(PARAPHRASES[0], hits[0].origin)
     [label] = serving.learned.labels
     assert label.wrong and label.source == "user"
-    # `cache stats` (no cache opened) reports what the cache facing traffic did
-    assert not stored_stats(serving.store, 0.3, "onnx", 0.02, None).learns_from_answers
+    # `cache stats` (no cache opened) reports what the cache facing traffic did, and
+    # what the settings say where none has said
+    assert not stored_stats(serving.store, 0.3, "onnx", 0.02, None,
+                            learns_by_settings=True).learns_from_answers
     serving.close()
     make_cache(tmp_path / "passing", settings=SETTINGS, verifier=passing,
                rng=random.Random(0)).close()  # the chat started with an upstream named
     with closing(EntryStore(tmp_path / "passing")) as store:
-        assert stored_stats(store, 0.3, "onnx", 0.02, None).learns_from_answers
+        assert stored_stats(store, 0.3, "onnx", 0.02, None,
+                            learns_by_settings=False).learns_from_answers
+    make_cache(tmp_path / "unrecorded", settings=SETTINGS, verifier=passing).close()
+    with closing(EntryStore(tmp_path / "unrecorded")) as store:  # no draws: faced no user
+        assert stored_stats(store, 0.3, "onnx", 0.02, None,
+                            learns_by_settings=False).learns_from_answers is False
 
 
 def test_with_the_learned_verifier_off_the_bound_judges_by_the_cosine(
