@@ -63,6 +63,7 @@ def test_a_would_be_hit_is_explored_labelled_and_counted_beside_the_wrong_rate(
     assert (cache["hits"], cache["misses"], cache["explored"]) == (1, 2, 1)
     assert report.json()["hit_rate"] == pytest.approx(1 / 3)
     assert cache["wrong_rate_labels"] == 1  # the explored pair, labelled
+    assert cache["learns_from_answers"] is True  # an upstream named (upstream_url)
     assert cache["wrong_rate"] in (0.0, 1.0) and cache["max_wrong_rate"] == 0.02
     assert cache["wrong_rate"] <= cache["wrong_rate_upper"] <= 1.0
 
