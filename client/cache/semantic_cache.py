@@ -68,7 +68,8 @@ class SemanticCache:
     ) -> None:
         """``verifier``: the shipped learned one unless another is given. ``rng``: the
         draws of exploration (``settings.explore_rate``); the caches that face a user (the
-        chat, the proxy) are given one, a seeded one makes it repeatable. Without one the
+        chat, the proxy) are given one, a seeded one makes it repeatable, and record in the
+        store whether they learn from answers (`cache stats` reads it). Without one the
         cache never explores. ``learns`` False: it labels nothing from its traffic (the
         static decision that `eval replay --learn` compares with), as with the setting
         ``learn_from_answers`` false; a user's "wrong answer" labels either way."""
