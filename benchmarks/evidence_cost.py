@@ -38,12 +38,14 @@ from meancache.client.fl.rescore import rescorer
 from meancache.client.fl.train import pair_similarities
 from meancache.client.learning.state import KEPT
 from meancache.client.matching import matcher
+from meancache.client.matching.settings import RECALL_MARGIN
+from meancache.fl_server.app_declaration import default_run_config
 from meancache.shared.encoder import locate_model
 from meancache.shared.encoder.encoder import load_sentence_transformer
 from meancache.shared.pairs import Pair
-from meancache.shared.verifier.federated import base_verifier, pair_probabilities
-
-ROUND_TIMEOUT = 600.0  # fl_server/flower_app/pyproject.toml's round-timeout
+from meancache.shared.threshold import MPNET_THRESHOLD
+from meancache.shared.verifier.federated import base_dir, base_verifier, pair_probabilities
+from meancache.shared.verifier.runtime import read_card
 
 
 def labels_of(questions: list[str], count: int, candidates: int, rng: random.Random
@@ -76,7 +78,8 @@ def main() -> None:
     judge = f"{decision.judge} over {'0' * 64}"  # the card over a federated fine-tune
     encoder = load_sentence_transformer(locate_model(args.encoder, args.cache_dir / "models"))
     decided = rescorer(judge, lambda pairs: pair_probabilities(verifier, pairs),
-                       lambda pairs: pair_similarities(encoder, pairs), 0.776, 0.596)
+                       lambda pairs: pair_similarities(encoder, pairs),
+                       MPNET_THRESHOLD - RECALL_MARGIN, read_card(base_dir(None)).threshold)
     assert decided is not None
 
     def cosine(asked: list[Asked]) -> np.ndarray:
@@ -105,7 +108,7 @@ def main() -> None:
                   f"{both * RESCORED_LABELS / 1e3:.0f}", f"{both * KEPT / 1e3:.0f}")
     heading(f"the evidence round's scoring per label ({args.chunks} chunks of "
             f"{args.labels} labels a way; float global verifier, {args.encoder} encoder; the "
-            f"reply is awaited {ROUND_TIMEOUT:.0f} s)")
+            f"reply is awaited {default_run_config()['round-timeout']:.0f} s)")
     print_table(table)
     print(f"5 candidates / 1: {p50['decision, 5 candidates'] / p50['decision, 1 candidate']:.1f}x")
     print(machine_load())
