@@ -30,7 +30,7 @@ from meancache.client.learning.agreement import agree
 from meancache.client.learning.awaiting import Awaiting
 from meancache.client.learning.bound import USER, Label
 from meancache.client.learning.explore import Exploration
-from meancache.client.learning.state import Learned, set_learns_from_answers
+from meancache.client.learning.state import Learned, record_learning_mode
 from meancache.client.matching.feedback import ThresholdChange
 from meancache.client.matching.matcher import Matcher, Verifier
 from meancache.client.matching.origins import CacheOrigin, Source
@@ -96,7 +96,7 @@ class SemanticCache:
             until_learned=self.settings.explore_until_learned), rng,
             learns and self.settings.learn_from_answers is not False)
         if rng is not None:  # it faces traffic: `cache stats` reads how it labels it
-            set_learns_from_answers(self.store, self.awaiting.learns)
+            record_learning_mode(self.store, self.awaiting.learns)
         self._lookup = Lookup(self._entries, self.matcher, self.thresholds, self.settings,
                               self.learned, self.awaiting)
         self.learning = self._lookup.learning

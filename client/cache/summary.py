@@ -9,7 +9,7 @@ from meancache.client.cache.results import CacheStats
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
 from meancache.client.learning.bound import Bound, Judge, labels_needed
-from meancache.client.learning.state import Learned, learns_from_answers
+from meancache.client.learning.state import Learned, recorded_learning_mode
 from meancache.client.matching import labels, matcher
 from meancache.client.matching.labels import DECLINED
 from meancache.shared.fl.bound_evidence import cosine_judge
@@ -91,7 +91,7 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str,
         embedding_dim=int(newest.embedding.shape[0]) if newest is not None else 0,
         bound=_bound(store, max_wrong_rate, judge),
         max_wrong_rate=max_wrong_rate,
-        learns_from_answers=learns_from_answers(store, learns_by_settings))
+        learns_from_answers=recorded_learning_mode(store, learns_by_settings))
 
 
 def _bound(store: EntryStore, max_wrong_rate: float, judge: Judge) -> Bound:

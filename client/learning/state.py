@@ -418,11 +418,11 @@ def pooled(store: StateStore, judge: str | None = None) -> BoundEvidence:
                 BoundEvidence.empty())
 
 
-def set_learns_from_answers(store: StateStore, learns: bool) -> None:
+def record_learning_mode(store: StateStore, learns: bool) -> None:
     store.set_states({LEARNS_FROM_ANSWERS: learns})
 
 
-def learns_from_answers(store: StateStore, unrecorded: bool) -> bool:
+def recorded_learning_mode(store: StateStore, unrecorded: bool) -> bool:
     """Whether the cache that last faced traffic on ``store`` learned from the upstream's
     answers; ``unrecorded`` where none has said yet (a store from before it was recorded:
     the device's settings then)."""
