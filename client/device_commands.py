@@ -98,6 +98,7 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
         table.add_row(key.replace("_", " "), "-" if value is None else str(value))
     table.add_row("hit rate", stats.hit_rate_line)
     table.add_row("wrong answers (estimated)", stats.wrong_rate_line)
+    table.add_row("served from (judge's score)", stats.serves_from_line)
     table.add_row("labels from", stats.labels_line)
     table.add_row("token saving ratio", f"{stats.token_saving_ratio:.1%}")
     out.print(table)

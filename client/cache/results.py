@@ -71,10 +71,26 @@ class CacheStats:
     # whether the traffic's labels come from the upstream's answers too, or from "wrong
     # answer" alone (the setting learn_from_answers)
     learns_from_answers: bool = True
+    # The judge's score from which the bound serves; None where it serves no score (no
+    # region backed, or the labels refused it: ``wrong_rate_lower`` is then their lower
+    # limit, over the rate) or where no bound is kept.
+    serves_from: float | None = None
+    wrong_rate_lower: float | None = None
+    closed: bool = False  # no score served: only repeats and confirmed rewordings
+
+    @property
+    def serves_from_line(self) -> str:
+        """The judge's score from which answers are served, in one line."""
+        if self.closed:
+            return "none: only repeats and confirmed rewordings (see wrong answers)"
+        return "-" if self.serves_from is None else f"{self.serves_from:.3f}"
 
     @property
     def wrong_rate_line(self) -> str:
-        """The estimated wrong rate with its bound, in one line."""
+        """The estimated wrong rate with its bound, in one line; where no score is served,
+        why, and what would serve again."""
+        if self.closed:
+            return self._closed_line()
         if self.wrong_rate is None or self.wrong_rate_upper is None:
             return "not estimated yet (no labels over the judge's threshold)"
         bound = "" if self.max_wrong_rate is None else f", bound {self.max_wrong_rate:.1%}"
@@ -85,6 +101,25 @@ class CacheStats:
             "other devices')")
         return (f"{self.wrong_rate:.1%} (at most {self.wrong_rate_upper:.1%} at 95%, "
                 f"{self.wrong_rate_labels} labels{pooled}{bound}{needs})")
+
+    def _closed_line(self) -> str:
+        rate = "the bound" if self.max_wrong_rate is None else f"{self.max_wrong_rate:.1%}"
+        served = "nothing is served by similarity, only repeats and confirmed rewordings"
+        if self.wrong_rate is None or self.wrong_rate_upper is None:
+            needs = "" if self.wrong_rate_needs is None else \
+                f", until {self.wrong_rate_needs} labels, none wrong, back a region"
+            return f"no region backed at {rate} yet: {served}{needs}"
+        labels = f"{self.wrong_rate_labels} labels" + (
+            f", {self.wrong_rate_pooled} not this device's" if self.wrong_rate_pooled else "")
+        if self.wrong_rate_lower is None:  # no region passed the test
+            shown = (f"the labels back no region at {rate}: at the highest scores they test, "
+                     f"{self.wrong_rate:.1%} wrong, up to {self.wrong_rate_upper:.1%} at 95% "
+                     f"({labels})")
+        else:  # this device's labels refused the region
+            shown = (f"this device's labels show {self.wrong_rate:.1%} wrong, at least "
+                     f"{self.wrong_rate_lower:.1%} at 95% ({labels}): over {rate}")
+        return (f"{shown}; so {served}, until the labels back a region (raise "
+                "max_wrong_rate, or `meancache cache reset-learning` to start over)")
 
     @property
     def labels_line(self) -> str:

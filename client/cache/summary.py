@@ -54,6 +54,9 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
         wrong_rate_needs=None if bound is None or bound.learned or max_wrong_rate is None
         else labels_needed(max_wrong_rate),
         learns_from_answers=learns_from_answers,
+        serves_from=None if bound is None or bound.closed else bound.threshold,
+        wrong_rate_lower=None if bound is None else bound.lower,
+        closed=bound is not None and bound.closed,
     )
 
 

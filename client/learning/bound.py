@@ -109,6 +109,16 @@ class Bound:
     # of ``labels``, those not this device's: pooled from other devices (federated
     # learning) or the judge's own (the learned decision's card: client.learning.state)
     pooled: int = 0
+    # closed by labels that show a region too wrong: their lower confidence limit, which
+    # is over the rate (the estimate and upper are theirs too), so that a user is told why
+    # nothing is served by score, not that nothing is estimated yet
+    lower: float | None = None
+
+    @property
+    def closed(self) -> bool:
+        """No score is served: no region is backed, or the labels refused the one there was
+        (only aliases and the very same question are answered from the store)."""
+        return self.threshold >= NEVER
 
 
 def labels_needed(max_wrong_rate: float, confidence: float = CONFIDENCE) -> int:
@@ -269,8 +279,9 @@ def choose_pooled(own: Sequence[Label] | Rows, unsent: Sequence[Label] | Rows, p
     learned since (``unsent``: so none counts twice). The device's own labels (``own``,
     all of them) may still refuse it: where they show the chosen region too wrong (the
     lower confidence limit of its error above the bound), their traffic is not the
-    pool's, and the bound on them alone (``choose``) stands. ``start``: as ``choose``'s,
-    for the merged test."""
+    pool's, and the bound on them alone (``choose``) stands; where that is closed with no
+    numbers of its own (a judge without a prior), it carries those of the labels that
+    refused the region. ``start``: as ``choose``'s, for the merged test."""
     own = Rows.of_any(own)
     alone = choose(own, max_wrong_rate, prior, confidence)
     if not len(pooled):
@@ -278,8 +289,13 @@ def choose_pooled(own: Sequence[Label] | Rows, unsent: Sequence[Label] | Rows, p
     merged = _choose(Rows.of_any(unsent) + pooled, max_wrong_rate, prior, confidence, start)
     tail = own[own.score >= merged.threshold]
     if len(tail):
-        _, _, errors, n, _, _ = _tails(tail)
-        if lower_limit(errors[-1], n[-1], confidence) > max_wrong_rate:
+        _, share, errors, n, counts, _ = _tails(tail)
+        lower = lower_limit(errors[-1], n[-1], confidence)
+        if lower > max_wrong_rate:
+            if alone.closed and alone.estimate is None:  # what refused it, not "no labels"
+                return Bound(NEVER, float(share[-1]),
+                             upper_limit(errors[-1], n[-1], confidence),
+                             _whole(counts[-1]), False, lower=lower)
             return alone
     return merged
 
@@ -299,12 +315,17 @@ def _choose(rows: Rows, max_wrong_rate: float, prior: float, confidence: float,
                      _whole(counts[last]), True, _whole(pooled[last]))
     above = np.flatnonzero(at >= prior)
     if not len(above):
+        if prior >= NEVER and start < len(at):  # closed: the region whose test failed first
+            return Bound(prior, float(share[start]),
+                         upper_limit(errors[start], n[start], confidence),
+                         _whole(counts[start]), False, _whole(pooled[start]))
         return Bound(prior, None, None, 0, False)
     i = above[-1]
     backing = _whole(counts[i]), False, _whole(pooled[i])
     upper = upper_limit(errors[i], n[i], confidence)
-    if lower_limit(errors[i], n[i], confidence) > max_wrong_rate:
-        return Bound(NEVER, float(share[i]), upper, *backing)
+    lower = lower_limit(errors[i], n[i], confidence)
+    if lower > max_wrong_rate:
+        return Bound(NEVER, float(share[i]), upper, *backing, lower=lower)
     return Bound(prior, float(share[i]), upper, *backing)
 
 

@@ -245,5 +245,7 @@ def stats_body(caches: Sequence[tuple[str, CacheStats]]) -> dict[str, Any]:
                         "wrong_rate_pooled": stats.wrong_rate_pooled,
                         "max_wrong_rate": stats.max_wrong_rate,
                         "wrong_rate_needs": stats.wrong_rate_needs,
+                        "wrong_rate_lower": stats.wrong_rate_lower,
+                        "serves_from": stats.serves_from, "closed": stats.closed,
                         "learns_from_answers": stats.learns_from_answers,
                         "rejections": stats.rejections} for pid, stats in caches]}

@@ -317,6 +317,9 @@ def test_the_cards_evidence_backs_the_bound_from_the_first_lookup(
     expected = choose_pooled([], [], Rows.pooled_bins(*evidence.rows()), 0.02,
                              for_test_encoder.threshold, start=labels_to_pass(0.01, 0.02))
     assert bound == expected
+    stats = cache.stats()
+    assert stats.serves_from == bound.threshold and not stats.closed
+    assert stats.serves_from_line == f"{bound.threshold:.3f}"
     strict = make_cache(tmp_path / "strict", verifier=Fixed({}),
                         settings=CacheSettings(max_wrong_rate=0.001))
     strict.learned.use(strict.matcher.judge)
@@ -336,6 +339,10 @@ def test_the_devices_wrong_labels_refuse_the_cards_evidence(
         cache.learned.learn(Label(float(score), i % 2 == 1, 1.0, "another entry", "miss"))
     assert cache.learned.bound.threshold > 1
     assert isinstance(cache.lookup("How could I reverse a list in Python?"), Miss)
+    stats = cache.stats()  # says what closed it, and that only repeats are served
+    assert stats.closed and stats.serves_from is None and stats.wrong_rate is not None
+    assert stats.wrong_rate_upper > 0.02 and "nothing is served by similarity" in \
+        stats.wrong_rate_line
 
 
 def test_the_fl_server_names_the_judge_a_device_scores_with(

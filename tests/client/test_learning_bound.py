@@ -103,6 +103,34 @@ def test_a_wrong_prior_region_serves_nothing() -> None:
     assert choose(labels, 0.02, PRIOR).threshold == NEVER
 
 
+def test_a_closed_bound_says_which_labels_closed_it() -> None:
+    """A judge without a prior (the learned decision's card's) whose labels back no
+    region: the bound is closed, and it carries the numbers of the region whose test
+    failed first (the highest-scoring labels_needed of them), not "nothing estimated"."""
+    needed = labels_needed(0.02)
+    labels = [Label(1.0 - i / 1000, i % 20 == 0) for i in range(400)]  # 5% wrong throughout
+    bound = choose(labels, 0.02, NEVER)
+    first = labels[:needed]
+    wrong = sum(label.wrong for label in first)
+    assert bound.closed and not bound.learned and bound.lower is None
+    assert bound.labels == needed and bound.estimate == pytest.approx(wrong / needed)
+    assert bound.upper == pytest.approx(upper_limit(wrong, needed)) and bound.upper > 0.02
+    assert not choose([], 0.02, NEVER).estimate  # no labels: nothing to show
+
+
+def test_own_labels_refusing_the_cards_region_say_how_wrong_it_is() -> None:
+    """The card's labels (pooled rows, no prior) open a region; this device's labels over
+    it, a fifth of them wrong, refuse it: the bound is closed and carries their share and
+    their lower limit, which is over the rate."""
+    card = _pooled([Label(0.5 + 0.5 * i / 5_000, i % 200 == 0) for i in range(5_000)])
+    opened = choose_pooled([], [], card, 0.02, NEVER, start=labels_to_pass(0.01, 0.02))
+    assert opened.learned
+    own = [Label(opened.threshold + 0.001 * (i % 10), i % 5 == 0) for i in range(100)]
+    bound = choose_pooled(own, own, card, 0.02, NEVER, start=labels_to_pass(0.01, 0.02))
+    assert bound.closed and bound.labels == 100 and bound.estimate == pytest.approx(0.2)
+    assert bound.lower == pytest.approx(lower_limit(20, 100)) and bound.lower > 0.02
+
+
 def test_sparse_exploration_labels_weigh_more() -> None:
     """Ten wrong explored labels (each one of ten like it) count as a hundred."""
     right = [Label(0.7, False) for _ in range(400)]

@@ -247,6 +247,10 @@ def test_with_the_learned_verifier_off_the_bound_judges_by_the_cosine(
     assert isinstance(closed, Miss) and "labels allow" in closed.reason
     stats = cache.stats()
     assert (stats.max_wrong_rate, stats.wrong_rate_labels, stats.wrong_rate) == (0.02, 1, 1.0)
+    # closed, and the stats say why rather than "not estimated yet"
+    assert stats.closed and stats.serves_from is None and stats.wrong_rate_lower > 0.02
+    assert stats.wrong_rate_line.startswith("this device's labels show 100.0% wrong")
+    assert "nothing is served by similarity" in stats.wrong_rate_line
     # the learned verifier's judge reads none of the cosine's labels
     on = make_cache(tmp_path / "off", settings=SETTINGS, verifier=declining)
     assert on.stats().wrong_rate_labels == 0

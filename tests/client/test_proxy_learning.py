@@ -66,6 +66,11 @@ def test_a_would_be_hit_is_explored_labelled_and_counted_beside_the_wrong_rate(
     assert cache["learns_from_answers"] is True  # an upstream named (upstream_url)
     assert cache["wrong_rate"] in (0.0, 1.0) and cache["max_wrong_rate"] == 0.02
     assert cache["wrong_rate"] <= cache["wrong_rate_upper"] <= 1.0
+    # one wrong label of one closes the region (its lower limit is over 2%); a right one
+    # leaves it open: the body says which, and from which score it serves
+    closed = cache["wrong_rate"] == 1.0
+    assert cache["closed"] is closed and (cache["serves_from"] is None) is closed
+    assert (cache["wrong_rate_lower"] is not None) is closed
 
 
 def test_stats_need_a_key_and_show_an_app_only_its_own_caches(base_url: str) -> None:

@@ -15,6 +15,7 @@ def stats_rows(stats: CacheStats, pack_version: str | None) -> list[tuple[str, s
     return [
         ("hit rate", stats.hit_rate_line),
         ("wrong answers (estimated)", stats.wrong_rate_line),
+        ("served from (judge's score)", stats.serves_from_line),
         ("labels from", stats.labels_line),
         ("false hits (rejected)", str(stats.rejections)),
         ("near matches declined", stats.declines_line),
