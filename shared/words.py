@@ -1,8 +1,10 @@
 """Words that change what a question asks, shared by the cache's word rules
 (``client.matching.rules``) and the filter on the language models' rewordings
 (``shared.verifier.paraphrase``): negations, number words, the stop words that change
-nothing, and a crude stem that matches inflections."""
+nothing, what asks the same either way round, and a crude stem that matches
+inflections."""
 
+import re
 from functools import cache
 
 NEGATIONS = frozenset({
@@ -25,6 +27,18 @@ NUMBER_WORDS = {
     "half": "half", "quarter": "quarter", "double": "twice", "twice": "twice",
     "triple": "thrice", "thrice": "thrice",
 }
+
+
+# A question whose answer is the same either way round ("the distance from A to B" asks
+# what "from B to A" asks): the code-made data labels the reversal the same question
+# (shared.verifier.negatives), and the direction check does not veto it.
+_DISTANCE = re.compile(r"\b(distance|how far|how many (?:miles|kilometers|km))\b", re.I)
+EITHER_WAY_ROUND = frozenset({"from", "to", "into"})  # the words of such a reversal
+
+
+def asks_a_distance(text: str) -> bool:
+    """Whether ``text`` asks a distance, which is the same from either end."""
+    return _DISTANCE.search(text) is not None
 
 
 @cache

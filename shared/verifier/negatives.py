@@ -26,6 +26,8 @@ import random
 import re
 from collections.abc import Callable, Sequence
 
+from meancache.shared.words import asks_a_distance
+
 WORD_CLASSES: tuple[tuple[str, ...], ...] = (
     ("first", "second", "third", "fourth", "fifth", "last"),
     ("1st", "2nd", "3rd", "4th", "5th"),
@@ -137,16 +139,16 @@ def swap_entity(text: str, rng: random.Random, others: Sequence[str]) -> str | N
     return None
 
 
-_FROM_TO = re.compile(r"\bfrom (\w+(?: \w+)?) (to|into) (\w+(?: \w+)?)")
-# Questions whose answer is the same either way round: a distance.
-_SYMMETRIC_DIRECTION = re.compile(r"\b(distance|how far|how many (?:miles|kilometers|km))\b",
-                                  re.I)
+# "from A to B", each end one word or two ("my phone", "New York"), the second never a
+# word that starts what follows the end ("from Lyon to Nice by car": B is "Nice")
+_END = r"\w+(?: (?!(?:by|in|on|at|for|with|via|and|or|using|during|the|a|an)\b)\w+)?"
+_FROM_TO = re.compile(rf"\bfrom ({_END}) (to|into) ({_END})")
 
 
 def reverse_direction(text: str, rng: random.Random, _: Sequence[str]) -> str | None:
     """"from A to B" -> "from B to A"; "A into B" -> "B into A" (not where the answer is
     the same either way: ``symmetric_direction``)."""
-    if _SYMMETRIC_DIRECTION.search(text):
+    if asks_a_distance(text):
         return None
     match = _FROM_TO.search(text)
     if match:
@@ -203,7 +205,7 @@ EDITS: dict[str, Edit] = {
 
 def symmetric_direction(text: str) -> str | None:
     """A label-1 variant where one exists: "the distance from A to B" -> "from B to A"."""
-    match = _FROM_TO.search(text) if _SYMMETRIC_DIRECTION.search(text) else None
+    match = _FROM_TO.search(text) if asks_a_distance(text) else None
     if match is None:
         return None
     a, word, b = match.groups()

@@ -11,6 +11,7 @@ from meancache.client.config import load_settings
 from meancache.client.matching.question import embed_texts
 from meancache.client.matching.rules import CHECKS, WITH_LEARNED, verify
 from meancache.shared.encoder import Encoder
+from meancache.shared.verifier import negatives
 
 from tests.conftest import CacheFactory
 from tests.support.paths import TEST_DATA
@@ -65,6 +66,26 @@ def test_only_the_chosen_checks_run() -> None:
     assert getattr(verify(*negated, ("negation",)), "kind", None) == "negation"
     assert getattr(verify(*swapped, WITH_LEARNED), "kind", None) == "direction"
     assert verify(*swapped, ()) is None
+
+
+@pytest.mark.parametrize(("cached", "asked", "vetoed"), [
+    ("What is the distance from London to Paris?", "What is the distance from Paris to London?",
+     False),
+    ("How many miles from Chicago to Detroit?", "How many miles from Detroit to Chicago?", False),
+    ("How far is it from Lyon to Nice by car?", "How far is it from Nice to Lyon by car?", False),
+    # a conversion is not a distance's two ends, nor a trip
+    ("How far is 10 km in miles?", "How far is 10 miles in km?", True),
+    ("How long is the flight from London to New York?",
+     "How long is the flight from New York to London?", True),
+    ("How do I move photos from my phone to my PC?", "How do I move photos from my PC to my phone?",
+     True),
+])
+def test_a_distance_is_the_same_from_either_end(cached: str, asked: str, vetoed: bool) -> None:
+    """The kept direction check vetoes a reversed trip or transfer, not a reversed distance,
+    which the code-made training data labels the same question (negatives.symmetric_direction)."""
+    assert (verify(asked, cached, WITH_LEARNED) is not None) is vetoed
+    if not vetoed:
+        assert negatives.symmetric_direction(cached) == asked
 
 
 def test_an_unknown_check_is_a_clear_error() -> None:
