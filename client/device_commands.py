@@ -369,17 +369,21 @@ def _replay_learning(args: argparse.Namespace, settings: Settings, pairs: list) 
                         rng=random.Random(args.seed)) as cache, \
                 ProgressBar("learning decision", err) as progress:
             reports["learned"] = replay(cache, turns, progress).report()
-            threshold = None if cache.learned.prior is None else cache.learned.bound.threshold
+            bound = None if cache.learned.prior is None else cache.learned.bound
             labels = len(cache.learned.labels)
+    threshold = None if bound is None else bound.threshold
+    closed = bound is not None and bound.closed  # no score served: repeats and aliases only
     if args.json:
         print_json(reports | {"seed": args.seed, "questions": len(turns),
-                              "threshold": threshold, "labels": labels})
+                              "threshold": threshold, "closed": closed, "labels": labels})
         return 0
     table = Table("decision", "part", "right", "wrong", "miss", "hit precision", "hit rate",
                   "at most",
                   title=f"{len(turns)} questions, seed {args.seed}, max_wrong_rate "
                   f"{settings.max_wrong_rate}, learned threshold "
-                  + ("none (no learned verifier)" if threshold is None else f"{threshold:.3f}")
+                  + ("none (no learned verifier)" if threshold is None else
+                     "none (closed: the labels back no score; cache stats says why)"
+                     if closed else f"{threshold:.3f}")
                   + f", {labels} labels learned")
     for name, report in reports.items():
         for part in ("whole", "last_half"):

@@ -621,5 +621,9 @@ def test_exploration_shows_the_fresh_answer_labels_the_pair_and_counts_it(
             rows = dict(app.screen.rows)  # type: ignore[attr-defined]
             assert rows["hit rate"] == "33.3% (1 hits, 2 misses, 1 of them explored)"
             assert "1 labels" in rows["wrong answers (estimated)"]
+            bound = cache.learned.bound  # the row names the score the bound serves from
+            assert rows["served from (judge's score)"] == (
+                "none: only repeats and confirmed rewordings (see wrong answers)"
+                if bound.closed else f"{bound.threshold:.3f}")
 
     asyncio.run(run())

@@ -80,6 +80,7 @@ def test_replay_learn_reports_both_decisions(data_dir: Path, tmp_path: Path,
     # the paraphrase's candidate, explored or declined, is labelled by the simulated
     # upstream's answer (whatever upstream the device's settings name: here none)
     assert report["labels"] >= 1
+    assert report["closed"] is (report["threshold"] > 1)  # a threshold no score reaches
     for decision in ("static", "learned"):
         whole = report[decision]["whole"]
         assert whole["right"] + whole["wrong"] + whole["miss"] == 4
