@@ -247,7 +247,7 @@ def test_stats_conversations_and_export(settings: Settings) -> None:
             await wait_for(pilot, lambda: app.screen.__class__.__name__ == "StatsScreen")
             rows = dict(app.screen.rows)  # type: ignore[attr-defined]
             assert rows["entries"] == "1"
-            assert rows["threshold in use"] == f"{settings.global_threshold:.3f}"
+            assert rows["similarity threshold (tau)"] == f"{settings.global_threshold:.3f}"
             await pilot.press("escape")
             await pilot.press("ctrl+s")
             exported = settings.data_dir / "exports" / f"chat-{app.chat.conversation.id}.md"

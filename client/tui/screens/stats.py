@@ -22,7 +22,7 @@ def stats_rows(stats: CacheStats, pack_version: str | None) -> list[tuple[str, s
         ("tokens saved", str(stats.tokens_saved)),
         ("token saving ratio", f"{stats.token_saving_ratio:.1%} of "
                                f"{stats.tokens_saved + stats.tokens_upstream} answered tokens"),
-        ("threshold in use", f"{stats.threshold:.3f}"),
+        ("similarity threshold (tau)", f"{stats.threshold:.3f}"),
         ("local threshold", local),
         ("global threshold", f"{stats.global_threshold:.3f}"),
         ("labelled pairs", f"{stats.labelled_positives} accepted, "
