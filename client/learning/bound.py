@@ -29,7 +29,10 @@ until the labels pass the test somewhere, the judge's own threshold (the verifie
 chosen on QQP dev; tau) is the prior: a new device starts at today's behaviour. Labels
 that show the prior's region is too wrong (the lower confidence limit of its error above
 the bound) raise the threshold past every score seen, so only aliases and the very same
-question are served until the evidence passes somewhere.
+question are served until the evidence passes somewhere. Only labels drawn with a known
+chance may show that: a user's "wrong answer" is pressed on wrong answers only, so it
+raises its own entry's threshold (and counts as an error wherever a region is tested to
+pass) but never closes the whole cache on its own.
 
 Federated learning pools the labels of many devices (shared.fl.bound_evidence: per score
 bin the sums of w, w² and w·wrong, which are all the test reads), so that 149 labels come
@@ -189,7 +192,11 @@ class Rows:
     """Labels as the test reads them: per row its score, how many labels it stands for,
     and the sums of their weights w, of w² and of w·wrong (w = 1 / labelled_with). A
     device's own label is one row; a bin of the evidence pooled by federated learning
-    (shared.fl.bound_evidence) is another, at its lower edge, and ``pooled`` counts it."""
+    (shared.fl.bound_evidence) is another, at its lower edge, and ``pooled`` counts it.
+    ``sampled``: 1 where the row was drawn with a known chance (a compared miss, an
+    exploration, a pooled bin), 0 for a user's "wrong answer", which is never a sample
+    of the served answers: a user presses it on wrong answers only, and says nothing of
+    the right ones, so it may not show a region too wrong (``_refusal``)."""
 
     score: np.ndarray
     count: np.ndarray
@@ -197,18 +204,20 @@ class Rows:
     squares: np.ndarray
     wrong: np.ndarray
     pooled: np.ndarray
+    sampled: np.ndarray
 
     @classmethod
     def of(cls, labels: Sequence[Label]) -> "Rows":
         w = 1.0 / np.clip([label.labelled_with for label in labels], 1e-3, 1.0)
         x = np.array([label.wrong for label in labels], dtype=float)
         return cls(np.array([label.score for label in labels], dtype=float),
-                   np.ones(len(labels)), w, w ** 2, w * x, np.zeros(len(labels)))
+                   np.ones(len(labels)), w, w ** 2, w * x, np.zeros(len(labels)),
+                   np.array([label.source != USER for label in labels], dtype=float))
 
     @classmethod
     def pooled_bins(cls, score: np.ndarray, count: np.ndarray, weight: np.ndarray,
                     squares: np.ndarray, wrong: np.ndarray) -> "Rows":
-        return cls(score, count, weight, squares, wrong, count)
+        return cls(score, count, weight, squares, wrong, count, np.ones(len(score)))
 
     @classmethod
     def of_any(cls, labels: "Sequence[Label] | Rows") -> "Rows":
@@ -232,7 +241,8 @@ class Rows:
                                                              other._arrays(), strict=True)))
 
     def _arrays(self) -> tuple[np.ndarray, ...]:
-        return self.score, self.count, self.weight, self.squares, self.wrong, self.pooled
+        return (self.score, self.count, self.weight, self.squares, self.wrong, self.pooled,
+                self.sampled)
 
     def __len__(self) -> int:
         return len(self.score)
@@ -287,17 +297,29 @@ def choose_pooled(own: Sequence[Label] | Rows, unsent: Sequence[Label] | Rows, p
     if not len(pooled):
         return alone
     merged = _choose(Rows.of_any(unsent) + pooled, max_wrong_rate, prior, confidence, start)
-    tail = own[own.score >= merged.threshold]
-    if len(tail):
-        _, share, errors, n, counts, _ = _tails(tail)
-        lower = lower_limit(errors[-1], n[-1], confidence)
-        if lower > max_wrong_rate:
-            if alone.closed and alone.estimate is None:  # what refused it, not "no labels"
-                return Bound(NEVER, float(share[-1]),
-                             upper_limit(errors[-1], n[-1], confidence),
-                             _whole(counts[-1]), False, lower=lower)
-            return alone
+    refused = _refusal(own, merged.threshold, max_wrong_rate, confidence)
+    if refused is not None:
+        # what refused it, where the bound on the labels alone has no numbers of its own
+        return refused if alone.closed and alone.estimate is None else alone
     return merged
+
+
+def _refusal(rows: Rows, threshold: float, max_wrong_rate: float, confidence: float
+             ) -> Bound | None:
+    """The closed bound where the sampled rows scoring at least ``threshold`` show its
+    region too wrong (the lower confidence limit of their error above the rate); None
+    where they do not. A user's "wrong answer" is not among them (``Rows.sampled``): it
+    raises its entry's threshold (``entry_threshold``) and counts in every test that may
+    pass a region, but one press must not close the whole cache."""
+    tail = rows[(rows.score >= threshold) & (rows.sampled > 0)]
+    if not len(tail):
+        return None
+    _, share, errors, n, counts, pooled = _tails(tail)
+    lower = lower_limit(errors[-1], n[-1], confidence)
+    if lower <= max_wrong_rate:
+        return None
+    return Bound(NEVER, float(share[-1]), upper_limit(errors[-1], n[-1], confidence),
+                 _whole(counts[-1]), False, _whole(pooled[-1]), lower)
 
 
 def _choose(rows: Rows, max_wrong_rate: float, prior: float, confidence: float,
@@ -321,12 +343,11 @@ def _choose(rows: Rows, max_wrong_rate: float, prior: float, confidence: float,
                          _whole(counts[start]), False, _whole(pooled[start]))
         return Bound(prior, None, None, 0, False)
     i = above[-1]
-    backing = _whole(counts[i]), False, _whole(pooled[i])
-    upper = upper_limit(errors[i], n[i], confidence)
-    lower = lower_limit(errors[i], n[i], confidence)
-    if lower > max_wrong_rate:
-        return Bound(NEVER, float(share[i]), upper, *backing, lower=lower)
-    return Bound(prior, float(share[i]), upper, *backing)
+    refused = _refusal(rows, prior, max_wrong_rate, confidence)
+    if refused is not None:
+        return refused
+    return Bound(prior, float(share[i]), upper_limit(errors[i], n[i], confidence),
+                 _whole(counts[i]), False, _whole(pooled[i]))
 
 
 def _first_failure(errors: np.ndarray, n: np.ndarray, start: int, max_wrong_rate: float,

@@ -131,6 +131,24 @@ def test_own_labels_refusing_the_cards_region_say_how_wrong_it_is() -> None:
     assert bound.lower == pytest.approx(lower_limit(20, 100)) and bound.lower > 0.02
 
 
+def test_a_users_wrong_answer_alone_never_closes_the_cache() -> None:
+    """Presses are no sample of the served answers (a user presses on wrong ones only):
+    any number of them over the prior's region leave it open, and over the card's region
+    they do not refuse it; the same labels drawn as compared misses close both. Where a
+    region is tested to pass they still count as errors."""
+    presses = [Label(0.91 + i / 1000, True, source=USER) for i in range(5)]
+    sampled = [replace(label, source="miss") for label in presses]
+    assert choose(presses, 0.02, PRIOR).threshold == PRIOR
+    assert choose(sampled, 0.02, PRIOR).closed
+    card = _pooled([Label(0.5 + 0.5 * i / 5_000, False) for i in range(5_000)])
+    start = labels_to_pass(0.01, 0.02)
+    assert not choose_pooled(presses, presses, card, 0.02, NEVER, start=start).closed
+    assert choose_pooled(sampled, sampled, card, 0.02, NEVER, start=start).closed
+    right = [Label(0.9 + i / 10_000, False) for i in range(200)]
+    assert choose(right, 0.02, PRIOR).learned
+    assert not choose(right + presses * 4, 0.02, PRIOR).learned  # 20 errors in 220
+
+
 def test_sparse_exploration_labels_weigh_more() -> None:
     """Ten wrong explored labels (each one of ten like it) count as a hundred."""
     right = [Label(0.7, False) for _ in range(400)]

@@ -25,6 +25,7 @@ CacheFactory = Callable[..., SemanticCache]
 FRANCE = "What is the capital of France?"
 PARAPHRASE = "Which city is the capital of France?"
 GERMANY = "What is the capital of Germany?"
+EGG, EGG_AGAIN = "How long should I boil an egg?", "How long should I boil an egg for?"
 ANSWER = "The capital of France is Paris, a city on the Seine in the north of the country."
 # tau low enough that the questions reach the verifier, which declines everything
 SETTINGS = CacheSettings(global_threshold=0.3, pca_dims=0)
@@ -243,14 +244,15 @@ def test_with_the_learned_verifier_off_the_bound_judges_by_the_cosine(
     cache.reject(PARAPHRASE, served.origin)
     assert cache.learned.labels[-1].wrong and cache.learned.labels[-1].source == "user"
     assert cache.learned.labels[-1].score == pytest.approx(served.similarity, abs=stored)
-    closed = cache.lookup(PARAPHRASE.upper())  # 1 wrong of 1 over tau: closed at 2%
-    assert isinstance(closed, Miss) and "labels allow" in closed.reason
+    refused = cache.lookup(PARAPHRASE.upper())  # its entry's threshold is over the press
+    assert isinstance(refused, Miss) and "labels allow" in refused.reason
     stats = cache.stats()
     assert (stats.max_wrong_rate, stats.wrong_rate_labels, stats.wrong_rate) == (0.02, 1, 1.0)
-    # closed, and the stats say why rather than "not estimated yet"
-    assert stats.closed and stats.serves_from is None and stats.wrong_rate_lower > 0.02
-    assert stats.wrong_rate_line.startswith("this device's labels show 100.0% wrong")
-    assert "nothing is served by similarity" in stats.wrong_rate_line
+    # a press is no sample of the served answers (no one presses on the right ones): it
+    # closes its entry, not the cache, whose other entries are still served from tau
+    assert not stats.closed and stats.serves_from == cache.thresholds.current
+    cache.insert(EGG, "Seven minutes for a soft yolk, ten for a firm one.")
+    assert isinstance(cache.lookup(EGG_AGAIN), Hit)
     # the learned verifier's judge reads none of the cosine's labels
     on = make_cache(tmp_path / "off", settings=SETTINGS, verifier=declining)
     assert on.stats().wrong_rate_labels == 0
