@@ -314,12 +314,15 @@ def _refusal(rows: Rows, threshold: float, max_wrong_rate: float, confidence: fl
     tail = rows[(rows.score >= threshold) & (rows.sampled > 0)]
     if not len(tail):
         return None
-    _, share, errors, n, counts, pooled = _tails(tail)
-    lower = lower_limit(errors[-1], n[-1], confidence)
+    # the tail's totals, as ``_tails`` gives them at its last row, without its sort
+    total = float(tail.weight.sum())
+    share = float(tail.wrong.sum()) / total
+    n = total ** 2 / float(tail.squares.sum())  # Kish's effective sample size
+    lower = lower_limit(share * n, n, confidence)
     if lower <= max_wrong_rate:
         return None
-    return Bound(NEVER, float(share[-1]), upper_limit(errors[-1], n[-1], confidence),
-                 _whole(counts[-1]), False, _whole(pooled[-1]), lower)
+    return Bound(NEVER, share, upper_limit(share * n, n, confidence),
+                 _whole(tail.count.sum()), False, _whole(tail.pooled.sum()), lower)
 
 
 def _choose(rows: Rows, max_wrong_rate: float, prior: float, confidence: float,

@@ -324,7 +324,8 @@ def _direction(a: _Words, b: _Words, edits: list[_Edit]) -> Veto | None:
     X to Y" where both ask a distance, the same from either end (``asks_a_distance``: the
     code-made training data calls that reversal the same question)."""
     words = DIRECTION_WORDS.intersection(a.lower, b.lower)
-    if asks_a_distance(" ".join(a.lower)) and asks_a_distance(" ".join(b.lower)):
+    if words & EITHER_WAY_ROUND and asks_a_distance(" ".join(a.lower)) \
+            and asks_a_distance(" ".join(b.lower)):
         words -= EITHER_WAY_ROUND
     for word in words:
         at_a = [i for i, w in enumerate(a.lower) if w == word]
