@@ -247,6 +247,8 @@ class SemanticCache:
     def stats(self) -> CacheStats:
         with self._lock:
             self.space.sync()
+            # the judge's own evidence backs a bound before any lookup names the judge
+            self.learned.use(self.matcher.judge)
             return cache_stats(
                 self.store, self.thresholds, entries=len(self._entries),
                 nbytes=self._entries.nbytes, stale_entries=len(self._entries.stale),

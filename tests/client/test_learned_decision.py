@@ -309,7 +309,8 @@ def test_the_cards_evidence_backs_the_bound_from_the_first_lookup(
     assert evidence.labels > labels_to_pass(0.01, 0.02) and evidence.judge == \
         for_test_encoder.judge
     cache = cache_with(make_cache, "learned", Fixed({RIGHT: 0.99}))
-    assert isinstance(cache.lookup(ASKED), Hit)  # the first lookup names the judge
+    fresh = cache.stats()  # before any lookup, as a new user's stats screen reads it
+    assert isinstance(cache.lookup(ASKED), Hit)
     bound = cache.learned.bound
     assert cache.learned.judge == for_test_encoder.judge
     assert bound.learned and bound.upper is not None and bound.upper <= 0.02
@@ -317,6 +318,7 @@ def test_the_cards_evidence_backs_the_bound_from_the_first_lookup(
     expected = choose_pooled([], [], Rows.pooled_bins(*evidence.rows()), 0.02,
                              for_test_encoder.threshold, start=labels_to_pass(0.01, 0.02))
     assert bound == expected
+    assert fresh.serves_from == expected.threshold and fresh.wrong_rate_upper == bound.upper
     stats = cache.stats()
     assert stats.serves_from == bound.threshold and not stats.closed
     assert stats.serves_from_line == f"{bound.threshold:.3f}"
