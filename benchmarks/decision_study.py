@@ -85,6 +85,7 @@ from verification import (
 )
 
 CANDIDATES = 8  # the matcher's default ``candidates``
+MARGINS = (0.2, 0.15, RECALL_MARGIN, 0.05, 0.0)  # the recall margins the ablation refits
 DOMAINS = ("qqp", "arena", "dense")
 HELD_OUT = "near-miss (held out)"  # reported only
 # An experiment (--lone-logit), not a feature of the client's decision: the pick's logit
@@ -231,16 +232,18 @@ def pair_records(name: str, rows: list[dict], encoder: Encoder, recall_tau: floa
 def collect(args: argparse.Namespace) -> tuple[list[dict], Path]:
     """Every asked question's record, computed once and kept in --work."""
     verifier = LearnedVerifier.load(args.verifier)
+    wider = [] if args.recall_margin == RECALL_MARGIN else ["recall margin",
+                                                             args.recall_margin]
     key = hashlib.sha256(json.dumps([args.groups, args.seed, verifier.version, DOMAINS,
-                                     "v1", *([LONE, args.lone] if args.lone else [])]
-                                    ).encode()).hexdigest()[:12]
+                                     "v1", *([LONE, args.lone] if args.lone else []),
+                                     *wider]).encode()).hexdigest()[:12]
     path = args.work / f"records-{key}.jsonl"
     if path.is_file():
         note(f"records from {path}")
         return [json.loads(line) for line in path.open()], path
     encoder = load_encoder("onnx-int8", args.cache_dir, model="mpnet")
     tau = profile_threshold("mpnet")
-    recall_tau = tau - RECALL_MARGIN
+    recall_tau = tau - args.recall_margin
     links = linked_groups(args.data_dir)
     sets: list[tuple[str, str, list[Asked], list[str], bool]] = []
     for half, (asked, stored) in qqp_replay(args.data_dir).items():
@@ -492,6 +495,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lone-logit", action="store_true",
                         help="an experiment: the pick's logit again as its own feature where "
                         "it is the only candidate (no card is written)")
+    parser.add_argument("--recall-margin", type=float, default=RECALL_MARGIN,
+                        help="candidates from this far under tau (default: the client's "
+                        "recall_margin); the ablation narrows it to each smaller margin")
     parser.add_argument("--verifier", type=Path, default=ARTEFACT_DIR,
                         help="the verifier card's directory (default: the shipped one)")
     parser.add_argument("--write-card", type=Path, help="write the fitted decision's card")
@@ -636,24 +642,30 @@ def compare(study: Study, fittings: list[Fitting], examples: dict[str, np.ndarra
 
 def margin_ablation(records: list[dict], tau: float, threshold: float,
                     args: argparse.Namespace, shipped: Fitting) -> None:
-    """The shipped fit and variant refitted with smaller recall margins: whether
-    candidates between tau - 0.1 and tau help it (the test splits)."""
-    table = make_table(["recall margin", "threshold", *(f"{d} test: precision @ hit rate"
-                                                        for d in DOMAINS)], right_from=1)
+    """The shipped fit and variant refitted with the recall margins the records allow
+    (--recall-margin and every smaller one of ``MARGINS``): whether candidates between the
+    recall tau and tau help it (the test splits), and what each margin serves of the
+    held-out near-miss set (reported only)."""
+    table = make_table(["recall margin", "threshold", "mean choose hit rate",
+                        *(f"{d} test: precision @ hit rate" for d in DOMAINS),
+                        "held-out: near-misses served / paraphrases hit"], right_from=1)
     system = shipped.shipped
-    for margin in (RECALL_MARGIN, 0.05, 0.0):
+    for margin in sorted({args.recall_margin, *(m for m in MARGINS
+                                                if m <= args.recall_margin)}, reverse=True):
         study = Study(narrowed(records, tau - margin), tau, tau - margin, threshold,
                       args.lone_logit)
         f = fitted(study, shipped.name, args, (system,))
         if system not in f.thresholds:
-            table.add_row(f"{margin:.2f}", "none", *("-" for _ in DOMAINS))
+            table.add_row(f"{margin:.2f}", "none", "-", *("-" for _ in DOMAINS), "-")
             continue
         served, right, _ = study.served(system, f.scores, f.thresholds[system])
         cells = []
         for d in DOMAINS:
             q = quality(study, study.where(d, "test"), served, right)
             cells.append(f"{pct(q['precision'])} @ {pct(q['hit rate'])}")
-        table.add_row(f"{margin:.2f}", f"{f.thresholds[system]:.3f}", *cells)
+        held = quality(study, study.where(HELD_OUT, "test"), served, right)
+        table.add_row(f"{margin:.2f}", f"{f.thresholds[system]:.3f}", pct(f.rates[system]),
+                      *cells, f"{pct(held['unanswerable served'])} / {pct(held['hit rate'])}")
     print_table(table)
 
 
@@ -690,7 +702,8 @@ def main() -> None:
     records, path = collect(args)
     verifier = LearnedVerifier.load(args.verifier)
     tau = profile_threshold("mpnet")
-    study = Study(records, tau, tau - RECALL_MARGIN, verifier.threshold, args.lone_logit)
+    study = Study(records, tau, tau - args.recall_margin, verifier.threshold,
+                  args.lone_logit)
     fittings = [fitted(study, name, args, (*LEARNED, LONE_VARIANT) if args.lone else LEARNED)
                 for name in FITS]
     table = make_table(["feature", "sign a priori", *(f.name for f in fittings)],
