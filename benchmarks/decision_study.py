@@ -178,16 +178,25 @@ def lone_rows(data_dir: Path, groups: int, seed: int, used: set[str]) -> list[di
     return rows
 
 
-def qqp_replay(data_dir: Path) -> dict[str, tuple[list[Asked], list[str]]]:
+def qqp_replay(data_dir: Path, groups: int, neighbours: int, seed: int
+               ) -> dict[str, tuple[list[Asked], list[str]]]:
+    """Per dev half: every duplicate's q1 stored, ``groups`` of their q2 asked; with
+    ``neighbours``, as many non-duplicate pairs' q1 stored too and their q2 asked (no
+    stored question answers it, unless QQP links one to it), as the QQP stream mixes them
+    (benchmarks/learning_stream.py: 3 questions in 10)."""
     halves: dict[str, list] = {"dev-a": [], "dev-b": []}
+    others: dict[str, list] = {"dev-a": [], "dev-b": []}
     for p in load_qqp(data_dir, "dev"):
-        if p.label == 1:
-            halves[dev_half(Pair(p.q1.strip(), p.q2.strip(), p.label))].append(p)
+        half = dev_half(Pair(p.q1.strip(), p.q2.strip(), p.label))
+        (halves if p.label == 1 else others)[half].append(p)
     out = {}
     for half, duplicates in halves.items():
-        stored = unique(p.q1 for p in duplicates)
+        near = sample(others[half], neighbours, seed) if neighbours else []
+        stored = unique([*(p.q1 for p in duplicates), *(p.q1 for p in near)])
         index = {q: i for i, q in enumerate(stored)}
-        out[half] = ([Asked(p.q2, half, stored, index[p.q1]) for p in duplicates], stored)
+        asked = sample([Asked(p.q2, half, stored, index[p.q1]) for p in duplicates], groups,
+                       seed)
+        out[half] = ([*asked, *(Asked(p.q2, half, stored, None) for p in near)], stored)
     return out
 
 
@@ -234,6 +243,7 @@ def collect(args: argparse.Namespace) -> tuple[list[dict], Path]:
     verifier = LearnedVerifier.load(args.verifier)
     wider = [] if args.recall_margin == RECALL_MARGIN else ["recall margin",
                                                              args.recall_margin]
+    wider += ["qqp neighbours", args.qqp_neighbours] if args.qqp_neighbours else []
     key = hashlib.sha256(json.dumps([args.groups, args.seed, verifier.version, DOMAINS,
                                      "v1", *([LONE, args.lone] if args.lone else []),
                                      *wider]).encode()).hexdigest()[:12]
@@ -246,8 +256,8 @@ def collect(args: argparse.Namespace) -> tuple[list[dict], Path]:
     recall_tau = tau - args.recall_margin
     links = linked_groups(args.data_dir)
     sets: list[tuple[str, str, list[Asked], list[str], bool]] = []
-    for half, (asked, stored) in qqp_replay(args.data_dir).items():
-        asked = sample(asked, args.groups, args.seed)
+    for half, (asked, stored) in qqp_replay(args.data_dir, args.groups, args.qqp_neighbours,
+                                            args.seed).items():
         sets.append(("qqp", "choose" if half == "dev-a" else "test", asked, stored, True))
     for domain, names, misses, seed in (("arena", ("arena",), 0, args.seed),
                                         ("dense", ("sharegpt", "arena"), 2, args.seed + 1)):
@@ -495,6 +505,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--lone-logit", action="store_true",
                         help="an experiment: the pick's logit again as its own feature where "
                         "it is the only candidate (no card is written)")
+    parser.add_argument("--qqp-neighbours", type=int, default=0,
+                        help="also N non-duplicate QQP pairs per dev half: q1 stored, q2 "
+                        "asked, answered by nothing stored (0: only duplicates asked, as the "
+                        "shipped card)")
     parser.add_argument("--recall-margin", type=float, default=RECALL_MARGIN,
                         help="candidates from this far under tau (default: the client's "
                         "recall_margin); the ablation narrows it to each smaller margin")
