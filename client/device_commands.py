@@ -92,15 +92,8 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
                                                 "token_saving_ratio": stats.token_saving_ratio})
         return 0
     table = Table("statistic", "value", title=f"cache in {settings.cache_dir}")
-    for key, value in dataclasses.asdict(stats).items():
-        if key == "declines":
-            value = stats.declines_line
-        table.add_row(key.replace("_", " "), "-" if value is None else str(value))
-    table.add_row("hit rate", stats.hit_rate_line)
-    table.add_row("wrong answers (estimated)", stats.wrong_rate_line)
-    table.add_row("served from (judge's score)", stats.serves_from_line)
-    table.add_row("labels from", stats.labels_line)
-    table.add_row("token saving ratio", f"{stats.token_saving_ratio:.1%}")
+    for name, value in stats.rows:
+        table.add_row(name, value)
     out.print(table)
     for plot in plots:
         out.print()

@@ -154,3 +154,33 @@ class CacheStats:
         """SCALM's metric: the share of all answered tokens that cache hits served."""
         answered = self.tokens_saved + self.tokens_upstream
         return self.tokens_saved / answered if answered else 0.0
+
+    @property
+    def rows(self) -> list[tuple[str, str]]:
+        """The statistics as a person reads them, each fact once: the stats screen's rows
+        and `meancache cache stats`' table (``--json`` gives the fields themselves)."""
+        local = "-" if self.local_threshold is None else f"{self.local_threshold:.3f}"
+        return [
+            ("hit rate", self.hit_rate_line),
+            ("wrong answers (estimated)", self.wrong_rate_line),
+            ("served from (judge's score)", self.serves_from_line),
+            ("labels from", self.labels_line),
+            ("false hits (rejected)", str(self.rejections)),
+            ("near matches declined", self.declines_line),
+            ("tokens saved", str(self.tokens_saved)),
+            ("token saving ratio", f"{self.token_saving_ratio:.1%} of "
+                                   f"{self.tokens_saved + self.tokens_upstream} answered tokens"),
+            ("similarity threshold (tau)", f"{self.threshold:.3f}"),
+            ("local threshold", local),
+            ("global threshold", f"{self.global_threshold:.3f}"),
+            ("labelled pairs", f"{self.labelled_positives} accepted, "
+                               f"{self.labelled_negatives} rejected"),
+            ("entries", str(self.entries)),
+            *([("stale entries", f"{self.stale_entries} (stored under another encoder: "
+                                 "re-embedded at the next start)")]
+              if self.stale_entries else []),
+            ("evicted", str(self.evictions)),
+            ("bytes", f"{self.bytes:,}"),
+            ("encoder version", f"{self.encoder_version} ({self.encoder_backend}, "
+                                f"{self.embedding_dim} dims)"),
+        ]

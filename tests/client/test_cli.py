@@ -165,6 +165,9 @@ def test_stats_say_how_many_pooled_labels_back_the_bound(
     assert main(["cache", "stats"]) == 0
     out = " ".join(capsys.readouterr().out.replace("│", " ").split())  # cells wrap
     assert f"{stats['wrong_rate_pooled']} of them not this device's" in out
+    # each fact once, as the stats screen says it: no raw field beside its readable row
+    assert "served from (judge's score)" in out and "similarity threshold (tau)" in out
+    assert "wrong rate upper" not in out and "serves from" not in out
 
 
 def test_demo_shows_hits_and_misses(data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,28 +11,7 @@ from textual.widgets import Footer, Label, Static
 
 
 def stats_rows(stats: CacheStats, pack_version: str | None) -> list[tuple[str, str]]:
-    local = "-" if stats.local_threshold is None else f"{stats.local_threshold:.3f}"
-    return [
-        ("hit rate", stats.hit_rate_line),
-        ("wrong answers (estimated)", stats.wrong_rate_line),
-        ("served from (judge's score)", stats.serves_from_line),
-        ("labels from", stats.labels_line),
-        ("false hits (rejected)", str(stats.rejections)),
-        ("near matches declined", stats.declines_line),
-        ("tokens saved", str(stats.tokens_saved)),
-        ("token saving ratio", f"{stats.token_saving_ratio:.1%} of "
-                               f"{stats.tokens_saved + stats.tokens_upstream} answered tokens"),
-        ("similarity threshold (tau)", f"{stats.threshold:.3f}"),
-        ("local threshold", local),
-        ("global threshold", f"{stats.global_threshold:.3f}"),
-        ("labelled pairs", f"{stats.labelled_positives} accepted, "
-                           f"{stats.labelled_negatives} rejected"),
-        ("entries", str(stats.entries)),
-        ("bytes", f"{stats.bytes:,}"),
-        ("encoder version", f"{stats.encoder_version} ({stats.encoder_backend}, "
-                            f"{stats.embedding_dim} dims)"),
-        ("pack version", pack_version or "no instruction pack"),
-    ]
+    return [*stats.rows, ("pack version", pack_version or "no instruction pack")]
 
 
 def session_rows(session: ChatSession) -> list[tuple[str, str]]:
