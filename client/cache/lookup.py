@@ -33,12 +33,14 @@ class Lookup:
         self.store = entries.store
         self.learning = Learning(entries, matcher, settings, self.context_vector)
 
-    def __call__(self, query: Query, context: Context | None) -> Hit | Miss:
+    def __call__(self, query: Query, context: Context | None,
+                 max_answer_tokens: int | None = None) -> Hit | Miss:
         alias = self.learned.alias(query.text)
         if alias is not None:
             with contextlib.suppress(EntryNotFoundError):
                 entry = self.store.get(alias)
-                return self._serve(query.text, Candidate(entry.id, entry.query, 1.0), False)
+                return self._serve(query.text, Candidate(entry.id, entry.query, 1.0), False,
+                                   max_answer_tokens)
             self.learned.forget_alias(query.text)
         question = self.matcher.question(query)
         found, best = self.entries.index.search(
@@ -55,7 +57,8 @@ class Lookup:
                         question.truncated, explored=True)
         if isinstance(decision, Match):
             with contextlib.suppress(EntryNotFoundError):  # deleted by another process
-                return self._serve(query.text, decision.candidate, question.truncated)
+                return self._serve(query.text, decision.candidate, question.truncated,
+                                   max_answer_tokens)
         self.store.add_to_counter("misses")
         if isinstance(decision, NoMatch) and decision.judged is not None:
             self.awaiting.wait(question.key, Pending(*decision.judged,
@@ -91,8 +94,17 @@ class Lookup:
                             self.learning.evidence(entry) if self.settings.entry_thresholds
                             else None)
 
-    def _serve(self, query: str, candidate: Candidate, truncated: bool) -> Hit:
-        entry = self.learning.accepted(self.store.get(candidate.key), query)
+    def _serve(self, query: str, candidate: Candidate, truncated: bool,
+               max_answer_tokens: int | None) -> Hit | Miss:
+        """The entry's answer served, unless the asker takes fewer tokens than it has (a
+        miss: the upstream, asked for no more, gives what the asker would get)."""
+        entry = self.store.get(candidate.key)
+        if max_answer_tokens is not None and not 0 < entry.answer_tokens <= max_answer_tokens:
+            self.store.add_to_counter("misses")
+            return Miss(query, f"the cached answer ({entry.answer_tokens} tokens) is longer "
+                        f"than the {max_answer_tokens} tokens asked for",
+                        candidate.similarity, truncated)
+        entry = self.learning.accepted(entry, query)
         hit = Hit(query, entry.answer, entry.query, candidate.similarity, entry.id,
                   entry.source, uuid.uuid4().hex, truncated)
         self.matcher.feedback.served(query, hit.origin, partial(self.entries.served, entry))

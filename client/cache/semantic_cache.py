@@ -139,14 +139,15 @@ class SemanticCache:
         """The tau lookups use now (see ``thresholds`` for both values)."""
         return self.thresholds.current
 
-    def lookup(self, query: str | bytes | Query, context: Context | None = None
-               ) -> Hit | Miss:
+    def lookup(self, query: str | bytes | Query, context: Context | None = None,
+               max_answer_tokens: int | None = None) -> Hit | Miss:
         """The cached answer the matcher accepts for ``query`` in ``context``, or a miss
-        that says why (client/cache/lookup.py)."""
+        that says why (client/cache/lookup.py); with ``max_answer_tokens``, only an answer
+        of at most that many tokens."""
         query = Query.of(query)
         with self._lock:
             self.space.sync()
-            return self._lookup(query, context)
+            return self._lookup(query, context, max_answer_tokens)
 
     # insert / delete ----------------------------------------------------------------
     def insert(

@@ -77,13 +77,15 @@ class AnswerService:
             self.sources.insert(0, pack)
 
     async def answer(self, conversation: Conversation, question: str | Query,
-                     on_delta: OnDelta | None = None, asked_by: str | None = None) -> Turn:
+                     on_delta: OnDelta | None = None, asked_by: str | None = None,
+                     max_tokens: int | None = None) -> Turn:
         """Answer ``question`` as the next turn of ``conversation``: appended, and the
         conversation saved (a first question also names it). ``asked_by``: the app that
-        asked, recorded with a stored answer. The question is cleaned here, once, and
-        goes down to every source as that ``Query``."""
+        asked, recorded with a stored answer; ``max_tokens``: the most answer tokens it
+        takes, where fewer than this service's own (``Asked.max_tokens``). The question is
+        cleaned here, once, and goes down to every source as that ``Query``."""
         asked = Asked(Query.of(question), conversation, len(conversation.turns), on_delta,
-                      asked_by)
+                      asked_by, max_tokens)
         turn, declined = None, None
         for source in self.sources:
             outcome = await source.answer(asked)

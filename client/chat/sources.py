@@ -36,6 +36,10 @@ class Asked:
     turn_index: int  # the turn the answer becomes (the turns before it are the history)
     on_delta: OnDelta | None = None
     asked_by: str | None = None  # the app that asked (`meancache proxy`); None: the chat
+    # The most answer tokens the asker takes, where fewer than the upstream source asks for
+    # (an app's max_tokens, through `meancache proxy`): a cached answer is served only if
+    # it is no longer, and the upstream is asked for no more. None: the source's own.
+    max_tokens: int | None = None
 
     @property
     def question(self) -> str:
@@ -100,7 +104,7 @@ class PackSource:
         self.matcher = matcher
 
     async def answer(self, asked: Asked) -> Turn | Declined | None:
-        if asked.about_documents:
+        if asked.about_documents or asked.max_tokens is not None:  # no count of its length
             return None
         return await asyncio.to_thread(self._lookup, asked.query)
 
@@ -130,7 +134,8 @@ class CacheSource:
     async def answer(self, asked: Asked) -> Turn | Declined | None:
         if asked.about_documents:
             return None
-        result = await asyncio.to_thread(self.cache.lookup, asked.query, asked.context)
+        result = await asyncio.to_thread(self.cache.lookup, asked.query, asked.context,
+                                         asked.max_tokens)
         if not isinstance(result, Hit):
             return Declined.of(result)
         return Turn(asked.question, result.answer, result.origin, truncated=result.truncated)
@@ -171,7 +176,9 @@ class UpstreamSource:
             turns=asked.conversation.turns[:asked.turn_index]).messages()
         messages.append({"role": "user", "content": asked.question})
         completed: Completed | None = None
-        async for event in self.upstream.stream_chat(messages, self.max_tokens,
+        max_tokens = self.max_tokens if asked.max_tokens is None \
+            else min(self.max_tokens, asked.max_tokens)
+        async for event in self.upstream.stream_chat(messages, max_tokens,
                                                      self.temperature,
                                                      range(min(len(fixed), MAX_MARKS))):
             if isinstance(event, Delta):
@@ -184,7 +191,10 @@ class UpstreamSource:
         if not asked.about_documents:
             truncated = await asyncio.to_thread(self.cache.encoder.is_truncated,
                                                 asked.question)
-            if completed.text.strip() and completed.cut is None:  # a cut answer is partial
+            # a cut answer is partial; one the asker's smaller max_tokens ended is shorter
+            # than the answers the cache stores (a later asker may take more)
+            shortened = asked.max_tokens is not None and completed.finish_reason == "length"
+            if completed.text.strip() and completed.cut is None and not shortened:
                 entry = await asyncio.to_thread(
                     self.cache.insert, asked.query, completed.text, asked.context,
                     Source.USER_CORRECTED if corrected else Source.UPSTREAM,

@@ -30,7 +30,7 @@ from meancache.client.errors import (
     UpstreamUnavailableError,
 )
 from meancache.client.proxy.apps import APP_HEADER, App, Apps
-from meancache.client.proxy.eligibility import Bypass, Question, question_of
+from meancache.client.proxy.eligibility import Bypass, Question, answer_budget, question_of
 from meancache.client.proxy.partitions import Partitions
 from meancache.client.proxy.relay import recurring, relay, relay_caps, sse, stream_error, told
 from meancache.client.proxy.wire import (
@@ -133,7 +133,8 @@ def create_app(state: ProxyState) -> Starlette:
         body = await read_json_body(request)
         asked = parse(ChatRequest, body)
         stream = bool(asked.stream)
-        found = question_of(asked, state.model, state.answer_max_tokens, state.greedy_only)
+        found = question_of(asked, state.model, state.greedy_only)
+        budget = answer_budget(asked, state.answer_max_tokens)
         caps = relay_caps(asked)
         marked = recurring(asked)
         if isinstance(found, Bypass):
@@ -150,10 +151,10 @@ def create_app(state: ProxyState) -> Starlette:
             completion = Completion(f"chatcmpl-{partition.id}{conversation.id}", state.model)
             if not stream:
                 turn = await partition.answers.answer(conversation, found.text,
-                                                      asked_by=app.label)
+                                                      asked_by=app.label, max_tokens=budget)
                 return JSONResponse(completion.whole(turn), headers=header(turn))
             response = await _streamed(partition.answers, conversation, found.text,
-                                       app.label, completion, asked.include_usage,
+                                       app.label, budget, completion, asked.include_usage,
                                        BackgroundTask(state.partitions.release, partition))
             streaming = True
             return response
@@ -220,14 +221,15 @@ async def _conversation(known: Callable[[tuple[tuple[str, str], ...]], Conversat
 
 
 async def _answer_events(answers: AnswerService, conversation: Conversation, question: str,
-                         asked_by: str) -> AsyncIterator[str | Turn]:
+                         asked_by: str, budget: int | None) -> AsyncIterator[str | Turn]:
     """The answer's pieces as the upstream streams them, then its turn (a cache's answer:
     the turn alone). Leaving early cancels the answer: nothing half-made is stored."""
     queue: asyncio.Queue[str | Turn | BaseException] = asyncio.Queue()
 
     async def run() -> None:
         try:
-            await queue.put(await answers.answer(conversation, question, queue.put, asked_by))
+            await queue.put(await answers.answer(conversation, question, queue.put, asked_by,
+                                                 budget))
         except Exception as exc:  # raised to the reader below
             await queue.put(exc)
 
@@ -247,12 +249,12 @@ async def _answer_events(answers: AnswerService, conversation: Conversation, que
 
 
 async def _streamed(answers: AnswerService, conversation: Conversation, question: str,
-                    asked_by: str, completion: Completion, include_usage: bool,
-                    after: BackgroundTask) -> Response:
+                    asked_by: str, budget: int | None, completion: Completion,
+                    include_usage: bool, after: BackgroundTask) -> Response:
     """The answer as SSE. Its headers wait for the first piece (or a cache's answer), so
     that ``x-meancache`` can say which it is and an early failure is a plain error.
     ``after`` runs once the response is over (sent, or its client gone)."""
-    events = _answer_events(answers, conversation, question, asked_by)
+    events = _answer_events(answers, conversation, question, asked_by, budget)
     first = await anext(events)
 
     async def body() -> AsyncIterator[str]:

@@ -2,9 +2,10 @@
 (after the same system messages, in a conversation the cache answered), so anything that
 shapes the answer otherwise goes straight to the upstream and is not stored: tools and
 function calls, images or audio, several choices (``n``), sampling or format options the
-cache does not store answers under, a shorter ``max_tokens`` than the answers it stores,
-another model than the one it asks, a temperature above 0 when ``proxy_greedy_only`` is
-set, and a conversation that is not question/answer turns ending in a question.
+cache does not store answers under, another model than the one it asks, a temperature
+above 0 when ``proxy_greedy_only`` is set, and a conversation that is not question/answer
+turns ending in a question. A shorter ``max_tokens`` than the answers the cache stores is
+answered (``answer_budget``): a cached answer only where it is no longer than that.
 
 Whether the turns before the question are ones the cache answered, and whether their
 system messages have a cache of their own, is decided afterwards (client/proxy/app.py).
@@ -45,10 +46,9 @@ class Bypass:
     reason: str
 
 
-def question_of(request: ChatRequest, served_model: str, max_tokens: int,
-                greedy_only: bool) -> Question | Bypass:
-    """The question the cache may answer in ``request``, or why none; ``max_tokens``:
-    what the cached answers were asked with."""
+def question_of(request: ChatRequest, served_model: str, greedy_only: bool
+                ) -> Question | Bypass:
+    """The question the cache may answer in ``request``, or why none."""
     for name, value in (request.model_extra or {}).items():
         if name not in NEUTRAL and value is not None and value not in DEFAULTS.get(name, ()):
             return Bypass("tools" if "tool" in name or "function" in name else f"field-{name}")
@@ -56,12 +56,18 @@ def question_of(request: ChatRequest, served_model: str, max_tokens: int,
         return Bypass("n")
     if greedy_only and (request.temperature or 0) > 0:
         return Bypass("temperature")
-    asked = request.max_completion_tokens or request.max_tokens
-    if asked is not None and asked < max_tokens:
-        return Bypass("max-tokens")
     if request.model != served_model:
         return Bypass("model")
     return _turns(request.messages)
+
+
+def answer_budget(request: ChatRequest, max_tokens: int) -> int | None:
+    """The most answer tokens ``request`` takes where that is fewer than the cache's
+    answers are asked with (``max_tokens``), else None. With greedy decoding a complete
+    answer within it is the one the upstream would give under it, so a cached answer that
+    fits may be served; a longer one may not (the upstream would cut it)."""
+    asked = request.max_completion_tokens or request.max_tokens
+    return asked if asked is not None and asked < max_tokens else None
 
 
 def _turns(messages: list[Message]) -> Question | Bypass:

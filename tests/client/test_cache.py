@@ -58,6 +58,21 @@ def test_exact_repeat_hits(make_cache: CacheFactory) -> None:
     assert hit(cache.lookup(f"  {FRANCE}\n")).entry_id == entry.id  # stripped like inserts
 
 
+def test_an_asker_taking_fewer_tokens_gets_only_an_answer_that_fits(
+        make_cache: CacheFactory) -> None:
+    """A cached answer longer than the asker's token budget is a miss (counted as one),
+    never a hit cut short; one that fits is served, and a repeat of the question too."""
+    cache = make_cache()
+    cache.insert("What is the capital of France?", "Paris.", answer_tokens=3)
+    short = cache.lookup("What is the capital of France?", max_answer_tokens=2)
+    assert isinstance(short, Miss) and "longer than the 2 tokens" in short.reason
+    assert (cache.stats().hits, cache.stats().misses) == (0, 1)
+    assert hit(cache.lookup("What is the capital of France?", max_answer_tokens=3)).answer \
+        == "Paris."
+    assert isinstance(cache.lookup("what is the capital of france", max_answer_tokens=2),
+                      Miss)
+
+
 def test_paraphrase_hits(make_cache: CacheFactory, paraphrase_pair: tuple[str, str]) -> None:
     cache = make_cache()
     cache.insert(FRANCE, "Paris.")

@@ -205,7 +205,6 @@ def test_a_system_prompt_has_a_cache_of_its_own(base_url: str, key: str) -> None
 
 @pytest.mark.parametrize(("extra", "reason"), [
     ({"stop": ["\n"]}, "field-stop"),
-    ({"max_tokens": ANSWER_TOKENS - 4}, "max-tokens"),
     ({"temperature": 0.5, "seed": 3}, "field-seed"),
 ])
 def test_requests_the_cache_cannot_answer_safely_go_straight_upstream(
@@ -237,7 +236,6 @@ def test_what_the_upstream_refuses_reaches_the_app_as_its_400(
      "tools"),
     ({"n": 2}, "n"),
     ({"stop": ["\n"]}, "field-stop"),
-    ({"max_tokens": 4}, "max-tokens"),
 ])
 def test_a_bypassed_request_reaches_the_upstream_as_the_app_sent_it(
         tmp_path: Path, extra: dict[str, Any], reason: str) -> None:
@@ -252,6 +250,46 @@ def test_a_bypassed_request_reaches_the_upstream_as_the_app_sent_it(
     assert header == f"bypass; reason={reason}"
     assert answer.endswith(QUESTION) and received[-1] == {
         "model": ECHO_MODEL, "messages": [{"role": "user", "content": QUESTION}]} | extra
+
+
+def test_a_smaller_max_tokens_gets_a_cached_answer_only_where_it_fits(tmp_path: Path) -> None:
+    """An app asking for fewer tokens than the proxy's answers (most apps send max_tokens)
+    is still answered from the cache where the cached answer is no longer (the echo
+    upstream's answers are 3 tokens); a longer one is a miss, and the upstream is asked for
+    no more than the app takes (only a recording upstream can show what it was sent)."""
+    received: list[dict[str, Any]] = []
+    with echo_upstream(received) as upstream:
+        proxy = Proxy.open(proxy_settings(tmp_path, upstream))
+        try:
+            base = proxy.start()
+            header, stored, _ = ask(base, QUESTION, "key", model=ECHO_MODEL)
+            assert header == "miss" and received[-1]["max_tokens"] == ANSWER_TOKENS
+            header, answer, completion = ask(base, QUESTION, "key", model=ECHO_MODEL,
+                                             max_tokens=3)
+            assert header.startswith("hit; ") and answer == stored
+            assert completion.choices[0].finish_reason == "stop"
+            header, answer, _ = ask(base, PARAPHRASE, "key", model=ECHO_MODEL,
+                                    max_completion_tokens=2)
+            assert header == "miss" and answer != stored and len(received) == 2
+            assert received[-1]["max_tokens"] == 2
+        finally:
+            proxy.close()
+
+
+def test_an_answer_a_smaller_max_tokens_cut_short_is_not_stored(base_url: str,
+                                                                 key: str) -> None:
+    """The real upstream's answer under an app's smaller max_tokens: the app gets it as the
+    upstream gave it; the cache keeps it only if it ended on its own (a cut one is shorter
+    than the answers the cache serves to others)."""
+    question = "Which spices go into a garam masala blend?"
+    header, _, completion = ask(base_url, question, key, max_tokens=2)
+    assert header == "miss" and completion.usage.completion_tokens <= 2
+    ended = completion.choices[0].finish_reason
+    header, _, _ = ask(base_url, question, key)
+    if ended == "length":  # cut: not stored
+        assert header == "miss"
+    else:  # it ended on its own within 2 tokens: the answer any asker would get
+        assert header.startswith("hit; ")
 
 
 def test_an_image_goes_upstream_and_its_refusal_comes_back(base_url: str, key: str) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 from hypothesis import given
-from meancache.client.proxy.eligibility import Bypass, Question, question_of
+from meancache.client.proxy.eligibility import Bypass, Question, answer_budget, question_of
 from meancache.client.proxy.service import Proxy, own_address_problem
 from meancache.client.proxy.wire import ChatRequest
 from meancache.upstream.sampling_params import SERVER_DEFAULTS
@@ -31,7 +31,7 @@ def request(**fields: Any) -> ChatRequest:
 
 
 def decide(greedy_only: bool = False, **fields: Any) -> Question | Bypass:
-    return question_of(request(**fields), MODEL, 512, greedy_only)
+    return question_of(request(**fields), MODEL, greedy_only)
 
 
 @pytest.mark.parametrize(("fields", "reason"), [
@@ -41,7 +41,6 @@ def decide(greedy_only: bool = False, **fields: Any) -> Question | Bypass:
     ({"seed": 3}, "field-seed"),
     ({"top_p": 0.5}, "field-top_p"),
     ({"model": "another"}, "model"),
-    ({"max_completion_tokens": 100}, "max-tokens"),
     ({"messages": [{"role": "assistant", "content": "Hi"}]}, "turns"),
     ({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]},
      "turns"),
@@ -55,6 +54,17 @@ def decide(greedy_only: bool = False, **fields: Any) -> Question | Bypass:
 ])
 def test_what_the_cache_must_not_answer(fields: dict[str, Any], reason: str) -> None:
     assert decide(**fields) == Bypass(reason)
+
+
+def test_a_shorter_max_tokens_is_a_budget_not_a_bypass() -> None:
+    """Fewer answer tokens than the cache's answers are asked with (512 here) is a budget
+    the cached answer must fit; as many or more, or none, asks for nothing less."""
+    assert isinstance(decide(max_completion_tokens=100), Question)
+    assert answer_budget(request(max_completion_tokens=100), 512) == 100
+    assert answer_budget(request(max_tokens=511), 512) == 511
+    assert answer_budget(request(max_tokens=512), 512) is None
+    assert answer_budget(request(max_tokens=4096), 512) is None
+    assert answer_budget(request(), 512) is None
 
 
 def test_temperature_goes_upstream_only_when_configured() -> None:

@@ -143,6 +143,7 @@ def test_a_download_has_an_overall_deadline(
 HOSTILE_MODEL = "hostile"
 SECRET = "sk-live-SECRET-0123456789"
 ANSWER_TOKENS = 16  # the proxy's answer_max_tokens here
+RELAYED = {"stop": ["\n"]}  # a field the cache keeps no answers under: the proxy relays it
 
 
 def chunk(content: str | None = None, finish: str | None = None) -> dict[str, object]:
@@ -257,18 +258,23 @@ def stored(proxy: Proxy) -> int:
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+@pytest.mark.parametrize("max_tokens", [None, 8], ids=["proxy's", "app's smaller"])
 def test_an_endless_answer_to_a_cacheable_question_is_cut_marked_and_not_stored(
-        hostile: str, tmp_path: Path, stream: bool) -> None:
+        hostile: str, tmp_path: Path, stream: bool, max_tokens: int | None) -> None:
+    """Cut at the proxy's answer_max_tokens, or at the app's smaller max_tokens (a
+    question the cache still answers, asked upstream for no more)."""
     proxy = open_proxy(tmp_path, f"{hostile}/forever")
+    limit = max_tokens or ANSWER_TOKENS
     try:
         url = proxy.start()
-        status, where, answer = ask_proxy(url, stream)
+        extra = {} if max_tokens is None else {"max_tokens": max_tokens}
+        status, where, answer = ask_proxy(url, stream, **extra)
         assert status == 200 and where == "miss"
         words = text_of(answer).split()
-        assert 1 <= len(words) <= ANSWER_TOKENS, len(words)
+        assert 1 <= len(words) <= limit, len(words)
         last = answer[-1]
         assert last["choices"][0]["finish_reason"] == "length"
-        assert f"{ANSWER_TOKENS} tokens" in last["meancache"]["cut"]
+        assert f"{limit} tokens" in last["meancache"]["cut"]
         assert stored(proxy) == 0
         assert ask_proxy(url, stream)[1] == "miss"  # asked again: nothing was cached
     finally:
@@ -280,10 +286,10 @@ def test_an_endless_relayed_answer_is_cut_at_the_requests_max_tokens(
         hostile: str, tmp_path: Path, stream: bool) -> None:
     proxy = open_proxy(tmp_path, f"{hostile}/forever")
     try:
-        status, where, answer = ask_proxy(proxy.start(), stream, max_tokens=8)
+        status, where, answer = ask_proxy(proxy.start(), stream, max_tokens=8, **RELAYED)
     finally:
         proxy.close()
-    assert status == 200 and where == "bypass; reason=max-tokens"
+    assert status == 200 and where == "bypass; reason=field-stop"
     text = text_of(answer)
     assert 0 < len(text.encode()) <= 8 * 32  # a whole answer: cut at 32 bytes a token
     assert len(text.split()) <= 8 or not stream  # streamed: at 8 pieces
@@ -298,7 +304,7 @@ def test_an_upstreams_error_text_and_url_never_reach_the_app(
     upstream = f"{hostile}/leaky"
     proxy = open_proxy(tmp_path, upstream)
     try:
-        extra = {} if max_tokens is None else {"max_tokens": max_tokens}
+        extra = {} if max_tokens is None else {"max_tokens": max_tokens, **RELAYED}
         status, _, answer = ask_proxy(proxy.start(), stream, **extra)
     finally:
         proxy.close()
@@ -314,7 +320,7 @@ def test_a_relayed_answer_out_of_schema_is_a_502(hostile: str, tmp_path: Path,
                                                  stream: bool) -> None:
     proxy = open_proxy(tmp_path, f"{hostile}/nope")
     try:
-        status, _, answer = ask_proxy(proxy.start(), stream, max_tokens=8)
+        status, _, answer = ask_proxy(proxy.start(), stream, max_tokens=8, **RELAYED)
     finally:
         proxy.close()
     error = answer[-1]["error"]
@@ -340,7 +346,7 @@ def test_an_answer_past_its_deadline_is_cut_off(hostile: str, tmp_path: Path, st
     proxy.state.upstream.answer_seconds = 1.0
     served = len(STREAMED)
     try:
-        extra = {} if max_tokens is None else {"max_tokens": max_tokens}
+        extra = {} if max_tokens is None else {"max_tokens": max_tokens, **RELAYED}
         status, _, answer = ask_proxy(proxy.start(), stream, **extra)
         assert stored(proxy) == 0
     finally:
