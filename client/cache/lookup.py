@@ -103,7 +103,7 @@ class Lookup:
             self.store.add_to_counter("misses")
             return Miss(query, f"the cached answer ({entry.answer_tokens} tokens) is longer "
                         f"than the {max_answer_tokens} tokens asked for",
-                        candidate.similarity, truncated)
+                        candidate.similarity, truncated, vetoed=True)
         entry = self.learning.accepted(entry, query)
         hit = Hit(query, entry.answer, entry.query, candidate.similarity, entry.id,
                   entry.source, uuid.uuid4().hex, truncated)

@@ -30,7 +30,9 @@ class Miss:
     reason: str
     best_similarity: float | None = None
     truncated: bool = False
-    vetoed: bool = False  # a near match the verifier declined (``reason`` says why)
+    # a near match declined (``reason`` says why): the verifier's or the rules' word, or
+    # an answer longer than the asker takes
+    vetoed: bool = False
     explored: bool = False  # a would-be hit also asked upstream to label it (exploration)
 
 

@@ -66,6 +66,7 @@ def test_an_asker_taking_fewer_tokens_gets_only_an_answer_that_fits(
     cache.insert("What is the capital of France?", "Paris.", answer_tokens=3)
     short = cache.lookup("What is the capital of France?", max_answer_tokens=2)
     assert isinstance(short, Miss) and "longer than the 2 tokens" in short.reason
+    assert short.vetoed  # a near match declined: the answer's badge says why
     assert (cache.stats().hits, cache.stats().misses) == (0, 1)
     assert hit(cache.lookup("What is the capital of France?", max_answer_tokens=3)).answer \
         == "Paris."

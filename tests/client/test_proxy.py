@@ -268,9 +268,11 @@ def test_a_smaller_max_tokens_gets_a_cached_answer_only_where_it_fits(tmp_path: 
                                              max_tokens=3)
             assert header.startswith("hit; ") and answer == stored
             assert completion.choices[0].finish_reason == "stop"
-            header, answer, _ = ask(base, PARAPHRASE, "key", model=ECHO_MODEL,
-                                    max_completion_tokens=2)
+            header, answer, completion = ask(base, PARAPHRASE, "key", model=ECHO_MODEL,
+                                             max_completion_tokens=2)
             assert header == "miss" and answer != stored and len(received) == 2
+            assert "longer than the 2 tokens asked for" in \
+                completion.model_extra["meancache"]["declined"]
             assert received[-1]["max_tokens"] == 2
         finally:
             proxy.close()
