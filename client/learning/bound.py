@@ -44,6 +44,7 @@ device's own labels refuse a region they show too wrong.
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 from meancache.shared.fl.bound_evidence import BoundEvidence
@@ -248,6 +249,16 @@ class Rows:
         return len(self.score)
 
 
+Sums = TypeVar("Sums", float, np.ndarray)
+
+
+def _weighted(total: Sums, squares: Sums, errors: Sums) -> tuple[Sums, Sums]:
+    """The estimated wrong share of weighted labels and their effective count (Kish's
+    effective sample size), from the sums of their weights, squared weights and weighted
+    errors (arrays of tails, or one tail's totals)."""
+    return errors / total, total ** 2 / squares
+
+
 def _tails(rows: Rows) -> tuple[np.ndarray, ...]:
     """For each distinct score, highest first: (score, estimated wrong share, effective
     errors, effective n, labels, pooled labels) among the rows scoring at least that.
@@ -259,8 +270,7 @@ def _tails(rows: Rows) -> tuple[np.ndarray, ...]:
     total, squares, errors, counts, pooled = (
         np.cumsum(a[order])[last] for a in (rows.weight, rows.squares, rows.wrong,
                                             rows.count, rows.pooled))
-    share = errors / total
-    n_eff = total ** 2 / squares  # Kish's effective sample size
+    share, n_eff = _weighted(total, squares, errors)
     return s[last], share, share * n_eff, n_eff, counts, pooled
 
 
@@ -315,9 +325,8 @@ def _refusal(rows: Rows, threshold: float, max_wrong_rate: float, confidence: fl
     if not len(tail):
         return None
     # the tail's totals, as ``_tails`` gives them at its last row, without its sort
-    total = float(tail.weight.sum())
-    share = float(tail.wrong.sum()) / total
-    n = total ** 2 / float(tail.squares.sum())  # Kish's effective sample size
+    share, n = _weighted(float(tail.weight.sum()), float(tail.squares.sum()),
+                         float(tail.wrong.sum()))
     lower = lower_limit(share * n, n, confidence)
     if lower <= max_wrong_rate:
         return None
