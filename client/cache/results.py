@@ -184,5 +184,6 @@ class CacheStats:
             ("evicted", str(self.evictions)),
             ("bytes", f"{self.bytes:,}"),
             ("encoder version", f"{self.encoder_version} ({self.encoder_backend}, "
-                                f"{self.embedding_dim} dims)"),
+                                f"{self.embedding_dim} dims)" if self.embedding_dim else
+             f"- ({self.encoder_backend}; no vectors stored yet)"),
         ]

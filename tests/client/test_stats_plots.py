@@ -46,6 +46,7 @@ def test_a_cache_without_history_says_so(dirs: list[str],
     assert main([*dirs, "cache", "stats"]) == 0
     out = capsys.readouterr().out
     assert "no lookups recorded yet" in out and "none served yet" in out
+    assert "no vectors stored yet" in out and "0 dims" not in out
     assert "┤" not in out  # no empty plot frame
 
 
