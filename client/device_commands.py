@@ -38,6 +38,11 @@ out = Console()
 err = Console(stderr=True)
 
 
+def _counted(count: int, one: str, many: str) -> str:
+    """``count`` with the noun that agrees with it: "1 entry", "2 entries"."""
+    return f"{count} {one if count == 1 else many}"
+
+
 def print_json(data: object) -> None:
     """Plain JSON on stdout for scripts: no colour, no wrapping."""
     sys.stdout.write(json.dumps(data, ensure_ascii=False) + "\n")
@@ -143,20 +148,17 @@ def cmd_cache_clear(args: argparse.Namespace, settings: Settings) -> int:
             return 1
     with open_cache(settings) as cache:
         removed = cache.clear()
-    out.print(f"deleted {removed} entries")
+    out.print(f"deleted {_counted(removed, 'entry', 'entries')}")
     return 0
 
 
 def cmd_cache_reset_learning(args: argparse.Namespace, settings: Settings) -> int:
-    from contextlib import closing
-
-    from meancache.client.cache.store import EntryStore
     from meancache.client.learning.state import reset
 
     with closing(EntryStore(settings.cache_dir)) as store:
         removed = reset(store)
-    out.print(f"forgot what the cache learned ({removed} records: labels, aliases, bound); "
-              "entries kept")
+    out.print(f"forgot what the cache learned ({_counted(removed, 'record', 'records')}: "
+              "labels, aliases, bound); entries kept")
     return 0
 
 
@@ -172,7 +174,7 @@ def cmd_cache_export(args: argparse.Namespace, settings: Settings) -> int:
             write_atomic(path, text)
         except OSError as exc:
             raise MeanCacheError(f"cannot write {path}: {exc.strerror}") from None
-        err.print(f"exported {len(rows)} entries to {path}")
+        err.print(f"exported {_counted(len(rows), 'entry', 'entries')} to {path}")
     return 0
 
 
@@ -181,7 +183,8 @@ def cmd_cache_repair(args: argparse.Namespace, settings: Settings) -> int:
         raise MeanCacheError(f"there is no cache in {settings.cache_dir}, so nothing to "
                              "repair; check --data-dir (or MEANCACHE_DATA_DIR)")
     aside, salvaged, lost = repair(settings.cache_dir)
-    out.print(f"moved the damaged cache to {aside}; salvaged {salvaged} entries"
+    out.print(f"moved the damaged cache to {aside}; salvaged "
+              f"{_counted(salvaged, 'entry', 'entries')}"
               + (f"; {lost} could not be read and stay there" if lost else ""))
     return 0
 

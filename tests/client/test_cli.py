@@ -146,6 +146,7 @@ def test_stats_list_export_clear(
     assert main(["cache", "clear"]) == 2  # no terminal to confirm on, and no --yes
     assert "without --yes" in capsys.readouterr().err
     assert main(["cache", "clear", "--yes"]) == 0
+    assert "deleted 2 entries" in capsys.readouterr().out
     assert main(["cache", "stats", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["entries"] == 0
 

@@ -99,7 +99,10 @@ def test_cache_reset_learning_forgets_only_the_learning(
         store.set_meta("kept", 1)
         Learned(store, 0.02, 0.5).learn(Label(0.4, False, entry="e"), FRANCE)
     assert main(["cache", "reset-learning"]) == 0
-    assert "forgot" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "forgot what the cache learned (2 records: labels, aliases, bound)" in said
+    assert main(["cache", "reset-learning"]) == 0  # nothing left to forget
+    assert "(0 records:" in capsys.readouterr().out
     with closing(EntryStore(cache_dir)) as store:
         assert Learned(store, 0.02, 0.5).labels == []
         assert Learned(store, 0.02, 0.5).alias(FRANCE) is None
