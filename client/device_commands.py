@@ -182,10 +182,17 @@ def cmd_cache_repair(args: argparse.Namespace, settings: Settings) -> int:
     if not settings.cache_dir.exists():
         raise MeanCacheError(f"there is no cache in {settings.cache_dir}, so nothing to "
                              "repair; check --data-dir (or MEANCACHE_DATA_DIR)")
-    aside, salvaged, lost = repair(settings.cache_dir)
-    out.print(f"moved the damaged cache to {aside}; salvaged "
-              f"{_counted(salvaged, 'entry', 'entries')}"
-              + (f"; {lost} could not be read and stay there" if lost else ""))
+    done = repair(settings.cache_dir)
+    if not done.opened:
+        out.print(f"moved the cache to {done.aside}; its database did not open, so nothing "
+                  "could be salvaged (it stays there whole); the new cache is empty")
+        return 0
+    out.print(f"moved the cache to {done.aside}; salvaged "
+              f"{_counted(done.entries, 'entry', 'entries')} and "
+              f"{_counted(done.records, 'other record', 'other records')} (feedback, "
+              "learned labels, thresholds, counters)"
+              + (f"; {_counted(done.lost, 'record', 'records')} could not be read and "
+                 "stay there" if done.lost else "; every record read"))
     return 0
 
 

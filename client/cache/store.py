@@ -29,6 +29,7 @@ SCHEMA_VERSION = 1
 _ENTRY = "entry"
 _PAIR = "pair"
 _META = "meta"
+FORMAT_KEY = (_META, "schema")  # the store's format, SCHEMA_VERSION when it was made
 OTHER_DIRECTORY = "or set MEANCACHE_DATA_DIR (or --data-dir) to another directory"
 
 
@@ -39,6 +40,15 @@ def _today() -> str:
 def is_entry_key(key: object) -> bool:
     """Whether a key of the database holds an entry (others hold pairs, states, counters)."""
     return isinstance(key, tuple) and key[0] == _ENTRY
+
+
+def check_format(found: object, directory: Path) -> None:
+    """Refuse a store whose format record is newer than this meancache (or not a format)."""
+    if not isinstance(found, int) or found > SCHEMA_VERSION:
+        raise CacheVersionError(
+            f"the cache in {directory} has format {found!r}, newer than this meancache "
+            f"understands ({SCHEMA_VERSION}); upgrade meancache or point MEANCACHE_DATA_DIR "
+            "at another directory")
 
 
 def _entry_key(entry_id: str) -> tuple[str, str]:
@@ -60,7 +70,7 @@ class EntryStore:
         except sqlite3.DatabaseError as exc:
             raise CacheCorruptError(
                 f"the cache database in {self.directory} is damaged ({exc}); run "
-                "`meancache cache repair` to move it aside and salvage its entries"
+                "`meancache cache repair` to move it aside and salvage what still reads"
             ) from None
         except PermissionError as exc:
             raise CacheAccessError(f"cannot open the cache in {self.directory}: {exc}; fix its "
@@ -83,19 +93,24 @@ class EntryStore:
             )
 
     def _check_schema(self) -> None:
-        found = self._db.get((_META, "schema"))
+        found = self._db.get(FORMAT_KEY)
         if found is None:
-            self._db.add((_META, "schema"), SCHEMA_VERSION)
+            self._db.add(FORMAT_KEY, SCHEMA_VERSION)
             self._db.add((_META, "created"), time.time())
-        elif not isinstance(found, int) or found > SCHEMA_VERSION:
-            raise CacheVersionError(
-                f"the cache in {self.directory} has format {found!r}, newer than this "
-                f"meancache understands ({SCHEMA_VERSION}); upgrade meancache or point "
-                "MEANCACHE_DATA_DIR at another directory"
-            )
+        else:
+            check_format(found, self.directory)
 
     def close(self) -> None:
         self._db.close()
+
+    def restore(self, records: dict[Any, Any]) -> None:
+        """Write records read from another store of this format (`cache repair`), in one
+        transaction; this store's own format record stays."""
+        with self._db.transact():
+            for key, value in records.items():
+                if key != FORMAT_KEY:
+                    self._db.set(key, value)
+            self._bump()
 
     # metadata -----------------------------------------------------------------------
     def get_meta(self, name: str, default: Any = None) -> Any:

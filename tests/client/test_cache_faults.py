@@ -140,10 +140,10 @@ def test_repair_moves_a_corrupt_cache_aside(make_cache: CacheFactory, tmp_path: 
     cache.close()
     directory = tmp_path / "cache"
     _corrupt(directory)
-    aside, salvaged, lost = repair(directory)
-    assert aside != directory and aside.parent == directory.parent
-    assert (aside / "cache.db").read_bytes() == GARBAGE  # nothing deleted
-    assert salvaged == 0
+    done = repair(directory)
+    assert done.aside != directory and done.aside.parent == directory.parent
+    assert (done.aside / "cache.db").read_bytes() == GARBAGE  # nothing deleted
+    assert (done.entries, done.records, done.opened) == (0, 0, False)
     fresh = make_cache()
     assert len(fresh) == 0
     fresh.insert(FRANCE, "Paris again.")
@@ -155,12 +155,50 @@ def test_repair_salvages_readable_entries(make_cache: CacheFactory, tmp_path: Pa
     kept = [cache.insert(q, f"answer {i}") for i, q in enumerate([FRANCE, GUITAR])]
     cache.store._db.set(("entry", "damaged"), b"garbage record")
     cache.close()
-    aside, salvaged, lost = repair(tmp_path / "cache")
-    assert (salvaged, lost) == (2, 1)
-    assert aside.is_dir()
+    done = repair(tmp_path / "cache")
+    assert (done.entries, done.lost, done.opened) == (2, 1, True)
+    assert done.aside.is_dir()
     repaired = make_cache()
     assert {e.id for e in repaired.entries()} == {e.id for e in kept}
     assert hit(repaired.lookup(GUITAR)).answer == "answer 1"
+
+
+def test_repair_keeps_every_readable_record_beside_the_entries(
+        make_cache: CacheFactory, tmp_path: Path) -> None:
+    """Feedback pairs, the learned labels and bound, thresholds, the encoder's space and
+    the counters are the user's too: a repair that kept only the entries lost them."""
+    cache = make_cache()
+    cache.insert(FRANCE, "Paris.")
+    assert isinstance(cache.lookup(FRANCE), Hit)  # a counter
+    cache.store.put_pair("feedback", {"q1": FRANCE, "q2": GUITAR, "label": 0})
+    cache.store.set_states({"learned:example": [0.93, False]})
+    cache.thresholds.set_local(0.91)
+    db = cache.store._db
+    before = {key: db[key] for key in db.iterkeys()}
+    cache.close()
+    done = repair(tmp_path / "cache")
+    assert (done.entries, done.lost) == (1, 0)
+    assert done.records == len(before) - 1
+    repaired = make_cache()
+    db = repaired.store._db
+    after = {key: db[key] for key in db.iterkeys()}
+    generation = ("meta", "generation")
+    assert {k: v for k, v in after.items() if k != generation} == \
+        {k: v for k, v in before.items() if k != generation}
+    assert after[generation] > before[generation]  # other processes reload
+    assert repaired.threshold == 0.91
+    assert hit(repaired.lookup(FRANCE)).answer == "Paris."
+
+
+def test_repair_leaves_a_newer_meancaches_cache_where_it_is(
+        make_cache: CacheFactory, tmp_path: Path) -> None:
+    cache = make_cache()
+    cache.insert(FRANCE, "Paris.")
+    cache.store._db.set(("meta", "schema"), 99)
+    cache.close()
+    with pytest.raises(CacheVersionError, match="newer than this meancache"):
+        repair(tmp_path / "cache")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("cache")] == ["cache"]
 
 
 def test_repairs_in_the_same_second_keep_separate_asides(
@@ -169,8 +207,7 @@ def test_repairs_in_the_same_second_keep_separate_asides(
     monkeypatch.setattr(time, "strftime", lambda *args: "20260101-120000")
     directory = tmp_path / "cache"
     make_cache().close()
-    first, _, _ = repair(directory)
-    second, _, _ = repair(directory)
+    first, second = repair(directory).aside, repair(directory).aside
     assert first != second
     assert (first / "cache.db").is_file() and (second / "cache.db").is_file()
 
