@@ -29,7 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:
-    from meancache.client.cache import SemanticCache
+    from meancache.client.cache import Entry, SemanticCache
     from meancache.client.chat.session import UpstreamStarter
     from meancache.shared.encoder import Encoder
     from meancache.shared.verifier.runtime import LearnedVerifier
@@ -113,15 +113,22 @@ def _entry_row(entry: object) -> dict[str, object]:
     return record
 
 
-def cmd_cache_list(args: argparse.Namespace, settings: Settings) -> int:
-    """The chat's entries and those `meancache proxy` stored for each app, oldest first."""
+def _device_entries(settings: Settings) -> list[tuple[str, "Entry"]]:
+    """(cache, entry) of the chat's entries and those `meancache proxy` stored for each
+    app, oldest first, read from their stores (no encoder: nothing is embedded)."""
     from meancache.client.device_caches import device_cache_dirs
 
     found = []
     for namespace, directory in device_cache_dirs(settings):
-        with closing(EntryStore(directory)) as store:  # no encoder: nothing to embed
+        with closing(EntryStore(directory)) as store:
             found += [(namespace, entry) for entry in store.entries()]
     found.sort(key=lambda item: item[1].created)
+    return found
+
+
+def cmd_cache_list(args: argparse.Namespace, settings: Settings) -> int:
+    """The chat's entries and those `meancache proxy` stored for each app, oldest first."""
+    found = _device_entries(settings)
     found = found[-args.limit:] if args.limit else found
     if args.json:
         for namespace, entry in found:
@@ -163,8 +170,8 @@ def cmd_cache_reset_learning(args: argparse.Namespace, settings: Settings) -> in
 
 
 def cmd_cache_export(args: argparse.Namespace, settings: Settings) -> int:
-    with open_cache(settings) as cache:
-        rows = [json.dumps(_entry_row(e), ensure_ascii=False) for e in cache.entries()]
+    rows = [json.dumps(_entry_row(entry) | {"cache": namespace}, ensure_ascii=False)
+            for namespace, entry in _device_entries(settings)]
     text = "".join(row + "\n" for row in rows)
     if args.file in (None, "-"):
         sys.stdout.write(text)
@@ -434,7 +441,8 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter",
     forget = cache_commands.add_parser("reset-learning", help="forget the learned labels, "
                                        "aliases and error bound (entries stay)")
     forget.set_defaults(handler=cmd_cache_reset_learning)
-    export = cache_commands.add_parser("export", help="write entries as JSON lines")
+    export = cache_commands.add_parser(
+        "export", help="write the entries (the chat's and each proxied app's) as JSON lines")
     export.add_argument("file", nargs="?", help="output file, - for stdout (default: stdout)")
     export.set_defaults(handler=cmd_cache_export)
     fix = cache_commands.add_parser("repair", help="move a damaged cache aside and salvage it")

@@ -142,6 +142,8 @@ def test_stats_list_export_clear(
     assert main(["cache", "export", str(out)]) == 0
     exported = [json.loads(line) for line in out.read_text().splitlines()]
     assert {row["answer"] for row in exported} == {f"answer to {q}" for q in questions}
+    assert {row["cache"] for row in exported} == {"chat"}
+    assert "exported 2 entries" in " ".join(capsys.readouterr().err.split())
 
     assert main(["cache", "clear"]) == 2  # no terminal to confirm on, and no --yes
     assert "without --yes" in capsys.readouterr().err
