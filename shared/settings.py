@@ -10,10 +10,11 @@ than one side reads is declared once, in a mixin here that each of those sides' 
 inherits, so every default is written in one place.
 """
 
+import difflib
 import json
 import os
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -192,6 +193,14 @@ def _explain(cls: type[SettingsBase], error: Any, chosen: dict[str, tuple[Any, s
     return problem if where == DEFAULT else f"{where}: {problem}"
 
 
+
+def _meant(key: str, known: Iterable[str]) -> str:
+    """", did you mean 'max_wrong_rate'?" for the known name closest to a misspelt
+    ``key`` ("maxwrongrate", "treshold"), or nothing where none is close."""
+    close = difflib.get_close_matches(key.lower(), list(known), n=1, cutoff=0.75)
+    return f", did you mean {close[0]!r}?" if close else ""
+
+
 class TomlKeys(PydanticBaseSettingsSource):
     """The values config.toml gives one side (see the module's docstring for whose keys
     are where), each with where it was found."""
@@ -218,16 +227,17 @@ class TomlKeys(PydanticBaseSettingsSource):
             if key in keys and key not in SIDE_TABLES:
                 found[keys[key]] = (value, str(self.path))
             elif self.side.owns_top_level and key not in SIDE_TABLES:
-                raise ConfigError(f"{self.path}: unknown setting {key!r} (known: {known}; "
-                                  f"[{'], ['.join(SIDE_TABLES)}] hold the servers' own)")
+                raise ConfigError(f"{self.path}: unknown setting {key!r}{_meant(key, keys)} "
+                                  f"(known: {known}; [{'], ['.join(SIDE_TABLES)}] hold the "
+                                  "servers' own)")
         own = self.side.file_table
         section = table.get(own) if own else None
         if not isinstance(section, dict):
             return found
         for key, value in section.items():
             if key not in keys:
-                raise ConfigError(f"{self.path}: [{own}] has no setting {key!r} (known: "
-                                  f"{known})")
+                raise ConfigError(f"{self.path}: [{own}] has no setting {key!r}"
+                                  f"{_meant(key, keys)} (known: {known})")
             found[keys[key]] = (value, f"{self.path} [{own}]")
         return found
 

@@ -136,7 +136,10 @@ def test_config_dir_from_environment(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("treshold = 0.9\n", "unknown setting 'treshold'"),
+        ("treshold = 0.9\n", "unknown setting 'treshold', did you mean 'threshold'?"),
+        ("maxwrongrate = 0.1\n", "unknown setting 'maxwrongrate', did you mean "
+                                  "'max_wrong_rate'?"),
+        ("colour = 1\n", "unknown setting 'colour' (known: "),  # nothing close: no guess
         ('log_level = "LOUD"\n', "log_level must be one of DEBUG, INFO, WARNING, ERROR, "
                                  "CRITICAL, not 'LOUD'"),
         ('temperature = "hot"\n', "temperature = 'hot' is not valid: Input should be a "
