@@ -218,10 +218,12 @@ def _chat_settings(args: argparse.Namespace, settings: Settings) -> Settings:
 
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.ask import answer_exactly, run_ask
+    from meancache.shared.query import clean_query
 
+    question = clean_query(" ".join(args.question))  # an empty one, before anything loads
     settings = _chat_settings(args, settings)
-    if not args.document and answer_exactly(settings, " ".join(args.question),
-                                            args.conversation, args.json):
+    if not args.document and answer_exactly(settings, question, args.conversation,
+                                            args.json):
         return 0  # an exact pack hit: nothing needed loading
     from meancache.client.chat.session import ChatSession
 
@@ -237,7 +239,7 @@ def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     if session.embedded is not None:  # say what runs, and how it ends
         err.print(escape(session.upstream_label), style="dim", highlight=False,
                   soft_wrap=True)
-    run_ask(session, " ".join(args.question), args.conversation, args.json,
+    run_ask(session, question, args.conversation, args.json,
             [Path(path) for path in args.document])
     return 0
 

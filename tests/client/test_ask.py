@@ -161,3 +161,13 @@ def test_ask_refuses_a_document_it_cannot_read_by_name(
     assert f"no file {missing}" in captured.err.replace("\n", "")
     assert "Traceback" not in captured.err and captured.out == ""
     assert list((data_dir / "conversations").glob("*.json")) == []
+
+
+def test_an_empty_question_is_refused_before_anything_starts(
+        data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    before = sorted(path.name for path in data_dir.iterdir())
+    assert main(["ask", " ", "\n"]) == 2
+    assert "query is empty" in capsys.readouterr().err
+    # no embedded upstream was started for it (nor a cache opened)
+    assert sorted(path.name for path in data_dir.iterdir() if path.name != "logs") == \
+        [name for name in before if name != "logs"]
