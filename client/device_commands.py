@@ -22,6 +22,7 @@ from meancache.client.config import Settings, with_upstream
 from meancache.client.matching.settings import VERIFIERS
 from meancache.shared.errors import MeanCacheError
 from meancache.shared.files import write_atomic
+from meancache.shared.hosts import port_argument
 from meancache.shared.progress_bar import ProgressBar
 from rich.console import Console
 from rich.markup import escape
@@ -259,8 +260,6 @@ def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
     exit_on_sigterm()  # a service manager's stop closes the caches and upstream as Ctrl+C does
     settings = _chat_settings(args, settings)
     port = settings.proxy_port if args.port is None else args.port
-    if not 0 < port < 65536:
-        raise MeanCacheError(f"--port {port} is not a port; give one from 1 to 65535")
     loop = own_address_problem(settings.upstream_url, args.host, port)
     if loop is not None:
         raise MeanCacheError(loop)
@@ -470,7 +469,7 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter",
 
     proxy = commands.add_parser("proxy", help="an OpenAI-compatible caching proxy on "
                                 "loopback, for any app (OPENAI_BASE_URL)")
-    proxy.add_argument("--port", type=int, help="the port (default: proxy_port in "
+    proxy.add_argument("--port", type=port_argument, help="the port (default: proxy_port in "
                        "config.toml, 8788)")
     proxy.add_argument("--host", default="127.0.0.1", help="the address to listen on "
                        "(default: %(default)s; anything else is reachable from the network)")

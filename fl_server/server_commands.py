@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from meancache.fl_server.app_declaration import default_run_config
 from meancache.fl_server.config import FlServerSettings
+from meancache.shared.hosts import port_argument
 
 if TYPE_CHECKING:  # the type only: Flower's simulation loads with the command
     from meancache.fl_server.simulate import SimulationConfig
@@ -85,13 +86,13 @@ def add_commands(fl: Any) -> None:
                            "endpoint new users download the global model from",
                            formatter_class=formatter)
     server.add_argument("--host", default="127.0.0.1", help="0.0.0.0 to accept other hosts")
-    server.add_argument("--port", type=int, default=9093,
+    server.add_argument("--port", type=port_argument, default=9093,
                         help="the SuperLink's Fleet API, for devices (nothing else is served "
                         "there)")
-    server.add_argument("--control-port", type=int, default=9095,
+    server.add_argument("--control-port", type=port_argument, default=9095,
                         help="the SuperLink itself, on loopback only: `fl run` submits runs "
                         "there")
-    server.add_argument("--model-port", type=int, default=9100,
+    server.add_argument("--model-port", type=port_argument, default=9100,
                         help="the global-model download endpoint's port")
     server.add_argument("--certificates", type=Path,
                         help="a directory made by deploy/make-certificates.sh, for TLS "

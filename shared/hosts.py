@@ -2,6 +2,7 @@
 web page the user opens: DNS rebinding points the page's own name at 127.0.0.1, and the
 browser then sends that name in the Host header. Answering only loopback names stops it."""
 
+import argparse
 import ipaddress
 import re
 
@@ -46,3 +47,15 @@ def open_server_warning(address: str, has_keys: bool) -> str | None:
         return None
     return (f"warning: serving on {address} without an API key: anyone who can reach this "
             "address can run the model and register schemas; pass --api-key KEY")
+
+
+def port_argument(value: str) -> int:
+    """A command's --port: a TCP port from 1 to 65535, refused by argparse before anything
+    loads (port 0 would listen on a port the OS picks and nobody is told)."""
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value[:20]!r} is not a port number") from None
+    if not 0 < port < 65536:
+        raise argparse.ArgumentTypeError(f"{port} is not a port; give one from 1 to 65535")
+    return port

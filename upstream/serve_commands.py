@@ -4,6 +4,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from meancache.shared.hosts import port_argument
 from meancache.upstream.config import UpstreamSettings
 from meancache.upstream.errors import UpstreamError
 from meancache.upstream.precision import (
@@ -28,7 +29,7 @@ def add_commands(commands: Any) -> None:
                        "(default: upstream_model in config.toml, builtin:gemma-3-270m)")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default: %(default)s)")
-    serve.add_argument("--port", type=int, default=8080,
+    serve.add_argument("--port", type=port_argument, default=8080,
                        help="port to listen on (default: %(default)s)")
     serve.add_argument("--api-key", action="append",
                        help="require 'Authorization: Bearer KEY'; repeat for more keys, each "

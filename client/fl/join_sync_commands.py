@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any
 
 from meancache.client.config import Settings
+from meancache.shared.hosts import port_argument
 
 
 def add_commands(fl: Any) -> None:
@@ -14,7 +15,7 @@ def add_commands(fl: Any) -> None:
                          formatter_class=formatter)
     join.add_argument("--superlink", default="127.0.0.1:9093", metavar="HOST:PORT",
                       help="the FL server's SuperLink")
-    join.add_argument("--port", type=int, default=9094, help="the SuperNode's local port")
+    join.add_argument("--port", type=port_argument, default=9094, help="the SuperNode's local port")
     join.add_argument("--root-certificate", type=Path,
                       help="the CA certificate, for TLS (None: fl_root_certificate)")
     join.add_argument("--insecure", action="store_true",

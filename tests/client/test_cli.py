@@ -318,3 +318,16 @@ def test_eval_replay_counts_right_wrong_and_miss(
     assert report["hit_rate"] == pytest.approx(2 / 3)
     assert main(["eval", "replay", str(tmp_path / "missing.jsonl")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [["upstream", "serve", "--port"], ["proxy", "--port"],
+                                     ["fl", "join", "--port"], ["fl", "server", "--model-port"]])
+@pytest.mark.parametrize(("port", "said"), [("0", "0 is not a port; give one from 1 to 65535"),
+                                            ("65536", "65536 is not a port"),
+                                            ("http", "'http' is not a port number")])
+def test_a_port_outside_1_to_65535_is_refused_before_anything_starts(
+        command: list[str], port: str, said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:  # argparse's usage error, before any model loads
+        build_parser().parse_args([*command, port])
+    assert exited.value.code == 2
+    assert said in capsys.readouterr().err
