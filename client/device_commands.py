@@ -219,10 +219,17 @@ def _chat_settings(args: argparse.Namespace, settings: Settings) -> Settings:
 
 def cmd_ask(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.ask import answer_exactly, run_ask
+    from meancache.client.chat.conversations import ConversationStore
+    from meancache.client.chat.documents import read_document
     from meancache.shared.query import clean_query
 
-    question = clean_query(" ".join(args.question))  # an empty one, before anything loads
+    # what can be refused is refused before the encoder, the cache and the upstream load:
+    question = clean_query(" ".join(args.question))  # an empty question,
     settings = _chat_settings(args, settings)
+    if args.conversation:  # an unknown conversation,
+        ConversationStore(settings.conversations_dir).load(args.conversation)
+    for path in args.document:  # a file that cannot be attached
+        read_document(Path(path))
     if not args.document and answer_exactly(settings, question, args.conversation,
                                             args.json):
         return 0  # an exact pack hit: nothing needed loading

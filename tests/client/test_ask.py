@@ -163,11 +163,17 @@ def test_ask_refuses_a_document_it_cannot_read_by_name(
     assert list((data_dir / "conversations").glob("*.json")) == []
 
 
-def test_an_empty_question_is_refused_before_anything_starts(
-        data_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    before = sorted(path.name for path in data_dir.iterdir())
-    assert main(["ask", " ", "\n"]) == 2
-    assert "query is empty" in capsys.readouterr().err
-    # no embedded upstream was started for it (nor a cache opened)
-    assert sorted(path.name for path in data_dir.iterdir() if path.name != "logs") == \
-        [name for name in before if name != "logs"]
+@pytest.mark.parametrize(("extra", "said"), [
+    ([" ", "\n"], "query is empty"),
+    ([QUESTION, "--conversation", "feedc0ffee42"], "no conversation 'feedc0ffee42'"),
+    ([QUESTION, "--document", "no-such-file.txt"], "no file no-such-file.txt"),
+])
+def test_what_ask_refuses_is_refused_before_anything_starts(
+        data_dir: Path, extra: list[str], said: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    before = sorted(path.name for path in data_dir.iterdir() if path.name != "logs")
+    assert main(["ask", *extra]) == 2  # no upstream named: the embedded one would start
+    assert said in capsys.readouterr().err
+    # no embedded upstream was started for it, nor a cache opened
+    assert sorted(path.name for path in data_dir.iterdir()
+                  if path.name not in ("logs", "conversations")) == before
