@@ -129,11 +129,17 @@ def _device_entries(settings: Settings) -> list[tuple[str, "Entry"]]:
 
 def cmd_cache_list(args: argparse.Namespace, settings: Settings) -> int:
     """The chat's entries and those `meancache proxy` stored for each app, oldest first."""
+    from meancache.client.device_caches import proxy_dir
+
     found = _device_entries(settings)
     found = found[-args.limit:] if args.limit else found
     if args.json:
         for namespace, entry in found:
             print_json(_entry_row(entry) | {"cache": namespace})
+        return 0
+    if not found:
+        out.print(f"no cached answers yet (the chat's cache is {settings.cache_dir}, "
+                  f"`meancache proxy`'s are under {proxy_dir(settings)})")
         return 0
     table = Table("id", "created", "hits", "source", "turn", "asked by", "query")
     from datetime import datetime

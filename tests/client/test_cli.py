@@ -149,6 +149,8 @@ def test_stats_list_export_clear(
     assert "without --yes" in capsys.readouterr().err
     assert main(["cache", "clear", "--yes"]) == 0
     assert "deleted 2 entries" in capsys.readouterr().out
+    assert main(["cache", "list"]) == 0
+    assert "no cached answers yet" in capsys.readouterr().out  # not an empty table
     assert main(["cache", "stats", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["entries"] == 0
 
