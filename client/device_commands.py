@@ -268,6 +268,7 @@ def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
     from meancache.client.proxy.service import Proxy, listen_warning, own_address_problem
+    from meancache.shared.http_limits import listening_socket
     from meancache.shared.processes import exit_on_sigterm
 
     exit_on_sigterm()  # a service manager's stop closes the caches and upstream as Ctrl+C does
@@ -279,6 +280,7 @@ def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
     warning = listen_warning(args.host)
     if warning:
         err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
+    listener = listening_socket(args.host, port)  # a port in use, before anything loads
     assemble_encoder(settings)
     with err.status("loading the encoder and checking the upstream"):
         proxy = Proxy.open(settings, args.start_upstream, loopback=warning is None)
@@ -287,7 +289,7 @@ def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
         err.print(f"[yellow]warning:[/] {escape(keyless)}", highlight=False, soft_wrap=True)
     err.print(f"meancache proxy: serving {escape(proxy.state.model)} on "
               f"http://{args.host}:{port}/v1 (set OPENAI_BASE_URL to it)", highlight=False)
-    proxy.serve(args.host, port)
+    proxy.serve(listener)
     return 0
 
 

@@ -180,9 +180,13 @@ def run_server(args: argparse.Namespace, settings: FlServerSettings) -> int:
     from meancache.fl_server.processes import superlink_command
     from meancache.fl_server.serving import serve
     from meancache.shared.fl.signing import PUBLIC_KEY, server_key
+    from meancache.shared.http_limits import listening_socket
     from meancache.shared.processes import exit_on_sigterm, flower_environment
 
     exit_on_sigterm()  # the SuperLink below stops with us
+    # the ports devices reach, taken first: one in use is said before anything starts
+    model_listener = listening_socket(args.host, args.model_port)
+    fleet_listener = listening_socket(args.host, args.port)
     state = settings.state_dir
     state.mkdir(parents=True, exist_ok=True)
     env = flower_environment(MEANCACHE_DATA_DIR=str(settings.data_dir),
@@ -202,10 +206,10 @@ def run_server(args: argparse.Namespace, settings: FlServerSettings) -> int:
     ca = None if args.certificates is None else args.certificates / "ca.crt"
     app_signatures = args.app_signatures or settings.app_signature_dir
     try:
-        serve([(create_model_app(settings.checkpoint_dir), args.model_port),
+        serve([(create_model_app(settings.checkpoint_dir), model_listener),
                (create_gateway(f"127.0.0.1:{args.control_port}", ca, app_signatures),
-                args.port)],
-              args.host, args.certificates)
+                fleet_listener)],
+              args.certificates)
     finally:
         superlink.terminate()
         superlink.wait(timeout=30)

@@ -2,6 +2,7 @@
 one process, over HTTPS when given certificates."""
 
 import asyncio
+import socket
 from pathlib import Path
 
 import uvicorn
@@ -17,13 +18,16 @@ def tls_options(certificates: Path | None) -> dict[str, str]:
             "ssl_keyfile": str(certificates / "server.key")}
 
 
-def serve(apps: list[tuple[ASGIApp, int]], host: str, certificates: Path | None) -> None:
-    """Serve every (app, port) on ``host`` in the foreground until stopped."""
-    servers = [uvicorn.Server(server_config(app, host=host, port=port,
-                                            **tls_options(certificates)))
-               for app, port in apps]
+def serve(apps: list[tuple[ASGIApp, socket.socket]], certificates: Path | None) -> None:
+    """Serve every (app, listener) in the foreground until stopped (each listener from
+    shared.http_limits.listening_socket, taken before anything starts)."""
+    servers = [(uvicorn.Server(server_config(app, host=listener.getsockname()[0],
+                                             port=listener.getsockname()[1],
+                                             **tls_options(certificates))), listener)
+               for app, listener in apps]
 
     async def all_of_them() -> None:
-        await asyncio.gather(*(server.serve() for server in servers))
+        await asyncio.gather(*(server.serve(sockets=[listener])
+                               for server, listener in servers))
 
     asyncio.run(all_of_them())

@@ -16,15 +16,17 @@ body that does not arrive in time (408).
 """
 
 import asyncio
+import errno
 import json
 import logging
 import re
 import signal
+import socket
 from typing import Any
 
 import h11
 import uvicorn
-from meancache.shared.errors import HeadTooLarge
+from meancache.shared.errors import ConfigError, HeadTooLarge
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
@@ -183,16 +185,42 @@ class _ForegroundServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve_foreground(app: ASGIApp, host: str, port: int) -> None:
-    """Serve ``app`` until Ctrl+C or SIGTERM, then end as that signal would.
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host``:``port``, taken before a server loads its models: a port
+    in use is then said at once, in words, rather than after the load in a log line (uvicorn
+    binding it itself logged the error and exited, after the start line said "serving")."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise ConfigError(f"cannot listen on {host!r}: {exc.strerror}; give --host an "
+                          "address of this machine") from None
+    listener = socket.socket(family, kind)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(address)
+    except OSError as exc:
+        listener.close()
+        why = ("another program listens on it" if exc.errno == errno.EADDRINUSE
+               else exc.strerror)
+        raise ConfigError(f"cannot listen on {host}:{port}: {why}; stop it or choose "
+                          "another --port") from None
+    listener.set_inheritable(True)
+    return listener
+
+
+def serve_foreground(app: ASGIApp, listener: socket.socket) -> None:
+    """Serve ``app`` on ``listener`` (``listening_socket``) until Ctrl+C or SIGTERM, then
+    end as that signal would.
 
     uvicorn shuts down gracefully and raises the signal again, but inside asyncio's runner,
     whose SIGINT handler only cancels a task that may already be done: Ctrl+C then ended
     the run as if nothing had happened (exit status 0) or as an interrupt (130), by timing.
     Ctrl+C always ends in KeyboardInterrupt here, so the caller's ``finally``s and exit
     status are the same every time."""
+    host, port = listener.getsockname()[:2]
     server = _ForegroundServer(server_config(app, host=host, port=port))
-    server.run()
+    server.run(sockets=[listener])
     if server.stopped_by == signal.SIGINT:
         raise KeyboardInterrupt
 

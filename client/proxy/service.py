@@ -3,6 +3,7 @@ one), the device's encoder and instruction pack, then the API on loopback, in th
 foreground (``serve``) or on a thread (``Proxy.start``: the tests and the benchmark)."""
 
 import logging
+import socket
 from dataclasses import dataclass
 
 import httpx
@@ -59,11 +60,12 @@ class Proxy:
                            settings.proxy_greedy_only, LOOPBACK_NAMES if loopback else None)
         return cls(create_app(state), state, embedded)
 
-    def serve(self, host: str, port: int) -> None:
-        """In the foreground until Ctrl+C (or SIGTERM: shared.processes.exit_on_sigterm);
-        then the app's lifespan and ``close`` close every cache."""
+    def serve(self, listener: socket.socket) -> None:
+        """On ``listener`` (shared.http_limits.listening_socket) in the foreground until
+        Ctrl+C (or SIGTERM: shared.processes.exit_on_sigterm); then the app's lifespan and
+        ``close`` close every cache."""
         try:
-            serve_foreground(self.app, host, port)
+            serve_foreground(self.app, listener)
         finally:
             self.close()
 

@@ -333,3 +333,27 @@ def test_a_port_outside_1_to_65535_is_refused_before_anything_starts(
         build_parser().parse_args([*command, port])
     assert exited.value.code == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [
+    ["upstream", "serve", "--model", "builtin:tiny", "--port"],
+    ["proxy", "--upstream", "http://127.0.0.1:9/v1", "--port"],  # nothing there: never asked
+    ["fl", "server", "--port"],
+])
+def test_a_port_in_use_is_said_before_anything_loads_or_starts(
+        data_dir: Path, command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """uvicorn binding the port itself logged the error to the log file and exited, after
+    the start line had said "serving" (and after the model or the encoder had loaded)."""
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        before = sorted(path.name for path in data_dir.iterdir() if path.name != "logs")
+        assert main([*command, str(port)]) == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert f"cannot listen on 127.0.0.1:{port}: another program listens on it" in said
+    assert "serving" not in said
+    # nothing was started or assembled for it: no encoder, cache, SuperLink state
+    assert sorted(path.name for path in data_dir.iterdir() if path.name != "logs") == before

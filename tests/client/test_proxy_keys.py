@@ -4,6 +4,7 @@ request shares, which the proxy warns of when it starts (log file and console). 
 the real upstream on loopback."""
 
 import logging
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ from meancache.client.config import Settings, load_settings
 from meancache.client.proxy.service import Proxy
 
 from meancache.cli import main
-from tests.support.servers import running_upstream
+from tests.support.servers import free_port, running_upstream
 
 QUESTION = "How do I bake sourdough bread at home?"
 
@@ -80,8 +81,12 @@ def test_the_console_banner_and_the_log_file_carry_the_warning(
     monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("MEANCACHE_ENCODER_MODEL", "minilm")
     monkeypatch.setenv("MEANCACHE_ENCODER_BACKEND", "torch")
-    monkeypatch.setattr(Proxy, "serve", lambda self, host, port: self.close())
-    assert main(["--data-dir", str(tmp_path / "data"), "proxy", "--port", "8799",
+    def close_instead(self: Proxy, listener: socket.socket) -> None:
+        listener.close()
+        self.close()
+
+    monkeypatch.setattr(Proxy, "serve", close_instead)
+    assert main(["--data-dir", str(tmp_path / "data"), "proxy", "--port", str(free_port()),
                  "--upstream", upstream]) == 0
     console = " ".join(capsys.readouterr().err.split())
     assert "warning: no proxy_apps are configured" in console

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from meancache.shared.hosts import LOOPBACK_NAMES, is_loopback, open_server_warning
-from meancache.shared.http_limits import serve_foreground
+from meancache.shared.http_limits import listening_socket, serve_foreground
 from meancache.shared.loopback_server import LoopbackServer
 from meancache.shared.processes import exit_on_sigterm
 from meancache.shared.progress import Progress
@@ -60,6 +60,7 @@ def serve(model: str, host: str, port: int, settings: ServerSettings,
         print(f"meancache upstream: {warning}", file=sys.stderr, flush=True)
     if is_loopback(host) and settings.allowed_hosts is None:
         settings = dataclasses.replace(settings, allowed_hosts=LOOPBACK_NAMES)
+    listener = listening_socket(host, port)  # a port in use is said before the model loads
     loaded = load_model(model, data_dir=data_dir, progress=report_conversion,
                         precision=precision)
     engine = PromptCacheEngine(loaded, module_budget_bytes, prefix_reuse, kv_format=kv_format)
@@ -67,7 +68,7 @@ def serve(model: str, host: str, port: int, settings: ServerSettings,
     line = f"serving {describe(loaded)} on http://{host}:{port}{describe_packs(settings)}"
     log.info(line)
     print(f"meancache upstream: {line}", file=sys.stderr, flush=True)
-    serve_foreground(app, host, port)
+    serve_foreground(app, listener)
 
 
 class Activity:
