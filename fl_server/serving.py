@@ -6,7 +6,7 @@ import socket
 from pathlib import Path
 
 import uvicorn
-from meancache.shared.http_limits import server_config
+from meancache.shared.http_limits import listener_config
 from starlette.types import ASGIApp
 
 
@@ -21,10 +21,8 @@ def tls_options(certificates: Path | None) -> dict[str, str]:
 def serve(apps: list[tuple[ASGIApp, socket.socket]], certificates: Path | None) -> None:
     """Serve every (app, listener) in the foreground until stopped (each listener from
     shared.http_limits.listening_socket, taken before anything starts)."""
-    servers = [(uvicorn.Server(server_config(app, host=listener.getsockname()[0],
-                                             port=listener.getsockname()[1],
-                                             **tls_options(certificates))), listener)
-               for app, listener in apps]
+    servers = [(uvicorn.Server(listener_config(app, listener, **tls_options(certificates))),
+                listener) for app, listener in apps]
 
     async def all_of_them() -> None:
         await asyncio.gather(*(server.serve(sockets=[listener])

@@ -188,25 +188,29 @@ class _ForegroundServer(uvicorn.Server):
 def listening_socket(host: str, port: int) -> socket.socket:
     """A socket bound to ``host``:``port``, taken before a server loads its models: a port
     in use is then said at once, in words, rather than after the load in a log line (uvicorn
-    binding it itself logged the error and exited, after the start line said "serving")."""
-    try:
-        family, kind, _, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-    except socket.gaierror as exc:
-        raise ConfigError(f"cannot listen on {host!r}: {exc.strerror}; give --host an "
-                          "address of this machine") from None
-    listener = socket.socket(family, kind)
+    binding it itself logged the error and exited, after the start line said "serving").
+    Bound as uvicorn binds its own (IPv6 for an address with a colon, else IPv4)."""
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        listener.bind(address)
+        listener.bind((host, port))
     except OSError as exc:
         listener.close()
+        if isinstance(exc, socket.gaierror):
+            raise ConfigError(f"cannot listen on {host!r}: {exc.strerror}; give --host an "
+                              "address of this machine") from None
         why = ("another program listens on it" if exc.errno == errno.EADDRINUSE
                else exc.strerror)
         raise ConfigError(f"cannot listen on {host}:{port}: {why}; stop it or choose "
                           "another --port") from None
     listener.set_inheritable(True)
     return listener
+
+
+def listener_config(app: ASGIApp, listener: socket.socket, **options: Any) -> uvicorn.Config:
+    """``server_config`` for ``app`` served on ``listener`` (its address for the logs)."""
+    host, port = listener.getsockname()[:2]
+    return server_config(app, host=host, port=port, **options)
 
 
 def serve_foreground(app: ASGIApp, listener: socket.socket) -> None:
@@ -218,8 +222,7 @@ def serve_foreground(app: ASGIApp, listener: socket.socket) -> None:
     the run as if nothing had happened (exit status 0) or as an interrupt (130), by timing.
     Ctrl+C always ends in KeyboardInterrupt here, so the caller's ``finally``s and exit
     status are the same every time."""
-    host, port = listener.getsockname()[:2]
-    server = _ForegroundServer(server_config(app, host=host, port=port))
+    server = _ForegroundServer(listener_config(app, listener))
     server.run(sockets=[listener])
     if server.stopped_by == signal.SIGINT:
         raise KeyboardInterrupt
