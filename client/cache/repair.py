@@ -38,11 +38,11 @@ def repair(directory: Path) -> Repaired:
     if FORMAT_KEY in records:  # a newer meancache's cache is not this one's to rewrite
         check_format(records[FORMAT_KEY], directory)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = directory.with_name(f"{directory.name}.broken-{stamp}")
+    aside = directory.with_name(f"{directory.name}.before-repair-{stamp}")
     suffix = 1
     while aside.exists():  # two repairs within one second
         suffix += 1
-        aside = directory.with_name(f"{directory.name}.broken-{stamp}-{suffix}")
+        aside = directory.with_name(f"{directory.name}.before-repair-{stamp}-{suffix}")
     shutil.move(str(directory), str(aside))
     store = EntryStore(directory)
     store.restore(records)

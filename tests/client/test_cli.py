@@ -204,7 +204,7 @@ def test_repair_moves_a_damaged_cache_aside(
     assert main(["cache", "repair"]) == 0
     said = " ".join(capsys.readouterr().out.split())
     assert "moved the cache to" in said and "its database did not open" in said
-    aside = [p for p in data_dir.iterdir() if p.name.startswith("cache.broken-")]
+    aside = [p for p in data_dir.iterdir() if p.name.startswith("cache.before-repair-")]
     assert len(aside) == 1 and (aside[0] / "cache.db").is_file()
     assert main(["cache", "stats", "--json"]) == 0
 
