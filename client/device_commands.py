@@ -20,6 +20,7 @@ from meancache.client.cache.store import EntryStore
 from meancache.client.cache.summary import stored_stats
 from meancache.client.config import Settings, with_upstream
 from meancache.client.matching.settings import VERIFIERS
+from meancache.shared.arguments import count, share
 from meancache.shared.errors import MeanCacheError
 from meancache.shared.files import write_atomic
 from meancache.shared.hosts import port_argument
@@ -447,7 +448,7 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter",
     stats.add_argument("--json", action="store_true", help="one JSON object for scripts")
     stats.set_defaults(handler=cmd_cache_stats)
     listing = cache_commands.add_parser("list", help="list cached entries, oldest first")
-    listing.add_argument("--limit", type=int, default=50,
+    listing.add_argument("--limit", type=count(0), default=50,
                          help="the newest N, 0 for all (default: %(default)s)")
     listing.add_argument("--json", action="store_true", help="one JSON object a line")
     listing.set_defaults(handler=cmd_cache_list)
@@ -497,10 +498,10 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter",
     pairs.add_argument("file", help="JSONL with q1, q2, label (0/1)")
     pairs.add_argument("--split", help="keep rows whose 'split' field equals this "
                        "(default: every row)")
-    pairs.add_argument("--limit", type=int, help="use at most N pairs (default: all)")
-    pairs.add_argument("--threshold", type=float,
+    pairs.add_argument("--limit", type=count(1), help="use at most N pairs (default: all)")
+    pairs.add_argument("--threshold", type=share(),
                        help="the threshold to score (default: the cache's current one)")
-    pairs.add_argument("--sweep", type=float, nargs=3, default=(0.5, 0.95, 0.05),
+    pairs.add_argument("--sweep", type=share(), nargs=3, default=(0.5, 0.95, 0.05),
                        metavar=("START", "STOP", "STEP"),
                        help="thresholds to report too (default: 0.5 0.95 0.05)")
     pairs.add_argument("--json", action="store_true", help="one JSON object for scripts")
@@ -515,7 +516,7 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter",
                            "right only as a miss")
     replaying.add_argument("--split", help="keep rows whose 'split' field equals this "
                            "(default: every row)")
-    replaying.add_argument("--limit", type=int, help="use at most N pairs (default: all)")
+    replaying.add_argument("--limit", type=count(1), help="use at most N pairs (default: all)")
     replaying.add_argument("--json", action="store_true", help="one JSON object for scripts")
     replaying.add_argument("--verifier", choices=VERIFIER_CHOICES,
                            help="the verifier to measure with: rules, learned or none "
@@ -525,7 +526,7 @@ def add_commands(commands: Any, start_upstream: "UpstreamStarter",
                            "beside the static decision")
     replaying.add_argument("--seed", type=int, default=0,
                            help="the stream's order, with --learn (default: %(default)s)")
-    replaying.add_argument("--explore", type=float, help="share of near-boundary hits also "
+    replaying.add_argument("--explore", type=share(), help="share of near-boundary hits also "
                            "asked upstream, with --learn (default: the judge's own, as "
                            "explore_rate)")
     replaying.set_defaults(handler=cmd_eval_replay)

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from meancache.fl_server.app_declaration import default_run_config
 from meancache.fl_server.config import FlServerSettings
+from meancache.shared.arguments import count, real
 from meancache.shared.hosts import port_argument
 
 if TYPE_CHECKING:  # the type only: Flower's simulation loads with the command
@@ -23,20 +24,20 @@ def add_commands(fl: Any) -> None:
     formatter = argparse.ArgumentDefaultsHelpFormatter
     simulate = fl.add_parser("simulate", help="federated rounds on the simulation engine",
                              formatter_class=formatter)
-    simulate.add_argument("--clients", type=int, default=20, help="simulated devices")
-    simulate.add_argument("--per-round", type=int, default=4,
+    simulate.add_argument("--clients", type=count(1), default=20, help="simulated devices")
+    simulate.add_argument("--per-round", type=count(1), default=4,
                           help="devices that train in each round")
-    simulate.add_argument("--rounds", type=int, default=app["num-server-rounds"],
+    simulate.add_argument("--rounds", type=count(1), default=app["num-server-rounds"],
                           help="federated rounds")
     simulate.add_argument("--pairs", type=Path, default=DEFAULT_PAIRS,
                           help="labelled pairs JSONL (train split partitioned, dev held out)")
     simulate.add_argument("--partitioning", choices=("iid", "topic"),
                           default=app["partitioning"], help="how devices' pairs are drawn")
-    simulate.add_argument("--pairs-per-client", type=int, default=app["pairs-per-client"],
+    simulate.add_argument("--pairs-per-client", type=count(1), default=app["pairs-per-client"],
                           help="labelled pairs each device trains on")
-    simulate.add_argument("--top-layers", type=int, default=app["top-layers"],
+    simulate.add_argument("--top-layers", type=count(0), default=app["top-layers"],
                           help="train and send only the top N transformer layers (0: all)")
-    simulate.add_argument("--verifier-layers", type=int, default=app["verifier-top-layers"],
+    simulate.add_argument("--verifier-layers", type=count(0), default=app["verifier-top-layers"],
                           help="train and send the learned verifier's top N layers and its "
                           "head beside the encoder (0: the verifier is not federated)")
     simulate.add_argument("--verifier-only", action="store_true",
@@ -48,7 +49,7 @@ def add_commands(fl: Any) -> None:
                           help="SecAgg+: the server learns only the sum of the devices' "
                           "weights (no median; with --dp-noise, devices clip and the "
                           "server adds the noise to the sum)")
-    simulate.add_argument("--secure-upload-mb", type=float, default=app["secure-upload-mb"],
+    simulate.add_argument("--secure-upload-mb", type=real(0), default=app["secure-upload-mb"],
                           help="with --secure-aggregation, the most a device sends of its "
                           "masked weights a round, in MB: past it, each large tensor's "
                           "shared entries only, the rest kept for its next round (0: every "
@@ -56,24 +57,24 @@ def add_commands(fl: Any) -> None:
     simulate.add_argument("--update-bits", type=int, choices=(0, 8, 4),
                           default=app["update-bits"], help="devices send their update "
                           "quantised to 8 or 4 bits (0: float32 weights)")
-    simulate.add_argument("--update-rank", type=int, default=app["update-rank"],
+    simulate.add_argument("--update-rank", type=count(0), default=app["update-rank"],
                           help="devices send each trained matrix's update as its rank-R "
                           "factors (truncated SVD; 0: every value; with --update-bits 8 or 4)")
-    simulate.add_argument("--epochs", type=int, default=app["epochs"],
+    simulate.add_argument("--epochs", type=count(1), default=app["epochs"],
                           help="local epochs per round")
-    simulate.add_argument("--learning-rate", type=float, default=app["learning-rate"],
+    simulate.add_argument("--learning-rate", type=real(above=0), default=app["learning-rate"],
                           help="devices' local learning rate")
-    simulate.add_argument("--held-out", type=int, default=app["held-out-pairs"],
+    simulate.add_argument("--held-out", type=count(0), default=app["held-out-pairs"],
                           help="dev pairs the global model is scored on each round")
     simulate.add_argument("--checkpoints", type=Path,
                           help="where global models go (None: <data dir>/fl-simulation)")
-    simulate.add_argument("--dp-noise", type=float, default=app["dp-noise-multiplier"],
+    simulate.add_argument("--dp-noise", type=real(0), default=app["dp-noise-multiplier"],
                           help="central DP noise multiplier (0: off)")
-    simulate.add_argument("--dp-clip", type=float, default=app["dp-clipping-norm"],
+    simulate.add_argument("--dp-clip", type=real(0), default=app["dp-clipping-norm"],
                           help="DP clipping norm")
     simulate.add_argument("--seed", type=int, default=app["seed"],
                           help="seed of partitioning, shuffling and scoring")
-    simulate.add_argument("--workers", type=int, default=0,
+    simulate.add_argument("--workers", type=count(0), default=0,
                           help="Ray workers training the devices, each a process that loads "
                           "the models (0: one per core)")
     simulate.add_argument("--publish", action="store_true",
@@ -258,17 +259,12 @@ def simulation_config(args: argparse.Namespace, settings: FlServerSettings
 
     if not args.pairs.is_file():
         raise MeanCacheError(f"no labelled pairs at {args.pairs} (pass --pairs FILE)")
-    if not 0 < args.per_round <= args.clients:
+    if args.per_round > args.clients:
         raise MeanCacheError(f"--per-round must lie between 1 and --clients ({args.clients}); "
                              "lower --per-round or raise --clients")
     if args.verifier_only and args.verifier_layers < 1:
         raise MeanCacheError("--verifier-only federates the verifier alone, so it needs "
                              "--verifier-layers 1 or more")
-    if args.workers < 0:
-        raise MeanCacheError(f"--workers must be 0 (one per core) or more, not {args.workers}")
-    if not args.secure_upload_mb >= 0:
-        raise MeanCacheError("--secure-upload-mb must be 0 (no cap) or more, not "
-                             f"{args.secure_upload_mb}")
     return SimulationConfig(
         pairs=args.pairs, checkpoint_dir=args.checkpoints or settings.data_dir / "fl-simulation",
         clients=args.clients, per_round=args.per_round, workers=args.workers, run_config={

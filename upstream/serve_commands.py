@@ -4,6 +4,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from meancache.shared.arguments import count, real
 from meancache.shared.hosts import port_argument
 from meancache.upstream.config import UpstreamSettings
 from meancache.upstream.errors import UpstreamError
@@ -36,14 +37,14 @@ def add_commands(commands: Any) -> None:
                        "a tenant whose schemas the others cannot see (default: "
                        "upstream_api_key in config.toml or MEANCACHE_UPSTREAM_API_KEY; "
                        "none: no key, one tenant)")
-    serve.add_argument("--module-budget-mb", type=int, default=2048,
+    serve.add_argument("--module-budget-mb", type=count(1), default=2048,
                        help="memory for cached module states and prefix blocks "
                        "(default: %(default)s)")
     serve.add_argument("--no-prefix-reuse", dest="prefix_reuse", action="store_false",
                        help="compute every prompt in full instead of reading back the states "
                        "of the longest prefix an earlier request of the same key computed "
                        "(for comparison) (default: off: prefixes are reused)")
-    serve.add_argument("--max-body-kb", type=int, default=4096,
+    serve.add_argument("--max-body-kb", type=count(1), default=4096,
                        help="largest request body (default: %(default)s)")
     defaults = SERVER_DEFAULTS
     serve.add_argument("--default-max-tokens", type=int, default=defaults.max_tokens,
@@ -75,7 +76,7 @@ def add_commands(commands: Any) -> None:
         ("max-schema-tokens-per-key", limits.max_schema_tokens_per_key,
          "module tokens of one key's schemas together"),
     ):
-        serve.add_argument(f"--{name}", type=int, default=default,
+        serve.add_argument(f"--{name}", type=count(1), default=default,
                            help=f"{text} (default: %(default)s)")
     serve.add_argument("--precision", choices=PRECISIONS, default=DEFAULT_PRECISION,
                        help="auto: int4 where the model allows it (Gemma 3), else "
@@ -108,7 +109,7 @@ def add_commands(commands: Any) -> None:
         "to reuse (ask starts it); exits when idle")
     background.add_argument("--model", help="the model to serve (default: upstream_model in "
                             "config.toml)")
-    background.add_argument("--idle-exit", type=float, default=DEFAULT_IDLE_EXIT_S,
+    background.add_argument("--idle-exit", type=real(above=0), default=DEFAULT_IDLE_EXIT_S,
                             metavar="SECONDS", help="exit after this long without a request "
                             f"(default: {DEFAULT_IDLE_EXIT_S:.0f})")
     background.set_defaults(handler=run_background)
@@ -122,8 +123,6 @@ DEFAULT_IDLE_EXIT_S = 600.0
 def run_background(args: argparse.Namespace, settings: UpstreamSettings) -> int:
     from meancache.upstream.server.serve import serve_until_idle
 
-    if args.idle_exit <= 0:
-        raise UpstreamError("--idle-exit takes a number of seconds above 0")
     serve_until_idle(args.model or settings.embedded_model, settings.data_dir, args.idle_exit)
     return 0
 
@@ -154,7 +153,31 @@ def run_stop(args: argparse.Namespace, settings: UpstreamSettings) -> int:
     return 0
 
 
+# The options that set a request's sampling defaults, by SamplingParams' field.
+SAMPLING_OPTIONS = {"max_tokens": "--default-max-tokens",
+                    "repetition_penalty": "--repetition-penalty",
+                    "repetition_window": "--repetition-window",
+                    "dry_multiplier": "--dry-multiplier",
+                    "dry_allowed_length": "--dry-allowed-length"}
+
+
+def sampling_defaults(args: argparse.Namespace) -> SamplingParams:
+    """What a request that sets none samples with. SamplingParams alone holds each value's
+    range; its error is said with the option's name, before the model loads."""
+    try:
+        return SamplingParams(max_tokens=args.default_max_tokens,
+                              repetition_penalty=args.repetition_penalty,
+                              repetition_window=args.repetition_window,
+                              stop_on_loops=args.stop_on_loops,
+                              dry_multiplier=args.dry_multiplier,
+                              dry_allowed_length=args.dry_allowed_length)
+    except ValueError as exc:
+        field, _, rest = str(exc).partition(" ")
+        raise UpstreamError(f"{SAMPLING_OPTIONS.get(field, field)} {rest}") from None
+
+
 def run_serve(args: argparse.Namespace, settings: UpstreamSettings) -> int:
+    defaults = sampling_defaults(args)
     from meancache.upstream.server.app import ServerSettings
     from meancache.upstream.server.serve import serve
 
@@ -168,12 +191,7 @@ def run_serve(args: argparse.Namespace, settings: UpstreamSettings) -> int:
             api_key=keys[0] if keys else None,
             api_keys=tuple(keys[1:]),
             max_body_bytes=args.max_body_kb * 1024,
-            defaults=SamplingParams(max_tokens=args.default_max_tokens,
-                                    repetition_penalty=args.repetition_penalty,
-                                    repetition_window=args.repetition_window,
-                                    stop_on_loops=args.stop_on_loops,
-                                    dry_multiplier=args.dry_multiplier,
-                                    dry_allowed_length=args.dry_allowed_length),
+            defaults=defaults,
             limits=Limits(
                 max_queued=args.max_queued, max_queued_per_key=args.max_queued_per_key,
                 max_prompt_tokens=args.max_prompt_tokens,

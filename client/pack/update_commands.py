@@ -6,6 +6,7 @@ from typing import Any
 
 from meancache.client.config import Settings
 from meancache.client.pack.download import DEFAULT_MAX_PACK_BYTES
+from meancache.shared.arguments import real
 
 
 def add_commands(pack: Any) -> None:
@@ -15,7 +16,7 @@ def add_commands(pack: Any) -> None:
                         "upstream_url in config.toml)")
     update.add_argument("--api-key", help="bearer key for the upstream (default: "
                         "upstream_api_key in config.toml or MEANCACHE_UPSTREAM_API_KEY)")
-    update.add_argument("--max-mb", type=float, default=DEFAULT_MAX_PACK_BYTES / 2**20,
+    update.add_argument("--max-mb", type=real(above=0), default=DEFAULT_MAX_PACK_BYTES / 2**20,
                         help="refuse a larger pack (default: %(default).0f)")
     update.add_argument("--allow-downgrade", action="store_true",
                         help="install a pack built before the one in use (refused otherwise, "

@@ -1,0 +1,85 @@
+"""A number out of its option's range is refused in words naming the option, before any
+model loads or anything is written (each of these once ran on: a negative --limit sliced
+the pairs from the end, --explore 2 explored every hit, --default-max-tokens 0 raised a
+traceback after the model had loaded)."""
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from meancache.shared.arguments import count, real
+
+from meancache.cli import main
+
+PAIRS = "pairs.jsonl"  # argparse refuses the number before the file is read
+
+
+@pytest.mark.parametrize(("command", "said"), [
+    (["cache", "list", "--limit", "-1"],
+     "argument --limit: -1 is out of range (allowed: 0 or more)"),
+    (["eval", "pairs", PAIRS, "--limit", "-1"], "argument --limit: -1 is out of range"),
+    (["eval", "pairs", PAIRS, "--threshold", "2"], "argument --threshold: 2 is out of range "
+     "(allowed: 0 to 1)"),
+    (["eval", "pairs", PAIRS, "--sweep", "0", "2", "0.1"], "argument --sweep: 2 is out of range"),
+    (["eval", "replay", PAIRS, "--limit", "0"], "argument --limit: 0 is out of range"),
+    (["eval", "replay", PAIRS, "--learn", "--explore", "2"], "argument --explore: 2 is out"),
+    (["pack", "update", "--max-mb", "-3"], "argument --max-mb: -3 is out of range (allowed: "
+     "more than 0)"),
+    (["upstream", "serve", "--max-body-kb", "-1"], "argument --max-body-kb: -1 is out"),
+    (["upstream", "serve", "--max-queued", "0"], "argument --max-queued: 0 is out"),
+    (["upstream", "background", "--idle-exit", "0"], "argument --idle-exit: 0 is out"),
+])
+def test_an_option_out_of_range_is_refused_by_name_before_anything_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        command: list[str], said: str) -> None:
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "config"))
+    with pytest.raises(SystemExit) as refused:
+        main(["--data-dir", str(tmp_path / "data"), *command])
+    assert refused.value.code == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert said in err and "Traceback" not in err
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(("option", "value", "said"), [
+    ("--default-max-tokens", "0", "--default-max-tokens must be at least 1"),
+    ("--repetition-penalty", "-1", "--repetition-penalty must lie in (0, 2]"),
+    ("--dry-allowed-length", "100", "--dry-allowed-length must lie in [1, 64]"),
+])
+def test_a_sampling_default_out_of_range_is_said_by_its_option_before_the_model_loads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        option: str, value: str, said: str) -> None:
+    """The ranges are SamplingParams' (the one place that holds them)."""
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "config"))
+    assert main(["--data-dir", str(tmp_path / "data"), "upstream", "serve",
+                 option, value]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"error: {said}" in err and "Traceback" not in err
+    written = {p.relative_to(tmp_path / "data").as_posix()
+               for p in (tmp_path / "data").rglob("*")}
+    assert written <= {"logs", "logs/meancache.log"}  # no model was prepared
+
+
+@given(st.integers(-10**6, 10**6), st.integers(-5, 5), st.one_of(st.none(), st.integers(0, 9)))
+def test_a_count_is_accepted_exactly_within_its_range(number: int, minimum: int,
+                                                      span: int | None) -> None:
+    maximum = None if span is None else minimum + span
+    inside = number >= minimum and (maximum is None or number <= maximum)
+    parse = count(minimum, maximum)
+    if inside:
+        assert parse(str(number)) == number
+    else:
+        with pytest.raises(Exception, match="out of range"):
+            parse(str(number))
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True), st.booleans())
+def test_a_real_is_finite_and_above_its_bound(number: float, strict: bool) -> None:
+    parse = real(above=0.0) if strict else real(0.0, 1.0)
+    inside = (number > 0.0) if strict else (0.0 <= number <= 1.0)
+    if inside:
+        assert parse(repr(number)) == number
+    else:
+        with pytest.raises(Exception, match="out of range|not a finite number"):
+            parse(repr(number))
