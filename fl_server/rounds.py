@@ -94,7 +94,7 @@ class RoundRecorder:
             metrics["verifier_bytes_per_client"] = sum(verifier.values()) / len(received)
         screened = self.strategy.screened.get(server_round)
         if screened is not None:
-            metrics |= {"rejected": len(screened.rejected),
+            metrics |= {"rejected": len(screened.rejected), "failed": len(screened.failed),
                         "clipped_updates": screened.clipped_updates,
                         "clamped_evidence": screened.clamped_evidence}
         pooled = self.strategy.pooled.get(server_round)

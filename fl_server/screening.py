@@ -66,6 +66,7 @@ class Screened:
     clamped_bound: int = 0
     cosine_bound: list[BoundEvidence] = field(default_factory=list)  # likewise, the cosine's
     clamped_cosine_bound: int = 0
+    failed: dict[int, str] = field(default_factory=dict)  # node id -> its error's reason
 
 
 def _metrics(message: Message) -> MetricRecord:
@@ -186,13 +187,24 @@ def screen_evidence(replies: list[Message], limits: ReplyLimits) -> Screened:
     return Screened(kept, [], rejected, 0, 0, bound, clamped_bound, cosine, clamped_cosine)
 
 
+def failure(message: Message) -> str:
+    """A failed device's error, in one line: Flower sends the ClientApp's exception whole."""
+    lines = [line for line in message.error.reason.splitlines() if line.strip()]
+    return (lines[-1] if lines else f"error code {message.error.code}")[:300]
+
+
 def screen(replies: list[Message], global_arrays: ArrayRecord, limits: ReplyLimits
            ) -> Screened:
-    """Drop the unfit replies and bound the rest (their content is changed in place)."""
+    """Drop the unfit replies and bound the rest (their content is changed in place). A
+    device whose training failed is named with its error, never dropped unsaid."""
     kept: list[Message] = []
     rejected: dict[int, str] = {}
+    failed: dict[int, str] = {}
     for message in replies:
         if message.has_error():
+            failed[message.metadata.src_node_id] = failure(message)
+            log.warning("node %d failed its round: %s", message.metadata.src_node_id,
+                        failed[message.metadata.src_node_id])
             continue
         reason = (decompress(message, global_arrays, limits.max_update_rank)
                   or reject_reason(message, global_arrays))
@@ -218,4 +230,4 @@ def screen(replies: list[Message], global_arrays: ArrayRecord, limits: ReplyLimi
             message.content["arrays"] = bounded
             clipped_updates += 1
     return Screened(kept, evidence, rejected, clipped_updates, clamped_evidence, bound,
-                    clamped_bound, cosine, clamped_cosine)
+                    clamped_bound, cosine, clamped_cosine, failed)

@@ -284,20 +284,25 @@ def simulation_config(args: argparse.Namespace, settings: FlServerSettings
 
 def run_simulate(args: argparse.Namespace, settings: FlServerSettings) -> int:
     from meancache.fl_server.simulate import simulate
+    from meancache.shared.errors import MeanCacheError
     from rich.console import Console
     from rich.table import Table
 
     config = simulation_config(args, settings)
     err = Console(stderr=True, highlight=False)
 
+    log = settings.data_dir / "flwr-simulation" / "simulation.log"
+
     def progress(row: dict[str, float]) -> None:
         scored = f", F0.5 {row['f05']:.3f}" if "f05" in row else ""
+        failed = (f"; {int(row['failed'])} of {args.per_round} devices failed (why: {log})"
+                  if row.get("failed") else "")
         err.print(f"round {int(row['round'])}/{args.rounds} done in {row['seconds']:.0f} s: "
-                  f"threshold {row['threshold']:.3f}{scored}")
+                  f"threshold {row['threshold']:.3f}{scored}{failed}")
 
-    rows = simulate(config, settings.data_dir / "flwr-simulation", on_round=progress)
+    rows = simulate(config, log.parent, on_round=progress)
     table = Table("round", "F0.5", "F1", "precision", "recall", "threshold",
-                  "best tau", "best F0.5", "seconds", "KiB/client", "of it verifier",
+                  "best tau", "best F0.5", "seconds", "KiB/client", "of it verifier", "failed",
                   title=f"{args.clients} clients, {args.per_round} per round, "
                         f"{args.partitioning}, {args.pairs_per_client} pairs each")
     for row in rows:
@@ -305,8 +310,12 @@ def run_simulate(args: argparse.Namespace, settings: FlServerSettings) -> int:
             "f05", "f1", "precision", "recall", "threshold", "best_threshold", "best_f05")]
         table.add_row(str(int(row["round"])), *scores, f"{row['seconds']:.1f}",
                       f"{row.get('bytes_per_client', 0) / 1024:.0f}",
-                      f"{row.get('verifier_bytes_per_client', 0) / 1024:.0f}")
+                      f"{row.get('verifier_bytes_per_client', 0) / 1024:.0f}",
+                      str(int(row.get("failed", 0))))
     Console(file=sys.stdout, width=160).print(table)
+    if any(row.get("failed") for row in rows) and not any(row.get("clients") for row in rows):
+        raise MeanCacheError(f"no device trained in any round: each failed (why: {log}); "
+                             "the global model is the one the rounds started from")
     if args.publish:
         from meancache.fl_server.publish import publish
         from meancache.shared.fl.signing import PUBLIC_KEY

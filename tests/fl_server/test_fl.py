@@ -6,6 +6,7 @@ import io
 import re
 import tomllib
 import zipfile
+from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 
@@ -517,6 +518,34 @@ def test_simulate_refuses_a_number_out_of_its_range_before_anything_runs(
     assert f"argument {option}:" in said and "Traceback" not in said
     assert (f"(allowed: {allowed})" if allowed else "is not a whole number") in said
     assert not (tmp_path / "data" / "fl-simulation").exists()  # refused before anything ran
+
+
+def test_simulate_says_when_devices_failed_and_fails_when_none_trained(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rows as the ServerApp writes them when every device's ClientApp raised (a fault a
+    real run gives only through a bug, so the rows are injected): each round's line says
+    how many failed and where to read why, and the command fails rather than print a table
+    of rounds that trained nothing."""
+    import meancache.fl_server.simulate as engine
+
+    def failing(config: object, home: Path, on_round: Callable[[dict[str, float]], None]
+                ) -> list[dict[str, float]]:
+        rows = [{"round": 0, "threshold": 0.8, "seconds": 1.0},
+                *({"round": r, "threshold": 0.8, "seconds": 1.0, "failed": 2, "rejected": 0}
+                  for r in (1, 2))]
+        for row in rows:
+            on_round(row)
+        return rows
+
+    monkeypatch.setattr(engine, "simulate", failing)
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    assert main(["--data-dir", str(tmp_path / "data"), "fl", "simulate", "--pairs",
+                 str(DATA / "qqp" / "pairs.jsonl"), "--clients", "2", "--per-round", "2",
+                 "--rounds", "2"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "round 1/2 done" in err and "2 of 2 devices failed (why: " in err
+    assert "error: no device trained in any round" in err and "simulation.log" in err
 
 
 def test_simulate_verifier_only_keeps_the_encoder_out_of_the_rounds(

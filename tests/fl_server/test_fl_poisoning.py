@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
 from meancache.client.fl.client_app import app as client_app
 from meancache.fl_server.app_declaration import default_run_config
 from meancache.fl_server.run_config import ServerConfig
@@ -19,6 +19,7 @@ from tests.support.fl import (
     around,
     device_context,
     device_with_feedback,
+    message,
     reply,
     train_message,
     weights_sent,
@@ -49,6 +50,25 @@ def honest() -> list[Message]:
     """Four devices with small updates and evidence that favours the global threshold."""
     return [reply(i, around(GLOBAL_TAU, 100, i), 100 + 10 * i, torch.full((SIZE,), 0.01 * i))
             for i in range(1, 5)]
+
+
+def test_a_device_that_failed_is_counted_with_its_error_not_dropped_unsaid(tmp_path: Path
+                                                                            ) -> None:
+    """Flower hands the server a failed ClientApp's exception whole: the round names the
+    device and the exception's last line, and its history row counts it (`fl simulate`
+    once showed rounds in which every device had failed as if they had trained)."""
+    from meancache.fl_server.rounds import RoundRecorder
+
+    failed = Message(Error(0, "Traceback (most recent call last):\n  ...\n"
+                              "RunConfigError: run config 'epochs' must be >= 1, not 0\n"),
+                     reply_to=message(RecordDict(), dst=5))
+    fedavg = strategy()
+    fedavg.aggregate_train(1, [*honest(), failed])
+    assert fedavg.screened[1].failed == {
+        5: "RunConfigError: run config 'epochs' must be >= 1, not 0"}
+    assert len(fedavg.screened[1].kept) == 4
+    row = RoundRecorder(fedavg, tmp_path, "tiny", 1)(1, fedavg.global_arrays)
+    assert row["failed"] == 1 and row["rejected"] == 0
 
 
 def duplicates_at(similarity: float, pairs: int) -> dict[str, list[int]]:
