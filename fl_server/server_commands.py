@@ -126,7 +126,7 @@ def add_commands(fl: Any) -> None:
                         formatter_class=formatter)
     run.add_argument("--superlink", default="127.0.0.1:9095", metavar="HOST:PORT",
                      help="the FL server's SuperLink (its --control-port, on loopback)")
-    run.add_argument("--rounds", type=int, default=app["num-server-rounds"],
+    run.add_argument("--rounds", type=count(1), default=app["num-server-rounds"],
                      help="federated rounds")
     run.add_argument("--run-config", help="more settings, e.g. \"top-layers=2 "
                      "min-train-nodes=4\" (the keys and their defaults: [tool.flwr.app.config] "
@@ -144,10 +144,18 @@ def split_run_config(settings: FlServerSettings, text: str | None
     and so under the operator's signature; the server's scheduling of the run, its
     overrides) of this data dir's encoder and
     ``--run-config``: `fl sign-app` and `fl run` make the same app from the same ones."""
-    from meancache.fl_server.run_config import parse_overrides, split_overrides
+    from meancache.fl_server.run_config import ServerConfig, parse_overrides, split_overrides
+    from meancache.shared.fl.client_config import ClientConfig
 
     encoder = {"encoder-model": settings.encoder_model} if settings.encoder_model else {}
-    return split_overrides(encoder | parse_overrides(text))
+    device, server = split_overrides(encoder | parse_overrides(text))
+    # Both sides read the whole config as the apps will (a value out of range is a
+    # RunConfigError naming its key), before an app is signed or a run submitted: the
+    # checkpoint dir is the ServerApp's to set, so any path stands in for it.
+    whole = {**default_run_config(), "checkpoint-dir": "checked", **device, **server}
+    ServerConfig.from_run_config(whole)
+    ClientConfig.from_run_config(whole)
+    return device, server
 
 
 def run_sign_app(args: argparse.Namespace, settings: FlServerSettings) -> int:

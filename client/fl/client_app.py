@@ -5,7 +5,7 @@ Flower starts a process for each message, and a SecAgg+ round sends four, of whi
 trains: the handlers import local_round (torch, the encoder) only when a message asks for
 training or evaluation, so that the protocol's other stages start in about a second.
 
-Settings: client.fl.run_config.ClientConfig. Node config: data-dir (the user's meancache
+Settings: shared.fl.client_config.ClientConfig. Node config: data-dir (the user's meancache
 data dir) on a real device; partition-id and num-partitions in simulation.
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 from flwr.app import Array, ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 from flwr.clientapp.mod import fixedclipping_mod
-from meancache.client.fl.run_config import ClientConfig
 from meancache.client.fl.secure import RECORDS, is_secure, secure_mod
 from meancache.shared.fl.bound_evidence import COSINE_KEYS
 from meancache.shared.fl.bound_evidence import KEYS as BOUND_KEYS
+from meancache.shared.fl.client_config import ClientConfig
 from meancache.shared.fl.compression import encode_update
 from meancache.shared.fl.evidence import KEYS as EVIDENCE_KEYS
 from meancache.shared.fl.secure import SECURE

@@ -23,7 +23,6 @@ from meancache.client.device_caches import Asked, Rescore
 from meancache.client.fl.data import partition, split
 from meancache.client.fl.device import DeviceState
 from meancache.client.fl.rescore import rescorer
-from meancache.client.fl.run_config import ClientConfig
 from meancache.client.fl.train import pair_similarities, train_locally
 from meancache.client.matching.settings import RECALL_MARGIN
 from meancache.client.verifier import export_global_verifier
@@ -36,6 +35,7 @@ from meancache.shared.fl.bound_evidence import (
     BoundEvidence,
 )
 from meancache.shared.fl.checkpoint import DESCRIPTION_KEY, latest_checkpoint
+from meancache.shared.fl.client_config import ClientConfig
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.weights import (
     check_finite,

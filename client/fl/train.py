@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 import torch
-from meancache.client.fl.run_config import TrainConfig
+from meancache.shared.fl.client_config import TrainConfig
 from meancache.shared.fl.weights import federated_names, training_only
 from meancache.shared.pairs import Pair
 from sentence_transformers import SentenceTransformer, losses

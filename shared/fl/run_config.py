@@ -15,7 +15,7 @@ from meancache.shared.errors import RunConfigError
 
 RunConfig = Mapping[str, bool | int | float | str]
 
-# The keys a device's ClientApp reads (client.fl.run_config.ClientConfig, which a test
+# The keys a device's ClientApp reads (shared.fl.client_config.ClientConfig, which a test
 # holds to exactly these). Their values (and SHAPING_KEYS') must come from the operator's
 # signed app: `fl run` and `fl sign-app` write them into the app, and the Fleet gateway
 # refuses to hand the signature of an app to a run that overrides any of them

@@ -20,7 +20,6 @@ from meancache.client.config import load_settings
 from meancache.client.fl.client_app import app as client_app
 from meancache.client.fl.client_app import wire_audit_mod
 from meancache.client.fl.device import DeviceState
-from meancache.client.fl.run_config import ClientConfig
 from meancache.client.learning.bound import Label
 from meancache.client.learning.state import Learned
 from meancache.fl_server.app_declaration import default_run_config, write_app
@@ -53,6 +52,7 @@ from meancache.shared.fl.checkpoint import (
     round_dir,
     save_checkpoint,
 )
+from meancache.shared.fl.client_config import ClientConfig
 from meancache.shared.fl.evidence import KEYS as EVIDENCE_KEYS
 from meancache.shared.fl.evidence import Evidence
 from meancache.shared.fl.signing import PUBLIC_KEY, read_public_key, verify

@@ -21,7 +21,6 @@ from flwr.proto.fab_pb2 import Fab, GetFabRequest, GetFabResponse
 from flwr.proto.run_pb2 import GetRunResponse, Run
 from flwr.supernode.start_client_internal import _verify_fab
 from meancache.client.errors import ConfigError
-from meancache.client.fl.run_config import ClientConfig
 from meancache.client.fl.supernode import (
     supernode_command,
     supernode_environment,
@@ -45,6 +44,7 @@ from meancache.shared.fl.app_signing import (
     sign_fab,
 )
 from meancache.shared.fl.checkpoint import latest_checkpoint
+from meancache.shared.fl.client_config import ClientConfig
 from meancache.shared.fl.run_config import DEVICE_KEYS, SIGNED_KEYS
 from meancache.shared.fl.signing import PUBLIC_KEY
 from meancache.shared.loopback_server import LoopbackServer
@@ -363,3 +363,25 @@ def test_sign_app_and_run_write_the_same_device_settings_into_the_app(
     assert find_signature(settings.app_signature_dir, hashlib.sha256(fab).hexdigest())
     assert main(["--data-dir", str(data), "fl", "sign-app", "--run-config", "nope=1"]) == 2
     assert "the app has no key nope" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("command", "said"), [
+    (["sign-app", "--run-config", "epochs=0"], "run config 'epochs' must be >= 1, not 0"),
+    (["sign-app", "--run-config", "learning-rate=-1.0"],
+     "run config 'learning-rate' must be > 0, not -1.0"),
+    (["sign-app", "--run-config", "dp-noise-multiplier=1.0 dp-clipping-norm=0.0"],
+     "'dp-clipping-norm' must be > 0 with central DP"),
+    (["run", "--superlink", "127.0.0.1:9", "--run-config", "num-server-rounds=0"],
+     "run config 'num-server-rounds' must be >= 1, not 0"),
+])
+def test_an_app_whose_devices_or_server_would_fail_is_neither_signed_nor_sent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch, command: list[str], said: str) -> None:
+    """Both apps' own checks, run before signing or submitting: such an app was signed,
+    and every device then failed every round of it."""
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    data = tmp_path / "data"
+    assert main(["--data-dir", str(data), "--encoder", "minilm", "fl", *command]) == 2
+    assert said in " ".join(capsys.readouterr().err.split())
+    assert not (data / "fl-server" / "app-signatures").exists()
+    assert not (data / "fl-operator").exists()

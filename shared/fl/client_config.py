@@ -1,5 +1,6 @@
 """The ClientApp's settings, read from each message's run config (defaults: the Flower
-app's ``[tool.flwr.app.config]``)."""
+app's ``[tool.flwr.app.config]``). In shared because the server side checks them too:
+`fl sign-app` and `fl run` refuse an app whose devices would fail every round."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +12,7 @@ from meancache.shared.fl.run_config import (
     RunConfig,
     at_least,
     one_of,
+    positive,
     read,
     read_path,
     read_update_rank,
@@ -54,7 +56,7 @@ class ClientConfig:
             train=TrainConfig(
                 epochs=read(config, "epochs", int, at_least(1)),
                 batch_size=read(config, "batch-size", int, at_least(1)),
-                learning_rate=read(config, "learning-rate", float, at_least(0)),
+                learning_rate=read(config, "learning-rate", float, positive()),
                 top_layers=model.top_layers,
                 seed=model.seed,
             ),
