@@ -293,10 +293,12 @@ def simulation_config(args: argparse.Namespace, settings: FlServerSettings
 def run_simulate(args: argparse.Namespace, settings: FlServerSettings) -> int:
     from meancache.fl_server.simulate import simulate
     from meancache.shared.errors import MeanCacheError
+    from meancache.shared.processes import exit_on_sigterm
     from rich.console import Console
     from rich.table import Table
 
     config = simulation_config(args, settings)
+    exit_on_sigterm()  # the SuperLink and the run it starts stop with us
     err = Console(stderr=True, highlight=False)
 
     log = settings.data_dir / "flwr-simulation" / "simulation.log"

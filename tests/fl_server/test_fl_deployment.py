@@ -27,7 +27,7 @@ from meancache.shared.processes import free_port
 from meancache.shared.verifier.runtime import ARTEFACT_DIR, read_card
 
 from tests.support.fl import FEEDBACK, children, device_with_feedback, kill_group, running
-from tests.support.paths import REPO
+from tests.support.paths import DATA_DIR, REPO
 from tests.support.servers import wait_for_port
 from tests.support.tiny_encoder import make_tiny_encoder
 
@@ -292,3 +292,24 @@ def test_sigterm_stops_the_fl_server_and_its_superlink(tmp_path: Path,
         time.sleep(0.2)
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", control)) != 0  # nothing holds the port
+
+
+def test_sigterm_stops_fl_simulate_and_its_superlink(tmp_path: Path,
+                                                      processes: Processes) -> None:
+    """`timeout` or a service manager stopping a simulation (SIGTERM to the command alone)
+    leaves no SuperLink or SuperExec behind: without the handler both ran on for good,
+    each a new session of its own. Stopped as soon as its SuperLink runs."""
+    simulation = processes.start(tmp_path / "server", "fl", "simulate", "--pairs",
+                                 str(DATA_DIR / "qqp" / "pairs.jsonl"),
+                                 "--clients", "2", "--per-round", "2", "--rounds", "1")
+    deadline = time.monotonic() + 120
+    while not (started := children(simulation.pid)):
+        assert time.monotonic() < deadline and simulation.poll() is None, "no SuperLink"
+        time.sleep(0.1)
+    left = [pid for child in started for pid in (child, *children(child))]
+    simulation.send_signal(signal.SIGTERM)
+    assert simulation.wait(timeout=90) != 0
+    deadline = time.monotonic() + 60
+    while any(running(pid) for pid in left):
+        assert time.monotonic() < deadline, "the SuperLink outlived the simulation"
+        time.sleep(0.2)
