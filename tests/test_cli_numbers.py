@@ -3,10 +3,11 @@ model loads or anything is written (each of these once ran on: a negative --limi
 the pairs from the end, --explore 2 explored every hit, --default-max-tokens 0 raised a
 traceback after the model had loaded)."""
 
+import math
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from meancache.shared.arguments import count, real
 
@@ -75,9 +76,10 @@ def test_a_count_is_accepted_exactly_within_its_range(number: int, minimum: int,
 
 
 @given(st.floats(allow_nan=True, allow_infinity=True), st.booleans())
+@example(math.inf, True)  # above any lower bound, yet refused: not a finite number
 def test_a_real_is_finite_and_above_its_bound(number: float, strict: bool) -> None:
     parse = real(above=0.0) if strict else real(0.0, 1.0)
-    inside = (number > 0.0) if strict else (0.0 <= number <= 1.0)
+    inside = math.isfinite(number) and ((number > 0.0) if strict else (0.0 <= number <= 1.0))
     if inside:
         assert parse(repr(number)) == number
     else:
