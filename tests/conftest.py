@@ -18,7 +18,9 @@ from meancache.shared.encoder import Encoder, PCAProjection
 from tests.support.parallel import (
     built_once,
     cache_bytecode,
+    check_groups_reached_xdist,
     compile_before_workers,
+    fail_ungrouped,
     group_modules_with_state,
     share_cores,
     start_longest_first,
@@ -67,6 +69,14 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     group_modules_with_state(items)
     start_longest_first(items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    check_groups_reached_xdist(session)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    fail_ungrouped(item)
 
 
 @pytest.fixture(scope="session")

@@ -99,6 +99,30 @@ def group_modules_with_state(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
+UNGROUPED = pytest.StashKey[set[str]]()
+
+
+def check_groups_reached_xdist(session: pytest.Session) -> None:
+    """On a worker, after xdist has read the groups: note each grouped test whose id lacks
+    xdist's ``@group`` suffix, the only way its controller learns of the group, so that
+    fail_ungrouped fails it. pytest 9.2 made node ids structured and xdist 3.8's suffix
+    then silently stopped taking (pytest-dev/pytest-xdist#1386): each module's state was
+    built on every worker, and CI's suite ran a third longer before anyone saw why."""
+    config = session.config
+    if hasattr(config, "workerinput") and config.getvalue("loadgroup"):
+        config.stash[UNGROUPED] = {
+            item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid}
+
+
+def fail_ungrouped(item: pytest.Item) -> None:
+    """Fail, before its setup builds anything, a test xdist did not group."""
+    if item.nodeid in item.config.stash.get(UNGROUPED, set()):
+        pytest.fail("pytest-xdist did not keep this test with its module's group: this "
+                    "pytest and pytest-xdist no longer agree on --dist loadgroup; pin a "
+                    "pytest both support (pyproject.toml, the dev extra)", pytrace=False)
+
+
 def work_unit(item: pytest.Item) -> str:
     """What `--dist loadgroup` hands a worker at once: the item's group, or the item."""
     names = sorted(str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
