@@ -10,8 +10,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from meancache.shared.arguments import count, real
+from meancache.shared.verifier.training_commands import _run_settings
 
-from meancache.cli import main
+from meancache.cli import build_parser, main
 
 PAIRS = "pairs.jsonl"  # argparse refuses the number before the file is read
 
@@ -30,6 +31,17 @@ PAIRS = "pairs.jsonl"  # argparse refuses the number before the file is read
     (["upstream", "serve", "--max-body-kb", "-1"], "argument --max-body-kb: -1 is out"),
     (["upstream", "serve", "--max-queued", "0"], "argument --max-queued: 0 is out"),
     (["upstream", "background", "--idle-exit", "0"], "argument --idle-exit: 0 is out"),
+    (["verifier", "train-teacher", "--batch", "0"], "argument --batch: 0 is out of range "
+     "(allowed: 1 or more)"),
+    (["verifier", "distil", "--learning-rate", "0"], "argument --learning-rate: 0 is out"),
+    (["verifier", "train", "--seed", "-1"], "argument --seed: -1 is out of range"),
+    (["verifier", "mine-pairs", "--out", "m.jsonl", "--per-question", "0"],
+     "argument --per-question: 0 is out of range"),
+    (["verifier", "mine-pairs", "--out", "m.jsonl", "--low", "2"], "argument --low: 2 is out"),
+    (["verifier", "label-pairs", "--pairs", "p", "--out", "o", "--limit", "0"],
+     "argument --limit: 0 is out of range"),
+    (["verifier", "make-paraphrases", "--out", "p", "--temperature", "-1"],
+     "argument --temperature: -1 is out of range"),
 ])
 def test_an_option_out_of_range_is_refused_by_name_before_anything_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
@@ -85,3 +97,12 @@ def test_a_real_is_finite_and_above_its_bound(number: float, strict: bool) -> No
     else:
         with pytest.raises(Exception, match="out of range|not a finite number"):
             parse(repr(number))
+
+
+def test_a_training_runs_zeros_are_taken_where_they_mean_something() -> None:
+    """--seed 0 is the default seed and --generated 0 trains without code-made negatives:
+    both were refused as not positive when one check covered every run option."""
+    args = build_parser().parse_args(["verifier", "train-teacher", "--seed", "0",
+                                      "--generated", "0", "--checkpoint-minutes", "0"])
+    overrides, options = _run_settings(args)
+    assert overrides == {"seed": 0, "generated": 0} and options.checkpoint_minutes == 0.0

@@ -17,6 +17,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from meancache.shared.arguments import count, real
 from meancache.shared.settings import SettingsBase
 from meancache.shared.verifier.runtime import ARTEFACT_DIR
 
@@ -70,13 +71,6 @@ def _run_settings(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         names = ", ".join("--" + n.replace("_", "-") for n in overrides)
         raise VerifierError(f"a resumed run keeps the settings it started with ({names} "
                             "given); drop them, or start a new run in another --out")
-    for name, value in overrides.items():
-        if value <= 0:
-            raise VerifierError(f"--{name.replace('_', '-')} must be positive, not {value}")
-    if args.threads < 1 or args.checkpoint_minutes < 0 or (
-            args.stop_after is not None and args.stop_after < 1):
-        raise VerifierError("--threads and --stop-after must be at least 1 and "
-                            "--checkpoint-minutes not negative")
     return overrides, RunOptions(threads=args.threads,
                                  checkpoint_minutes=args.checkpoint_minutes,
                                  stop_after=args.stop_after)
@@ -136,15 +130,10 @@ def cmd_mine_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from meancache.shared.encoder import Encoder
-    from meancache.shared.errors import VerifierError
     from meancache.shared.progress_bar import ProgressBar
     from meancache.shared.verifier.mine import mine_pairs
     from rich.console import Console
 
-    if not 0.0 < args.low < 1.0 or min(args.per_question, args.pairs, args.max_chars,
-                                         args.per_source or 1) < 1:
-        raise VerifierError("--low must lie between 0 and 1, and --per-question, --pairs, "
-                            "--per-source and --max-chars must be at least 1")
     exclude = _exclude(args)
     console = Console(stderr=True)
     encoder = Encoder.load(_packaged_mpnet(settings, console), backend=ENCODER_BACKEND,
@@ -175,15 +164,10 @@ def cmd_make_paraphrases(args: argparse.Namespace, settings: SettingsBase) -> in
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from meancache.shared.errors import VerifierError
     from meancache.shared.progress_bar import ProgressBar
     from meancache.shared.verifier.paraphrase import LanguageModel, Settings, make_paraphrases
     from rich.console import Console
 
-    if min(args.batch, args.max_new_tokens, args.threads, args.max_chars) < 1 \
-            or args.limit < 0 or args.temperature < 0:
-        raise VerifierError("--batch, --max-new-tokens, --threads and --max-chars must be at "
-                            "least 1, --limit and --temperature not negative")
     torch.set_num_threads(args.threads)
     console = Console(stderr=True)
     result: dict[str, Any] = {"out": str(args.out)}
@@ -248,14 +232,11 @@ def cmd_label_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
-    from meancache.shared.errors import VerifierError
     from meancache.shared.progress_bar import ProgressBar
     from meancache.shared.verifier.label import label_pairs
     from rich.console import Console
 
-    if args.limit is not None and args.limit < 1:
-        raise VerifierError(f"--limit must be at least 1, not {args.limit}")
-    torch.set_num_threads(max(1, args.threads))
+    torch.set_num_threads(args.threads)
     console = Console(stderr=True)
     backbone = args.backbone or _packaged_mpnet(settings, console)
     with ProgressBar("labelling pairs (checkpointed)", console, line_every=60.0) as bar:
@@ -314,25 +295,26 @@ def _add_run_arguments(parser: argparse.ArgumentParser, what: str, backbone: str
                         help=f"QQP pairs JSONL with a split field (default: {DEFAULT_DATA})")
     parser.add_argument("--backbone", type=Path,
                         help=f"a transformer model directory (default: {backbone})")
-    parser.add_argument("--epochs", type=int,
+    parser.add_argument("--epochs", type=count(1),
                         help=f"passes over the examples (default {config.epochs})")
-    parser.add_argument("--batch", type=int, help=f"pairs per step (default {config.batch})")
-    parser.add_argument("--learning-rate", type=float,
+    parser.add_argument("--batch", type=count(1),
+                        help=f"pairs per step (default {config.batch})")
+    parser.add_argument("--learning-rate", type=real(above=0.0),
                         help=f"peak AdamW rate (default {config.learning_rate:g})")
-    parser.add_argument("--max-tokens", type=int,
+    parser.add_argument("--max-tokens", type=count(1),
                         help=f"tokens per pair (default {config.max_tokens})")
-    parser.add_argument("--pairs", type=int, help="QQP train pairs drawn (default: all)")
-    parser.add_argument("--generated", type=int,
+    parser.add_argument("--pairs", type=count(1), help="QQP train pairs drawn (default: all)")
+    parser.add_argument("--generated", type=count(0),
                         help=f"code-made hard negatives (default {config.generated})")
-    parser.add_argument("--dev-pairs", type=int, help="QQP dev pairs scored after each "
+    parser.add_argument("--dev-pairs", type=count(1), help="QQP dev pairs scored after each "
                         f"epoch (default {config.dev_pairs})")
-    parser.add_argument("--seed", type=int,
+    parser.add_argument("--seed", type=count(0),
                         help=f"seed of every random choice (default {config.seed})")
-    parser.add_argument("--threads", type=int, default=threads,
+    parser.add_argument("--threads", type=count(1), default=threads,
                         help=f"torch threads (default {threads})")
-    parser.add_argument("--checkpoint-minutes", type=float, default=5.0,
+    parser.add_argument("--checkpoint-minutes", type=real(0.0), default=5.0,
                         help="minutes between checkpoints (default 5)")
-    parser.add_argument("--stop-after", type=int, metavar="STEPS",
+    parser.add_argument("--stop-after", type=count(1), metavar="STEPS",
                         help="stop (with a checkpoint) after this many steps of this run")
 
 
@@ -346,10 +328,12 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
     train.add_argument("--out", type=Path, default=ARTEFACT_DIR,
                        help="where verifier.onnx and verifier.json go (default: the "
                        "package's own, replacing the shipped model)")
-    train.add_argument("--pairs", type=int, help="QQP train pairs drawn (default: all of them)")
-    train.add_argument("--generated", type=int, help="code-made hard negatives (default 10000)")
-    train.add_argument("--epochs", type=int, help="passes over the examples (default 2)")
-    train.add_argument("--seed", type=int, help="seed of every random choice (default 0)")
+    train.add_argument("--pairs", type=count(1),
+                       help="QQP train pairs drawn (default: all of them)")
+    train.add_argument("--generated", type=count(0),
+                       help="code-made hard negatives (default 10000)")
+    train.add_argument("--epochs", type=count(1), help="passes over the examples (default 2)")
+    train.add_argument("--seed", type=count(0), help="seed of every random choice (default 0)")
     train.set_defaults(handler=cmd_train)
     teacher = sub.add_parser(
         "train-teacher", help="train the teacher (a cross-encoder on the packaged "
@@ -381,18 +365,18 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
                       "goes beside it, .json, and the embeddings' shards in "
                       "<name>.embeddings/)")
     _data_root_option(mine)
-    mine.add_argument("--low", type=float, default=0.776,
+    mine.add_argument("--low", type=real(above=0.0, maximum=1.0), default=0.776,
                       help="the band's lowest cosine (default 0.776, the recall tau)")
-    mine.add_argument("--per-question", type=int, default=2,
+    mine.add_argument("--per-question", type=count(1), default=2,
                       help="nearest neighbours kept per question (default 2)")
-    mine.add_argument("--pairs", type=int, default=50_000,
+    mine.add_argument("--pairs", type=count(1), default=50_000,
                       help="pairs kept at most, a seeded sample (default 50000)")
-    mine.add_argument("--max-chars", type=int, default=300,
+    mine.add_argument("--max-chars", type=count(1), default=300,
                       help="longer texts are not paired (default 300)")
-    mine.add_argument("--per-source", type=int, help="questions of each source at most (QQP "
+    mine.add_argument("--per-source", type=count(1), help="questions of each source at most (QQP "
                       "train, arena, sharegpt, contextual), a seeded sample that any larger "
                       "cap's holds (default: all of them)")
-    mine.add_argument("--seed", type=int, default=0, help="the sample's and the split's seed")
+    mine.add_argument("--seed", type=count(0), default=0, help="the sample's and the split's seed")
     mine.add_argument("--exclude", type=Path, action="append",
                       help="a pairs JSONL whose questions are never mined (repeatable; "
                       "default: the repo's near-miss sets, tests/data and benchmarks/data)")
@@ -410,9 +394,9 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
                        "on dev-a, or the last one scored)")
     label.add_argument("--backbone", type=Path, help="the run's backbone (default: the "
                        "packaged all-mpnet-base-v2)")
-    label.add_argument("--limit", type=int, help="label the first rows only (mine-pairs "
+    label.add_argument("--limit", type=count(1), help="label the first rows only (mine-pairs "
                        "writes them in a seeded order: a sample) (default: every row)")
-    label.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    label.add_argument("--threads", type=count(1), default=1, help="torch threads (default 1)")
     label.set_defaults(handler=cmd_label_pairs)
     pack = sub.add_parser("pack-labels", help="a label-pairs file with each question "
                           "replaced by its text's sha256, to be committed without the shared "
@@ -447,26 +431,26 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
     paraphrases.add_argument("--statements", action="store_true",
                              help="turn questions into declarative sentences and rephrase "
                              "those (default: rephrase the first turns themselves)")
-    paraphrases.add_argument("--limit", type=int, default=100, help="first turns in the "
+    paraphrases.add_argument("--limit", type=count(0), default=100, help="first turns in the "
                              "seeded sample; 0 makes none (with --judge: judge the file) "
                              "(default: 100)")
-    paraphrases.add_argument("--seed", type=int, default=0,
+    paraphrases.add_argument("--seed", type=count(0), default=0,
                              help="the sample's, the sampling's and the split's seed "
                              "(default: 0)")
-    paraphrases.add_argument("--temperature", type=float, default=0.7,
+    paraphrases.add_argument("--temperature", type=real(0.0), default=0.7,
                              help="sampling temperature; 0 decodes greedily (default: 0.7)")
-    paraphrases.add_argument("--max-new-tokens", type=int, default=64,
+    paraphrases.add_argument("--max-new-tokens", type=count(1), default=64,
                              help="the cap on each output (default: 64)")
-    paraphrases.add_argument("--batch", type=int, default=8,
+    paraphrases.add_argument("--batch", type=count(1), default=8,
                              help="prompts generated together (default: 8)")
-    paraphrases.add_argument("--max-chars", type=int, default=300,
+    paraphrases.add_argument("--max-chars", type=count(1), default=300,
                              help="longer first turns are not sampled (default: 300, "
                              "mine-pairs' cap)")
     _data_root_option(paraphrases)
     paraphrases.add_argument("--exclude", type=Path, action="append",
                              help="a pairs JSONL whose questions are never sampled "
                              "(repeatable; default: the repo's near-miss sets)")
-    paraphrases.add_argument("--threads", type=int, default=1,
+    paraphrases.add_argument("--threads", type=count(1), default=1,
                              help="torch threads (default: 1)")
     paraphrases.add_argument("--judge", action="store_true",
                              help="then score every pair of --out: kept where the MPNet "

@@ -233,9 +233,6 @@ def test_the_cli_refuses_new_settings_for_a_resumed_run(
                  "--epochs", "3", "--out", str(tmp_path / "run")])
     assert code == 2
     assert "keeps the settings it started with (--epochs given)" in capsys.readouterr().err
-    code = main(["--data-dir", str(tmp_path), "verifier", "train-teacher",
-                 "--batch", "0", "--out", str(tmp_path / "run")])
-    assert code == 2 and "--batch must be positive" in capsys.readouterr().err
 
 
 def test_the_teachers_labels_are_its_probabilities_under_named_weights(
