@@ -42,6 +42,24 @@ PAIRS = "pairs.jsonl"  # argparse refuses the number before the file is read
      "argument --limit: 0 is out of range"),
     (["verifier", "make-paraphrases", "--out", "p", "--temperature", "-1"],
      "argument --temperature: -1 is out of range"),
+    # each of these two raised ZeroDivisionError once the data was read
+    (["pack", "train-lm", "--data", PAIRS, "--out", "lm", "--batch-size", "0"],
+     "argument --batch-size: 0 is out of range (allowed: 1 or more)"),
+    (["pack", "train-lm", "--data", PAIRS, "--out", "lm", "--checkpoint-every", "0"],
+     "argument --checkpoint-every: 0 is out of range"),
+    (["pack", "train-lm", "--data", PAIRS, "--out", "lm", "--epochs", "0"],
+     "argument --epochs: 0 is out of range"),  # saved an untrained model as trained
+    (["pack", "train-lm", "--data", PAIRS, "--out", "lm", "--limit", "-1"],
+     "argument --limit: -1 is out of range"),  # trained on all but the last instruction
+    (["pack", "plan", "--data", PAIRS, "--lm", "lm", "--fit-sigmas", "5", "-3",
+      "--hit-rate", "0.5"], "argument --fit-sigmas: -3 is out of range"),
+    (["pack", "plan", "--data", PAIRS, "--lm", "lm", "--fit-sigmas", "1", "2",
+      "--hit-rate", "2"], "argument --hit-rate: 2 is out of range (allowed: more than 0, "
+     "at most 1)"),
+    (["pack", "build", "--lm", "lm", "--packs-dir", "p", "--sigma", "0"],
+     "argument --sigma: 0 is out of range"),
+    (["pack", "build", "--lm", "lm", "--packs-dir", "p", "--sigma", "5", "--workers", "0"],
+     "argument --workers: 0 is out of range"),
 ])
 def test_an_option_out_of_range_is_refused_by_name_before_anything_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],

@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from meancache.shared.arguments import count, real
 from meancache.upstream.config import UpstreamSettings
 
 log = logging.getLogger(__name__)
@@ -27,21 +28,22 @@ def add_commands(pack: Any) -> None:
     train.add_argument("--base", help="fine-tune this model (builtin:gemma-3-270m, a "
                        "builtin:tiny* test model, or a local directory) instead of training a "
                        "small GPT-2 from scratch")
-    train.add_argument("--epochs", type=int, default=2)
-    train.add_argument("--batch-size", type=int, default=32)
-    train.add_argument("--layers", type=int, default=4, help="from scratch only")
-    train.add_argument("--hidden", type=int, default=256, help="from scratch only")
-    train.add_argument("--seed", type=int, default=0, help="also seeds the 80/10/10 split")
-    train.add_argument("--learning-rate", type=float, help="default: 1e-3 from scratch, "
-                       "5e-5 for a base model")
-    train.add_argument("--max-tokens", type=int, default=48, help="longer instructions "
+    train.add_argument("--epochs", type=count(1), default=2)
+    train.add_argument("--batch-size", type=count(1), default=32)
+    train.add_argument("--layers", type=count(1), default=4, help="from scratch only")
+    train.add_argument("--hidden", type=count(1), default=256, help="from scratch only")
+    train.add_argument("--seed", type=count(0), default=0,
+                       help="also seeds the 80/10/10 split")
+    train.add_argument("--learning-rate", type=real(above=0.0), help="default: 1e-3 from "
+                       "scratch, 5e-5 for a base model")
+    train.add_argument("--max-tokens", type=count(1), default=48, help="longer instructions "
                        "are cut")
-    train.add_argument("--limit", type=int, help="train on the first N instructions of the "
+    train.add_argument("--limit", type=count(1), help="train on the first N instructions of the "
                        "train split (a base model on a CPU)")
     train.add_argument("--freeze-embeddings", action="store_true", help="keep the input "
                        "embedding (Gemma: tied to the output layer, 170M of 270M parameters) "
                        "fixed: about half the time and memory per step")
-    train.add_argument("--checkpoint-every", type=int, default=200, help="steps")
+    train.add_argument("--checkpoint-every", type=count(1), default=200, help="steps")
     train.set_defaults(handler=run_train)
 
     plan = pack.add_parser("plan", help="predict a pack's size and hit rate for a sigma, "
@@ -49,12 +51,13 @@ def add_commands(pack: Any) -> None:
     _search_arguments(plan)
     plan.add_argument("--data", type=Path, required=True, help="the instructions the LM "
                       "was trained on (its validation split is used)")
-    plan.add_argument("--fit-sigmas", type=float, nargs=2, required=True,
+    plan.add_argument("--fit-sigmas", type=real(above=0.0), nargs=2, required=True,
                       metavar=("SIGMA1", "SIGMA2"), help="two small budgets to search at "
                       "and fit N = a(e^(b sigma) - 1) to")
     goal = plan.add_mutually_exclusive_group(required=True)
-    goal.add_argument("--sigma", type=float, help="the budget to predict for")
-    goal.add_argument("--hit-rate", type=float, help="the hit rate (0-1) to find sigma for")
+    goal.add_argument("--sigma", type=real(above=0.0), help="the budget to predict for")
+    goal.add_argument("--hit-rate", type=real(above=0.0, maximum=1.0),
+                      help="the hit rate (0-1) to find sigma for")
     plan.add_argument("--packs-dir", type=Path, help="where `pack build` published packs: "
                       "the newest one's size is set against what this fit predicts for its "
                       "sigma (default: none)")
@@ -64,7 +67,7 @@ def add_commands(pack: Any) -> None:
     build = pack.add_parser("build", help="search the instructions under sigma, answer "
                             "them with the upstream's model, and publish the pack")
     _search_arguments(build)
-    build.add_argument("--sigma", type=float, required=True, help="the NLL budget")
+    build.add_argument("--sigma", type=real(above=0.0), required=True, help="the NLL budget")
     build.add_argument("--model", help="the model that answers (default: upstream_model in "
                        "config.toml, else builtin:gemma-3-270m); the device refuses a pack of "
                        "another model")
@@ -72,8 +75,8 @@ def add_commands(pack: Any) -> None:
                        help="where `upstream serve --packs-dir` publishes packs")
     build.add_argument("--work-dir", type=Path, help="search state and answers so far, "
                        "for resuming (default: PACKS_DIR/work-SIGMA)")
-    build.add_argument("--max-tokens", type=int, default=256, help="longest answer")
-    build.add_argument("--workers", type=int, default=1, help="expand subtrees in this "
+    build.add_argument("--max-tokens", type=count(1), default=256, help="longest answer")
+    build.add_argument("--workers", type=count(1), default=1, help="expand subtrees in this "
                        "many Ray tasks at once (local Ray; 1: in this process); either "
                        "resumes after a kill")
     build.add_argument("--ray-address", help="a Ray cluster to expand subtrees on")
@@ -82,12 +85,12 @@ def add_commands(pack: Any) -> None:
 
 def _search_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lm", type=Path, required=True, help="the trained instruction LM")
-    parser.add_argument("--max-depth", type=int, default=32, help="tokens per instruction")
-    parser.add_argument("--children", type=int, nargs=2, default=(5000, 1000),
+    parser.add_argument("--max-depth", type=count(1), default=32, help="tokens per instruction")
+    parser.add_argument("--children", type=count(1), nargs=2, default=(5000, 1000),
                         metavar=("UP_TO_10", "DEEPER"),
                         help="children kept per node up to depth 10, and deeper")
-    parser.add_argument("--batch-size", type=int, default=64, help="paths per model call")
-    parser.add_argument("--kv-paths", type=int, default=4096, help="the most paths whose KV "
+    parser.add_argument("--batch-size", type=count(1), default=64, help="paths per model call")
+    parser.add_argument("--kv-paths", type=count(1), default=4096, help="the most paths whose KV "
                         "states a level keeps; a wider level recomputes them batch by batch "
                         "(Gemma 3 270M: about 36 KB per path and token)")
 
