@@ -234,8 +234,10 @@ def cmd_label_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
     import torch
     from meancache.shared.progress_bar import ProgressBar
     from meancache.shared.verifier.label import label_pairs
+    from meancache.shared.verifier.rows import read_rows
     from rich.console import Console
 
+    read_rows(args.pairs, ("q1", "q2"))  # a broken file named before MPNet is assembled
     torch.set_num_threads(args.threads)
     console = Console(stderr=True)
     backbone = args.backbone or _packaged_mpnet(settings, console)

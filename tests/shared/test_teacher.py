@@ -235,6 +235,19 @@ def test_the_cli_refuses_new_settings_for_a_resumed_run(
     assert "keeps the settings it started with (--epochs given)" in capsys.readouterr().err
 
 
+def test_label_pairs_names_a_broken_pairs_file_before_assembling_the_backbone(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """MPNet's assembly (5 s and 438 MB written) waited in front of a one-line refusal."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"q1": "What is DNS?", "q2": "What does DNS do?"}\n{"q1": "x"}\n')
+    code = main(["--data-dir", str(tmp_path / "data"), "verifier", "label-pairs",
+                 "--pairs", str(pairs), "--out", str(tmp_path / "out.jsonl")])
+    assert code == 2
+    assert f"{pairs}:2: not a JSON object with non-empty string 'q1' and 'q2'" in \
+        " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "data" / "models").exists()
+
+
 def test_the_teachers_labels_are_its_probabilities_under_named_weights(
         setup: tuple[Path, Path, Path], tmp_path: Path) -> None:
     _, backbone, whole = setup
