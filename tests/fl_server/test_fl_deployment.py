@@ -198,7 +198,8 @@ def test_supernodes_connect_over_tls_and_only_with_a_registered_key(
     """One SuperLink with the certificate script's TLS and SuperNode authentication (each
     costs a fleet's start): a registered SuperNode connects over TLS, an unregistered key
     is refused, the ports speak TLS only and run submission from the devices' port is
-    refused."""
+    refused. Then a service manager's stop (SIGTERM to the server alone) leaves no
+    SuperLink behind holding the control port."""
     from meancache.fl_server.processes import write_connection
     from meancache.shared.processes import flower_command, flower_environment
 
@@ -206,9 +207,9 @@ def test_supernodes_connect_over_tls_and_only_with_a_registered_key(
     subprocess.run(["bash", str(SCRIPT), str(certificates), "--supernodes", "2"], check=True,
                    capture_output=True, stdin=subprocess.DEVNULL)
     link, model_port, control = free_port(), free_port(), free_port()
-    processes.start(tmp_path / "server", "fl", "server", "--port", str(link),
-                    "--model-port", str(model_port), "--control-port", str(control),
-                    "--certificates", str(certificates), "--supernode-auth")
+    server = processes.start(tmp_path / "server", "fl", "server", "--port", str(link),
+                             "--model-port", str(model_port), "--control-port", str(control),
+                             "--certificates", str(certificates), "--supernode-auth")
     wait_for_port(control)
     wait_for_port(link)
     home = tmp_path / "flwr-home"
@@ -272,16 +273,6 @@ def test_supernodes_connect_over_tls_and_only_with_a_registered_key(
     nodes = json.loads(listed[listed.index("{"):])["nodes"]
     assert [node["status"] for node in nodes] == ["online"], listed  # alice's only
 
-
-def test_sigterm_stops_the_fl_server_and_its_superlink(tmp_path: Path,
-                                                       processes: Processes) -> None:
-    """A service manager's stop (SIGTERM to the server alone) leaves no SuperLink behind
-    holding the control port."""
-    link, model_port, control = free_port(), free_port(), free_port()
-    server = processes.start(tmp_path / "server", "fl", "server", "--port", str(link),
-                             "--model-port", str(model_port), "--control-port", str(control))
-    wait_for_port(control)
-    wait_for_port(model_port)
     superlinks = children(server.pid)
     assert superlinks, "the server started no SuperLink"
     server.send_signal(signal.SIGTERM)
