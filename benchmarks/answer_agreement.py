@@ -52,6 +52,7 @@ from _common import (
 )
 from _plot import add_plot_option, line_chart
 from meancache.client.learning.agreement import AGREE_AT, agree, is_short, normalised
+from meancache.shared.jsonl import jsonl_lines
 
 BAND_FROM = 0.776  # shared.verifier.mine.RECALL_TAU: MPNet's tau less the recall margin
 THRESHOLDS = tuple(round(0.6 + 0.05 * i, 2) for i in range(8))  # 0.6 .. 0.95
@@ -114,7 +115,7 @@ class Answers:
         self.path = cache_dir / "answers" / name
         self.known: dict[str, str] = {}
         if self.path.is_file():
-            for line in self.path.read_text(encoding="utf-8").splitlines():
+            for _, line in jsonl_lines(self.path.read_text(encoding="utf-8")):
                 row = json.loads(line)
                 self.known[row["q"]] = row["a"]
         self._engine = None

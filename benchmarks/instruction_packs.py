@@ -45,6 +45,7 @@ from _common import (
     time_each,
 )
 from _plot import add_plot_option, line_chart
+from meancache.shared.jsonl import jsonl_lines
 from meancache.shared.pack import read_pack, write_pack
 from meancache.upstream.pack.data import read_instructions, split_instructions
 from meancache.upstream.pack.lm import TrainConfig, load_lm, train_lm
@@ -80,7 +81,8 @@ def main() -> None:
     note(machine_load())
 
     source = args.data_dir / "instructions" / "arena_first_turns.jsonl"
-    lines = source.read_text(encoding="utf-8").splitlines()[:args.instructions]
+    lines = [line for _, line in jsonl_lines(source.read_text(encoding="utf-8"))]
+    lines = lines[:args.instructions]
     config = TrainConfig(epochs=args.epochs, hidden=args.hidden, layers=args.layers,
                          heads=4, seed=args.seed, max_tokens=args.max_depth)
     key = hashlib.sha256(json.dumps([lines, repr(config)]).encode()).hexdigest()[:12]

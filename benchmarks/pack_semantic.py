@@ -54,6 +54,7 @@ from meancache.client.matching.matcher import Matcher
 from meancache.client.pack import PackHit, PackStore
 from meancache.client.pack.store import PACK_FILE
 from meancache.shared.encoder import Encoder
+from meancache.shared.jsonl import jsonl_lines
 from meancache.shared.pack import write_pack
 from meancache.shared.query import normalise_query
 from meancache.shared.threshold import DEFAULT_THRESHOLD
@@ -86,10 +87,9 @@ def predicted_pack(lm_dir: Path, config: SearchConfig, cache_dir: Path) -> list[
 def read_labels(path: Path) -> dict[tuple[str, str], bool]:
     """(query, matched instruction) -> whether they ask the same thing (labelled by hand)."""
     labels: dict[tuple[str, str], bool] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            row = json.loads(line)
-            labels[(row["query"], row["matched"])] = bool(row["same"])
+    for _, line in jsonl_lines(path.read_text(encoding="utf-8")):
+        row = json.loads(line)
+        labels[(row["query"], row["matched"])] = bool(row["same"])
     return labels
 
 

@@ -100,6 +100,7 @@ from meancache.client.matching.question import Candidate, Question
 from meancache.client.matching.rules import CHECKS, WITH_LEARNED, verify
 from meancache.client.matching.settings import DECISIONS, RECALL_MARGIN
 from meancache.shared.encoder import BACKENDS, Encoder, profile_threshold
+from meancache.shared.jsonl import jsonl_lines
 from meancache.shared.pairs import Pair
 from meancache.shared.query import embedding_text
 from meancache.shared.verifier.decision import LearnedDecision
@@ -397,7 +398,7 @@ def operating_points(tau: float, shipped: Shipped | None) -> dict[str, float]:
 
 # data ---------------------------------------------------------------------------------
 def near_miss_rows(path: Path = NEAR_MISS) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [json.loads(line) for _, line in jsonl_lines(path.read_text(encoding="utf-8"))]
 
 
 def pair_sets(args: argparse.Namespace, encoder: Encoder) -> dict[str, list[Asked]]:

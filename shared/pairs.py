@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meancache.shared.errors import PairsFileError
+from meancache.shared.jsonl import jsonl_lines, read_text
 
 ROW_FORMAT = 'each line must be a JSON object like {"q1": "...", "q2": "...", "label": 0 or 1}'
 
@@ -21,24 +22,13 @@ def read_pairs(path: Path, split: str | None = None, limit: int | None = None
                ) -> list[Pair]:
     """JSONL rows with q1, q2 and label (0/1); other fields are ignored."""
     pairs: list[Pair] = []
-    try:
-        lines = path.open(encoding="utf-8")
-    except OSError as exc:
-        raise PairsFileError(f"cannot read {path}: {exc.strerror}; check the path and its "
-                             "permissions") from None
-    with lines:
-        try:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                pair = _parse(line, f"{path}:{number}")
-                if split is not None and pair[1] != split:
-                    continue
-                pairs.append(pair[0])
-                if limit is not None and len(pairs) >= limit:
-                    break
-        except UnicodeDecodeError:
-            raise PairsFileError(f"{path} is not UTF-8 text; save it as UTF-8") from None
+    for number, line in jsonl_lines(read_text(path, PairsFileError)):
+        pair = _parse(line, f"{path}:{number}")
+        if split is not None and pair[1] != split:
+            continue
+        pairs.append(pair[0])
+        if limit is not None and len(pairs) >= limit:
+            break
     if not pairs:
         raise PairsFileError(
             f"{path} holds no pairs" + (f" with split {split!r}" if split else "")

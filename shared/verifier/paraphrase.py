@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from meancache.shared.errors import VerifierError
 from meancache.shared.files import whole_lines, write_atomic
+from meancache.shared.jsonl import jsonl_lines
 from meancache.shared.progress import Progress
 from meancache.shared.verifier.mine import Question, question_sets, split_of
 from meancache.shared.words import NEGATIONS, NUMBER_WORDS, stem, stop_words
@@ -257,8 +258,7 @@ def read_jsonl(path: Path) -> list[dict]:
     if not path.is_file():
         return []
     try:
-        return [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n")
-                if line.strip()]
+        return [json.loads(line) for _, line in jsonl_lines(path.read_text(encoding="utf-8"))]
     except (OSError, ValueError) as exc:
         raise VerifierError(f"cannot read {path}: {exc}; move it aside or pass another "
                             "--out") from None

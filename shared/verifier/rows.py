@@ -1,25 +1,19 @@
 """JSONL rows of text fields (question sets, mined and labelled pairs), read with a clear
 error for a bad row, and written in the one form label-pairs' files (and their restored
-copies, byte for byte) take. Lines end at "\n" only: a text may hold U+2028, which
-``str.splitlines`` would split on."""
+copies, byte for byte) take."""
 
 import json
 from pathlib import Path
 
 from meancache.shared.errors import VerifierError
+from meancache.shared.jsonl import jsonl_lines, read_text
 
 
 def read_rows(path: Path, fields: tuple[str, ...]) -> list[dict]:
     """The JSON objects of ``path``, each with a non-empty string under every one of
     ``fields`` (other fields are kept)."""
-    try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise VerifierError(f"cannot read {path}: {exc}") from None
     found = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, line in jsonl_lines(read_text(path, VerifierError)):
         try:
             row = json.loads(line)
         except ValueError:

@@ -75,7 +75,7 @@ def test_data_is_normalised_and_split_80_10_10(instructions_file: Path, tmp_path
     assert split == split_instructions(texts, seed=3) != split_instructions(texts, seed=4)
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "fine"}\n{"no text": 1}\n')
-    with pytest.raises(PackError, match="line 2"):
+    with pytest.raises(PackError, match=r"bad\.jsonl:2:"):
         read_instructions(bad)
 
 
@@ -212,16 +212,19 @@ def test_size_fit_and_hit_rate_prediction() -> None:
 def test_answers_resume_and_the_published_pack_is_the_models(tmp_path: Path) -> None:
     loaded = load_model("builtin:tiny", device="cpu")
     work = tmp_path / "answers.jsonl"
-    work.write_text(json.dumps({"instruction": "what is python", "answer": "kept"}) + "\n"
-                    + '{"instruction": "cut by a ki')
+    kept = "kept\u2028across a line separator"  # written raw (ensure_ascii=False)
+    work.write_text(json.dumps({"instruction": "what is python", "answer": kept},
+                               ensure_ascii=False) + "\n" + '{"instruction": "cut by a ki',
+                    encoding="utf-8")
     answers = answer_instructions(loaded, ["what is python", "how are you"], work,
                                   max_tokens=4)
-    assert answers["what is python"] == "kept"  # answered by the killed run: not redone
-    rows = [json.loads(line) for line in work.read_text().splitlines()]  # the cut line is gone
+    assert answers["what is python"] == kept  # answered by the killed run: not redone
+    rows = [json.loads(line) for line in work.read_text(encoding="utf-8").split("\n")
+            if line]  # the cut line is gone
     assert [r["instruction"] for r in rows] == ["what is python", "how are you"]
     path, manifest = publish_pack(answers | {"hi": "x"}, loaded.name, 9.0, tmp_path / "packs")
     pack = read_pack(path, model="builtin:tiny")
-    assert pack.manifest == manifest and pack.lookup("What is Python?")[1] == "kept"
+    assert pack.manifest == manifest and pack.lookup("What is Python?")[1] == kept
 
 
 def test_commands_train_plan_build_then_the_device_updates(

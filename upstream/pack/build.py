@@ -8,6 +8,7 @@ import logging
 from pathlib import Path
 
 from meancache.shared.files import whole_lines
+from meancache.shared.jsonl import jsonl_lines
 from meancache.shared.pack import PackManifest, write_pack
 from meancache.shared.progress import Progress
 from meancache.upstream.model_loading import LoadedModel
@@ -21,7 +22,7 @@ def answered_so_far(work_file: Path) -> dict[str, str]:
     """The answers a previous run wrote (a line cut by a kill is ignored)."""
     done: dict[str, str] = {}
     if work_file.exists():
-        for line in work_file.read_text(encoding="utf-8").splitlines():
+        for _, line in jsonl_lines(work_file.read_text(encoding="utf-8")):
             try:
                 row = json.loads(line)
                 done[row["instruction"]] = row["answer"]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meancache.shared.errors import PackError
+from meancache.shared.jsonl import jsonl_lines, read_text
 from meancache.shared.query import normalise_query
 
 
@@ -20,19 +21,15 @@ class Split:
 def read_instructions(path: Path) -> list[str]:
     """Every non-empty instruction of a JSONL file, normalised, in file order."""
     texts: list[str] = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PackError(f"cannot read the instruction file {path}: {exc}") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    for number, line in jsonl_lines(read_text(path, PackError)):
         try:
             text = json.loads(line)["text"]
         except (ValueError, KeyError, TypeError):
-            raise PackError(f"{path}, line {number}: expected a JSON object with a "
-                            "\"text\" field") from None
-        if isinstance(text, str) and (key := normalise_query(text)):
+            raise PackError(f"{path}:{number}: expected a JSON object with a \"text\" "
+                            "field") from None
+        if not isinstance(text, str):
+            raise PackError(f"{path}:{number}: \"text\" must be a string, got {text!r:.40}")
+        if key := normalise_query(text):
             texts.append(key)
     if not texts:
         raise PackError(f"{path} holds no instructions")

@@ -1,0 +1,27 @@
+"""JSON lines as meancache reads them: one object a line, lines ended by "\\n" alone. A JSON
+string may hold U+2028, U+2029 or U+0085 raw (``json.dumps(..., ensure_ascii=False)``
+writes them so, and ShareGPT's first turns hold them), and ``str.splitlines`` would cut a
+line at each of them; every reader of a JSONL file splits here instead."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from meancache.shared.errors import MeanCacheError
+
+
+def jsonl_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line) for each line of ``text`` that is not blank."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            yield number, line
+
+
+def read_text(path: Path, error: type[MeanCacheError]) -> str:
+    """The UTF-8 text of ``path``, or ``error`` naming the file and what to do about it."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path} is not UTF-8 text; save it as UTF-8") from None
+    except OSError as exc:
+        raise error(f"cannot read {path}: {exc.strerror}; check the path and its "
+                    "permissions") from None
