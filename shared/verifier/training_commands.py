@@ -88,11 +88,18 @@ def cmd_train_teacher(args: argparse.Namespace, settings: SettingsBase) -> int:
     """Start or resume the teacher's run; print its record's summary at the end."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     overrides, options = _run_settings(args)
+    from meancache.shared.pairs import read_pairs
     from meancache.shared.progress_bar import ProgressBar
     from meancache.shared.verifier.teacher import TeacherConfig, train_teacher
+    from meancache.shared.verifier.training_run import Run
     from rich.console import Console
 
     out = args.out or settings.data_dir / "verifier" / "teacher"
+    # a run that is not there to resume, or a missing or broken data file, is named
+    # before MPNet is assembled
+    if args.resume:
+        Run(out, "teacher").read_record()
+    read_pairs(args.data, split="train")
     console = Console(stderr=True)
     backbone = args.backbone or _packaged_mpnet(settings, console)
     with ProgressBar("teacher steps", console, line_every=60.0) as bar:
@@ -131,10 +138,11 @@ def cmd_mine_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from meancache.shared.encoder import Encoder
     from meancache.shared.progress_bar import ProgressBar
-    from meancache.shared.verifier.mine import mine_pairs
+    from meancache.shared.verifier.mine import mine_pairs, question_sets
     from rich.console import Console
 
     exclude = _exclude(args)
+    question_sets(args.data_root, args.max_chars, exclude)  # named before MPNet is assembled
     console = Console(stderr=True)
     encoder = Encoder.load(_packaged_mpnet(settings, console), backend=ENCODER_BACKEND,
                            cache_dir=settings.encoder_dir)

@@ -235,16 +235,30 @@ def test_the_cli_refuses_new_settings_for_a_resumed_run(
     assert "keeps the settings it started with (--epochs given)" in capsys.readouterr().err
 
 
-def test_label_pairs_names_a_broken_pairs_file_before_assembling_the_backbone(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+BROKEN = '{"q1": "What is DNS?", "q2": "What does DNS do?", "label": 1}\n{"q1": "x"}\n'
+
+
+@pytest.mark.parametrize(("command", "refusal"), [
+    (["label-pairs", "--pairs", "{broken}", "--out", "{tmp}/out.jsonl"],
+     "{broken}:2: not a JSON object with non-empty string 'q1' and 'q2'"),
+    (["train-teacher", "--data", "{broken}", "--out", "{tmp}/run"],
+     "{broken}:2: 'q2' must be a non-empty string"),
+    (["train-teacher", "--resume", "--out", "{tmp}/run"],
+     "{tmp}/run holds no teacher run to resume"),
+    (["mine-pairs", "--data-root", "{tmp}", "--out", "{tmp}/mined.jsonl"],
+     "cannot read {tmp}/qqp/pairs.jsonl: No such file or directory"),
+], ids=["label-pairs", "train-teacher", "train-teacher-resume", "mine-pairs"])
+def test_a_broken_input_is_named_before_the_backbone_is_assembled(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str],
+        refusal: str) -> None:
     """MPNet's assembly (5 s and 438 MB written) waited in front of a one-line refusal."""
-    pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text('{"q1": "What is DNS?", "q2": "What does DNS do?"}\n{"q1": "x"}\n')
-    code = main(["--data-dir", str(tmp_path / "data"), "verifier", "label-pairs",
-                 "--pairs", str(pairs), "--out", str(tmp_path / "out.jsonl")])
+    broken = tmp_path / "pairs.jsonl"
+    broken.write_text(BROKEN)
+    fill = {"broken": broken, "tmp": tmp_path}
+    code = main(["--data-dir", str(tmp_path / "data"), "verifier",
+                 *(part.format(**fill) for part in command)])
     assert code == 2
-    assert f"{pairs}:2: not a JSON object with non-empty string 'q1' and 'q2'" in \
-        " ".join(capsys.readouterr().err.split())
+    assert refusal.format(**fill) in " ".join(capsys.readouterr().err.split())
     assert not (tmp_path / "data" / "models").exists()
 
 
