@@ -12,6 +12,7 @@ the filter that keeps those the embedding and the teacher agree on."""
 import argparse
 import dataclasses
 import os
+import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -128,7 +129,11 @@ def cmd_distil(args: argparse.Namespace, settings: SettingsBase) -> int:
     return 0
 
 
-HELD_OUT = (Path("tests/data/near_miss.jsonl"), Path("benchmarks/data/near_miss_heldout.jsonl"))
+# found from this checkout, not from the working directory: a run started elsewhere (with
+# --data-root) would otherwise mine the held-out sets' questions without a word
+_CHECKOUT = Path(__file__).resolve().parents[2]
+HELD_OUT = (_CHECKOUT / "tests/data/near_miss.jsonl",
+            _CHECKOUT / "benchmarks/data/near_miss_heldout.jsonl")
 
 
 def cmd_mine_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
@@ -158,9 +163,13 @@ def cmd_mine_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
 
 
 def _exclude(args: argparse.Namespace) -> tuple[Path, ...]:
-    """--exclude's files, or the repo's near-miss sets."""
+    """--exclude's files, or the repo's near-miss sets, those this install has (a wheel has
+    none: said on stderr, and the summary lists what was excluded)."""
     if args.exclude is not None:
         return tuple(args.exclude)
+    if missing := [str(p) for p in HELD_OUT if not p.is_file()]:
+        print(f"warning: the repo's near-miss sets are not here ({', '.join(missing)}): their "
+              "questions are not left out; name them with --exclude", file=sys.stderr)
     return tuple(p for p in HELD_OUT if p.is_file())
 
 

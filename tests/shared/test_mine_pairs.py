@@ -4,6 +4,7 @@ seeded split fixed by the pair itself. The packaged MiniLM embeds (real neighbou
 tiny random encoder where only the mechanics count (a killed run resumed, the cap's
 sample)."""
 
+import argparse
 import json
 import random
 import string
@@ -25,6 +26,7 @@ from meancache.shared.verifier.mine import (
     shards_dir,
     split_of,
 )
+from meancache.shared.verifier.training_commands import _exclude
 
 from tests.support.shared_data import write_data_root
 from tests.support.tiny_encoder import make_tiny_encoder
@@ -216,3 +218,13 @@ def test_the_cap_keeps_each_sources_seeded_sample_nested_in_any_larger_caps(
         assert sum(q.source == source for q in sample) == min(cap, sources.count(source))
     assert set(sample) <= set(sample_sources(questions, cap + more, seed))
     assert sample_sources(questions, None, seed) == questions
+
+
+def test_the_held_out_sets_are_left_out_from_any_working_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run from elsewhere with --data-root, mining found no tests/data there and left the
+    held-out near-miss sets' questions in without a word."""
+    monkeypatch.chdir(tmp_path)
+    excluded = _exclude(argparse.Namespace(exclude=None))
+    assert [p.name for p in excluded] == ["near_miss.jsonl", "near_miss_heldout.jsonl"]
+    assert all(p.is_file() for p in excluded)
