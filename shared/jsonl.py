@@ -1,8 +1,9 @@
-"""JSON lines as meancache reads them: one object a line, lines ended by "\\n" alone. A JSON
+"""JSON lines as meancache reads them: one value a line, lines ended by "\\n" alone. A JSON
 string may hold U+2028, U+2029 or U+0085 raw (``json.dumps(..., ensure_ascii=False)``
 writes them so, and ShareGPT's first turns hold them), and ``str.splitlines`` would cut a
 line at each of them; every reader of a JSONL file splits here instead."""
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,3 +26,23 @@ def read_text(path: Path, error: type[MeanCacheError]) -> str:
     except OSError as exc:
         raise error(f"cannot read {path}: {exc.strerror}; check the path and its "
                     "permissions") from None
+
+
+def read_jsonl(path: Path, error: type[MeanCacheError], row_format: str
+               ) -> Iterator[tuple[str, object]]:
+    """("path:line", value) for each line of a JSONL file someone else wrote: a line that is
+    not JSON, or whose strings hold a lone surrogate (an escape such as "\\ud800" that is
+    half of a UTF-16 pair: no character, and no tokenizer or file can encode it), is
+    ``error`` naming the line, with ``row_format`` saying what a line should be."""
+    for number, line in jsonl_lines(read_text(path, error)):
+        where = f"{path}:{number}"
+        try:
+            value = json.loads(line)
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise error(f"{where}: holds a lone surrogate (\\u{ord(exc.object[exc.start]):04x}), "
+                        f"not a character; {row_format}") from None
+        except ValueError as exc:  # not JSON, or a number past Python's digit limit
+            raise error(f"{where}: not valid JSON ({getattr(exc, 'msg', exc)}); "
+                        f"{row_format}") from None
+        yield where, value

@@ -1,12 +1,11 @@
 """Labelled query pairs (JSONL with q1, q2, label 0/1): what thresholds are tuned and
 scored on, and what the encoder is trained on in federated learning."""
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from meancache.shared.errors import PairsFileError
-from meancache.shared.jsonl import jsonl_lines, read_text
+from meancache.shared.jsonl import read_jsonl
 
 ROW_FORMAT = 'each line must be a JSON object like {"q1": "...", "q2": "...", "label": 0 or 1}'
 
@@ -22,8 +21,8 @@ def read_pairs(path: Path, split: str | None = None, limit: int | None = None
                ) -> list[Pair]:
     """JSONL rows with q1, q2 and label (0/1); other fields are ignored."""
     pairs: list[Pair] = []
-    for number, line in jsonl_lines(read_text(path, PairsFileError)):
-        pair = _parse(line, f"{path}:{number}")
+    for where, row in read_jsonl(path, PairsFileError, ROW_FORMAT):
+        pair = _parse(row, where)
         if split is not None and pair[1] != split:
             continue
         pairs.append(pair[0])
@@ -37,11 +36,7 @@ def read_pairs(path: Path, split: str | None = None, limit: int | None = None
     return pairs
 
 
-def _parse(line: str, where: str) -> tuple[Pair, object]:
-    try:
-        row = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise PairsFileError(f"{where}: not valid JSON ({exc.msg}); {ROW_FORMAT}") from None
+def _parse(row: object, where: str) -> tuple[Pair, object]:
     if not isinstance(row, dict):
         raise PairsFileError(f"{where}: not a JSON object; {ROW_FORMAT}")
     for key in ("q1", "q2"):

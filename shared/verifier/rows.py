@@ -6,23 +6,18 @@ import json
 from pathlib import Path
 
 from meancache.shared.errors import VerifierError
-from meancache.shared.jsonl import jsonl_lines, read_text
+from meancache.shared.jsonl import read_jsonl
 
 
 def read_rows(path: Path, fields: tuple[str, ...]) -> list[dict]:
     """The JSON objects of ``path``, each with a non-empty string under every one of
     ``fields`` (other fields are kept)."""
     found = []
-    for number, line in jsonl_lines(read_text(path, VerifierError)):
-        try:
-            row = json.loads(line)
-        except ValueError:
-            row = None
+    wanted = "a JSON object with non-empty string " + " and ".join(repr(f) for f in fields)
+    for where, row in read_jsonl(path, VerifierError, f"each line must be {wanted}"):
         if not (isinstance(row, dict) and all(isinstance(row.get(f), str) and row[f].strip()
                                               for f in fields)):
-            names = " and ".join(repr(f) for f in fields)
-            raise VerifierError(f"{path}:{number}: not a JSON object with non-empty string "
-                                f"{names}")
+            raise VerifierError(f"{where}: not {wanted}")
         found.append(row)
     if not found:
         raise VerifierError(f"{path} holds no rows")

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 RECORD_FILE = Run(Path(), "teacher").record_file
 __all__ = ["EXAMPLES_FILE", "LOG_FILE", "RECORD_FILE", "RunOptions", "TeacherConfig",
            "load_provisional", "load_teacher", "pair_probabilities", "read_record",
-           "train_teacher"]
+           "teacher_epoch", "train_teacher"]
 
 
 @dataclass(frozen=True)
@@ -104,16 +104,10 @@ def _start(run: Run, data: Path, backbone: Path, config: TeacherConfig
     return record, [(a, b, float(y)) for a, b, y in examples]
 
 
-def load_teacher(out: Path, backbone: Path, epoch: int | None = None
-                 ) -> tuple[object, dict, dict]:
-    """The run's model with an epoch's weights (default: the epoch chosen on dev-a, or the
-    last one scored while the run goes on), its record and that epoch's entry; weights
-    that are not the ones the record names are never loaded."""
-    import torch
-    from meancache.shared.verifier.model import from_backbone
-
+def teacher_epoch(out: Path, epoch: int | None = None) -> tuple[dict, dict]:
+    """The run's record and the entry of the epoch ``load_teacher`` would load: no model,
+    so a command can refuse a run that has none before it assembles the backbone."""
     record = read_record(out)
-    check_backbone(record, backbone)
     if not record["epochs"]:
         raise VerifierError(f"the teacher run in {out} has not finished an epoch yet; "
                             "resume it first")
@@ -122,6 +116,19 @@ def load_teacher(out: Path, backbone: Path, epoch: int | None = None
     if entry is None:
         done = ", ".join(str(e["epoch"]) for e in record["epochs"])
         raise VerifierError(f"the teacher run in {out} has no epoch {wanted} (done: {done})")
+    return record, entry
+
+
+def load_teacher(out: Path, backbone: Path, epoch: int | None = None
+                 ) -> tuple[object, dict, dict]:
+    """The run's model with an epoch's weights (default: the epoch chosen on dev-a, or the
+    last one scored while the run goes on), its record and that epoch's entry; weights
+    that are not the ones the record names are never loaded."""
+    import torch
+    from meancache.shared.verifier.model import from_backbone
+
+    record, entry = teacher_epoch(out, epoch)
+    check_backbone(record, backbone)
     path = out / entry["weights"]
     if not path.is_file() or sha256_file(path) != entry["weights_sha256"]:
         raise CheckpointError(f"the teacher's weights {path} are missing or not the ones "

@@ -252,15 +252,18 @@ def cmd_label_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
     from meancache.shared.progress_bar import ProgressBar
     from meancache.shared.verifier.label import label_pairs
     from meancache.shared.verifier.rows import read_rows
+    from meancache.shared.verifier.teacher import teacher_epoch
     from rich.console import Console
 
-    read_rows(args.pairs, ("q1", "q2"))  # a broken file named before MPNet is assembled
+    # a broken file, or a run with no epoch to label with, named before MPNet is assembled
+    read_rows(args.pairs, ("q1", "q2"))
+    run = args.run or settings.data_dir / "verifier" / "teacher"
+    teacher_epoch(run, args.epoch)
     torch.set_num_threads(args.threads)
     console = Console(stderr=True)
     backbone = args.backbone or _packaged_mpnet(settings, console)
     with ProgressBar("labelling pairs (checkpointed)", console, line_every=60.0) as bar:
-        summary = label_pairs(args.run or settings.data_dir / "verifier" / "teacher",
-                              backbone, args.pairs, args.out, args.epoch, progress=bar,
+        summary = label_pairs(run, backbone, args.pairs, args.out, args.epoch, progress=bar,
                               limit=args.limit)
     print(json.dumps({"out": str(args.out), **summary}, indent=2))
     return 0

@@ -55,6 +55,40 @@ def test_an_unreadable_file_is_named_with_what_to_do(tmp_path: Path,
         read_text(latin, error)
 
 
+READERS = [(read_pairs, PairsFileError, '{"q1": "%s", "q2": "b", "label": 1}'),
+           (lambda p: read_rows(p, ("q1", "q2")), VerifierError, '{"q1": "%s", "q2": "b"}'),
+           (read_instructions, PackError, '{"text": "%s"}')]
+
+
+@pytest.mark.parametrize(("read", "error", "row"), READERS,
+                         ids=["pairs", "rows", "instructions"])
+def test_a_lone_surrogate_is_named_by_its_line_not_met_by_the_tokenizer(
+        tmp_path: Path, read: Callable[[Path], object], error: type[MeanCacheError],
+        row: str) -> None:
+    """eval pairs and pack train-lm ended in tracebacks (the tokenizers' TypeError and
+    UnicodeEncodeError) on a "\\ud800" escape: valid JSON, but not a character."""
+    path = tmp_path / "rows.jsonl"
+    path.write_text(row % "an emoji \\ud83d\\ude00 is a pair" + "\n"
+                    + row % "half of one \\ud800 is not" + "\n", encoding="utf-8")
+    with pytest.raises(error, match=r"rows\.jsonl:2: holds a lone surrogate \(\\ud800\), "
+                                    "not a character; each line must be"):
+        read(path)
+
+
+@pytest.mark.parametrize(("read", "error", "row"), READERS,
+                         ids=["pairs", "rows", "instructions"])
+def test_a_line_that_is_not_json_is_named_with_why(
+        tmp_path: Path, read: Callable[[Path], object], error: type[MeanCacheError],
+        row: str) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text(row % "fine" + "\n" + "1" * 5000 + "\n{cut\n", encoding="utf-8")
+    with pytest.raises(error, match=r"rows\.jsonl:2: not valid JSON \(Exceeds the limit"):
+        read(path)  # a number past Python's digit limit: a ValueError that is not JSON's
+    path.write_text(row % "fine" + "\n{cut\n", encoding="utf-8")
+    with pytest.raises(error, match=r"rows\.jsonl:2: not valid JSON \(Expecting property"):
+        read(path)
+
+
 def test_an_instruction_that_is_not_a_string_is_named_by_its_line(tmp_path: Path) -> None:
     path = tmp_path / "instructions.jsonl"
     path.write_text('{"text": "fine"}\n{"text": 5}\n', encoding="utf-8")

@@ -241,20 +241,24 @@ BROKEN = '{"q1": "What is DNS?", "q2": "What does DNS do?", "label": 1}\n{"q1": 
 @pytest.mark.parametrize(("command", "refusal"), [
     (["label-pairs", "--pairs", "{broken}", "--out", "{tmp}/out.jsonl"],
      "{broken}:2: not a JSON object with non-empty string 'q1' and 'q2'"),
+    (["label-pairs", "--pairs", "{good}", "--run", "{tmp}/none", "--out", "{tmp}/out.jsonl"],
+     "{tmp}/none holds no teacher run"),
     (["train-teacher", "--data", "{broken}", "--out", "{tmp}/run"],
      "{broken}:2: 'q2' must be a non-empty string"),
     (["train-teacher", "--resume", "--out", "{tmp}/run"],
      "{tmp}/run holds no teacher run to resume"),
     (["mine-pairs", "--data-root", "{tmp}", "--out", "{tmp}/mined.jsonl"],
      "cannot read {tmp}/qqp/pairs.jsonl: No such file or directory"),
-], ids=["label-pairs", "train-teacher", "train-teacher-resume", "mine-pairs"])
+], ids=["label-pairs", "label-pairs-no-run", "train-teacher", "train-teacher-resume",
+        "mine-pairs"])
 def test_a_broken_input_is_named_before_the_backbone_is_assembled(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str],
         refusal: str) -> None:
     """MPNet's assembly (5 s and 438 MB written) waited in front of a one-line refusal."""
-    broken = tmp_path / "pairs.jsonl"
+    broken, good = tmp_path / "pairs.jsonl", tmp_path / "good.jsonl"
     broken.write_text(BROKEN)
-    fill = {"broken": broken, "tmp": tmp_path}
+    good.write_text(BROKEN.split("\n")[0] + "\n")
+    fill = {"broken": broken, "good": good, "tmp": tmp_path}
     code = main(["--data-dir", str(tmp_path / "data"), "verifier",
                  *(part.format(**fill) for part in command)])
     assert code == 2

@@ -1,14 +1,15 @@
 """Instruction logs for the instruction LM: JSON lines with a "text" field, normalised by
 the one function the device also uses, and a seeded 80/10/10 split."""
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 from meancache.shared.errors import PackError
-from meancache.shared.jsonl import jsonl_lines, read_text
+from meancache.shared.jsonl import read_jsonl
 from meancache.shared.query import normalise_query
+
+ROW_FORMAT = 'each line must be a JSON object like {"text": "an instruction"}'
 
 
 @dataclass(frozen=True)
@@ -21,14 +22,13 @@ class Split:
 def read_instructions(path: Path) -> list[str]:
     """Every non-empty instruction of a JSONL file, normalised, in file order."""
     texts: list[str] = []
-    for number, line in jsonl_lines(read_text(path, PackError)):
-        try:
-            text = json.loads(line)["text"]
-        except (ValueError, KeyError, TypeError):
-            raise PackError(f"{path}:{number}: expected a JSON object with a \"text\" "
-                            "field") from None
+    for where, row in read_jsonl(path, PackError, ROW_FORMAT):
+        if not isinstance(row, dict) or "text" not in row:
+            raise PackError(f"{where}: not a JSON object with a \"text\" field; {ROW_FORMAT}")
+        text = row["text"]
         if not isinstance(text, str):
-            raise PackError(f"{path}:{number}: \"text\" must be a string, got {text!r:.40}")
+            raise PackError(f"{where}: \"text\" must be a string, got {text!r:.40}; "
+                            f"{ROW_FORMAT}")
         if key := normalise_query(text):
             texts.append(key)
     if not texts:
