@@ -278,10 +278,10 @@ def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
     loop = own_address_problem(settings.upstream_url, args.host, port)
     if loop is not None:
         raise MeanCacheError(loop)
-    warning = listen_warning(args.host)
+    listener = listening_socket(args.host, port)  # a port in use, before anything loads
+    warning = listen_warning(args.host)  # a host it can listen on: it prints
     if warning:
         err.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False, soft_wrap=True)
-    listener = listening_socket(args.host, port)  # a port in use, before anything loads
     assemble_encoder(settings)
     with err.status("loading the encoder and checking the upstream"):
         proxy = Proxy.open(settings, args.start_upstream, loopback=warning is None)

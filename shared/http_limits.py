@@ -190,10 +190,17 @@ def listening_socket(host: str, port: int) -> socket.socket:
     in use is then said at once, in words, rather than after the load in a log line (uvicorn
     binding it itself logged the error and exited, after the start line said "serving").
     Bound as uvicorn binds its own (IPv6 for an address with a colon, else IPv4)."""
+    if not host.strip():  # the socket module reads "" as every interface: never a default
+        raise ConfigError("--host is empty; give an address of this machine (127.0.0.1 for "
+                          "this machine alone, 0.0.0.0 for every interface)")
     listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         listener.bind((host, port))
+    except (TypeError, ValueError) as exc:  # a name IDNA cannot encode, a NUL in it
+        listener.close()
+        raise ConfigError(f"cannot listen on {host!r}: not a host name or address ({exc}); "
+                          "give --host an address of this machine") from None
     except OSError as exc:
         listener.close()
         if isinstance(exc, socket.gaierror):

@@ -16,6 +16,7 @@ from meancache.client.encoder import load_device_encoder
 from meancache.client.learning.state import set_pooled
 from meancache.shared.encoder import Encoder
 from meancache.shared.fl.bound_evidence import BoundEvidence
+from meancache.shared.processes import free_port
 from meancache.shared.verifier.runtime import ARTEFACT_DIR, read_card
 
 from meancache.cli import build_parser, main
@@ -333,6 +334,25 @@ def test_a_port_outside_1_to_65535_is_refused_before_anything_starts(
         build_parser().parse_args([*command, port])
     assert exited.value.code == 2
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", [
+    ["upstream", "serve", "--model", "builtin:tiny"],
+    ["proxy", "--upstream", "http://127.0.0.1:9/v1"],
+    ["fl", "server"],
+])
+@pytest.mark.parametrize(("host", "said"), [
+    ("", "--host is empty; give an address of this machine"),  # was every interface
+    ("what\udcff", "cannot listen on 'what\\udcff': not a host name or address"),  # argv's \xff
+    ("a\x00b", "cannot listen on 'a\\x00b': not a host name or address"),
+], ids=["empty", "undecodable", "nul"])
+def test_a_host_that_is_no_address_is_refused_in_words(
+        data_dir: Path, command: list[str], host: str, said: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """An undecodable or NUL host ended in a TypeError or ValueError traceback, and an empty
+    one served on every interface."""
+    assert main([*command, "--host", host, "--port", str(free_port())]) == 2
+    assert said in " ".join(capsys.readouterr().err.split())
 
 
 @pytest.mark.parametrize("command", [

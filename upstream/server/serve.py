@@ -54,13 +54,13 @@ def serve(model: str, host: str, port: int, settings: ServerSettings,
           module_budget_bytes: int, data_dir: Path | None = None,
           precision: str = DEFAULT_PRECISION, prefix_reuse: bool = True,
           kv_format: str = DEFAULT_KV_FORMAT) -> None:
+    listener = listening_socket(host, port)  # a port in use is said before the model loads
     warning = open_server_warning(host, bool(settings.api_key or settings.api_keys))
-    if warning:
+    if warning:  # a host it can listen on: it prints
         log.warning(warning)
         print(f"meancache upstream: {warning}", file=sys.stderr, flush=True)
     if is_loopback(host) and settings.allowed_hosts is None:
         settings = dataclasses.replace(settings, allowed_hosts=LOOPBACK_NAMES)
-    listener = listening_socket(host, port)  # a port in use is said before the model loads
     loaded = load_model(model, data_dir=data_dir, progress=report_conversion,
                         precision=precision)
     engine = PromptCacheEngine(loaded, module_budget_bytes, prefix_reuse, kv_format=kv_format)
