@@ -4,6 +4,7 @@ one parser, with the global options and logging they share. Each command loads i
 side's settings alone (``SIDES``), never another side's."""
 
 import argparse
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from meancache.client.private_files import check_data_dir, owner_only_files
 from meancache.embedded import start_embedded_upstream, start_shared_upstream
 from meancache.fl_server import server_commands as fl_server_commands
 from meancache.fl_server.config import FlServerSettings
+from meancache.shared.arguments import undecodable_text
 from meancache.shared.encoder import BACKENDS
 from meancache.shared.errors import ConfigError, MeanCacheError
 from meancache.shared.settings import SettingsBase, toml_value
@@ -125,6 +127,8 @@ def load_side(args: argparse.Namespace) -> SettingsBase:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if (undecodable := undecodable_text(args, sys.argv[1:] if argv is None else argv)):
+            raise ConfigError(undecodable)  # named, never a UnicodeEncodeError later
         settings = load_side(args)
         with owner_only_files():
             check_data_dir(settings.data_dir)

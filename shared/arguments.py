@@ -1,5 +1,6 @@
 """argparse types for numeric options: a value outside its option's range is refused by
-argparse, naming the option, before anything loads. Without them a negative `--limit`
+argparse, naming the option, before anything loads; and the check that a text from argv or
+the environment is text. Without them a negative `--limit`
 sliced the pairs from the end, `--explore 2` explored every hit, and `fl simulate
 --learning-rate -1` ran its rounds with every device failing unseen."""
 
@@ -58,3 +59,28 @@ def _range(minimum: float | None, maximum: float | None, above: float | None = N
            else f"{minimum:g} or more" if minimum is not None else "")
     high = f"at most {maximum:g}" if maximum is not None else ""
     return ", ".join(part for part in (low, high) if part)
+
+
+def undecodable_byte(value: object) -> int | None:
+    """The first byte the locale could not decode in a text (or a list of texts) that came
+    from argv or the environment: Python keeps it as a lone surrogate, U+DC80-U+DCFF, which
+    no URL, header, JSON body or terminal can encode. None for anything else."""
+    for text in value if isinstance(value, list) else [value]:
+        if isinstance(text, str):
+            for char in text:
+                if "\udc80" <= char <= "\udcff":
+                    return ord(char) - 0xDC00
+    return None
+
+
+def undecodable_text(args: argparse.Namespace, argv: list[str]) -> str | None:
+    """The first option holding such a byte, named as ``argv`` spelled it, with the byte;
+    None when every text option is text. Options typed as paths are not checked: the file
+    functions take such bytes back."""
+    for name, value in vars(args).items():
+        if (byte := undecodable_byte(value)) is not None:
+            flag = "--" + name.replace("_", "-")
+            named = flag if any(a == flag or a.startswith(flag + "=") for a in argv) else name
+            return (f"argument {named}: holds the byte 0x{byte:02x}, which is not UTF-8 text; "
+                    "pass it as UTF-8")
+    return None

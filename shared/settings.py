@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import platformdirs
+from meancache.shared.arguments import undecodable_byte
 from meancache.shared.encoder import DEFAULT_PROFILE
 from meancache.shared.errors import ConfigError
 from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, ValidationError, field_validator
@@ -150,6 +151,10 @@ class SettingsBase(BaseSettings):
         keys = cls.file_keys() | {"config_dir": "config_dir"}
         chosen |= {keys.get(key, key): (value, named.get(keys.get(key, key), FLAG))
                    for key, value in flags.items() if value is not None}
+        for value, where in chosen.values():
+            if (byte := undecodable_byte(value)) is not None:
+                raise ConfigError(f"{where} holds the byte 0x{byte:02x}, which is not UTF-8 "
+                                  "text; set it as UTF-8")
         try:
             settings = cls(**{name: value for name, (value, _) in chosen.items()})
         except ValidationError as exc:

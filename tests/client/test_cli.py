@@ -336,6 +336,40 @@ def test_a_port_outside_1_to_65535_is_refused_before_anything_starts(
     assert said in capsys.readouterr().err
 
 
+UNREACHABLE = "http://127.0.0.1:9/v1"  # nothing listens: a request there is refused
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["ask", "--upstream", "http://127.0.0.1:9/\udcff", "hi"], "argument --upstream"),
+    (["ask", "--upstream", UNREACHABLE, "--api-key=k\udcff", "hi"], "argument --api-key"),
+    (["ask", "--upstream", UNREACHABLE, "--model", "m\udcff", "hi"], "argument --model"),
+    (["ask", "--upstream", UNREACHABLE, "wh\udcff"], "argument question"),
+    (["upstream", "serve", "--model", "builtin:tiny", "--api-key", "k\udcff"],
+     "argument --api-key"),
+    (["pack", "update", "--upstream", "http://127.0.0.1:9/\udcff"], "argument --upstream"),
+], ids=["url", "api-key", "model", "question", "server-key", "pack-url"])
+def test_an_argument_with_a_byte_that_is_not_utf8_is_named(
+        data_dir: Path, argv: list[str], said: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Python keeps a byte the locale cannot decode ("\\xff" in a shell) as a lone
+    surrogate; httpx (URL, header, JSON body) and the server's key hash each ended in a
+    UnicodeEncodeError traceback on it."""
+    assert main(argv) == 2
+    assert f"error: {said}: holds the byte 0xff, which is not UTF-8 text" in \
+        " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("variable", ["MEANCACHE_UPSTREAM_API_KEY", "OPENAI_BASE_URL"])
+def test_an_environment_variable_with_a_byte_that_is_not_utf8_is_named(
+        data_dir: Path, variable: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv(variable, "http://127.0.0.1:9/\udcff")  # os.environ's own decoding
+    monkeypatch.delenv("MEANCACHE_UPSTREAM_URL", raising=False)
+    assert main(["ask", "hi"]) == 2
+    assert f"error: {variable} holds the byte 0xff, which is not UTF-8 text" in \
+        " ".join(capsys.readouterr().err.split())
+
+
 @pytest.mark.parametrize("command", [
     ["upstream", "serve", "--model", "builtin:tiny"],
     ["proxy", "--upstream", "http://127.0.0.1:9/v1"],
@@ -343,9 +377,10 @@ def test_a_port_outside_1_to_65535_is_refused_before_anything_starts(
 ])
 @pytest.mark.parametrize(("host", "said"), [
     ("", "--host is empty; give an address of this machine"),  # was every interface
-    ("what\udcff", "cannot listen on 'what\\udcff': not a host name or address"),  # argv's \xff
+    ("what\udcff", "argument --host: holds the byte 0xff"),  # argv's \xff
+    ("é" * 64 + ".example", "not a host name or address (encoding of hostname failed)"),
     ("a\x00b", "cannot listen on 'a\\x00b': not a host name or address"),
-], ids=["empty", "undecodable", "nul"])
+], ids=["empty", "undecodable", "long-label", "nul"])
 def test_a_host_that_is_no_address_is_refused_in_words(
         data_dir: Path, command: list[str], host: str, said: str,
         capsys: pytest.CaptureFixture[str]) -> None:
