@@ -1,8 +1,9 @@
-"""argparse types for numeric options: a value outside its option's range is refused by
-argparse, naming the option, before anything loads; and the check that a text from argv or
-the environment is text. Without them a negative `--limit`
-sliced the pairs from the end, `--explore 2` explored every hit, and `fl simulate
---learning-rate -1` ran its rounds with every device failing unseen."""
+"""argparse types for numeric options, and the check that a text from argv or the
+environment is text. A value outside its option's range is refused by argparse, naming the
+option, before anything loads (without them a negative `--limit` sliced the pairs from the
+end, `--explore 2` explored every hit, and `fl simulate --learning-rate -1` ran its rounds
+with every device failing unseen); a byte the locale could not decode is named with its
+option or variable before anything tries to encode it."""
 
 import argparse
 import math
