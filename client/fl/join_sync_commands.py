@@ -70,6 +70,10 @@ def run_join(args: argparse.Namespace, settings: Settings) -> int:
 
     trusted = trusted_entities(settings.data_dir, args.app_key or settings.fl_app_public_key,
                                args.allow_unsigned_apps or settings.fl_allow_unsigned_apps)
+    # the SuperLink's address and the certificate are checked before anything is said
+    command = supernode_command(args.superlink, args.port, settings.data_dir,
+                                args.root_certificate or settings.fl_certificate,
+                                args.insecure or settings.fl_insecure, args.auth_key, trusted)
     signed = "apps signed by the operator's key" if trusted else "any app (unsigned allowed)"
     print(f"meancache fl join: training on {settings.data_dir} for {args.superlink}, "
           f"running {signed}", file=sys.stderr, flush=True)
@@ -80,9 +84,6 @@ def run_join(args: argparse.Namespace, settings: Settings) -> int:
     elif not settings.fl_allow_unsigned:
         print("warning: no FL server key (--server-key or fl_server_public_key): this device "
               "trains but keeps no global model from the rounds", file=sys.stderr, flush=True)
-    command = supernode_command(args.superlink, args.port, settings.data_dir,
-                                args.root_certificate or settings.fl_certificate,
-                                args.insecure or settings.fl_insecure, args.auth_key, trusted)
     return run_foreground(command, environment)
 
 

@@ -39,10 +39,31 @@ def check_plain(address: str, host: str, insecure: bool) -> None:
 def superlink_tls(superlink: str, root_certificate: Path | None, insecure: bool
                   ) -> Path | None:
     """The root certificate for the SuperNode's TLS, or None for a plain connection the
-    user allowed (or to loopback)."""
+    user allowed (or to loopback). Checked here, before the SuperNode starts: Flower's own
+    reading of a SuperLink without a port, or of a file that is no certificate, ended the
+    SuperNode with its exit code 600, or in a traceback and a wait for a timeout."""
+    parts = urlsplit(f"//{superlink}")
+    try:
+        port = parts.port
+    except ValueError:  # not a number, or past 65535
+        port = None
+    if not port or not parts.hostname:
+        raise ConfigError(f"--superlink {superlink!r} is not HOST:PORT (e.g. 127.0.0.1:9092, "
+                          "or [::1]:9092 for IPv6)")
     if root_certificate is None:
         check_plain(superlink, _host_of(superlink), insecure)
+    else:
+        _ca_context(root_certificate)
     return root_certificate
+
+
+def _ca_context(root_certificate: Path) -> ssl.SSLContext:
+    """A TLS context trusting ``root_certificate`` alone, or a ConfigError naming it."""
+    try:
+        return ssl.create_default_context(cafile=str(root_certificate))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot read the root certificate {root_certificate}: {exc}"
+                          ) from None
 
 
 def http_verify(url: str, root_certificate: Path | None, insecure: bool
@@ -55,8 +76,4 @@ def http_verify(url: str, root_certificate: Path | None, insecure: bool
         return True
     if root_certificate is None:
         return True
-    try:
-        return ssl.create_default_context(cafile=str(root_certificate))
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"cannot read the root certificate {root_certificate}: {exc}"
-                          ) from None
+    return _ca_context(root_certificate)

@@ -70,6 +70,33 @@ def test_fl_join_and_sync_refuse_plain_remote_servers(
     assert "pass --insecure" in " ".join(capsys.readouterr().err.split())
 
 
+@pytest.mark.parametrize(("extra", "said"), [
+    (["--superlink", "127.0.0.1"], "--superlink '127.0.0.1' is not HOST:PORT"),
+    (["--superlink", "127.0.0.1:port"], "--superlink '127.0.0.1:port' is not HOST:PORT"),
+    (["--superlink", ":9092"], "--superlink ':9092' is not HOST:PORT"),
+    (["--root-certificate", "{cert}"], "cannot read the root certificate {cert}: [X509"),
+    (["--root-certificate", "{missing}"], "cannot read the root certificate {missing}: "
+                                          "[Errno 2] No such file or directory"),
+], ids=["no-port", "port-word", "no-host", "not-a-certificate", "missing-certificate"])
+def test_fl_join_names_a_superlink_or_certificate_it_cannot_use_before_starting(
+        tmp_path: Path, extra: list[str], said: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SuperNode was started anyway: it ended with Flower's exit code 600 on a
+    SuperLink without a port, and on a file that is no certificate it logged a
+    UnicodeDecodeError traceback and waited until killed."""
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    cert, missing = tmp_path / "ca.crt", tmp_path / "none.crt"
+    cert.write_bytes(bytes(range(256)))
+    fill = {"cert": cert, "missing": missing}
+    argv = ["--data-dir", str(tmp_path / "data"), "fl", "join", "--allow-unsigned-apps",
+            *(part.format(**fill) for part in extra)]
+    assert main(argv) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert said.format(**fill) in err
+    assert "training on" not in err  # nothing was said to start
+    assert not (tmp_path / "data" / "fl").exists()  # nor written: no node config
+
+
 @pytest.fixture
 def https_url(tmp_path: Path, certificates: Path) -> Iterator[str]:
     """The global-model endpoint over HTTPS, as `meancache fl server --certificates` runs
