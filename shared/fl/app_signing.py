@@ -60,9 +60,14 @@ def public_key_line(public: Ed25519PublicKey) -> str:
 def operator_key(path: Path) -> Ed25519PrivateKey:
     """The operator's app key at ``path`` (OpenSSH, as `ssh-keygen -t ed25519` writes it),
     made (0600, with ``path.pub``) on first use."""
+    if path.exists() and not path.is_file():
+        raise AppSignatureError(f"{path} is not a file: give --key the operator's private "
+                                "key, or a path where one may be made")
     if path.is_file():
         try:
             key = serialization.load_ssh_private_key(path.read_bytes(), password=None)
+        except OSError as exc:
+            raise AppSignatureError(f"cannot read {path}: {exc.strerror}") from None
         except (ValueError, TypeError) as exc:
             raise AppSignatureError(f"{path} is not an unencrypted OpenSSH private key: "
                                     f"{exc}") from None
@@ -70,13 +75,17 @@ def operator_key(path: Path) -> Ed25519PrivateKey:
             raise AppSignatureError(f"{path} is not an Ed25519 key (ssh-keygen -t ed25519)")
         return key
     key = Ed25519PrivateKey.generate()
-    path.parent.mkdir(parents=True, exist_ok=True)
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
                             serialization.NoEncryption())
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(pem)
-    path.with_name(path.name + ".pub").write_text(public_key_line(key.public_key()) + "\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(pem)
+        path.with_name(path.name + ".pub").write_text(public_key_line(key.public_key()) + "\n")
+    except OSError as exc:
+        raise AppSignatureError(f"cannot make the operator's key at {path}: "
+                                f"{exc.strerror}") from None
     return key
 
 

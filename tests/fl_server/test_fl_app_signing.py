@@ -93,6 +93,20 @@ def test_the_gateway_attaches_exactly_the_signature_kept_for_the_fab(tmp_path: P
     assert find_signature(tmp_path / "signatures", "../../etc/passwd") is None
 
 
+@pytest.mark.parametrize(("where", "said"), [
+    ("folder", "folder is not a file: give --key the operator's private key"),
+    ("file/key", "cannot make the operator's key at {tmp}/file/key: File exists"),
+], ids=["a-directory", "under-a-file"])
+def test_an_operator_key_path_it_cannot_use_is_named(
+        tmp_path: Path, where: str, said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """A directory given as --key ended `fl sign-app` in a FileExistsError traceback."""
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("")
+    assert main(["--data-dir", str(tmp_path / "data"), "fl", "sign-app",
+                 "--key", str(tmp_path / where)]) == 2
+    assert said.format(tmp=tmp_path) in " ".join(capsys.readouterr().err.split())
+
+
 def test_a_device_joins_only_with_an_operator_key_or_an_explicit_lab_flag(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
