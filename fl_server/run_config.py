@@ -127,15 +127,34 @@ def parse_overrides(text: str | None) -> Values:
 
     try:
         config: Values = parse_config_args([text]) if text else {}
+    except OSError as exc:  # a .toml file's name
+        raise RunConfigError(f"--run-config: cannot read {text}: {exc.strerror}") from None
     except (click.ClickException, ValueError) as exc:
         message = exc.format_message() if isinstance(exc, click.ClickException) else str(exc)
         raise RunConfigError(f"--run-config {text!r}: {message}") from None
+    # Flower's reading drops what is not key=value ("epochs", "epochs=") without a word:
+    # every word must have become a key (a .toml file's name is the one word that is not)
+    words = [] if (text or "").endswith(".toml") else _words(text or "")
+    for word in words:
+        if word.partition("=")[0] not in config:
+            raise RunConfigError(f"--run-config: {word[:40]!r} is not key=value (e.g. "
+                                 "epochs=2 aggregation='median'); nothing was run or signed")
     unknown = sorted(set(config) - set(default_run_config()))
     if unknown:
         raise RunConfigError(f"--run-config: the app has no key {', '.join(unknown)} (the "
                              "keys: [tool.flwr.app.config] in "
                              "meancache/fl_server/flower_app/pyproject.toml)")
     return config
+
+
+def _words(text: str) -> list[str]:
+    """The run config's words as a shell would split them (quotes keep a value whole)."""
+    import shlex
+
+    try:
+        return shlex.split(text)
+    except ValueError as exc:  # an unclosed quote
+        raise RunConfigError(f"--run-config {text[:80]!r}: {exc}") from None
 
 
 def split_overrides(config: Values) -> tuple[Values, Values]:

@@ -387,6 +387,14 @@ def test_sign_app_and_run_write_the_same_device_settings_into_the_app(
      "'dp-clipping-norm' must be > 0 with central DP"),
     (["run", "--superlink", "127.0.0.1:9", "--run-config", "num-server-rounds=0"],
      "run config 'num-server-rounds' must be >= 1, not 0"),
+    # Flower's reading dropped these words without a word: signed without the setting
+    (["sign-app", "--run-config", "epochs="], "--run-config: 'epochs=' is not key=value"),
+    (["sign-app", "--run-config", "epochs=2 aggregation"],
+     "--run-config: 'aggregation' is not key=value"),
+    (["run", "--superlink", "127.0.0.1:9", "--run-config", "rounds"],
+     "--run-config: 'rounds' is not key=value"),
+    (["sign-app", "--run-config", "/nonexistent/settings.toml"],
+     "--run-config: cannot read /nonexistent/settings.toml: No such file or directory"),
 ])
 def test_an_app_whose_devices_or_server_would_fail_is_neither_signed_nor_sent(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
