@@ -28,9 +28,27 @@ def superlink_command(state_dir: Path, host: str, port: int, certificates: Path 
         command.append("--enable-supernode-auth")
     if certificates is None:
         return [*command, "--insecure"]
-    return [*command, "--ssl-ca-certfile", str(certificates / "ca.crt"),
-            "--ssl-certfile", str(certificates / "server.pem"),
-            "--ssl-keyfile", str(certificates / "server.key")]
+    ca, chain, key = check_certificates(certificates)
+    return [*command, "--ssl-ca-certfile", str(ca), "--ssl-certfile", str(chain),
+            "--ssl-keyfile", str(key)]
+
+
+def check_certificates(certificates: Path) -> tuple[Path, Path, Path]:
+    """The CA certificate, the server's certificate and its key in ``certificates``
+    (deploy/make-certificates.sh's names), read as TLS will read them; refused in words
+    before anything starts (a missing one ended `fl server` in a FileNotFoundError
+    traceback)."""
+    import ssl
+
+    ca, chain, key = (certificates / name for name in ("ca.crt", "server.pem", "server.key"))
+    try:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(ca))
+        context.load_cert_chain(str(chain), str(key))
+    except (OSError, ssl.SSLError) as exc:
+        raise FlowerCommandError(f"--certificates {certificates}: cannot use ca.crt, "
+                                 f"server.pem and server.key there ({exc}); make them with "
+                                 "deploy/make-certificates.sh") from None
+    return ca, chain, key
 
 
 def write_connection(flwr_home: Path, superlink: str, root_certificate: Path | None) -> None:

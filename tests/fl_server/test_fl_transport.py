@@ -14,6 +14,7 @@ from meancache.client.errors import ConfigError, SyncError
 from meancache.client.fl.supernode import supernode_command
 from meancache.client.fl.sync import sync_global_model
 from meancache.fl_server.model_endpoint import create_model_app
+from meancache.fl_server.processes import check_certificates
 from meancache.shared.fl.signing import PUBLIC_KEY
 from meancache.shared.processes import free_port
 
@@ -95,6 +96,31 @@ def test_fl_join_names_a_superlink_or_certificate_it_cannot_use_before_starting(
     assert said.format(**fill) in err
     assert "training on" not in err  # nothing was said to start
     assert not (tmp_path / "data" / "fl").exists()  # nor written: no node config
+
+
+def test_fl_server_names_certificates_it_cannot_use_before_starting(
+        tmp_path: Path, certificates: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing ca.crt, server.pem or server.key ended `fl server` in a traceback."""
+    assert check_certificates(certificates) == tuple(
+        certificates / name for name in ("ca.crt", "server.pem", "server.key"))
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for name in ("ca.crt", "server.pem"):  # the key is missing
+        (partial / name).write_bytes((certificates / name).read_bytes())
+    swapped = tmp_path / "swapped"
+    swapped.mkdir()
+    for name, source in (("ca.crt", "ca.crt"), ("server.pem", "server.pem"),
+                         ("server.key", "ca.crt")):  # no private key where the key goes
+        (swapped / name).write_bytes((certificates / source).read_bytes())
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    for bad, why in ((partial, "No such file or directory"), (swapped, "PEM lib")):
+        assert main(["--data-dir", str(tmp_path / "data"), "fl", "server", "--certificates",
+                     str(bad), "--port", str(free_port()), "--control-port",
+                     str(free_port()), "--model-port", str(free_port())]) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"--certificates {bad}: cannot use ca.crt, server.pem and server.key" in err
+        assert why in err and "Fleet API" not in err  # refused before it said it serves
 
 
 @pytest.fixture
