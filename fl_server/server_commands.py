@@ -264,9 +264,12 @@ def simulation_config(args: argparse.Namespace, settings: FlServerSettings
     argument that cannot be run."""
     from meancache.fl_server.simulate import SimulationConfig
     from meancache.shared.errors import MeanCacheError
+    from meancache.shared.pairs import read_pairs
 
-    if not args.pairs.is_file():
-        raise MeanCacheError(f"no labelled pairs at {args.pairs} (pass --pairs FILE)")
+    # read as the devices (train) and the ServerApp (dev) will: a missing or broken file is
+    # named here, not as a simulation that ended after 0 rounds
+    for split in ("train", "dev"):
+        read_pairs(args.pairs, split=split)
     if args.per_round > args.clients:
         raise MeanCacheError(f"--per-round must lie between 1 and --clients ({args.clients}); "
                              "lower --per-round or raise --clients")

@@ -520,6 +520,29 @@ def test_simulate_refuses_a_number_out_of_its_range_before_anything_runs(
     assert not (tmp_path / "data" / "fl-simulation").exists()  # refused before anything ran
 
 
+@pytest.mark.parametrize(("rows", "said"), [
+    (None, "cannot read {pairs}: No such file or directory"),
+    ("", "{pairs} holds no pairs with split 'train'"),
+    ('{"q1": "a", "q2": "b", "label": 1, "split": "train"}\n',
+     "{pairs} holds no pairs with split 'dev'"),  # what the ServerApp scores on
+    ('{"q1": "a", "q2": "b", "label": 1, "split": "train"}\n{"q1": "a"}\n',
+     "{pairs}:2: 'q2' must be a non-empty string"),
+], ids=["missing", "empty", "no-dev", "broken-row"])
+def test_simulate_names_pairs_it_cannot_train_on_before_anything_runs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        rows: str | None, said: str) -> None:
+    """Such a file started the simulation, which ended after 0 rounds with a pointer to
+    Flower's log."""
+    monkeypatch.setenv("MEANCACHE_CONFIG_DIR", str(tmp_path / "cfg"))
+    pairs = tmp_path / "pairs.jsonl"
+    if rows is not None:
+        pairs.write_text(rows)
+    assert main(["--data-dir", str(tmp_path / "data"), "fl", "simulate", "--pairs",
+                 str(pairs)]) == 2
+    assert said.format(pairs=pairs) in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "data" / "fl-simulation").exists()
+
+
 def test_simulate_says_when_devices_failed_and_fails_when_none_trained(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
