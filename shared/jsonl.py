@@ -4,10 +4,13 @@ writes them so, and ShareGPT's first turns hold them), and ``str.splitlines`` wo
 line at each of them; every reader of a JSONL file splits here instead."""
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 from meancache.shared.errors import MeanCacheError
+
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # "\ud800" to "\udfff"
 
 
 def jsonl_lines(text: str) -> Iterator[tuple[int, str]]:
@@ -38,7 +41,9 @@ def read_jsonl(path: Path, error: type[MeanCacheError], row_format: str
         where = f"{path}:{number}"
         try:
             value = json.loads(line)
-            json.dumps(value, ensure_ascii=False).encode("utf-8")
+            # the line came as UTF-8, so only such an escape can make a lone surrogate
+            if _SURROGATE_ESCAPE.search(line):
+                json.dumps(value, ensure_ascii=False).encode("utf-8")
         except UnicodeEncodeError as exc:
             raise error(f"{where}: holds a lone surrogate (\\u{ord(exc.object[exc.start]):04x}), "
                         f"not a character; {row_format}") from None
