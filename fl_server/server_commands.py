@@ -188,11 +188,16 @@ def run_server(args: argparse.Namespace, settings: FlServerSettings) -> int:
     from meancache.fl_server.model_endpoint import create_model_app
     from meancache.fl_server.processes import superlink_command
     from meancache.fl_server.serving import serve
+    from meancache.shared.errors import FlowerCommandError
     from meancache.shared.fl.signing import PUBLIC_KEY, server_key
     from meancache.shared.http_limits import listening_socket
     from meancache.shared.processes import exit_on_sigterm, flower_environment
 
     exit_on_sigterm()  # the SuperLink below stops with us
+    app_signatures = args.app_signatures or settings.app_signature_dir
+    if app_signatures.exists() and not app_signatures.is_dir():  # no app would be signed
+        raise FlowerCommandError(f"--app-signatures {app_signatures} is not a directory: give "
+                                 "the folder `fl sign-app --out` writes signatures to")
     # the ports devices reach, taken first: one in use is said before anything starts
     model_listener = listening_socket(args.host, args.model_port)
     fleet_listener = listening_socket(args.host, args.port)
@@ -213,7 +218,6 @@ def run_server(args: argparse.Namespace, settings: FlServerSettings) -> int:
           "fl_server_public_key): they install only global models signed with it",
           file=sys.stderr, flush=True)
     ca = None if args.certificates is None else args.certificates / "ca.crt"
-    app_signatures = args.app_signatures or settings.app_signature_dir
     try:
         serve([(create_model_app(settings.checkpoint_dir), model_listener),
                (create_gateway(f"127.0.0.1:{args.control_port}", ca, app_signatures),

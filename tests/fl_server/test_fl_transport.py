@@ -98,10 +98,11 @@ def test_fl_join_names_a_superlink_or_certificate_it_cannot_use_before_starting(
     assert not (tmp_path / "data" / "fl").exists()  # nor written: no node config
 
 
-def test_fl_server_names_certificates_it_cannot_use_before_starting(
+def test_fl_server_names_certificates_or_signatures_it_cannot_use_before_starting(
         tmp_path: Path, certificates: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """A missing ca.crt, server.pem or server.key ended `fl server` in a traceback."""
+    """A missing ca.crt, server.pem or server.key ended `fl server` in a traceback; a file
+    given as the signatures' folder served, and no device could run an app."""
     assert check_certificates(certificates) == tuple(
         certificates / name for name in ("ca.crt", "server.pem", "server.key"))
     partial = tmp_path / "partial"
@@ -121,6 +122,13 @@ def test_fl_server_names_certificates_it_cannot_use_before_starting(
         err = " ".join(capsys.readouterr().err.split())
         assert f"--certificates {bad}: cannot use ca.crt, server.pem and server.key" in err
         assert why in err and "Fleet API" not in err  # refused before it said it serves
+    signatures = tmp_path / "signatures.json"  # a file where the folder goes
+    signatures.write_text("{}")
+    assert main(["--data-dir", str(tmp_path / "data"), "fl", "server", "--app-signatures",
+                 str(signatures), "--port", str(free_port()), "--control-port",
+                 str(free_port()), "--model-port", str(free_port())]) == 2
+    assert f"--app-signatures {signatures} is not a directory" in \
+        " ".join(capsys.readouterr().err.split())
 
 
 @pytest.fixture
