@@ -127,8 +127,9 @@ def without_ray(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.usefixtures("without_ray")
 def test_the_operators_tools_name_their_extra_when_it_is_missing(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    pairs = tmp_path / "pairs.jsonl"
-    pairs.write_text("")
+    pairs = tmp_path / "pairs.jsonl"  # a file fl simulate reads before it needs Ray
+    pairs.write_text("".join(f'{{"q1": "a", "q2": "b", "label": 1, "split": "{split}"}}\n'
+                             for split in ("train", "dev")))
     code = main(["--data-dir", str(tmp_path / "data"), "--config-dir", str(tmp_path),
                  "fl", "simulate", "--pairs", str(pairs)])
     err = capsys.readouterr().err.strip()
