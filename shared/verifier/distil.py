@@ -190,7 +190,7 @@ def _export(model: object, artefact: Path, record: dict, soft: list[list[SoftPai
     started = time.monotonic()
     artefact.mkdir(parents=True, exist_ok=True)
     full = artefact / "verifier-float32.onnx"
-    export_onnx(model, full)
+    export_onnx(model.cpu(), full)  # trained on a GPU or not, exported from the CPU
     quantize_int8(full, artefact / MODEL_FILE)
     full.unlink()
     sha = sha256_file(artefact / MODEL_FILE)

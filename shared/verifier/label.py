@@ -18,9 +18,9 @@ from meancache.shared.progress import Progress
 from meancache.shared.verifier.mine import sources_key
 from meancache.shared.verifier.rows import jsonl_text, read_rows
 from meancache.shared.verifier.teacher import TeacherConfig, load_teacher, pair_probabilities
-from meancache.shared.verifier.train import bfloat16_matmuls
+from meancache.shared.verifier.train import bfloat16_forward
 
-IDENTITY = ("weights_sha256", "bfloat16")  # what makes two runs' labels the same labels
+IDENTITY = ("weights_sha256", "bfloat16", "device")  # what makes two runs' labels the same
 BINS = 10  # the summary's histogram of labels: tenths of [0, 1]
 
 
@@ -32,16 +32,18 @@ def progress_paths(out: Path) -> tuple[Path, Path]:
 
 def label_pairs(run: Path, backbone: Path, pairs: Path, out: Path, epoch: int | None = None,
                 progress: Progress | None = None, limit: int | None = None,
-                chunk: int = 512) -> dict:
+                chunk: int = 512, device: str = "cpu") -> dict:
     """The first ``limit`` rows of ``pairs`` (default: all) with the field ``teacher``
     (P(same question)) into ``out`` (atomically), and a summary beside it (``.json``);
-    returns the summary. Labels of earlier runs are reused from the progress file."""
+    returns the summary. Labels of earlier runs are reused from the progress file. The
+    teacher runs on ``device`` (cpu or cuda)."""
     rows = read_rows(pairs, ("q1", "q2"))[:limit]
     model, record, entry = load_teacher(run, backbone, epoch)
+    model.to(device)
     config = TeacherConfig(**record["config"])
-    bf16 = config.bfloat16 and bfloat16_matmuls()
+    bf16 = config.bfloat16 and bfloat16_forward(device)
     teacher = {"run": str(run), "epoch": entry["epoch"],
-               "weights_sha256": entry["weights_sha256"], "bfloat16": bf16}
+               "weights_sha256": entry["weights_sha256"], "bfloat16": bf16, "device": device}
     done = _resume(out, teacher)
     reused = sum((r["q1"], r["q2"]) in done for r in rows)
     if progress is not None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+from meancache.shared.errors import VerifierError
 from meancache.shared.files import sha256_file
 from meancache.shared.pairs import Pair, read_pairs
 from meancache.shared.threshold import DEFAULT_THRESHOLD, best_threshold, score_thresholds
@@ -125,21 +126,43 @@ def bfloat16_matmuls() -> bool:
                 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
+def bfloat16_forward(device: str) -> bool:
+    """Whether the forward pass pays to run under bfloat16 autocast on ``device``: always
+    on a GPU, on a CPU where it multiplies bf16 natively (``bfloat16_matmuls``)."""
+    return device != "cpu" or bfloat16_matmuls()
+
+
+def model_device(model: "torch.nn.Module") -> "torch.device":
+    """Where the model's weights are: its inputs go there."""
+    return next(model.parameters()).device
+
+
+def check_device(device: str) -> None:
+    """A clear error, before any work, where ``device`` cannot run torch here."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise VerifierError(f"--device cuda: this torch ({torch.__version__}) sees no CUDA "
+                            "GPU; pass --device cpu")
+
+
 def train_step(model: "torch.nn.Module", rows: list[tuple[str, str, float]], max_tokens: int,
                tokenizer: Path | None, bf16: bool, optimiser: "torch.optim.Optimizer",
                schedule: "torch.optim.lr_scheduler.LRScheduler") -> float:
     """One AdamW step on a batch of (question, question, label) rows, the student's and
     the teacher's alike: binary cross-entropy on the logit, gradients clipped at norm 1,
-    the forward pass in bfloat16 where ``bf16``. Returns the batch's loss."""
+    the forward pass in bfloat16 where ``bf16``, on the model's device. Returns the
+    batch's loss."""
     import torch
 
     tokens = tokenize_pairs([r[0] for r in rows], [r[1] for r in rows], max_tokens,
                             tokenizer)
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        logits = model(*(torch.from_numpy(x) for x in (
+    device = model_device(model)
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        logits = model(*(torch.from_numpy(x).to(device) for x in (
             tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)))
     loss = torch.nn.functional.binary_cross_entropy_with_logits(
-        logits.float(), torch.tensor([float(r[2]) for r in rows]))
+        logits.float(), torch.tensor([float(r[2]) for r in rows], device=device))
     optimiser.zero_grad()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

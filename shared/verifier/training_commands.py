@@ -62,8 +62,10 @@ def _run_settings(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     """A run's config overrides (refused for a resumed run, which keeps its own) and this
     invocation's options, checked, for train-teacher and distil alike."""
     from meancache.shared.errors import VerifierError
+    from meancache.shared.verifier.train import check_device
     from meancache.shared.verifier.training_run import RunOptions
 
+    check_device(args.device)
     if args.threads == 1:  # the tokenizer's own thread pool would take the other core
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     overrides = {name: getattr(args, name) for name in RUN_OPTIONS
@@ -72,7 +74,7 @@ def _run_settings(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         names = ", ".join("--" + n.replace("_", "-") for n in overrides)
         raise VerifierError(f"a resumed run keeps the settings it started with ({names} "
                             "given); drop them, or start a new run in another --out")
-    return overrides, RunOptions(threads=args.threads,
+    return overrides, RunOptions(threads=args.threads, device=args.device,
                                  checkpoint_minutes=args.checkpoint_minutes,
                                  stop_after=args.stop_after)
 
@@ -253,9 +255,12 @@ def cmd_label_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
     from meancache.shared.verifier.label import label_pairs
     from meancache.shared.verifier.rows import read_rows
     from meancache.shared.verifier.teacher import teacher_epoch
+    from meancache.shared.verifier.train import check_device
     from rich.console import Console
 
-    # a broken file, or a run with no epoch to label with, named before MPNet is assembled
+    # a broken file, a run with no epoch to label with, or no GPU for --device cuda, named
+    # before MPNet is assembled
+    check_device(args.device)
     read_rows(args.pairs, ("q1", "q2"))
     run = args.run or settings.data_dir / "verifier" / "teacher"
     teacher_epoch(run, args.epoch)
@@ -264,7 +269,7 @@ def cmd_label_pairs(args: argparse.Namespace, settings: SettingsBase) -> int:
     backbone = args.backbone or _packaged_mpnet(settings, console)
     with ProgressBar("labelling pairs (checkpointed)", console, line_every=60.0) as bar:
         summary = label_pairs(run, backbone, args.pairs, args.out, args.epoch, progress=bar,
-                              limit=args.limit)
+                              limit=args.limit, device=args.device)
     print(json.dumps({"out": str(args.out), **summary}, indent=2))
     return 0
 
@@ -334,10 +339,17 @@ def _add_run_arguments(parser: argparse.ArgumentParser, what: str, backbone: str
                         help=f"seed of every random choice (default {config.seed})")
     parser.add_argument("--threads", type=count(1), default=threads,
                         help=f"torch threads (default {threads})")
+    _device_option(parser)
     parser.add_argument("--checkpoint-minutes", type=real(0.0), default=5.0,
                         help="minutes between checkpoints (default 5)")
     parser.add_argument("--stop-after", type=count(1), metavar="STEPS",
                         help="stop (with a checkpoint) after this many steps of this run")
+
+
+def _device_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where torch runs the model: cpu, or cuda where this torch sees "
+                        "a GPU (default: cpu)")
 
 
 def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
@@ -419,6 +431,7 @@ def add_commands(commands: Any, load_gemma: GemmaLoader) -> None:
     label.add_argument("--limit", type=count(1), help="label the first rows only (mine-pairs "
                        "writes them in a seeded order: a sample) (default: every row)")
     label.add_argument("--threads", type=count(1), default=1, help="torch threads (default 1)")
+    _device_option(label)
     label.set_defaults(handler=cmd_label_pairs)
     pack = sub.add_parser("pack-labels", help="a label-pairs file with each question "
                           "replaced by its text's sha256, to be committed without the shared "

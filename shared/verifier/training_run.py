@@ -30,7 +30,13 @@ from meancache.shared.progress import Progress
 from meancache.shared.threshold import DEFAULT_THRESHOLD
 from meancache.shared.verifier.rows import read_rows
 from meancache.shared.verifier.tokens import tokenize_pairs
-from meancache.shared.verifier.train import batches, bfloat16_matmuls, dev_report, train_step
+from meancache.shared.verifier.train import (
+    batches,
+    bfloat16_forward,
+    dev_report,
+    model_device,
+    train_step,
+)
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +70,7 @@ class RunOptions:
     """How this invocation runs; free to change between a run and its resume."""
 
     threads: int = 1  # torch threads: one leaves the other core to everyone else
+    device: str = "cpu"  # or "cuda": where the model trains (a checkpoint resumes on either)
     checkpoint_minutes: float = 5.0
     stop_after: int | None = None  # steps in this invocation, then checkpoint and return
     log_every: int = 20  # steps between progress lines in the log
@@ -206,7 +213,7 @@ def train(run: Run, record: dict, examples: list[Example], backbone: Path,
 
     torch.set_num_threads(options.threads)
     torch.manual_seed(config.seed)  # the fresh head
-    model = from_backbone(backbone).train()
+    model = from_backbone(backbone).to(options.device).train()
     # The word embeddings stay as the backbone learned them: a fifth to a third of the
     # weights, whose optimiser state would cost more than one pass teaches them.
     model.backbone.embeddings.word_embeddings.weight.requires_grad_(False)
@@ -222,16 +229,17 @@ def train(run: Run, record: dict, examples: list[Example], backbone: Path,
         log.info("resumed at step %d (epoch %d, batch %d)", at.step, at.epoch + 1,
                  at.position)
     _remove_partials(run.out)
-    bf16 = config.bfloat16 and bfloat16_matmuls()
+    bf16 = config.bfloat16 and bfloat16_forward(options.device)
     record.setdefault("invocations", []).append({
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "from_step": at.step,
         **asdict(options), "bfloat16": bf16, "torch": torch.__version__})
     run.write_record(record)
     tokenizer = backbone / "tokenizer.json"
     per_epoch = math.ceil(len(examples) / config.batch)
-    log.info("%s: %d examples, %d steps (%d per epoch), batch %d, forward in %s, "
+    log.info("%s: %d examples, %d steps (%d per epoch), batch %d, forward in %s on %s, "
              "%d thread(s)", run.what, len(examples), steps, per_epoch,
-             config.batch, "bfloat16" if bf16 else "float32", options.threads)
+             config.batch, "bfloat16" if bf16 else "float32", options.device,
+             options.threads)
     run_steps, started, last_save = 0, time.monotonic(), time.monotonic()
     window = (time.monotonic(), at.step)
     while True:
@@ -295,6 +303,8 @@ def save_checkpoint(run: Run, record: dict, model: object, optimiser: object,
     state = {"model": model.state_dict(), "optimiser": optimiser.state_dict(),
              "schedule": schedule.state_dict(), "torch_rng": torch.get_rng_state(),
              "position": asdict(at)}
+    if model_device(model).type == "cuda":  # dropout draws from the GPU's generator there
+        state["cuda_rng"] = torch.cuda.get_rng_state()
     with atomic_path(run.out / name, durable=True) as partial:
         torch.save(state, partial)
     previous = record["checkpoint"]
@@ -327,6 +337,8 @@ def load_checkpoint(run: Run, record: dict, model: object, optimiser: object,
         optimiser.load_state_dict(state["optimiser"])
         schedule.load_state_dict(state["schedule"])
         torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and model_device(model).type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"])
         return Position(**state["position"])
     except (RuntimeError, KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(f"the checkpoint {path} cannot be loaded into this model "
@@ -371,20 +383,22 @@ def _evaluate_pending(run: Run, record: dict, model: object, at: Position,
 def pair_probabilities(model: object, first: list[str], second: list[str],
                        max_tokens: int, tokenizer: Path, bf16: bool,
                        batch: int = 64, progress: Progress | None = None) -> np.ndarray:
-    """P(same question) of each pair, in batches of similar length (little padding)."""
+    """P(same question) of each pair, in batches of similar length (little padding), on
+    the model's device."""
     import torch
 
     order = sorted(range(len(first)), key=lambda i: len(first[i]) + len(second[i]))
     out = np.empty(len(first), dtype=np.float64)
+    device = model_device(model)
     model.eval()
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
         for start in range(0, len(order), batch):
             rows = order[start:start + batch]
             tokens = tokenize_pairs([first[i] for i in rows], [second[i] for i in rows],
                                     max_tokens, tokenizer)
-            logits = model(*(torch.from_numpy(x) for x in (
+            logits = model(*(torch.from_numpy(x).to(device) for x in (
                 tokens.input_ids, tokens.attention_mask, tokens.token_type_ids)))
-            out[rows] = torch.sigmoid(logits.float()).numpy()
+            out[rows] = torch.sigmoid(logits.float()).cpu().numpy()
             if progress is not None:
                 progress(start + len(rows), len(order))
     model.train()

@@ -266,6 +266,29 @@ def test_a_broken_input_is_named_before_the_backbone_is_assembled(
     assert not (tmp_path / "data" / "models").exists()
 
 
+@pytest.mark.parametrize("command", [
+    ["train-teacher", "--out", "{tmp}/run"],
+    ["distil", "--out", "{tmp}/student"],
+    ["label-pairs", "--pairs", "{good}", "--out", "{tmp}/out.jsonl"],
+], ids=["train-teacher", "distil", "label-pairs"])
+def test_device_cuda_without_a_gpu_is_refused_before_any_work(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        command: list[str]) -> None:
+    """Where torch sees no GPU (every CPU build; forced here so that a CUDA machine runs
+    the same test), --device cuda is one line, not a traceback after MPNet's assembly."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    good = tmp_path / "good.jsonl"
+    good.write_text(BROKEN.split("\n")[0] + "\n")
+    code = main(["--data-dir", str(tmp_path / "data"), "verifier",
+                 *(part.format(good=good, tmp=tmp_path) for part in command),
+                 "--device", "cuda"])
+    assert code == 2
+    assert f"--device cuda: this torch ({torch.__version__}) sees no CUDA GPU" \
+        in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "data" / "models").exists()
+    assert not (tmp_path / "run").exists() and not (tmp_path / "student").exists()
+
+
 def test_the_teachers_labels_are_its_probabilities_under_named_weights(
         setup: tuple[Path, Path, Path], tmp_path: Path) -> None:
     _, backbone, whole = setup
