@@ -352,7 +352,10 @@ def test_an_answer_past_its_deadline_is_cut_off(hostile: str, tmp_path: Path, st
     finally:
         proxy.close()
     assert "took longer than 1 s" in answer[-1]["error"]["message"], answer[-1]
-    assert status == (200 if stream else 502)
+    # streamed, the headers go out with the first piece (0.2 s in): then the error is the
+    # last event of a 200; on a loaded machine the deadline can pass before that piece
+    # reached the proxy, and nothing was sent yet: a 502
+    assert status in ((200, 502) if stream else (502,)), status
     deadline = time.monotonic() + 30
     while len(STREAMED) == served:  # the stub sees the hang-up at its next piece at most
         assert time.monotonic() < deadline, "the proxy never hung up on the upstream"
