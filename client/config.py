@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from meancache.client.cache import CacheSettings
 from meancache.client.upstream_client import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
-from meancache.shared.arguments import undecodable_byte
+from meancache.shared.arguments import undecodable_setting
 from meancache.shared.encoder import BACKENDS, DEFAULT_PROFILE, is_mpnet, profile_threshold
 from meancache.shared.errors import ConfigError
 from meancache.shared.settings import (
@@ -188,9 +188,8 @@ def with_upstream(settings: Settings, url: str | None = None, api_key: str | Non
     never sent to an upstream named elsewhere)."""
     env = os.environ if environ is None else environ
     for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):
-        if (byte := undecodable_byte(env.get(name))) is not None:
-            raise ConfigError(f"{name} holds the byte 0x{byte:02x}, which is not UTF-8 text; "
-                              "set it as UTF-8")
+        if (refusal := undecodable_setting(name, env.get(name))) is not None:
+            raise ConfigError(refusal)
     if not (url or settings.upstream_url) and env.get("OPENAI_BASE_URL", "").strip():
         url = env["OPENAI_BASE_URL"].strip()
         api_key = api_key or settings.upstream_api_key or env.get("OPENAI_API_KEY") or None

@@ -74,6 +74,14 @@ def undecodable_byte(value: object) -> int | None:
     return None
 
 
+def undecodable_setting(where: str, value: object) -> str | None:
+    """The message for a setting (a file key, an environment variable) holding such a
+    byte, naming ``where`` it was set; None when it is text."""
+    if (byte := undecodable_byte(value)) is None:
+        return None
+    return f"{where} holds the byte 0x{byte:02x}, which is not UTF-8 text; set it as UTF-8"
+
+
 def undecodable_text(args: argparse.Namespace, argv: list[str]) -> str | None:
     """The first option holding such a byte, named as ``argv`` spelled it, with the byte;
     None when every text option is text. Options typed as paths are not checked: the file

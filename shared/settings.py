@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import platformdirs
-from meancache.shared.arguments import undecodable_byte
+from meancache.shared.arguments import undecodable_setting
 from meancache.shared.encoder import DEFAULT_PROFILE
 from meancache.shared.errors import ConfigError
 from pydantic import AliasChoices, BaseModel, Field, PrivateAttr, ValidationError, field_validator
@@ -152,9 +152,8 @@ class SettingsBase(BaseSettings):
         chosen |= {keys.get(key, key): (value, named.get(keys.get(key, key), FLAG))
                    for key, value in flags.items() if value is not None}
         for value, where in chosen.values():
-            if (byte := undecodable_byte(value)) is not None:
-                raise ConfigError(f"{where} holds the byte 0x{byte:02x}, which is not UTF-8 "
-                                  "text; set it as UTF-8")
+            if (refusal := undecodable_setting(where, value)) is not None:
+                raise ConfigError(refusal)
         try:
             settings = cls(**{name: value for name, (value, _) in chosen.items()})
         except ValidationError as exc:
