@@ -49,7 +49,15 @@ from meancache.shared.verifier.decision import (
 from pydantic import ValidationError
 
 from tests.support.decision_card import use_card_for
-from tests.support.fixed_verifier import ASKED, CLOSE, OTHER, RIGHT, Fixed, cache_with
+from tests.support.fixed_verifier import (
+    ASKED,
+    CLOSE,
+    OTHER,
+    RIGHT,
+    Fixed,
+    cache_with,
+    just_over_threshold,
+)
 from tests.support.fuzz import fuzzed
 
 CacheFactory = Callable[..., SemanticCache]
@@ -64,8 +72,9 @@ def for_test_encoder(encoder: Encoder, monkeypatch: pytest.MonkeyPatch) -> Learn
 @pytest.mark.usefixtures("for_test_encoder")
 def test_a_dominant_pick_is_served_where_the_ambiguity_rule_declines(
         make_cache: CacheFactory) -> None:
-    verifier = Fixed({RIGHT: 0.995, CLOSE: 0.60, OTHER: 0.02})
-    assert ambiguous(np.array([0.995, 0.60, 0.02]), verifier.threshold)  # two pass
+    verifier = Fixed({RIGHT: 0.995, CLOSE: just_over_threshold(), OTHER: 0.02})
+    assert ambiguous(np.array([0.995, verifier.by_text[CLOSE], 0.02]),
+                     verifier.threshold)  # two pass
     assert isinstance(cache_with(make_cache, "rules", verifier).lookup(ASKED), Miss)
     hit = cache_with(make_cache, "learned", verifier).lookup(ASKED)
     assert isinstance(hit, Hit) and hit.answer == f"answer to {RIGHT}"
@@ -89,7 +98,7 @@ def test_two_equal_picks_are_declined(make_cache: CacheFactory) -> None:
 def test_another_verifier_leaves_the_decision_to_the_rules(make_cache: CacheFactory) -> None:
     """The coefficients weigh the shipped verifier's probabilities: with another verifier
     (another card) the rules decide, and the ambiguity rule declines."""
-    verifier = Fixed({RIGHT: 0.995, CLOSE: 0.60, OTHER: 0.02})
+    verifier = Fixed({RIGHT: 0.995, CLOSE: just_over_threshold(), OTHER: 0.02})
     verifier.card = type(verifier.card)("0" * 64, verifier.threshold)
     assert isinstance(cache_with(make_cache, "learned", verifier).lookup(ASKED), Miss)
 
@@ -103,7 +112,7 @@ def test_a_federated_fine_tune_of_the_cards_verifier_is_decided_by_the_card_as_a
     (the rules would decline this pick as ambiguous), but its score is another judge's,
     so the card's labels, scored by the base, back nothing: the threshold they back is
     that judge's prior. A fine-tune of another verifier leaves the decision to the rules."""
-    verifier = Fixed({RIGHT: 0.995, CLOSE: 0.60, OTHER: 0.02})
+    verifier = Fixed({RIGHT: 0.995, CLOSE: just_over_threshold(), OTHER: 0.02})
     base = for_test_encoder.verifier_sha256 if fine_tuned else "0" * 64
     verifier.card = replace(verifier.card, sha256="1" * 64, global_model="2" * 64,
                             tuned_from=base)
@@ -145,7 +154,7 @@ def test_another_encoder_leaves_the_decision_to_the_rules(
     tests' MiniLM the rules decide, and the ambiguity rule declines what the card serves
     with a card for this encoder (test above); logged once, not per lookup."""
     assert learned_decision().encoder_version != encoder.model_version
-    verifier = Fixed({RIGHT: 0.995, CLOSE: 0.60, OTHER: 0.02})
+    verifier = Fixed({RIGHT: 0.995, CLOSE: just_over_threshold(), OTHER: 0.02})
     cache = cache_with(make_cache, "learned", verifier)
     with caplog.at_level(logging.WARNING, "meancache.client.matching.matcher"):
         assert isinstance(cache.lookup(ASKED), Miss)

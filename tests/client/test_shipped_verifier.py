@@ -64,11 +64,11 @@ def test_the_verified_candidate_is_served_not_the_most_similar(
 
 def test_a_swapped_direction_the_model_misses_is_vetoed_by_the_kept_rule_as_a_miss(
         make_cache: CacheFactory, encoder: Encoder) -> None:
-    """The model judges "Is Java faster than Python?" the same question as "Is Python
-    faster than Java?"; the direction check kept beside it vetoes it, and the lower
+    """The model judges "Is coffee healthier than tea?" the same question as "Is tea
+    healthier than coffee?"; the direction check kept beside it vetoes it, and the lower
     candidate is not served instead (the threshold here lies between the two)."""
-    asked, swapped, other = ("Is Python faster than Java?", "Is Java faster than Python?",
-                             "Is Python older than Java?")
+    asked, swapped, other = ("Is tea healthier than coffee?", "Is coffee healthier than tea?",
+                             "Is tea cheaper than coffee?")
     shipped = LearnedVerifier.load()
     swapped_p, other_p = shipped.probabilities(asked, [swapped, other])
     assert swapped_p >= shipped.threshold and swapped_p > other_p  # the model's miss

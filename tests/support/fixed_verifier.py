@@ -16,6 +16,12 @@ CLOSE = "How do I reverse a string in Python?"
 OTHER = "How do I sort a list in Python?"
 
 
+def just_over_threshold() -> float:
+    """A probability just over the shipped verifier's threshold: a second candidate the
+    ambiguity rule counts as passing, whatever threshold the shipped card has."""
+    return shipped_verifier().card.threshold + 0.01
+
+
 class Fixed:
     """The shipped verifier's card (so the learned decision applies) with a chosen
     probability per stored question."""
