@@ -48,8 +48,8 @@ it) is never served nor labelled, as the card's own evidence counts picks. Its r
 - **after**: the final global verifier with the card's coefficients (the card fitted on
   the shipped verifier); the bound on the device's first half's labels scored by this
   judge alone, with no evidence of its own, the prior the card's first threshold at the
-  rate (what the card's evidence backs for the shipped verifier: 0.891 at 2%, the default
-  rate); at another rate also with 0.891 as the prior, where the two differ.
+  rate (what the card's evidence backs for the shipped verifier: 0.926 at 2%, the default
+  rate); at another rate also with 0.926 as the prior, where the two differ.
 
 Hit rate: the share of test questions answered from the cache; wrong: the share of
 served answers that are wrong (which the bound holds at ``max_wrong_rate``); at most
