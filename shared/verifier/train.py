@@ -77,6 +77,11 @@ def training_examples(train: list[Pair], config: TrainConfig
     drawn = rng.sample(train, min(config.pairs, len(train)))
     examples: list[tuple[str, str, float]] = [(p.q1, p.q2, p.label) for p in drawn]
     different = [p for p in drawn if p.label == 0]
+    # minutes before the first step on 2 cores, said where the run logs so it is not taken
+    # for a hang
+    log.info("drawing the examples: %d QQP pairs, %d different ones embedded by MiniLM for "
+             "false positives, %d code-made negatives", len(drawn), len(different),
+             config.generated)
     encoder = Encoder.load(None)  # the packaged MiniLM
     a = encoder.encode([p.q1 for p in different])
     b = encoder.encode([p.q2 for p in different])
@@ -92,6 +97,7 @@ def training_examples(train: list[Pair], config: TrainConfig
               if (v := negatives.symmetric_variant(q)) is not None][:config.generated // 10]
     examples += variants + traded
     rng.shuffle(examples)
+    log.info("drew %d examples", len(examples))
     counts = {"qqp train pairs": len(drawn), "embedding false positives (again)": len(hard),
               "generated negatives": len(generated), "same-question variants": len(variants),
               "symmetric trades (label 1)": len(traded)}
