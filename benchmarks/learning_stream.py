@@ -265,6 +265,11 @@ def main() -> None:
                         help="exploration rate (default: the judge's own, as explore_rate)")
     parser.add_argument("--explore-width", type=float, help="how far above the threshold a "
                         "would-be hit counts as near (default: the judge's own)")
+    parser.add_argument("--explore-beyond", type=float, help="the share of would-be hits "
+                        "above the near band also explored (default: the judge's own, as "
+                        "explore_beyond_rate)")
+    parser.add_argument("--explore-warmup", type=int, help="own labels over the threshold "
+                        "before any would-be hit is served (default: explore_warmup's)")
     parser.add_argument("--streams", nargs="+", default=["qqp", "arena"],
                         choices=["qqp", "arena", "reworded", "sts"])
     parser.add_argument("--distinct", type=float, default=0.9,
@@ -302,7 +307,9 @@ def main() -> None:
     settings = CacheSettings(pca_dims=0, global_threshold=profile_threshold(args.encoder),
                              max_wrong_rate=args.max_wrong_rate,
                              explore_rate=args.explore,
-                             explore_width=args.explore_width)
+                             explore_width=args.explore_width,
+                             explore_beyond_rate=args.explore_beyond,
+                             explore_warmup=args.explore_warmup)
     if "reworded" in args.streams and args.reworded is None:
         parser.error("the reworded stream needs --reworded FILE")
     if "sts" in args.streams and args.sts is None:

@@ -93,7 +93,9 @@ class SemanticCache:
         self.awaiting = Awaiting(self.learned, partial(
             Exploration.for_judge, rate=self.settings.explore_rate,
             width=self.settings.explore_width,
-            until_learned=self.settings.explore_until_learned), rng,
+            until_learned=self.settings.explore_until_learned,
+            beyond=self.settings.explore_beyond_rate,
+            warmup=self.settings.explore_warmup), rng,
             learns and self.settings.learn_from_answers is not False)
         if rng is not None:  # it faces traffic: `cache stats` reads how it labels it
             record_learning_mode(self.store, self.awaiting.learns)

@@ -46,15 +46,17 @@ class Awaiting:
     def explores(self, entry_id: str, score: float,
                  weighed: Weighed = ()) -> Pending | None:
         """The would-be hit on ``entry_id`` at the judge's ``score`` as an exploration, if
-        it is one: its score lies near the entry's threshold and the draw says so."""
+        it is one: the draw at its chance (``Exploration.chance``) says so."""
         if self._rng is None or not self.learns:
             return None
         threshold = self.learned.threshold(entry_id)
         learned = self.learned.settled(threshold)
         exploration = self.exploration(self.learned.judge)
-        if not exploration.explores(score, threshold, self._rng, learned):
+        own_over = self.learned.own_over(threshold) if exploration.warmup else None
+        if not exploration.explores(score, threshold, self._rng, learned, own_over):
             return None
-        return Pending(entry_id, score, exploration.rate_now(learned), "explore", weighed)
+        return Pending(entry_id, score, exploration.chance(score, threshold, learned, own_over),
+                       "explore", weighed)
 
     def wait(self, question_key: str, pending: Pending) -> None:
         if not self.learns:

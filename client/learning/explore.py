@@ -13,7 +13,17 @@ rate. So the learned decision's card, whose labels are its choose splits' and ba
 bound from the first lookup, is checked against traffic before exploration eases, and
 for as long as the traffic looks worse than the card; then ``rate`` of them. A width is
 in the judge's score: the learned decision's within 0.05 of its threshold, ``rate`` 0.3
-once settled; the verifier's probability and the cosine within 0.25, ``rate`` 0.1."""
+once settled; the verifier's probability and the cosine within 0.25, ``rate`` 0.1.
+
+A judge's score need not be calibrated: one that passes wrong answers may give them its
+highest scores, above any band near the threshold, where the band never looks.
+``beyond`` is the chance that a would-be hit above the band is explored too, before and
+after the labels settle (weighted by its inverse, as every explored label is), so that
+every score the cache serves keeps getting labels whatever the judge thinks of it.
+``warmup``: until that many of the device's own labels score over the threshold, every
+would-be hit is explored, at any score: evidence from elsewhere (the card's choose
+splits) may not fit this traffic, and a region it backs can only be refused by labels of
+the traffic, which the first would-be hits then give before any of them is served."""
 
 import random
 from dataclasses import dataclass
@@ -24,6 +34,8 @@ EXPLORE_RATE = 0.1  # the default share of near-boundary would-be hits also aske
 EXPLORE_WIDTH = 0.25  # the default width of "near", in the judge's score
 DECISION_EXPLORE_RATE = 0.3  # ... the learned decision's score's (see above)
 DECISION_EXPLORE_WIDTH = 0.05
+EXPLORE_BEYOND = 0.0  # the default share of would-be hits above the band also asked upstream
+EXPLORE_WARMUP = 0  # the default count of own labels over the threshold before any is served
 
 
 @dataclass(frozen=True)
@@ -37,23 +49,34 @@ class Exploration:
     rate: float = EXPLORE_RATE  # share of near-boundary would-be hits also sent upstream
     width: float = EXPLORE_WIDTH  # how far above the threshold (in score) a hit counts as near
     until_learned: bool = True
+    beyond: float = EXPLORE_BEYOND  # share of would-be hits above the band also sent upstream
+    warmup: int = EXPLORE_WARMUP  # own labels over the threshold before any hit is served
+
 
     def __post_init__(self) -> None:
-        if not 0 <= self.rate <= 1:
-            raise ValueError(f"the exploration rate must lie between 0 and 1, not {self.rate!r}")
+        if self.warmup < 0:
+            raise ValueError(f"the exploration warm-up must not be negative, not "
+                             f"{self.warmup!r}")
+        for name, rate in (("rate", self.rate), ("rate beyond the band", self.beyond)):
+            if not 0 <= rate <= 1:
+                raise ValueError(f"the exploration {name} must lie between 0 and 1, "
+                                 f"not {rate!r}")
         if self.width < 0:
             raise ValueError(f"the exploration width must not be negative, not {self.width!r}")
 
     @classmethod
     def for_judge(cls, judge: str, rate: float | None = None, width: float | None = None,
-                  until_learned: bool = True) -> "Exploration":
-        """The exploration of ``judge``'s score: ``rate`` and ``width`` as set, the
-        judge's defaults where None (the module's docstring)."""
+                  until_learned: bool = True, beyond: float | None = None,
+                  warmup: int | None = None) -> "Exploration":
+        """The exploration of ``judge``'s score: ``rate``, ``width``, ``beyond`` and
+        ``warmup`` as set, the defaults where None (the module's docstring)."""
         decision = judge.startswith(f"{DECISION_JUDGE} ")
         return cls(rate if rate is not None else
                    DECISION_EXPLORE_RATE if decision else EXPLORE_RATE,
                    width if width is not None else
-                   DECISION_EXPLORE_WIDTH if decision else EXPLORE_WIDTH, until_learned)
+                   DECISION_EXPLORE_WIDTH if decision else EXPLORE_WIDTH, until_learned,
+                   beyond if beyond is not None else EXPLORE_BEYOND,
+                   warmup if warmup is not None else EXPLORE_WARMUP)
 
     def near(self, score: float, threshold: float) -> bool:
         return threshold <= score < threshold + self.width
@@ -65,10 +88,23 @@ class Exploration:
             return 0.0
         return 1.0 if self.until_learned and not learned else self.rate
 
+    def chance(self, score: float, threshold: float, learned: bool = True,
+               own_over: int | None = None) -> float:
+        """The chance this would-be hit is explored now (what its label is weighted by):
+        every one while fewer than ``warmup`` of the device's own labels score over the
+        threshold (``own_over``; None: past it), then ``rate_now`` near the threshold and
+        ``beyond`` above the band; none under the threshold, none with exploration off."""
+        if score >= threshold and self.rate > 0 and own_over is not None \
+                and own_over < self.warmup:
+            return 1.0
+        if self.near(score, threshold):
+            return self.rate_now(learned)
+        return self.beyond if score >= threshold and self.rate > 0 else 0.0
+
     def explores(self, score: float, threshold: float, rng: random.Random,
-                 learned: bool = True) -> bool:
-        """Whether this would-be hit is also asked upstream (a draw is made only for a
-        near one, so the seeded sequence depends on the near hits alone). ``learned``:
-        whether labels of traffic settled ``threshold``."""
-        rate = self.rate_now(learned)
-        return self.near(score, threshold) and rate > 0 and rng.random() < rate
+                 learned: bool = True, own_over: int | None = None) -> bool:
+        """Whether this would-be hit is also asked upstream (a draw is made only where the
+        chance is over 0, so the seeded sequence depends on those hits alone). ``learned``:
+        whether labels of traffic settled ``threshold``; ``own_over``: as ``chance``."""
+        chance = self.chance(score, threshold, learned, own_over)
+        return chance > 0 and rng.random() < chance

@@ -270,6 +270,13 @@ class Learned:
             return threshold
         return entry_threshold(threshold, filter(self._counts, self._by_entry.get(entry, ())))
 
+    def own_over(self, threshold: float) -> int:
+        """How many of this device's labels of the judge score at least ``threshold``."""
+        with self._lock:
+            own = self._own_rows()  # highest score first
+            over = int(np.searchsorted(-own.score, -threshold, side="right"))
+            return int(own[:over].count.sum())
+
     def settled(self, threshold: float) -> bool:
         """Whether labels of traffic settle ``threshold``: the labels chose the bound,
         enough of this device's, with the federation's pool where it applies, score at

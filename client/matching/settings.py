@@ -4,7 +4,9 @@ settings and the device's inherit them). Light: no torch, no scikit-learn."""
 from meancache.client.learning.explore import (
     DECISION_EXPLORE_RATE,
     DECISION_EXPLORE_WIDTH,
+    EXPLORE_BEYOND,
     EXPLORE_RATE,
+    EXPLORE_WARMUP,
     EXPLORE_WIDTH,
 )
 from meancache.shared.settings import check_choice
@@ -77,6 +79,20 @@ class MatchSettings(BaseModel):
                                         "a would-be hit counts as near it, and may be explored. "
                                         f"Unset: {DECISION_EXPLORE_WIDTH} for the learned "
                                         f"decision's score, {EXPLORE_WIDTH} for the others.")
+    explore_beyond_rate: float | None = Field(None, ge=0, le=1, description="The share of "
+                                              "would-be hits above the near band (anywhere "
+                                              "else the cache serves) also asked upstream, "
+                                              "before and after the labels settle, so that "
+                                              "a judge's highest scores are checked too "
+                                              "(client/learning/explore.py). Unset: "
+                                              f"{EXPLORE_BEYOND}.")
+    explore_warmup: int | None = Field(None, ge=0, description="Until this many of the "
+                                       "device's own labels score over the learned "
+                                       "threshold, every would-be hit is asked upstream "
+                                       "and labelled, so that evidence from elsewhere (the "
+                                       "decision card's) is checked against this traffic "
+                                       "before it serves (client/learning/explore.py). "
+                                       f"Unset: {EXPLORE_WARMUP}.")
     explore_until_learned: bool = Field(True, description="Explore every near would-be hit "
                                         "until labels of traffic settle the threshold (they "
                                         "chose it, at least 149 of this device's, with the "

@@ -65,6 +65,7 @@ def test_the_cache_is_given_every_cache_setting_and_shares_its_defaults(
                "pca_min_entries": 3, "tune_min_per_class": 2, "verifier": "rules",
                "candidates": 3, "recall_margin": 0.05, "max_wrong_rate": 0.05,
                "decision": "rules", "explore_rate": 0.3, "explore_width": 0.1,
+               "explore_beyond_rate": 0.05, "explore_warmup": 20,
                "explore_until_learned": False, "learn_from_answers": True}
     got = settings.model_copy(update=changed).cache_settings()
     assert got.model_dump() == CacheSettings().model_dump() | changed

@@ -4,6 +4,7 @@ learning removes exactly them."""
 
 import random
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -251,6 +252,61 @@ def test_exploring_until_learned_checks_every_near_hit_until_the_labels_decide()
         draws.random()
     expected = [draws.random() < 0.1 for _ in range(50)]
     assert [warming.explores(0.6, 0.5, rng, learned=True) for _ in range(50)] == expected
+
+
+def test_hits_above_the_band_are_explored_at_their_own_rate_and_weighted_by_it(
+        tmp_path: Path) -> None:
+    """A judge may give wrong answers its highest scores: with ``beyond`` set, a would-be
+    hit above the near band is explored at that chance (before and after the labels
+    settle) and its label weighted by it; under the threshold nothing is, and exploration
+    off turns it off too."""
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    exploration = Exploration(rate=0.3, width=0.05, until_learned=True, beyond=0.2)
+    assert exploration.chance(0.99, 0.9, learned=False) == 0.2
+    assert exploration.chance(0.99, 0.9, learned=True) == 0.2
+    assert exploration.chance(0.92, 0.9, learned=False) == 1.0  # near: as before
+    assert exploration.chance(0.89, 0.9, learned=False) == 0.0  # a miss is not explored
+    assert Exploration(rate=0.0, beyond=0.2).chance(0.99, 0.9) == 0.0
+    assert Exploration.for_judge("decision " + "a" * 64).beyond == 0.0  # the default
+    rng, draws = random.Random(seed), random.Random(seed)
+    expected = [draws.random() < 0.2 for _ in range(200)]
+    assert [exploration.explores(0.99, 0.9, rng) for _ in range(200)] == expected
+    with pytest.raises(ValueError, match="rate beyond the band"):
+        Exploration(beyond=1.5)
+    learned = Learned(EntryStore(tmp_path), 0.02)
+    learned.use(Judge("cosine 0123456789abcdef", 0.5))  # width 0.25: near up to 0.75
+    awaiting = Awaiting(learned, partial(Exploration.for_judge, beyond=0.5),
+                        random.Random(seed))
+    explored = [awaiting.explores(f"entry{i}", 0.9) for i in range(200)]
+    draws = random.Random(seed)
+    assert [p is not None for p in explored] == [draws.random() < 0.5 for _ in range(200)]
+    assert all(p.labelled_with == 0.5 and p.source == "explore" for p in explored if p)
+
+
+def test_every_would_be_hit_is_explored_until_the_warmup_has_labels_over_the_threshold(
+        tmp_path: Path) -> None:
+    """With ``warmup`` set, a would-be hit at any score is explored (labelled as certain
+    to be) until that many of the device's own labels score over the threshold; labels
+    under it do not count; after it the near band and ``beyond`` decide again."""
+    seed = random.randrange(2**32)
+    print(f"seed {seed}")
+    learned = Learned(EntryStore(tmp_path), 0.02)
+    learned.use(Judge("cosine 0123456789abcdef", 0.5))  # width 0.25: near up to 0.75
+    awaiting = Awaiting(learned, partial(Exploration.for_judge, warmup=5, rate=0.1),
+                        random.Random(seed))
+    for i in range(20):  # under the threshold: no warm-up label
+        learned.learn(Label(0.4, False, entry=f"under{i}"))
+    assert learned.own_over(0.5) == 0
+    for i in range(5):
+        pending = awaiting.explores(f"far{i}", 0.95)
+        assert pending is not None and pending.labelled_with == 1.0
+        learned.learn(Label(0.95, False, entry=f"far{i}"))
+    assert learned.own_over(0.5) == 5
+    assert all(awaiting.explores(f"served{i}", 0.95) is None for i in range(50))
+    assert Exploration(rate=0.0, warmup=5).chance(0.95, 0.5, own_over=0) == 0.0  # off
+    with pytest.raises(ValueError, match="warm-up"):
+        Exploration(warmup=-1)
 
 
 def test_evidence_from_elsewhere_is_explored_until_the_devices_own_labels_settle_it(
