@@ -35,7 +35,7 @@ EXPLORE_WIDTH = 0.25  # the default width of "near", in the judge's score
 DECISION_EXPLORE_RATE = 0.3  # ... the learned decision's score's (see above)
 DECISION_EXPLORE_WIDTH = 0.05
 EXPLORE_BEYOND = 0.0  # the default share of would-be hits above the band also asked upstream
-EXPLORE_WARMUP = 0  # the default count of own labels over the threshold before any is served
+EXPLORE_WARMUP = 50  # own labels over the threshold before a would-be hit is served
 
 
 @dataclass(frozen=True)

@@ -142,7 +142,8 @@ def test_exploration_checks_the_would_be_hits_a_seeded_draw_picks_and_labels_the
         make_cache: CacheFactory, passing: LearnedVerifier) -> None:
     seed, rate = 2026, 0.5  # the rate itself (not every near hit until the labels decide)
     settings = SETTINGS.model_copy(update=dict(explore_rate=rate, explore_width=1.0,
-                                               explore_until_learned=False))
+                                               explore_until_learned=False,
+                                               explore_warmup=0))
     cache = make_cache(settings=settings, verifier=passing, rng=random.Random(seed))
     cache.insert(FRANCE, ANSWER)
     draws = random.Random(seed)  # every lookup is near (width 1), so one draw each
@@ -160,6 +161,25 @@ def test_exploration_checks_the_would_be_hits_a_seeded_draw_picks_and_labels_the
     [label] = cache.learned.labels
     assert (label.source, label.labelled_with, label.wrong) == ("explore", rate, False)
     assert cache.learned.alias(explored) == label.entry
+
+
+def test_a_new_cache_asks_upstream_for_its_first_would_be_hits_at_any_score(
+        make_cache: CacheFactory, passing: LearnedVerifier) -> None:
+    """The warm-up: until that many of the device's own labels score over the threshold,
+    a would-be hit is explored whatever its score (a width of 0 leaves no band near the
+    threshold, so only the warm-up explores here) and labelled as certain to be; after
+    it, the same kind of question is no longer explored."""
+    settings = SETTINGS.model_copy(update=dict(explore_width=0.0, explore_warmup=1))
+    cache = make_cache(settings=settings, verifier=passing, rng=random.Random(0))
+    cache.insert(FRANCE, ANSWER)
+    first = cache.lookup(PARAPHRASES[0])
+    assert isinstance(first, Miss) and first.explored
+    cache.insert(PARAPHRASES[0], ANSWER)  # the upstream's fresh answer agrees
+    [label] = cache.learned.labels
+    assert (label.source, label.labelled_with, label.wrong) == ("explore", 1.0, False)
+    second = cache.lookup(PARAPHRASES[1])  # (two entries now: the ambiguity rule may decline)
+    assert not (isinstance(second, Miss) and second.explored)
+    assert cache.stats().explored == 1
 
 
 def test_exploration_off_serves_every_would_be_hit(make_cache: CacheFactory,

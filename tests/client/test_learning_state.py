@@ -268,7 +268,8 @@ def test_hits_above_the_band_are_explored_at_their_own_rate_and_weighted_by_it(
     assert exploration.chance(0.92, 0.9, learned=False) == 1.0  # near: as before
     assert exploration.chance(0.89, 0.9, learned=False) == 0.0  # a miss is not explored
     assert Exploration(rate=0.0, beyond=0.2).chance(0.99, 0.9) == 0.0
-    assert Exploration.for_judge("decision " + "a" * 64).beyond == 0.0  # the default
+    default = Exploration.for_judge("decision " + "a" * 64)
+    assert (default.beyond, default.warmup) == (0.0, 50)  # the defaults
     rng, draws = random.Random(seed), random.Random(seed)
     expected = [draws.random() < 0.2 for _ in range(200)]
     assert [exploration.explores(0.99, 0.9, rng) for _ in range(200)] == expected
@@ -276,7 +277,7 @@ def test_hits_above_the_band_are_explored_at_their_own_rate_and_weighted_by_it(
         Exploration(beyond=1.5)
     learned = Learned(EntryStore(tmp_path), 0.02)
     learned.use(Judge("cosine 0123456789abcdef", 0.5))  # width 0.25: near up to 0.75
-    awaiting = Awaiting(learned, partial(Exploration.for_judge, beyond=0.5),
+    awaiting = Awaiting(learned, partial(Exploration.for_judge, beyond=0.5, warmup=0),
                         random.Random(seed))
     explored = [awaiting.explores(f"entry{i}", 0.9) for i in range(200)]
     draws = random.Random(seed)

@@ -161,7 +161,10 @@ def test_the_command_serves_an_unmodified_openai_client(tmp_path: Path, upstream
     env = {"MEANCACHE_DATA_DIR": str(data), "PATH": "/usr/bin:/bin",
            "MEANCACHE_CONFIG_DIR": str(tmp_path / "config"), "HF_HUB_OFFLINE": "1",
            "MEANCACHE_ENCODER_MODEL": "minilm",
-           "MEANCACHE_ANSWER_MAX_TOKENS": str(ANSWER_TOKENS)}
+           "MEANCACHE_ANSWER_MAX_TOKENS": str(ANSWER_TOKENS),
+           # a test of a hit must not draw: with an upstream named the cache learns, and
+           # its first would-be hits are explored (the warm-up)
+           "MEANCACHE_EXPLORE_RATE": "0"}
     process = subprocess.Popen([sys.executable, "-m", "meancache", "proxy", "--port",
                                 str(port), "--upstream", upstream_url], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
