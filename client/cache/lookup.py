@@ -53,7 +53,7 @@ class Lookup:
             self.store.add_to_counter(EXPLORED)
             self.awaiting.wait(question.key, explored)
             return Miss(query.text, f"the cache's match (score {explored.score:.2f}) is checked "
-                        "against a fresh answer (exploration)", decision.candidate.similarity,
+                        f"against a fresh answer ({explored.why})", decision.candidate.similarity,
                         question.truncated, explored=True)
         if isinstance(decision, Match):
             with contextlib.suppress(EntryNotFoundError):  # deleted by another process

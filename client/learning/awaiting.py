@@ -28,6 +28,7 @@ class Pending:
     labelled_with: float = 1.0
     source: str = "miss"
     weighed: Weighed = ()  # what the judge weighed
+    why: str = ""  # why an explored one was (the warm-up says so; the user is shown it)
 
 
 class Awaiting:
@@ -55,8 +56,11 @@ class Awaiting:
         own_over = self.learned.own_over(threshold) if exploration.warmup else None
         if not exploration.explores(score, threshold, self._rng, learned, own_over):
             return None
+        why = (f"exploration: a new cache checks its first {exploration.warmup} matches; "
+               f"{own_over} checked so far") \
+            if own_over is not None and own_over < exploration.warmup else "exploration"
         return Pending(entry_id, score, exploration.chance(score, threshold, learned, own_over),
-                       "explore", weighed)
+                       "explore", weighed, why)
 
     def wait(self, question_key: str, pending: Pending) -> None:
         if not self.learns:

@@ -174,6 +174,7 @@ def test_a_new_cache_asks_upstream_for_its_first_would_be_hits_at_any_score(
     cache.insert(FRANCE, ANSWER)
     first = cache.lookup(PARAPHRASES[0])
     assert isinstance(first, Miss) and first.explored
+    assert "a new cache checks its first 1 matches; 0 checked so far" in first.reason
     cache.insert(PARAPHRASES[0], ANSWER)  # the upstream's fresh answer agrees
     [label] = cache.learned.labels
     assert (label.source, label.labelled_with, label.wrong) == ("explore", 1.0, False)
