@@ -52,7 +52,6 @@ class Exploration:
     beyond: float = EXPLORE_BEYOND  # share of would-be hits above the band also sent upstream
     warmup: int = EXPLORE_WARMUP  # own labels over the threshold before any hit is served
 
-
     def __post_init__(self) -> None:
         if self.warmup < 0:
             raise ValueError(f"the exploration warm-up must not be negative, not "
