@@ -58,7 +58,7 @@ class Awaiting:
             return None
         why = (f"exploration: a new cache checks its first {exploration.warmup} matches; "
                f"{own_over} checked so far") \
-            if own_over is not None and own_over < exploration.warmup else "exploration"
+            if exploration.warming(own_over) else "exploration"
         return Pending(entry_id, score, exploration.chance(score, threshold, learned, own_over),
                        "explore", weighed, why)
 

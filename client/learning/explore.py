@@ -87,14 +87,18 @@ class Exploration:
             return 0.0
         return 1.0 if self.until_learned and not learned else self.rate
 
+    def warming(self, own_over: int | None) -> bool:
+        """Whether the warm-up is still on: fewer than ``warmup`` of the device's own
+        labels (``own_over``; None: past it) score over the threshold."""
+        return own_over is not None and own_over < self.warmup
+
     def chance(self, score: float, threshold: float, learned: bool = True,
                own_over: int | None = None) -> float:
         """The chance this would-be hit is explored now (what its label is weighted by):
         every one while fewer than ``warmup`` of the device's own labels score over the
         threshold (``own_over``; None: past it), then ``rate_now`` near the threshold and
         ``beyond`` above the band; none under the threshold, none with exploration off."""
-        if score >= threshold and self.rate > 0 and own_over is not None \
-                and own_over < self.warmup:
+        if score >= threshold and self.rate > 0 and self.warming(own_over):
             return 1.0
         if self.near(score, threshold):
             return self.rate_now(learned)
