@@ -54,9 +54,9 @@ class ChatSession:
     cache: SemanticCache
     answers: AnswerService
     conversations: ConversationStore
-    upstream_label: str  # what the screen says about where answers come from
+    upstream_name: str  # where answers come from: the URL and model, or the embedded one
     embedded: EmbeddedUpstream | None = None  # in-process upstream when no URL is set
-    upstream_problem: str | None = None  # why the upstream could not be reached at start
+    upstream_problem: str | None = None  # why the upstream was last found unreachable
 
     @classmethod
     def open(cls, settings: Settings, progress: Progress | None = None,
@@ -97,8 +97,7 @@ class ChatSession:
                               verifier=load_device_verifier(settings))
         embedded = None
         if upstream is not None:
-            label = (f"upstream {url}" + (f" · {upstream.model}" if upstream.model else "")
-                     + (" (unreachable at start)" if problem else ""))
+            label = f"upstream {url}" + (f" · {upstream.model}" if upstream.model else "")
         else:
             assert start_upstream is not None
             preparing = _timed(steps, "starting the language model (the first start "
@@ -113,6 +112,19 @@ class ChatSession:
                                 settings.temperature, PackStore(settings.packs_dir),
                                 wait_for_pack=not background, pack_progress=pack_progress)
         return cls(settings, cache, answers, conversations, label, embedded, problem)
+
+    @property
+    def upstream_label(self) -> str:
+        """What the status line says about where answers come from, as last found."""
+        return self.upstream_name + (" (unreachable)" if self.upstream_problem else "")
+
+    def heard_from_upstream(self, problem: str | None) -> bool:
+        """The upstream answered (``problem`` None) or could not be reached (why); returns
+        whether that changes what the status line says, so that a start's "unreachable"
+        goes once it answers and comes back when it stops."""
+        changed = (problem is None) != (self.upstream_problem is None)
+        self.upstream_problem = problem
+        return changed
 
     async def aclose(self) -> None:
         await self.answers.upstream.aclose()

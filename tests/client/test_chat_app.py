@@ -15,6 +15,7 @@ from meancache.client.tui.app import MeanCacheApp
 from meancache.client.tui.widgets import AnswerView
 from meancache.shared.encoder import Encoder
 from meancache.shared.fl.app_signing import operator_key
+from meancache.upstream.server.serve import BackgroundServer
 from textual.widgets._toast import Toast
 
 from meancache.embedded import start_embedded_upstream
@@ -148,6 +149,34 @@ def test_upstream_down_still_serves_cached_answers(down: Settings) -> None:
             await ask(pilot, "Who painted the Mona Lisa?")
             assert "no answer: cannot reach the upstream" in badge(app)
             assert len(app.chat.conversation.turns) == 1  # the failed question left no turn
+
+    asyncio.run(run())
+
+
+def test_the_status_line_says_whether_the_upstream_answers_as_last_found(
+        settings: Settings) -> None:
+    """Down at start, then up, then down again: the status line follows, not the start."""
+    server = BackgroundServer("builtin:tiny")  # its port bound, nothing listening yet
+    up = settings.model_copy(update=dict(upstream_url=server.url))
+
+    def status(app: MeanCacheApp) -> str:
+        return str(app.chat.query_one("#status").render())
+
+    async def run() -> None:
+        app = MeanCacheApp(up)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await started(pilot)
+            assert status(app) == f"upstream {server.url} (unreachable)"
+            server.start()
+            try:
+                await ask(pilot, "Who painted the Mona Lisa?")
+                assert app.chat.conversation.turns[-1].source == "upstream"
+                assert status(app) == f"upstream {server.url}"
+            finally:
+                server.stop()
+            await ask(pilot, "Who wrote Hamlet?")
+            assert "no answer: cannot reach the upstream" in badge(app)
+            assert status(app) == f"upstream {server.url} (unreachable)"
 
     asyncio.run(run())
 

@@ -12,7 +12,7 @@ from meancache.client.chat.history import ChatHistory
 from meancache.client.chat.rejection import reject_last
 from meancache.client.chat.session import ChatSession
 from meancache.client.config import Settings
-from meancache.client.errors import UpstreamRequestError
+from meancache.client.errors import UpstreamRequestError, UpstreamUnavailableError
 from meancache.client.fl.participation import FederatedParticipation
 from meancache.client.tui.bindings import CHAT_BINDINGS, why_not
 from meancache.client.tui.federation import FederationControl
@@ -163,19 +163,30 @@ class ChatScreen(Screen[None]):
         """Stream ``answer`` into ``view``; None, with a notice, when it failed."""
         self.set_busy(True)
         try:
-            return await self.messages.stream(view, answer)
+            turn = await self.messages.stream(view, answer)
         except asyncio.CancelledError:
             view.fail("stopped: nothing was cached")
             raise
         except UpstreamRequestError as exc:
             view.fail(f"{failed}: {exc}")
             self.notify(str(exc), title="Upstream unavailable", severity="error")
+            if isinstance(exc, UpstreamUnavailableError):
+                self._heard_from_upstream(str(exc))
         except MeanCacheError as exc:
             view.fail(str(exc))
             self.notify(str(exc), severity="error")
+        else:
+            if turn.source == "upstream":
+                self._heard_from_upstream(None)
+            return turn
         finally:
             self.set_busy(False)
         return None
+
+    def _heard_from_upstream(self, problem: str | None) -> None:
+        """The status line says whether the upstream answers as last found."""
+        if self.session.heard_from_upstream(problem):
+            self.status_line.idle()
 
     @work(exclusive=True, group="answer")
     async def ask(self, question: str) -> None:
