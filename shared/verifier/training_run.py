@@ -39,6 +39,7 @@ from meancache.shared.verifier.train import (
 )
 
 log = logging.getLogger(__name__)
+_PACKAGE = __name__.rpartition(".")[0]  # meancache.shared.verifier: every training module
 
 EXAMPLES_FILE = "examples.jsonl"
 LOG_FILE = "train.log"
@@ -132,15 +133,17 @@ class Run:
 
     @contextmanager
     def logging_to_file(self) -> Iterator[None]:
-        """The run's progress lines into its ``train.log`` (never the terminal)."""
+        """The run's progress lines into its ``train.log`` (never the terminal): those of
+        every verifier training module, the drawing of the examples (``train``) too."""
         handler = logging.FileHandler(self.out / LOG_FILE, encoding="utf-8")
         handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
+        training = logging.getLogger(_PACKAGE)
+        training.addHandler(handler)
+        training.setLevel(logging.INFO)
         try:
             yield
         finally:
-            log.removeHandler(handler)
+            training.removeHandler(handler)
             handler.close()
 
 

@@ -146,6 +146,7 @@ def test_the_record_names_the_seed_the_config_and_the_data_hashes(
         assert epoch["dev"]["dev-a"]["pairs"] + epoch["dev"]["dev-b"]["pairs"] == 12
     log = (whole / LOG_FILE).read_text()
     assert "examples/s" in log and "ETA" in log and "epoch 2: dev-a AUC" in log
+    assert "drawing the examples" in log and "finished; epoch" in log  # train, teacher
 
 
 def _stopped_run(setup: tuple[Path, Path, Path], out: Path) -> dict:
