@@ -10,7 +10,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from meancache.client.learning.bound import Label, Weighed
+from meancache.client.learning.bound import Label, OwnLabels, Weighed
 from meancache.client.learning.explore import Exploration
 from meancache.client.learning.state import Learned
 
@@ -29,6 +29,15 @@ class Pending:
     source: str = "miss"
     weighed: Weighed = ()  # what the judge weighed
     why: str = ""  # why an explored one was (the warm-up says so; the user is shown it)
+
+
+def warming_note(warmup: int, own: OwnLabels, max_wrong_rate: float) -> str:
+    """Why a would-be hit was checked in the warm-up, as the user is told."""
+    note = f"exploration: a new cache checks its first {warmup} matches"
+    if own.labels < warmup:
+        return f"{note}; {own.labels} checked so far"
+    return (f"{note}, and more while over {max_wrong_rate:.0%} of them were wrong; "
+            f"{own.labels} checked so far, {own.wrong} wrong")
 
 
 class Awaiting:
@@ -56,9 +65,8 @@ class Awaiting:
         own_over = self.learned.own_over(threshold) if exploration.warmup else None
         if not exploration.explores(score, threshold, self._rng, learned, own_over):
             return None
-        why = (f"exploration: a new cache checks its first {exploration.warmup} matches; "
-               f"{own_over} checked so far") \
-            if exploration.warming(own_over) else "exploration"
+        why = warming_note(exploration.warmup, own_over, self.learned.max_wrong_rate) \
+            if own_over is not None and exploration.warming(own_over) else "exploration"
         return Pending(entry_id, score, exploration.chance(score, threshold, learned, own_over),
                        "explore", weighed, why)
 

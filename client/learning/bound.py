@@ -125,6 +125,17 @@ class Bound:
         return self.threshold >= NEVER
 
 
+@dataclass(frozen=True)
+class OwnLabels:
+    """A device's own sampled labels over a threshold (``Learned.own_over``): what the
+    exploration's warm-up waits for before the region they fall in serves
+    (client.learning.explore)."""
+
+    labels: int
+    wrong: int
+    within_rate: bool  # wrong no more often than the rate, weighted as the bound weighs
+
+
 def labels_needed(max_wrong_rate: float, confidence: float = CONFIDENCE) -> int:
     """The fewest labels, none of them wrong, with which any region can pass: below it the
     chance of seeing no error at a true rate of ``max_wrong_rate`` exceeds 1 - confidence,

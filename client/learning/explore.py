@@ -20,14 +20,21 @@ highest scores, above any band near the threshold, where the band never looks.
 ``beyond`` is the chance that a would-be hit above the band is explored too, before and
 after the labels settle (weighted by its inverse, as every explored label is), so that
 every score the cache serves keeps getting labels whatever the judge thinks of it.
-``warmup``: until that many of the device's own labels score over the threshold, every
-would-be hit is explored, at any score: evidence from elsewhere (the card's choose
-splits) may not fit this traffic, and a region it backs can only be refused by labels of
-the traffic, which the first would-be hits then give before any of them is served."""
+``warmup``: until that many of the device's own labels score over the threshold, and
+for as long as more of them than the rate are wrong, every would-be hit is explored, at
+any score: evidence from elsewhere (the card's choose splits) may not fit this traffic,
+and a region it backs can only be refused by labels of the traffic, which the first
+would-be hits then give before any of them is served. Fifty labels cannot tell a region
+wrong at 2% from one wrong at 6% (3 wrong in 50 refuse nothing: their lower confidence
+limit is 1.7%), so a warm-up that looks worse than the rate goes on until the labels
+either refuse the region (``bound``'s refusal: their lower limit over the rate) or come
+back within the rate; a region as right as the card's ends it at the count (at 1% wrong,
+91% of devices do so after 50)."""
 
 import random
 from dataclasses import dataclass
 
+from meancache.client.learning.bound import OwnLabels
 from meancache.shared.verifier.decision import DECISION_JUDGE
 
 EXPLORE_RATE = 0.1  # the default share of near-boundary would-be hits also asked upstream
@@ -87,17 +94,19 @@ class Exploration:
             return 0.0
         return 1.0 if self.until_learned and not learned else self.rate
 
-    def warming(self, own_over: int | None) -> bool:
+    def warming(self, own_over: OwnLabels | None) -> bool:
         """Whether the warm-up is still on: fewer than ``warmup`` of the device's own
-        labels (``own_over``; None: past it) score over the threshold."""
-        return own_over is not None and own_over < self.warmup
+        labels (``own_over``; None: no warm-up) score over the threshold, or more of them
+        than the rate are wrong."""
+        return own_over is not None and (own_over.labels < self.warmup
+                                         or not own_over.within_rate)
 
     def chance(self, score: float, threshold: float, learned: bool = True,
-               own_over: int | None = None) -> float:
+               own_over: OwnLabels | None = None) -> float:
         """The chance this would-be hit is explored now (what its label is weighted by):
-        every one while fewer than ``warmup`` of the device's own labels score over the
-        threshold (``own_over``; None: past it), then ``rate_now`` near the threshold and
-        ``beyond`` above the band; none under the threshold, none with exploration off."""
+        every one while the warm-up is on (``warming`` of the device's own labels over the
+        threshold, ``own_over``), then ``rate_now`` near the threshold and ``beyond``
+        above the band; none under the threshold, none with exploration off."""
         if score >= threshold and self.rate > 0 and self.warming(own_over):
             return 1.0
         if self.near(score, threshold):
@@ -105,7 +114,7 @@ class Exploration:
         return self.beyond if score >= threshold and self.rate > 0 else 0.0
 
     def explores(self, score: float, threshold: float, rng: random.Random,
-                 learned: bool = True, own_over: int | None = None) -> bool:
+                 learned: bool = True, own_over: OwnLabels | None = None) -> bool:
         """Whether this would-be hit is also asked upstream (a draw is made only where the
         chance is over 0, so the seeded sequence depends on those hits alone). ``learned``:
         whether labels of traffic settled ``threshold``; ``own_over``: as ``chance``."""

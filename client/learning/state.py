@@ -26,6 +26,7 @@ from meancache.client.learning.bound import (
     Bound,
     Judge,
     Label,
+    OwnLabels,
     Rows,
     backed,
     choose,
@@ -270,12 +271,17 @@ class Learned:
             return threshold
         return entry_threshold(threshold, filter(self._counts, self._by_entry.get(entry, ())))
 
-    def own_over(self, threshold: float) -> int:
-        """How many of this device's labels of the judge score at least ``threshold``."""
+    def own_over(self, threshold: float) -> OwnLabels:
+        """This device's sampled labels of the judge (not a user's "wrong answer": never a
+        sample) scoring at least ``threshold``: how many, how many wrong, and whether
+        they are wrong no more often than the rate (weighted as the bound weighs them)."""
         with self._lock:
             own = self._own_rows()  # highest score first
             over = int(np.searchsorted(-own.score, -threshold, side="right"))
-            return int(own[:over].count.sum())
+            tail = own[:over][own.sampled[:over] > 0]
+            return OwnLabels(int(tail.count.sum()), int(np.count_nonzero(tail.wrong)),
+                             float(tail.wrong.sum())
+                             <= self.max_wrong_rate * float(tail.weight.sum()))
 
     def settled(self, threshold: float) -> bool:
         """Whether labels of traffic settle ``threshold``: the labels chose the bound,

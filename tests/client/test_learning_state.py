@@ -14,9 +14,11 @@ from meancache.client.learning import state
 from meancache.client.learning.agreement import agree
 from meancache.client.learning.awaiting import Awaiting
 from meancache.client.learning.bound import (
+    USER,
     Bound,
     Judge,
     Label,
+    OwnLabels,
     Rows,
     choose,
     choose_pooled,
@@ -298,16 +300,42 @@ def test_every_would_be_hit_is_explored_until_the_warmup_has_labels_over_the_thr
                         random.Random(seed))
     for i in range(20):  # under the threshold: no warm-up label
         learned.learn(Label(0.4, False, entry=f"under{i}"))
-    assert learned.own_over(0.5) == 0
+    assert learned.own_over(0.5).labels == 0
     for i in range(5):
         pending = awaiting.explores(f"far{i}", 0.95)
         assert pending is not None and pending.labelled_with == 1.0
         learned.learn(Label(0.95, False, entry=f"far{i}"))
-    assert learned.own_over(0.5) == 5
+    assert learned.own_over(0.5) == OwnLabels(5, 0, True)
     assert all(awaiting.explores(f"served{i}", 0.95) is None for i in range(50))
-    assert Exploration(rate=0.0, warmup=5).chance(0.95, 0.5, own_over=0) == 0.0  # off
+    assert Exploration(rate=0.0, warmup=5).chance(0.95, 0.5, OwnLabels(0, 0, True)) == 0.0  # off
     with pytest.raises(ValueError, match="warm-up"):
         Exploration(warmup=-1)
+
+
+def test_the_warmup_goes_on_while_its_labels_are_wrong_more_often_than_the_rate(
+        tmp_path: Path) -> None:
+    """At the count, a warm-up whose labels are wrong more often than the rate (but not
+    enough to refuse the region) goes on, and says why; it ends once they are back within
+    the rate. A user's "wrong answer" is not a sample: it neither counts nor is counted
+    wrong."""
+    learned = Learned(EntryStore(tmp_path), 0.02)
+    learned.use(Judge("cosine 0123456789abcdef", 0.5))
+    awaiting = Awaiting(learned, partial(Exploration.for_judge, warmup=50, rate=0.1),
+                        random.Random(0))
+    learned.learn(Label(0.9, True, entry="pressed", source=USER))
+    for i in range(50):  # 2 wrong of 50: 4%, over the rate; lower limit 0.7%: not refused
+        learned.learn(Label(0.9, i < 2, entry=f"e{i}"))
+    assert learned.own_over(0.5) == OwnLabels(50, 2, False)
+    assert not learned.bound.closed
+    pending = awaiting.explores("next", 0.95)
+    assert pending is not None and pending.labelled_with == 1.0
+    assert "more while over 2% of them were wrong; 50 checked so far, 2 wrong" in pending.why
+    for i in range(49):  # 2 of 99: still over the rate
+        learned.learn(Label(0.9, False, entry=f"more{i}"))
+        assert awaiting.explores(f"q{i}", 0.95) is not None
+    learned.learn(Label(0.9, False, entry="last"))  # 2 of 100: within
+    assert learned.own_over(0.5) == OwnLabels(100, 2, True)
+    assert all(awaiting.explores(f"served{i}", 0.95) is None for i in range(50))
 
 
 def test_evidence_from_elsewhere_is_explored_until_the_devices_own_labels_settle_it(
