@@ -88,8 +88,18 @@ class Lookup:
     def _candidates(self, found: list[tuple[str, float]], context_vector: np.ndarray | None,
                     tau: float) -> Iterator[Candidate]:
         """The entries found in this context, best first, each with its own threshold's
-        evidence; each read only when the matcher gets to it."""
+        evidence; each read only when the matcher gets to it. One answer is one candidate:
+        an entry whose question is a confirmed alias of another found here (an agreeing
+        answer, stored under its own question too) is no rival to it, so the nearer of
+        the two stands for both, and a third rewording is not declined as ambiguous
+        between two stored questions with one answer."""
+        answers: set[str] = set()  # the entries standing for an answer already weighed
         for entry, similarity in self.entries.in_context(found, context_vector, tau):
+            answer = self.learned.alias(entry.query) or entry.id
+            weighed = answer in answers or entry.id in answers
+            answers.update((answer, entry.id))
+            if weighed:
+                continue
             yield Candidate(entry.id, entry.query, similarity,
                             self.learning.evidence(entry) if self.settings.entry_thresholds
                             else None)

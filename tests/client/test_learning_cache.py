@@ -178,9 +178,28 @@ def test_a_new_cache_asks_upstream_for_its_first_would_be_hits_at_any_score(
     cache.insert(PARAPHRASES[0], ANSWER)  # the upstream's fresh answer agrees
     [label] = cache.learned.labels
     assert (label.source, label.labelled_with, label.wrong) == ("explore", 1.0, False)
-    second = cache.lookup(PARAPHRASES[1])  # (two entries now: the ambiguity rule may decline)
+    second = cache.lookup(PARAPHRASES[1])
     assert not (isinstance(second, Miss) and second.explored)
     assert cache.stats().explored == 1
+
+
+def test_a_stored_rewording_with_the_same_answer_is_no_rival_to_its_entry(
+        make_cache: CacheFactory, passing: LearnedVerifier) -> None:
+    """An agreeing answer is stored under its own question too; the next rewording meets
+    both stored questions, whose answer is one, and is served, not declined as
+    ambiguous (every candidate passes this verifier, and two passing ones make a miss):
+    a stored question with another answer still is a rival."""
+    settings = SETTINGS.model_copy(update=dict(explore_width=0.0, explore_warmup=1))
+    cache = make_cache(settings=settings, verifier=passing, rng=random.Random(0))
+    cache.insert(FRANCE, ANSWER)
+    assert isinstance(cache.lookup(PARAPHRASES[0]), Miss)  # the warm-up checks it
+    cache.insert(PARAPHRASES[0], ANSWER)  # agrees: an alias, and an entry of its own
+    assert len(cache) == 2 and cache.learned.alias(PARAPHRASES[0]) is not None
+    hit = cache.lookup(PARAPHRASES[5])
+    assert isinstance(hit, Hit) and hit.answer == ANSWER
+    cache.insert(GERMANY, "Berlin.")
+    cache.insert("Tell me the capital of Germany.", "Berlin is the capital.")  # its own
+    assert isinstance(cache.lookup("Which city is the capital of Germany?"), Miss)
 
 
 def test_exploration_off_serves_every_would_be_hit(make_cache: CacheFactory,
