@@ -88,8 +88,10 @@ class MatchSettings(BaseModel):
                                               f"{EXPLORE_BEYOND}.")
     explore_warmup: int | None = Field(None, ge=0, description="Until this many of the "
                                        "device's own labels score over the learned "
-                                       "threshold, every would-be hit is asked upstream "
-                                       "and labelled, so that evidence from elsewhere (the "
+                                       "threshold, and while more of them than "
+                                       "max_wrong_rate are wrong, every would-be hit is "
+                                       "asked upstream and labelled, so that evidence from "
+                                       "elsewhere (the "
                                        "decision card's) is checked against this traffic "
                                        "before it serves (client/learning/explore.py). "
                                        f"Unset: {EXPLORE_WARMUP}.")
