@@ -92,7 +92,8 @@ def cmd_cache_stats(args: argparse.Namespace, settings: Settings) -> int:
                              settings.max_wrong_rate,
                              device_verifier_card(settings)
                              if settings.cache_settings().learned else None,
-                             settings.learned_decision, settings.learns_from_answers)
+                             settings.learned_decision, settings.learns_from_answers,
+                             settings.explore_rate, settings.explore_warmup)
         plots = [] if args.json else stats_plots(store, stats.threshold)
     if args.json:
         print_json(dataclasses.asdict(stats) | {"hit_rate": stats.hit_rate,

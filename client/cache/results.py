@@ -79,6 +79,13 @@ class CacheStats:
     serves_from: float | None = None
     wrong_rate_lower: float | None = None
     closed: bool = False  # no score served: only repeats and confirmed rewordings
+    # The exploration's warm-up (client/learning/explore.py): the matches it checks first
+    # (0: none), and this device's labels over the threshold: how many, how many wrong,
+    # and whether they are within the rate (the warm-up ends at ``warmup`` if they are).
+    warmup: int = 0
+    checked: int = 0
+    checked_wrong: int = 0
+    checked_within: bool = True
 
     @property
     def serves_from_line(self) -> str:
@@ -124,6 +131,23 @@ class CacheStats:
                 "max_wrong_rate, or `meancache cache reset-learning` to start over)")
 
     @property
+    def warmup_line(self) -> str:
+        """Whether the warm-up still checks every match, and why, in one line."""
+        if not self.warmup:
+            return "off (nothing is explored: exploration off, or no upstream compared)"
+        if self.closed:
+            return "- (nothing is served by similarity: above)"
+        counted = f"{self.checked} checked, {self.checked_wrong} wrong"
+        if self.checked < self.warmup:
+            return (f"on: every match is checked against a fresh answer until "
+                    f"{self.warmup} are ({counted})")
+        if not self.checked_within:
+            rate = "the bound" if self.max_wrong_rate is None else f"{self.max_wrong_rate:.1%}"
+            return (f"on: {counted}, over {rate}: every match is still checked until "
+                    "they are within it or refuse the region")
+        return f"done ({counted})"
+
+    @property
     def labels_line(self) -> str:
         """Where the traffic's labels come from, in one line."""
         if self.learns_from_answers:
@@ -166,6 +190,7 @@ class CacheStats:
             ("hit rate", self.hit_rate_line),
             ("wrong answers (estimated)", self.wrong_rate_line),
             ("served from (judge's score)", self.serves_from_line),
+            ("matches checked first (warm-up)", self.warmup_line),
             ("labels from", self.labels_line),
             ("false hits (rejected)", str(self.rejections)),
             ("near matches declined", self.declines_line),

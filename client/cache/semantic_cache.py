@@ -252,11 +252,12 @@ class SemanticCache:
             self.space.sync()
             # the judge's own evidence backs a bound before any lookup names the judge
             self.learned.use(self.matcher.judge)
+            bound = None if self.learned.prior is None else self.learned.bound
             return cache_stats(
                 self.store, self.thresholds, entries=len(self._entries),
                 nbytes=self._entries.nbytes, stale_entries=len(self._entries.stale),
                 encoder_version=self.encoder.version, encoder_backend=self.encoder.backend,
-                embedding_dim=self.encoder.dim,
-                bound=None if self.learned.prior is None else self.learned.bound,
+                embedding_dim=self.encoder.dim, bound=bound,
                 max_wrong_rate=self.settings.max_wrong_rate,
-                learns_from_answers=self.awaiting.learns)
+                learns_from_answers=self.awaiting.learns, warmup=self.awaiting.warmup,
+                checked=None if bound is None else self.learned.own_over(bound.threshold))

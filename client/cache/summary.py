@@ -8,7 +8,8 @@ from meancache.client.cache.entry import STORED_DTYPE
 from meancache.client.cache.results import CacheStats
 from meancache.client.cache.store import EntryStore
 from meancache.client.cache.threshold import ThresholdState
-from meancache.client.learning.bound import Bound, Judge, labels_needed
+from meancache.client.learning.bound import Bound, Judge, OwnLabels, labels_needed
+from meancache.client.learning.explore import Exploration
 from meancache.client.learning.state import Learned, recorded_learning_mode
 from meancache.client.matching import labels, matcher
 from meancache.client.matching.labels import DECLINED
@@ -22,7 +23,10 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
                 stale_entries: int, encoder_version: str, encoder_backend: str,
                 embedding_dim: int, bound: Bound | None = None,
                 max_wrong_rate: float | None = None,
-                learns_from_answers: bool = True) -> CacheStats:
+                learns_from_answers: bool = True, warmup: int = 0,
+                checked: OwnLabels | None = None) -> CacheStats:
+    """``warmup``: the exploration's warm-up in force (0: none); ``checked``: this device's
+    labels over the bound's threshold."""
     pairs = labels.labelled_pairs(store)
     positives = sum(pair.label for pair in pairs)
     return CacheStats(
@@ -57,12 +61,17 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
         serves_from=None if bound is None or bound.closed else bound.threshold,
         wrong_rate_lower=None if bound is None else bound.lower,
         closed=bound is not None and bound.closed,
+        warmup=warmup,
+        **({} if checked is None else dict(checked=checked.labels,
+                                           checked_wrong=checked.wrong,
+                                           checked_within=checked.within_rate)),
     )
 
 
 def stored_stats(store: EntryStore, global_threshold: float, backend: str,
                  max_wrong_rate: float, verifier: Card | None,
-                 learned_decision: bool = False, learns_by_settings: bool = True
+                 learned_decision: bool = False, learns_by_settings: bool = True,
+                 explore_rate: float | None = None, explore_warmup: int | None = None
                  ) -> CacheStats:
     """Statistics without an encoder: the encoder version and size are those of the newest
     stored vectors, and entries stored under another version count as stale (the next
@@ -74,7 +83,8 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str,
     setting, with the encoder its card was fitted on), and so its score judges. Whether
     it learns from the upstream's answers is what the cache that last faced traffic on
     ``store`` did (the upstream it was started with decides it), else
-    ``learns_by_settings`` (``Settings.learns_from_answers``)."""
+    ``learns_by_settings`` (``Settings.learns_from_answers``); the warm-up is the one
+    ``explore_rate`` and ``explore_warmup`` (the settings) give where it does."""
     entries = list(store.entries())
     newest = max(entries, key=lambda entry: entry.created, default=None)
     version = newest.encoder_version if newest is not None else "-"
@@ -86,18 +96,16 @@ def stored_stats(store: EntryStore, global_threshold: float, backend: str,
                 verifier.sha256, decision.encoder_version, verifier.tuned_from):
             decision = None
         judge = matcher.verifier_judge(verifier, decision)
+    learned = Learned(store, max_wrong_rate)
+    learned.use(judge)
+    bound, learns = learned.bound, recorded_learning_mode(store, learns_by_settings)
     return cache_stats(
         store, thresholds, entries=len(entries),
         nbytes=sum(entry.nbytes for entry in entries),
         stale_entries=sum(1 for entry in entries if entry.encoder_version != version),
         encoder_version=version, encoder_backend=backend,
         embedding_dim=int(newest.embedding.shape[0]) if newest is not None else 0,
-        bound=_bound(store, max_wrong_rate, judge),
-        max_wrong_rate=max_wrong_rate,
-        learns_from_answers=recorded_learning_mode(store, learns_by_settings))
-
-
-def _bound(store: EntryStore, max_wrong_rate: float, judge: Judge) -> Bound:
-    learned = Learned(store, max_wrong_rate)
-    learned.use(judge)
-    return learned.bound
+        bound=bound, max_wrong_rate=max_wrong_rate, learns_from_answers=learns,
+        warmup=Exploration.for_judge(judge.name, explore_rate, warmup=explore_warmup
+                                     ).warmup_in_force(learns),
+        checked=learned.own_over(bound.threshold))

@@ -53,6 +53,12 @@ class Awaiting:
         self.learns = learns
         self._pending: OrderedDict[str, Pending] = OrderedDict()
 
+    @property
+    def warmup(self) -> int:
+        """The warm-up in force for the judge now (0: none)."""
+        return self.exploration(self.learned.judge).warmup_in_force(
+            self._rng is not None and self.learns)
+
     def explores(self, entry_id: str, score: float,
                  weighed: Weighed = ()) -> Pending | None:
         """The would-be hit on ``entry_id`` at the judge's ``score`` as an exploration, if

@@ -84,6 +84,11 @@ class Exploration:
                    beyond if beyond is not None else EXPLORE_BEYOND,
                    warmup if warmup is not None else EXPLORE_WARMUP)
 
+    def warmup_in_force(self, explores: bool) -> int:
+        """The warm-up that applies: none where nothing is explored (``explores`` False:
+        no draws, or the upstream's answers are not compared; or the rate is 0)."""
+        return self.warmup if explores and self.rate > 0 else 0
+
     def near(self, score: float, threshold: float) -> bool:
         return threshold <= score < threshold + self.width
 

@@ -161,7 +161,8 @@ class Partitions:
                         store, self.settings.global_threshold, self.settings.encoder_backend,
                         self.settings.max_wrong_rate,
                         device_verifier_card(self.settings) if self.settings.learned else None,
-                        self.settings.learned_decision, self.settings.learns_from_answers)))
+                        self.settings.learned_decision, self.settings.learns_from_answers,
+                        self.settings.explore_rate, self.settings.explore_warmup)))
         return found
 
     def _opened(self, key: tuple[str, str], directory: Path,

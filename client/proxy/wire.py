@@ -248,4 +248,7 @@ def stats_body(caches: Sequence[tuple[str, CacheStats]]) -> dict[str, Any]:
                         "wrong_rate_lower": stats.wrong_rate_lower,
                         "serves_from": stats.serves_from, "closed": stats.closed,
                         "learns_from_answers": stats.learns_from_answers,
+                        "warmup": stats.warmup, "checked": stats.checked,
+                        "checked_wrong": stats.checked_wrong,
+                        "checked_within": stats.checked_within,
                         "rejections": stats.rejections} for pid, stats in caches]}

@@ -8,6 +8,7 @@ installed."""
 import random
 from collections.abc import Callable
 from contextlib import closing
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -175,12 +176,32 @@ def test_a_new_cache_asks_upstream_for_its_first_would_be_hits_at_any_score(
     first = cache.lookup(PARAPHRASES[0])
     assert isinstance(first, Miss) and first.explored
     assert "a new cache checks its first 1 matches; 0 checked so far" in first.reason
+    assert cache.stats().warmup_line.startswith("on: every match is checked")
     cache.insert(PARAPHRASES[0], ANSWER)  # the upstream's fresh answer agrees
     [label] = cache.learned.labels
     assert (label.source, label.labelled_with, label.wrong) == ("explore", 1.0, False)
+    assert cache.stats().warmup_line == "done (1 checked, 0 wrong)"
+    stored = stored_stats(cache.store, 0.3, "onnx", 0.02, passing.card, explore_warmup=1)
+    assert (stored.warmup, stored.checked, stored.warmup_line) == (
+        1, 1, "done (1 checked, 0 wrong)")  # `cache stats`, from the store alone
     second = cache.lookup(PARAPHRASES[1])
     assert not (isinstance(second, Miss) and second.explored)
     assert cache.stats().explored == 1
+
+
+def test_the_stats_say_whether_the_warmup_still_checks_every_match_and_why(
+        make_cache: CacheFactory) -> None:
+    stats = make_cache(settings=SETTINGS).stats()  # no draws given: nothing is explored
+    assert stats.warmup == 0 and stats.warmup_line.startswith("off")
+    assert ("matches checked first (warm-up)", stats.warmup_line) in stats.rows
+    on = replace(stats, warmup=50, checked=12, checked_wrong=1, max_wrong_rate=0.02)
+    assert on.warmup_line == ("on: every match is checked against a fresh answer until 50 "
+                              "are (12 checked, 1 wrong)")
+    over = replace(on, checked=61, checked_wrong=2, checked_within=False)
+    assert over.warmup_line.startswith("on: 61 checked, 2 wrong, over 2.0%: every match is "
+                                       "still checked")
+    assert replace(over, checked_within=True).warmup_line == "done (61 checked, 2 wrong)"
+    assert replace(over, closed=True).warmup_line.startswith("- (nothing is served")
 
 
 def test_a_stored_rewording_with_the_same_answer_is_no_rival_to_its_entry(

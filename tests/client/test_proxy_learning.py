@@ -71,6 +71,10 @@ def test_a_would_be_hit_is_explored_labelled_and_counted_beside_the_wrong_rate(
     closed = cache["wrong_rate"] == 1.0
     assert cache["closed"] is closed and (cache["serves_from"] is None) is closed
     assert (cache["wrong_rate_lower"] is not None) is closed
+    # the warm-up (50 by default) checks every match: one checked so far, over the
+    # threshold unless the region closed (then no score is over it)
+    assert (cache["warmup"], cache["checked"], cache["checked_wrong"]) == (
+        50, 0 if closed else 1, 0)
 
 
 def test_stats_need_a_key_and_show_an_app_only_its_own_caches(base_url: str) -> None:
