@@ -36,7 +36,7 @@ def warming_note(warmup: int, own: OwnLabels, max_wrong_rate: float) -> str:
     note = f"exploration: a new cache checks its first {warmup} matches"
     if own.labels < warmup:
         return f"{note}; {own.labels} checked so far"
-    return (f"{note}, and more while over {max_wrong_rate:.0%} of them were wrong; "
+    return (f"{note}, and more while over {max_wrong_rate:.1%} of them were wrong; "
             f"{own.labels} checked so far, {own.wrong} wrong")
 
 

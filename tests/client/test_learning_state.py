@@ -329,7 +329,7 @@ def test_the_warmup_goes_on_while_its_labels_are_wrong_more_often_than_the_rate(
     assert not learned.bound.closed
     pending = awaiting.explores("next", 0.95)
     assert pending is not None and pending.labelled_with == 1.0
-    assert "more while over 2% of them were wrong; 50 checked so far, 2 wrong" in pending.why
+    assert "more while over 2.0% of them were wrong; 50 checked so far, 2 wrong" in pending.why
     for i in range(49):  # 2 of 99: still over the rate
         learned.learn(Label(0.9, False, entry=f"more{i}"))
         assert awaiting.explores(f"q{i}", 0.95) is not None
