@@ -284,6 +284,10 @@ def main() -> None:
                         "ordered with the seeds after --seed, and print per draw the chance "
                         "of as many wrong answers as the learned decision served at a true "
                         "max_wrong_rate (under 5%%: that draw refutes the bound at 95%%)")
+    parser.add_argument("--explore-until-learned", choices=("true", "false"),
+                        default="true", help="explore every near would-be hit until labels "
+                        "of traffic settle the threshold (explore_until_learned; false: "
+                        "explore_rate of them once the warm-up is done)")
     parser.add_argument("--near-only", action="store_true",
                         help="also the learned decision exploring only explore_rate of the near "
                         "would-be hits from the start (explore_until_learned false: not "
@@ -309,7 +313,8 @@ def main() -> None:
                              explore_rate=args.explore,
                              explore_width=args.explore_width,
                              explore_beyond_rate=args.explore_beyond,
-                             explore_warmup=args.explore_warmup)
+                             explore_warmup=args.explore_warmup,
+                             explore_until_learned=args.explore_until_learned == "true")
     if "reworded" in args.streams and args.reworded is None:
         parser.error("the reworded stream needs --reworded FILE")
     if "sts" in args.streams and args.sts is None:
