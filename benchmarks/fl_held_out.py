@@ -442,6 +442,10 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true",
                         help="measure the rounds an earlier run of the same --cache-dir and "
                         "--seed left (its checkpoints), not new ones")
+    parser.add_argument("--explore-until-learned", choices=("true", "false"),
+                        default="true", help="the held-out devices explore every near "
+                        "would-be hit until their labels settle the threshold "
+                        "(explore_until_learned; false: the judge's rate of them)")
     parser.add_argument("--secure", choices=["off", "on", "both"], default="both",
                         help="SecAgg+ in the rounds")
     parser.add_argument("--secure-upload-mb", type=float, nargs="+", default=[0.0, 4.5],
@@ -497,7 +501,9 @@ def main() -> None:
     first = first_threshold(decision)  # at the default max_wrong_rate
     note(f"the card's first threshold: {first:.3f} at the default rate; "
          + ", ".join(f"{t:.3f} at {rate:.0%}" for rate, t in firsts.items()))
-    plain, explore = Exploration(), Exploration.for_judge(decision.judge)
+    until_learned = args.explore_until_learned == "true"
+    plain = Exploration(until_learned=until_learned)
+    explore = Exploration.for_judge(decision.judge, until_learned=until_learned)
     verifier_rows: dict[str, Measured] = {}
     decision_rows: dict[str, Measured] = {}
     note(f"judging the held-out devices' {len(held.asked)} questions' candidates")
