@@ -29,6 +29,7 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
     labels over the bound's threshold."""
     pairs = labels.labelled_pairs(store)
     positives = sum(pair.label for pair in pairs)
+    checked = checked or OwnLabels(0, 0, True)
     return CacheStats(
         entries=entries,
         bytes=nbytes,
@@ -62,9 +63,9 @@ def cache_stats(store: EntryStore, thresholds: ThresholdState, *, entries: int, 
         wrong_rate_lower=None if bound is None else bound.lower,
         closed=bound is not None and bound.closed,
         warmup=warmup,
-        **({} if checked is None else dict(checked=checked.labels,
-                                           checked_wrong=checked.wrong,
-                                           checked_within=checked.within_rate)),
+        checked=checked.labels,
+        checked_wrong=checked.wrong,
+        checked_within=checked.within_rate,
     )
 
 
