@@ -24,8 +24,8 @@ import json
 from pathlib import Path
 
 import numpy as np
-from _common import base_parser, make_table, note, pct, print_command, print_table
-from decision_study import DOMAINS, Study, collect, scores_of_x
+from _common import make_table, note, pct, print_command, print_table
+from decision_study import DOMAINS, Study, collect, records_parser, scores_of_x
 from meancache.client.learning.bound import (
     Label,
     Rows,
@@ -36,24 +36,16 @@ from meancache.client.learning.bound import (
 from meancache.client.matching.settings import RECALL_MARGIN
 from meancache.shared.encoder import profile_threshold
 from meancache.shared.verifier.decision import CARD_PATH
-from meancache.shared.verifier.runtime import ARTEFACT_DIR, LearnedVerifier
+from meancache.shared.verifier.runtime import LearnedVerifier
 
 RATES = (0.02, 0.03, 0.05)
 
 
 def parse_args() -> argparse.Namespace:
-    parser = base_parser(__doc__)
-    parser.add_argument("--work", type=Path, default=Path("/tmp/decision_study"),
-                        help="where decision_study.py keeps its records (outside the repo)")
-    parser.add_argument("--groups", type=int, default=1000,
-                        help="decision_study.py's --groups (the shipped card's: 1000)")
-    parser.add_argument("--verifier", type=Path, default=ARTEFACT_DIR,
-                        help="the verifier card's directory (default: the shipped one)")
+    parser = records_parser(__doc__, groups=1000)  # the shipped card's
     parser.add_argument("--card", type=Path, default=CARD_PATH,
                         help="the decision card (default: the shipped one)")
-    args = parser.parse_args()
-    args.lone = 0  # decision_study's records without its lone sentences, as the card's
-    return args
+    return parser.parse_args()
 
 
 def main() -> None:

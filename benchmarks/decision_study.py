@@ -483,13 +483,25 @@ def choose_hit_rate(study: Study, system: str, scores: np.ndarray, t: float) -> 
                           for d in DOMAINS]))
 
 
-def parse_args() -> argparse.Namespace:
-    parser = base_parser(__doc__)
+def records_parser(doc: str | None, groups: int) -> argparse.ArgumentParser:
+    """The options that name the records (--work, --groups, --verifier): the study's own,
+    and those of the benchmarks that read its records (bound_start.py, decision_refit.py),
+    whose records are the shipped card's (no lone sentences, no QQP neighbours, the
+    client's recall margin)."""
+    parser = base_parser(doc)
     parser.add_argument("--work", type=Path, default=Path("/tmp/decision_study"),
                         help="where the computed records are kept (outside the repo)")
-    parser.add_argument("--groups", type=int, default=1500,
+    parser.add_argument("--groups", type=int, default=groups,
                         help="asked questions per QQP half, stored groups per generated "
                         "domain")
+    parser.add_argument("--verifier", type=Path, default=ARTEFACT_DIR,
+                        help="the verifier card's directory (default: the shipped one)")
+    parser.set_defaults(lone=0, qqp_neighbours=0, recall_margin=RECALL_MARGIN)
+    return parser
+
+
+def parse_args() -> argparse.Namespace:
+    parser = records_parser(__doc__, groups=1500)
     parser.add_argument("--precision", type=float, default=0.97,
                         help="the hit precision the threshold is chosen for (choose splits)")
     parser.add_argument("--near-misses", type=float, default=0.05,
@@ -512,8 +524,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--recall-margin", type=float, default=RECALL_MARGIN,
                         help="candidates from this far under tau (default: the client's "
                         "recall_margin); the ablation narrows it to each smaller margin")
-    parser.add_argument("--verifier", type=Path, default=ARTEFACT_DIR,
-                        help="the verifier card's directory (default: the shipped one)")
     parser.add_argument("--write-card", type=Path, help="write the fitted decision's card")
     return parser.parse_args()
 
