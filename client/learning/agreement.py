@@ -20,7 +20,7 @@ SHORT_WORDS = 6  # answers of at most this many words are compared exactly
 # duplicates against 60 in-band non-duplicates) no threshold separates them: with MPNet
 # onnx-int8, test-half accuracy 57-64% from 0.6 to 0.95 (60.6% here: agree on 44% of same,
 # 24% of different questions), because the model answers rephrasings differently; so
-# this value stays, and such labels are noisy (docs/cache.md).
+# this value stays, and such labels are noisy (docs/error-bound-measured.md).
 AGREE_AT = 0.75
 
 Embed = Callable[[Sequence[str]], np.ndarray]  # texts -> unit vectors, one row each

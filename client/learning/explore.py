@@ -3,7 +3,7 @@ probability, also sent upstream, so the region the cache serves keeps getting la
 (vCache explores the same way). The fresh answer is what the user sees; the pair is
 labelled by ``agreement``, weighted by the inverse of the chance it had in the bound.
 What it costs is one upstream call per explored hit (measured on
-benchmarks/learning_stream.py's streams in docs/cache.md).
+benchmarks/learning_stream.py's streams in docs/error-bound-measured.md).
 
 Every near would-be hit is explored until labels of traffic settle the threshold
 (``until_learned``; ``state.Learned.settled``): the labels chose it, enough of the
@@ -51,7 +51,7 @@ class Exploration:
     settle the threshold (the module's docstring), ``rate`` of them afterwards.
     vCache explores most where its estimate is least certain; here that reaches the
     labels the bound needs sooner, for an upstream call per near would-be hit until then
-    (measured in docs/cache.md)."""
+    (measured in docs/error-bound-measured.md)."""
 
     rate: float = EXPLORE_RATE  # share of near-boundary would-be hits also sent upstream
     width: float = EXPLORE_WIDTH  # how far above the threshold (in score) a hit counts as near
