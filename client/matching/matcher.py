@@ -396,7 +396,11 @@ class Matcher:
                      counting[top].text, question.text, probability, score, threshold)
             kind = "the verifier judged it a different question" if probability < card \
                 else "the learned decision found it no clear match"
-            return NoMatch(f"{kind} (p={probability:.2f}, decision score {score:.2f})", best,
-                           kind, (counting[top].key, score))
+            # how far under the line it fell: the bound's threshold, or none where the
+            # labels back no score (client/learning/bound.py's NEVER lies over 1)
+            line = f"served from {threshold:.2f}" if threshold <= 1.0 \
+                else "nothing served by score yet"
+            return NoMatch(f"{kind} (p={probability:.2f}; decision score {score:.2f}, {line})",
+                           best, kind, (counting[top].key, score))
         checks = WITH_LEARNED if "kept rules" in decision.keeps else ()
         return self._ruled(question, counting[top], best, checks, score)
