@@ -159,7 +159,9 @@ class CacheStats:
     def hit_rate_line(self) -> str:
         """The hit rate with its counts, and what exploration asked upstream."""
         explored = f", {self.explored} of them explored" if self.explored else ""
-        return f"{self.hit_rate:.1%} ({self.hits} hits, {self.misses} misses{explored})"
+        hits = f"{self.hits} hit" + ("" if self.hits == 1 else "s")
+        misses = f"{self.misses} miss" + ("" if self.misses == 1 else "es")
+        return f"{self.hit_rate:.1%} ({hits}, {misses}{explored})"
 
     @property
     def declines_line(self) -> str:

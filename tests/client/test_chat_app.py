@@ -261,7 +261,7 @@ def test_the_embedded_demo_models_answers_are_not_labels(settings: Settings) -> 
             await wait_for(pilot, lambda: app.screen.__class__.__name__ == "StatsScreen")
             rows = dict(app.screen.rows)  # type: ignore[attr-defined]
             assert rows["labels from"].startswith("'wrong answer' only")
-            assert rows["hit rate"] == "50.0% (1 hits, 1 misses)"
+            assert rows["hit rate"] == "50.0% (1 hit, 1 miss)"
 
     asyncio.run(run())
 
@@ -648,7 +648,7 @@ def test_exploration_shows_the_fresh_answer_labels_the_pair_and_counts_it(
             await pilot.press("ctrl+t")
             await wait_for(pilot, lambda: app.screen.__class__.__name__ == "StatsScreen")
             rows = dict(app.screen.rows)  # type: ignore[attr-defined]
-            assert rows["hit rate"] == "33.3% (1 hits, 2 misses, 1 of them explored)"
+            assert rows["hit rate"] == "33.3% (1 hit, 2 misses, 1 of them explored)"
             assert "1 labels" in rows["wrong answers (estimated)"]
             bound = cache.learned.bound  # the row names the score the bound serves from
             assert rows["served from (judge's score)"] == (
