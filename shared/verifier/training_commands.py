@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meancache.shared.arguments import count, real
 from meancache.shared.settings import SettingsBase
@@ -27,6 +27,10 @@ DEFAULT_DATA = Path("../shared/data/qqp/pairs.jsonl")
 # cosines mine-pairs and make-paraphrases band by are those the cache decides on. The
 # shared side has no backend setting of its own.
 ENCODER_BACKEND = "onnx-int8"
+
+if TYPE_CHECKING:  # torch behind it: imported when a command runs, not for --help
+    from meancache.shared.verifier.training_run import Run, RunOptions
+
 # Gemma 3 270M's loader (the upstream's, handed in by meancache.cli: the shared layer
 # never imports a side): the data dir -> (model, tokenizer).
 GemmaLoader = Callable[[Path], tuple[Any, Any]]
@@ -58,9 +62,12 @@ RUN_OPTIONS = {"epochs": int, "batch": int, "learning_rate": float, "max_tokens"
                "pairs": int, "generated": int, "dev_pairs": int, "seed": int}
 
 
-def _run_settings(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
-    """A run's config overrides (refused for a resumed run, which keeps its own) and this
-    invocation's options, checked, for train-teacher and distil alike."""
+def _run_settings(args: argparse.Namespace, run: "Run"
+                  ) -> tuple[dict[str, Any], "RunOptions"]:
+    """A run's config overrides and this invocation's options, checked, for train-teacher
+    and distil alike. A resumed run keeps its own config: an option that repeats the
+    recorded value is accepted (the command that started the run, with ``--resume``,
+    continues it), one that differs is refused, naming both values."""
     from meancache.shared.errors import VerifierError
     from meancache.shared.verifier.train import check_device
     from meancache.shared.verifier.training_run import RunOptions
@@ -71,9 +78,14 @@ def _run_settings(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
     overrides = {name: getattr(args, name) for name in RUN_OPTIONS
                  if getattr(args, name) is not None}
     if args.resume and overrides:
-        names = ", ".join("--" + n.replace("_", "-") for n in overrides)
-        raise VerifierError(f"a resumed run keeps the settings it started with ({names} "
-                            "given); drop them, or start a new run in another --out")
+        recorded = run.read_record().get("config", {})
+        if changed := {n: v for n, v in overrides.items() if recorded.get(n) != v}:
+            names = ", ".join(f"--{n.replace('_', '-')} {v} (the run has "
+                              f"{recorded.get(n, 'its default')})"
+                              for n, v in changed.items())
+            raise VerifierError(f"a resumed run keeps the settings it started with: {names}; "
+                                "drop them, or start a new run in another --out")
+        overrides = {}
     return overrides, RunOptions(threads=args.threads, device=args.device,
                                  checkpoint_minutes=args.checkpoint_minutes,
                                  stop_after=args.stop_after)
@@ -90,7 +102,6 @@ def _summary(out: Path, record: dict) -> str:
 def cmd_train_teacher(args: argparse.Namespace, settings: SettingsBase) -> int:
     """Start or resume the teacher's run; print its record's summary at the end."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    overrides, options = _run_settings(args)
     from meancache.shared.pairs import read_pairs
     from meancache.shared.progress_bar import ProgressBar
     from meancache.shared.verifier.teacher import TeacherConfig, train_teacher
@@ -98,6 +109,7 @@ def cmd_train_teacher(args: argparse.Namespace, settings: SettingsBase) -> int:
     from rich.console import Console
 
     out = args.out or settings.data_dir / "verifier" / "teacher"
+    overrides, options = _run_settings(args, Run(out, "teacher"))
     # a run that is not there to resume, or a missing or broken data file, is named
     # before MPNet is assembled
     if args.resume:
@@ -115,13 +127,14 @@ def cmd_train_teacher(args: argparse.Namespace, settings: SettingsBase) -> int:
 def cmd_distil(args: argparse.Namespace, settings: SettingsBase) -> int:
     """Start or resume the student's run; once done, export it and print its card."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    overrides, options = _run_settings(args)
     from meancache.shared.encoder import packaged_minilm_dir
     from meancache.shared.progress_bar import ProgressBar
     from meancache.shared.verifier.distil import StudentConfig, distil
+    from meancache.shared.verifier.training_run import Run
     from rich.console import Console
 
     out = args.out or settings.data_dir / "verifier" / "student"
+    overrides, options = _run_settings(args, Run(out, "student"))
     with ProgressBar("student steps", Console(stderr=True), line_every=60.0) as bar:
         record = distil(out, args.data, args.labels or [],
                         args.backbone or packaged_minilm_dir(), args.artefact,
@@ -315,7 +328,9 @@ def _add_run_arguments(parser: argparse.ArgumentParser, what: str, backbone: str
 
     config = TeacherConfig() if what == "teacher" else StudentConfig()
     parser.add_argument("--resume", action="store_true",
-                        help="continue the run in --out where its last checkpoint left it")
+                        help="continue the run in --out where its last checkpoint left it, "
+                        "with its own settings (repeating them is accepted, changing them "
+                        "refused)")
     parser.add_argument("--out", type=Path, help="the run's directory: record, examples, "
                         f"checkpoints, log (default: <data dir>/verifier/{what})")
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA,

@@ -228,12 +228,25 @@ def test_a_run_is_neither_started_over_nor_resumed_from_nothing_or_other_data(
         train_teacher(out, other, backbone, CONFIG, RunOptions(), resume=True)
 
 
-def test_the_cli_refuses_new_settings_for_a_resumed_run(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["--data-dir", str(tmp_path), "verifier", "train-teacher", "--resume",
-                 "--epochs", "3", "--out", str(tmp_path / "run")])
-    assert code == 2
-    assert "keeps the settings it started with (--epochs given)" in capsys.readouterr().err
+def test_the_cli_resumes_with_the_starting_settings_and_refuses_new_ones(
+        setup: tuple[Path, Path, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The command that started a run, with --resume added, continues it; a setting that
+    differs from the recorded one is refused, naming both, and the run is left as it was."""
+    data, backbone, whole = setup
+    out = tmp_path / "run"
+    _stopped_run(setup, out)
+    started = ["--data-dir", str(tmp_path), "verifier", "train-teacher", "--out", str(out),
+               "--data", str(data), "--backbone", str(backbone), "--pairs", "12",
+               "--generated", "4", "--epochs", "2", "--batch", "4", "--max-tokens", "24",
+               "--dev-pairs", "12", "--seed", "3", "--threads", "1", "--resume"]
+    record_before = (out / RECORD_FILE).read_bytes()
+    assert main([*started, "--epochs", "3"]) == 2
+    assert ("keeps the settings it started with: --epochs 3 (the run has 2)"
+            in capsys.readouterr().err)
+    assert (out / RECORD_FILE).read_bytes() == record_before
+    assert main(started) == 0
+    assert_same_state(checkpoint_state(out, RECORD_FILE), checkpoint_state(whole, RECORD_FILE))
 
 
 BROKEN = '{"q1": "What is DNS?", "q2": "What does DNS do?", "label": 1}\n{"q1": "x"}\n'
