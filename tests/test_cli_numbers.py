@@ -11,6 +11,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from meancache.shared.arguments import count, real
 from meancache.shared.verifier.training_commands import _run_settings
+from meancache.shared.verifier.training_run import Run
 
 from meancache.cli import build_parser, main
 
@@ -122,5 +123,5 @@ def test_a_training_runs_zeros_are_taken_where_they_mean_something() -> None:
     both were refused as not positive when one check covered every run option."""
     args = build_parser().parse_args(["verifier", "train-teacher", "--seed", "0",
                                       "--generated", "0", "--checkpoint-minutes", "0"])
-    overrides, options = _run_settings(args)
+    overrides, options = _run_settings(args, Run(Path("new-run"), "teacher"))  # unread: new
     assert overrides == {"seed": 0, "generated": 0} and options.checkpoint_minutes == 0.0
