@@ -114,7 +114,13 @@ class MeanCacheApp(App[None]):
         self._chat.take_over(early.typed, early.sent)
         return self._chat
 
-    def _opened(self, session: "ChatSession") -> None:
+    # The worker's last word (the session opened, or could not) may arrive while the app
+    # shuts down, its screens half taken down: then there is nobody to tell, and a session
+    # opened too late is closed here, since on_unmount found none.
+    async def _opened(self, session: "ChatSession") -> None:
+        if not self.is_running:
+            await session.aclose()
+            return
         self.session = session
         self.chat.ready(session)
         if session.embedded is not None:
@@ -125,6 +131,8 @@ class MeanCacheApp(App[None]):
                         title="Upstream unavailable", severity="warning", timeout=15)
 
     def _failed(self, message: str) -> None:
+        if not self.is_running:
+            return
         self.chat.failed(message)
         self.notify(message, title="Cannot start", severity="error", timeout=30)
 

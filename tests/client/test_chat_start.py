@@ -6,8 +6,9 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
-from meancache.client.chat.session import EmbeddedUpstream, UpstreamStarter
+from meancache.client.chat.session import ChatSession, EmbeddedUpstream, UpstreamStarter
 from meancache.client.chat.steps import LOADING, startup_steps
 from meancache.client.config import Settings, with_upstream
 from meancache.client.fl.participation import FederatedParticipation
@@ -250,3 +251,28 @@ def test_keys_read_with_an_enter_stay_after_it(
             assert start.sent == "hi there"
 
     asyncio.run(run())
+
+
+def test_the_start_s_last_word_after_the_app_has_closed_changes_nothing(
+        settings: Settings) -> None:
+    """The worker that opens the session may finish while the app shuts down (a user who
+    quits during the start, a test that ends): a failure is then told to nobody, where it
+    used to fail the worker on a status line already taken down, and a session opened too
+    late is closed, its embedded upstream stopped, rather than left running."""
+    session = ChatSession.open(settings, start_upstream=start_embedded_upstream)
+    assert session.embedded is not None
+    url = session.embedded.url
+    assert httpx.get(f"{url}/health", timeout=5).status_code == 200  # it serves
+
+    async def run() -> MeanCacheApp:
+        app = MeanCacheApp(settings.model_copy(update={"upstream_model": None}))
+        async with app.run_test(size=(160, 40)) as pilot:
+            await wait_for(pilot, lambda: app._chat is not None)
+        app._failed("too late")
+        await app._opened(session)
+        return app
+
+    app = asyncio.run(run())
+    assert app.session is None
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/health", timeout=5)
