@@ -112,14 +112,22 @@ class ChatScreen(Screen[None]):
     def start_step(self, name: str) -> Progress:
         """The start's step ``name`` begins (from the worker that opens the session): the
         status line names it; the callback returned reports its progress."""
-        self.app.call_from_thread(self.status_line.begin_step, name)
-        return lambda done, total: self.app.call_from_thread(self.status_line.step_progress,
-                                                             done, total)
+        self._from_worker(lambda line: line.begin_step(name))
+        return lambda done, total: self._from_worker(
+            lambda line: line.step_progress(done, total))
 
     def progress(self, label: str) -> Progress:
         """A (done, total) callback, safe to call from a worker thread."""
-        return lambda done, total: self.app.call_from_thread(self.status_line.work, label,
-                                                             done, total)
+        return lambda done, total: self._from_worker(lambda line: line.work(label, done,
+                                                                            total))
+
+    def _from_worker(self, show: Callable[[StatusLine], None]) -> None:
+        """``show`` on the status line, from a worker's thread, run on the app's; nothing
+        once the app shuts down, when the line may be taken down already."""
+        def run() -> None:
+            if self.app.is_running:
+                show(self.status_line)
+        self.app.call_from_thread(run)
 
     def set_busy(self, busy: bool) -> None:
         self.busy = busy
