@@ -253,7 +253,7 @@ def test_keys_read_with_an_enter_stay_after_it(
     asyncio.run(run())
 
 
-def test_the_start_s_last_word_after_the_app_has_closed_changes_nothing(
+def test_the_starts_last_word_after_the_app_has_closed_changes_nothing(
         settings: Settings) -> None:
     """The worker that opens the session may finish while the app shuts down (a user who
     quits during the start, a test that ends): a failure is then told to nobody, where it
@@ -272,7 +272,10 @@ def test_the_start_s_last_word_after_the_app_has_closed_changes_nothing(
         await app._opened(session)
         return app
 
-    app = asyncio.run(run())
+    try:
+        app = asyncio.run(run())
+    finally:  # whatever failed above, the test leaves no server running
+        session.embedded.stop()
     assert app.session is None
     with pytest.raises(httpx.ConnectError):
         httpx.get(f"{url}/health", timeout=5)
