@@ -77,7 +77,7 @@ def _run_settings(args: argparse.Namespace, run: "Run"
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     overrides = {name: getattr(args, name) for name in RUN_OPTIONS
                  if getattr(args, name) is not None}
-    if args.resume and overrides:
+    if args.resume:  # read whatever the options: a run not there to resume is named now
         recorded = run.read_record().get("config", {})
         if changed := {n: v for n, v in overrides.items() if recorded.get(n) != v}:
             names = ", ".join(f"--{n.replace('_', '-')} {v} (the run has "
@@ -109,11 +109,9 @@ def cmd_train_teacher(args: argparse.Namespace, settings: SettingsBase) -> int:
     from rich.console import Console
 
     out = args.out or settings.data_dir / "verifier" / "teacher"
-    overrides, options = _run_settings(args, Run(out, "teacher"))
     # a run that is not there to resume, or a missing or broken data file, is named
     # before MPNet is assembled
-    if args.resume:
-        Run(out, "teacher").read_record()
+    overrides, options = _run_settings(args, Run(out, "teacher"))
     read_pairs(args.data, split="train")
     console = Console(stderr=True)
     backbone = args.backbone or _packaged_mpnet(settings, console)
