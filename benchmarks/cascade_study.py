@@ -1,0 +1,230 @@
+"""Could the teacher judge where the student is unsure? (issue 35, part 1: "if the teacher
+itself is the best judge within the lookup budget, it may ship: measure both").
+
+On benchmarks/decision_study.py's records (per asked question the counting candidates,
+their cosines and the shipped student's probabilities, each pair alone), the teacher
+scores the same candidates (PyTorch, float32, each lookup's candidates as one batch), and
+four deciders are compared on the test splits and the held-out near-miss set:
+
+- the shipped decision: the student's probabilities under the shipped card;
+- the teacher alone: a decision card fitted on the teacher's probabilities exactly as
+  decision_study.py fits the student's (the same choose splits, precision and cap);
+- the cascade: the shipped card's score decides where it is far from doubt (served from
+  ``hi`` up, declined under ``lo``), the teacher's card between them. The band is chosen
+  on the choose splits: the highest mean choose hit rate with every choose split at the
+  --precision and the rules' tuning set within the --near-misses cap, while at most
+  --reach of the scored lookups fall in the band (each of those pays the teacher's time);
+- embedding only, for scale.
+
+The teacher's probabilities are computed once and kept under --work, named by the
+records and the teacher's weights. A lookup that reaches the teacher costs its pairs'
+time more (benchmarks/teacher_latency.py); with fewer than half the lookups reaching it
+the p50 is a fast lookup's, its p99 is not.
+
+    python benchmarks/cascade_study.py --work /work/decide --groups 1000 --run TEACHER_RUN
+    python benchmarks/cascade_study.py ... --checkpoint RUN/checkpoint-0003896.pt
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from _common import make_table, note, pct, print_command, print_table
+from decision_study import (
+    DOMAINS,
+    FITS,
+    HELD_OUT,
+    TUNING,
+    Fitting,
+    Study,
+    collect,
+    fitted,
+    quality,
+    records_parser,
+    scores_of_x,
+)
+from meancache.shared.encoder import profile_threshold
+from meancache.shared.encoder.packaged import MPNET, ensure_assembled
+from meancache.shared.progress import Progress
+from meancache.shared.verifier.decision import LearnedDecision
+from meancache.shared.verifier.teacher import TeacherConfig, load_provisional, load_teacher
+from meancache.shared.verifier.training_run import pair_probabilities
+
+GRID = np.round(np.arange(0.0, 1.0001, 0.01), 3)  # the band's ends, on the card's score
+SHIPPED, TEACHER, CASCADE = "student + card", "teacher + card", "cascade"
+
+
+def parse_args():
+    parser = records_parser(__doc__, groups=1000)
+    parser.add_argument("--run", type=Path, required=True, help="the teacher's run directory")
+    parser.add_argument("--epoch", type=int, help="its epoch (default: the chosen one)")
+    parser.add_argument("--checkpoint", type=Path,
+                        help="a training checkpoint's weights instead (while no epoch is done)")
+    parser.add_argument("--precision", type=float, default=0.97,
+                        help="the hit precision every choose split must keep")
+    parser.add_argument("--near-misses", type=float, default=0.05,
+                        help="the share of the rules' tuning set's near-misses that may be "
+                        "served")
+    parser.add_argument("--reach", type=float, nargs="+", default=[0.2, 0.35, 0.5],
+                        help="the most of the scored lookups the teacher may judge (one "
+                        "cascade per value)")
+    parser.add_argument("--threads", type=int, default=2, help="torch threads for the teacher")
+    parser.set_defaults(cap_choose_splits=False)
+    return parser.parse_args()
+
+
+def teacher_records(records: list[dict], records_path: Path, args) -> tuple[list[dict], dict]:
+    """The records with the teacher's probabilities in place of the student's (same
+    candidates; kept in --work), and what the teacher is."""
+    backbone = ensure_assembled(MPNET, args.cache_dir / "models")
+    model, record, entry = (load_provisional(args.run, backbone, args.checkpoint)
+                            if args.checkpoint else load_teacher(args.run, backbone, args.epoch))
+    weights = entry.get("weights_sha256") or entry["sha256"]
+    threshold = entry.get("dev", {}).get("dev-a", {}).get("threshold", 0.5)
+    about = {"weights": weights, "threshold": float(threshold),
+             "epoch": entry.get("epoch"), "step": entry.get("step")}
+    path = args.work / f"teacher-{records_path.stem}-{weights[:12]}.json"
+    if path.is_file():
+        note(f"teacher probabilities from {path}")
+        probabilities = json.loads(path.read_text())
+    else:
+        torch.set_num_threads(args.threads)
+        max_tokens = TeacherConfig(**record["config"]).max_tokens
+        first = [r["query"] for r in records for _ in r["probabilities"]]
+        second = [r["texts"][i] for r in records for i in range(len(r["probabilities"]))]
+        note(f"the teacher scores {len(first)} pairs of {len(records)} lookups")
+        flat = pair_probabilities(model, first, second, max_tokens,
+                                  backbone / "tokenizer.json", False, batch=16,
+                                  progress=_every_tenth("teacher pairs"))
+        probabilities, at = [], 0
+        for r in records:
+            n = len(r["probabilities"])
+            probabilities.append([float(p) for p in flat[at:at + n]])
+            at += n
+        path.write_text(json.dumps(probabilities))
+    return [{**r, "probabilities": p} for r, p in zip(records, probabilities, strict=True)], about
+
+
+def _every_tenth(what: str) -> Progress:
+    shown = [0]
+
+    def report(done: int, total: int) -> None:
+        if total and done * 10 // total > shown[0]:
+            shown[0] = done * 10 // total
+            note(f"{what}: {done}/{total}")
+    return report
+
+
+def system_of(decision: LearnedDecision) -> str:
+    """decision_study's name of the variant the card runs (its kept hand-made parts)."""
+    kept = [k for k in ("floor", "ambiguity rule", "kept rules") if k in decision.keeps]
+    return " + ".join(["learned", *kept])
+
+
+class Cascade:
+    """Per lookup: served and right under the student's card, the teacher's, or a band."""
+
+    def __init__(self, student: Study, s_scores: np.ndarray, s_system: str, s_t: float,
+                 teacher: Study, t_fit: Fitting) -> None:
+        self.student, self.teacher = student, teacher
+        self.s_scores = np.where(student.scored & ~student.same, s_scores, -1.0)
+        self.shipped = student.served(s_system, s_scores, s_t)[:2]
+        self.s_gate = student.served(s_system, s_scores, 0.0)[:2]  # the card's parts only
+        t_system = t_fit.shipped
+        self.t_system, self.t_threshold = t_system, t_fit.thresholds[t_system]
+        self.alone = teacher.served(t_system, t_fit.scores, self.t_threshold)[:2]
+
+    def band(self, lo: float, hi: float) -> np.ndarray:
+        return (self.s_scores >= lo) & (self.s_scores < hi)
+
+    def served(self, lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+        """The teacher's verdict in [lo, hi), the card's parts from hi up, none under lo
+        (the very same question is served by identity throughout)."""
+        band, upper = self.band(lo, hi), self.s_scores >= hi
+        served = self.student.same | (band & self.alone[0]) | (upper & self.s_gate[0])
+        right = (self.student.same & self.s_gate[1]) | (band & self.alone[1]) \
+            | (upper & self.s_gate[1])
+        return served, right & served
+
+    def reach(self, lo: float, hi: float, mask: np.ndarray) -> float:
+        counted = mask & self.student.scored & ~self.student.same
+        return float(self.band(lo, hi)[counted].mean()) if counted.any() else 0.0
+
+
+def choose_band(c: Cascade, args, reach: float) -> tuple[float, float, float] | None:
+    """(lo, hi, mean choose hit rate) of the best band within ``reach`` (choose splits)."""
+    study = c.student
+    choose = np.isin(study.domain, DOMAINS) & (study.split == "choose")
+    tuning = study.where(TUNING, "test")
+    best = None
+    for lo in GRID:
+        for hi in GRID[GRID > lo]:
+            if c.reach(lo, hi, choose) > reach:
+                break  # the band only widens with hi
+            served, right = c.served(lo, hi)
+            qs = [quality(study, study.where(d, "choose"), served, right) for d in DOMAINS]
+            if any(q["precision"] < args.precision for q in qs) or \
+                    quality(study, tuning, served, right)["unanswerable served"] > args.near_misses:
+                continue
+            rate = float(np.mean([q["hit rate"] for q in qs]))
+            if best is None or rate > best[2] + 1e-9:
+                best = (float(lo), float(hi), rate)
+    return best
+
+
+def main() -> None:
+    args = parse_args()
+    print_command()
+    records, path = collect(args)
+    decision = LearnedDecision.load()
+    tau = profile_threshold("mpnet")
+    from meancache.shared.verifier.runtime import LearnedVerifier
+
+    student_threshold = LearnedVerifier.load(args.verifier).threshold
+    student = Study(records, tau, tau - args.recall_margin, student_threshold)
+    s_scores = scores_of_x(student.x, decision.coefficients, decision.intercept)
+    t_records, about = teacher_records(records, path, args)
+    note(f"teacher: {about}")
+    teacher = Study(t_records, tau, tau - args.recall_margin, about["threshold"])
+    fits = [fitted(teacher, name, args) for name in FITS]
+    t_fit = max(fits, key=lambda f: f.rates[f.shipped])
+    note(f"the teacher's card: the {t_fit.name} fit, {t_fit.shipped} at "
+         f"{t_fit.thresholds[t_fit.shipped]}")
+    c = Cascade(student, s_scores, system_of(decision), decision.threshold, teacher, t_fit)
+    deciders = {"embedding only": student.served("embedding only")[:2],
+                f"{SHIPPED} @ {decision.threshold}": c.shipped,
+                f"{TEACHER} @ {c.t_threshold}": c.alone}
+    bands = {}
+    for reach in args.reach:
+        chosen = choose_band(c, args, reach)
+        if chosen is None:
+            note(f"reach {pct(reach)}: no band keeps the choose splits' precision and cap")
+            continue
+        lo, hi, rate = chosen
+        note(f"reach <= {pct(reach)}: band [{lo}, {hi}), mean choose hit rate {pct(rate)}")
+        name = f"{CASCADE} [{lo}, {hi})"
+        deciders[name] = c.served(lo, hi)
+        bands[name] = (lo, hi)
+    note("per domain: hit precision @ hit rate; held-out: near-misses served / paraphrases "
+         "hit; teacher: the share of scored lookups it judges")
+    table = make_table(["decider", "split", *DOMAINS, "held-out", "teacher"], right_from=2)
+    for name, (served, right) in deciders.items():
+        for split in ("choose", "test"):
+            cells = [quality(student, student.where(d, split), served, right) for d in DOMAINS]
+            held = quality(student, student.where(HELD_OUT, "test"), served, right)
+            mask = np.isin(student.domain, DOMAINS) & (student.split == split)
+            reach = (c.reach(*bands[name], mask) if name in bands else
+                     1.0 if name.startswith(TEACHER) else 0.0)
+            table.add_row(name if split == "choose" else "", split,
+                          *(f"{pct(q['precision'])} @ {pct(q['hit rate'])}" for q in cells),
+                          "" if split == "choose" else
+                          f"{pct(held['unanswerable served'])} / {pct(held['hit rate'])}",
+                          pct(reach))
+    print_table(table)
+
+
+if __name__ == "__main__":
+    main()
