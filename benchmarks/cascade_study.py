@@ -3,8 +3,9 @@ itself is the best judge within the lookup budget, it may ship: measure both").
 
 On benchmarks/decision_study.py's records (per asked question the counting candidates,
 their cosines and the shipped student's probabilities, each pair alone), the teacher
-scores the same candidates (PyTorch, float32, each lookup's candidates as one batch), and
-four deciders are compared on the test splits and the held-out near-miss set:
+scores the same candidates as a device would run it (exported to int8 ONNX as the
+student is, each pair alone on one thread; ``--float``: the float32 model), and four
+deciders are compared on the test splits and the held-out near-miss set:
 
 - the shipped decision: the student's probabilities under the shipped card;
 - the teacher alone: a decision card fitted on the teacher's probabilities exactly as
@@ -27,6 +28,7 @@ the p50 is a fast lookup's, its p99 is not.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -40,6 +42,7 @@ from decision_study import (
     TUNING,
     Fitting,
     Study,
+    choice_options,
     collect,
     fitted,
     quality,
@@ -48,35 +51,40 @@ from decision_study import (
 )
 from meancache.shared.encoder import profile_threshold
 from meancache.shared.encoder.packaged import MPNET, ensure_assembled
+from meancache.shared.onnx_session import cpu_session
 from meancache.shared.progress import Progress
 from meancache.shared.verifier.decision import LearnedDecision
+from meancache.shared.verifier.federated import export_int8
+from meancache.shared.verifier.runtime import MODEL_FILE, LearnedVerifier
 from meancache.shared.verifier.teacher import TeacherConfig, load_provisional, load_teacher
+from meancache.shared.verifier.tokens import tokenize_pairs
 from meancache.shared.verifier.training_run import pair_probabilities
 
 GRID = np.round(np.arange(0.0, 1.0001, 0.01), 3)  # the band's ends, on the card's score
 SHIPPED, TEACHER, CASCADE = "student + card", "teacher + card", "cascade"
 
 
-def parse_args():
+def parse_args() -> argparse.Namespace:
     parser = records_parser(__doc__, groups=1000)
     parser.add_argument("--run", type=Path, required=True, help="the teacher's run directory")
     parser.add_argument("--epoch", type=int, help="its epoch (default: the chosen one)")
     parser.add_argument("--checkpoint", type=Path,
                         help="a training checkpoint's weights instead (while no epoch is done)")
-    parser.add_argument("--precision", type=float, default=0.97,
-                        help="the hit precision every choose split must keep")
-    parser.add_argument("--near-misses", type=float, default=0.05,
-                        help="the share of the rules' tuning set's near-misses that may be "
-                        "served")
+    choice_options(parser)
     parser.add_argument("--reach", type=float, nargs="+", default=[0.2, 0.35, 0.5],
                         help="the most of the scored lookups the teacher may judge (one "
                         "cascade per value)")
-    parser.add_argument("--threads", type=int, default=2, help="torch threads for the teacher")
+    parser.add_argument("--float", action="store_true",
+                        help="score with the float32 teacher (PyTorch, batched) instead of "
+                        "its int8 ONNX export, each pair alone, as a device would run it")
+    parser.add_argument("--threads", type=int, default=2,
+                        help="torch threads for the float32 teacher")
     parser.set_defaults(cap_choose_splits=False)
     return parser.parse_args()
 
 
-def teacher_records(records: list[dict], records_path: Path, args) -> tuple[list[dict], dict]:
+def teacher_records(records: list[dict], records_path: Path, args: argparse.Namespace
+                    ) -> tuple[list[dict], dict]:
     """The records with the teacher's probabilities in place of the student's (same
     candidates; kept in --work), and what the teacher is."""
     backbone = ensure_assembled(MPNET, args.cache_dir / "models")
@@ -84,21 +92,32 @@ def teacher_records(records: list[dict], records_path: Path, args) -> tuple[list
                             if args.checkpoint else load_teacher(args.run, backbone, args.epoch))
     weights = entry.get("weights_sha256") or entry["sha256"]
     threshold = entry.get("dev", {}).get("dev-a", {}).get("threshold", 0.5)
-    about = {"weights": weights, "threshold": float(threshold),
+    kind = "float32" if args.float else "int8"
+    about = {"weights": weights, "threshold": float(threshold), "as": kind,
              "epoch": entry.get("epoch"), "step": entry.get("step")}
-    path = args.work / f"teacher-{records_path.stem}-{weights[:12]}.json"
+    path = args.work / f"teacher-{records_path.stem}-{weights[:12]}-{kind}.json"
     if path.is_file():
         note(f"teacher probabilities from {path}")
         probabilities = json.loads(path.read_text())
     else:
-        torch.set_num_threads(args.threads)
-        max_tokens = TeacherConfig(**record["config"]).max_tokens
         first = [r["query"] for r in records for _ in r["probabilities"]]
         second = [r["texts"][i] for r in records for i in range(len(r["probabilities"]))]
-        note(f"the teacher scores {len(first)} pairs of {len(records)} lookups")
-        flat = pair_probabilities(model, first, second, max_tokens,
-                                  backbone / "tokenizer.json", False, batch=16,
-                                  progress=_every_tenth("teacher pairs"))
+        note(f"the teacher ({kind}) scores {len(first)} pairs of {len(records)} lookups")
+        max_tokens = TeacherConfig(**record["config"]).max_tokens
+        tokenizer = backbone / "tokenizer.json"
+        progress = _every_tenth("teacher pairs")
+        if args.float:
+            torch.set_num_threads(args.threads)
+            flat = pair_probabilities(model, first, second, max_tokens, tokenizer, False,
+                                      batch=16, progress=progress)
+        else:
+            int8 = args.work / f"teacher-int8-{weights[:12]}"
+            if not (int8 / MODEL_FILE).is_file():
+                note(f"exporting the teacher to int8 ONNX in {int8}")
+                with torch.no_grad():
+                    export_int8(model, int8, float(threshold))
+            flat = Int8Teacher(int8 / MODEL_FILE, max_tokens, tokenizer).probabilities(
+                first, second, progress)
         probabilities, at = [], 0
         for r in records:
             n = len(r["probabilities"])
@@ -106,6 +125,29 @@ def teacher_records(records: list[dict], records_path: Path, args) -> tuple[list
             at += n
         path.write_text(json.dumps(probabilities))
     return [{**r, "probabilities": p} for r, p in zip(records, probabilities, strict=True)], about
+
+
+class Int8Teacher:
+    """The teacher's int8 ONNX export on one thread, each pair scored alone, as the client
+    scores a candidate (runtime.LearnedVerifier: int8 activations are quantised per call)."""
+
+    def __init__(self, model: Path, max_tokens: int, tokenizer: Path) -> None:
+        self._session = cpu_session(model, threads=1)
+        self._max_tokens, self._tokenizer = max_tokens, tokenizer
+
+    def probability(self, first: str, second: str) -> float:
+        tokens = tokenize_pairs([first], [second], self._max_tokens, self._tokenizer)
+        (logit,) = self._session.run(None, tokens.feeds())
+        return float(1.0 / (1.0 + np.exp(-float(np.asarray(logit).reshape(-1)[0]))))
+
+    def probabilities(self, first: list[str], second: list[str], progress: Progress
+                      ) -> np.ndarray:
+        out = np.empty(len(first))
+        for i, pair in enumerate(zip(first, second, strict=True)):
+            out[i] = self.probability(*pair)
+            if (i + 1) % 64 == 0 or i + 1 == len(first):
+                progress(i + 1, len(first))
+        return out
 
 
 def _every_tenth(what: str) -> Progress:
@@ -154,7 +196,8 @@ class Cascade:
         return float(self.band(lo, hi)[counted].mean()) if counted.any() else 0.0
 
 
-def choose_band(c: Cascade, args, reach: float) -> tuple[float, float, float] | None:
+def choose_band(c: Cascade, args: argparse.Namespace, reach: float
+                ) -> tuple[float, float, float] | None:
     """(lo, hi, mean choose hit rate) of the best band within ``reach`` (choose splits)."""
     study = c.student
     choose = np.isin(study.domain, DOMAINS) & (study.split == "choose")
@@ -181,8 +224,6 @@ def main() -> None:
     records, path = collect(args)
     decision = LearnedDecision.load()
     tau = profile_threshold("mpnet")
-    from meancache.shared.verifier.runtime import LearnedVerifier
-
     student_threshold = LearnedVerifier.load(args.verifier).threshold
     student = Study(records, tau, tau - args.recall_margin, student_threshold)
     s_scores = scores_of_x(student.x, decision.coefficients, decision.intercept)

@@ -500,13 +500,19 @@ def records_parser(doc: str | None, groups: int) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args() -> argparse.Namespace:
-    parser = records_parser(__doc__, groups=1500)
+def choice_options(parser: argparse.ArgumentParser) -> None:
+    """What a threshold is chosen for on the choose splits (this study's card and
+    cascade_study.py's teacher card and band alike)."""
     parser.add_argument("--precision", type=float, default=0.97,
                         help="the hit precision the threshold is chosen for (choose splits)")
     parser.add_argument("--near-misses", type=float, default=0.05,
                         help="the share of the rules' tuning set's near-misses the threshold "
                         "may serve")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = records_parser(__doc__, groups=1500)
+    choice_options(parser)
     parser.add_argument("--cap-choose-splits", action="store_true",
                         help="hold --near-misses on every choose split's code-made "
                         "near-misses too, not only on the rules' tuning set")

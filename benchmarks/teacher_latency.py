@@ -4,12 +4,12 @@ and the embedding's, measured in one process, interleaved pair by pair (issue 35
 top 2 candidates scored, it may ship: measure both").
 
 Each QQP dev pair (a seeded sample) is scored alone by the teacher (PyTorch, float32 and,
-where the CPU multiplies bfloat16 natively, bfloat16), by the shipped student (int8 ONNX,
-as a lookup scores a candidate) and its first question embedded by the default encoder
-(MPNet, int8 ONNX), one after another, so that the machine's load falls on all alike. The
-table gives each one's p50 and p99, and the whole lookup it implies with the top 2
-candidates scored: the embedding plus two pairs (the index search and the rest are under
-a millisecond).
+where the CPU multiplies bfloat16 natively, bfloat16; with --int8 its int8 ONNX export),
+by the shipped student (int8 ONNX, as a lookup scores a candidate) and its first question
+embedded by the default encoder (MPNet, int8 ONNX), one after another, so that the
+machine's load falls on all alike. The table gives each one's p50 and p99, and the whole
+lookup it implies with the top 2 candidates scored: the embedding plus two pairs (the
+index search and the rest are under a millisecond).
 
     python benchmarks/teacher_latency.py --run /work/teacher-run
     python benchmarks/teacher_latency.py --run RUN --checkpoint RUN/checkpoint-0002655.pt
@@ -33,6 +33,7 @@ from _common import (
     print_table,
     sample,
 )
+from cascade_study import Int8Teacher
 from meancache.shared.encoder.packaged import MPNET, ensure_assembled
 from meancache.shared.verifier.runtime import LearnedVerifier
 from meancache.shared.verifier.teacher import TeacherConfig, load_provisional, load_teacher
@@ -48,6 +49,9 @@ def main() -> None:
     parser.add_argument("--epoch", type=int, help="its epoch (default: the chosen one)")
     parser.add_argument("--checkpoint", type=Path,
                         help="a training checkpoint's weights instead (while no epoch is done)")
+    parser.add_argument("--int8", type=Path,
+                        help="also the teacher's int8 ONNX export (cascade_study.py writes it "
+                        "to --work/teacher-int8-<weights>/verifier.onnx), each pair alone")
     parser.add_argument("--pairs", type=int, default=200, help="QQP dev pairs timed")
     parser.add_argument("--threads", type=int, default=2,
                         help="torch threads for the teacher (the encoder's session uses 2)")
@@ -68,6 +72,8 @@ def main() -> None:
     if bfloat16_matmuls():
         judges["teacher, bfloat16"] = lambda a, b: pair_probabilities(
             model, [a], [b], max_tokens, tokenizer, True)
+    if args.int8:
+        judges["teacher, int8 ONNX"] = Int8Teacher(args.int8, max_tokens, tokenizer).probability
     judges["student (shipped, int8 ONNX)"] = lambda a, b: student.pair_probabilities([a], [b])
     timings: dict[str, list[float]] = {name: [] for name in [*judges, "embedding (MPNet)"]}
     for warm in pairs[:3]:
