@@ -49,17 +49,24 @@ def from_packaged_minilm() -> CrossEncoder:
 
 def from_backbone(model_dir: Path) -> CrossEncoder:
     """The transformer of a local sentence-transformers or Hugging Face directory (BERT,
-    MPNet, ...; offline, its pooler dropped), with a fresh head."""
-    from transformers import AutoModel
+    MPNet, a decoder such as Gemma 3, ...; offline, in float32, its pooler dropped where it
+    has one, no generation cache), with a fresh head."""
+    from transformers import AutoConfig, AutoModel
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING
     from transformers.utils import logging as hf_logging
 
+    config = AutoConfig.from_pretrained(str(model_dir), local_files_only=True)
+    pooler = "add_pooling_layer" in inspect.signature(MODEL_MAPPING[type(config)]).parameters
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the unused pooler's "unexpected keys" report
     try:
-        backbone = AutoModel.from_pretrained(str(model_dir), local_files_only=True,
-                                             add_pooling_layer=False)
+        backbone = AutoModel.from_pretrained(
+            str(model_dir), config=config, local_files_only=True, dtype=torch.float32,
+            **({"add_pooling_layer": False} if pooler else {}))
     finally:
         hf_logging.set_verbosity(verbosity)
+    if hasattr(backbone.config, "use_cache"):
+        backbone.config.use_cache = False  # a decoder would keep every layer's keys
     return CrossEncoder(backbone)
 
 

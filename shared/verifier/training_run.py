@@ -219,7 +219,7 @@ def train(run: Run, record: dict, examples: list[Example], backbone: Path,
     model = from_backbone(backbone).to(options.device).train()
     # The word embeddings stay as the backbone learned them: a fifth to a third of the
     # weights, whose optimiser state would cost more than one pass teaches them.
-    model.backbone.embeddings.word_embeddings.weight.requires_grad_(False)
+    model.backbone.get_input_embeddings().weight.requires_grad_(False)
     optimiser = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
                                   lr=config.learning_rate, weight_decay=config.weight_decay)
     steps = record["steps"]

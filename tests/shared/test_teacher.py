@@ -1,5 +1,6 @@
 """The teacher's run mechanics on tiny random-init backbones (BERT-style with segment ids,
-MPNet-style without): a run stopped, even killed, and resumed ends with the weights of one
+MPNet-style without, and a Gemma 3-style decoder, the packaged LM read as a pair
+classifier): a run stopped, even killed, and resumed ends with the weights of one
 that never stopped; its record names the seed, config and data hashes; a checkpoint that
 is damaged, missing or half-written is never loaded; its labels name the weights they
 came from, and labelling killed and resumed writes the labels of a run that never stopped."""
@@ -49,7 +50,7 @@ CONFIG = TeacherConfig(pairs=12, generated=4, epochs=2, batch=4, max_tokens=24,
                        dev_pairs=12, seed=3)
 
 
-@pytest.fixture(scope="module", params=["bert", "mpnet"])
+@pytest.fixture(scope="module", params=["bert", "mpnet", "gemma"])
 def setup(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
           ) -> tuple[Path, Path, Path]:
     """The pairs file, a backbone, and a run of all 12 steps that never stopped."""

@@ -32,17 +32,32 @@ def qqp_shaped_pairs(directory: Path) -> Path:
 
 
 def tiny_backbone(directory: Path, kind: str) -> Path:
-    """A 2-layer, 32-wide random BERT (``"bert"``, with segment ids) or MPNet (``"mpnet"``)
-    over MiniLM's vocabulary, saved with MiniLM's tokenizer."""
+    """A 2-layer, 32-wide random BERT (``"bert"``, with segment ids), MPNet (``"mpnet"``)
+    or Gemma 3 decoder (``"gemma"``, causal, one sliding-window and one global layer) over
+    MiniLM's vocabulary, saved with MiniLM's tokenizer."""
     import torch
     from meancache.shared.encoder import packaged_minilm_dir
-    from transformers import BertConfig, BertModel, MPNetConfig, MPNetModel
+    from transformers import (
+        BertConfig,
+        BertModel,
+        Gemma3TextConfig,
+        Gemma3TextModel,
+        MPNetConfig,
+        MPNetModel,
+    )
 
     torch.manual_seed(0)
     sizes = {"vocab_size": 30522, "hidden_size": 32, "num_hidden_layers": 2,
              "num_attention_heads": 2, "intermediate_size": 64}
-    model = (BertModel(BertConfig(**sizes, max_position_embeddings=64)) if kind == "bert"
-             else MPNetModel(MPNetConfig(**sizes, max_position_embeddings=66, pad_token_id=0)))
+    model = {
+        "bert": lambda: BertModel(BertConfig(**sizes, max_position_embeddings=64)),
+        "mpnet": lambda: MPNetModel(MPNetConfig(**sizes, max_position_embeddings=66,
+                                                pad_token_id=0)),
+        "gemma": lambda: Gemma3TextModel(Gemma3TextConfig(
+            **sizes, num_key_value_heads=1, head_dim=16, max_position_embeddings=64,
+            sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+            pad_token_id=0)),
+    }[kind]()
     target = directory / kind
     model.save_pretrained(target)
     shutil.copy(packaged_minilm_dir() / "tokenizer.json", target / "tokenizer.json")
