@@ -48,6 +48,7 @@ from decision_study import (
     quality,
     records_parser,
     scores_of_x,
+    variant_of,
 )
 from meancache.shared.encoder import profile_threshold
 from meancache.shared.encoder.packaged import MPNET, ensure_assembled
@@ -160,12 +161,6 @@ def _every_tenth(what: str) -> Progress:
     return report
 
 
-def system_of(decision: LearnedDecision) -> str:
-    """decision_study's name of the variant the card runs (its kept hand-made parts)."""
-    kept = [k for k in ("floor", "ambiguity rule", "kept rules") if k in decision.keeps]
-    return " + ".join(["learned", *kept])
-
-
 class Cascade:
     """Per lookup: served and right under the student's card, the teacher's, or a band."""
 
@@ -189,7 +184,7 @@ class Cascade:
         served = self.student.same | (band & self.alone[0]) | (upper & self.s_gate[0])
         right = (self.student.same & self.s_gate[1]) | (band & self.alone[1]) \
             | (upper & self.s_gate[1])
-        return served, right & served
+        return served, right
 
     def reach(self, lo: float, hi: float, mask: np.ndarray) -> float:
         counted = mask & self.student.scored & ~self.student.same
@@ -234,7 +229,7 @@ def main() -> None:
     t_fit = max(fits, key=lambda f: f.rates[f.shipped])
     note(f"the teacher's card: the {t_fit.name} fit, {t_fit.shipped} at "
          f"{t_fit.thresholds[t_fit.shipped]}")
-    c = Cascade(student, s_scores, system_of(decision), decision.threshold, teacher, t_fit)
+    c = Cascade(student, s_scores, variant_of(decision.keeps), decision.threshold, teacher, t_fit)
     deciders = {"embedding only": student.served("embedding only")[:2],
                 f"{SHIPPED} @ {decision.threshold}": c.shipped,
                 f"{TEACHER} @ {c.t_threshold}": c.alone}

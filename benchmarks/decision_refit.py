@@ -29,7 +29,16 @@ import json
 
 import numpy as np
 from _common import make_table, note, pct, print_command, print_table
-from decision_study import DOMAINS, Study, collect, fit, quality, records_parser, scores_of
+from decision_study import (
+    DOMAINS,
+    Study,
+    collect,
+    fit,
+    quality,
+    records_parser,
+    scores_of,
+    variant_of,
+)
 from meancache.client.learning.bound import NEVER, Label, choose
 from meancache.shared.encoder import profile_threshold
 from meancache.shared.verifier.decision import CARD_PATH, SIGNS
@@ -71,7 +80,7 @@ def main() -> None:
     card = json.loads(CARD_PATH.read_text(encoding="utf-8"))
     if not card["verifier_sha256"].startswith(verifier.version):
         raise SystemExit("the decision card was fitted on another verifier than --verifier")
-    system = " + ".join(["learned", *card["keeps"]])
+    system = variant_of(card["keeps"])
     card_scores = scores_of(study, np.array(card["coefficients"]), card["intercept"])
     judged = study.scored & ~study.same & ~study.vetoed
     wrong = ~study.pick_right

@@ -36,6 +36,7 @@ import hashlib
 import json
 import random
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -498,6 +499,12 @@ def records_parser(doc: str | None, groups: int) -> argparse.ArgumentParser:
                         help="the verifier card's directory (default: the shipped one)")
     parser.set_defaults(lone=0, qqp_neighbours=0, recall_margin=RECALL_MARGIN)
     return parser
+
+
+def variant_of(keeps: Iterable[str]) -> str:
+    """The name of the learned variant that keeps these hand-made parts (a card's
+    ``keeps``), as ``Study.served`` reads it."""
+    return " + ".join(["learned", *(k for k in KEEPS if k in set(keeps))])
 
 
 def choice_options(parser: argparse.ArgumentParser) -> None:
