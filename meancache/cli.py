@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_side(pack_commands, "client", lambda: pack_device_commands.add_commands(pack_commands))
     add_side(pack_commands, "upstream",
              lambda: pack_builder_commands.add_commands(pack_commands))
-    fl = commands.add_parser("fl", help="federated learning of the encoder and threshold")
+    fl = commands.add_parser(
+        "fl", help="federated learning of the encoder, the verifier and the error bound")
     fl_commands = fl.add_subparsers(dest="fl_command", required=True)
     add_side(fl_commands, "fl-server", lambda: fl_server_commands.add_commands(fl_commands))
     add_side(fl_commands, "client", lambda: fl_device_commands.add_commands(fl_commands))

@@ -35,7 +35,8 @@ def add_commands(fl: Any) -> None:
                       "as `fl sync` installs one (None: fl_server_public_key)")
     join.set_defaults(handler=run_join)
 
-    sync = fl.add_parser("sync", help="download the newest global model and threshold",
+    sync = fl.add_parser("sync", help="download the newest signed global model (encoder, "
+                         "verifier), its threshold and the pooled bound evidence",
                          formatter_class=formatter)
     sync.add_argument("--server", default="http://127.0.0.1:9100", metavar="URL",
                       help="the FL server's global-model endpoint")
