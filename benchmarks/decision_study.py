@@ -504,7 +504,8 @@ def records_parser(doc: str | None, groups: int) -> argparse.ArgumentParser:
 def variant_of(keeps: Iterable[str]) -> str:
     """The name of the learned variant that keeps these hand-made parts (a card's
     ``keeps``), as ``Study.served`` reads it."""
-    return " + ".join(["learned", *(k for k in KEEPS if k in set(keeps))])
+    kept = set(keeps)
+    return " + ".join(["learned", *(k for k in KEEPS if k in kept)])
 
 
 def choice_options(parser: argparse.ArgumentParser) -> None:
